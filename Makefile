@@ -1,0 +1,52 @@
+# Loadout: `make run` opens the app, `make test` runs the whole suite headless.
+# Both create .venv on first use. torch is installed first, pinned, and the same pin (constraints.txt)
+# goes to every later pip call: an unpinned torch would pull several GB of CUDA packages.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+PIPC   := $(PIP) install -c constraints.txt
+STAMP  := $(VENV)/.loadout-installed
+
+.PHONY: run test test-engine bench lint format sysdeps setup clean demo
+
+setup: $(STAMP) sysdeps
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIPC) torch==2.13.0
+	$(PIPC) -e '.[test]'
+	touch $(STAMP)
+
+# Qt's system libraries (and Xvfb for screenshots): installed when missing and running as root,
+# otherwise the script prints the apt-get line to run.
+sysdeps:
+	@bash packaging/system-deps.sh
+
+run: setup
+	$(VENV)/bin/loadout $(ARGS)
+
+test: setup
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-engine: setup
+	$(PY) -m pytest tests/engine
+
+bench: setup
+	@for b in benchmarks/bench_*.py; do echo "# $$b" >&2; $(PY) $$b || exit 1; done
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+demo: setup
+	$(VENV)/bin/loadout demo $(or $(DIR),demo-library)
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache

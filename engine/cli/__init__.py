@@ -1,0 +1,78 @@
+"""The `loadout` command line. Each sub-command is a module of this package defining NAME, HELP,
+add_arguments(parser) and run(args) -> exit code; they are found at start-up, so adding a command
+touches no other file. Command modules must not import torch at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from ..errors import Cancelled, EngineError, OutOfMemory
+from ._common import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_OOM, EXIT_USAGE, print_error
+
+
+def _command_modules():
+    mods = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(mod, "NAME") and hasattr(mod, "run"):
+            mods[mod.NAME] = mod
+    return dict(sorted(mods.items()))
+
+
+def command_names() -> list[str]:
+    """Sub-command names, without importing the command modules."""
+    names = []
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            names.append(info.name.replace("_", "-").removesuffix("-cmd"))
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loadout",
+        description="Loadout: know, load, patch and decode Stable-Diffusion-family models within your memory. "
+        "With no sub-command (or with paths) it opens the window.",
+    )
+    parser.add_argument("--version", action="version", version="loadout 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, mod in _command_modules().items():
+        p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on usage errors and 0 on --help
+        return int(e.code or 0)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print_error("Interrupted.")
+        return EXIT_CANCELLED
+    except Cancelled as e:
+        print_error(e.message)
+        return EXIT_CANCELLED
+    except OutOfMemory as e:
+        print_error(e.message)
+        return EXIT_OOM
+    except EngineError as e:
+        print_error(e.message)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

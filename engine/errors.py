@@ -1,0 +1,44 @@
+"""Errors the engine raises. Every message is written for the user: what happened and what to do."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error the engine reports on purpose (anything else is a bug)."""
+
+    type = "error"
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+    def to_json(self) -> dict:
+        return {"type": self.type, "message": self.message}
+
+
+class FormatError(EngineError):
+    """A file is corrupt, truncated, hostile (e.g. a pickle that would run code) or not a model."""
+
+    type = "format"
+
+
+class UnsupportedModel(EngineError):
+    """A real model in a format or layout Loadout cannot load (yet): GGUF, scaled fp8, 4-bit, ..."""
+
+    type = "unsupported"
+
+
+class OutOfMemory(EngineError):
+    """The device or RAM budget cannot hold what was asked for."""
+
+    type = "oom"
+
+
+class Cancelled(EngineError):
+    """The user interrupted a job; state was left consistent."""
+
+    type = "cancelled"
+
+    def __init__(self, message: str = "Cancelled by the user.", **kw):
+        super().__init__(message, **kw)

@@ -1,0 +1,38 @@
+"""Model file formats: which container a file is, from its first bytes alone."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from .safetensors import MAX_HEADER_BYTES, SafetensorsFile, SafetensorsHeader, TensorInfo, read_header
+
+__all__ = ["sniff", "read_header", "SafetensorsFile", "SafetensorsHeader", "TensorInfo", "MODEL_SUFFIXES"]
+
+MODEL_SUFFIXES = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".bin", ".gguf", ".latent")
+
+
+def sniff(path: str | os.PathLike) -> str:
+    """The container format from the magic bytes (not the name).
+
+    Returns 'safetensors', 'torch-zip' (torch.save since 1.6), 'pickle' (legacy torch.save or a bare
+    pickle), 'gguf', 'directory', 'empty' or 'unknown'. Reads at most 16 bytes.
+    """
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        return "directory"
+    with open(p, "rb") as f:
+        head = f.read(16)
+    if not head:
+        return "empty"
+    if head[:4] == b"GGUF":
+        return "gguf"
+    if head[:4] == b"PK\x03\x04":
+        return "torch-zip"
+    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
+        return "pickle"
+    if len(head) >= 9:
+        (n,) = struct.unpack("<Q", head[:8])
+        if 2 <= n <= MAX_HEADER_BYTES and head[8:9] == b"{":
+            return "safetensors"
+    return "unknown"
