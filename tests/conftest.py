@@ -51,3 +51,28 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "cuda" in item.keywords:
                 item.add_marker(skip)
+
+
+def run_cli(*args: str, timeout: float = 120, env: dict | None = None, cwd=None):
+    """Run `loadout ARGS…` in a subprocess as a user would (the same entry point as the installed
+    script, with this checkout first on the path). Returns CompletedProcess with text stdout/stderr."""
+    import subprocess
+    import sys
+
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "app.launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=e,
+        cwd=cwd or ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture
+def cli():
+    return run_cli
