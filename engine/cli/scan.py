@@ -29,7 +29,9 @@ def add_arguments(p) -> None:
         "paths", nargs="+", metavar="DIR", help="folders, model files or extra_model_paths.yaml files to scan"
     )
     p.add_argument("--json", action="store_true", help="print a JSON array, one Detection object per file")
-    p.add_argument("--hash", action="store_true", help="compute missing SHA-256 / AutoV2 hashes (reads whole files)")
+    p.add_argument(
+        "--hash", action="store_true", help="compute missing SHA-256 / AutoV2 hashes (reads whole files)"
+    )
 
 
 class _StderrProgress:
@@ -93,7 +95,15 @@ def _print_human(lib, notes: dict) -> None:
             flag = f"  (in a {e.declared_kind} folder)"
         if e.path in notes:
             flag += f"  [hash: {notes[e.path]}]"
-        rows.append((e.kind or "-", arch, human_bytes(e.size), e.autov2 or "-", rel + ("/" if e.is_dir else "") + flag))
+        rows.append(
+            (
+                e.kind or "-",
+                arch,
+                human_bytes(e.size),
+                e.autov2 or "-",
+                rel + ("/" if e.is_dir else "") + flag,
+            )
+        )
     if rows:
         w0 = max(4, *(len(r[0]) for r in rows))
         w1 = max(4, *(len(r[1]) for r in rows))
@@ -117,7 +127,9 @@ def run(args) -> int:
         print_error(f"{p}: no such file or folder")
     roots = resolve_roots([p for p in args.paths if p not in missing])
     with LibraryCache() as cache:
-        lib = scan(roots=roots, cache=cache, report=_StderrProgress() if sys.stderr.isatty() else lambda p: None)
+        lib = scan(
+            roots=roots, cache=cache, report=_StderrProgress() if sys.stderr.isatty() else lambda p: None
+        )
         hash_notes: dict = {}
         if args.hash:
             lib, hash_notes = _add_hashes(lib, cache, _StderrProgress())
