@@ -218,8 +218,8 @@ def scan(
         pending: list[tuple] = []
         try:
             for i, f in enumerate(todo):
-                token.raise_if_cancelled()
                 report(Progress("Reading headers", i, len(todo), os.path.basename(f.path)))
+                token.raise_if_cancelled()  # after the report, so a cancel from a progress callback counts
                 d, cacheable = _detect_one(detector, f)
                 fresh[f.path] = d
                 if cacheable:
