@@ -103,7 +103,11 @@ def test_protocol_0_global_and_getattr_smuggling_are_refused(tmp_path):
 def fake_lightning(monkeypatch, tmp_path):
     """A stand-in `pytorch_lightning` whose classes leave a marker if anything ever calls into them."""
     marker = tmp_path / "lightning_code_ran"
-    names = ["pytorch_lightning", "pytorch_lightning.callbacks", "pytorch_lightning.callbacks.model_checkpoint"]
+    names = [
+        "pytorch_lightning",
+        "pytorch_lightning.callbacks",
+        "pytorch_lightning.callbacks.model_checkpoint",
+    ]
     mods = {n: types.ModuleType(n) for n in names}
 
     class ModelCheckpoint:
@@ -268,7 +272,9 @@ def test_truncated_checkpoints(tmp_path, container):
     p = tmp_path / "t.pt"
     _write(p, {"state_dict": _weights()}, container)
     raw = p.read_bytes()
-    cuts = sorted({1, 2, 8, 30, 64, len(raw) // 3, len(raw) // 2, len(raw) - 100, len(raw) - 22, len(raw) - 1})
+    cuts = sorted(
+        {1, 2, 8, 30, 64, len(raw) // 3, len(raw) // 2, len(raw) - 100, len(raw) - 22, len(raw) - 1}
+    )
     for cut in cuts:
         q = tmp_path / f"cut{cut}.pt"
         q.write_bytes(raw[:cut])
