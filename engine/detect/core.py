@@ -37,13 +37,14 @@ def build_components(
     claims: (prefix, component). The bytes of all components add up to the tensors' bytes."""
     ordered = sorted(claims, key=lambda c: -len(c[0]))
     keys_of: dict[str, list[str]] = defaultdict(list)
-    prefix_of: dict[str, str] = {}
+    prefix_of: dict[str, str] = {}  # the longest claimed prefix that matched: the component's own root
     for k in ix.tensors:
         comp = rest
         for p, c in ordered:
             if k.startswith(p):
                 comp = c
-                prefix_of.setdefault(c, p)
+                if len(p) > len(prefix_of.get(c, "")) or c not in prefix_of:
+                    prefix_of[c] = p
                 break
         keys_of[comp].append(k)
     out = {}
@@ -108,6 +109,8 @@ def detect_index(index, *, path: str = "") -> Detection:
             **base, error={"type": "format", "message": "the file holds no tensors: not a model"}
         )
     d = _classify(ix, base)
+    if d.variant is None and d.kind not in ("unknown", "checkpoint", "diffusion_model"):
+        d = _replace(d, variant="normal")
     quant = _quantized(ix)
     if quant and d.error is None:
         key, what = quant
@@ -171,7 +174,9 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
         return _single(ix, base, "vae_approx", taesd, "flux2" if z == 32 else None)
     vision = find_clip_vision(ix)
     if vision:
-        claims = [(container_of(e.prefix), e.component) for e in encoders]
+        claims = [
+            c for e in encoders for c in ((e.prefix, e.component), (container_of(e.prefix), e.component))
+        ]
         ev = [e for p in vision + encoders for e in p.evidence]
         return Detection(
             **base, kind="clip_vision", components=build_components(ix, claims), evidence=tuple(ev)
@@ -192,8 +197,7 @@ def _vae_arch(v: Part) -> str | None:
 def _single(ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | None) -> Detection:
     claims = []
     for p in parts:
-        prefix = container_of(p.prefix)
-        claims.append((prefix, p.component))
+        claims += [(p.prefix, p.component), (container_of(p.prefix), p.component)]
     if len(parts) == 1 and kind in ("vae", "vae_approx"):
         claims = [
             (
@@ -209,8 +213,9 @@ def _single(ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | 
 
 def _diffusion(ix: KeyIndex, base: dict, b: Backbone, encoders: list[Part], vaes: list[Part]) -> Detection:
     claims = [(b.prefix, b.component)]
-    claims += [(container_of(e.prefix), e.component) for e in encoders if e.prefix != b.prefix]
-    claims += [(container_of(v.prefix), "vae") for v in vaes]
+    for part in encoders + vaes:
+        if part.prefix != b.prefix:
+            claims += [(part.prefix, part.component), (container_of(part.prefix), part.component)]
     evidence = list(b.evidence)
     for part in encoders + vaes:
         evidence.extend(part.evidence)

@@ -120,7 +120,6 @@ def _unet_rules(ix, b: Backbone, conv_in, ctx_key, adm_key, video, conv_out) -> 
     """UNet architecture from context width, ADM (pooled/size conditioning) width and input channels."""
     shape = ix.shape(conv_in)
     in_ch = shape[1] if shape and len(shape) == 4 else None
-    model_ch = shape[0] if shape and len(shape) == 4 else None
     out_shape = ix.shape(conv_out)
     out_ch = out_shape[0] if out_shape and len(out_shape) == 4 else 4
     ctx = ix.shape(ctx_key)[1] if ctx_key and len(ix.shape(ctx_key) or ()) == 2 else None
@@ -168,11 +167,14 @@ def _unet_rules(ix, b: Backbone, conv_in, ctx_key, adm_key, video, conv_out) -> 
             b.because(ix, conv_in, "7 input channels (latent + low-res image) → x4 upscaler")
         elif in_ch != out_ch:
             b.variant = None
-    # Prediction: SD1 and SDXL-family UNets are trained on eps; SD2 is ambiguous from the header
-    # (768-v is v, 512-base is eps); SDXL files mark v / EDM explicitly (ComfyUI supported_models.SDXL).
-    if arch in ("sd1", "sdxl_refiner"):
+    # Prediction, only where the file says it. Every SD1 release is eps (CompVis v1 configs:
+    # parameterization eps). SDXL files mark v-prediction / EDM with marker keys (ComfyUI
+    # supported_models.SDXL.model_type); unmarked v-prediction finetunes exist, so no marker → unknown.
+    # SD2's plain 4-channel models are eps (512-base) or v (768-v): only weight values tell (values.py);
+    # its inpaint / depth / upscale releases are eps (ComfyUI supported_models.SD20 only tests 4-channel).
+    if arch == "sd1":
         b.prediction = "eps"
-    elif arch == "sdxl":
+    elif arch in ("sdxl", "sdxl_refiner"):
         if ix.has("edm_vpred.sigma_max"):
             b.prediction = "v"
             b.because(ix, "edm_vpred.sigma_max", "edm_vpred marker → v-prediction (EDM schedule)")
@@ -180,15 +182,11 @@ def _unet_rules(ix, b: Backbone, conv_in, ctx_key, adm_key, video, conv_out) -> 
             b.prediction = "v"
             b.because(ix, "v_pred", "v_pred marker key → v-prediction")
         elif ix.has("edm_mean"):
-            b.prediction = None
             b.because(ix, "edm_mean", "edm_mean marker → EDM latents (Playground v2.5 style)")
-        else:
-            b.prediction = "eps"
     elif arch == "svd":
         b.prediction = "v"  # SVD is trained as v-prediction on an EDM schedule (ComfyUI SVD_img2vid)
     elif arch == "sd2" and b.variant in ("inpaint", "depth", "upscale"):
-        b.prediction = "eps"  # only SD2's plain 4-channel models use v (ComfyUI supported_models.SD20)
-    _ = model_ch
+        b.prediction = "eps"
 
 
 def _mmdit(ix: KeyIndex) -> Backbone | None:
