@@ -120,11 +120,11 @@ def hash_missing(
             run.failed[path] = f"cannot read: {e.strerror or e}"
             continue
         if os.path.isdir(path):
-            run.skipped[path] = "a folder (diffusers layout): not hashed"
+            run.skipped[path] = "not hashed: a folder (diffusers layout)"
         elif (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
             run.skipped[path] = "changed since the scan: scan again"
         elif is_sparse(st) and not include_sparse:
-            run.skipped[path] = "a sparse file (header-only fixture): not hashed"
+            run.skipped[path] = "not hashed: a sparse file (header-only fixture)"
         else:
             todo.append((path, size, mtime_ns))
     total = sum(s for _, s, _ in todo)

@@ -31,7 +31,7 @@ def run(args) -> int:
     for f in files:
         print(f"{human_bytes(f.logical_bytes):>10}  {f.path}  ({f.what})")
     print(
-        f"{len(files)} model files, {human_bytes(sum(f.logical_bytes for f in files))} as models, "
+        f"{len(files)} files, {human_bytes(sum(f.logical_bytes for f in files))} as models, "
         f"{human_bytes(disk)} on disk; see {args.dir}/README.md",
         file=sys.stdout,
     )

@@ -40,12 +40,17 @@ class _StderrProgress:
     def __init__(self) -> None:
         self.tty = sys.stderr.isatty()
         self.last = 0.0
+        self.finished: tuple | None = None
 
     def __call__(self, p: Progress) -> None:
         now = time.monotonic()
-        final = p.total and p.done >= p.total
+        final = bool(p.total) and p.done >= p.total
+        if final and self.finished == (p.stage, p.total):
+            return  # one final line per stage
         if now - self.last < (0.2 if self.tty else 2.0) and not final:
             return
+        if final:
+            self.finished = (p.stage, p.total)
         self.last = now
         frac = f"{100 * p.fraction:5.1f}%" if p.fraction is not None else f"{p.done}"
         extra = f" {human_bytes(p.done)} of {human_bytes(p.total)}" if p.stage == "Hashing" else ""

@@ -120,7 +120,10 @@ def test_bad_files_are_reported_in_the_result_not_fatal(library, tmp_path):
 
 
 def test_a_lora_in_the_checkpoints_folder_is_flagged(library, tmp_path):
-    os.replace(library / "models" / "loras" / "style.safetensors", library / "models" / "checkpoints" / "s.safetensors")
+    os.replace(
+        library / "models" / "loras" / "style.safetensors",
+        library / "models" / "checkpoints" / "s.safetensors",
+    )
     with LibraryCache(tmp_path / "c.sqlite3") as cache:
         e = by_name(scan([library], cache=cache))["s.safetensors"]
     assert (e.declared_kind, e.kind, e.kind_mismatch) == ("checkpoint", "lora", True)
