@@ -7,7 +7,9 @@ connections must not be shared between threads).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -16,6 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import EngineError
+
+log = logging.getLogger("loadout.catalog")
 SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -69,10 +74,34 @@ class LibraryCache:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # check_same_thread=False only so close() can close every thread's connection at shutdown;
-            # each connection is otherwise used by the thread that opened it.
-            conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    conn = self._open()
+                except sqlite3.DatabaseError as e:
+                    if "not a database" not in str(e) and "malformed" not in str(e):
+                        raise
+                    # The cache is only a cache: keep the damaged file aside for a bug report, start afresh.
+                    log.warning("library cache %s is damaged (%s); starting a new one", self.path, e)
+                    os.replace(self.path, self.path.with_name(self.path.name + ".damaged"))
+                    for suffix in ("-wal", "-shm"):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.remove(str(self.path) + suffix)
+                    conn = self._open()
+            except (OSError, sqlite3.Error) as e:
+                raise EngineError(
+                    f"cannot open the library cache {self.path} ({e}); set LOADOUT_CACHE_DIR to a writable folder"
+                ) from e
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        # check_same_thread=False only so close() can close every thread's connection at shutdown;
+        # each connection is otherwise used by the thread that opened it.
+        conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
+        try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -81,9 +110,9 @@ class LibraryCache:
                 conn.execute("DROP TABLE IF EXISTS files")
             conn.executescript(_SCHEMA)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            self._local.conn = conn
-            with self._lock:
-                self._all.append(conn)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def close(self) -> None:

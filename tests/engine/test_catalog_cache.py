@@ -6,8 +6,11 @@ import json
 import os
 import threading
 
+import pytest
+
 from engine.catalog import LibraryCache, cache_dir
 from engine.catalog.notes import read_notes
+from engine.errors import EngineError
 
 
 def test_cache_lives_in_loadout_cache_dir(tmp_path, monkeypatch):
@@ -101,3 +104,19 @@ def test_civitai_info_and_a1111_json_notes(tmp_path):
     n = read_notes([str(broken)])
     assert n["sources"] == [] and "y.json" in n["problems"][0]
     assert read_notes([]) is None
+
+
+def test_a_damaged_cache_file_is_set_aside_and_replaced(tmp_path):
+    p = tmp_path / "c.sqlite3"
+    p.write_bytes(b"this is not an SQLite database, just junk bytes " * 100)
+    with LibraryCache(p) as cache:
+        cache.put_detections([("/a", 1, 2, 0, 0, "d", {})])
+        assert cache.get("/a").size == 1
+    assert (tmp_path / "c.sqlite3.damaged").read_bytes().startswith(b"this is not")
+
+
+def test_an_unwritable_cache_location_is_an_engine_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder should be")
+    with pytest.raises(EngineError, match="LOADOUT_CACHE_DIR"):
+        LibraryCache(blocker / "sub" / "c.sqlite3").get("/a")
