@@ -160,8 +160,7 @@ class _Walker:
                 elif is_model_file(e.name):
                     self.add_file(e.path, root, names)
             stack.extend((d, names) for d in reversed(subdirs))
-            if len(self.found) % 200 == 0:
-                self.report(Progress("Finding model files", len(self.found), 0, folder))
+            self.report(Progress("Finding model files", len(self.found), 0, folder))
 
 
 def discover(

@@ -162,3 +162,32 @@ def test_cancel_keeps_what_was_read(library, tmp_path, counting):
         counting.clear()
         lib = scan([library], cache=cache)
         assert lib.read == 2 and len(counting) == 2 and len(lib.entries) == 4
+
+
+def test_a1111_layout_with_a_linked_real_lycoris_file(shared_data, tmp_path):
+    """A1111/Forge: models/Stable-diffusion, models/LyCORIS, embeddings at the root. The LyCORIS file is
+    the real LoKr from ../shared/data, linked (not copied) in, as users link shared model stores."""
+    import torch
+
+    from engine.formats.safetensors import save_tensors
+
+    webui = tmp_path / "stable-diffusion-webui"
+    synth.write("sd1_checkpoint", webui / "models" / "Stable-diffusion" / "v1-5.safetensors")
+    (webui / "models" / "LyCORIS").mkdir(parents=True)
+    os.symlink(
+        shared_data("weights/smart_falcon_8_lokr.safetensors"),
+        webui / "models" / "LyCORIS" / "falcon.safetensors",
+    )
+    save_tensors(webui / "embeddings" / "bad-hands.safetensors", {"emb_params": torch.zeros(4, 768)})
+    with LibraryCache(tmp_path / "c.sqlite3") as cache:
+        lib = scan([webui], cache=cache)
+    got = {e.name: (e.declared_kind, e.kind, e.architecture) for e in lib.entries}
+    assert got == {
+        "v1-5.safetensors": ("checkpoint", "checkpoint", "sd1"),
+        "falcon.safetensors": ("lora", "lora", "sd1"),
+        "bad-hands.safetensors": ("embedding", "embedding", got["bad-hands.safetensors"][2]),
+    }
+    falcon = by_name(lib)["falcon.safetensors"]
+    assert falcon.detection["lora"]["algos"] == ["lokr"] and falcon.path.endswith(
+        "LyCORIS/falcon.safetensors"
+    )
