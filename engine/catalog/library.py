@@ -76,7 +76,7 @@ class LibraryEntry:
         return (
             self.declared_kind in DETECTABLE_KINDS
             and self.kind in DETECTABLE_KINDS
-            and not self.error
+            and (not self.error or self.error.get("type") == "unsupported")  # a GGUF still has a kind
             and self.declared_kind != self.kind
         )
 

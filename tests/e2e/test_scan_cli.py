@@ -89,3 +89,26 @@ def test_demo_then_scan(cli, env, tmp_path):
     kinds = sorted(e["kind"] for e in json.loads(s.stdout))
     assert kinds == sorted(["checkpoint", "checkpoint", "diffusion_model", "text_encoder", "text_encoder",
                             "vae", "vae", "vae_approx", "lora", "lora"])  # fmt: skip
+
+
+def test_an_unsupported_real_model_is_listed_without_failing_the_scan(cli, comfy, env):
+    """A GGUF Flux (header-faithful, sparse) is a real model Loadout cannot load yet: listed as what it
+    is with error.type 'unsupported', and the scan still exits 0 (see engine/cli/scan.py)."""
+    from engine.formats.gguf import write_sparse_gguf
+
+    rows = [
+        (k, "Q8_0" if len(s) == 2 and s[-1] % 32 == 0 else "F32", s)
+        for k, _, s in synth.layout("flux1_dev_transformer")
+    ]
+    write_sparse_gguf(
+        comfy / "models" / "unet" / "flux1-dev-Q8_0.gguf", {"general.architecture": "flux"}, rows
+    )
+    r = cli("scan", str(comfy), "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    g = next(e for e in json.loads(r.stdout) if e["path"].endswith(".gguf"))
+    assert (g["kind"], g["architecture"], g["error"]["type"]) == (
+        "diffusion_model",
+        "flux1_dev",
+        "unsupported",
+    )
+    assert g["library"]["declared_kind"] == "diffusion_model" and g["library"]["kind_mismatch"] is False
