@@ -127,6 +127,19 @@ def test_every_flag_parses_into_options():
     )
 
 
+def test_options_from_a_parser_without_device_flags_are_the_defaults():
+    assert options_from_args(argparse.Namespace(json=True)) == DeviceOptions()
+
+
+def test_report_json_round_trips_through_json():
+    import json
+
+    r = build_report(facts(gpu(24)), opts("--lowvram", "--vram-budget", "2"))
+    d = json.loads(json.dumps(r.to_json()))
+    assert d["vram_state"] == "LOW_VRAM" and d["options"]["lowvram"] is True
+    assert d["devices"][1]["capability"] == [8, 9] and d["devices"][1]["fp8_compute"] is True
+
+
 @pytest.mark.parametrize("argv", [["--lowvram", "--highvram"], ["--force-fp16", "--force-bf16"],
                                   ["--reserve-vram", "-1"], ["--vram-budget", "lots"], ["--vae-dtype", "fp8"]])  # fmt: skip
 def test_conflicting_or_bad_flags_are_usage_errors(argv):
