@@ -133,13 +133,24 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
     if lora_ev is not None:
         facts = _lora_facts(ix)
         arch = facts.get("base") if facts else None
+        ev = [lora_ev]
+        if facts:
+            algos = ", ".join(facts.get("algos") or []) or "?"
+            targets = ", ".join(facts.get("targets") or []) or "?"
+            ev.append(
+                Evidence(
+                    "",
+                    None,
+                    f"{algos} adapters on {targets}: module names and shapes → base {arch or 'unknown'}",
+                )
+            )
         return Detection(
             **base,
             kind="lora",
             architecture=arch,
             components=build_components(ix, []),
             lora=facts,
-            evidence=(lora_ev,),
+            evidence=tuple(ev),
         )
     emb = kinds.embedding(ix)
     if emb is not None:

@@ -272,3 +272,19 @@ def test_pickled_embedding_and_ip_adapter(tmp_path):
     )
     d = detect_file(ip)
     assert (d.kind, d.architecture, d.error) == ("ip_adapter", "sd1", None)
+
+
+def test_gguf_model_is_named_and_unsupported(tmp_path):
+    from engine.formats.gguf import write_sparse_gguf
+
+    rows = [
+        (k, "Q8_0" if len(s) == 2 and s[1] % 32 == 0 else "F32", s)
+        for k, _, s in synth.layout("flux1_schnell_transformer")
+    ]
+    path = tmp_path / "flux1-schnell-Q8_0.gguf"
+    write_sparse_gguf(path, {"general.architecture": "flux", "general.quantization_version": 2}, rows)
+    d = detect_file(path)
+    assert (d.format, d.kind, d.architecture) == ("gguf", "diffusion_model", "flux1_schnell")
+    assert d.error["type"] == "unsupported" and "GGUF" in d.error["message"]
+    assert d.components["transformer"].dtype == "Q8_0"
+    assert d.metadata["general.architecture"] == "flux"
