@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 
 from . import kinds
@@ -22,10 +23,10 @@ QUANT_MARKERS = (
 
 
 def _quantized(ix: KeyIndex) -> tuple[str, str] | None:
+    markers = tuple(m for m, _ in QUANT_MARKERS)
     for k in ix.tensors:
-        for marker, what in QUANT_MARKERS:
-            if k.endswith(marker) or k == marker:
-                return k, what
+        if k.endswith(markers):
+            return k, next(what for m, what in QUANT_MARKERS if k.endswith(m))
     return None
 
 
@@ -54,7 +55,7 @@ def build_components(
         params = nbytes = 0
         for k in keys:
             t = ix.tensors[k]
-            params += t.numel
+            params += math.prod(t.shape)
             nbytes += t.nbytes
             by_dtype[t.dtype] += t.nbytes or 1
         prefix = prefix_of.get(comp, "")

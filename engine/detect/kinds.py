@@ -24,13 +24,33 @@ import re
 from .keys import KeyIndex
 from .result import Evidence
 
-_STRONG = re.compile(
-    r".*\.(?:lora_(?:down|up|A|B|mid)(?:\.[A-Za-z0-9_]+)?\.weight|lora\.(?:down|up)\.weight"
-    r"|lora_linear_layer\.(?:down|up)\.weight|hada_w[12]_[ab]|hada_t[12]|lokr_w[12](?:_[ab])?|lokr_t[12]"
-    r"|oft_blocks|oft_diag|oft_R)$"
+_STRONG = (
+    *(
+        f".{n}.weight"
+        for n in ("lora_down", "lora_up", "lora_A", "lora_B", "lora_mid", "lora.down", "lora.up")
+    ),
+    ".lora_linear_layer.down.weight",
+    ".lora_linear_layer.up.weight",
+    *(f".hada_w{i}_{ab}" for i in (1, 2) for ab in "ab"),
+    ".hada_t1",
+    ".hada_t2",
+    ".lokr_w1",
+    ".lokr_w2",
+    *(f".lokr_w{i}_{ab}" for i in (1, 2) for ab in "ab"),
+    ".lokr_t2",
+    ".oft_blocks",
+    ".oft_diag",
+    ".oft_R",
 )
-_WEAK = re.compile(r".*\.(?:alpha|dora_scale|diff|diff_b|w_norm|b_norm|on_input|scale_weight)$")
-_KOHYA = re.compile(r"^(?:lora_unet_|lora_te\d?_|lora_transformer_|lycoris_)")
+_STRONG_NAMED = re.compile(r".*\.lora_(?:A|B)\.[A-Za-z0-9_]+\.weight$")  # PEFT with an adapter name
+_WEAK = (".alpha", ".dora_scale", ".diff", ".diff_b", ".w_norm", ".b_norm", ".on_input")
+_KOHYA = ("lora_unet_", "lora_te_", "lora_te1_", "lora_te2_", "lora_te3_", "lora_transformer_", "lycoris_")
+
+
+def _strong(k: str) -> bool:
+    return k.endswith(_STRONG) or (".lora_" in k and _STRONG_NAMED.match(k) is not None)
+
+
 CONTEXT_ARCH = {768: "sd1", 1024: "sd2", 2048: "sdxl", 1280: "sdxl_refiner"}
 
 
@@ -41,15 +61,15 @@ def _ev(ix: KeyIndex, key: str, reason: str) -> Evidence:
 def lora_evidence(ix: KeyIndex) -> Evidence | None:
     """Evidence that this is an adapter file, or None. Most keys must be adapter keys."""
     keys = list(ix.tensors)
-    strong = [k for k in keys if _STRONG.match(k)]
-    adapterish = [k for k in keys if _STRONG.match(k) or _WEAK.match(k) or _KOHYA.match(k)]
+    adapterish = [k for k in keys if k.startswith(_KOHYA) or k.endswith(_WEAK) or _strong(k)]
     if not keys or len(adapterish) * 2 < len(keys):
         return None
+    strong = [k for k in adapterish if _strong(k)]
     if strong:
         k = sorted(strong)[0]
         tail = k.split(".")[-2] if k.endswith(".weight") else k.split(".")[-1]
         return _ev(ix, k, f"{len(strong)} adapter tensors such as `{tail}` → LoRA / LyCORIS")
-    kohya = [k for k in keys if _KOHYA.match(k)]
+    kohya = [k for k in keys if k.startswith(_KOHYA)]
     if kohya:
         k = sorted(kohya)[0]
         return _ev(ix, k, "kohya module names with weight differences only → full-diff LoRA")
