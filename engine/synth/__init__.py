@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import checkpoints as _checkpoints  # noqa: F401  (registers the layouts)
+from . import checkpoints_dit as _checkpoints_dit  # noqa: F401
 from . import components as _components  # noqa: F401
 from ._build import DTypeSpec, Entry
 from .registry import REGISTRY, LayoutInfo, build

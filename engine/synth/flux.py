@@ -78,3 +78,42 @@ def flux_bfl(b: Builder, c: FluxConfig) -> None:
         b.linear(f"{k}.modulation.lin", 3 * h, h)
     b.linear("final_layer.adaLN_modulation.1", 2 * h, h)
     b.linear("final_layer.linear", c.out_channels, h)
+
+
+def flux_diffusers(b: Builder, c: FluxConfig) -> None:
+    """diffusers FluxTransformer2DModel naming (models/transformers/transformer_flux.py): the fused BFL
+    qkv / linear1 are split into to_q/to_k/to_v (+ proj_mlp), modulations become norm*.linear."""
+    h = c.hidden_size
+    mlp = int(h * c.mlp_ratio)
+    hd = h // c.num_heads
+    b.linear("x_embedder", h, c.in_channels)
+    b.linear("context_embedder", h, c.context_in_dim)
+    b.linear("time_text_embed.timestep_embedder.linear_1", h, 256)
+    b.linear("time_text_embed.timestep_embedder.linear_2", h, h)
+    if c.guidance_embed:
+        b.linear("time_text_embed.guidance_embedder.linear_1", h, 256)
+        b.linear("time_text_embed.guidance_embedder.linear_2", h, h)
+    b.linear("time_text_embed.text_embedder.linear_1", h, c.vec_in_dim)
+    b.linear("time_text_embed.text_embedder.linear_2", h, h)
+    for i in range(c.depth):
+        t = f"transformer_blocks.{i}"
+        b.linear(f"{t}.norm1.linear", 6 * h, h)
+        b.linear(f"{t}.norm1_context.linear", 6 * h, h)
+        for p in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "to_out.0", "to_add_out"):
+            b.linear(f"{t}.attn.{p}", h, h)
+        for n in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
+            b.t(f"{t}.attn.{n}.weight", (hd,))
+        for ff in ("ff", "ff_context"):
+            b.linear(f"{t}.{ff}.net.0.proj", mlp, h)
+            b.linear(f"{t}.{ff}.net.2", h, mlp)
+    for i in range(c.depth_single_blocks):
+        t = f"single_transformer_blocks.{i}"
+        b.linear(f"{t}.norm.linear", 3 * h, h)
+        b.linear(f"{t}.proj_mlp", mlp, h)
+        b.linear(f"{t}.proj_out", h, h + mlp)
+        for p in ("to_q", "to_k", "to_v"):
+            b.linear(f"{t}.attn.{p}", h, h)
+        b.t(f"{t}.attn.norm_q.weight", (hd,))
+        b.t(f"{t}.attn.norm_k.weight", (hd,))
+    b.linear("norm_out.linear", 2 * h, h)
+    b.linear("proj_out", c.out_channels, h)

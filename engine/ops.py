@@ -1,0 +1,240 @@
+"""Castable layers: torch modules whose weights may live elsewhere, or in another dtype, than the
+computation, and may be patched on the fly.
+
+Each op behaves exactly like its torch.nn counterpart until one of three things is set:
+  * `offload`: the weights stay where they are (RAM, or the mmap on disk) and are moved to the
+    input's device for each forward — how partially loaded models run;
+  * `compute_dtype`: the weights are cast for each forward (fp8 storage on a device that cannot
+    compute in fp8, or an fp16 VAE run in fp32 by the NaN guard);
+  * `weight_functions` / `bias_functions`: callables applied to the (moved) weight before the cast —
+    how a LoRA patches an offloaded module without baking it into the stored weight.
+
+The idea (keep weights where they are, cast them inside forward) is the one ComfyUI's ops.py uses;
+this is our own implementation. Every forward checks the cancel token of the surrounding
+`cancel_scope`, so a long decode or a streamed forward stops within one op of a Stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .jobs import CancelToken
+
+WeightFunction = Callable[[torch.Tensor], torch.Tensor]
+
+_token: contextvars.ContextVar[CancelToken | None] = contextvars.ContextVar(
+    "loadout_cancel_token", default=None
+)
+
+
+@contextlib.contextmanager
+def cancel_scope(token: CancelToken | None) -> Iterator[None]:
+    """Make every castable op run inside this block check `token` (per thread / context)."""
+    reset = _token.set(token)
+    try:
+        yield
+    finally:
+        _token.reset(reset)
+
+
+def check_cancelled() -> None:
+    token = _token.get()
+    if token is not None:
+        token.raise_if_cancelled()
+
+
+class Castable:
+    """Mixin: the cast/move/patch machinery shared by every op below."""
+
+    offload: bool = False
+    compute_dtype: torch.dtype | None = None
+    non_blocking: bool = False
+
+    def _castable_init(self) -> None:
+        self.weight_functions: list[WeightFunction] = []
+        self.bias_functions: list[WeightFunction] = []
+
+    @property
+    def needs_cast(self) -> bool:
+        return (
+            self.offload
+            or self.compute_dtype is not None
+            or bool(self.weight_functions or self.bias_functions)
+        )
+
+    def cast_params(self, like: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Weight and bias ready for computing with `like` (device of the input; dtype compute_dtype
+        or the input's). Patches run on the stored dtype, then the result is cast — so an on-the-fly
+        patch rounds exactly as a baked one would."""
+        check_cancelled()
+        weight = getattr(self, "weight", None)
+        bias = getattr(self, "bias", None)
+        if not self.needs_cast:
+            return weight, bias
+        dtype = self.compute_dtype or like.dtype
+        if not dtype.is_floating_point:
+            dtype = weight.dtype if weight is not None else torch.float32
+        return (
+            _prepare(weight, like.device, dtype, self.weight_functions, self.non_blocking),
+            _prepare(bias, like.device, dtype, self.bias_functions, self.non_blocking),
+        )
+
+
+def _prepare(t, device, dtype, functions, non_blocking):
+    if t is None:
+        return None
+    t = t.to(device=device, non_blocking=non_blocking)
+    for fn in functions:
+        t = fn(t)
+    return t.to(dtype)
+
+
+def _input_dtype(op: Castable, x: torch.Tensor) -> torch.Tensor:
+    return x.to(op.compute_dtype) if op.compute_dtype is not None and x.dtype != op.compute_dtype else x
+
+
+class Linear(Castable, nn.Linear):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._castable_init()
+
+    def reset_parameters(self) -> None:  # weights always come from a file
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _input_dtype(self, x)
+        w, b = self.cast_params(x)
+        return F.linear(x, w, b)
+
+
+class Conv1d(Castable, nn.Conv1d):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._castable_init()
+
+    def reset_parameters(self) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _input_dtype(self, x)
+        w, b = self.cast_params(x)
+        return self._conv_forward(x, w, b)
+
+
+class Conv2d(Castable, nn.Conv2d):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._castable_init()
+
+    def reset_parameters(self) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _input_dtype(self, x)
+        w, b = self.cast_params(x)
+        return self._conv_forward(x, w, b)
+
+
+class Conv3d(Castable, nn.Conv3d):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._castable_init()
+
+    def reset_parameters(self) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _input_dtype(self, x)
+        w, b = self.cast_params(x)
+        return self._conv_forward(x, w, b)
+
+
+class GroupNorm(Castable, nn.GroupNorm):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._castable_init()
+
+    def reset_parameters(self) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _input_dtype(self, x)
+        w, b = self.cast_params(x)
+        return F.group_norm(x, self.num_groups, w, b, self.eps)
+
+
+class LayerNorm(Castable, nn.LayerNorm):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._castable_init()
+
+    def reset_parameters(self) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _input_dtype(self, x)
+        w, b = self.cast_params(x)
+        return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
+
+
+class RMSNorm(Castable, nn.Module):
+    """RMS norm with a learned scale (T5, Flux): x / rms(x) * weight."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
+        self.bias = None
+        self._castable_init()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _input_dtype(self, x)
+        w, _ = self.cast_params(x)
+        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+
+
+class Embedding(Castable, nn.Embedding):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._castable_init()
+
+    def reset_parameters(self) -> None:
+        pass
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        check_cancelled()
+        w = self.weight
+        if self.needs_cast:
+            dtype = self.compute_dtype or w.dtype
+            w = _prepare(w, ids.device, dtype, self.weight_functions, self.non_blocking)
+        return F.embedding(
+            ids, w, self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse
+        )
+
+
+CASTABLE_TYPES = (Linear, Conv1d, Conv2d, Conv3d, GroupNorm, LayerNorm, RMSNorm, Embedding)
+
+
+def castable_modules(root: nn.Module) -> Iterator[tuple[str, Castable]]:
+    """Every castable op under `root`, with its qualified name."""
+    for name, m in root.named_modules():
+        if isinstance(m, Castable):
+            yield name, m
+
+
+def set_compute_dtype(root: nn.Module, dtype: torch.dtype | None) -> None:
+    for _, m in castable_modules(root):
+        m.compute_dtype = dtype
+
+
+def module_bytes(m: nn.Module) -> int:
+    """Bytes of the module's own parameters and buffers (not its children's)."""
+    return sum(
+        t.numel() * t.element_size() for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
+    )
