@@ -207,16 +207,20 @@ def _vae_arch(v: Part) -> str | None:
 
 
 def _single(ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | None) -> Detection:
-    claims = []
+    """A file that is one kind of part (a VAE, text encoders, a tiny autoencoder)."""
+    by_comp: dict[str, list[str]] = defaultdict(list)
     for p in parts:
-        claims += [(p.prefix, p.component), (container_of(p.prefix), p.component)]
-    if len(parts) == 1 and kind in ("vae", "vae_approx"):
-        claims = [
-            (
-                _common_prefix(list(ix.tensors)) if not parts[0].prefix else container_of(parts[0].prefix),
-                parts[0].component,
-            )
-        ]
+        by_comp[p.component].append(p.prefix)
+    claims = []
+    for comp, prefixes in by_comp.items():
+        if len(prefixes) == 1:
+            claims += [(prefixes[0], comp), (container_of(prefixes[0]), comp)]
+        else:  # e.g. a tiny autoencoder's encoder.layers. and decoder.layers.: the component is both
+            claims.append((_common_prefix(prefixes), comp))
+    if len(by_comp) == 1 and kind in ("vae", "vae_approx"):
+        comp = next(iter(by_comp))
+        # A VAE file is all VAE (quant_conv, a latent batch-norm, …), under its parts' common prefix.
+        claims = [(min((c[0] for c in claims), key=len), comp), ("", comp)]
     ev = tuple(e for p in parts for e in p.evidence)
     return Detection(
         **base, kind=kind, architecture=arch, components=build_components(ix, claims), evidence=ev

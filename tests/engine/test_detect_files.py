@@ -55,9 +55,14 @@ def test_sdxl_manifest_with_every_optional_key_is_v_prediction(tmp_path):
     assert (d.architecture, d.prediction) == ("sdxl", "v")
 
 
-# Where a synth layout leaves prediction open but detection knows it, and why (see diffusion.py):
-# every SD1 release is eps, whichever container the UNet comes in.
-_KNOWN_PREDICTION = {"sd1_unet": "eps", "sd1_inpaint_unet": "eps"}
+def _expected_prediction(want) -> str | None:
+    # Synth leaves prediction open for bare UNets; detection knows SD1's (every SD1 release is eps,
+    # whichever container the UNet comes in — see diffusion.py).
+    if want.prediction is None and want.architecture == "sd1" and want.kind == "diffusion_model":
+        return "eps"
+    return want.prediction
+
+
 # FLUX.1 Depth and Canny both take a 128-wide img_in: the header cannot tell them apart.
 _KNOWN_VARIANT = {"flux1_depth_transformer": "control"}
 
@@ -70,7 +75,7 @@ def test_every_synth_layout_detects_as_what_it_is(tmp_path, name):
     assert d.error is None, d.error
     assert (d.kind, d.architecture) == (want.kind, want.architecture)
     assert d.variant == _KNOWN_VARIANT.get(name, want.variant)
-    assert d.prediction == (want.prediction or _KNOWN_PREDICTION.get(name))
+    assert d.prediction == _expected_prediction(want)
     for comp, prefix in want.components.items():
         assert comp in d.components, f"{comp} missing: {sorted(d.components)}"
         assert d.components[comp].prefix == prefix
