@@ -150,6 +150,12 @@ def _dit_controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
 
 
 def ip_adapter(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
+    # XLabs' FLUX.1 IP-Adapter: ip_adapter_double_stream_k/v_proj inside each double block.
+    flux_ip = ix.first_match(r"double_blocks\.\d+\.processor\.ip_adapter_double_stream_k_proj\.weight")
+    if flux_ip is not None:
+        return None, [
+            _ev(ix, flux_ip, "image key/value projections in the double blocks → FLUX.1 IP-Adapter")
+        ]
     if not any(k.startswith("image_proj.") for k in ix.tensors):
         return None
     if not any(k.startswith("ip_adapter.") for k in ix.tensors):
@@ -181,7 +187,11 @@ _ESRGAN = (
 
 
 def upscaler(ix: KeyIndex) -> list[Evidence] | None:
+    """ESRGAN-family (RRDBNet) upscalers, also under a wrapper such as BasicSR's `params_ema.`."""
     for keys in _ESRGAN:
-        if all(ix.has(k) for k in keys):
-            return [_ev(ix, keys[1], "residual-in-residual dense blocks (RRDB) → ESRGAN-family upscaler")]
+        for p in ix.prefixes_for(keys[1]):
+            if all(ix.has(p + k) for k in keys):
+                return [
+                    _ev(ix, p + keys[1], "residual-in-residual dense blocks (RRDB) → ESRGAN-family upscaler")
+                ]
     return None

@@ -476,3 +476,40 @@ def test_metadata_summary():
     assert t["top_tags"] == [["cat", 5], ["tree", 5], ["dog", 1]]
     assert s["other"] == {"notes": "hello"}
     assert det(unet(768)).summary is None
+
+
+def test_comfyui_clip_save_with_two_encoders():
+    k = {**clip_l("clip_l.transformer."), **clip_l("clip_g.transformer.", 1280, 32)}
+    k["clip_g.transformer.text_projection.weight"] = (1280, 1280)
+    k["clip_l.logit_scale"] = ()
+    d = det(k)
+    assert d.kind == "text_encoder" and set(d.components) == {"clip_l", "clip_g"}
+    assert d.components["clip_l"].tensors == 26  # the logit_scale beside the transformer included
+    assert d.components["clip_g"].prefix == "clip_g.transformer."
+
+
+def test_text_encoder_cut_from_a_checkpoint_keeps_its_ldm_prefix():
+    d = det(open_clip("cond_stage_model.model.", 1024, 24))
+    assert (d.kind, list(d.components)) == ("text_encoder", ["clip_h"])
+    assert d.components["clip_h"].prefix == "cond_stage_model.model."
+
+
+def test_wrapped_upscaler_old_clip_naming_and_flux_ip_adapter():
+    up = {
+        f"params_ema.{k}": (64, 64, 3, 3)
+        for k in ("conv_first.weight", "body.0.rdb1.conv1.weight", "conv_body.weight", "conv_last.weight")
+    }
+    assert det(up).kind == "upscaler"
+    old = {
+        "cond_stage_model.transformer.embeddings.token_embedding.weight": (49408, 768),
+        "cond_stage_model.transformer.encoder.layers.0.layer_norm1.weight": (768,),
+    }
+    d = det({**unet(768), **old})
+    assert d.kind == "checkpoint" and d.components["clip_l"].tensors == 2
+    ip = det(
+        {
+            "double_blocks.0.processor.ip_adapter_double_stream_k_proj.weight": (3072, 4096),
+            "ip_adapter_proj_model.proj.weight": (16384, 768),
+        }
+    )
+    assert ip.kind == "ip_adapter" and "FLUX.1" in ip.evidence[0].reason
