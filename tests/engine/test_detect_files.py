@@ -293,3 +293,42 @@ def test_gguf_model_is_named_and_unsupported(tmp_path):
     assert d.error["type"] == "unsupported" and "GGUF" in d.error["message"]
     assert d.components["transformer"].dtype == "Q8_0"
     assert d.metadata["general.architecture"] == "flux"
+
+
+def test_sd2_value_check_on_a_torch_zip_checkpoint(tmp_path):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    mdm = "model.diffusion_model."
+    sd = {
+        f"{mdm}input_blocks.0.0.weight": torch.zeros(320, 4, 3, 3),
+        f"{mdm}time_embed.0.weight": torch.zeros(1280, 320),
+        f"{mdm}input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight": torch.zeros(320, 1024),
+        f"{mdm}out.2.weight": torch.zeros(4, 320, 3, 3),
+        f"{mdm}output_blocks.11.1.transformer_blocks.0.norm1.bias": torch.randn(320, generator=g) * 0.2,
+    }
+    path = tmp_path / "768-v-ema.ckpt"
+    torch.save({"state_dict": sd, "global_step": 140000}, path)
+    d = detect_file(path)
+    assert (d.format, d.architecture, d.prediction) == ("torch-zip", "sd2", None)
+    assert detect_file(path, read_values=True).prediction == "v"
+
+
+def test_diffusers_folder_shards_and_variants(tmp_path):
+    root = tmp_path / "flux-schnell"
+    (root / "transformer").mkdir(parents=True)
+    (root / "model_index.json").write_text(
+        json.dumps({"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]})
+    )
+    rows = synth.layout("flux1_schnell_transformer_diffusers", dtype="BF16")
+    half = len(rows) // 2
+    t = root / "transformer"
+    write_sparse(t / "diffusion_pytorch_model-00001-of-00002.safetensors", rows[:half])
+    write_sparse(t / "diffusion_pytorch_model-00002-of-00002.safetensors", rows[half:])
+    write_sparse(
+        t / "diffusion_pytorch_model.fp16-00001-of-00001.safetensors", [(k, "F16", s) for k, _, s in rows]
+    )
+    d = detect_file(root)
+    assert (d.kind, d.architecture, d.error) == ("checkpoint", "flux1_schnell", None)
+    assert d.components["transformer"].tensors == len(rows)  # both shards, not the fp16 variant
+    assert d.components["transformer"].dtype == "BF16"
