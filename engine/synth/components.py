@@ -15,6 +15,8 @@ for _name, _arch, _cfg, _naming in (
     # SD3 and FLUX.1 share the 16-channel layout (ae.safetensors / sd3 vae): told apart only by values.
     ("flux1_vae", None, V.FLUX1, "ldm"),
     ("flux1_vae_diffusers", None, V.FLUX1, "diffusers"),
+    # FLUX.2's 32-channel VAE, in diffusers naming (vae/diffusion_pytorch_model.safetensors of FLUX.2-dev).
+    ("flux2_vae_diffusers", "flux2", V.FLUX2, "diffusers"),
 ):
 
     def _vae(p: Parts, _cfg=_cfg, _naming=_naming) -> None:

@@ -291,3 +291,19 @@ def test_taesd_family_diffusers_naming_matches_autoencoder_tiny(fam):
         for k, s in dec.items()
     }
     assert {k: s for k, s in both.items() if k.startswith("decoder.")} == shifted
+
+
+def test_flux2_bfl_layout_converts_to_diffusers():
+    converted = sfu.convert_flux2_transformer_checkpoint_to_diffusers(
+        meta_tensors(synth.layout("flux2_dev_transformer"))
+    )
+    assert_same(
+        {k: tuple(v.shape) for k, v in converted.items()},
+        shapes_of(on_meta(diffusers.Flux2Transformer2DModel)),
+    )
+
+
+def test_flux2_vae_matches_diffusers():
+    model = on_meta(diffusers.AutoencoderKLFlux2)
+    assert_same(shapes(synth.layout("flux2_vae_diffusers")), shapes_of(model))
+    assert {d for k, d, _ in synth.layout("flux2_vae_diffusers") if k.startswith("bn.num_")} == {"I64"}
