@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 
 from . import kinds
@@ -22,10 +23,10 @@ QUANT_MARKERS = (
 
 
 def _quantized(ix: KeyIndex) -> tuple[str, str] | None:
+    markers = tuple(m for m, _ in QUANT_MARKERS)
     for k in ix.tensors:
-        for marker, what in QUANT_MARKERS:
-            if k.endswith(marker) or k == marker:
-                return k, what
+        if k.endswith(markers):
+            return k, next(what for m, what in QUANT_MARKERS if k.endswith(m))
     return None
 
 
@@ -54,7 +55,7 @@ def build_components(
         params = nbytes = 0
         for k in keys:
             t = ix.tensors[k]
-            params += t.numel
+            params += math.prod(t.shape)
             nbytes += t.nbytes
             by_dtype[t.dtype] += t.nbytes or 1
         prefix = prefix_of.get(comp, "")
@@ -133,13 +134,24 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
     if lora_ev is not None:
         facts = _lora_facts(ix)
         arch = facts.get("base") if facts else None
+        ev = [lora_ev]
+        if facts:
+            algos = ", ".join(facts.get("algos") or []) or "?"
+            targets = ", ".join(facts.get("targets") or []) or "?"
+            ev.append(
+                Evidence(
+                    "",
+                    None,
+                    f"{algos} adapters on {targets}: module names and shapes → base {arch or 'unknown'}",
+                )
+            )
         return Detection(
             **base,
             kind="lora",
             architecture=arch,
             components=build_components(ix, []),
             lora=facts,
-            evidence=(lora_ev,),
+            evidence=tuple(ev),
         )
     emb = kinds.embedding(ix)
     if emb is not None:
@@ -195,16 +207,20 @@ def _vae_arch(v: Part) -> str | None:
 
 
 def _single(ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | None) -> Detection:
-    claims = []
+    """A file that is one kind of part (a VAE, text encoders, a tiny autoencoder)."""
+    by_comp: dict[str, list[str]] = defaultdict(list)
     for p in parts:
-        claims += [(p.prefix, p.component), (container_of(p.prefix), p.component)]
-    if len(parts) == 1 and kind in ("vae", "vae_approx"):
-        claims = [
-            (
-                _common_prefix(list(ix.tensors)) if not parts[0].prefix else container_of(parts[0].prefix),
-                parts[0].component,
-            )
-        ]
+        by_comp[p.component].append(p.prefix)
+    claims = []
+    for comp, prefixes in by_comp.items():
+        if len(prefixes) == 1:
+            claims += [(prefixes[0], comp), (container_of(prefixes[0]), comp)]
+        else:  # e.g. a tiny autoencoder's encoder.layers. and decoder.layers.: the component is both
+            claims.append((_common_prefix(prefixes), comp))
+    if len(by_comp) == 1 and kind in ("vae", "vae_approx"):
+        comp = next(iter(by_comp))
+        # A VAE file is all VAE (quant_conv, a latent batch-norm, …), under its parts' common prefix.
+        claims = [(min((c[0] for c in claims), key=len), comp), ("", comp)]
     ev = tuple(e for p in parts for e in p.evidence)
     return Detection(
         **base, kind=kind, architecture=arch, components=build_components(ix, claims), evidence=ev

@@ -14,6 +14,12 @@ never their code:
 * diffusers `loaders/single_file_utils.py` CHECKPOINT_KEY_NAMES: `sd35_large` has `joint_blocks.37`
   (38 blocks), SD3.5 medium is the MMDiT-X with `x_block.attn2`; `instruct-pix2pix` and `inpainting`
   are told apart by `input_blocks.0.0.weight` in-channels.
+* ComfyUI `comfy/model_base.py`: the training objective of single-objective families — HunyuanDiT
+  V_PREDICTION, PixArt EPS, SVD_img2vid V_PREDICTION_EDM; SD3 / Flux / AuraFlow are rectified flow.
+* diffusers `scripts/convert_hunyuandit_to_diffusers.py`: diffusers HunyuanDiT keys
+  (`time_extra_emb.pooler.q_proj`, `text_embedder`); diffusers Flux / SD3 / AuraFlow transformer namings
+  (`x_embedder` + `single_transformer_blocks`, `transformer_blocks.N.attn.add_q_proj` + `pos_embed.proj`,
+  `joint_transformer_blocks` + `register_tokens`).
 """
 
 from __future__ import annotations

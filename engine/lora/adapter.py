@@ -64,9 +64,9 @@ class AdapterModule:
     def patches_bias(self) -> bool:
         return any(k in self.parts for k in ("diff_b", "b_norm", "up_bias"))
 
-    def delta(self):
+    def delta(self, device=None):
         """ΔW in fp32 with alpha/rank applied (strength not applied), in the adapter's own shape."""
-        p = self.parts
+        p = self._parts_on(device)
         a = self.algo
         if a in ("lora", "locon"):
             d = algos.lora_delta(p["up"], p["down"], p.get("mid"))
@@ -100,24 +100,30 @@ class AdapterModule:
         scale = self.scale
         return d * scale if scale != 1.0 else d
 
+    def _parts_on(self, device):
+        if device is None or all(t.device == device for t in self.parts.values()):
+            return self.parts
+        return {k: v.to(device) for k, v in self.parts.items()}
+
     def patch_weight(self, weight, strength: float):
         """The patched weight (fp32) for `weight` (any float dtype), at `strength`."""
         w = algos._f32(weight)
         if strength == 0.0:
             return w
-        p = self.parts
+        p = self._parts_on(w.device)
         if "set_weight" in p:
             s = algos.fit(algos._f32(p["set_weight"]), w.shape)
             return w + strength * (s - w)
-        d = algos.fit(self.delta(), w.shape)
+        d = algos.fit(self.delta(w.device), w.shape)
         mag = p.get("dora_scale", p.get("magnitude"))
         if mag is not None:
             return algos.dora_apply(w, d, mag, strength, peft="magnitude" in p)
         return w + strength * d
 
     def patch_bias(self, bias, strength: float):
+        """The patched bias (fp32) at `strength`."""
         b = algos._f32(bias)
-        p = self.parts
+        p = self._parts_on(b.device)
         if "diff_b" in p:
             return b + strength * algos.fit(algos._f32(p["diff_b"]), b.shape)
         if "b_norm" in p:

@@ -72,6 +72,7 @@ for _name, _arch, _build, _cfg, _naming in (
     ("sd3.5_medium_transformer_diffusers", "sd3.5_medium", M.mmdit_diffusers, M.SD35_MEDIUM, "diffusers"),
     ("flux1_dev_transformer_diffusers", "flux1_dev", F.flux_diffusers, F.FLUX_DEV, "diffusers"),
     ("flux1_schnell_transformer_diffusers", "flux1_schnell", F.flux_diffusers, F.FLUX_SCHNELL, "diffusers"),
+    ("flux2_dev_transformer", "flux2", F.flux2_bfl, F.FLUX2_DEV, "bfl"),
 ):
     register(_name, "diffusion_model", _arch, {"transformer": ""}, prediction="flow", naming=_naming)(
         _dm(_build, _cfg, "transformer")

@@ -117,3 +117,57 @@ def flux_diffusers(b: Builder, c: FluxConfig) -> None:
         b.t(f"{t}.attn.norm_k.weight", (hd,))
     b.linear("norm_out.linear", 2 * h, h)
     b.linear("proj_out", c.out_channels, h)
+
+
+@dataclass(frozen=True)
+class Flux2Config:
+    in_channels: int = 128
+    context_in_dim: int = 15360
+    hidden_size: int = 6144
+    mlp_ratio: float = 3.0
+    num_heads: int = 48
+    depth: int = 8
+    depth_single_blocks: int = 48
+    guidance_embed: bool = True
+
+
+# FLUX.2 [dev] (diffusers Flux2Transformer2DModel defaults, the black-forest-labs/FLUX.2-dev config):
+# in_channels 128 (32 latent channels patchified 2x2), joint_attention_dim 15360, 48 heads of 128,
+# 8 double and 48 single blocks, mlp_ratio 3 with SwiGLU, guidance embedding, no biases anywhere.
+FLUX2_DEV = Flux2Config()
+
+
+def flux2_bfl(b: Builder, c: Flux2Config) -> None:
+    """FLUX.2 in BFL naming, as diffusers' convert_flux2_transformer_checkpoint_to_diffusers reads it: like
+    FLUX.1 but without biases or the pooled-vector embedder, with SwiGLU MLPs (mlp.0 is 2*mlp wide) and the
+    modulations shared by all blocks (double_stream_modulation_{img,txt}.lin, single_stream_modulation.lin)."""
+    h = c.hidden_size
+    mlp = int(h * c.mlp_ratio)
+    hd = h // c.num_heads
+    b.linear("img_in", h, c.in_channels, bias=False)
+    b.linear("txt_in", h, c.context_in_dim, bias=False)
+    b.linear("time_in.in_layer", h, 256, bias=False)
+    b.linear("time_in.out_layer", h, h, bias=False)
+    if c.guidance_embed:
+        b.linear("guidance_in.in_layer", h, 256, bias=False)
+        b.linear("guidance_in.out_layer", h, h, bias=False)
+    b.linear("double_stream_modulation_img.lin", 6 * h, h, bias=False)
+    b.linear("double_stream_modulation_txt.lin", 6 * h, h, bias=False)
+    b.linear("single_stream_modulation.lin", 3 * h, h, bias=False)
+    for i in range(c.depth):
+        for s in ("img", "txt"):
+            k = f"double_blocks.{i}.{s}"
+            b.linear(f"{k}_attn.qkv", 3 * h, h, bias=False)
+            b.t(f"{k}_attn.norm.query_norm.scale", (hd,))
+            b.t(f"{k}_attn.norm.key_norm.scale", (hd,))
+            b.linear(f"{k}_attn.proj", h, h, bias=False)
+            b.linear(f"{k}_mlp.0", 2 * mlp, h, bias=False)
+            b.linear(f"{k}_mlp.2", h, mlp, bias=False)
+    for i in range(c.depth_single_blocks):
+        k = f"single_blocks.{i}"
+        b.linear(f"{k}.linear1", 3 * h + 2 * mlp, h, bias=False)
+        b.linear(f"{k}.linear2", h, h + mlp, bias=False)
+        b.t(f"{k}.norm.query_norm.scale", (hd,))
+        b.t(f"{k}.norm.key_norm.scale", (hd,))
+    b.linear("final_layer.adaLN_modulation.1", 2 * h, h, bias=False)
+    b.linear("final_layer.linear", c.in_channels, h, bias=False)

@@ -192,7 +192,7 @@ def _resnet_diffusers(b: Builder, key: str, ch: int, out: int, emb: int) -> None
         b.conv(f"{key}.conv_shortcut", out, ch, k=1)
 
 
-def unet_diffusers(b: Builder, c: UNetConfig) -> None:
+def unet_diffusers(b: Builder, c: UNetConfig, *, controlnet: bool = False) -> None:
     """The same UNet in diffusers UNet2DConditionModel naming (diffusers models/unets/unet_2d_blocks.py):
     down_blocks.i.{resnets,attentions}.j, downsamplers.0.conv, mid_block, up_blocks (deepest first),
     time_embedding.linear_{1,2}, add_embedding.linear_{1,2} (SDXL text_time), conv_norm_out, conv_out.
@@ -232,6 +232,9 @@ def unet_diffusers(b: Builder, c: UNetConfig) -> None:
     _resnet_diffusers(b, "mid_block.resnets.0", ch, ch, emb)
     _transformer(b, "mid_block.attentions.0", ch, c.transformer_depth_middle, c.context_dim, lin)
     _resnet_diffusers(b, "mid_block.resnets.1", ch, ch, emb)
+    if controlnet:
+        _controlnet_diffusers_extras(b, c, chans)
+        return
     for n, (level, mult) in enumerate(reversed(list(enumerate(c.channel_mult)))):
         for j in range(c.num_res_blocks + 1):
             _resnet_diffusers(b, f"up_blocks.{n}.resnets.{j}", ch + chans.pop(), mc * mult, emb)
@@ -244,3 +247,21 @@ def unet_diffusers(b: Builder, c: UNetConfig) -> None:
             b.conv(f"up_blocks.{n}.upsamplers.0.conv", ch, ch)
     b.norm("conv_norm_out", mc)
     b.conv("conv_out", c.out_channels, mc)
+
+
+def _controlnet_diffusers_extras(b: Builder, c: UNetConfig, chans: list[int]) -> None:
+    """diffusers ControlNetModel (models/controlnets/controlnet.py): controlnet_cond_embedding conv_in /
+    blocks.N / conv_out (the hint encoder above, with the same channel steps), one controlnet_down_blocks.N
+    1x1 conv per down-block output, controlnet_mid_block."""
+    steps = [16, 32, 96, 256]
+    b.conv("controlnet_cond_embedding.conv_in", steps[0], 3)
+    n = 0
+    for cin, cout in zip(steps[:-1], steps[1:], strict=True):
+        b.conv(f"controlnet_cond_embedding.blocks.{n}", cin, cin)
+        b.conv(f"controlnet_cond_embedding.blocks.{n + 1}", cout, cin)
+        n += 2
+    b.conv("controlnet_cond_embedding.conv_out", c.model_channels, steps[-1])
+    for i, ch in enumerate(chans):
+        b.conv(f"controlnet_down_blocks.{i}", ch, ch, k=1)
+    ch = c.model_channels * c.channel_mult[-1]
+    b.conv("controlnet_mid_block", ch, ch, k=1)

@@ -55,9 +55,14 @@ def test_sdxl_manifest_with_every_optional_key_is_v_prediction(tmp_path):
     assert (d.architecture, d.prediction) == ("sdxl", "v")
 
 
-# Where a synth layout leaves prediction open but detection knows it, and why (see diffusion.py):
-# every SD1 release is eps, whichever container the UNet comes in.
-_KNOWN_PREDICTION = {"sd1_unet": "eps", "sd1_inpaint_unet": "eps"}
+def _expected_prediction(want) -> str | None:
+    # Synth leaves prediction open for bare UNets; detection knows SD1's (every SD1 release is eps,
+    # whichever container the UNet comes in — see diffusion.py).
+    if want.prediction is None and want.architecture == "sd1" and want.kind == "diffusion_model":
+        return "eps"
+    return want.prediction
+
+
 # FLUX.1 Depth and Canny both take a 128-wide img_in: the header cannot tell them apart.
 _KNOWN_VARIANT = {"flux1_depth_transformer": "control"}
 
@@ -70,7 +75,7 @@ def test_every_synth_layout_detects_as_what_it_is(tmp_path, name):
     assert d.error is None, d.error
     assert (d.kind, d.architecture) == (want.kind, want.architecture)
     assert d.variant == _KNOWN_VARIANT.get(name, want.variant)
-    assert d.prediction == (want.prediction or _KNOWN_PREDICTION.get(name))
+    assert d.prediction == _expected_prediction(want)
     for comp, prefix in want.components.items():
         assert comp in d.components, f"{comp} missing: {sorted(d.components)}"
         assert d.components[comp].prefix == prefix
@@ -272,3 +277,58 @@ def test_pickled_embedding_and_ip_adapter(tmp_path):
     )
     d = detect_file(ip)
     assert (d.kind, d.architecture, d.error) == ("ip_adapter", "sd1", None)
+
+
+def test_gguf_model_is_named_and_unsupported(tmp_path):
+    from engine.formats.gguf import write_sparse_gguf
+
+    rows = [
+        (k, "Q8_0" if len(s) == 2 and s[1] % 32 == 0 else "F32", s)
+        for k, _, s in synth.layout("flux1_schnell_transformer")
+    ]
+    path = tmp_path / "flux1-schnell-Q8_0.gguf"
+    write_sparse_gguf(path, {"general.architecture": "flux", "general.quantization_version": 2}, rows)
+    d = detect_file(path)
+    assert (d.format, d.kind, d.architecture) == ("gguf", "diffusion_model", "flux1_schnell")
+    assert d.error["type"] == "unsupported" and "GGUF" in d.error["message"]
+    assert d.components["transformer"].dtype == "Q8_0"
+    assert d.metadata["general.architecture"] == "flux"
+
+
+def test_sd2_value_check_on_a_torch_zip_checkpoint(tmp_path):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    mdm = "model.diffusion_model."
+    sd = {
+        f"{mdm}input_blocks.0.0.weight": torch.zeros(320, 4, 3, 3),
+        f"{mdm}time_embed.0.weight": torch.zeros(1280, 320),
+        f"{mdm}input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight": torch.zeros(320, 1024),
+        f"{mdm}out.2.weight": torch.zeros(4, 320, 3, 3),
+        f"{mdm}output_blocks.11.1.transformer_blocks.0.norm1.bias": torch.randn(320, generator=g) * 0.2,
+    }
+    path = tmp_path / "768-v-ema.ckpt"
+    torch.save({"state_dict": sd, "global_step": 140000}, path)
+    d = detect_file(path)
+    assert (d.format, d.architecture, d.prediction) == ("torch-zip", "sd2", None)
+    assert detect_file(path, read_values=True).prediction == "v"
+
+
+def test_diffusers_folder_shards_and_variants(tmp_path):
+    root = tmp_path / "flux-schnell"
+    (root / "transformer").mkdir(parents=True)
+    (root / "model_index.json").write_text(
+        json.dumps({"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]})
+    )
+    rows = synth.layout("flux1_schnell_transformer_diffusers", dtype="BF16")
+    half = len(rows) // 2
+    t = root / "transformer"
+    write_sparse(t / "diffusion_pytorch_model-00001-of-00002.safetensors", rows[:half])
+    write_sparse(t / "diffusion_pytorch_model-00002-of-00002.safetensors", rows[half:])
+    write_sparse(
+        t / "diffusion_pytorch_model.fp16-00001-of-00001.safetensors", [(k, "F16", s) for k, _, s in rows]
+    )
+    d = detect_file(root)
+    assert (d.kind, d.architecture, d.error) == ("checkpoint", "flux1_schnell", None)
+    assert d.components["transformer"].tensors == len(rows)  # both shards, not the fp16 variant
+    assert d.components["transformer"].dtype == "BF16"

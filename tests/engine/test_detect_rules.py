@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.detect import detect_index, index_from_shapes
+from engine.detect import KINDS, detect_index, index_from_shapes
 
 MDM = "model.diffusion_model."
 
@@ -382,3 +382,134 @@ def test_json_has_exactly_the_design_fields():
     ]  # fmt: skip
     assert set(j["components"]["unet"]) == {"prefix", "tensors", "params", "bytes", "dtype"}
     assert set(j["evidence"][0]) == {"key", "shape", "reason"}
+
+
+# Fragments of real key names: random mixes hit the rules with missing keys, odd ranks and shapes.
+_FRAGMENTS = [
+    "model.diffusion_model.", "", "first_stage_model.", "conditioner.embedders.1.model.",
+    "text_encoders.t5xxl.transformer.", "control_model.", "model_ema.",
+]  # fmt: skip
+_SUFFIXES = [
+    "input_blocks.0.0.weight", "input_blocks.4.1.transformer_blocks.0.attn2.to_k.weight", "out.2.weight",
+    "label_emb.0.0.weight", "time_embed.0.weight", "joint_blocks.0.context_block.attn.qkv.weight",
+    "x_embedder.proj.weight", "joint_blocks.3.x_block.attn2.qkv.weight", "img_in.weight",
+    "double_blocks.0.img_attn.norm.key_norm.scale", "guidance_in.in_layer.weight",
+    "double_stream_modulation_img.lin.weight", "decoder.conv_in.weight", "decoder.mid.block_1.conv1.weight",
+    "text_model.encoder.layers.0.layer_norm1.weight", "transformer.resblocks.0.ln_1.weight", "ln_final.weight",
+    "token_embedding.weight", "encoder.block.0.layer.0.SelfAttention.q.weight", "shared.weight",
+    "input_hint_block.0.weight", "zero_convs.0.0.weight", "image_proj.proj.weight", "ip_adapter.1.to_k_ip.weight",
+    "emb_params", "clip_l", "clip_g", "string_to_param.*", "0.weight", "1.weight", "3.conv.0.weight",
+    "3.conv.2.weight", "3.conv.4.weight", "vision_model.post_layernorm.weight", "clf.1.weight",
+    "clip_txt_mapper.weight", "mlp_t5.0.weight", "double_layers.0.attn.w1q.weight", "scaled_fp8",
+    "x.lora_down.weight", "x.alpha", "conv_first.weight", "body.0.rdb1.conv1.weight", "v_pred",
+]  # fmt: skip
+
+
+def test_random_key_soups_never_crash():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    shapes = st.lists(st.integers(0, 5000), min_size=0, max_size=4).map(tuple)
+    keys = st.tuples(st.sampled_from(_FRAGMENTS), st.sampled_from(_SUFFIXES)).map("".join)
+
+    @settings(deadline=None, max_examples=300)
+    @given(st.dictionaries(keys, shapes, min_size=1, max_size=25))
+    def check(layout):
+        ix = index_from_shapes(layout)
+        d = detect_index(ix)
+        assert d.kind in KINDS
+        assert sum(c.tensors for c in d.components.values()) == len(layout)
+        assert sum(c.bytes for c in d.components.values()) == ix.data_size
+        d.to_json()
+
+    check()
+
+
+def test_detection_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from engine.detect import detect_index, index_from_shapes; import engine.cli.inspect; "
+        "detect_index(index_from_shapes({'model.diffusion_model.input_blocks.0.0.weight': (320, 4, 3, 3)})); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_more_namings():
+    flux2 = {"x_embedder.weight": (6144, 128), "double_stream_modulation_img.linear.weight": (36864, 6144)}
+    assert det(flux2).architecture == "flux2"
+    chroma = {**flux(guidance=False), "distilled_guidance_layer.in_proj.weight": (5120, 64)}
+    assert det(chroma).architecture == "chroma"
+    sd35m = {
+        "pos_embed.proj.weight": (1536, 16, 2, 2),
+        **{f"transformer_blocks.{i}.attn.add_q_proj.weight": (1536, 1536) for i in range(24)},
+        "transformer_blocks.0.attn2.to_q.weight": (1536, 1536),
+    }
+    assert det(sd35m).architecture == "sd3.5_medium"
+    del sd35m["transformer_blocks.0.attn2.to_q.weight"]
+    assert det(sd35m).architecture == "sd3"
+
+
+def test_metadata_summary():
+    md = {
+        "modelspec.title": "My Model",
+        "modelspec.architecture": "stable-diffusion-xl-v1-base",
+        "modelspec.trigger_phrase": "mystyle",
+        "ss_network_module": "networks.lora",
+        "ss_network_dim": "16",
+        "ss_network_alpha": "8.0",
+        "ss_tag_frequency": '{"a": {"cat": 3, "dog": 1}, "b": {"cat": 2, " tree": 5}}',
+        "ss_steps": "1200",
+        "notes": "hello",
+    }
+    s = det(unet(768), md).summary
+    assert s["modelspec"] == {
+        "title": "My Model",
+        "architecture": "stable-diffusion-xl-v1-base",
+        "trigger_phrase": "mystyle",
+    }
+    t = s["training"]
+    assert (t["network_dim"], t["network_alpha"], t["steps"]) == (16, 8.0, 1200)
+    assert t["top_tags"] == [["cat", 5], ["tree", 5], ["dog", 1]]
+    assert s["other"] == {"notes": "hello"}
+    assert det(unet(768)).summary is None
+
+
+def test_comfyui_clip_save_with_two_encoders():
+    k = {**clip_l("clip_l.transformer."), **clip_l("clip_g.transformer.", 1280, 32)}
+    k["clip_g.transformer.text_projection.weight"] = (1280, 1280)
+    k["clip_l.logit_scale"] = ()
+    d = det(k)
+    assert d.kind == "text_encoder" and set(d.components) == {"clip_l", "clip_g"}
+    assert d.components["clip_l"].tensors == 26  # the logit_scale beside the transformer included
+    assert d.components["clip_g"].prefix == "clip_g.transformer."
+
+
+def test_text_encoder_cut_from_a_checkpoint_keeps_its_ldm_prefix():
+    d = det(open_clip("cond_stage_model.model.", 1024, 24))
+    assert (d.kind, list(d.components)) == ("text_encoder", ["clip_h"])
+    assert d.components["clip_h"].prefix == "cond_stage_model.model."
+
+
+def test_wrapped_upscaler_old_clip_naming_and_flux_ip_adapter():
+    up = {
+        f"params_ema.{k}": (64, 64, 3, 3)
+        for k in ("conv_first.weight", "body.0.rdb1.conv1.weight", "conv_body.weight", "conv_last.weight")
+    }
+    assert det(up).kind == "upscaler"
+    old = {
+        "cond_stage_model.transformer.embeddings.token_embedding.weight": (49408, 768),
+        "cond_stage_model.transformer.encoder.layers.0.layer_norm1.weight": (768,),
+    }
+    d = det({**unet(768), **old})
+    assert d.kind == "checkpoint" and d.components["clip_l"].tensors == 2
+    ip = det(
+        {
+            "double_blocks.0.processor.ip_adapter_double_stream_k_proj.weight": (3072, 4096),
+            "ip_adapter_proj_model.proj.weight": (16384, 768),
+        }
+    )
+    assert ip.kind == "ip_adapter" and "FLUX.1" in ip.evidence[0].reason

@@ -67,3 +67,15 @@ def test_every_layout_is_consistent(name):
 def test_unknown_layout_names_the_known_ones():
     with pytest.raises(KeyError, match="sd1_checkpoint"):
         synth.layout("no_such_model")
+
+
+@pytest.mark.parametrize("part", ["encoder", "decoder"])
+def test_taef2_layout_equals_the_real_files(shared_data, part):
+    """The TAESD-family layout, built from the taesd.py structure, matches the real TAEF2 state dicts."""
+    torch = pytest.importorskip("torch")
+    sd = torch.load(
+        shared_data(f"weights/taef2_{part}.pth"), weights_only=True, map_location="cpu", mmap=True
+    )
+    ref = {k: ("F16", tuple(v.shape)) for k, v in sd.items()}
+    assert all(v.dtype == torch.float16 for v in sd.values())
+    assert {k: (d, s) for k, d, s in synth.layout(f"taef2_{part}", dtype="F16")} == ref

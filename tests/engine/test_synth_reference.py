@@ -268,3 +268,42 @@ def test_sd3_single_file_text_encoders_are_clip_with_projection_and_t5():
     for comp, cfg in (("clip_l", T.CLIP_L), ("clip_g", T.CLIP_G)):
         assert_same(shapes(rows, f"text_encoders.{comp}.transformer."), shapes_of(clip_text(cfg, True)))
     assert shapes(rows, "text_encoders.t5xxl.transformer.") == shapes(synth.layout("t5xxl"))
+
+
+@pytest.mark.parametrize("fam", ["taesd", "taesd3", "taef2"])
+def test_taesd_family_diffusers_naming_matches_autoencoder_tiny(fam):
+    from engine.synth.taesd import FAMILY
+
+    rows = synth.layout(f"{fam}_diffusers")
+    if fam == "taef2":  # AutoencoderTiny has no pool branch; the rest of the layout must still agree
+        rows = [r for r in rows if ".pool." not in r[0]]
+    model = on_meta(diffusers.AutoencoderTiny, latent_channels=FAMILY[fam])
+    assert_same(shapes(rows), shapes_of(model))
+    # the separate taesd.py files are the same stacks: encoder indices equal, decoder indices one higher
+    both = shapes(synth.layout(f"{fam}_diffusers"))
+    enc = shapes(synth.layout(f"{fam}_encoder"))
+    assert {k: s for k, s in both.items() if k.startswith("encoder.")} == {
+        f"encoder.layers.{k}": s for k, s in enc.items()
+    }
+    dec = shapes(synth.layout(f"{fam}_decoder"))
+    shifted = {
+        "decoder.layers.{}.{}".format(int(k.split(".", 1)[0]) - 1, k.split(".", 1)[1]): s
+        for k, s in dec.items()
+    }
+    assert {k: s for k, s in both.items() if k.startswith("decoder.")} == shifted
+
+
+def test_flux2_bfl_layout_converts_to_diffusers():
+    converted = sfu.convert_flux2_transformer_checkpoint_to_diffusers(
+        meta_tensors(synth.layout("flux2_dev_transformer"))
+    )
+    assert_same(
+        {k: tuple(v.shape) for k, v in converted.items()},
+        shapes_of(on_meta(diffusers.Flux2Transformer2DModel)),
+    )
+
+
+def test_flux2_vae_matches_diffusers():
+    model = on_meta(diffusers.AutoencoderKLFlux2)
+    assert_same(shapes(synth.layout("flux2_vae_diffusers")), shapes_of(model))
+    assert {d for k, d, _ in synth.layout("flux2_vae_diffusers") if k.startswith("bn.num_")} == {"I64"}
