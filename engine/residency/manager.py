@@ -245,7 +245,7 @@ class Residency:
         on_dev = [c for c in comps if c.device == self.device]
         need = sum(c.unit_bytes(u, "device") for c in on_dev for u in c.units if u.tier != "device")
         if state == "NO_VRAM":
-            need = sum(c.unit_bytes(u, "device") for c in on_dev for u in c.units if not u.castable)
+            need = sum(c.unit_bytes(u, "device") for c in on_dev for u in c.units if _must_place(c, u))
         if state != "HIGH_VRAM" and need > self.budget(extra_memory):
             self.free(need - self.budget(extra_memory), keep=keep, token=token)
         budget = self.budget(extra_memory)
@@ -262,7 +262,10 @@ class Residency:
         """Place c's units on its device within `budget` (None: no limit); returns device bytes added."""
         t0 = time.perf_counter()
         state = self.policy.vram_state
-        rest = sorted((u for u in c.units if u.tier != "device"), key=lambda u: (u.castable, c.unit_bytes(u, "device")))
+        rest = sorted(
+            (u for u in c.units if u.tier != "device"),
+            key=lambda u: (not _must_place(c, u), c.unit_bytes(u, "device")),
+        )
         placed = moved = 0
         offloaded: list[Unit] = []
         room = budget
@@ -270,7 +273,7 @@ class Residency:
             size = c.unit_bytes(u, "device")
             if room is None or state == "HIGH_VRAM":
                 fits = True
-            elif not u.castable:  # plain tensors cannot stream: they go with the component or not at all
+            elif _must_place(c, u):  # plain tensors cannot stream: they go with the component or not at all
                 if size > room:
                     raise OutOfMemory(
                         f"{c.name}: {size:,} bytes of tensors that must stay on the device do not fit in "
@@ -367,7 +370,7 @@ class Residency:
         on = [u for u in c.units if u.tier == "device"]
         if amount is None:
             return on
-        pool = sorted((u for u in on if u.castable), key=lambda u: u.nbytes_now)
+        pool = sorted((u for u in on if not _must_place(c, u)), key=lambda u: u.nbytes_now)
         sizes = [u.nbytes_now for u in pool]
         chosen, rem = [], amount
         while rem > 0 and pool:
@@ -376,7 +379,7 @@ class Residency:
             chosen.append(pool.pop(j))
             rem -= sizes.pop(j)
         if rem > 0:  # only modules that cannot stream remain: the component leaves the device entirely
-            chosen += [u for u in on if not u.castable]
+            chosen += [u for u in on if _must_place(c, u)]
         return chosen
 
     def _offload(self, c: Component, amount: int | None, kind: str, keep: set, token) -> int:
@@ -501,6 +504,12 @@ class Residency:
             import torch
 
             torch.cuda.empty_cache()
+
+
+def _must_place(c: Component, u: Unit) -> bool:
+    """Plain tensors (no castable op to move them in forward) must be on an accelerator to be used;
+    on a CPU device the mmap views serve as they are."""
+    return not u.castable and c.device != "cpu"
 
 
 class _DeviceFull(Exception):
