@@ -349,7 +349,7 @@ class Residency:
         # partially offloaded first (most offloaded first), then least recently used
         cands.sort(key=lambda x: (-self._offloaded(x[2]), x[1].last_use))
         freed = 0
-        for key, e, c in cands:
+        for _key, _e, c in cands:
             if freed >= amount:
                 break
             freed += self._offload(c, amount - freed, "Evicted", keep, token)
