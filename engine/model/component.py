@@ -91,7 +91,9 @@ class Component:
         for spec in specs:
             keys = {a: prefix + (f"{spec.path}." if spec.path else "") + a for a in spec.tensors}
             m = by_path[spec.path]
-            self.units.append(Unit(spec.path, spec.kind, m, spec.tensors, keys, castable=spec.kind != "plain"))
+            self.units.append(
+                Unit(spec.path, spec.kind, m, spec.tensors, keys, castable=spec.kind != "plain")
+            )
         self._fd = os.open(self.path, os.O_RDONLY)
         weakref.finalize(self, os.close, self._fd)
         self.data_start = header.data_start
@@ -183,8 +185,10 @@ class Component:
     def _to_host(self, u: Unit, tier: str, pinned) -> int:
         import torch
 
-        sizes = [math.prod(i.shape) * torch.empty((), dtype=_tensor_dtype(i, self.storage_dtype)).element_size()
-                 for i in u.infos.values()]
+        sizes = [
+            math.prod(i.shape) * torch.empty((), dtype=_tensor_dtype(i, self.storage_dtype)).element_size()
+            for i in u.infos.values()
+        ]
         offsets, total = transfer.layout(sizes)
         block = transfer.HostBlock(total, pinned if tier == "ram" else None)
         out, src = {}, self._sources(u)

@@ -4,4 +4,13 @@ from .events import KINDS, Event, EventLog
 from .ledger import ComponentState, LedgerSnapshot, Policy
 from .manager import Residency, default_probe
 
-__all__ = ["KINDS", "ComponentState", "Event", "EventLog", "LedgerSnapshot", "Policy", "Residency", "default_probe"]
+__all__ = [
+    "KINDS",
+    "ComponentState",
+    "Event",
+    "EventLog",
+    "LedgerSnapshot",
+    "Policy",
+    "Residency",
+    "default_probe",
+]

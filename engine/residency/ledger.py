@@ -88,4 +88,8 @@ class LedgerSnapshot:
         return {c.name: c.device_bytes + c.ram_bytes for c in self.components}
 
     def to_json(self) -> dict:
-        return {"time": self.time, "device": self.device, "components": [c.to_json() for c in self.components]}
+        return {
+            "time": self.time,
+            "device": self.device,
+            "components": [c.to_json() for c in self.components],
+        }

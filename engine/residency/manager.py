@@ -101,11 +101,7 @@ class Residency:
 
     def _held(self, device: str, tier: str) -> int:
         return sum(
-            u.nbytes_now
-            for c in self.components()
-            if c.device == device
-            for u in c.units
-            if u.tier == tier
+            u.nbytes_now for c in self.components() if c.device == device for u in c.units if u.tier == tier
         )
 
     # -- bookkeeping -------------------------------------------------------------------------------
@@ -146,8 +142,17 @@ class Residency:
                 layers = tuple((u.path, u.tier, u.nbytes_now) for u in c.units)
                 rows.append(
                     ComponentState(
-                        key, c.name, c.path, c.device, t["device"], t["ram"], t["disk"],
-                        c.full_bytes("device"), e.last_use, e.pinned, layers,
+                        key,
+                        c.name,
+                        c.path,
+                        c.device,
+                        t["device"],
+                        t["ram"],
+                        t["disk"],
+                        c.full_bytes("device"),
+                        e.last_use,
+                        e.pinned,
+                        layers,
                     )
                 )
             self._snapshot = LedgerSnapshot(time.time(), self.device, tuple(rows))
@@ -213,7 +218,9 @@ class Residency:
                 freed += n
                 self._refresh()
                 self.events.emit(
-                    Event("Evicted", c.name, n, time.perf_counter() - t0, detail={"from": "ram", "to": "disk"})
+                    Event(
+                        "Evicted", c.name, n, time.perf_counter() - t0, detail={"from": "ram", "to": "disk"}
+                    )
                 )
             if freed >= amount:
                 break
@@ -253,7 +260,9 @@ class Residency:
         done = [0]
         try:
             for c in comps:
-                budget -= self._fill(c, budget if c.device == self.device else None, keep, token, report, done, total)
+                budget -= self._fill(
+                    c, budget if c.device == self.device else None, keep, token, report, done, total
+                )
         finally:
             self._refresh()
         return self.snapshot()
@@ -495,7 +504,13 @@ class Residency:
         after = c.tier_bytes()
         moved = sum(abs(after[k] - before[k]) for k in after)
         self.events.emit(
-            Event("Moved", c.name, moved, time.perf_counter() - t0, detail={"to": where, "from": before["device_name"], **after})
+            Event(
+                "Moved",
+                c.name,
+                moved,
+                time.perf_counter() - t0,
+                detail={"to": where, "from": before["device_name"], **after},
+            )
         )
         return self.snapshot()
 

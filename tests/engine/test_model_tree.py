@@ -37,7 +37,12 @@ def test_sd15_components_hold_exactly_the_file_keys(sd15_sparse):
         assert c.tier_bytes() == {"device": 0, "ram": 0, "disk": c.file_bytes}
         assert c.measured_tiers() == c.tier_bytes()
     kinds = {n: Counter(u.kind for u in c.units) for n, c in comps.items()}
-    assert kinds["unet"] == {"linear": 184, "conv2d": 98, "layernorm": 48, "groupnorm": 61}  # 16 transformers × 3
+    assert kinds["unet"] == {
+        "linear": 184,
+        "conv2d": 98,
+        "layernorm": 48,
+        "groupnorm": 61,
+    }  # 16 transformers × 3
     assert kinds["vae"] == {"conv2d": 72, "groupnorm": 52}
     assert kinds["clip_l"] == {"linear": 72, "layernorm": 25, "embedding": 2, "plain": 1}
     unet = comps["unet"].module
@@ -99,8 +104,12 @@ def test_forward_from_disk_tier_equals_torch_and_loaded(tmp_path):
 def test_conv_and_groupnorm_run_their_own_forward(tmp_path):
     p = write_dense(
         tmp_path / "c.safetensors",
-        [("m.conv.weight", "F32", (8, 4, 3, 3)), ("m.conv.bias", "F32", (8,)),
-         ("m.norm_out.weight", "F32", (64,)), ("m.norm_out.bias", "F32", (64,))],
+        [
+            ("m.conv.weight", "F32", (8, 4, 3, 3)),
+            ("m.conv.bias", "F32", (8,)),
+            ("m.norm_out.weight", "F32", (64,)),
+            ("m.norm_out.bias", "F32", (64,)),
+        ],
     )
     c = Component("vae", p, "m.")
     sd = __import__("safetensors.torch").torch.load_file(p)

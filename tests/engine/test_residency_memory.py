@@ -76,7 +76,10 @@ def test_ledger_bytes_match_measured_memory_and_loops_stay_flat(dense_unet):
     assert total > 180 * 1024 * 1024  # a real few-hundred-MB file, not a toy
     r = subprocess.run(
         [sys.executable, "-c", CHILD, str(path), "4"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )
     assert r.returncode == 0, r.stderr

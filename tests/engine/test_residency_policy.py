@@ -45,7 +45,9 @@ def assert_true_ledger(m: Residency, *cs: Component) -> None:
             assert measured["device"] == measured["ram"] == 0
             continue
         assert (row.device_bytes, row.ram_bytes, row.disk_bytes) == (
-            measured["device"], measured["ram"], measured["disk"]
+            measured["device"],
+            measured["ram"],
+            measured["disk"],
         )
 
 
@@ -267,7 +269,9 @@ def test_events_log_is_bounded_and_a_bad_subscriber_is_harmless(ckpt):
 
     a, _, _ = comps(ckpt)
     log = EventLog(maxlen=3)
-    m = Residency("cpu", probe=lambda: 1 << 50, policy=Policy(reserve_bytes=0, min_inference_bytes=0), events=log)
+    m = Residency(
+        "cpu", probe=lambda: 1 << 50, policy=Policy(reserve_bytes=0, min_inference_bytes=0), events=log
+    )
     m.subscribe(lambda e: 1 / 0)
     for _ in range(4):
         m.load([a])
