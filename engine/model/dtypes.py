@@ -47,8 +47,17 @@ def role_of(component: str) -> str:
     return "other"
 
 
-def computes(device: str, dtype: str) -> bool:
-    """Whether `device` (a torch device string) computes natively in `dtype` (torch dtype name)."""
+def computes(device: str, dtype: str, info=None) -> bool:
+    """Whether `device` (a torch device string) computes natively in `dtype` (torch dtype name). With
+    `info` (an engine.devices.DeviceInfo for that device) its detected fp16 / bf16 / fp8 facts decide."""
+    if info is not None and info.torch_device == device:
+        if dtype == "float32":
+            return True
+        if dtype == "float16":
+            return bool(info.fp16)
+        if dtype == "bfloat16":
+            return bool(info.bf16)
+        return dtype.startswith("float8") and bool(info.fp8_compute)
     import torch
 
     dev = torch.device(device)
@@ -83,6 +92,7 @@ def place(
     storage: str | None = None,
     compute: str | None = None,
     force_device: str | None = None,
+    info=None,
 ) -> Placement:
     """Choose device, storage and compute dtypes for one component (torch dtype names); the keyword
     overrides win over every rule."""
@@ -92,35 +102,62 @@ def place(
         if role == "vae" and cpu_vae:
             dev = "cpu"
         elif role == "text_encoder" and device != "cpu":
-            on_gpu = vram_state in ("NORMAL_VRAM", "HIGH_VRAM") and computes(device, "float16")
+            on_gpu = vram_state in ("NORMAL_VRAM", "HIGH_VRAM") and computes(device, "float16", info)
             if on_gpu and size_bytes > GIB and free_device is not None and free_cpu is not None:
                 on_gpu = free_device > 0.5 * free_cpu and size_bytes * 1.2 < free_device
             dev = device if on_gpu else "cpu"
-    st = storage or _storage_rule(role, file_dtype, dev)
-    cp = compute or _compute_rule(role, st, dev)
+    st = storage or _storage_rule(role, file_dtype, dev, info)
+    cp = compute or _compute_rule(role, st, dev, info)
     return Placement(dev, None if st == file_dtype else st, cp)
 
 
-def _storage_rule(role: str, file_dtype: str, dev: str) -> str:
+def _storage_rule(role: str, file_dtype: str, dev: str, info=None) -> str:
     if dev == "cpu":
         return file_dtype
     if role == "vae":
-        return "bfloat16" if computes(dev, "bfloat16") else "float32"
+        return "bfloat16" if computes(dev, "bfloat16", info) else "float32"
     if file_dtype.startswith("float8"):
         return file_dtype
     if role == "text_encoder":
         return "float16" if file_dtype == "float32" else file_dtype
-    if file_dtype == "bfloat16" and computes(dev, "bfloat16"):
+    if file_dtype == "bfloat16" and computes(dev, "bfloat16", info):
         return "bfloat16"
-    if computes(dev, "float16"):
+    if computes(dev, "float16", info):
         return "float16"
     return file_dtype
 
 
-def _compute_rule(role: str, storage: str, dev: str) -> str:
-    if computes(dev, storage):
+def _compute_rule(role: str, storage: str, dev: str, info=None) -> str:
+    if computes(dev, storage, info):
         return storage
     for cand in ("float16", "bfloat16") if role != "vae" else ("bfloat16",):
-        if computes(dev, cand):
+        if computes(dev, cand, info):
             return cand
     return "float32"
+
+
+_FLAG_DTYPES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8_e4m3fn": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+}
+
+
+def overrides_from_options(component: str, options) -> dict:
+    """place() keywords from engine.devices.DeviceOptions: --cpu-vae, --gpu-only, the per-role dtype
+    flags and --force-fp16/bf16/fp32 (which sets the compute dtype of every component)."""
+    role = role_of(component)
+    kw: dict = {"cpu_vae": bool(options.cpu_vae)}
+    flag = {
+        "diffusion": options.unet_dtype,
+        "vae": options.vae_dtype,
+        "text_encoder": options.text_encoder_dtype,
+    }.get(role)
+    if flag:
+        kw["storage"] = _FLAG_DTYPES[flag]
+    if options.force_dtype:
+        kw["compute"] = _FLAG_DTYPES[options.force_dtype]
+        kw.setdefault("storage", _FLAG_DTYPES[options.force_dtype])
+    return kw

@@ -12,8 +12,9 @@ MIB = 1024**2
 class Policy:
     """How the manager spends memory. Defaults are ComfyUI's documented facts
     (comfy/model_management.py): 400 MiB reserved for other programs (EXTRA_RESERVED_VRAM; 600 MiB on
-    Windows, +100 MiB above 15 GiB), minimum inference memory 0.8 GiB + the reserve, pinned host memory
-    capped at 40% of RAM (its Windows figure, the floor of its Linux rule)."""
+    Windows, +100 MiB above 15 GiB), minimum inference memory 0.8 GiB + the reserve — so the reserve is
+    counted once, inside it, as in engine.devices.budget_bytes — and pinned host memory capped at 40% of
+    RAM (its Windows figure, the floor of its Linux rule)."""
 
     vram_state: str = "NORMAL_VRAM"  # DISABLED | NO_VRAM | LOW_VRAM | NORMAL_VRAM | HIGH_VRAM | SHARED
     reserve_bytes: int = 400 * MIB
@@ -24,6 +25,21 @@ class Policy:
     pinned_share: float = 0.40
     disable_smart_memory: bool = False
     auto_top_up: bool = True
+
+    @classmethod
+    def from_report(cls, report, **kw) -> Policy:
+        """The policy engine.devices chose (VRAM state, reserve, inference floor, --vram-budget,
+        --disable-smart-memory); keywords override."""
+        o = report.options
+        base = dict(
+            vram_state=report.vram_state.value,
+            reserve_bytes=report.reserve_bytes,
+            min_inference_bytes=report.min_inference_bytes,
+            vram_budget=report.vram_budget_bytes,
+            disable_smart_memory=o.disable_smart_memory,
+        )
+        base.update(kw)
+        return cls(**base)
 
     @property
     def min_inference(self) -> int:
@@ -83,9 +99,21 @@ class LedgerSnapshot:
     def ram_bytes(self) -> int:
         return self.total("ram_bytes") + (self.total("device_bytes", "cpu") if self.device != "cpu" else 0)
 
-    def per_model(self) -> dict[str, int]:
-        """name -> bytes resident in memory (device + RAM), for the memory sampler's graph."""
-        return {c.name: c.device_bytes + c.ram_bytes for c in self.components}
+    def per_model(self) -> dict[str, tuple[int, int]]:
+        """label -> (device bytes, RAM bytes), the memory sampler's residency provider format. A name
+        loaded from two files is labelled with the file name too."""
+        import os
+
+        counts: dict[str, int] = {}
+        for c in self.components:
+            counts[c.name] = counts.get(c.name, 0) + 1
+        out = {}
+        for c in self.components:
+            label = c.name if counts[c.name] == 1 else f"{c.name} ({os.path.basename(c.path)})"
+            ram = c.ram_bytes + (c.device_bytes if c.device == "cpu" and self.device != "cpu" else 0)
+            dev = 0 if c.device == "cpu" and self.device != "cpu" else c.device_bytes
+            out[label] = (dev, ram)
+        return out
 
     def to_json(self) -> dict:
         return {

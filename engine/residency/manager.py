@@ -90,11 +90,22 @@ class Residency:
         with self._lock:
             return [c for e in self._entries.values() if (c := e.ref()) is not None]
 
+    @classmethod
+    def from_report(cls, report, **policy_kw) -> Residency:
+        """A manager for the device engine.devices selected, with its policy (keywords override)."""
+        return cls(report.selected.torch_device, policy=Policy.from_report(report, **policy_kw))
+
+    def register_with_sampler(self) -> Callable[[], None]:
+        """Feed engine.memory.sample()'s per-model residency from this ledger; returns the remover."""
+        from .. import memory
+
+        return memory.register_residency_provider(lambda: self.snapshot().per_model())
+
     def budget(self, extra_memory: int = 0) -> int:
-        """Bytes that may still be placed on the device: free − reserve − minimum inference memory −
-        extra, capped by vram_budget minus what components already hold there."""
+        """Bytes that may still be placed on the device: free − minimum inference memory (which holds
+        the reserve) − extra, capped by vram_budget minus what components already hold there."""
         p = self.policy
-        b = self.probe() - p.reserve_bytes - p.min_inference - int(extra_memory)
+        b = self.probe() - p.min_inference - int(extra_memory)
         if p.vram_budget is not None:
             b = min(b, p.vram_budget - self._held(self.device, "device"))
         return max(0, int(b))

@@ -135,3 +135,10 @@ def test_a_prefix_with_no_tensors_is_a_clear_error(tmp_path):
     p = write_components(tmp_path / "m.safetensors", {"a": [8]})
     with pytest.raises(FormatError, match="no tensors start with"):
         Component("vae", p, "first_stage_model.")
+
+
+def test_components_from_detection(sd15_sparse):
+    path, _ = sd15_sparse
+    comps = build_components(path)  # prefixes from engine.detect
+    assert set(comps) == {"unet", "clip_l", "vae"}
+    assert comps["unet"].prefix == "model.diffusion_model."

@@ -302,3 +302,23 @@ def test_snapshots_from_another_thread_during_loads(ckpt):
     stop.set()
     t.join()
     assert not errors and seen and max(seen) <= 2 * a.full_bytes()
+
+
+def test_policy_from_the_device_report_and_the_sampler_hook(ckpt):
+    from engine import memory
+    from engine.devices import DeviceOptions, HardwareFacts, build_report
+
+    facts = HardwareFacts(platform="linux", ram_total=16 << 30)
+    report = build_report(facts, DeviceOptions(vram_budget_gb=0.001, disable_smart_memory=True))
+    m = Residency.from_report(report)
+    assert m.device == "cpu" and m.policy.vram_budget == report.vram_budget_bytes
+    assert m.policy.min_inference == report.min_inference_bytes and m.policy.disable_smart_memory
+    a, _, _ = comps(ckpt)
+    m.policy = Policy.from_report(report, min_inference_bytes=0)
+    remove = m.register_with_sampler()
+    try:
+        m.load([a])
+        row = next(r for r in memory.sample().residency if r.name == "a")
+        assert row.device_bytes == m.snapshot().get("a").device_bytes <= report.vram_budget_bytes
+    finally:
+        remove()
