@@ -1,0 +1,81 @@
+"""`loadout plan`: will it fit? Predicted peak memory per step from the headers alone, and the mode."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..devices import add_device_arguments, options_from_args
+from ._common import EXIT_BAD_INPUT, EXIT_OK, EXIT_USAGE, human_bytes, print_error, print_json
+
+NAME = "plan"
+HELP = "will it fit? predicted peak memory of load, patch and decode, and the mode that fits"
+DESCRIPTION = (
+    "Predict, from the file headers alone, the peak device memory of loading the model, patching it with "
+    "LoRAs and decoding an image, and say which mode fits: full, partial (how much stays resident) or "
+    "tiled decode (which tile size). --vram GB asks about a hypothetical device of that size."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="FILE", help="checkpoint or diffusion model")
+    parser.add_argument("--lora", action="append", default=[], metavar="FILE", help="a LoRA (repeatable)")
+    parser.add_argument("--decode", metavar="WxH", help="image size to decode, e.g. 1024x1024")
+    parser.add_argument("--vram", type=float, metavar="GB", help="a hypothetical device of this size (GiB)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output (Plan JSON)")
+    add_device_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..devices import detect_devices
+    from ..errors import EngineError
+    from ..plan import make_plan, parse_size
+
+    try:
+        decode = parse_size(args.decode) if args.decode else None
+    except ValueError as e:
+        print_error(str(e))
+        return EXIT_USAGE
+    if args.vram is not None and not args.vram > 0:
+        print_error("--vram must be a positive number of GiB")
+        return EXIT_USAGE
+    try:
+        report = detect_devices(options_from_args(args))
+    except EngineError as e:
+        print_error(e.message)
+        return EXIT_USAGE
+    try:
+        plan = make_plan(args.model, loras=tuple(args.lora), decode=decode, vram_gb=args.vram, report=report)
+    except EngineError as e:
+        if args.json:
+            print_json({"model": args.model, "error": e.to_json()})
+        print_error(e.message)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print_json(plan)
+    else:
+        print(render_text(args.model, plan))
+    return EXIT_OK
+
+
+def render_text(model: str, plan: dict) -> str:
+    lines = [
+        f"Plan for {model}",
+        f"  device: {plan['device']}, budget for weights {human_bytes(plan['budget_bytes'])}",
+    ]
+    for s in plan["steps"]:
+        d = s["detail"]
+        line = f"  {s['step']:<7} peak {human_bytes(s['peak_bytes']):>10}  {s['mode']}"
+        if s["step"] == "load":
+            line += f" ({d['resident_fraction']:.0%} of {human_bytes(d['bytes'])} {d['component']} resident"
+            line += f", {d['modules_resident']}/{d['modules']} modules)"
+        elif s["step"] == "patch":
+            line += f" ({len(d['loras'])} LoRA, {human_bytes(d['lora_bytes'])})"
+        elif s["step"] == "decode" and s["mode"] == "tiled":
+            line += f" (tile {d['tile']} px, overlap {d['overlap']} px)"
+        lines.append(line)
+    if plan["steps"]:
+        lines.append(
+            f"  kept free for sampling: {human_bytes(plan['steps'][0]['detail'].get('min_inference_bytes'))}"
+        )
+    lines.append("  fits" if plan["fits"] else "  does NOT fit")
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""Components as module trees over a checkpoint's own tensors (see component.py and tree.py)."""
+
+from __future__ import annotations
+
+from .component import TIERS, Component, Unit
+from .dtypes import Placement, computes, place, role_of
+
+__all__ = ["TIERS", "Component", "Placement", "Unit", "build_components", "computes", "place", "role_of"]
+
+
+def build_components(
+    path, prefixes: dict[str, str] | None = None, *, device: str = "cpu", report=None, **place_kw
+) -> dict[str, Component]:
+    """One Component per (name -> key prefix) — by default the prefixes engine.detect finds (its
+    `other` bucket is skipped) — with the device and dtypes the placement rules choose. `report` (an
+    engine.devices.DeviceReport) supplies the device, its dtype facts, VRAM state and the user's
+    dtype / --cpu-vae flags; `place_kw` overrides everything."""
+    if prefixes is None:
+        from ..detect import detect_file
+
+        det = detect_file(path)
+        if det.error is not None and not det.components:
+            from ..errors import FormatError
+
+            raise FormatError(f"{path}: {det.error.get('message', 'cannot be read')}")
+        prefixes = {n: c.prefix for n, c in det.components.items() if n != "other" and c.prefix}
+    info = None
+    if report is not None:
+        device = report.selected.torch_device
+        info = report.selected
+        place_kw.setdefault("vram_state", report.vram_state.value)
+    from collections import Counter
+
+    from ..formats.dtypes import DTYPES
+    from ..formats.safetensors import SafetensorsFile
+
+    f = SafetensorsFile(path)
+    out = {}
+    for name, prefix in prefixes.items():
+        infos = [i for k, i in f.header.tensors.items() if k.startswith(prefix)]
+        counts = Counter(i.dtype for i in infos if i.dtype.startswith(("F", "BF")))
+        file_dtype = DTYPES[counts.most_common(1)[0][0]][1] if counts else "float32"
+        size = sum(i.nbytes for i in infos)
+        kw = dict(place_kw)
+        if report is not None:
+            from .dtypes import overrides_from_options
+
+            kw = {**overrides_from_options(name, report.options), **kw}
+            if report.vae_device and name == "vae":
+                kw.setdefault("force_device", report.vae_device)
+        p = place(name, file_dtype, device, size_bytes=size, info=info, **kw)
+        out[name] = Component(
+            name, f, prefix, device=p.device, storage_dtype=p.storage_dtype, compute_dtype=p.compute_dtype
+        )
+    return out

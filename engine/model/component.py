@@ -1,0 +1,264 @@
+"""A component (UNet, a text encoder, the VAE): a module tree holding exactly the file's parameters,
+each module ("unit") living in one of three tiers and moved between them one at a time.
+
+* ``disk``: the parameters are zero-copy views of the file's mmap — built in milliseconds, costing no
+  memory until read; an offloaded op casts / moves them on the fly in forward.
+* ``ram``: a materialised copy in (possibly pinned) host memory, in the storage dtype.
+* ``device``: on the compute device, in the storage dtype. When the device is the CPU, this tier *is* a
+  copy in RAM, and the offload tier is the disk (mmap) tier.
+
+Each unit is in exactly one tier; ``tier_bytes()`` counts the real bytes of the tensors it holds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import weakref
+from dataclasses import dataclass, field
+
+from ..formats.dtypes import torch_dtype
+from ..formats.safetensors import SafetensorsFile, TensorInfo
+from . import transfer
+from .tree import ModuleSpec, build_tree, module_specs
+
+TIERS = ("device", "ram", "disk")
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "float64": 8}
+
+
+@dataclass(eq=False)
+class Unit:
+    """One module with its own tensors: the smallest thing that moves between tiers."""
+
+    path: str
+    kind: str
+    module: object
+    infos: dict[str, TensorInfo]
+    keys: dict[str, str]  # attr -> full key in the file
+    tier: str = "disk"
+    block: object = None  # HostBlock of a ram (or cpu-device) copy
+    castable: bool = True
+    nbytes_now: int = 0  # real bytes of the tensors it holds now
+    extra: dict = field(default_factory=dict)
+
+    def bytes_as(self, storage: str | None) -> int:
+        """Bytes this unit takes when stored in `storage` (None: the file's dtypes)."""
+        n = 0
+        for info in self.infos.values():
+            float_ = info.dtype.startswith(("F", "BF"))
+            n += info.numel * _ITEMSIZE[storage] if storage and float_ else info.nbytes
+        return n
+
+
+def _tensor_dtype(info: TensorInfo, storage: str | None):
+    import torch
+
+    if storage and info.dtype.startswith(("F", "BF")):
+        return getattr(torch, storage)
+    return torch_dtype(info.dtype)
+
+
+class Component:
+    """A component built from the file's header, its parameters bound to the mmap (disk tier)."""
+
+    def __init__(
+        self,
+        name: str,
+        file: SafetensorsFile | str | os.PathLike,
+        prefix: str,
+        *,
+        device: str = "cpu",
+        storage_dtype: str | None = None,
+        compute_dtype: str = "float32",
+    ):
+        self.name = name
+        self.file = file if isinstance(file, SafetensorsFile) else SafetensorsFile(file)
+        self.path = self.file.path
+        self.prefix = prefix
+        self.device = device
+        self.storage_dtype = storage_dtype
+        self.compute_dtype = compute_dtype
+        header = self.file.header
+        rel = [(k[len(prefix) :], info) for k, info in header.tensors.items() if k.startswith(prefix)]
+        if not rel:
+            from ..errors import FormatError
+
+            raise FormatError(f"{self.path}: no tensors start with {prefix!r}: not a {name} in this file")
+        specs: list[ModuleSpec] = module_specs(rel)
+        self.module, by_path = build_tree(specs)
+        self.units: list[Unit] = []
+        for spec in specs:
+            keys = {a: prefix + (f"{spec.path}." if spec.path else "") + a for a in spec.tensors}
+            m = by_path[spec.path]
+            self.units.append(
+                Unit(spec.path, spec.kind, m, spec.tensors, keys, castable=spec.kind != "plain")
+            )
+        self._fd = os.open(self.path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self._fd)
+        self.data_start = header.data_start
+        for u in self.units:
+            self._bind_disk(u)
+        self.apply_dtypes()
+
+    # -- facts -------------------------------------------------------------------------------------
+    @property
+    def file_bytes(self) -> int:
+        return sum(u.bytes_as(None) for u in self.units)
+
+    def unit_bytes(self, u: Unit, tier: str) -> int:
+        """Bytes `u` takes in `tier` (the disk tier keeps the file's dtypes)."""
+        return u.bytes_as(None if tier == "disk" else self.storage_dtype)
+
+    def full_bytes(self, tier: str = "device") -> int:
+        return sum(self.unit_bytes(u, tier) for u in self.units)
+
+    def tier_bytes(self) -> dict[str, int]:
+        out = dict.fromkeys(TIERS, 0)
+        for u in self.units:
+            out[u.tier] += u.nbytes_now
+        return out
+
+    def measured_tiers(self) -> dict[str, int]:
+        """Bytes per tier read from the tensors themselves (device, mmap or not) — the ledger's check."""
+        mm_base = self.file._mm
+        out = dict.fromkeys(TIERS, 0)
+        for u in self.units:
+            for attr in u.infos:
+                t = getattr(u.module, attr)
+                n = t.numel() * t.element_size()
+                if t.device.type != "cpu":
+                    out["device"] += n
+                elif mm_base is not None and _in_mmap(t, self.file):
+                    out["disk"] += n
+                else:
+                    out["device" if self.device == "cpu" else "ram"] += n
+        return out
+
+    # -- binding -----------------------------------------------------------------------------------
+    def _set(self, u: Unit, tensors: dict) -> None:
+        from torch import nn
+
+        n = 0
+        for attr, t in tensors.items():
+            if attr in u.module._parameters:
+                u.module._parameters[attr] = nn.Parameter(t, requires_grad=False)
+            else:
+                u.module._buffers[attr] = t
+            n += t.numel() * t.element_size()
+        u.nbytes_now = n
+
+    def _bind_disk(self, u: Unit) -> None:
+        self._set(u, {a: self.file.tensor(k) for a, k in u.keys.items()})
+        old, u.block = u.block, None
+        if old is not None:
+            old.release()
+        u.tier = "disk"
+        self._flags(u)
+
+    def _flags(self, u: Unit) -> None:
+        import torch
+
+        if u.castable:
+            u.module.offload = u.tier != "device"
+            u.module.compute_dtype = getattr(torch, self.compute_dtype)
+
+    def apply_dtypes(self) -> None:
+        for u in self.units:
+            self._flags(u)
+
+    # -- moves -------------------------------------------------------------------------------------
+    def move_unit(self, u: Unit, tier: str, *, copier=None, pinned=None) -> int:
+        """Move one unit to `tier`; returns the bytes copied (0 for a rebind onto the mmap)."""
+        if tier == u.tier:
+            return 0
+        if tier == "disk":
+            self._bind_disk(u)
+            return 0
+        if tier == "ram" or self.device == "cpu":
+            return self._to_host(u, tier, pinned)
+        return self._to_device(u, copier)
+
+    def _sources(self, u: Unit) -> dict:
+        return {a: getattr(u.module, a) for a in u.infos}
+
+    def _to_host(self, u: Unit, tier: str, pinned) -> int:
+        import torch
+
+        sizes = [
+            math.prod(i.shape) * torch.empty((), dtype=_tensor_dtype(i, self.storage_dtype)).element_size()
+            for i in u.infos.values()
+        ]
+        offsets, total = transfer.layout(sizes)
+        block = transfer.HostBlock(total, pinned if tier == "ram" else None)
+        out, src = {}, self._sources(u)
+        for (attr, info), off in zip(u.infos.items(), offsets, strict=True):
+            dt = _tensor_dtype(info, self.storage_dtype)
+            dst = transfer.view_in(block, off, dt, info.shape)
+            if u.tier == "disk" and dt == torch_dtype(info.dtype):
+                transfer.read_into(self._fd, self.data_start + info.begin, dst)
+            elif u.tier == "disk":
+                tmp = torch.empty(info.shape, dtype=torch_dtype(info.dtype))
+                transfer.read_into(self._fd, self.data_start + info.begin, tmp)
+                dst.copy_(tmp)
+                del tmp
+            else:
+                dst.copy_(src[attr])
+            out[attr] = dst
+        del src
+        old = u.block
+        self._set(u, out)
+        u.block, u.tier = block, tier
+        if old is not None:
+            old.release()
+        self._flags(u)
+        return total
+
+    def _to_device(self, u: Unit, copier) -> int:
+        import torch
+
+        out, src, moved = {}, self._sources(u), 0
+        for attr, info in u.infos.items():
+            dt = _tensor_dtype(info, self.storage_dtype)
+            dst = torch.empty(info.shape, dtype=dt, device=self.device)
+            if u.tier == "disk" and dt == torch_dtype(info.dtype) and copier is not None and copier.cuda:
+                copier.from_file(self._fd, self.data_start + info.begin, dst)
+            elif u.tier == "disk":
+                tmp = torch.empty(info.shape, dtype=torch_dtype(info.dtype))
+                transfer.read_into(self._fd, self.data_start + info.begin, tmp)
+                dst.copy_(tmp.to(dt))
+                del tmp
+            elif copier is not None:
+                copier.copy(dst, src[attr])
+            else:
+                dst.copy_(src[attr])
+            out[attr] = dst
+            moved += dst.numel() * dst.element_size()
+        if copier is not None:
+            copier.sync()
+        del src
+        old = u.block
+        self._set(u, out)
+        u.block, u.tier = None, "device"
+        if old is not None:
+            old.release()
+        self._flags(u)
+        return moved
+
+    def touch(self) -> float:
+        self.last_use = time.monotonic()
+        return self.last_use
+
+    def __repr__(self) -> str:
+        t = self.tier_bytes()
+        return f"<Component {self.name} {self.device} device={t['device']} ram={t['ram']} disk={t['disk']}>"
+
+
+def _in_mmap(t, file: SafetensorsFile) -> bool:
+    import torch
+
+    mm = file._mm
+    if mm is None:
+        return False
+    base = torch.frombuffer(mm, dtype=torch.uint8, count=1).data_ptr()
+    return base <= t.data_ptr() < base + len(mm)

@@ -1,0 +1,163 @@
+"""Storage and compute dtypes, and the device each component runs on — all overridable.
+
+The rules are ComfyUI's facts (comfy/model_management.py and comfy/sd.py, read, not copied):
+
+* what a device computes in: the CPU only float32 (``supports_dtype``: the CPU gets fp32 only); CUDA
+  fp16 always, bf16 from compute capability 8.0, fp8 from 8.9 (``supports_fp8_compute``); MPS fp16.
+* diffusion models (``unet_dtype`` / ``unet_manual_cast``): fp8 weights stay fp8 in storage and are
+  cast for compute unless the device computes fp8; otherwise fp16 storage where the device computes
+  fp16, bf16 files stay bf16 where the device computes bf16; on a device that cannot compute the
+  storage dtype, weights are cast on the fly (the "manual cast").
+* text encoders (``text_encoder_dtype``, ``text_encoder_device``): fp16 storage; on the GPU only in the
+  NORMAL / HIGH VRAM states and when the device computes fp16, and only when memory allows
+  (``text_encoder_initial_device``: a model above 1 GiB goes to the device when it fits with 20% to spare
+  and the device has more than half the CPU's free memory) — else on the CPU.
+* the VAE (``vae_dtype`` with the SD VAE's working dtypes bf16 / fp32): bf16 where the device computes
+  it, else fp32 (never fp16: the SD VAE overflows in fp16); ``--cpu-vae`` puts it on the CPU.
+
+On the CPU everything is computed in fp32, but storage keeps the file's dtype, so an fp16 file stays
+zero-copy on the mmap (disk tier) or as a half-size copy in RAM, and each op casts on the fly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TEXT_ENCODERS = ("clip_l", "clip_g", "clip_h", "t5xxl", "text_encoder")
+DIFFUSION = ("unet", "transformer")
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a component runs and in which dtypes (None storage = the file's own dtype)."""
+
+    device: str
+    storage_dtype: str | None
+    compute_dtype: str
+
+
+def role_of(component: str) -> str:
+    if component in DIFFUSION:
+        return "diffusion"
+    if component in TEXT_ENCODERS or component.startswith(("clip", "t5")):
+        return "text_encoder"
+    if component == "vae":
+        return "vae"
+    return "other"
+
+
+def computes(device: str, dtype: str, info=None) -> bool:
+    """Whether `device` (a torch device string) computes natively in `dtype` (torch dtype name). With
+    `info` (an engine.devices.DeviceInfo for that device) its detected fp16 / bf16 / fp8 facts decide."""
+    if info is not None and info.torch_device == device:
+        if dtype == "float32":
+            return True
+        if dtype == "float16":
+            return bool(info.fp16)
+        if dtype == "bfloat16":
+            return bool(info.bf16)
+        return dtype.startswith("float8") and bool(info.fp8_compute)
+    import torch
+
+    dev = torch.device(device)
+    if dtype == "float32":
+        return True
+    if dev.type == "cpu":
+        return False
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        if dtype == "float16":
+            return True
+        if dtype == "bfloat16":
+            return major >= 8
+        if dtype.startswith("float8"):
+            return (major, minor) >= (8, 9)
+        return False
+    if dev.type == "mps":
+        return dtype == "float16"
+    return dtype in ("float16", "bfloat16")
+
+
+def place(
+    component: str,
+    file_dtype: str,
+    device: str,
+    *,
+    vram_state: str = "NORMAL_VRAM",
+    cpu_vae: bool = False,
+    size_bytes: int = 0,
+    free_device: int | None = None,
+    free_cpu: int | None = None,
+    storage: str | None = None,
+    compute: str | None = None,
+    force_device: str | None = None,
+    info=None,
+) -> Placement:
+    """Choose device, storage and compute dtypes for one component (torch dtype names); the keyword
+    overrides win over every rule."""
+    role = role_of(component)
+    dev = force_device or device
+    if force_device is None:
+        if role == "vae" and cpu_vae:
+            dev = "cpu"
+        elif role == "text_encoder" and device != "cpu":
+            on_gpu = vram_state in ("NORMAL_VRAM", "HIGH_VRAM") and computes(device, "float16", info)
+            if on_gpu and size_bytes > GIB and free_device is not None and free_cpu is not None:
+                on_gpu = free_device > 0.5 * free_cpu and size_bytes * 1.2 < free_device
+            dev = device if on_gpu else "cpu"
+    st = storage or _storage_rule(role, file_dtype, dev, info)
+    cp = compute or _compute_rule(role, st, dev, info)
+    return Placement(dev, None if st == file_dtype else st, cp)
+
+
+def _storage_rule(role: str, file_dtype: str, dev: str, info=None) -> str:
+    if dev == "cpu":
+        return file_dtype
+    if role == "vae":
+        return "bfloat16" if computes(dev, "bfloat16", info) else "float32"
+    if file_dtype.startswith("float8"):
+        return file_dtype
+    if role == "text_encoder":
+        return "float16" if file_dtype == "float32" else file_dtype
+    if file_dtype == "bfloat16" and computes(dev, "bfloat16", info):
+        return "bfloat16"
+    if computes(dev, "float16", info):
+        return "float16"
+    return file_dtype
+
+
+def _compute_rule(role: str, storage: str, dev: str, info=None) -> str:
+    if computes(dev, storage, info):
+        return storage
+    for cand in ("float16", "bfloat16") if role != "vae" else ("bfloat16",):
+        if computes(dev, cand, info):
+            return cand
+    return "float32"
+
+
+_FLAG_DTYPES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8_e4m3fn": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+}
+
+
+def overrides_from_options(component: str, options) -> dict:
+    """place() keywords from engine.devices.DeviceOptions: --cpu-vae, --gpu-only, the per-role dtype
+    flags and --force-fp16/bf16/fp32 (which sets the compute dtype of every component)."""
+    role = role_of(component)
+    kw: dict = {"cpu_vae": bool(options.cpu_vae)}
+    flag = {
+        "diffusion": options.unet_dtype,
+        "vae": options.vae_dtype,
+        "text_encoder": options.text_encoder_dtype,
+    }.get(role)
+    if flag:
+        kw["storage"] = _FLAG_DTYPES[flag]
+    if options.force_dtype:
+        kw["compute"] = _FLAG_DTYPES[options.force_dtype]
+        kw.setdefault("storage", _FLAG_DTYPES[options.force_dtype])
+    return kw

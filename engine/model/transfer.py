@@ -1,0 +1,182 @@
+"""Moving tensor bytes between the three tiers: disk (the file, through our own reads), RAM and device.
+
+* RAM copies live in per-unit anonymous memory maps (``HostBlock``), not in the C heap: dropping a unit's
+  block returns its pages to the system at once. (Tensors from ``torch.empty`` on the CPU come from
+  malloc, which keeps freed chunks below its dynamic mmap threshold — up to 32 MiB on glibc — so a long
+  load/unload loop would not give memory back and the ledger would drift from what the process holds.)
+* Reads from disk go straight from the file into the destination with ``os.preadv`` — one copy, and the
+  file's pages are never mapped into the process, so the disk tier costs no resident memory.
+* On CUDA a RAM block can be page-locked (``cudaHostRegister``), up to a cap given as a share of RAM, so
+  host→device copies run non-blocking on a separate copy stream; a small pinned staging ring serves
+  reads from disk straight to the device.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+
+ALIGN = 64
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class PinnedAccount:
+    """Bytes of host memory page-locked by us, against a cap (a share of RAM, as ComfyUI caps its pinned
+    memory: 40% of RAM on Windows, more on Linux — model_management.py, MAX_PINNED_MEMORY)."""
+
+    def __init__(self, cap_bytes: int):
+        self.cap = int(cap_bytes)
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.used + n > self.cap:
+                return False
+            self.used += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - n)
+
+
+class HostBlock:
+    """One anonymous mapping holding a unit's RAM copy; tensors are carved out of it as views."""
+
+    def __init__(self, nbytes: int, pinned_account: PinnedAccount | None = None):
+        import torch
+
+        self.nbytes = int(nbytes)
+        self.mm = mmap.mmap(-1, max(1, self.nbytes))
+        self.base = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self.pinned = False
+        self._account = None
+        if pinned_account is not None and torch.cuda.is_available() and pinned_account.take(self.nbytes):
+            rc = torch.cuda.cudart().cudaHostRegister(self.base.data_ptr(), max(1, self.nbytes), 0)
+            if int(rc) == 0:
+                self.pinned = True
+                self._account = pinned_account
+            else:
+                pinned_account.give(self.nbytes)
+
+    def release(self) -> None:
+        """Unpin (the views must be dropped by the caller; the mapping goes with the last of them)."""
+        if self.pinned:
+            import torch
+
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaHostUnregister(self.base.data_ptr())
+            self._account.give(self.nbytes)
+            self.pinned = False
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+def layout(sizes: list[int]) -> tuple[list[int], int]:
+    """Offsets (64-byte aligned) of tensors of `sizes` bytes packed in one block, and the block size."""
+    offsets, pos = [], 0
+    for n in sizes:
+        offsets.append(pos)
+        pos = _align(pos + n)
+    return offsets, pos
+
+
+def view_in(block: HostBlock, offset: int, dtype, shape):
+    """A tensor of `dtype`/`shape` over the block's bytes at `offset`."""
+    import math
+
+    import torch
+
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return block.base[offset : offset + n].view(dtype).view(shape)
+
+
+def read_into(fd: int, file_offset: int, dst) -> None:
+    """Read len(dst) bytes of the file at `file_offset` into the CPU tensor `dst` (any dtype)."""
+    import torch
+
+    flat = dst.reshape(-1).view(torch.uint8)
+    if flat.numel() == 0:
+        return
+    mv = memoryview(flat.numpy())
+    done = 0
+    while done < len(mv):
+        n = os.preadv(fd, [mv[done:]], file_offset + done)
+        if n <= 0:
+            raise OSError(f"short read at byte {file_offset + done}: the file shrank while loading")
+        done += n
+
+
+class CopyEngine:
+    """Host→device copies on a separate CUDA stream with a small pinned staging ring (for disk reads and
+    unpinned RAM); on other devices, plain copies. `sync()` makes the compute stream wait for them."""
+
+    def __init__(self, device, staging_bytes: int = 64 * 1024 * 1024):
+        import torch
+
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self._ring: list = []
+        self._events: list = []
+        self._next = 0
+        self._staging_bytes = staging_bytes
+
+    def _slot(self, n: int):
+        import torch
+
+        if not self._ring:
+            for _ in range(2):
+                self._ring.append(torch.empty(self._staging_bytes, dtype=torch.uint8, pin_memory=True))
+                self._events.append(None)
+        i = self._next
+        self._next = (i + 1) % len(self._ring)
+        if self._events[i] is not None:
+            self._events[i].synchronize()  # the copy that used this slot has finished
+        return i, self._ring[i][:n]
+
+    def from_file(self, fd: int, file_offset: int, dst) -> None:
+        """Fill the device tensor `dst` (file dtype) from the file, through the pinned staging ring."""
+        import torch
+
+        flat = dst.reshape(-1).view(torch.uint8)
+        total, done = flat.numel(), 0
+        while done < total:
+            n = min(self._staging_bytes, total - done)
+            i, buf = self._slot(n)
+            read_into(fd, file_offset + done, buf)
+            with torch.cuda.stream(self.stream):
+                flat[done : done + n].copy_(buf, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(self.stream)
+            self._events[i] = ev
+            done += n
+
+    def copy(self, dst, src) -> None:
+        """dst.copy_(src) on the copy stream (non-blocking when src is pinned host memory)."""
+        import torch
+
+        if not self.cuda:
+            dst.copy_(src)
+            return
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=src.device.type == "cpu" and src.is_pinned())
+            if src.device.type == "cuda":
+                src.record_stream(self.stream)
+
+    def sync(self) -> None:
+        """Make later work wait for every copy issued so far."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+            self.stream.synchronize()

@@ -1,0 +1,160 @@
+"""Infer a torch module tree from a checkpoint's tensor names and shapes, out of castable ops.
+
+The file says nothing about module types, so each module is decided from its own tensors — the rule:
+
+* ``x.weight`` with 2 dims → ``Linear(in, out)``, unless the last name segment contains ``embedding``
+  (``token_embedding``, ``position_embedding``, ``embed_tokens``) → ``Embedding(num, dim)``;
+* ``x.weight`` with 3 / 4 / 5 dims → ``Conv1d`` / ``Conv2d`` / ``Conv3d`` (kernel size from the shape,
+  groups = 1; stride and padding are architecture facts the file does not hold: they default to 1 / 0
+  and an architecture that runs the module, such as the VAE, sets them);
+* ``x.weight`` with 1 dim and a matching 1-dim ``x.bias`` → a norm: ``LayerNorm`` when the name says so
+  (a segment containing ``layer_norm`` / ``layernorm``, starting with ``ln``, or the module sits in a
+  transformer block: a path segment equal to ``transformer_blocks``, ``layers``, ``resblocks`` or
+  ``blocks``), else
+  ``GroupNorm`` with 32 groups — the SD family's fixed group count (ldm's ``Normalize``), or 1 group
+  when the channels do not divide by 32;
+* ``x.weight`` with 1 dim and no bias under a norm-like name (``norm`` in a segment) → ``RMSNorm``;
+* anything else (buffers such as ``position_ids``, stray scalars, ``x.scale``) → plain parameters (float
+  tensors) or buffers (integer tensors) on a plain ``nn.Module``, kept exactly as named.
+
+Every module is created on the meta device (no memory); the caller binds the real tensors, so the
+tree's ``state_dict`` keys are exactly the file's keys below the component prefix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..formats.safetensors import TensorInfo
+
+_LAYER_NORM_SEGMENT = re.compile(r"(layer_?norm|layernorm|^ln(_|\d|$)|^ln_final$)")
+_TRANSFORMER_CONTEXT = frozenset({"transformer_blocks", "layers", "resblocks", "blocks"})
+GROUPS = 32
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """What one module of the tree is: its path, the op kind and the tensors it holds (attr -> info)."""
+
+    path: str
+    kind: str  # linear | embedding | conv1d | conv2d | conv3d | layernorm | groupnorm | rmsnorm | plain
+    tensors: dict[str, TensorInfo]
+
+
+def _is_layer_norm(path: str) -> bool:
+    last = path.rsplit(".", 1)[-1]
+    if _LAYER_NORM_SEGMENT.search(last):
+        return True
+    return "norm" in last and not _TRANSFORMER_CONTEXT.isdisjoint(path.split("."))
+
+
+def classify(path: str, tensors: dict[str, TensorInfo]) -> str:
+    """The op kind for one module from its own tensors (see the module docstring for the rule)."""
+    w = tensors.get("weight")
+    b = tensors.get("bias")
+    if w is None or set(tensors) - {"weight", "bias"} or w.dtype in ("I64", "I32", "I8", "U8", "BOOL"):
+        return "plain"
+    last = path.rsplit(".", 1)[-1]
+    nd = len(w.shape)
+    if nd == 2 and b is None and "embedding" in last or last == "embed_tokens":
+        return "embedding"
+    if b is not None and b.shape != w.shape[:1]:
+        return "plain"
+    if nd == 2:
+        return "linear"
+    if nd in (3, 4, 5):
+        return f"conv{nd - 2}d"
+    if nd == 1:
+        if b is not None:
+            return "layernorm" if _is_layer_norm(path) else "groupnorm"
+        if "norm" in last:
+            return "rmsnorm"
+    return "plain"
+
+
+def module_specs(tensors: Iterable[tuple[str, TensorInfo]]) -> list[ModuleSpec]:
+    """Group (relative name, info) pairs by module path and classify each module, in file order."""
+    groups: dict[str, dict[str, TensorInfo]] = {}
+    for name, info in tensors:
+        path, _, attr = name.rpartition(".")
+        groups.setdefault(path, {})[attr] = info
+    return [ModuleSpec(path, classify(path, ts), ts) for path, ts in groups.items()]
+
+
+def make_op(spec: ModuleSpec):
+    """An empty module (meta tensors) of the spec's kind, with the right shapes."""
+    import torch
+    from torch import nn
+
+    from .. import ops
+
+    w = spec.tensors.get("weight")
+    has_bias = "bias" in spec.tensors
+    meta = {"device": "meta"}
+    if spec.kind == "linear":
+        return ops.Linear(w.shape[1], w.shape[0], bias=has_bias, **meta)
+    if spec.kind == "embedding":
+        return ops.Embedding(w.shape[0], w.shape[1], **meta)
+    if spec.kind.startswith("conv"):
+        cls = {"conv1d": ops.Conv1d, "conv2d": ops.Conv2d, "conv3d": ops.Conv3d}[spec.kind]
+        return cls(w.shape[1], w.shape[0], tuple(w.shape[2:]), bias=has_bias, **meta)
+    if spec.kind == "layernorm":
+        return ops.LayerNorm(w.shape[0], **meta)
+    if spec.kind == "groupnorm":
+        c = w.shape[0]
+        return ops.GroupNorm(GROUPS if c % GROUPS == 0 else 1, c, **meta)
+    if spec.kind == "rmsnorm":
+        return ops.RMSNorm(w.shape[0], **meta)
+    m = nn.Module()
+    for attr, info in spec.tensors.items():
+        from ..formats.dtypes import torch_dtype
+
+        t = torch.empty(info.shape, dtype=torch_dtype(info.dtype), device="meta")
+        if t.is_floating_point():
+            m.register_parameter(attr, nn.Parameter(t, requires_grad=False))
+        else:
+            m.register_buffer(attr, t)
+    return m
+
+
+def build_tree(specs: list[ModuleSpec]):
+    """Assemble the specs into one nn.Module tree (meta tensors); returns (root, {path: module})."""
+    from torch import nn
+
+    root = nn.Module()
+    made: dict[str, nn.Module] = {"": root}
+
+    def container(path: str) -> nn.Module:
+        if path in made:
+            return made[path]
+        parent_path, _, leaf = path.rpartition(".")
+        parent = container(parent_path)
+        m = nn.Module()
+        parent.add_module(leaf, m)
+        made[path] = m
+        return m
+
+    by_path: dict[str, nn.Module] = {}
+    # Deeper paths after shallower ones: a module that is both a leaf op and a parent keeps its children.
+    for spec in sorted(specs, key=lambda s: s.path.count(".") if s.path else -1):
+        op = make_op(spec)
+        if spec.path == "":
+            for attr, t in (*op.named_parameters(recurse=False), *op.named_buffers(recurse=False)):
+                if isinstance(t, nn.Parameter):
+                    root.register_parameter(attr, t)
+                else:
+                    root.register_buffer(attr, t)
+            by_path[""] = root
+            continue
+        parent_path, _, leaf = spec.path.rpartition(".")
+        existing = made.get(spec.path)
+        parent = container(parent_path)
+        if existing is not None:  # a plain container made earlier for children: move them onto the op
+            for child_name, child in existing.named_children():
+                op.add_module(child_name, child)
+        parent.add_module(leaf, op)
+        made[spec.path] = op
+        by_path[spec.path] = op
+    return root, by_path

@@ -1,0 +1,293 @@
+""" "Will it fit?" — predicted peak device memory of each step (load, patch, decode) from headers alone,
+and the mode that fits, by the same rules the residency manager then applies.
+
+* load: the diffusion model at its storage dtype; when it does not fit the budget, the manager keeps
+  the smallest modules resident while they fit (the streamed rest costs nothing on the device) — the
+  prediction runs that same rule over the header's modules, so it is exact, not a guess. Text encoders
+  run before it, on the device only where ComfyUI's rule puts them.
+* patch: a LoRA's tensors go to the device, and each patched module is computed in fp32 (weight +
+  delta) — at most twice the largest weight × 4 bytes at a time. Streamed modules are patched on the
+  fly, so when the patch does not fit the resident part shrinks to make room ("partial").
+* decode: the VAE's weights plus its activations. The activation estimate is ComfyUI's for
+  AutoencoderKL (comfy/sd.py, memory_used_decode): 2178 × 64 bytes per latent pixel per byte of
+  dtype, i.e. 2178 × dtype size per output pixel. When the whole image does not fit, tiles: the largest
+  tile (a multiple of 64 px, as ComfyUI's tiled decode) whose activations fit beside the weights.
+Sampling itself is out of scope; the minimum inference memory kept free for it is in each detail.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from .formats.dtypes import DTYPES
+
+GIB = 1024**3
+DECODE_BYTES_PER_PIXEL = 2178  # × dtype size; ComfyUI comfy/sd.py, AutoencoderKL memory_used_decode
+TILES = (1024, 768, 512, 384, 256, 192, 128, 64)
+TILE_OVERLAP = 64
+_ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "float64": 8}
+
+
+@dataclass(frozen=True)
+class ComponentFacts:
+    name: str
+    file_dtype: str
+    unit_sizes: tuple[int, ...]  # bytes per module at the storage dtype, in file order
+    must_place: int  # bytes of plain tensors (no castable op) that cannot stream on an accelerator
+    largest_weight_numel: int
+    castable_sizes: tuple[int, ...] = ()
+
+
+def resident_prefix(sizes, budget: int) -> tuple[int, int]:
+    """The manager's partial-load rule: smallest modules first while they fit. -> (bytes, count)."""
+    placed = count = 0
+    for s in sorted(sizes):
+        if placed + s > budget:
+            break
+        placed += s
+        count += 1
+    return placed, count
+
+
+def component_facts(path: str, prefix: str, name: str, storage: str | None) -> ComponentFacts:
+    """Module sizes of one component from the safetensors header (at `storage`, None = file dtypes)."""
+    from collections import Counter
+
+    from .formats.safetensors import read_header
+    from .model.tree import module_specs
+
+    h = read_header(path)
+    rel = [(k[len(prefix) :], i) for k, i in h.tensors.items() if k.startswith(prefix)]
+    specs = module_specs(rel)
+    counts = Counter(i.dtype for _, i in rel if i.dtype.startswith(("F", "BF")))
+    file_dtype = DTYPES[counts.most_common(1)[0][0]][1] if counts else "float32"
+    sizes, plain, largest, castable = [], 0, 0, []
+    for s in specs:
+        n = sum(
+            i.numel * _ITEM[storage] if storage and i.dtype.startswith(("F", "BF")) else i.nbytes
+            for i in s.tensors.values()
+        )
+        sizes.append(n)
+        if s.kind == "plain":
+            plain += n
+        else:
+            castable.append(n)
+        w = s.tensors.get("weight")
+        if w is not None and s.kind in ("linear", "conv1d", "conv2d", "conv3d"):
+            largest = max(largest, w.numel)
+    return ComponentFacts(name, file_dtype, tuple(sizes), plain, largest, tuple(castable))
+
+
+def _file_dtype(path: str, prefix: str) -> str:
+    return component_facts(path, prefix, "", None).file_dtype
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'1024x768' -> (1024, 768)."""
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size like 1024x1024") from None
+    if w <= 0 or h <= 0:
+        raise ValueError(f"{text!r}: width and height must be positive")
+    return w, h
+
+
+def make_plan(
+    model: str,
+    *,
+    loras: tuple[str, ...] = (),
+    decode: tuple[int, int] | None = None,
+    vram_gb: float | None = None,
+    report=None,
+    free_bytes: int | None = None,
+) -> dict:
+    """The Plan JSON of DESIGN.md for `model` on the selected device (or a hypothetical one of
+    `vram_gb` GiB; on a CPU-only machine that device is assumed to compute fp16 and bf16)."""
+    from .detect import detect_file
+    from .devices import DeviceInfo, budget_bytes, detect_devices, reserve_bytes_for
+    from .errors import FormatError, UnsupportedModel
+    from .model.dtypes import overrides_from_options, place, role_of
+
+    report = report or detect_devices()
+    det = detect_file(model)
+    if det.error is not None:
+        cls = UnsupportedModel if det.error.get("type") == "unsupported" else FormatError
+        raise cls(det.error.get("message", f"{model}: cannot be read"))
+    if not str(model).endswith(".safetensors"):
+        raise UnsupportedModel(f"{model}: plans are made for .safetensors files for now")
+    info = report.selected
+    min_inf = report.min_inference_bytes
+    if vram_gb is not None:
+        total = int(vram_gb * GIB)
+        if not info.is_accelerator:
+            info = DeviceInfo("cuda", 0, "hypothetical GPU", total, "cuda:0", fp16=True, bf16=True)
+        reserve = reserve_bytes_for(report.platform, total, report.options)
+        min_inf = report.inference_floor_bytes + reserve
+        free = total
+        label = f"hypothetical {vram_gb:g} GiB {info.kind} device"
+    else:
+        if free_bytes is None:
+            from . import memory
+
+            free_bytes = memory.MemorySampler(memory.target_for(info)).sample().device_free
+        free = free_bytes
+        label = info.label
+    budget = budget_bytes(free, min_inf, report.vram_budget_bytes)
+    device = info.torch_device
+    comps = {n: c for n, c in det.components.items() if n != "other" and c.prefix}
+
+    def placed(name):
+        c = comps[name]
+        fd = _file_dtype(model, c.prefix)
+        kw = overrides_from_options(name, report.options)
+        if role_of(name) == "vae" and report.options.cpu_vae:
+            kw["force_device"] = "cpu"
+        p = place(
+            name,
+            fd,
+            device,
+            vram_state=report.vram_state.value,
+            size_bytes=c.bytes,
+            free_device=budget,
+            free_cpu=report.ram_total,
+            info=info,
+            **kw,
+        )
+        return p, component_facts(model, c.prefix, name, p.storage_dtype)
+
+    steps = []
+    diffusion = next((n for n in comps if role_of(n) == "diffusion"), None)
+    resident = 0
+    if diffusion is not None:
+        p, f = placed(diffusion)
+        total_b = sum(f.unit_sizes)
+        must = f.must_place if info.is_accelerator else 0
+        tes = {}
+        te_peak = 0
+        for n in comps:
+            if role_of(n) == "text_encoder":
+                tp, tf = placed(n)
+                b = sum(tf.unit_sizes)
+                tes[n] = {"bytes": b, "device": tp.device, "storage_dtype": tp.storage_dtype or tf.file_dtype}
+                if tp.device == device:
+                    te_peak += min(b, budget)
+        if report.vram_state.value == "HIGH_VRAM" or total_b <= budget:
+            resident, count, mode = total_b, len(f.unit_sizes), "full"
+        elif report.vram_state.value == "NO_VRAM":
+            resident, count, mode = must, 0, "partial"
+        else:
+            if must:  # on an accelerator plain tensors go first, then the smallest modules
+                resident, count = resident_prefix(f.castable_sizes, budget - must)
+                resident, count = resident + must, count + len(f.unit_sizes) - len(f.castable_sizes)
+            else:
+                resident, count = resident_prefix(f.unit_sizes, budget)
+            mode = "partial"
+        steps.append(
+            {
+                "step": "load",
+                "peak_bytes": max(resident, te_peak),
+                "mode": mode,
+                "fits": must <= budget,
+                "detail": {
+                    "component": diffusion,
+                    "bytes": total_b,
+                    "storage_dtype": p.storage_dtype or f.file_dtype,
+                    "compute_dtype": p.compute_dtype,
+                    "resident_bytes": resident,
+                    "resident_fraction": resident / total_b if total_b else 1.0,
+                    "modules_resident": count,
+                    "modules": len(f.unit_sizes),
+                    "streamed_bytes": total_b - resident,
+                    "text_encoders": tes,
+                    "min_inference_bytes": min_inf,
+                },
+            }
+        )
+        if loras:
+            lora_b = sum(_data_bytes(x) for x in loras)
+            work = 2 * f.largest_weight_numel * 4
+            peak = resident + lora_b + work
+            mode = "full" if peak <= budget and resident == total_b else "partial"
+            res2 = resident
+            if peak > budget:
+                res2, _ = resident_prefix(f.unit_sizes, max(0, budget - lora_b - work))
+                peak = res2 + lora_b + work
+            steps.append(
+                {
+                    "step": "patch",
+                    "peak_bytes": peak,
+                    "mode": mode,
+                    "fits": peak <= budget or res2 == 0 and lora_b + work <= budget,
+                    "detail": {
+                        "loras": [os.path.basename(x) for x in loras],
+                        "lora_bytes": lora_b,
+                        "fp32_work_bytes": work,
+                        "resident_bytes": res2,
+                        "min_inference_bytes": min_inf,
+                    },
+                }
+            )
+    if decode is not None and "vae" in comps:
+        steps.append(_decode_step(placed("vae"), decode, budget, device))
+    fits = all(s.pop("fits", True) for s in steps)
+    return {"device": label, "budget_bytes": budget, "steps": steps, "fits": fits}
+
+
+def _decode_step(pf, size, budget: int, device: str) -> dict:
+    p, f = pf
+    w, h = size
+    weights = sum(f.unit_sizes)
+    item = _ITEM.get(p.compute_dtype, 4)
+    whole = DECODE_BYTES_PER_PIXEL * w * h * item
+    detail = {
+        "width": w,
+        "height": h,
+        "vae_bytes": weights,
+        "vae_device": p.device,
+        "compute_dtype": p.compute_dtype,
+        "activation_bytes": whole,
+        "formula": "2178 x width x height x dtype size (ComfyUI AutoencoderKL estimate)",
+    }
+    cap = budget if p.device == device else None
+    if cap is None or weights + whole <= cap:
+        return {
+            "step": "decode",
+            "peak_bytes": weights + whole,
+            "mode": "full",
+            "fits": True,
+            "detail": detail,
+        }
+    for t in TILES:
+        if t > max(w, h) and t != TILES[-1]:
+            continue
+        tile = DECODE_BYTES_PER_PIXEL * min(t, w) * min(t, h) * item
+        if weights + tile <= cap:
+            tiles = math.ceil(max(w - TILE_OVERLAP, 1) / (t - TILE_OVERLAP)) * math.ceil(
+                max(h - TILE_OVERLAP, 1) / (t - TILE_OVERLAP)
+            )
+            detail.update(tile=t, overlap=TILE_OVERLAP, tiles=tiles, tile_activation_bytes=tile)
+            return {
+                "step": "decode",
+                "peak_bytes": weights + tile,
+                "mode": "tiled",
+                "fits": True,
+                "detail": detail,
+            }
+    t = TILES[-1]
+    tile = DECODE_BYTES_PER_PIXEL * t * t * item
+    detail.update(
+        tile=t,
+        overlap=TILE_OVERLAP,
+        tile_activation_bytes=tile,
+        advice="not even the smallest tile fits beside the VAE: try --cpu-vae",
+    )
+    return {"step": "decode", "peak_bytes": weights + tile, "mode": "tiled", "fits": False, "detail": detail}
+
+
+def _data_bytes(path: str) -> int:
+    from .formats.safetensors import read_header
+
+    return read_header(path).data_size

@@ -1,0 +1,554 @@
+"""The residency manager: where every module of every loaded component lives, and the policy that
+decides it under a budget. ComfyUI's load_models_gpu / free_memory done as an inspectable ledger.
+
+One thread (the engine worker) calls load / unload / move; any thread may call snapshot(). Components
+are held weakly: one nobody references any more is collected and leaves the ledger by itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ..errors import Cancelled, OutOfMemory
+from ..jobs import CancelToken, Progress, Report, no_report
+from ..model.component import Component, Unit
+from .events import Event, EventLog
+from .ledger import ComponentState, LedgerSnapshot, Policy
+
+Probe = Callable[[], int]
+
+
+def default_probe(device: str) -> Probe:
+    """Free bytes on `device` now: torch.cuda.mem_get_info on CUDA, available RAM on the CPU."""
+    if device.startswith("cuda"):
+
+        def cuda_free() -> int:
+            import torch
+
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+        return cuda_free
+    import psutil
+
+    return lambda: int(psutil.virtual_memory().available)
+
+
+@dataclass(eq=False)
+class _Entry:
+    ref: weakref.ref
+    name: str
+    path: str
+    pinned: bool = False
+    last_use: float = field(default_factory=time.monotonic)
+    want_full: bool = True
+
+
+class Residency:
+    """Loads components onto `device` under a budget; evicts, offloads and tops up by policy.
+
+    `probe()` returns the device's free bytes (injectable: tests drive exact budgets with it)."""
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        *,
+        probe: Probe | None = None,
+        policy: Policy | None = None,
+        events: EventLog | None = None,
+    ):
+        import psutil
+
+        self.device = device
+        self.probe = probe or default_probe(device)
+        self.policy = policy or Policy(vram_state="DISABLED" if device == "cpu" else "NORMAL_VRAM")
+        self.events = events or EventLog()
+        self._entries: dict[int, _Entry] = {}
+        self._lock = threading.RLock()
+        self._snapshot = LedgerSnapshot(time.time(), device, ())
+        self._copier = None
+        self._last_refresh = 0.0
+        from ..model.transfer import PinnedAccount
+
+        self.pinned = PinnedAccount(int(psutil.virtual_memory().total * self.policy.pinned_share))
+
+    # -- reading -----------------------------------------------------------------------------------
+    def snapshot(self) -> LedgerSnapshot:
+        """The ledger now (thread-safe; a frozen copy)."""
+        with self._lock:
+            return self._snapshot
+
+    def subscribe(self, fn) -> Callable[[], None]:
+        return self.events.subscribe(fn)
+
+    def components(self) -> list[Component]:
+        with self._lock:
+            return [c for e in self._entries.values() if (c := e.ref()) is not None]
+
+    @classmethod
+    def from_report(cls, report, **policy_kw) -> Residency:
+        """A manager for the device engine.devices selected, with its policy (keywords override)."""
+        return cls(report.selected.torch_device, policy=Policy.from_report(report, **policy_kw))
+
+    def register_with_sampler(self) -> Callable[[], None]:
+        """Feed engine.memory.sample()'s per-model residency from this ledger; returns the remover."""
+        from .. import memory
+
+        return memory.register_residency_provider(lambda: self.snapshot().per_model())
+
+    def budget(self, extra_memory: int = 0) -> int:
+        """Bytes that may still be placed on the device: free − minimum inference memory (which holds
+        the reserve) − extra, capped by vram_budget minus what components already hold there."""
+        p = self.policy
+        b = self.probe() - p.min_inference - int(extra_memory)
+        if p.vram_budget is not None:
+            b = min(b, p.vram_budget - self._held(self.device, "device"))
+        return max(0, int(b))
+
+    def _held(self, device: str, tier: str) -> int:
+        return sum(
+            u.nbytes_now for c in self.components() if c.device == device for u in c.units if u.tier == tier
+        )
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+    def _register(self, c: Component) -> _Entry:
+        key = id(c)
+        e = self._entries.get(key)
+        if e is not None and e.ref() is c:
+            return e
+        mgr = weakref.ref(self)
+
+        def collected(_ref, key=key, name=c.name):
+            m = mgr()
+            if m is not None:
+                m._forget(key, name)
+
+        e = _Entry(weakref.ref(c, collected), c.name, c.path)
+        with self._lock:
+            self._entries[key] = e
+        return e
+
+    def _forget(self, key: int, name: str) -> None:
+        with self._lock:
+            e = self._entries.pop(key, None)
+            self._refresh()
+        if e is not None:
+            self.events.emit(Event("Unloaded", name, 0, 0.0, detail={"collected": True}))
+            self._empty_cache()
+
+    def _refresh(self) -> None:
+        """Rebuild the frozen snapshot from the components' real unit tiers."""
+        rows = []
+        with self._lock:
+            for key, e in list(self._entries.items()):
+                c = e.ref()
+                if c is None:
+                    continue
+                t = c.tier_bytes()
+                layers = tuple((u.path, u.tier, u.nbytes_now) for u in c.units)
+                rows.append(
+                    ComponentState(
+                        key,
+                        c.name,
+                        c.path,
+                        c.device,
+                        t["device"],
+                        t["ram"],
+                        t["disk"],
+                        c.full_bytes("device"),
+                        e.last_use,
+                        e.pinned,
+                        layers,
+                    )
+                )
+            self._snapshot = LedgerSnapshot(time.time(), self.device, tuple(rows))
+
+    def _find(self, component: Component | str) -> tuple[_Entry, Component] | None:
+        with self._lock:
+            for e in self._entries.values():
+                c = e.ref()
+                if c is not None and (c is component or (isinstance(component, str) and c.name == component)):
+                    return e, c
+        return None
+
+    def pin(self, component: Component | str, pinned: bool = True) -> None:
+        """Keep in VRAM: a pinned component is never evicted by the policy (only an explicit unload)."""
+        found = self._find(component)
+        if found is None and isinstance(component, Component):
+            self._register(component)
+            found = self._find(component)
+        if found is not None:
+            found[0].pinned = pinned
+            self._refresh()
+
+    # -- moving units ------------------------------------------------------------------------------
+    def _copier_for(self, c: Component):
+        if c.device == "cpu":
+            return None
+        if self._copier is None or str(self._copier.device) != str(c.device):
+            from ..model.transfer import CopyEngine
+
+            self._copier = CopyEngine(c.device)
+        return self._copier
+
+    def _offload_tier(self, c: Component, nbytes: int, keep: set) -> str:
+        """Where a module leaving the device goes: the disk tier on a CPU device (RAM *is* the device);
+        RAM on an accelerator while the RAM budget allows (evicting other RAM copies to disk first)."""
+        if c.device == "cpu" or self.policy.offload_tier == "disk":
+            return "disk"
+        cap = self.policy.ram_budget
+        if cap is None:
+            return "ram"
+        held = self._held(c.device, "ram")
+        if held + nbytes <= cap:
+            return "ram"
+        self._evict_ram(held + nbytes - cap, keep | {id(c)})
+        return "ram" if self._held(c.device, "ram") + nbytes <= cap else "disk"
+
+    def _evict_ram(self, amount: int, keep: set) -> int:
+        """Drop RAM copies of least-recently-used components back to the mmap until `amount` is free."""
+        freed = 0
+        with self._lock:
+            order = sorted(self._entries.items(), key=lambda kv: kv[1].last_use)
+        for key, e in order:
+            c = e.ref()
+            if c is None or key in keep:
+                continue
+            t0, n = time.perf_counter(), 0
+            for u in sorted((u for u in c.units if u.tier == "ram"), key=lambda u: -u.nbytes_now):
+                n += u.nbytes_now
+                c.move_unit(u, "disk")
+                if freed + n >= amount:
+                    break
+            if n:
+                freed += n
+                self._refresh()
+                self.events.emit(
+                    Event(
+                        "Evicted", c.name, n, time.perf_counter() - t0, detail={"from": "ram", "to": "disk"}
+                    )
+                )
+            if freed >= amount:
+                break
+        return freed
+
+    def _move(self, c: Component, u: Unit, tier: str) -> int:
+        moved = c.move_unit(u, tier, copier=self._copier_for(c), pinned=self.pinned)
+        return moved
+
+    # -- load ----------------------------------------------------------------------------------------
+    def load(
+        self,
+        components: Iterable[Component],
+        extra_memory: int = 0,
+        *,
+        token: CancelToken | None = None,
+        report: Report = no_report,
+    ) -> LedgerSnapshot:
+        """Make `components` resident on their devices: free what is needed first (never a pinned
+        component; partially offloaded, then least recently used first; stop once enough is free), then
+        load fully, or module by module up to the budget with the rest on the offload tier."""
+        comps = list(dict.fromkeys(components))
+        keep = {id(c) for c in comps}
+        for c in comps:
+            e = self._register(c)
+            e.last_use = time.monotonic()
+            e.want_full = True
+        state = self.policy.vram_state
+        on_dev = [c for c in comps if c.device == self.device]
+        need = sum(c.unit_bytes(u, "device") for c in on_dev for u in c.units if u.tier != "device")
+        if state == "NO_VRAM":
+            need = sum(c.unit_bytes(u, "device") for c in on_dev for u in c.units if _must_place(c, u))
+        if state != "HIGH_VRAM" and need > self.budget(extra_memory):
+            self.free(need - self.budget(extra_memory), keep=keep, token=token)
+        budget = self.budget(extra_memory)
+        total = sum(c.full_bytes("device") for c in comps)
+        done = [0]
+        try:
+            for c in comps:
+                budget -= self._fill(
+                    c, budget if c.device == self.device else None, keep, token, report, done, total
+                )
+        finally:
+            self._refresh()
+        return self.snapshot()
+
+    def _fill(self, c, budget, keep, token, report, done, total) -> int:
+        """Place c's units on its device within `budget` (None: no limit); returns device bytes added."""
+        t0 = time.perf_counter()
+        state = self.policy.vram_state
+        rest = sorted(
+            (u for u in c.units if u.tier != "device"),
+            key=lambda u: (not _must_place(c, u), c.unit_bytes(u, "device")),
+        )
+        placed = moved = 0
+        offloaded: list[Unit] = []
+        room = budget
+        for u in rest:
+            size = c.unit_bytes(u, "device")
+            if room is None or state == "HIGH_VRAM":
+                fits = True
+            elif _must_place(c, u):  # plain tensors cannot stream: they go with the component or not at all
+                if size > room:
+                    raise OutOfMemory(
+                        f"{c.name}: {size:,} bytes of tensors that must stay on the device do not fit in "
+                        f"the {room:,} bytes left; free memory or raise --vram-budget."
+                    )
+                fits = True
+            elif state == "NO_VRAM":
+                fits = False
+            else:
+                fits = size <= room
+            if fits:
+                try:
+                    self._step(c, u, "device", token)
+                except _DeviceFull:
+                    offloaded.append(u)
+                    room = 0
+                    continue
+                placed += size
+                moved += size
+                if room is not None:
+                    room -= size
+            else:
+                offloaded.append(u)
+            done[0] += size
+            report(Progress("load", done[0], total, c.name))
+        for u in offloaded:
+            tier = self._offload_tier(c, c.unit_bytes(u, "ram"), keep)
+            if tier != u.tier:
+                moved += self._step(c, u, tier, token)
+        self._refresh()
+        dur = time.perf_counter() - t0
+        t = c.tier_bytes()
+        kind = "Loaded" if not any(u.tier != "device" for u in c.units) else "PartiallyOffloaded"
+        self.events.emit(Event(kind, c.name, moved, dur, detail={"device": c.device, **t}))
+        return placed
+
+    def _step(self, c: Component, u: Unit, tier: str, token: CancelToken | None) -> int:
+        """One unit, between two cancel checks; a device OOM becomes _DeviceFull (the rest offloads)."""
+        if token is not None and token.cancelled:
+            self._refresh()
+            t = c.tier_bytes()
+            self.events.emit(Event("Cancelled", c.name, 0, 0.0, detail={"at": u.path, **t}))
+            token.raise_if_cancelled()
+        try:
+            return self._move(c, u, tier)
+        except Exception as e:  # torch.OutOfMemoryError without importing torch here
+            if type(e).__name__ == "OutOfMemoryError":
+                self._empty_cache()
+                raise _DeviceFull() from e
+            raise
+        finally:
+            self._refresh_unit_quick()
+
+    def _refresh_unit_quick(self) -> None:
+        # other threads see a load progress at least 20 times a second; every operation ends with a
+        # full refresh, so the snapshot is exact whenever no operation is running
+        now = time.monotonic()
+        if now - self._last_refresh > 0.05:
+            self._last_refresh = now
+            self._refresh()
+
+    # -- free / unload ---------------------------------------------------------------------------------
+    def free(self, amount: int, *, keep: set | None = None, token: CancelToken | None = None) -> int:
+        """Free `amount` device bytes by policy; returns the bytes freed (may be less: pinned ones stay)."""
+        keep = keep or set()
+        with self._lock:
+            cands = [
+                (key, e, c)
+                for key, e in self._entries.items()
+                if (c := e.ref()) is not None and key not in keep and not e.pinned and c.device == self.device
+            ]
+        cands = [x for x in cands if x[2].tier_bytes()["device"] > 0]
+        # partially offloaded first (most offloaded first), then least recently used
+        cands.sort(key=lambda x: (-self._offloaded(x[2]), x[1].last_use))
+        freed = 0
+        for _key, _e, c in cands:
+            if freed >= amount:
+                break
+            freed += self._offload(c, amount - freed, "Evicted", keep, token)
+        if freed:
+            self._empty_cache()
+        return freed
+
+    @staticmethod
+    def _offloaded(c: Component) -> int:
+        t = c.tier_bytes()
+        return t["ram"] + t["disk"] if t["device"] else 0
+
+    def _pick(self, c: Component, amount: int | None) -> list[Unit]:
+        """Modules to take off the device to free `amount` bytes (None: all). The plan: as few modules
+        as possible with the least overshoot — the smallest module that covers what is left, else the
+        largest — since a streamed module costs its bytes plus a fixed per-module transfer latency each
+        forward; the bytes are the same whichever are chosen, so fewer, larger modules stream faster."""
+        on = [u for u in c.units if u.tier == "device"]
+        if amount is None:
+            return on
+        pool = sorted((u for u in on if not _must_place(c, u)), key=lambda u: u.nbytes_now)
+        sizes = [u.nbytes_now for u in pool]
+        chosen, rem = [], amount
+        while rem > 0 and pool:
+            i = bisect.bisect_left(sizes, rem)
+            j = i if i < len(pool) else len(pool) - 1
+            chosen.append(pool.pop(j))
+            rem -= sizes.pop(j)
+        if rem > 0:  # only modules that cannot stream remain: the component leaves the device entirely
+            chosen += [u for u in on if _must_place(c, u)]
+        return chosen
+
+    def _offload(self, c: Component, amount: int | None, kind: str, keep: set, token) -> int:
+        t0 = time.perf_counter()
+        freed = moved = 0
+        try:
+            for u in self._pick(c, amount):
+                n = u.nbytes_now
+                tier = self._offload_tier(c, c.unit_bytes(u, "ram"), keep | {id(c)})
+                moved += self._step(c, u, tier, token)
+                freed += n
+        finally:
+            self._refresh()
+            t = c.tier_bytes()
+            self.events.emit(
+                Event(kind, c.name, freed, time.perf_counter() - t0, detail={"requested": amount, **t})
+            )
+        return freed
+
+    def unload(
+        self, component: Component | str, nbytes: int | None = None, *, token: CancelToken | None = None
+    ) -> int:
+        """Free `nbytes` of the component's device memory (None: unload it completely — every module
+        back onto the mmap, the ledger entry gone). Returns the bytes freed on the device (and, for a
+        full unload, in RAM). Unloading something not loaded is a no-op returning 0."""
+        found = self._find(component)
+        if found is None:
+            return 0
+        e, c = found
+        key = id(c)
+        if nbytes is not None:
+            e.want_full = False
+            freed = self._offload(c, int(nbytes), "PartiallyOffloaded", set(), token)
+        else:
+            t0 = time.perf_counter()
+            before = c.tier_bytes()
+            try:
+                for u in list(c.units):
+                    if u.tier != "disk":
+                        self._step(c, u, "disk", token)
+            finally:
+                done = all(u.tier == "disk" for u in c.units)
+                if done:
+                    with self._lock:
+                        self._entries.pop(key, None)
+                self._refresh()
+            freed = before["device"] + before["ram"]
+            self.events.emit(Event("Unloaded", c.name, freed, time.perf_counter() - t0, detail=before))
+        self._empty_cache()
+        if self.policy.auto_top_up:
+            self.top_up(exclude={key}, token=token)
+        return freed
+
+    def unload_all(self, *, token: CancelToken | None = None) -> int:
+        """Unload every component (pinned ones too: this is an explicit request)."""
+        freed = 0
+        for c in self.components():
+            freed += self.unload(c, token=token)
+        return freed
+
+    def after_job(self) -> None:
+        """Call when a job ends: with disable_smart_memory everything is unloaded (ComfyUI's flag)."""
+        if self.policy.disable_smart_memory:
+            self.unload_all()
+
+    def top_up(self, *, exclude: set | None = None, token: CancelToken | None = None) -> int:
+        """Put partially offloaded components (most recently used first) back on the device as far as
+        the budget now allows; returns the bytes placed."""
+        if self.policy.vram_state == "NO_VRAM":
+            return 0
+        exclude = exclude or set()
+        with self._lock:
+            todo = sorted(
+                ((k, e, c) for k, e in self._entries.items() if (c := e.ref()) is not None),
+                key=lambda x: -x[1].last_use,
+            )
+        placed = 0
+        for key, e, c in todo:
+            if key in exclude or not e.want_full or c.device != self.device:
+                continue
+            if all(u.tier == "device" for u in c.units):
+                continue
+            if c.tier_bytes()["device"] == 0:
+                continue  # evicted completely: it comes back when it is next used
+            placed += self._fill(c, self.budget(), {key}, token, no_report, [0], 0)
+        return placed
+
+    def move(self, component: Component, where: str, *, token: CancelToken | None = None) -> LedgerSnapshot:
+        """Explicit control: put the whole component on `where` now — "cpu" (runs on the CPU, weights in
+        RAM), the manager's device (loaded there, by policy if it does not all fit), "ram" (kept for
+        this device but offloaded to RAM) or "disk" (back on the mmap, still registered)."""
+        from ..model.dtypes import _compute_rule, role_of
+
+        e = self._register(component)
+        c = component
+        t0 = time.perf_counter()
+        before = dict(c.tier_bytes(), device_name=c.device)
+        if where in ("ram", "disk"):
+            e.want_full = False
+            for u in list(c.units):
+                if u.tier != where and not (where == "ram" and c.device == "cpu" and u.tier == "device"):
+                    self._step(c, u, where if c.device != "cpu" or where == "disk" else "disk", token)
+        else:
+            if where != c.device:
+                for u in list(c.units):  # leave the old device first
+                    if u.tier == "device":
+                        self._step(c, u, "disk", token)
+                c.device = where
+                c.compute_dtype = _compute_rule(role_of(c.name), c.storage_dtype or _file_dtype(c), where)
+                c.apply_dtypes()
+            self.load([c], token=token)
+        self._refresh()
+        after = c.tier_bytes()
+        moved = sum(abs(after[k] - before[k]) for k in after)
+        self.events.emit(
+            Event(
+                "Moved",
+                c.name,
+                moved,
+                time.perf_counter() - t0,
+                detail={"to": where, "from": before["device_name"], **after},
+            )
+        )
+        return self.snapshot()
+
+    def _empty_cache(self) -> None:
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def _must_place(c: Component, u: Unit) -> bool:
+    """Plain tensors (no castable op to move them in forward) must be on an accelerator to be used;
+    on a CPU device the mmap views serve as they are."""
+    return not u.castable and c.device != "cpu"
+
+
+class _DeviceFull(Exception):
+    pass
+
+
+def _file_dtype(c: Component) -> str:
+    from collections import Counter
+
+    from ..formats.dtypes import DTYPES
+
+    counts = Counter(i.dtype for u in c.units for i in u.infos.values() if i.dtype.startswith(("F", "BF")))
+    return DTYPES[counts.most_common(1)[0][0]][1] if counts else "float32"
+
+
+__all__ = ["Cancelled", "Residency"]

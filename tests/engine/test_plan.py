@@ -1,0 +1,108 @@
+"""`loadout plan`: header-only predictions, checked against what the residency manager really does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from residency_files import SD15_MANIFEST, SD15_PREFIXES
+
+from engine.devices import DeviceOptions, HardwareFacts, build_report
+from engine.formats.safetensors import write_sparse
+from engine.model import build_components
+from engine.plan import DECODE_BYTES_PER_PIXEL, TILES, make_plan
+from engine.residency import Residency
+
+MIB = 1024**2
+
+
+@pytest.fixture(scope="module")
+def sd15(tmp_path_factory):
+    from conftest import data_file
+
+    manifest = json.loads(data_file(SD15_MANIFEST).read_text())["tensors"]
+    p = tmp_path_factory.mktemp("plan") / "sd15_fp16.safetensors"
+    entries = [
+        (k, "F16" if v["dtype"] == "F32" else v["dtype"], tuple(v["shape"])) for k, v in manifest.items()
+    ]
+    write_sparse(p, entries)
+    return p
+
+
+def cpu_report(**opts):
+    return build_report(HardwareFacts(platform="linux", ram_total=64 << 30), DeviceOptions(**opts))
+
+
+@pytest.mark.parametrize("budget_gib", [0.1, 0.25])
+def test_partial_load_prediction_is_what_the_manager_does(sd15, budget_gib):
+    report = cpu_report(vram_budget_gb=budget_gib)
+    plan = make_plan(str(sd15), report=report, free_bytes=1 << 40)
+    load = plan["steps"][0]
+    assert load["step"] == "load" and load["mode"] == "partial"
+    assert plan["budget_bytes"] == int(budget_gib * 1024**3)
+    unet = build_components(sd15, {"unet": SD15_PREFIXES["unet"]}, report=report)["unet"]
+    m = Residency.from_report(report)
+    m.probe = lambda: 1 << 40
+    m.load([unet])
+    row = m.snapshot().get("unet")
+    assert row.device_bytes == load["detail"]["resident_bytes"] <= plan["budget_bytes"]
+    assert sum(u.tier == "device" for u in unet.units) == load["detail"]["modules_resident"]
+    assert row.full_bytes == load["detail"]["bytes"]
+    m.unload(unet)
+
+
+def test_full_load_when_it_fits_and_state_rules(sd15):
+    plan = make_plan(str(sd15), report=cpu_report(), free_bytes=64 << 30)
+    assert plan["steps"][0]["mode"] == "full" and plan["fits"]
+    tiny = make_plan(str(sd15), report=cpu_report(vram_budget_gb=0.01, highvram=True), free_bytes=1 << 40)
+    assert tiny["steps"][0]["mode"] in ("full", "partial")
+
+
+def test_decode_modes_and_the_documented_formula(sd15):
+    big = make_plan(str(sd15), decode=(512, 512), report=cpu_report(), free_bytes=64 << 30)
+    dec = big["steps"][-1]
+    assert dec["step"] == "decode" and dec["mode"] == "full"
+    assert dec["detail"]["activation_bytes"] == DECODE_BYTES_PER_PIXEL * 512 * 512 * 4  # fp32 on the CPU
+    small = make_plan(str(sd15), decode=(2048, 2048), report=cpu_report(vram_budget_gb=2), free_bytes=1 << 40)
+    dec = small["steps"][-1]
+    assert dec["mode"] == "tiled" and dec["peak_bytes"] <= small["budget_bytes"]
+    tile = dec["detail"]["tile"]
+    assert tile < 1024
+    bigger_tile = DECODE_BYTES_PER_PIXEL * TILES[TILES.index(tile) - 1] ** 2 * 4  # the next size up
+    assert dec["detail"]["vae_bytes"] + bigger_tile > small["budget_bytes"]
+
+
+def test_hypothetical_gpu_uses_fp16_and_patch_step(sd15, shared_data):
+    lora = shared_data("weights/smart_falcon_8_lokr.safetensors")
+    plan = make_plan(str(sd15), loras=(str(lora),), decode=(1024, 1024), vram_gb=4, report=cpu_report())
+    steps = {s["step"]: s for s in plan["steps"]}
+    assert set(steps) == {"load", "patch", "decode"}
+    assert plan["device"].startswith("hypothetical 4 GiB")
+    assert steps["load"]["detail"]["storage_dtype"] == "float16"
+    assert steps["patch"]["detail"]["lora_bytes"] == lora.stat().st_size - 8 - _header_len(lora)
+    assert all(s["peak_bytes"] <= plan["budget_bytes"] for s in plan["steps"]) == plan["fits"]
+
+
+def _header_len(p):
+    import struct
+
+    with open(p, "rb") as f:
+        return struct.unpack("<Q", f.read(8))[0]
+
+
+def test_cli_plan_json_and_errors(cli, sd15, tmp_path):
+    r = cli("plan", "--model", str(sd15), "--decode", "1024x768", "--vram", "6", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"device", "budget_bytes", "steps", "fits"}
+    assert [s["step"] for s in out["steps"]] == ["load", "decode"]
+    assert all(set(s) == {"step", "peak_bytes", "mode", "detail"} for s in out["steps"])
+    r = cli("plan", "--model", str(sd15), "--vram", "6")
+    assert r.returncode == 0 and "fits" in r.stdout and "load" in r.stdout
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    r = cli("plan", "--model", str(bad), "--json")
+    assert r.returncode == 3 and json.loads(r.stdout)["error"]["type"] == "format"
+    assert "Traceback" not in r.stderr
+    r = cli("plan", "--model", str(sd15), "--decode", "huge")
+    assert r.returncode == 2
