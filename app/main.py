@@ -22,6 +22,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _options(args):
+    """The command line's device flags, with Settings' saved choices for flags not given."""
+    from dataclasses import replace
+
+    from app.settings_dialog import saved_device_options
+    from engine.devices import DeviceOptions
+
+    opts = options_from_args(args)
+    default = DeviceOptions()
+    saved = {k: v for k, v in saved_device_options().items() if getattr(opts, k) == getattr(default, k)}
+    try:
+        return replace(opts, **saved) if saved else opts
+    except ValueError:  # a saved combination the device rules refuse: the command line alone
+        return opts
+
+
 def create_window(argv: list[str]) -> MainWindow:
     """Make (or reuse) the QApplication, show the window and paint it; the engine starts from the
     event loop right after, so the first frame never waits for torch."""
@@ -31,7 +47,7 @@ def create_window(argv: list[str]) -> MainWindow:
     app.setApplicationName("Loadout")
     app.setDesktopFileName("loadout")
     app.setWindowIcon(app_icon())
-    window = MainWindow(options_from_args(args), args.paths)
+    window = MainWindow(_options(args), args.paths)
     install_excepthooks(window.reporter)
     window.show()
     app.processEvents()  # first paint now, before torch

@@ -1,0 +1,130 @@
+"""A thin adapter between engine.patcher and loaded components (the engine has no `set_loras` yet).
+
+LoRAs are applied *on the fly*: every castable op of a loaded component gets the patcher's
+`weight_function` for its key (engine.ops runs it inside forward), so stored tensors are never
+rewritten — wherever the residency manager moves a module (device, RAM, the mmap), its patch goes
+with it, and revert is exact by construction (the functions are dropped). Baking to a file uses the
+patcher's baked path instead. Runs in the engine thread only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from engine.errors import FormatError
+from engine.jobs import Progress
+
+
+@dataclass
+class StackState:
+    """What is applied to one base now: the patcher and the patched module paths per component."""
+
+    patcher: object
+    patched: dict[str, set[str]] = field(default_factory=dict)  # component -> unit paths
+
+
+def _entries(stack):
+    from engine.patcher import LoraEntry
+
+    return [LoraEntry(i.file, i.strength_model, i.strength_clip, i.enabled, n) for n, i in enumerate(stack)]
+
+
+def _patcher_for(path: str):
+    """A ModelPatcher keyed by the checkpoint's own key names; shapes come from the header (no data)."""
+    from engine.formats.safetensors import read_header
+    from engine.patcher import ModelPatcher
+
+    header = read_header(path)
+    return ModelPatcher(dict(header.tensors))
+
+
+@dataclass
+class ApplySummary:
+    patched: list[str]
+    restored: list[str]
+    unchanged: int
+
+
+def apply_stack(engine, base: str, comps: dict, stack, token, report) -> ApplySummary:
+    """Set on-the-fly patches on every op of `comps` as the stack asks; all-or-nothing on cancel."""
+    state = engine.patchers.get(base)
+    if state is None:
+        state = engine.patchers[base] = StackState(_patcher_for(base))
+    patcher = state.patcher
+    entries = _entries(stack)
+    t0 = time.perf_counter()
+    wanted = patcher.plan(entries)  # key -> contributions (coverage is computed here, header-only)
+    new: dict[str, tuple[object, str, object]] = {}  # unit path key -> (module, attr, fn|None)
+    units = [(name, c, u) for name, c in comps.items() for u in c.units]
+    for i, (name, _c, u) in enumerate(units):
+        token.raise_if_cancelled()
+        for attr, key in u.keys.items():
+            if attr not in ("weight", "bias") or not hasattr(u.module, "weight_functions"):
+                continue
+            fn = patcher.weight_function(key, entries) if key in wanted else None
+            new[f"{name}:{u.path}:{attr}"] = (u.module, attr, fn)
+        if i % 64 == 0:
+            report(Progress("Preparing patches", i, len(units)))
+    # Commit (no cancel below): every op gets its functions or none.
+    patched, restored, before = [], [], {k: set(v) for k, v in state.patched.items()}
+    state.patched = {}
+    for key, (module, attr, fn) in new.items():
+        lst = module.weight_functions if attr == "weight" else module.bias_functions
+        had = bool(lst)
+        lst.clear()
+        comp, upath, _ = key.split(":", 2)
+        if fn is not None:
+            lst.append(fn)
+            patched.append(key)
+            state.patched.setdefault(comp, set()).add(upath)
+        elif had:
+            restored.append(key)
+    report(Progress("Preparing patches", len(units), len(units)))
+    if engine.on_event is not None:
+        from engine.residency import Event
+
+        for comp in sorted(set(before) | set(state.patched)):
+            n = len(state.patched.get(comp, ()))
+            kind = "Patched" if n else "Unpatched"
+            engine.on_event(
+                Event(kind, comp, 0, time.perf_counter() - t0, detail={"modules": n, "base": base})
+            )
+    patcher.stack = tuple(entries)
+    return ApplySummary(patched, restored, 0)
+
+
+def patched_units(engine, base: str) -> dict[str, frozenset[str]]:
+    state = engine.patchers.get(os.path.abspath(base))
+    return {k: frozenset(v) for k, v in state.patched.items()} if state else {}
+
+
+def bake(req, token, report):
+    """Merge the stack into a new .safetensors file (atomic; never over an input)."""
+    from engine.formats.safetensors import SafetensorsFile, save_tensors
+    from engine.patcher import ModelPatcher
+
+    out = os.path.abspath(req.out)
+    if not out.endswith(".safetensors"):
+        raise FormatError("Bake writes a .safetensors file: choose a name ending in .safetensors.")
+    inputs = [req.base] + [i.file for i in req.stack]
+    if any(os.path.exists(out) and os.path.samefile(out, p) for p in inputs):
+        raise FormatError(f"{os.path.basename(out)} is one of the inputs: choose another file.")
+    f = SafetensorsFile(req.base)
+    patcher = ModelPatcher({k: f.tensor(k) for k in f.header.tensors})
+    rep = patcher.apply(_entries([i for i in req.stack if i.enabled]), token=token, report=report)
+    meta = dict(f.header.metadata)
+    meta["loadout.bake"] = json.dumps(
+        {
+            "base": os.path.basename(req.base),
+            "loras": [[os.path.basename(i.file), i.strength_model, i.strength_clip] for i in req.stack],
+            "patched_keys": len(rep.patched),
+        }
+    )
+    token.raise_if_cancelled()
+    save_tensors(out, patcher.weights, meta)
+    from app.engine_facade import Baked
+
+    return Baked(out, os.path.getsize(out))

@@ -1,0 +1,174 @@
+"""The Loaded panel: the residency ledger live (device / RAM bytes, % resident, pinned, unload, free
+N MB) and the layer map of the selected component."""
+
+from __future__ import annotations
+
+import os
+
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.widgets.layer_map import TIER_COLORS, LayerMap
+from engine.cli._common import human_bytes
+
+COLUMNS = ("Component", "File", "Device", "On device", "In RAM", "Resident", "Keep in VRAM")
+
+
+class LoadedPanel(QWidget):
+    unload_requested = Signal(str, str)  # path, component
+    free_requested = Signal(str, str, int)  # path, component, bytes
+    pin_requested = Signal(str, str, bool)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.snapshot = None
+        self.patched: dict[tuple[str, str], frozenset[str]] = {}
+        self._filling = False
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().hide()
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.itemChanged.connect(self._on_item_changed)
+        self.table.currentCellChanged.connect(lambda *_: self._show_layers())
+        self.unload_button = QPushButton("Unload")
+        self.free_spin = QSpinBox(suffix=" MB", minimum=1, maximum=1_000_000, value=256)
+        self.free_button = QPushButton("Free")
+        self.free_button.setToolTip("Move this many MB of the component off the device (partial offload)")
+        self.unload_button.clicked.connect(self._on_unload_clicked)
+        self.free_button.clicked.connect(self._on_free_clicked)
+        self.empty = QLabel("Nothing loaded. Select a checkpoint or VAE in the library and press Load.")
+        self.empty.setStyleSheet("color: gray")
+        legend = QLabel(" ".join(f"<span style='color:{c.name()}'>■</span> {t}" for t, c in TIER_COLORS.items())
+                        + " <span style='color:#e84393'>□</span> patched")  # fmt: skip
+        self.layer_map = LayerMap()
+        row = QHBoxLayout()
+        row.addWidget(self.empty, 1)
+        row.addWidget(legend)
+        row.addWidget(self.unload_button)
+        row.addWidget(self.free_spin)
+        row.addWidget(self.free_button)
+        top = QWidget()
+        tl = QVBoxLayout(top)
+        tl.setContentsMargins(0, 0, 0, 0)
+        tl.addWidget(self.table)
+        tl.addLayout(row)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(top)
+        split.addWidget(self.layer_map)
+        split.setSizes([150, 140])
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addWidget(split)
+        self._update_buttons()
+
+    def set_snapshot(self, snap) -> None:
+        """Show a LedgerSnapshot (frozen), keeping the selected row."""
+        keep = self.selected()
+        self.snapshot = snap
+        comps = list(snap.components) if snap is not None else []
+        self._filling = True
+        self.table.setRowCount(len(comps))
+        for r, c in enumerate(comps):
+            vals = (c.name, os.path.basename(c.path), c.device, human_bytes(c.device_bytes),
+                    human_bytes(c.ram_bytes), f"{100 * c.resident:.0f} %")  # fmt: skip
+            for col, v in enumerate(vals):
+                it = QTableWidgetItem(v)
+                it.setData(Qt.ItemDataRole.UserRole, (c.path, c.name))
+                if col in (3, 4, 5):
+                    it.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                if col == 5 and c.resident < 0.999:
+                    it.setForeground(QColor("#d35400"))
+                self.table.setItem(r, col, it)
+            pin = QTableWidgetItem("pinned" if c.pinned else "")
+            pin.setFlags(
+                Qt.ItemFlag.ItemIsUserCheckable | Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+            )
+            pin.setCheckState(Qt.CheckState.Checked if c.pinned else Qt.CheckState.Unchecked)
+            pin.setData(Qt.ItemDataRole.UserRole, (c.path, c.name))
+            self.table.setItem(r, 6, pin)
+        self._filling = False
+        if keep is not None:
+            self.select(*keep)
+        elif comps and self.table.currentRow() < 0:
+            self.table.selectRow(0)
+        self._show_layers()
+        self._update_buttons()
+
+    def set_patched(self, base: str, units: dict) -> None:
+        for k in [k for k in self.patched if k[0] == base]:
+            del self.patched[k]
+        for comp, paths in units.items():
+            self.patched[(base, comp)] = frozenset(paths)
+        self._show_layers()
+
+    def selected(self) -> tuple[str, str] | None:
+        it = self.table.item(self.table.currentRow(), 0) if self.table.currentRow() >= 0 else None
+        return it.data(Qt.ItemDataRole.UserRole) if it else None
+
+    def select(self, path: str, name: str) -> bool:
+        for r in range(self.table.rowCount()):
+            if self.table.item(r, 0).data(Qt.ItemDataRole.UserRole) == (path, name):
+                self.table.selectRow(r)
+                return True
+        return False
+
+    def row_texts(self) -> list[list[str]]:
+        return [[self.table.item(r, c).text() for c in range(6)] for r in range(self.table.rowCount())]
+
+    def _state(self, key):
+        if self.snapshot is None or key is None:
+            return None
+        return next((c for c in self.snapshot.components if (c.path, c.name) == tuple(key)), None)
+
+    def _show_layers(self) -> None:
+        c = self._state(self.selected())
+        if c is None:
+            self.layer_map.set_layers("", ())
+        else:
+            self.layer_map.set_layers(f"{c.name} ({os.path.basename(c.path)})", c.layers,
+                                      self.patched.get((c.path, c.name), frozenset()))  # fmt: skip
+        self._update_buttons()
+
+    def _update_buttons(self) -> None:
+        has = self.selected() is not None
+        for w in (self.unload_button, self.free_button, self.free_spin):
+            w.setEnabled(has)
+        n = self.table.rowCount()
+        self.empty.setText(f"{n} component{'s' if n != 1 else ''} loaded" if n else
+                           "Nothing loaded. Select a checkpoint or VAE in the library and press Load.")  # fmt: skip
+
+    @Slot()
+    def _on_unload_clicked(self) -> None:
+        key = self.selected()
+        if key:
+            self.unload_requested.emit(*key)
+
+    @Slot()
+    def _on_free_clicked(self) -> None:
+        key = self.selected()
+        if key:
+            self.free_requested.emit(key[0], key[1], self.free_spin.value() * 1024 * 1024)
+
+    @Slot(QTableWidgetItem)
+    def _on_item_changed(self, it: QTableWidgetItem) -> None:
+        if self._filling or it.column() != 6:
+            return
+        path, name = it.data(Qt.ItemDataRole.UserRole)
+        self.pin_requested.emit(path, name, it.checkState() == Qt.CheckState.Checked)

@@ -1,0 +1,399 @@
+"""The LoRA stack editor: add by drop or from the library, reorder by drag, enable, strengths for the
+model and the text encoder (slider + spin box), the coverage badge with the unmatched list on click,
+apply / revert, bake to a new file. It only edits a list and emits requests; the window sends them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from PySide6.QtCore import QSize, Qt, Signal, Slot
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QMessageBox,
+    QPushButton,
+    QSlider,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.engine_facade import StackItem
+
+ROLE = Qt.ItemDataRole.UserRole
+
+
+class Strength(QWidget):
+    """A slider (−2..2 in 0.05 steps) bound to a spin box."""
+
+    changed = Signal(float)
+
+    def __init__(self, label: str, value: float, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.slider = QSlider(Qt.Orientation.Horizontal, minimum=-40, maximum=40)
+        self.slider.setMinimumWidth(70)
+        self.spin = QDoubleSpinBox(minimum=-10.0, maximum=10.0, singleStep=0.05, decimals=2)
+        self.spin.setValue(value)
+        self.slider.setValue(round(value * 20))
+        self.slider.valueChanged.connect(lambda v: self.spin.setValue(v / 20))
+        self.spin.valueChanged.connect(self._on_spin_changed)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(QLabel(label))
+        lay.addWidget(self.slider, 1)
+        lay.addWidget(self.spin)
+
+    @Slot(float)
+    def _on_spin_changed(self, v: float) -> None:
+        self.slider.blockSignals(True)
+        self.slider.setValue(round(max(-2.0, min(2.0, v)) * 20))
+        self.slider.blockSignals(False)
+        self.changed.emit(v)
+
+
+class StackRow(QWidget):
+    changed = Signal()
+    coverage_clicked = Signal()
+
+    def __init__(self, item: StackItem, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.item = item
+        self.enabled = QCheckBox(os.path.basename(item.file))
+        self.enabled.setChecked(item.enabled)
+        self.enabled.setToolTip(item.file)
+        self.model = Strength("model", item.strength_model)
+        self.clip = Strength("clip", item.strength_clip)
+        self.badge = QPushButton("coverage …")
+        self.badge.setFlat(True)
+        self.badge.setToolTip("Adapter modules that land on the base (click for the unmatched list)")
+        self.badge.clicked.connect(self.coverage_clicked)
+        for w in (self.enabled,):
+            w.toggled.connect(self._on_edit)
+        self.model.changed.connect(self._on_edit)
+        self.clip.changed.connect(self._on_edit)
+        top = QHBoxLayout()
+        top.addWidget(self.enabled, 1)
+        top.addWidget(self.badge)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.model)
+        bottom.addWidget(self.clip)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 2, 4, 2)
+        lay.setSpacing(0)
+        lay.addLayout(top)
+        lay.addLayout(bottom)
+
+    def current(self) -> StackItem:
+        return replace(self.item, enabled=self.enabled.isChecked(), strength_model=self.model.spin.value(),
+                       strength_clip=self.clip.spin.value())  # fmt: skip
+
+    @Slot()
+    def _on_edit(self, *_):
+        self.item = self.current()
+        self.changed.emit()
+
+    def set_coverage(self, cov: dict | None, error: str | None = None) -> None:
+        if error:
+            self.badge.setText("coverage ✗")
+            self.badge.setStyleSheet("color: #c0392b")
+            self.badge.setToolTip(error)
+            return
+        m, n = cov.get("mapped", 0), cov.get("modules", 0)
+        self.badge.setText(f"{m}/{n} keys")
+        self.badge.setStyleSheet(
+            "color: #27ae60; font-weight: bold" if m == n and n else "color: #d35400; font-weight: bold"
+        )
+
+
+class StackList(QListWidget):
+    """Internal drag reorders; files dropped from outside are handed to the panel."""
+
+    files_dropped = Signal(list)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setDragDropMode(QAbstractItemView.DragDropMode.InternalMove)
+        self.setDefaultDropAction(Qt.DropAction.MoveAction)
+        self.setAcceptDrops(True)
+        self.setSpacing(1)
+
+    def dragEnterEvent(self, e: QDragEnterEvent) -> None:
+        if e.mimeData().hasUrls():
+            e.acceptProposedAction()
+        else:
+            super().dragEnterEvent(e)
+
+    def dragMoveEvent(self, e) -> None:
+        if e.mimeData().hasUrls():
+            e.acceptProposedAction()
+        else:
+            super().dragMoveEvent(e)
+
+    def dropEvent(self, e: QDropEvent) -> None:
+        if e.mimeData().hasUrls():
+            self.files_dropped.emit([u.toLocalFile() for u in e.mimeData().urls() if u.isLocalFile()])
+            e.acceptProposedAction()
+            return
+        super().dropEvent(e)
+
+
+class LoraStackPanel(QWidget):
+    coverage_requested = Signal(str, str)  # lora, base
+    apply_requested = Signal(str, tuple)  # base, tuple[StackItem]
+    bake_requested = Signal(str, tuple, str)  # base, stack, out
+    files_dropped = Signal(list)
+    message = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.coverages: dict[tuple[str, str], dict] = {}
+        self.applied: tuple[StackItem, ...] | None = None
+        self.base_box = QComboBox()
+        self.base_box.setToolTip("The model the stack applies to")
+        self.base_box.setPlaceholderText("no checkpoint in the library")
+        self.base_box.currentIndexChanged.connect(self._on_base_changed)
+        self.list = StackList()
+        self.list.files_dropped.connect(self.files_dropped)
+        self.list.model().rowsMoved.connect(self._on_rows_moved)
+        self.hint = QLabel("Drop LoRA files here, or right-click a LoRA in the library → Add to LoRA stack.")
+        self.hint.setWordWrap(True)
+        self.hint.setStyleSheet("color: gray")
+        self.total = QLabel("")
+        self.apply_button = QPushButton("Apply")
+        self.revert_button = QPushButton("Revert")
+        self.remove_button = QPushButton("Remove")
+        self.bake_button = QPushButton("Bake…")
+        self.bake_button.setToolTip("Merge the enabled LoRAs into a new .safetensors checkpoint")
+        self.apply_button.clicked.connect(self._on_apply_clicked)
+        self.revert_button.clicked.connect(self._on_revert_clicked)
+        self.remove_button.clicked.connect(self._on_remove_clicked)
+        self.bake_button.clicked.connect(self._on_bake_clicked)
+        self.state = QLabel("")
+        base_row = QHBoxLayout()
+        base_row.addWidget(QLabel("Base"))
+        base_row.addWidget(self.base_box, 1)
+        buttons = QHBoxLayout()
+        for b in (self.apply_button, self.revert_button, self.remove_button, self.bake_button):
+            buttons.addWidget(b)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addLayout(base_row)
+        lay.addWidget(self.list, 1)
+        lay.addWidget(self.hint)
+        lay.addWidget(self.total)
+        lay.addLayout(buttons)
+        lay.addWidget(self.state)
+        self._update()
+
+    # -- contents -------------------------------------------------------------------------------------
+
+    def set_bases(self, entries) -> None:
+        """Offer checkpoints / diffusion models of the library as bases (keeps the current one)."""
+        cur = self.base()
+        have = {self.base_box.itemData(i) for i in range(self.base_box.count())}
+        for e in entries:
+            if e.kind in ("checkpoint", "diffusion_model") and not e.error and e.path not in have:
+                self.base_box.addItem(f"{e.name} ({e.architecture or '?'})", e.path)
+        if cur:
+            self.set_base(cur)
+
+    def set_base(self, path: str) -> None:
+        i = self.base_box.findData(path)
+        if i >= 0:
+            self.base_box.setCurrentIndex(i)
+
+    def base(self) -> str:
+        return self.base_box.currentData() or ""
+
+    def add(self, path: str, strength_model: float = 1.0, strength_clip: float = 1.0) -> bool:
+        path = os.path.abspath(path)
+        if path in [it.file for it in self.stack()]:
+            self.message.emit(f"{os.path.basename(path)} is already in the stack")
+            return False
+        self._add_item(StackItem(path, strength_model, strength_clip, True))
+        if self.base():
+            self.coverage_requested.emit(path, self.base())
+        self._update()
+        return True
+
+    def _add_item(self, s: StackItem, row: int | None = None) -> None:
+        it = QListWidgetItem()
+        it.setData(ROLE, s)
+        it.setFlags(it.flags() | Qt.ItemFlag.ItemIsDragEnabled)
+        if row is None:
+            self.list.addItem(it)
+        else:
+            self.list.insertItem(row, it)
+        self._attach(it)
+
+    def _attach(self, it: QListWidgetItem) -> None:
+        s = it.data(ROLE)
+        w = StackRow(s)
+        w.changed.connect(self._on_row_changed)
+        w.coverage_clicked.connect(lambda f=s.file: self.show_unmatched(f))
+        cov = self.coverages.get((s.file, self.base()))
+        if cov is not None:
+            w.set_coverage(cov)
+        it.setSizeHint(QSize(200, w.sizeHint().height()))
+        self.list.setItemWidget(it, w)
+
+    def row_widget(self, row: int) -> StackRow:
+        return self.list.itemWidget(self.list.item(row))
+
+    def stack(self) -> tuple[StackItem, ...]:
+        out = []
+        for r in range(self.list.count()):
+            w = self.list.itemWidget(self.list.item(r))
+            out.append(w.current() if w is not None else self.list.item(r).data(ROLE))
+        return tuple(out)
+
+    def move(self, src: int, dst: int) -> None:
+        """Reorder (what a drag does), keeping each row's edits."""
+        items = list(self.stack())
+        items.insert(dst, items.pop(src))
+        self.list.clear()
+        for s in items:
+            self._add_item(s)
+        self._update()
+
+    # -- coverage ---------------------------------------------------------------------------------------
+
+    def set_coverage(self, lora: str, base: str, cov: dict) -> None:
+        self.coverages[(lora, base)] = cov
+        if base != self.base():
+            return
+        for r in range(self.list.count()):
+            w = self.row_widget(r)
+            if w is not None and w.item.file == lora:
+                w.set_coverage(cov)
+        self._update()
+
+    def set_coverage_error(self, lora: str, message: str) -> None:
+        for r in range(self.list.count()):
+            w = self.row_widget(r)
+            if w is not None and w.item.file == lora:
+                w.set_coverage(None, message)
+
+    def unmatched(self, lora: str) -> list[str]:
+        cov = self.coverages.get((lora, self.base())) or {}
+        out = []
+        for t in (cov.get("targets") or {}).values():
+            out += t.get("unmatched") or []
+            out += [f"{m['module']} (shape {m.get('lora_shape')} vs {m.get('base_shape')})"
+                    for m in t.get("shape_mismatch") or []]  # fmt: skip
+        return out
+
+    def show_unmatched(self, lora: str) -> QMessageBox | None:
+        cov = self.coverages.get((lora, self.base()))
+        if cov is None:
+            self.message.emit("Coverage is not known yet: choose a base model.")
+            return None
+        miss = self.unmatched(lora)
+        box = QMessageBox(QMessageBox.Icon.Information, "Coverage",
+                          f"{os.path.basename(lora)} on {os.path.basename(self.base())}: "
+                          f"{cov.get('mapped')}/{cov.get('modules')} modules land on base weights.", parent=self)  # fmt: skip
+        per = "\n".join(
+            f"{k}: {t.get('mapped')}/{t.get('modules')}" for k, t in (cov.get("targets") or {}).items()
+        )
+        box.setInformativeText(per + ("\n\nUnmatched modules are listed in the details." if miss else
+                                      "\n\nEvery module is matched."))  # fmt: skip
+        if miss:
+            box.setDetailedText("\n".join(miss))
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+        return box
+
+    # -- slots -------------------------------------------------------------------------------------------
+
+    def _update(self) -> None:
+        n = self.list.count()
+        self.hint.setVisible(n == 0)
+        for b in (self.apply_button, self.bake_button):
+            b.setEnabled(n > 0 and bool(self.base()))
+        self.remove_button.setEnabled(n > 0)
+        self.revert_button.setEnabled(bool(self.applied))
+        covs = [self.coverages.get((s.file, self.base())) for s in self.stack() if s.enabled]
+        if covs and all(covs):
+            m, t = sum(c["mapped"] for c in covs), sum(c["modules"] for c in covs)
+            self.total.setText(f"coverage {m}/{t} modules · {len(covs)} enabled")
+        else:
+            self.total.setText("")
+        dirty = self.applied is not None and self.applied != self.stack()
+        self.apply_button.setText("Apply*" if dirty else "Apply")
+
+    @Slot(int)
+    def _on_base_changed(self, _i: int) -> None:
+        base = self.base()
+        for r in range(self.list.count()):
+            w = self.row_widget(r)
+            if w is None:
+                continue
+            cov = self.coverages.get((w.item.file, base))
+            if cov is not None:
+                w.set_coverage(cov)
+            elif base:
+                self.coverage_requested.emit(w.item.file, base)
+        self._update()
+
+    @Slot()
+    def _on_rows_moved(self, *_):
+        # Qt drops item widgets on an internal move: rebuild them from the items' data.
+        for r in range(self.list.count()):
+            it = self.list.item(r)
+            if self.list.itemWidget(it) is None:
+                self._attach(it)
+        self._update()
+
+    @Slot()
+    def _on_row_changed(self) -> None:
+        for r in range(self.list.count()):
+            w = self.row_widget(r)
+            if w is not None:
+                self.list.item(r).setData(ROLE, w.current())
+        self._update()
+
+    @Slot()
+    def _on_apply_clicked(self) -> None:
+        if self.base():
+            self.apply_requested.emit(self.base(), self.stack())
+
+    @Slot()
+    def _on_revert_clicked(self) -> None:
+        if self.base():
+            self.apply_requested.emit(self.base(), ())
+
+    @Slot()
+    def _on_remove_clicked(self) -> None:
+        r = self.list.currentRow()
+        if r < 0:
+            r = self.list.count() - 1
+        if r >= 0:
+            self.list.takeItem(r)
+        self._update()
+
+    @Slot()
+    def _on_bake_clicked(self) -> None:
+        base = self.base()
+        start = os.path.join(
+            os.path.dirname(base), os.path.splitext(os.path.basename(base))[0] + "_baked.safetensors"
+        )
+        out, _ = QFileDialog.getSaveFileName(
+            self, "Bake into a new checkpoint", start, "safetensors (*.safetensors)"
+        )
+        if out:
+            self.bake_requested.emit(base, self.stack(), out)
+
+    def set_applied(self, stack: tuple[StackItem, ...], patched: int) -> None:
+        self.applied = stack if stack else None
+        enabled = sum(1 for s in stack if s.enabled)
+        self.state.setText(f"Applied: {enabled} LoRA(s), {patched} weights patched on the fly" if stack
+                           else "No LoRA applied")  # fmt: skip
+        self._update()
