@@ -162,6 +162,8 @@ class Component:
         if u.castable:
             u.module.offload = u.tier != "device"
             u.module.compute_dtype = getattr(torch, self.compute_dtype)
+            # pinned RAM copies stream to the device asynchronously in forward (ordered on its stream)
+            u.module.non_blocking = bool(u.block is not None and getattr(u.block, "pinned", False))
 
     def apply_dtypes(self) -> None:
         for u in self.units:

@@ -18,6 +18,7 @@ import os
 import threading
 
 ALIGN = 64
+_ANON_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
 
 
 def _align(n: int) -> int:
@@ -52,7 +53,8 @@ class HostBlock:
         import torch
 
         self.nbytes = int(nbytes)
-        self.mm = mmap.mmap(-1, max(1, self.nbytes))
+        # private anonymous memory, pre-faulted in one kernel call where Linux offers MAP_POPULATE
+        self.mm = mmap.mmap(-1, max(1, self.nbytes), flags=_ANON_FLAGS)
         self.base = torch.frombuffer(self.mm, dtype=torch.uint8)
         self.pinned = False
         self._account = None
@@ -150,6 +152,7 @@ class CopyEngine:
 
         flat = dst.reshape(-1).view(torch.uint8)
         total, done = flat.numel(), 0
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # dst was allocated there
         while done < total:
             n = min(self._staging_bytes, total - done)
             i, buf = self._slot(n)
@@ -168,6 +171,7 @@ class CopyEngine:
         if not self.cuda:
             dst.copy_(src)
             return
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             dst.copy_(src, non_blocking=src.device.type == "cpu" and src.is_pinned())
             if src.device.type == "cuda":
