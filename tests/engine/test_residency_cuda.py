@@ -66,10 +66,10 @@ def test_partial_load_streams_the_rest_and_computes_the_same(ckpt):
 
 def test_ram_tier_is_pinned_and_capped(ckpt):
     a = cuda_comp(ckpt, "a")
-    m = manager(vram_budget=0, ram_budget=a.full_bytes() // 2)
+    m = manager(vram_budget=4096, ram_budget=a.full_bytes() // 2)  # room for position_ids only
     m.load([a])
     snap = m.snapshot().get("a")
-    assert snap.device_bytes == 0 and 0 < snap.ram_bytes <= a.full_bytes() // 2
+    assert snap.device_bytes <= 4096 and 0 < snap.ram_bytes <= a.full_bytes() // 2
     ram_units = [u for u in a.units if u.tier == "ram"]
     assert ram_units and all(u.block.pinned for u in ram_units)
     assert all(getattr(u.module, "weight", torch.empty(0)).is_pinned() for u in ram_units if u.castable)
