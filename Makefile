@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 PIPC   := $(PIP) install -c constraints.txt
 STAMP  := $(VENV)/.loadout-installed
 
-.PHONY: run test test-engine bench lint format sysdeps setup clean demo
+.PHONY: run test test-engine bench lint format sysdeps setup clean demo package install-desktop
 
 setup: $(STAMP) sysdeps
 
@@ -47,6 +47,16 @@ format: setup
 
 demo: setup
 	$(VENV)/bin/loadout demo $(or $(DIR),demo-library)
+
+# A one-folder app in dist/Loadout (PyInstaller; minutes, and ~1-2 GB with torch). Not part of `make test`.
+package: setup
+	$(PIPC) 'pyinstaller>=6'
+	@start=$$(date +%s); $(VENV)/bin/pyinstaller --noconfirm --clean --distpath dist --workpath build/pyinstaller \
+	  packaging/loadout.spec && echo "Built dist/Loadout in $$(( $$(date +%s) - start )) s: $$(du -sh dist/Loadout | cut -f1)"
+
+# Menu entry, icons and double-click MIME types for the current user (no root).
+install-desktop: setup
+	bash packaging/linux/install-desktop.sh
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache

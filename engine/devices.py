@@ -251,6 +251,7 @@ class DeviceReport:
                 "text_encoder": self.options.text_encoder_dtype,
             },
             "smart_memory": not self.options.disable_smart_memory,
+            "options": asdict(self.options),
             "warnings": list(self.warnings),
         }
 

@@ -176,15 +176,18 @@ class MemorySampler:
         nv = self._nvml
         try:
             info = nv.nvmlDeviceGetMemoryInfo(handle)
-            mine = None
+        except nv.NVMLError as e:
+            log.warning("NVML stopped answering (%s); using torch.cuda.mem_get_info", e)
+            self._nvml, self._nvml_handle = False, None
+            return None
+        mine = None
+        try:
             for p in nv.nvmlDeviceGetComputeRunningProcesses(handle):
                 # usedGpuMemory is None where the driver hides it (containers, WDDM on Windows).
                 if p.pid == self._pid and p.usedGpuMemory is not None:
                     mine = (mine or 0) + int(p.usedGpuMemory)
-        except nv.NVMLError as e:
-            log.warning("NVML stopped answering (%s); using torch.cuda.mem_get_info", e)
-            self._nvml = False
-            return None
+        except nv.NVMLError:  # not supported on some virtual GPUs: the per-process share stays unknown
+            mine = None
         return int(info.total), int(info.used), int(info.free), "nvml", mine, target.name
 
     def _nvml_device(self, target: MemoryTarget):

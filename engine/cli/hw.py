@@ -72,7 +72,7 @@ def render_text(report, now, budget: int) -> str:
         f"Forced dtypes  {', '.join(forced) if forced else 'none'}",
         f"Reserved       {human_bytes(report.reserve_bytes)} ({reserve_src})",
         f"Min. inference {human_bytes(report.min_inference_bytes)} "
-        f"({human_bytes(report.inference_floor_bytes)} + reserve)",
+        f"({report.inference_floor_bytes / 1024**3:.2g} GiB working floor + reserve)",
     ]
     cap = report.vram_budget_bytes
     capped = f", capped at {human_bytes(cap)} by --vram-budget" if cap is not None else ""

@@ -164,3 +164,18 @@ def test_repeated_crashes_open_at_most_a_few_dialogs(qtbot, reporter):
         reporter.report.emit(ErrorInfo("t", f"bug {i}"))
     qtbot.waitUntil(lambda: len(reporter.reports) == 10, timeout=5000)
     assert len(reporter.dialogs) == CrashReporter.MAX_OPEN
+
+
+def test_exception_in_a_qt_slot_reaches_the_dialog_and_the_loop_goes_on(qtbot, reporter):
+    from PySide6.QtCore import QTimer
+
+    ran = []
+
+    def bad_slot():
+        ran.append("bad")
+        raise KeyError("from a timer slot")
+
+    QTimer.singleShot(0, bad_slot)
+    QTimer.singleShot(50, lambda: ran.append("later"))
+    qtbot.waitUntil(lambda: "later" in ran and bool(reporter.reports), timeout=5000)
+    assert "KeyError" in reporter.reports[0].message

@@ -127,6 +127,19 @@ def test_every_flag_parses_into_options():
     )
 
 
+def test_options_from_a_parser_without_device_flags_are_the_defaults():
+    assert options_from_args(argparse.Namespace(json=True)) == DeviceOptions()
+
+
+def test_report_json_round_trips_through_json():
+    import json
+
+    r = build_report(facts(gpu(24)), opts("--lowvram", "--vram-budget", "2"))
+    d = json.loads(json.dumps(r.to_json()))
+    assert d["vram_state"] == "LOW_VRAM" and d["options"]["lowvram"] is True
+    assert d["devices"][1]["capability"] == [8, 9] and d["devices"][1]["fp8_compute"] is True
+
+
 @pytest.mark.parametrize("argv", [["--lowvram", "--highvram"], ["--force-fp16", "--force-bf16"],
                                   ["--reserve-vram", "-1"], ["--vram-budget", "lots"], ["--vae-dtype", "fp8"]])  # fmt: skip
 def test_conflicting_or_bad_flags_are_usage_errors(argv):
@@ -239,3 +252,20 @@ def test_cuda_probe_matches_torch():
     if r.selected.kind == "cuda":
         # Our bf16 rule (cc >= 8.0) agrees with torch's own check without emulation.
         assert r.selected.bf16 == torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+def test_hw_text_for_an_invented_gpu_machine():
+    """The GPU branch of `loadout hw`'s text, which this CPU-only machine never prints for real."""
+    from engine.cli.hw import render_text
+    from engine.memory import MemorySample
+
+    r = build_report(facts(gpu(4, name="NVIDIA GeForce GTX 1650", cap=(7, 5)), platform="windows"), opts())
+    now = MemorySample(0.0, 0.0, "cuda", 0, "NVIDIA GeForce GTX 1650", 4 * GiB, 1 * GiB, 3 * GiB, "nvml",
+                       512 * MiB, 256 * MiB, 300 * MiB, 256 * MiB, 900 * MiB, 16 * GiB, 9 * GiB)  # fmt: skip
+    text = render_text(r, now, r.budget_bytes(now.device_free))
+    assert "* cuda:0  NVIDIA GeForce GTX 1650  cc 7.5  (4.0 GiB)" in text
+    assert "fp16 no   bf16 no   fp8 compute no" in text  # a GTX 16-series card: fp16 is broken there
+    assert "VRAM state     LOW_VRAM    CPU state GPU" in text  # 4 GiB: automatic LOW_VRAM
+    assert "Reserved       600.0 MiB (default on windows)" in text
+    assert "this process on device" in text and "torch allocator" in text
+    assert "No GPU found" not in text

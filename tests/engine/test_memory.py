@@ -4,9 +4,11 @@ hook, no torch import; and on a CUDA machine, NVML and torch agreeing."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +121,67 @@ def test_target_for_maps_devices():
     assert memory.target_for(DeviceInfo("cpu", 0, "x", 1, "cpu")) == memory.CPU_TARGET
     t = memory.target_for(DeviceInfo("cuda", 1, "RTX", 1, "cuda:1", uuid="abc"))
     assert (t.kind, t.index, t.name, t.uuid) == ("cuda", 1, "RTX", "abc")
+
+
+class FakeNVML(types.ModuleType):
+    """A stand-in for the pynvml module (nvidia-ml-py) on machines without an NVIDIA driver: it answers
+    like NVML for one 24 GiB card, so the sampler's own logic (UUID lookup, this process's share,
+    giving up cleanly when NVML breaks) is exercised. The real library is covered by the cuda test."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self):
+        super().__init__("pynvml")
+        self.looked_up: list[str] = []
+        self.broken = False
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.looked_up.append(uuid)
+        return "handle"
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        self.looked_up.append(f"index {i}")
+        return "handle"
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        if self.broken:
+            raise self.NVMLError("GPU is lost")
+        return types.SimpleNamespace(total=24 * 1024**3, used=10 * 1024**3, free=14 * 1024**3)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        me = os.getpid()
+        P = types.SimpleNamespace
+        return [P(pid=me, usedGpuMemory=3 * MB), P(pid=me + 1, usedGpuMemory=900 * MB),
+                P(pid=me, usedGpuMemory=1 * MB), P(pid=me, usedGpuMemory=None)]  # fmt: skip
+
+
+def test_nvml_path_uuid_lookup_process_share_and_clean_fallback(monkeypatch):
+    fake = FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sampler = MemorySampler(MemoryTarget("cuda", 0, "RTX 4090", uuid="1234-abcd"))
+    s = sampler.sample()
+    assert fake.looked_up == ["GPU-1234-abcd"]
+    assert (s.device_source, s.device_label, s.device_total, s.device_free) == ("nvml", "RTX 4090", 24 * 1024**3,
+                                                                               14 * 1024**3)  # fmt: skip
+    assert s.process_device_bytes == 4 * MB  # only this pid's entries, unknown ones skipped
+    fake.broken = True
+    after = [sampler.sample() for _ in range(3)]  # NVML broke: fall back, do not crash, do not retry
+    assert all(a.device_source != "nvml" for a in after)
+
+
+def test_nvml_is_not_trusted_by_index_when_cuda_devices_are_renumbered(monkeypatch):
+    fake = FakeNVML()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    s = MemorySampler(MemoryTarget("cuda", 0, "GPU")).sample()
+    assert fake.looked_up == [] and s.device_source != "nvml"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    s = MemorySampler(MemoryTarget("cuda", 0, "GPU")).sample()
+    assert fake.looked_up == ["index 0"] and s.device_source == "nvml"
 
 
 @pytest.mark.cuda
