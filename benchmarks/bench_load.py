@@ -40,7 +40,7 @@ def write_layout(path: Path, limit: int | None) -> int:
     from engine.formats.safetensors import save_tensors
 
     tensors = json.loads(MANIFEST.read_text())["tensors"]
-    pool = torch.randn(16 << 20, generator=torch.Generator().manual_seed(0), dtype=torch.float16)
+    pool = torch.randn(40 << 20, generator=torch.Generator().manual_seed(0), dtype=torch.float16)
     out, total, off = {}, 0, 0
     for k, v in tensors.items():
         if not k.startswith(tuple(PREFIXES.values())):
@@ -52,9 +52,9 @@ def write_layout(path: Path, limit: int | None) -> int:
             out[k] = torch.zeros(v["shape"], dtype=torch.int64)
             total += 8 * n
             continue
-        idx = (torch.arange(n) * 7 + off) % pool.numel()  # random values, cheap to make
-        out[k] = pool[idx].reshape(v["shape"])
-        off += 7919
+        start = (off * 7919) % (pool.numel() - n + 1)  # a random-valued slice of the pool: cheap to make
+        out[k] = pool[start : start + n].reshape(v["shape"])
+        off += 1
         total += 2 * n
     save_tensors(path, out)
     return total
