@@ -163,10 +163,63 @@ class GroupNorm(Castable, nn.GroupNorm):
     def reset_parameters(self) -> None:
         pass
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, stats: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """Normalise `x`; with `stats` = (mean, var) per (batch, group), use those instead of x's own —
+        how a tiled decode normalises every tile with the whole image's statistics."""
         x = _input_dtype(self, x)
         w, b = self.cast_params(x)
-        return F.group_norm(x, self.num_groups, w, b, self.eps)
+        if stats is None:
+            return F.group_norm(x, self.num_groups, w, b, self.eps)
+        return group_norm_with_stats(x, self.num_groups, stats[0], stats[1], w, b, self.eps)
+
+
+def group_norm_with_stats(x, num_groups, mean, var, weight, bias, eps):
+    """GroupNorm of x (N, C, ...) with given per-(N, group) mean and variance, computed in fp32 at
+    least and returned in x's dtype: x * scale + shift with per-channel scale and shift."""
+    n, c = x.shape[:2]
+    cdt = torch.promote_types(x.dtype, torch.float32)
+    rstd = torch.rsqrt(var.to(cdt) + eps)  # (N, G)
+    per = c // num_groups
+    scale = rstd.repeat_interleave(per, dim=1)  # (N, C)
+    shift = -mean.to(cdt).repeat_interleave(per, dim=1) * scale
+    if weight is not None:
+        scale = scale * weight.to(cdt)
+        shift = shift * weight.to(cdt)
+    if bias is not None:
+        shift = shift + bias.to(cdt)
+    view = (n, c) + (1,) * (x.dim() - 2)
+    out = torch.addcmul(shift.view(view).to(x.dtype), x, scale.view(view).to(x.dtype))
+    return out
+
+
+def group_moments(x: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Per-(N, group) count, mean and M2 (sum of squared deviations) of x, in float64, for combining
+    statistics over tiles with Chan's parallel formula. Reduces per channel first, so a
+    non-contiguous crop of x is never copied."""
+    n, c = x.shape[:2]
+    dims = tuple(range(2, x.dim()))
+    m = x[0, 0].numel()
+    var_c, mean_c = torch.var_mean(x.float(), dim=dims, correction=0)
+    mean_c = mean_c.double().view(n, num_groups, c // num_groups)
+    m2_c = var_c.double().view(n, num_groups, c // num_groups) * m
+    mean_g = mean_c.mean(dim=2)
+    m2_g = m2_c.sum(dim=2) + (m * (mean_c - mean_g.unsqueeze(2)) ** 2).sum(dim=2)
+    return mean_g, m2_g, m * (c // num_groups)
+
+
+def combine_moments(a, b):
+    """Chan et al.'s pairwise combination of (mean, M2, count) triples."""
+    if a is None:
+        return b
+    mean_a, m2_a, n_a = a
+    mean_b, m2_b, n_b = b
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (n_b / n)
+    m2 = m2_a + m2_b + delta**2 * (n_a * n_b / n)
+    return mean, m2, n
 
 
 class LayerNorm(Castable, nn.LayerNorm):

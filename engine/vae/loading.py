@@ -1,0 +1,243 @@
+"""Load a VAE from a file: an SD checkpoint (`first_stage_model.` prefix), an all-in-one file (`vae.`),
+a standalone VAE in LDM or diffusers naming, or a TAESD-family encoder/decoder (.pth or .safetensors).
+
+Loading is strict: every tensor of the VAE component is used, none is missing, every shape matches —
+anything else is a FormatError naming the keys, never a silently half-initialised model. Weights stay
+where the file put them (zero-copy mmap views, in the file's dtype); the castable ops cast per forward.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import FormatError, UnsupportedModel
+from .autoencoder_kl import AutoencoderKL, KLConfig
+from .taesd import TAESD
+
+PREFIXES = ("first_stage_model.", "vae.")
+TAESD_NAMES = ("taesdxl", "taesd3", "taesd", "taef1", "taef2")
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors or torch file, as zero-copy views where the format allows."""
+    from ..formats import sniff
+    from ..formats.safetensors import SafetensorsFile
+
+    p = os.fspath(path)
+    if not os.path.isfile(p):
+        raise FormatError(f"{p}: no such file", path=p)
+    kind = sniff(p)
+    if kind == "safetensors":
+        f = SafetensorsFile(p)
+        return {k: f.tensor(k) for k in f.header.tensors}
+    if kind in ("torch-zip", "pickle"):
+        try:
+            obj = torch.load(p, map_location="cpu", weights_only=True, mmap=kind == "torch-zip")
+        except Exception as e:  # weights_only refuses any pickle that would run code
+            raise FormatError(f"{p}: not a loadable weights file ({e})", path=p) from e
+        if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+            obj = obj["state_dict"]
+        if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+            raise FormatError(f"{p}: the file holds no state dict of tensors", path=p)
+        return dict(obj)
+    if kind == "gguf":
+        raise UnsupportedModel(f"{p}: GGUF VAEs are not supported yet", path=p)
+    raise FormatError(f"{p}: not a safetensors or torch weights file ({kind})", path=p)
+
+
+def vae_component(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The VAE's own tensors: the `first_stage_model.`/`vae.` part of a checkpoint, else everything."""
+    for prefix in PREFIXES:
+        part = {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
+        if part:
+            return part
+    return sd
+
+
+# -- diffusers -> LDM names ----------------------------------------------------------------------
+_ATTN = {
+    "group_norm": "norm",
+    "to_q": "q",
+    "to_k": "k",
+    "to_v": "v",
+    "to_out.0": "proj_out",
+    "query": "q",
+    "key": "k",
+    "value": "v",
+    "proj_attn": "proj_out",
+}
+
+
+def is_diffusers(keys) -> bool:
+    return any(".down_blocks." in k or ".up_blocks." in k or ".mid_block." in k for k in keys)
+
+
+def diffusers_to_ldm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename diffusers AutoencoderKL keys to the LDM layout (names as in diffusers'
+    convert_vae_pt_to_diffusers / single_file_utils mapping, inverted); linear attention weights
+    (C, C) become 1x1 conv weights (C, C, 1, 1)."""
+    ups = {int(m.group(1)) for k in sd if (m := re.match(r"decoder\.up_blocks\.(\d+)\.", k))}
+    n_up = max(ups) + 1 if ups else 0
+    out: dict[str, torch.Tensor] = {}
+    for k, v in sd.items():
+        new = k.replace("conv_norm_out", "norm_out").replace("conv_shortcut", "nin_shortcut")
+        new = re.sub(r"down_blocks\.(\d+)\.resnets\.", r"down.\1.block.", new)
+        new = re.sub(r"down_blocks\.(\d+)\.downsamplers\.0\.", r"down.\1.downsample.", new)
+        new = re.sub(r"mid_block\.resnets\.(\d+)\.", lambda m: f"mid.block_{int(m.group(1)) + 1}.", new)
+        m = re.match(r"(decoder\.)up_blocks\.(\d+)\.(resnets|upsamplers)\.(.*)$", new)
+        if m:
+            level = n_up - 1 - int(m.group(2))
+            rest = m.group(4)
+            if m.group(3) == "resnets":
+                new = f"decoder.up.{level}.block.{rest}"
+            else:
+                new = f"decoder.up.{level}.upsample.{rest.removeprefix('0.')}"
+        m = re.match(r"(encoder|decoder)\.mid_block\.attentions\.0\.(.*)\.(weight|bias)$", new)
+        if m:
+            name = _ATTN.get(m.group(2))
+            if name is None:
+                out[k] = v  # left unconverted: strict loading will name it
+                continue
+            new = f"{m.group(1)}.mid.attn_1.{name}.{m.group(3)}"
+            if m.group(3) == "weight" and v.dim() == 2:
+                v = v.reshape(*v.shape, 1, 1)
+        out[new] = v
+    return out
+
+
+def _index_set(keys, pattern: str) -> set[int]:
+    return {int(m.group(1)) for k in keys if (m := re.match(pattern, k))}
+
+
+def kl_config(sd: dict[str, torch.Tensor], path: str) -> KLConfig:
+    keys = list(sd)
+    has_enc = any(k.startswith("encoder.") for k in keys)
+    has_dec = any(k.startswith("decoder.") for k in keys)
+    if not (has_enc or has_dec):
+        raise FormatError(f"{path}: no encoder.* or decoder.* tensors — not a VAE", path=path)
+    try:
+        if has_dec:
+            ch = sd["decoder.conv_out.weight"].shape[1]
+            z = sd["decoder.conv_in.weight"].shape[1]
+            levels = sorted(_index_set(keys, r"decoder\.up\.(\d+)\."))
+            mult = tuple(sd[f"decoder.up.{i}.block.0.conv2.weight"].shape[0] // ch for i in levels)
+            nres = len(_index_set(keys, r"decoder\.up\.0\.block\.(\d+)\.")) - 1
+        if has_enc:
+            ch = sd["encoder.conv_in.weight"].shape[0]
+            z = sd["encoder.conv_out.weight"].shape[0] // 2
+            levels = sorted(_index_set(keys, r"encoder\.down\.(\d+)\."))
+            mult = tuple(sd[f"encoder.down.{i}.block.0.conv2.weight"].shape[0] // ch for i in levels)
+            nres = len(_index_set(keys, r"encoder\.down\.0\.block\.(\d+)\."))
+        in_ch = sd["encoder.conv_in.weight"].shape[1] if has_enc else 3
+    except KeyError as e:
+        raise FormatError(f"{path}: incomplete VAE, tensor {e.args[0]} is missing", path=path) from e
+    quant = "quant_conv.weight" in sd or "post_quant_conv.weight" in sd
+    return KLConfig(ch, mult, nres, z, in_ch, has_enc, has_dec, quant)
+
+
+def strict_load(model: nn.Module, sd: dict[str, torch.Tensor], path: str) -> None:
+    """Assign every tensor to the model (no copy), refusing missing, unexpected or misshapen keys."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(sd))
+    unexpected = sorted(set(sd) - set(expected))
+    bad = [k for k in expected if k in sd and tuple(sd[k].shape) != tuple(expected[k].shape)]
+    if missing or unexpected or bad:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
+        if bad:
+            k = bad[0]
+            parts.append(
+                f"{len(bad)} with the wrong shape (e.g. {k}: {tuple(sd[k].shape)} "
+                f"instead of {tuple(expected[k].shape)})"
+            )
+        raise FormatError(f"{path}: not a VAE layout Loadout knows: " + "; ".join(parts), path=path)
+    model.load_state_dict(sd, strict=True, assign=True)
+    model.eval().requires_grad_(False)
+
+
+def _taesd_part(sd: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]] | None:
+    """Split a TAESD-family state dict into {'encoder': ..., 'decoder': ...} (numeric Sequential
+    keys), from upstream .pth files, ComfyUI's taesd_encoder./taesd_decoder. prefixes or diffusers'
+    AutoencoderTiny `encoder.layers.N` / `decoder.layers.N` (whose decoder lacks the clamp layer)."""
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for k, v in sd.items():
+        m = re.match(r"^(?:(taesd_)?(encoder|decoder)\.(layers\.)?)?(\d+)\.(.+)$", k)
+        if not m:
+            return None
+        idx = int(m.group(4))
+        if m.group(2) is None:
+            which = "encoder" if "0.weight" in sd and sd["0.weight"].shape[1] == 3 else "decoder"
+        else:
+            which = m.group(2)
+        if m.group(3) and which == "decoder":
+            idx += 1
+        parts.setdefault(which, {})[f"{idx}.{m.group(5)}"] = v
+    return parts
+
+
+def _taesd_name(path: str, channels: int) -> str:
+    base = Path(path).name.lower()
+    for name in TAESD_NAMES:
+        if base.startswith(name):
+            return name
+    return {4: "taesd", 16: "taef1", 32: "taef2"}.get(channels, "taesd")
+
+
+def load_vae(path: str | os.PathLike, *, pair: bool = True) -> nn.Module:
+    """The VAE in `path` (AutoencoderKL or TAESD family). For a TAESD `*_encoder`/`*_decoder` file the
+    sibling half is loaded too when present (`pair`), so one path gives both directions."""
+    p = os.fspath(path)
+    sd = vae_component(read_state_dict(p))
+    taesd = _taesd_part(sd)
+    if taesd is not None:
+        if pair:
+            sib = _sibling(p)
+            if sib is not None:
+                for which, part in (_taesd_part(read_state_dict(sib)) or {}).items():
+                    taesd.setdefault(which, part)
+        return _build_taesd(taesd, p)
+    latent_norm = {k: sd.pop(k) for k in [k for k in sd if k.startswith("bn.")]}
+    if is_diffusers(sd):
+        sd = diffusers_to_ldm(sd)
+    cfg = kl_config(sd, p)
+    model = AutoencoderKL(cfg)
+    strict_load(model, sd, p)
+    # FLUX.2 files carry the batch-norm statistics of the patchified latent: recorded, used where
+    # latents enter/leave the diffusion model (not by decode/encode, which work in VAE space).
+    model.latent_norm = latent_norm
+    model.source = p
+    return model
+
+
+def _sibling(path: str) -> str | None:
+    for a, b in (("_encoder", "_decoder"), ("_decoder", "_encoder")):
+        name = Path(path).name
+        if a in name:
+            sib = Path(path).with_name(name.replace(a, b))
+            if sib.is_file():
+                return str(sib)
+    return None
+
+
+def _build_taesd(parts: dict[str, dict[str, torch.Tensor]], path: str) -> TAESD:
+    enc, dec = parts.get("encoder"), parts.get("decoder")
+    if dec is not None and "1.weight" not in dec:
+        raise FormatError(f"{path}: TAESD decoder without its input conv (1.weight)", path=path)
+    if enc is not None and "14.weight" not in enc:
+        raise FormatError(f"{path}: TAESD encoder without its output conv (14.weight)", path=path)
+    channels = dec["1.weight"].shape[1] if dec is not None else enc["14.weight"].shape[0]
+    mid_gn = any(".pool." in k for part in parts.values() for k in part)
+    model = TAESD(_taesd_name(path, channels), channels, mid_gn, enc is not None, dec is not None)
+    sd = {f"encoder.{k}": v for k, v in (enc or {}).items()}
+    sd.update({f"decoder.{k}": v for k, v in (dec or {}).items()})
+    strict_load(model, sd, path)
+    model.source = path
+    return model

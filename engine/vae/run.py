@@ -1,0 +1,353 @@
+"""Decode and encode, full or tiled: the mode decided up front from the memory estimate (on a CPU a
+decode that does not fit gets the process killed rather than an exception), smaller tiles after a
+GPU out-of-memory, fp32 re-runs when fp16/bf16 overflow, progress per tile, cancellation per op."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .. import ops
+from ..errors import FormatError, OutOfMemory
+from ..jobs import CancelToken, Progress, Report, no_report
+from . import estimate
+from .tiling import DiskStore, NonFinite, TileStore, plan_tiles, run_tiled
+
+MIN_TILE_PX = 128
+
+
+@dataclass
+class RunInfo:
+    """What a decode/encode actually did, for the CLI's JSON and the GUI's log."""
+
+    mode: str = "full"
+    tile_px: int | None = None
+    overlap_px: int | None = None
+    tiles: int = 1
+    dtype: str = "float32"
+    fp32_rerun: bool = False
+    oom_retries: int = 0
+    estimate_bytes: int = 0
+    budget_bytes: int | None = None
+    store: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _spec(vae: nn.Module) -> estimate.VaeSpec:
+    return estimate.spec_of(vae)
+
+
+def memory_budget(device: torch.device) -> int:
+    """Bytes a decode may use on `device` now: free VRAM, or available RAM less a 1 GiB reserve."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    import psutil
+
+    return max(0, int(psutil.virtual_memory().available) - (1 << 30))
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+@contextlib.contextmanager
+def _compute(vae: nn.Module, device: torch.device, dtype: torch.dtype):
+    """Run the castable ops in `dtype` on `device` wherever the weights live; restored afterwards."""
+    saved = [(m, m.compute_dtype, m.offload) for _, m in ops.castable_modules(vae)]
+    for m, _, _ in saved:
+        w = getattr(m, "weight", None)
+        m.compute_dtype = dtype if (w is None or w.dtype != dtype) else None
+        m.offload = w is not None and w.device != device
+    try:
+        yield
+    finally:
+        for m, dt, off in saved:
+            m.compute_dtype, m.offload = dt, off
+
+
+def default_tile_px(device: torch.device, vae: nn.Module, budget: int | None = None) -> tuple[int, int]:
+    """Tile and overlap in output pixels: as big as a quarter of the budget allows, in 64-px steps."""
+    spec = _spec(vae)
+    overlap = spec.context_px * 2
+    budget = budget if budget is not None else memory_budget(device)
+    tile = 1024 if device.type == "cuda" else 512
+    while tile > MIN_TILE_PX and estimate.tile_bytes(spec, tile, 4) > budget / 4:
+        tile -= 64
+    return tile, min(overlap, tile // 2)
+
+
+def decode(
+    vae: nn.Module,
+    latent: torch.Tensor,
+    *,
+    tile: int | None = None,
+    overlap: int | None = None,
+    tiled: bool | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    budget: int | None = None,
+    disk_store: bool | None = None,
+    token: CancelToken | None = None,
+    report: Report = no_report,
+    info: RunInfo | None = None,
+) -> torch.Tensor:
+    """VAE-space latent (N, C, h, w) -> image (N, 3, 8h, 8w) in [0, 1], float32 on the CPU.
+    `tiled=None` decides from the estimate against `budget`; tile/overlap are output pixels."""
+    if not hasattr(vae, "decoder"):
+        raise FormatError("this VAE file holds no decoder (a TAESD encoder?): give the decoder file")
+    _check_latent(vae, latent)
+    return _run(
+        vae, latent, "decode", tile, overlap, tiled, device, dtype, budget, disk_store, token, report, info
+    )
+
+
+def encode(
+    vae: nn.Module,
+    image: torch.Tensor,
+    *,
+    tile: int | None = None,
+    overlap: int | None = None,
+    tiled: bool | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    budget: int | None = None,
+    disk_store: bool | None = None,
+    token: CancelToken | None = None,
+    report: Report = no_report,
+    info: RunInfo | None = None,
+) -> torch.Tensor:
+    """Image (N, 3, H, W) in [0, 1] -> VAE-space latent (N, C, H/8, W/8); H and W are cropped to
+    multiples of 8 (as ComfyUI does)."""
+    if not hasattr(vae, "encoder"):
+        raise FormatError("this VAE file holds no encoder (a TAESD decoder?): give the encoder file")
+    if image.dim() != 4 or image.shape[1] != 3:
+        raise FormatError(f"expected an RGB image batch (N, 3, H, W), got {tuple(image.shape)}")
+    f = vae.downscale
+    hh, ww = image.shape[2] // f * f, image.shape[3] // f * f
+    if hh == 0 or ww == 0:
+        raise FormatError(f"the image is smaller than {f}x{f} pixels")
+    image = image[:, :, :hh, :ww]
+    lo, hi = vae.image_range
+    x = image * (hi - lo) + lo
+    return _run(
+        vae, x, "encode", tile, overlap, tiled, device, dtype, budget, disk_store, token, report, info
+    )
+
+
+def _check_latent(vae, latent):
+    if latent.dim() != 4:
+        raise FormatError(f"expected a latent batch (N, C, h, w), got shape {tuple(latent.shape)}")
+    if latent.shape[1] != vae.latent_channels:
+        raise FormatError(
+            f"the latent has {latent.shape[1]} channels but this VAE decodes {vae.latent_channels}-channel "
+            "latents: use the VAE of the model that made the latent"
+        )
+
+
+def _run(vae, x, direction, tile, overlap, tiled, device, dtype, budget, disk_store, token, report, info):
+    info = info if info is not None else RunInfo()
+    device = torch.device(device) if device is not None else _weights_device(vae)
+    spec = _spec(vae)
+    f = vae.downscale
+    lat_hw = (x.shape[2], x.shape[3]) if direction == "decode" else (x.shape[2] // f, x.shape[3] // f)
+    px = lat_hw[0] * lat_hw[1] * f * f * x.shape[0]
+    budget = budget if budget is not None else memory_budget(device)
+    info.budget_bytes = budget
+    esize = torch.empty((), dtype=dtype).element_size()
+    full_est = estimate.full_bytes(spec, direction, px, esize)
+    info.estimate_bytes = full_est
+    if tiled is None:
+        tiled = full_est > budget or tile is not None
+    if tiled:
+        d_tile, d_overlap = default_tile_px(device, vae, budget)
+        tile = tile or d_tile
+        overlap = d_overlap if overlap is None else overlap
+    info.dtype = _dtype_name(dtype)
+    attempt_tile = tile
+    while True:
+        try:
+            return _attempt(
+                vae,
+                x,
+                direction,
+                bool(tiled),
+                attempt_tile,
+                overlap,
+                device,
+                dtype,
+                budget,
+                disk_store,
+                token,
+                report,
+                info,
+                lat_hw,
+            )
+        except torch.OutOfMemoryError as e:
+            _free(device)
+            if device.type != "cuda":
+                raise OutOfMemory(f"out of memory during the VAE {direction}: {e}") from e
+            # After a GPU OOM: tile, then halve the tiles, down to the minimum.
+            if not tiled:
+                tiled, (attempt_tile, overlap) = True, default_tile_px(device, vae, memory_budget(device))
+            elif attempt_tile // 2 >= MIN_TILE_PX:
+                attempt_tile //= 2
+                overlap = min(overlap, attempt_tile // 2)
+            else:
+                raise OutOfMemory(
+                    f"the VAE {direction} does not fit even with {attempt_tile}-px tiles; free memory "
+                    "or use --device cpu"
+                ) from e
+            info.oom_retries += 1
+            info.notes.append(f"out of memory; retrying with {attempt_tile}-px tiles")
+
+
+def _weights_device(vae) -> torch.device:
+    p = next(vae.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _free(device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _attempt(
+    vae, x, direction, tiled, tile, overlap, device, dtype, budget, disk_store, token, report, info, lat_hw
+):
+    stage = f"VAE {direction}"
+    try:
+        out = _pass(
+            vae,
+            x,
+            direction,
+            tiled,
+            tile,
+            overlap,
+            device,
+            dtype,
+            budget,
+            disk_store,
+            token,
+            report,
+            info,
+            lat_hw,
+        )
+        if dtype != torch.float32 and not torch.isfinite(out).all():
+            raise NonFinite("non-finite output")
+    except NonFinite:
+        # fp16 overflow (the SDXL VAE's known failure): re-run in fp32, as ComfyUI and A1111 do.
+        _free(device)
+        info.fp32_rerun = True
+        info.notes.append(f"{_dtype_name(dtype)} overflowed; re-ran the {direction} in float32")
+        report(Progress(stage, 0, 0, "re-running in float32"))
+        out = _pass(
+            vae,
+            x,
+            direction,
+            tiled,
+            tile,
+            overlap,
+            device,
+            torch.float32,
+            budget,
+            disk_store,
+            token,
+            report,
+            info,
+            lat_hw,
+        )
+    return out
+
+
+def _pass(
+    vae, x, direction, tiled, tile, overlap, device, dtype, budget, disk_store, token, report, info, lat_hw
+):
+    f = vae.downscale
+    stage = f"VAE {direction}"
+    with _compute(vae, device, dtype), ops.cancel_scope(token), torch.inference_mode():
+        xin = x.to(device=device, dtype=dtype)
+        if not tiled:
+            info.mode, info.tiles = "full", 1
+            report(Progress(stage, 0, 1))
+            out = vae.decode(xin) if direction == "decode" else vae.encode(xin)
+            report(Progress(stage, 1, 1))
+            return _finish(vae, out, direction)
+        tile_l, overlap_l = max(1, tile // f), max(0, overlap // f)
+        tiles = plan_tiles(lat_hw[0], lat_hw[1], tile_l, overlap_l)
+        spec = _spec(vae)
+        esize = torch.empty((), dtype=dtype).element_size()
+        n = x.shape[0]
+        ram_store = estimate.store_bytes(spec, direction, lat_hw[0] * lat_hw[1] * f * f * n, esize)
+        use_disk = disk_store if disk_store is not None else (device.type == "cpu" and ram_store > budget / 2)
+        store = DiskStore(device) if use_disk else TileStore(device)
+        info.mode, info.tile_px, info.overlap_px, info.tiles = "tiled", tile_l * f, overlap_l * f, len(tiles)
+        info.store = "disk" if use_disk else ("host" if device.type == "cuda" else "ram")
+        if direction == "decode":
+            h = vae.decode_head(xin)
+            _guard(h, dtype)
+            del xin
+            y = run_tiled(
+                h,
+                vae.decode_steps(),
+                tiles,
+                in_scale=1,
+                out_scale=f,
+                out_channels=3,
+                latent_hw=lat_hw,
+                store=store,
+                blend=min(overlap_l * f // 2, 32),
+                token=token,
+                report=report,
+                stage=stage,
+                check_finite=dtype != torch.float32,
+            )
+            del h
+            return _finish(vae, vae.decode_tail(y), direction)
+        steps = vae.encode_steps()
+        ch = _encode_channels(vae)
+        y = run_tiled(
+            xin,
+            steps,
+            tiles,
+            in_scale=f,
+            out_scale=1,
+            out_channels=ch,
+            latent_hw=lat_hw,
+            store=store,
+            blend=0,
+            token=token,
+            report=report,
+            stage=stage,
+            check_finite=dtype != torch.float32,
+        )
+        del xin
+        _guard(y, dtype)
+        return _finish(vae, vae.encode_tail(y.to(dtype)), direction)
+
+
+def _guard(t, dtype):
+    if dtype != torch.float32 and not torch.isfinite(t).all():
+        raise NonFinite("non-finite activations")
+
+
+def _encode_channels(vae) -> int:
+    if hasattr(vae, "cfg"):
+        return vae.cfg.ch * vae.cfg.ch_mult[-1]
+    return 64
+
+
+def _finish(vae, out, direction):
+    out = out.float().cpu()
+    if direction == "encode":
+        return out
+    lo, hi = vae.image_range
+    return ((out - lo) / (hi - lo)).clamp_(0, 1)

@@ -1,0 +1,253 @@
+"""Tiled execution with whole-image GroupNorm statistics — tiles that agree with the full pass.
+
+The idea is the multidiffusion "Tiled VAE" one (pkuliyi2015/multidiffusion-upscaler-for-automatic1111,
+tilevae.py): a GroupNorm is a global operation, so tiles run in lock-step; at every GroupNorm each tile
+contributes the per-group moments of its own *core* (the part of the image it owns, so every pixel is
+counted once), the moments are combined (Chan's parallel formula, float64) into the whole image's
+mean/variance, and every tile is normalised with those. The path is a flat list of steps; a tile's
+state (activation plus pending residuals) waits in a `TileStore` between GroupNorms — in RAM, or in a
+temporary file when the budget says the image is too large, so process memory stays bounded by one
+tile whatever the image size. Tiles carry `context` on each side (half the overlap) that absorbs the
+zero-padding error at their edges; with context >= the receptive field the cores are exact, and a
+narrow linear feather at the core borders hides whatever remains.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from ..jobs import CancelToken, Progress, Report, no_report
+
+
+@dataclass(frozen=True)
+class Tile:
+    core: tuple[int, int, int, int]  # y0, y1, x0, x1 in latent units: the part this tile owns
+    pad: tuple[int, int, int, int]  # the box it computes: core plus context, clipped to the image
+
+
+def _splits(n: int, core: int) -> list[tuple[int, int]]:
+    k = max(1, math.ceil(n / max(1, core)))
+    edges = [round(i * n / k) for i in range(k + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(k)]
+
+
+def plan_tiles(h: int, w: int, tile: int, overlap: int) -> list[Tile]:
+    """Tiles over an h x w latent: `tile` and `overlap` in latent units, as ComfyUI's tiled node
+    (tiles of `tile` stepping by `tile - overlap`); each core gets overlap / 2 of context per side."""
+    tile = max(1, tile)
+    ctx = max(0, min(overlap, tile // 2) // 2)  # an overlap beyond half the tile only costs time
+    core = max(1, tile - 2 * ctx)
+    tiles = []
+    for y0, y1 in _splits(h, core):
+        for x0, x1 in _splits(w, core):
+            pad = (max(0, y0 - ctx), min(h, y1 + ctx), max(0, x0 - ctx), min(w, x1 + ctx))
+            tiles.append(Tile((y0, y1, x0, x1), pad))
+    return tiles
+
+
+class TileStore:
+    """Where tile states wait between lock-step passes: RAM (or host RAM for a GPU decode)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._items: dict[int, list[torch.Tensor]] = {}
+
+    def put(self, i: int, tensors: list[torch.Tensor]) -> None:
+        self._items[i] = [t.to("cpu", copy=False) for t in tensors]
+
+    def get(self, i: int) -> list[torch.Tensor]:
+        return [t.to(self.device) for t in self._items.pop(i)]
+
+    def close(self) -> None:
+        self._items.clear()
+
+
+class DiskStore(TileStore):
+    """Tile states in a temporary folder, written and read with plain file I/O (not mmap), so they
+    never count in the process's memory; the kernel's page cache may keep them, and may drop them."""
+
+    def __init__(self, device: torch.device, folder: str | None = None):
+        super().__init__(device)
+        self.dir = Path(tempfile.mkdtemp(prefix="loadout-tiles-", dir=folder))
+        self._meta: dict[int, list[tuple[torch.dtype, tuple[int, ...]]]] = {}
+
+    def put(self, i: int, tensors: list[torch.Tensor]) -> None:
+        meta = []
+        with open(self.dir / f"{i}.bin", "wb") as f:
+            for t in tensors:
+                a = t.detach().to("cpu").contiguous()
+                meta.append((a.dtype, tuple(a.shape)))
+                if a.numel():
+                    f.write(memoryview(a.reshape(-1).view(torch.uint8).numpy()))
+        self._meta[i] = meta
+
+    def get(self, i: int) -> list[torch.Tensor]:
+        out = []
+        path = self.dir / f"{i}.bin"
+        with open(path, "rb") as f:
+            for dtype, shape in self._meta.pop(i):
+                t = torch.empty(shape, dtype=dtype)
+                if t.numel():
+                    f.readinto(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+                out.append(t.to(self.device))
+        os.unlink(path)
+        return out
+
+    def close(self) -> None:
+        self._meta.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class NonFinite(Exception):
+    """A pass produced NaN/inf (fp16 overflow): the caller re-runs in fp32."""
+
+
+def _segments(steps: list[tuple]) -> list[list[tuple]]:
+    segs: list[list[tuple]] = [[]]
+    for s in steps:
+        if s[0] == "gn":
+            segs.append([])
+        segs[-1].append(s)
+    return segs
+
+
+def _run_steps(steps, x, stack, scale, stats):
+    for s in steps:
+        op = s[0]
+        if op == "module":
+            x = s[1](x)
+        elif op == "gn":
+            x = s[1](x, stats)
+        elif op == "silu":
+            x = F.silu(x)
+        elif op == "relu":
+            x = F.relu(x)
+        elif op == "push":
+            stack.append(x)
+        elif op == "pop_add":
+            r = stack.pop()
+            x = x + (s[1](r) if s[1] is not None else r)
+            del r
+        elif op == "up2":
+            x = F.interpolate(x, scale_factor=2.0, mode="nearest")
+            scale *= 2
+        elif op == "pad_br":
+            x = F.pad(x, (0, 1, 0, 1))
+        elif op == "scale":
+            scale *= s[1]
+        else:  # pragma: no cover - a programming error in a step list
+            raise ValueError(f"unknown step {op}")
+    return x, scale
+
+
+def _core_slices(t: Tile, scale: float):
+    y0, y1, x0, x1 = t.core
+    py0, _, px0, _ = t.pad
+    return (
+        slice(round((y0 - py0) * scale), round((y1 - py0) * scale)),
+        slice(round((x0 - px0) * scale), round((x1 - px0) * scale)),
+    )
+
+
+def _ramp(n_out: int, a: int, b: int, lo_edge: bool, hi_edge: bool, band: int, start: int):
+    """1-D blend weights over output rows [start, start + n_out) for a core [a, b): 1 inside,
+    linear ramps of width `band` centred on core borders that have a neighbour."""
+    pos = torch.arange(start, start + n_out, dtype=torch.float32) + 0.5
+    w = torch.ones(n_out)
+    if band > 0:
+        if not lo_edge:
+            w = w * ((pos - (a - band / 2)) / band).clamp(0, 1)
+        if not hi_edge:
+            w = w * (((b + band / 2) - pos) / band).clamp(0, 1)
+    return w
+
+
+def run_tiled(
+    x_whole: torch.Tensor,
+    steps: list[tuple],
+    tiles: list[Tile],
+    *,
+    in_scale: int,
+    out_scale: int,
+    out_channels: int,
+    latent_hw: tuple[int, int],
+    store: TileStore,
+    blend: int = 0,
+    token: CancelToken | None = None,
+    report: Report = no_report,
+    stage: str = "VAE decode",
+    check_finite: bool = False,
+) -> torch.Tensor:
+    """Run `steps` over `tiles` of `x_whole` (at `in_scale` pixels per latent unit) in lock-step
+    through every GroupNorm, and assemble the cores (feathered over `blend` output pixels)."""
+    segs = _segments(steps)
+    n, dev = x_whole.shape[0], x_whole.device
+    hh, ww = latent_hw[0] * out_scale, latent_hw[1] * out_scale
+    out = torch.zeros(n, out_channels, hh, ww, dtype=torch.float32, device=dev)
+    wsum = torch.zeros(1, 1, hh, ww, dtype=torch.float32, device=dev)
+    total, done = len(segs) * len(tiles), 0
+    stats = None
+    start_scale = in_scale
+    try:
+        for p, seg in enumerate(segs):
+            last = p == len(segs) - 1
+            acc = None
+            for i, t in enumerate(tiles):
+                if token is not None:
+                    token.raise_if_cancelled()
+                if p == 0:
+                    py0, py1, px0, px1 = t.pad
+                    x = x_whole[:, :, py0 * in_scale : py1 * in_scale, px0 * in_scale : px1 * in_scale]
+                    stack: list[torch.Tensor] = []
+                else:
+                    x, *stack = store.get(i)
+                x, scale = _run_steps(seg, x, stack, start_scale, stats)
+                if not last:
+                    groups = segs[p + 1][0][1].num_groups
+                    ys, xs = _core_slices(t, scale)
+                    acc = ops.combine_moments(acc, ops.group_moments(x[:, :, ys, xs], groups))
+                    store.put(i, [x, *stack])
+                else:
+                    _blend_into(out, wsum, x.float(), t, scale, blend, latent_hw)
+                del x, stack
+                done += 1
+                report(Progress(stage, done, total, f"pass {p + 1}/{len(segs)}, tile {i + 1}/{len(tiles)}"))
+            if not last:
+                mean, m2, cnt = acc
+                stats = (mean, m2 / cnt)
+                if check_finite and not (torch.isfinite(mean).all() and torch.isfinite(stats[1]).all()):
+                    raise NonFinite(f"GroupNorm statistics overflowed in pass {p + 1}")
+            start_scale = scale  # where the next segment starts
+            del acc
+    finally:
+        store.close()
+    out /= wsum
+    return out
+
+
+def _blend_into(out, wsum, y, t: Tile, scale, blend, latent_hw):
+    h, w = latent_hw
+    py0, py1, px0, px1 = t.pad
+    y0, y1, x0, x1 = (round(v * scale) for v in t.core)
+    oy, ox = round(py0 * scale), round(px0 * scale)
+    half = blend // 2
+    # the written region: the core widened by half the band where a neighbour exists
+    ry0 = max(oy, y0 - (half if t.core[0] > 0 else 0))
+    ry1 = min(oy + y.shape[2], y1 + (half if t.core[1] < h else 0))
+    rx0 = max(ox, x0 - (half if t.core[2] > 0 else 0))
+    rx1 = min(ox + y.shape[3], x1 + (half if t.core[3] < w else 0))
+    wy = _ramp(ry1 - ry0, y0, y1, t.core[0] == 0, t.core[1] == h, blend, ry0).to(out.device)
+    wx = _ramp(rx1 - rx0, x0, x1, t.core[2] == 0, t.core[3] == w, blend, rx0).to(out.device)
+    wgt = wy[:, None] * wx[None, :]
+    patch = y[:, :, ry0 - oy : ry1 - oy, rx0 - ox : rx1 - ox]
+    out[:, :, ry0:ry1, rx0:rx1] += patch * wgt
+    wsum[:, :, ry0:ry1, rx0:rx1] += wgt
