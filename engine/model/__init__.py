@@ -29,6 +29,13 @@ def build_components(
         device = report.selected.torch_device
         info = report.selected
         place_kw.setdefault("vram_state", report.vram_state.value)
+        if info.is_accelerator:  # the text-encoder rule compares free device and CPU memory
+            import psutil
+
+            from ..residency.manager import default_probe
+
+            place_kw.setdefault("free_device", default_probe(device)())
+            place_kw.setdefault("free_cpu", int(psutil.virtual_memory().available))
     from collections import Counter
 
     from ..formats.dtypes import DTYPES

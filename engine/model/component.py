@@ -44,10 +44,14 @@ class Unit:
 
     def bytes_as(self, storage: str | None) -> int:
         """Bytes this unit takes when stored in `storage` (None: the file's dtypes)."""
+        cached = self.extra.get(storage)
+        if cached is not None:
+            return cached
         n = 0
         for info in self.infos.values():
             float_ = info.dtype.startswith(("F", "BF"))
             n += info.numel * _ITEMSIZE[storage] if storage and float_ else info.nbytes
+        self.extra[storage] = n
         return n
 
 
@@ -162,6 +166,8 @@ class Component:
         if u.castable:
             u.module.offload = u.tier != "device"
             u.module.compute_dtype = getattr(torch, self.compute_dtype)
+            # pinned RAM copies stream to the device asynchronously in forward (ordered on its stream)
+            u.module.non_blocking = bool(u.block is not None and getattr(u.block, "pinned", False))
 
     def apply_dtypes(self) -> None:
         for u in self.units:

@@ -134,9 +134,12 @@ class Residency:
         return e
 
     def _forget(self, key: int, name: str) -> None:
+        # may run in any thread (the garbage collector's): touch no component, only the ledger
         with self._lock:
             e = self._entries.pop(key, None)
-            self._refresh()
+            old = self._snapshot
+            rows = tuple(r for r in old.components if r.key != key)
+            self._snapshot = LedgerSnapshot(time.time(), old.device, rows)
         if e is not None:
             self.events.emit(Event("Unloaded", name, 0, 0.0, detail={"collected": True}))
             self._empty_cache()
@@ -278,7 +281,7 @@ class Residency:
             self._refresh()
         return self.snapshot()
 
-    def _fill(self, c, budget, keep, token, report, done, total) -> int:
+    def _fill(self, c, budget, keep, token, report, done, total, quiet=False) -> int:
         """Place c's units on its device within `budget` (None: no limit); returns device bytes added."""
         t0 = time.perf_counter()
         state = self.policy.vram_state
@@ -327,7 +330,8 @@ class Residency:
         dur = time.perf_counter() - t0
         t = c.tier_bytes()
         kind = "Loaded" if not any(u.tier != "device" for u in c.units) else "PartiallyOffloaded"
-        self.events.emit(Event(kind, c.name, moved, dur, detail={"device": c.device, **t}))
+        if moved or not quiet:  # a top-up that found nothing to do is not an event
+            self.events.emit(Event(kind, c.name, moved, dur, detail={"device": c.device, **t}))
         return placed
 
     def _step(self, c: Component, u: Unit, tier: str, token: CancelToken | None) -> int:
@@ -484,7 +488,7 @@ class Residency:
                 continue
             if c.tier_bytes()["device"] == 0:
                 continue  # evicted completely: it comes back when it is next used
-            placed += self._fill(c, self.budget(), {key}, token, no_report, [0], 0)
+            placed += self._fill(c, self.budget(), {key}, token, no_report, [0], 0, quiet=True)
         return placed
 
     def move(self, component: Component, where: str, *, token: CancelToken | None = None) -> LedgerSnapshot:

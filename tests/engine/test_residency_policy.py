@@ -322,3 +322,56 @@ def test_policy_from_the_device_report_and_the_sampler_hook(ckpt):
         assert row.device_bytes == m.snapshot().get("a").device_bytes <= report.vram_budget_bytes
     finally:
         remove()
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["load", "unload", "unload_part", "pin", "unpin", "cancel_load", "top_up"]),
+        st.sampled_from("abc"),
+        st.integers(0, 600_000),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ops=OPS, budget_frac=st.floats(0.3, 2.5))
+def test_random_sequences_keep_every_invariant(tmp_path_factory, ops, budget_frac):
+    """Whatever the order of loads, unloads, pins and cancels: the ledger is the tensors' truth, the
+    device never holds more than the budget, and a pinned component is never evicted by a load."""
+    path = write_components(tmp_path_factory.mktemp("seq") / "m.safetensors", {n: ROWS for n in "abc"})
+    cs = {c.name: c for c in comps(path)}
+    budget = int(cs["a"].full_bytes() * budget_frac)
+    m = manager(budget)
+    for op, name, n in ops:
+        c = cs[name]
+        pinned_before = {
+            r.name: r.device_bytes for r in m.snapshot().components if r.pinned and r.name != name
+        }
+        if op == "load":
+            m.load([c])
+        elif op == "unload":
+            m.unload(c)
+        elif op == "unload_part":
+            m.unload(c, n)
+        elif op in ("pin", "unpin"):
+            m.pin(c, op == "pin")
+        elif op == "top_up":
+            m.top_up()
+        elif c.tier_bytes()["device"] < c.full_bytes():  # cancel after the first module of a load
+            token = CancelToken()
+
+            def report(_p, token=token):
+                token.cancel()
+
+            try:
+                m.load([c], token=token, report=report)
+            except Cancelled:
+                pass
+        snap = m.snapshot()
+        assert snap.device_bytes <= budget
+        if op in ("load", "cancel_load"):
+            for pname, before in pinned_before.items():
+                assert snap.get(pname).device_bytes >= before
+        assert_true_ledger(m, *cs.values())

@@ -1,0 +1,43 @@
+"""`loadout load` run as a user runs it: the ledger and events of a real load under --vram-budget."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from residency_files import SD15_MANIFEST
+
+from engine.formats.safetensors import write_sparse
+
+
+@pytest.fixture(scope="module")
+def sd15(tmp_path_factory):
+    from conftest import data_file
+
+    manifest = json.loads(data_file(SD15_MANIFEST).read_text())["tensors"]
+    p = tmp_path_factory.mktemp("cli") / "sd15.safetensors"
+    write_sparse(
+        p, [(k, "F16" if v["dtype"] == "F32" else v["dtype"], tuple(v["shape"])) for k, v in manifest.items()]
+    )
+    return p
+
+
+def test_load_under_a_budget_json(cli, sd15):
+    r = cli("load", str(sd15), "--component", "vae", "--vram-budget", "0.05", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    (row,) = out["ledger"]
+    assert row["name"] == "vae" and 0 < row["device_bytes"] <= int(0.05 * 1024**3)
+    assert row["device_bytes"] + row["disk_bytes"] == row["full_bytes"]
+    assert [e["kind"] for e in out["events"]] == ["PartiallyOffloaded"]
+    r = cli("load", str(sd15), "--component", "vae", "--vram-budget", "0.05", "--unload-bytes", "1000000")
+    assert r.returncode == 0 and "vae" in r.stdout and "resident" in r.stdout
+
+
+def test_load_errors(cli, sd15, tmp_path):
+    r = cli("load", str(sd15), "--component", "transformer")
+    assert r.returncode == 2 and "no component transformer" in r.stderr
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\xff" * 7)
+    r = cli("load", str(bad), "--json")
+    assert r.returncode == 3 and "error" in json.loads(r.stdout) and "Traceback" not in r.stderr
