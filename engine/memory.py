@@ -1,0 +1,306 @@
+"""A cheap, thread-safe memory snapshot: device, torch allocator, this process and the system RAM.
+
+The GUI thread calls `sample()` from a QTimer 10-20 times a second, often before the engine thread
+has imported torch, so this module never imports torch. It touches torch only once the engine has
+called `configure()` with an accelerator target, which happens after detection (torch fully imported
+and the device initialised); until then, and on machines without an accelerator, the "device" is the
+CPU's RAM, labelled as such.
+
+Device numbers come from NVML (nvidia-ml-py, optional) when it is importable: it sees every process
+on the GPU and this process's own share, and it costs no CUDA context. Otherwise from
+torch.cuda.mem_get_info (driver-wide free/total, like nvidia-smi).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+
+import psutil
+
+log = logging.getLogger("loadout.memory")
+
+ResidencyProvider = Callable[[], Mapping[str, tuple[int, int]]]
+
+
+@dataclass(frozen=True)
+class MemoryTarget:
+    """Which device `sample()` reports: set by the engine after detection."""
+
+    kind: str = "cpu"  # cpu, cuda, rocm, xpu, npu, mps
+    index: int = 0
+    name: str = "CPU RAM"
+    uuid: str | None = None  # CUDA device UUID, to find the same GPU in NVML whatever the index order
+
+
+CPU_TARGET = MemoryTarget()
+
+
+@dataclass(frozen=True)
+class ComponentResidency:
+    """Bytes of one loaded component on the device and in RAM (from the residency ledger)."""
+
+    name: str
+    device_bytes: int
+    ram_bytes: int
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """One snapshot. `None` means "not known here" (e.g. torch numbers before torch is loaded)."""
+
+    timestamp: float  # time.time(), for logs
+    monotonic: float  # time.monotonic(), for graphs
+    device_kind: str
+    device_index: int
+    device_label: str  # "NVIDIA H200" or "CPU RAM"
+    device_total: int
+    device_used: int
+    device_free: int
+    device_source: str  # "nvml", "torch" or "psutil" (the RAM stands in for a device)
+    process_device_bytes: int | None  # this process's share of the device (NVML), RSS for the CPU
+    torch_allocated: int | None
+    torch_reserved: int | None
+    torch_active: int | None
+    process_rss: int
+    ram_total: int
+    ram_available: int
+    residency: tuple[ComponentResidency, ...] = ()
+
+    @property
+    def device_is_ram(self) -> bool:
+        return self.device_source == "psutil"
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["residency"] = {
+            c.name: {"device_bytes": c.device_bytes, "ram_bytes": c.ram_bytes} for c in self.residency
+        }
+        return d
+
+
+class MemorySampler:
+    """Holds the target, the NVML handle and the residency providers; `sample()` may be called from
+    any thread. One lock serialises the readings (NVML and psutil objects are shared state)."""
+
+    def __init__(self, target: MemoryTarget = CPU_TARGET, *, use_nvml: bool = True) -> None:
+        self._lock = threading.Lock()
+        self._target = target
+        self._use_nvml = use_nvml
+        self._nvml = None  # the pynvml module once initialised, False after a failure
+        self._nvml_handle = None
+        self._process = psutil.Process()
+        self._pid = os.getpid()
+        self._providers: list[ResidencyProvider] = []
+        self._provider_failed: set[int] = set()
+
+    @property
+    def target(self) -> MemoryTarget:
+        return self._target
+
+    def configure(self, target: MemoryTarget) -> None:
+        """Report `target` from now on. Call it only once torch is imported, if the target needs it."""
+        with self._lock:
+            self._target = target
+            self._nvml_handle = None
+
+    def register_residency_provider(self, provider: ResidencyProvider) -> Callable[[], None]:
+        """Add a callable returning {component: (device_bytes, ram_bytes)} (a locked snapshot of the
+        residency ledger); its numbers go into every sample. Returns a function that removes it."""
+        with self._lock:
+            self._providers.append(provider)
+
+        def unregister() -> None:
+            with self._lock:
+                if provider in self._providers:
+                    self._providers.remove(provider)
+
+        return unregister
+
+    def sample(self) -> MemorySample:
+        with self._lock:
+            target = self._target
+            vm = psutil.virtual_memory()
+            rss = int(self._process.memory_info().rss)
+            dev = self._device(target, vm, rss)
+            torch_stats = self._torch_stats(target)
+            providers = list(self._providers)
+        # Providers take their own (ledger) lock: call them outside ours so the two never nest.
+        residency = self._residency(providers)
+        total, used, free, source, proc, label = dev
+        allocated, reserved, active = torch_stats
+        return MemorySample(
+            timestamp=time.time(),
+            monotonic=time.monotonic(),
+            device_kind=target.kind,
+            device_index=target.index,
+            device_label=label,
+            device_total=total,
+            device_used=used,
+            device_free=free,
+            device_source=source,
+            process_device_bytes=proc,
+            torch_allocated=allocated,
+            torch_reserved=reserved,
+            torch_active=active,
+            process_rss=rss,
+            ram_total=int(vm.total),
+            ram_available=int(vm.available),
+            residency=residency,
+        )
+
+    # -- device section ---------------------------------------------------------------------------
+
+    def _device(self, target: MemoryTarget, vm, rss: int):
+        if target.kind == "cuda":
+            got = self._nvml_reading(target)
+            if got is not None:
+                return got
+        if target.kind in ("cuda", "rocm", "xpu", "npu"):
+            got = self._torch_device_reading(target)
+            if got is not None:
+                return got
+        label = "Unified memory" if target.kind == "mps" else "CPU RAM"
+        total, avail = int(vm.total), int(vm.available)
+        return total, total - avail, avail, "psutil", rss, label
+
+    def _nvml_reading(self, target: MemoryTarget):
+        handle = self._nvml_device(target)
+        if handle is None:
+            return None
+        nv = self._nvml
+        try:
+            info = nv.nvmlDeviceGetMemoryInfo(handle)
+        except nv.NVMLError as e:
+            log.warning("NVML stopped answering (%s); using torch.cuda.mem_get_info", e)
+            self._nvml, self._nvml_handle = False, None
+            return None
+        mine = None
+        try:
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(handle):
+                # usedGpuMemory is None where the driver hides it (containers, WDDM on Windows).
+                if p.pid == self._pid and p.usedGpuMemory is not None:
+                    mine = (mine or 0) + int(p.usedGpuMemory)
+        except nv.NVMLError:  # not supported on some virtual GPUs: the per-process share stays unknown
+            mine = None
+        return int(info.total), int(info.used), int(info.free), "nvml", mine, target.name
+
+    def _nvml_device(self, target: MemoryTarget):
+        if self._nvml_handle is not None:
+            return self._nvml_handle
+        if not self._use_nvml or self._nvml is False:
+            return None
+        try:
+            if self._nvml is None:
+                import pynvml  # nvidia-ml-py, optional
+
+                pynvml.nvmlInit()
+                self._nvml = pynvml
+            nv = self._nvml
+            if target.uuid:
+                uuid = target.uuid if target.uuid.startswith("GPU-") else f"GPU-{target.uuid}"
+                self._nvml_handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+            elif not os.environ.get("CUDA_VISIBLE_DEVICES"):
+                # Without a UUID the CUDA index equals NVML's only when no devices are hidden/reordered.
+                self._nvml_handle = nv.nvmlDeviceGetHandleByIndex(target.index)
+        except ImportError:
+            self._nvml = False
+        except Exception as e:  # pynvml.NVMLError and friends: no driver library, unknown UUID, ...
+            log.info("NVML unavailable (%s); using torch for device memory", e)
+            self._nvml = False
+        return self._nvml_handle
+
+    def _torch_device_reading(self, target: MemoryTarget):
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        i = target.index
+        try:
+            if target.kind in ("cuda", "rocm"):
+                if not torch.cuda.is_initialized():  # never create a CUDA context from the GUI thread
+                    return None
+                free, total = torch.cuda.mem_get_info(i)
+            elif target.kind == "xpu":
+                if hasattr(torch.xpu, "mem_get_info"):
+                    free, total = torch.xpu.mem_get_info(i)
+                else:
+                    total = torch.xpu.get_device_properties(i).total_memory
+                    free = total - torch.xpu.memory_reserved(i)
+            else:  # npu
+                free, total = torch.npu.mem_get_info(i)
+        except (RuntimeError, AttributeError) as e:
+            log.debug("torch device memory unavailable: %s", e)
+            return None
+        return int(total), int(total - free), int(free), "torch", None, target.name
+
+    # -- torch allocator ---------------------------------------------------------------------------
+
+    def _torch_stats(self, target: MemoryTarget) -> tuple[int | None, int | None, int | None]:
+        torch = sys.modules.get("torch")
+        if torch is None or target.kind == "cpu":
+            return None, None, None
+        try:
+            if target.kind in ("cuda", "rocm"):
+                if not torch.cuda.is_initialized():
+                    return None, None, None
+                s = torch.cuda.memory_stats(target.index)
+            elif target.kind == "mps":
+                return (
+                    int(torch.mps.current_allocated_memory()),
+                    int(torch.mps.driver_allocated_memory()),
+                    None,
+                )
+            elif target.kind == "xpu":
+                s = torch.xpu.memory_stats(target.index)
+            else:
+                s = torch.npu.memory_stats(target.index)
+        except (RuntimeError, AttributeError) as e:
+            log.debug("torch allocator stats unavailable: %s", e)
+            return None, None, None
+        return (
+            int(s.get("allocated_bytes.all.current", 0)),
+            int(s.get("reserved_bytes.all.current", 0)),
+            int(s.get("active_bytes.all.current", 0)),
+        )
+
+    def _residency(self, providers: list[ResidencyProvider]) -> tuple[ComponentResidency, ...]:
+        merged: dict[str, ComponentResidency] = {}
+        for p in providers:
+            try:
+                for name, (dev, ram) in p().items():
+                    merged[name] = ComponentResidency(str(name), int(dev), int(ram))
+            except Exception:  # a broken provider must not stop the 20 Hz sampler: log it once
+                if id(p) not in self._provider_failed:
+                    self._provider_failed.add(id(p))
+                    log.exception("residency provider %r failed", p)
+        return tuple(sorted(merged.values(), key=lambda c: c.name))
+
+
+_default = MemorySampler()
+
+
+def sample() -> MemorySample:
+    """A snapshot from the process-wide sampler (thread-safe, no torch import)."""
+    return _default.sample()
+
+
+def configure(target: MemoryTarget) -> None:
+    """Point the process-wide sampler at a device (the engine calls this after detection)."""
+    _default.configure(target)
+
+
+def register_residency_provider(provider: ResidencyProvider) -> Callable[[], None]:
+    """Register a {component: (device_bytes, ram_bytes)} snapshot callable; returns its remover."""
+    return _default.register_residency_provider(provider)
+
+
+def target_for(device) -> MemoryTarget:
+    """The MemoryTarget for an engine.devices.DeviceInfo (duck-typed: this module stays import-light)."""
+    if device.kind == "cpu":
+        return CPU_TARGET
+    return MemoryTarget(device.kind, device.index, device.name, device.uuid)

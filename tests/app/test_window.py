@@ -1,0 +1,181 @@
+"""The first window: it appears before torch is imported, shows the detected device, VRAM state and
+free memory, stops its engine thread on close, keeps paths, and turns unhandled errors into dialogs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent
+
+from app.excepthooks import CrashReporter, ErrorInfo, install_excepthooks, uninstall_excepthooks
+from app.main_window import MainWindow
+from engine.devices import DeviceOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Runs in a fresh interpreter: other tests in this process have imported torch long ago.
+_FRESH_WINDOW = r"""
+import json, sys
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+from app.main import create_window
+
+w = create_window([])
+state = {
+    "torch_at_show": "torch" in sys.modules,
+    "visible": w.isVisible(),
+    "exposed": bool(w.windowHandle() and w.windowHandle().isExposed()),
+    "title": w.windowTitle(),
+    "status_at_show": w.device_label.text(),
+}
+app = QApplication.instance()
+def done(report):
+    state["selected"] = report.selected.torch_device
+    QTimer.singleShot(0, w.close)
+w.client.devices_detected.connect(done)
+QTimer.singleShot(120_000, app.quit)  # a hang fails the test instead of blocking it
+app.exec()
+state.update(device=w.device_label.text(), vram=w.state_label.text(), memory=w.memory_label.text(),
+             torch_after="torch" in sys.modules, engine_running=w.client.running)
+print(json.dumps(state))
+"""
+
+
+def test_window_appears_before_torch_then_shows_the_device():
+    r = subprocess.run(
+        [sys.executable, "-c", _FRESH_WINDOW], cwd=ROOT, capture_output=True, text=True, timeout=180,
+        env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    state = json.loads(r.stdout.strip().splitlines()[-1])
+    assert state["visible"] and state["exposed"] and state["title"] == "Loadout"
+    assert state["torch_at_show"] is False, "torch was imported before the window appeared"
+    assert state["status_at_show"].startswith("Detecting devices")
+    assert state["torch_after"] is True  # the engine thread did import it, afterwards
+    assert state["device"].startswith("Device: ") and state["vram"].startswith("VRAM state: ")
+    assert "free" in state["memory"] and "weight budget" in state["memory"]
+    assert state["engine_running"] is False
+
+
+def test_status_bar_shows_device_state_and_memory(qtbot):
+    import torch
+
+    w = MainWindow(DeviceOptions(vram_budget_gb=1.0))
+    qtbot.addWidget(w)
+    w.show()
+    with qtbot.waitSignal(w.client.devices_detected, timeout=60_000):
+        w.start()
+    assert w.sample_timer.isActive()
+    if not torch.cuda.is_available():
+        assert w.device_label.text().startswith("Device: CPU")
+        assert w.state_label.text() == "VRAM state: DISABLED"
+        assert w.memory_label.text().startswith("RAM free")
+    assert "weight budget" in w.memory_label.text() and "GiB" in w.memory_label.text()
+    # The budget respects --vram-budget 1: at most 1.0 GiB.
+    budget = w.report.budget_bytes(10**13)
+    assert budget == 1024**3
+    first = w.memory_label.toolTip()
+    assert "Process RSS" in first
+    w.close()
+    assert not w.client.running
+
+
+def test_closing_during_detection_stops_the_engine_thread(qtbot):
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    w.start()
+    assert w.client.running
+    w.close()  # cancels the job's token and waits for the thread
+    assert not w.client.running
+
+
+def test_detection_failure_is_an_expected_error_dialog(qtbot):
+    w = MainWindow(DeviceOptions(device_index=7))  # no machine here has an 8th device of its kind
+    qtbot.addWidget(w)
+    w.show()
+    with qtbot.waitSignal(w.client.failed, timeout=60_000) as blocker:
+        w.start()
+    info = blocker.args[0]
+    assert isinstance(info, ErrorInfo) and info.expected and "--device 7" in info.message
+    qtbot.waitUntil(lambda: bool(w.reporter.dialogs), timeout=5000)
+    assert w.device_label.text() == "Device detection failed"
+    assert "--device 7" in w.reporter.dialogs[0].text()
+    w.close()
+    assert not w.client.running
+
+
+def test_paths_from_the_command_line_and_drops_are_kept(qtbot, tmp_path):
+    a, b = tmp_path / "sdxl.safetensors", tmp_path / "loras"
+    a.write_bytes(b"x")
+    b.mkdir()
+    w = MainWindow(paths=[str(a)])
+    qtbot.addWidget(w)
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(b)), QUrl.fromLocalFile(str(a))])
+    ev = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                    Qt.KeyboardModifier.NoModifier)  # fmt: skip
+    w.dropEvent(ev)
+    assert w.paths == [str(a), str(b)]  # no duplicates, order kept
+    assert "2 paths kept for the library" in w.welcome.pending.text()
+
+
+@pytest.fixture
+def reporter(qtbot):
+    r = CrashReporter()
+    install_excepthooks(r)
+    yield r
+    uninstall_excepthooks()
+    for d in r.dialogs:
+        d.close()
+
+
+def test_unhandled_exception_in_gui_thread_opens_a_crash_dialog(qtbot, reporter):
+    try:
+        raise ValueError("boom in a slot")
+    except ValueError:
+        sys.excepthook(*sys.exc_info())
+    qtbot.waitUntil(lambda: bool(reporter.dialogs), timeout=5000)
+    box = reporter.dialogs[0]
+    assert "ValueError: boom in a slot" in box.text()
+    assert "Traceback" in box.detailedText() and not reporter.reports[0].expected
+
+
+def test_unhandled_exception_in_another_thread_reaches_the_gui(qtbot, reporter):
+    def bad():
+        raise RuntimeError("boom in a worker")
+
+    t = threading.Thread(target=bad, name="worker-x")
+    t.start()
+    t.join()
+    qtbot.waitUntil(lambda: bool(reporter.reports), timeout=5000)
+    assert reporter.reports[0].message == "RuntimeError: boom in a worker"
+    assert reporter.dialogs and reporter.dialogs[0].isVisible()  # the app keeps running
+
+
+def test_repeated_crashes_open_at_most_a_few_dialogs(qtbot, reporter):
+    for i in range(10):
+        reporter.report.emit(ErrorInfo("t", f"bug {i}"))
+    qtbot.waitUntil(lambda: len(reporter.reports) == 10, timeout=5000)
+    assert len(reporter.dialogs) == CrashReporter.MAX_OPEN
+
+
+def test_exception_in_a_qt_slot_reaches_the_dialog_and_the_loop_goes_on(qtbot, reporter):
+    from PySide6.QtCore import QTimer
+
+    ran = []
+
+    def bad_slot():
+        ran.append("bad")
+        raise KeyError("from a timer slot")
+
+    QTimer.singleShot(0, bad_slot)
+    QTimer.singleShot(50, lambda: ran.append("later"))
+    qtbot.waitUntil(lambda: "later" in ran and bool(reporter.reports), timeout=5000)
+    assert "KeyError" in reporter.reports[0].message

@@ -1,0 +1,57 @@
+"""The engine's import rules: no Qt anywhere in engine/, and no torch when the GUI thread imports the
+light modules (the window must appear before torch is loaded)."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = ("PySide6", "shiboken6", "pyqtgraph", "app")
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield node.lineno, a.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module
+
+
+def test_engine_never_imports_qt_or_the_app():
+    bad = [
+        f"{p.relative_to(ROOT)}:{line} imports {mod}"
+        for p in sorted((ROOT / "engine").rglob("*.py"))
+        for line, mod in _imports(p)
+        if mod.split(".")[0] in FORBIDDEN
+    ]
+    assert not bad, "engine/ must stay Qt-free:\n" + "\n".join(bad)
+
+
+def test_import_linter_contract_holds():
+    exe = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+    if not Path(exe).exists():
+        pytest.skip("import-linter is not installed (pip install import-linter)")
+    r = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_light_engine_modules_do_not_import_torch():
+    code = (
+        "import sys\n"
+        "import engine, engine.memory, engine.formats, engine.devices, engine.cli\n"
+        "engine.cli.build_parser()  # imports every sub-command module\n"
+        "engine.memory.sample()\n"
+        "bad = sorted(m for m in ('torch', 'PySide6') if m in sys.modules)\n"
+        "print(','.join(bad) or 'clean')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "clean", f"imported at module level: {r.stdout.strip()}"
