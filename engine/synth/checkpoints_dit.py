@@ -13,6 +13,7 @@ from . import auraflow as AF
 from . import cascade as SC
 from . import flux as F
 from . import mmdit as M
+from . import pixart as PA
 from . import text as T
 from . import vae as V
 from .checkpoints import DM
@@ -76,6 +77,8 @@ for _name, _arch, _build, _cfg, _naming in (
     ("flux1_schnell_transformer_diffusers", "flux1_schnell", F.flux_diffusers, F.FLUX_SCHNELL, "diffusers"),
     ("flux2_dev_transformer", "flux2", F.flux2_bfl, F.FLUX2_DEV, "bfl"),
     ("auraflow_transformer", "auraflow", AF.auraflow_native, AF.AURAFLOW, "native"),
+    ("pixart_alpha_transformer_diffusers", "pixart", PA.pixart_diffusers, PA.PIXART_ALPHA, "diffusers"),
+    ("pixart_sigma_transformer_diffusers", "pixart", PA.pixart_diffusers, PA.PIXART_SIGMA, "diffusers"),
 ):
     register(_name, "diffusion_model", _arch, {"transformer": ""}, prediction="flow", naming=_naming)(
         _dm(_build, _cfg, "transformer")
@@ -93,3 +96,20 @@ for _name, _arch, _cfg in (
     register(_name, "diffusion_model", _arch, {"unet": ""}, naming="native")(
         _dm(SC.cascade_native, _cfg, "unet")
     )
+
+
+def _pixart(cfg: PA.PixArtConfig):
+    def fn(p: Parts, pos_embed: bool = False) -> None:
+        PA.pixart_native(p("transformer"), cfg, pos_embed=pos_embed)
+
+    return fn
+
+
+# PixArt-XL-2-1024-MS.pth / PixArt-Sigma-XL-2-1024-MS.pth (ComfyUI models/checkpoints or diffusion_models).
+# PixArt is trained with eps prediction and learned sigma (8 output channels).
+register("pixart_alpha_transformer", "diffusion_model", "pixart", {"transformer": ""}, naming="native")(
+    _pixart(PA.PIXART_ALPHA)
+)
+register("pixart_sigma_transformer", "diffusion_model", "pixart", {"transformer": ""}, naming="native")(
+    _pixart(PA.PIXART_SIGMA)
+)

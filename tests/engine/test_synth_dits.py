@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 sfu = pytest.importorskip("diffusers.loaders.single_file_utils")
 
-from test_synth_reference import assert_same, meta_tensors, on_meta, shapes_of  # noqa: E402
+from test_synth_reference import assert_same, meta_tensors, on_meta, shapes, shapes_of  # noqa: E402
 
 
 def test_auraflow_native_converts_to_diffusers():
@@ -75,3 +75,79 @@ def test_stable_cascade_native_converts_to_diffusers(name, cfg):
         "stable_cascade_stage_c" if name.startswith("stable_cascade_c") else "stable_cascade_stage_b"
     ]
     assert key in native
+
+
+def pixart_native_to_diffusers(rows) -> dict:
+    """PixArt's own conversion (tools/convert_pixart_alpha_to_diffusers.py): split qkv / kv, rename, and
+    drop the null-caption embedding and pos_embed that diffusers does not keep."""
+    simple = {
+        "x_embedder.proj": "pos_embed.proj",
+        "t_embedder.mlp.0": "adaln_single.emb.timestep_embedder.linear_1",
+        "t_embedder.mlp.2": "adaln_single.emb.timestep_embedder.linear_2",
+        "t_block.1": "adaln_single.linear",
+        "y_embedder.y_proj.fc1": "caption_projection.linear_1",
+        "y_embedder.y_proj.fc2": "caption_projection.linear_2",
+        "csize_embedder.mlp.0": "adaln_single.emb.resolution_embedder.linear_1",
+        "csize_embedder.mlp.2": "adaln_single.emb.resolution_embedder.linear_2",
+        "ar_embedder.mlp.0": "adaln_single.emb.aspect_ratio_embedder.linear_1",
+        "ar_embedder.mlp.2": "adaln_single.emb.aspect_ratio_embedder.linear_2",
+        "final_layer.linear": "proj_out",
+        "final_layer.scale_shift_table": "scale_shift_table",
+    }
+    block = {
+        "attn.proj": "attn1.to_out.0",
+        "cross_attn.q_linear": "attn2.to_q",
+        "cross_attn.proj": "attn2.to_out.0",
+        "mlp.fc1": "ff.net.0.proj",
+        "mlp.fc2": "ff.net.2",
+        "scale_shift_table": "scale_shift_table",
+    }
+    out = {}
+    for key, _, shape in rows:
+        if key in ("pos_embed", "y_embedder.y_embedding"):
+            continue
+        if key.startswith("blocks."):
+            _, n, rest = key.split(".", 2)
+            mod, _, param = rest.rpartition(".")
+            if rest == "scale_shift_table":
+                mod, param = rest, ""
+            pre = f"transformer_blocks.{n}."
+            tail = f".{param}" if param else ""
+            if mod == "attn.qkv":
+                for q in ("to_q", "to_k", "to_v"):
+                    out[f"{pre}attn1.{q}{tail}"] = (shape[0] // 3, *shape[1:])
+            elif mod == "cross_attn.kv_linear":
+                for q in ("to_k", "to_v"):
+                    out[f"{pre}attn2.{q}{tail}"] = (shape[0] // 2, *shape[1:])
+            else:
+                out[pre + block[mod] + tail] = shape
+        else:
+            mod, _, param = key.rpartition(".")
+            if key in simple:
+                out[simple[key]] = shape
+            else:
+                out[f"{simple[mod]}.{param}"] = shape
+    return out
+
+
+@pytest.mark.parametrize("arch,cfg", [("pixart_alpha", "PIXART_ALPHA"), ("pixart_sigma", "PIXART_SIGMA")])
+def test_pixart_layouts_match_diffusers(arch, cfg):
+    from engine.synth import pixart as PA
+
+    c = getattr(PA, cfg)
+    model = on_meta(
+        diffusers.PixArtTransformer2DModel,
+        num_attention_heads=16,
+        attention_head_dim=72,
+        in_channels=c.in_channels,
+        out_channels=c.out_channels,
+        num_layers=c.depth,
+        caption_channels=c.caption,
+        sample_size=c.sample,
+        use_additional_conditions=c.micro_conditions,
+    )
+    ref = shapes_of(model)
+    assert_same(shapes(synth.layout(f"{arch}_transformer_diffusers")), ref)
+    native = synth.layout(f"{arch}_transformer", pos_embed=True)
+    assert_same(pixart_native_to_diffusers(native), ref)
+    assert dict(shapes(native))["y_embedder.y_embedding"] == (c.token_num, 4096)
