@@ -12,6 +12,7 @@ from __future__ import annotations
 from . import auraflow as AF
 from . import cascade as SC
 from . import flux as F
+from . import hunyuan as HY
 from . import mmdit as M
 from . import pixart as PA
 from . import text as T
@@ -77,6 +78,8 @@ for _name, _arch, _build, _cfg, _naming in (
     ("flux1_schnell_transformer_diffusers", "flux1_schnell", F.flux_diffusers, F.FLUX_SCHNELL, "diffusers"),
     ("flux2_dev_transformer", "flux2", F.flux2_bfl, F.FLUX2_DEV, "bfl"),
     ("auraflow_transformer", "auraflow", AF.auraflow_native, AF.AURAFLOW, "native"),
+    ("hunyuan_dit_v11_transformer", "hunyuan_dit", HY.hunyuan_dit_native, HY.HUNYUAN_DIT_V11, "native"),
+    ("hunyuan_dit_v12_transformer", "hunyuan_dit", HY.hunyuan_dit_native, HY.HUNYUAN_DIT_V12, "native"),
     ("pixart_alpha_transformer_diffusers", "pixart", PA.pixart_diffusers, PA.PIXART_ALPHA, "diffusers"),
     ("pixart_sigma_transformer_diffusers", "pixart", PA.pixart_diffusers, PA.PIXART_SIGMA, "diffusers"),
 ):

@@ -151,3 +151,74 @@ def test_pixart_layouts_match_diffusers(arch, cfg):
     native = synth.layout(f"{arch}_transformer", pos_embed=True)
     assert_same(pixart_native_to_diffusers(native), ref)
     assert dict(shapes(native))["y_embedder.y_embedding"] == (c.token_num, 4096)
+
+
+def hunyuan_native_to_diffusers(rows) -> dict:
+    """diffusers' scripts/convert_hunyuandit_to_diffusers.py rules: split Wqkv / kv_proj, rename norms,
+    modulation, MLPs and the embedders (norm2 and norm3 swap, which leaves the shapes alone)."""
+    top = {
+        "pooler.": "time_extra_emb.pooler.",
+        "t_embedder.mlp.0": "time_extra_emb.timestep_embedder.linear_1",
+        "t_embedder.mlp.2": "time_extra_emb.timestep_embedder.linear_2",
+        "x_embedder.proj": "pos_embed.proj",
+        "mlp_t5.0": "text_embedder.linear_1",
+        "mlp_t5.2": "text_embedder.linear_2",
+        "extra_embedder.0": "time_extra_emb.extra_embedder.linear_1",
+        "extra_embedder.2": "time_extra_emb.extra_embedder.linear_2",
+        "final_layer.adaLN_modulation.1": "norm_out.linear",
+        "final_layer.linear": "proj_out",
+        "style_embedder": "time_extra_emb.style_embedder",
+    }
+    inner = {
+        "q_norm": "norm_q",
+        "k_norm": "norm_k",
+        "out_proj": "to_out.0",
+        "q_proj": "to_q",
+        "default_modulation.1": "norm1.linear",
+        "mlp.fc1": "ff.net.0.proj",
+        "mlp.fc2": "ff.net.2",
+    }
+    out = {}
+    for key, _, shape in rows:
+        if key.startswith("blocks."):
+            _, n, rest = key.split(".", 2)
+            mod, _, param = rest.rpartition(".")
+            pre = f"blocks.{n}."
+            if mod == "attn1.Wqkv":
+                for q in ("to_q", "to_k", "to_v"):
+                    out[f"{pre}attn1.{q}.{param}"] = (shape[0] // 3, *shape[1:])
+            elif mod == "attn2.kv_proj":
+                for q in ("to_k", "to_v"):
+                    out[f"{pre}attn2.{q}.{param}"] = (shape[0] // 2, *shape[1:])
+            elif mod == "norm1":
+                out[f"{pre}norm1.norm.{param}"] = shape
+            else:
+                a, _, m = mod.partition(".")
+                new = f"{a}.{inner[m]}" if a in ("attn1", "attn2") else inner.get(mod, mod)
+                out[f"{pre}{new}.{param}"] = shape
+        else:
+            for old, new in top.items():
+                if key.startswith(old):
+                    key = new + key[len(old) :]
+                    break
+            out[key] = shape
+    return out
+
+
+@pytest.mark.parametrize(
+    "name,style", [("hunyuan_dit_v11_transformer", True), ("hunyuan_dit_v12_transformer", False)]
+)
+def test_hunyuan_dit_native_converts_to_diffusers(name, style):
+    model = on_meta(
+        diffusers.HunyuanDiT2DModel,
+        num_attention_heads=16,
+        attention_head_dim=88,
+        in_channels=4,
+        patch_size=2,
+        hidden_size=1408,
+        num_layers=40,
+        mlp_ratio=4.3637,
+        sample_size=128,
+        use_style_cond_and_image_meta_size=style,
+    )
+    assert_same(hunyuan_native_to_diffusers(synth.layout(name)), shapes_of(model))
