@@ -26,6 +26,7 @@ from ._build import DTypeSpec, Entry
 from .adapters import write_a1111_pt
 from .diffusers_folder import PIPELINES as DIFFUSERS_PIPELINES
 from .diffusers_folder import write_diffusers
+from .metadata import comfy_quant, modelspec, scaled_fp8
 from .registry import REGISTRY, LayoutInfo, build
 
 __all__ = [
@@ -34,6 +35,9 @@ __all__ = [
     "write_a1111_pt",
     "write_diffusers",
     "DIFFUSERS_PIPELINES",
+    "modelspec",
+    "scaled_fp8",
+    "comfy_quant",
     "from_manifest",
     "info",
     "names",
