@@ -11,6 +11,7 @@ import pytest
 
 from engine import synth
 from engine.synth import flux as F
+from engine.synth import mmdit as M
 from engine.synth import text as T
 from engine.synth import unet as U
 from engine.synth import vae as V
@@ -226,3 +227,83 @@ def test_flux_bfl_layouts_convert_to_diffusers(name, cfg):
     )
     converted = sfu.convert_flux_transformer_checkpoint_to_diffusers(meta_tensors(synth.layout(name)))
     assert_same({k: tuple(v.shape) for k, v in converted.items()}, shapes_of(model))
+
+
+def test_flux_diffusers_naming_matches_diffusers():
+    for name, cfg in (
+        ("flux1_dev_transformer_diffusers", F.FLUX_DEV),
+        ("flux1_schnell_transformer_diffusers", F.FLUX_SCHNELL),
+    ):
+        model = on_meta(diffusers.FluxTransformer2DModel, guidance_embeds=cfg.guidance_embed)
+        assert_same(shapes(synth.layout(name)), shapes_of(model))
+
+
+# --- SD3 / SD3.5 ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "arch,cfg", [("sd3_medium", M.SD3_MEDIUM), ("sd3.5_large", M.SD35_LARGE), ("sd3.5_medium", M.SD35_MEDIUM)]
+)
+def test_mmdit_layouts_match_diffusers(arch, cfg):
+    model = on_meta(
+        diffusers.SD3Transformer2DModel,
+        sample_size=128,
+        num_layers=cfg.depth,
+        num_attention_heads=cfg.depth,
+        attention_head_dim=cfg.head_dim,
+        caption_projection_dim=cfg.hidden,
+        pos_embed_max_size=cfg.pos_embed_max_size,
+        dual_attention_layers=cfg.dual_attention_layers,
+        qk_norm="rms_norm" if cfg.qk_norm else None,
+    )
+    ref = shapes_of(model)
+    assert_same(shapes(synth.layout(f"{arch}_transformer_diffusers")), ref)
+    native = meta_tensors(synth.layout(arch, clip=False, t5xxl=False, vae=False))
+    n = len(native)
+    converted = sfu.convert_sd3_transformer_checkpoint_to_diffusers(native)
+    assert not native, f"{len(native)} of our {n} keys were not converted: {list(native)[:4]}"
+    assert_same({k: tuple(v.shape) for k, v in converted.items()}, ref)
+
+
+def test_sd3_single_file_text_encoders_are_clip_with_projection_and_t5():
+    rows = synth.layout("sd3_medium")
+    for comp, cfg in (("clip_l", T.CLIP_L), ("clip_g", T.CLIP_G)):
+        assert_same(shapes(rows, f"text_encoders.{comp}.transformer."), shapes_of(clip_text(cfg, True)))
+    assert shapes(rows, "text_encoders.t5xxl.transformer.") == shapes(synth.layout("t5xxl"))
+
+
+@pytest.mark.parametrize("fam", ["taesd", "taesd3", "taef2"])
+def test_taesd_family_diffusers_naming_matches_autoencoder_tiny(fam):
+    from engine.synth.taesd import FAMILY
+
+    rows = synth.layout(f"{fam}_diffusers")
+    if fam == "taef2":  # AutoencoderTiny has no pool branch; the rest of the layout must still agree
+        rows = [r for r in rows if ".pool." not in r[0]]
+    model = on_meta(diffusers.AutoencoderTiny, latent_channels=FAMILY[fam])
+    assert_same(shapes(rows), shapes_of(model))
+    # the separate taesd.py files are the same stacks: encoder indices equal, decoder indices one higher
+    both = shapes(synth.layout(f"{fam}_diffusers"))
+    enc = shapes(synth.layout(f"{fam}_encoder"))
+    assert {k: s for k, s in both.items() if k.startswith("encoder.")} == {
+        f"encoder.layers.{k}": s for k, s in enc.items()
+    }
+    dec = shapes(synth.layout(f"{fam}_decoder"))
+    shifted = {
+        "decoder.layers.{}.{}".format(int(k.split(".", 1)[0]) - 1, k.split(".", 1)[1]): s
+        for k, s in dec.items()
+    }
+    assert {k: s for k, s in both.items() if k.startswith("decoder.")} == shifted
+
+
+def test_flux2_bfl_layout_converts_to_diffusers():
+    converted = sfu.convert_flux2_transformer_checkpoint_to_diffusers(
+        meta_tensors(synth.layout("flux2_dev_transformer"))
+    )
+    assert_same(
+        {k: tuple(v.shape) for k, v in converted.items()},
+        shapes_of(on_meta(diffusers.Flux2Transformer2DModel)),
+    )
+
+
+def test_flux2_vae_matches_diffusers():
+    model = on_meta(diffusers.AutoencoderKLFlux2)
+    assert_same(shapes(synth.layout("flux2_vae_diffusers")), shapes_of(model))
+    assert {d for k, d, _ in synth.layout("flux2_vae_diffusers") if k.startswith("bn.num_")} == {"I64"}
