@@ -21,6 +21,7 @@ for every `pytorch_lightning` global when it loads such files.
 
 from __future__ import annotations
 
+import _compat_pickle
 import collections
 import pickle
 from typing import Any
@@ -82,7 +83,7 @@ STUB_GLOBALS = frozenset(
     }
 )
 
-# Plain, side-effect-free containers and values (Python 2 pickles say __builtin__). Nothing here
+# Plain, side-effect-free containers and values. Nothing here
 # allocates in proportion to a number (bytearray(2**40) would), only to what the pickle itself holds.
 _CONTAINERS: dict[str, Any] = {
     "collections.OrderedDict": collections.OrderedDict,
@@ -90,10 +91,6 @@ _CONTAINERS: dict[str, Any] = {
     "builtins.frozenset": frozenset,
     "builtins.slice": slice,
     "builtins.complex": complex,
-    "__builtin__.set": set,
-    "__builtin__.frozenset": frozenset,
-    "__builtin__.slice": slice,
-    "__builtin__.complex": complex,
 }
 
 # Tensor machinery: the same names in scan mode (recorders) and load mode (real torch functions).
@@ -286,6 +283,12 @@ class Allowlist:
     def resolve(self, module: str, name: str) -> Any:
         if not isinstance(module, str) or not isinstance(name, str):
             raise FormatError(f"{self.path}: the pickle names a global that is not text: the file is corrupt")
+        # Protocol 0-2 pickles use Python 2 names (__builtin__, commands, copy_reg): report and match
+        # them by their Python 3 names, as pickle's own fix_imports does.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
         full = f"{module}.{name}"
         self.seen.add(full)
         if full in _CONTAINERS:

@@ -107,6 +107,11 @@ def open_index(path: str | os.PathLike) -> ModelIndex:
         raise UnsupportedModel(f"{p} is a folder, not a model file", path=p)
     if kind == "empty":
         raise FormatError(f"{p}: the file is empty (an interrupted download?)", path=p)
+    # Unrecognised bytes: let the reader the file's name promises explain what is wrong (a truncated
+    # download, a damaged header) instead of a generic "unknown format".
+    suffix = os.path.splitext(p)[1].lower()
+    if suffix in (".safetensors", ".sft", ".latent"):
+        return _from_safetensors(p)
     raise FormatError(
         f"{p}: not a model file Loadout knows (not safetensors, a torch checkpoint or GGUF)", path=p
     )

@@ -86,8 +86,14 @@ def _index_zip(p: str, file_size: int) -> tuple[Any, Allowlist, dict[str, Storag
                 path=p,
             )
         try:
-            with zf.open(info) as f:
-                raw = f.read(MAX_PICKLE_BYTES + 1)
+            with zf.open(info) as f:  # in 1 MiB steps: a lying size cannot make one huge inflate
+                buf = bytearray()
+                while len(buf) <= MAX_PICKLE_BYTES:
+                    chunk = f.read(1 << 20)
+                    if not chunk:
+                        break
+                    buf += chunk
+                raw = bytes(buf)
         except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
             raise FormatError(f"{p}: cannot read data.pkl ({e}): the file is corrupt", path=p) from None
         if len(raw) > MAX_PICKLE_BYTES:
