@@ -107,7 +107,7 @@ def write_demo(
         steps.append((rel, what, lambda p, n=name, o=opts: synth.write(n, p, **o)))
     steps += [
         ("models/vae_approx/taesd_decoder.safetensors", "TAESD decoder, dense random",
-         lambda p: synth.write(W.taesd_decoder_rows(4), p, dense=True, seed=7)),
+         lambda p: synth.write("taesd_decoder", p, dense=True, seed=7)),
         ("models/loras/demo_style_sd1.safetensors", "kohya LoRA, SD1, dense", lambda p: W.write_kohya_lora(p)),
         ("models/loras/demo_detail_sd1_loha.safetensors", "LyCORIS LoHa, SD1, dense", lambda p: W.write_loha(p)),
         ("input/demo_sd1.latent", "SD1 latent 64×64", _latent),
