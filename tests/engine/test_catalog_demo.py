@@ -36,6 +36,7 @@ def test_demo_library_is_detected_as_described(demo, tmp_path):
         "models/vae_approx/taesd_decoder.safetensors": ("vae_approx", None),
         "models/loras/demo_style_sd1.safetensors": ("lora", "sd1"),
         "models/loras/demo_detail_sd1_loha.safetensors": ("lora", "sd1"),
+        "models/embeddings/demo_embedding_sdxl.safetensors": ("embedding", "sdxl"),
     }
     assert lib.bad == [] and not any(e.kind_mismatch for e in lib.entries)
     e = {x.name: x for x in lib.entries}
