@@ -41,6 +41,7 @@ real formats, so loading, patching and decoding run for real and show real memor
 | models/vae_approx/taesd_decoder.safetensors | TAESD decoder (4-channel latents), dense, random weights |
 | models/loras/demo_style_sd1.safetensors | kohya LoRA for SD1, rank 2, UNet + CLIP-L (264 modules), dense |
 | models/loras/demo_detail_sd1_loha.safetensors | LyCORIS LoHa for SD1, rank 2, attention only, dense |
+| models/embeddings/demo_embedding_sdxl.safetensors | textual-inversion embedding for SDXL (`clip_l`/`clip_g`, 4 vectors), dense |
 | input/demo_sd1.latent | a 64×64 4-channel latent (512×512 image) in ComfyUI's .latent format |
 
 Previews (`NAME.preview.png`, `NAME.png`) and notes (`NAME.civitai.info`, `NAME.json`) sit beside
@@ -107,9 +108,11 @@ def write_demo(
         steps.append((rel, what, lambda p, n=name, o=opts: synth.write(n, p, **o)))
     steps += [
         ("models/vae_approx/taesd_decoder.safetensors", "TAESD decoder, dense random",
-         lambda p: synth.write(W.taesd_decoder_rows(4), p, dense=True, seed=7)),
+         lambda p: synth.write("taesd_decoder", p, dense=True, seed=7)),
         ("models/loras/demo_style_sd1.safetensors", "kohya LoRA, SD1, dense", lambda p: W.write_kohya_lora(p)),
         ("models/loras/demo_detail_sd1_loha.safetensors", "LyCORIS LoHa, SD1, dense", lambda p: W.write_loha(p)),
+        ("models/embeddings/demo_embedding_sdxl.safetensors", "textual-inversion embedding, SDXL, dense",
+         lambda p: synth.write("embedding_sdxl", p, dense=True, seed=8)),
         ("input/demo_sd1.latent", "SD1 latent 64×64", _latent),
     ]  # fmt: skip
     out = []

@@ -1,11 +1,8 @@
-"""Small dense files in real formats for the demo library: a TAESD decoder, a kohya LoRA and a LyCORIS
-LoHa for SD1 — random but deterministic values, real key names and shapes.
+"""Small dense LoRA files in real formats for the demo library: a kohya LoRA and a LyCORIS LoHa for
+SD1 — random but deterministic values, real key names and shapes. (The demo's TAESD decoder comes
+from engine.synth's `taesd_decoder` layout.)
 
 Facts used (learned from the projects, not copied):
-* TAESD (madebyollin/taesd): the decoder is an nn.Sequential — Clamp, conv(latent→64), ReLU,
-  3×Block, Upsample, conv(no bias), 3×Block, Upsample, conv(no bias), 3×Block, Upsample, conv(no bias),
-  Block, conv(64→3); a Block is conv-ReLU-conv-ReLU-conv (keys `N.conv.0/2/4`) with an identity skip
-  at 64→64. The real TAEF2 decoder in ../shared/data has the same indices (plus its `pool` layers).
 * kohya sd-scripts LoRA for SD1: modules of the diffusers UNet's Transformer2DModel blocks (proj_in /
   proj_out are 1×1 convs in SD1, attn1/attn2 to_q/k/v/out.0, ff.net.0.proj (GEGLU, 8c), ff.net.2) and
   of CLIP-L's attention and MLP, named `lora_unet_` / `lora_te_` + the module path with `.` → `_`;
@@ -22,20 +19,6 @@ from pathlib import Path
 
 SD1_CONTEXT = 768
 CLIP_L_WIDTH, CLIP_L_LAYERS = 768, 12
-
-
-def taesd_decoder_rows(
-    latent_channels: int = 4, dtype: str = "F16"
-) -> list[tuple[str, str, tuple[int, ...]]]:
-    """Every key of a TAESD-family decoder state dict (4 latent channels = SD1/SDXL TAESD)."""
-    rows = [("1.weight", dtype, (64, latent_channels, 3, 3)), ("1.bias", dtype, (64,))]
-    for i in (3, 4, 5, 8, 9, 10, 13, 14, 15, 18):  # Blocks
-        for j in (0, 2, 4):
-            rows += [(f"{i}.conv.{j}.weight", dtype, (64, 64, 3, 3)), (f"{i}.conv.{j}.bias", dtype, (64,))]
-    rows += [(f"{i}.weight", dtype, (64, 64, 3, 3)) for i in (7, 12, 17)]  # convs after each Upsample
-    rows += [("19.weight", dtype, (3, 64, 3, 3)), ("19.bias", dtype, (3,))]
-    order = {k: (int(k.split(".")[0]), k) for k, _, _ in rows}
-    return sorted(rows, key=lambda r: order[r[0]])
 
 
 def sd1_lora_modules(*, attention_only: bool = False) -> list[tuple[str, int, int, bool]]:

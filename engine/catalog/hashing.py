@@ -155,8 +155,15 @@ class BackgroundHasher:
     `join()` waits and returns the HashRun (or re-raises an unexpected error from the thread).
     """
 
-    def __init__(self, cache: LibraryCache, *, on_hashed: Callable[[str, FileHashes], None] | None = None):
+    def __init__(
+        self,
+        cache: LibraryCache,
+        *,
+        on_hashed: Callable[[str, FileHashes], None] | None = None,
+        report: Report = no_report,
+    ):
         self.cache = cache
+        self._report = report  # called in the hasher thread: a GUI forwards it through a queued signal
         self.token = CancelToken()
         self.progress: Progress | None = None
         self.on_hashed = on_hashed
@@ -174,6 +181,7 @@ class BackgroundHasher:
     def _run(self, items) -> None:
         def report(p: Progress) -> None:
             self.progress = p
+            self._report(p)
 
         self.result = HashRun()
         try:

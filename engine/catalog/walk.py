@@ -47,9 +47,12 @@ class Problem:
         return {"path": self.path, "type": self.type, "message": self.message}
 
 
-def _sidecars(stem: str, names: set[str], folder: str) -> tuple[str | None, tuple[str, ...]]:
-    preview = next((stem + s for s in PREVIEW_SUFFIXES if stem + s in names), None)
-    notes = tuple(os.path.join(folder, stem + s) for s in NOTE_SUFFIXES if stem + s in names)
+def _sidecars(stem: str, lower: dict[str, str], folder: str) -> tuple[str | None, tuple[str, ...]]:
+    """Preview and note files beside a model, matched without regard to case (`Model.PNG` counts too);
+    `lower` maps each lower-cased name in the folder to its real name."""
+    stem = stem.lower()
+    preview = next((lower[stem + s] for s in PREVIEW_SUFFIXES if stem + s in lower), None)
+    notes = tuple(os.path.join(folder, lower[stem + s]) for s in NOTE_SUFFIXES if stem + s in lower)
     return (os.path.join(folder, preview) if preview else None), notes
 
 
@@ -67,6 +70,13 @@ def _folder_totals(path: str) -> tuple[int, int]:
     return size, newest
 
 
+def _listing(folder: str) -> dict[str, str]:
+    try:
+        return {n.lower(): n for n in os.listdir(folder)}
+    except OSError:
+        return {}
+
+
 class _Walker:
     def __init__(self, token: CancelToken, report: Report):
         self.token, self.report = token, report
@@ -76,7 +86,7 @@ class _Walker:
         self._seen_dirs: set[tuple[int, int]] = set()
         self._seen_files: set[tuple[int, int]] = set()
 
-    def add_file(self, path: str, root: Root, names: set[str] | None = None) -> None:
+    def add_file(self, path: str, root: Root, names: dict[str, str] | None = None) -> None:
         try:
             st = os.stat(path)
         except OSError as e:
@@ -93,10 +103,7 @@ class _Walker:
         self._seen_files.add((st.st_dev, st.st_ino))
         folder, name = os.path.split(path)
         if names is None:
-            try:
-                names = set(os.listdir(folder))
-            except OSError:
-                names = set()
+            names = _listing(folder)
         preview, notes = _sidecars(os.path.splitext(name)[0], names, folder)
         kind = declared_kind_for_path(path, root.path, root.kind)
         self.found.append(
@@ -105,17 +112,16 @@ class _Walker:
             )
         )
 
-    def add_diffusers(self, path: str, root: Root, st: os.stat_result, parent_names: set[str] | None) -> None:
+    def add_diffusers(
+        self, path: str, root: Root, st: os.stat_result, parent_names: dict[str, str] | None
+    ) -> None:
         if (st.st_dev, st.st_ino) in self._seen_files:
             return
         self._seen_files.add((st.st_dev, st.st_ino))
         size, mtime = _folder_totals(path)
         parent, name = os.path.split(os.path.normpath(path))
         if parent_names is None:
-            try:
-                parent_names = set(os.listdir(parent))
-            except OSError:
-                parent_names = set()
+            parent_names = _listing(parent)
         preview, notes = _sidecars(name, parent_names, parent)
         kind = declared_kind_for_path(os.path.join(path, "model_index.json"), root.path, root.kind)
         self.found.append(
@@ -123,7 +129,7 @@ class _Walker:
         )
 
     def walk_dir(self, top: str, root: Root) -> None:
-        stack: list[tuple[str, set[str] | None]] = [(top, None)]
+        stack: list[tuple[str, dict[str, str] | None]] = [(top, None)]
         while stack:
             self.token.raise_if_cancelled()
             folder, parent_names = stack.pop()
@@ -143,8 +149,8 @@ class _Walker:
                 self.problems.append(Problem(folder, f"cannot list the folder: {e.strerror or e}"))
                 self.unlisted.append(folder)
                 continue
-            names = {e.name for e in entries}
-            if "model_index.json" in names:
+            names = {e.name.lower(): e.name for e in entries}
+            if "model_index.json" in {e.name for e in entries}:
                 self.add_diffusers(folder, root, st, parent_names)
                 continue
             subdirs = []

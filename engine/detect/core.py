@@ -162,16 +162,17 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
             components=build_components(ix, []),
             evidence=tuple(emb[1]),
         )
-    for kind, probe in (("controlnet", kinds.controlnet), ("ip_adapter", kinds.ip_adapter)):
-        hit = probe(ix)
-        if hit is not None:
-            return Detection(
-                **base,
-                kind=kind,
-                architecture=hit[0],
-                components=build_components(ix, []),
-                evidence=tuple(hit[1]),
-            )
+    cn = kinds.controlnet(ix)
+    if cn is not None:
+        arch, ev, claims = cn
+        comps = build_components(ix, claims)
+        return Detection(**base, kind="controlnet", architecture=arch, components=comps, evidence=tuple(ev))
+    ip = kinds.ip_adapter(ix)
+    if ip is not None:
+        comps = build_components(ix, [])
+        return Detection(
+            **base, kind="ip_adapter", architecture=ip[0], components=comps, evidence=tuple(ip[1])
+        )
 
     backbone = find_backbone(ix)
     encoders = find_text_encoders(ix)

@@ -95,8 +95,9 @@ def embedding(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
     return arch, [_ev(ix, key, f"textual-inversion vectors ({n} × {width}) → {name}")]
 
 
-def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
-    """(architecture, evidence) for a ControlNet in LDM or diffusers naming (UNet ControlNets)."""
+def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str, str]]] | None:
+    """(architecture, evidence, component claims) for a ControlNet: a trainable copy of the UNet's
+    encoder (component `unet`, under its own prefix) or of a DiT's blocks (`transformer`)."""
     p = next(
         (p for p in ix.prefixes_for("input_hint_block.0.weight") if ix.has(p + "zero_convs.0.0.weight")), None
     )
@@ -133,20 +134,24 @@ def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
     elif adm == 2816:
         arch = "sdxl"
         ev.append(_ev(ix, adm_key, "pooled + size conditioning 2816 (no attention blocks) → SDXL"))
-    return arch, ev
+    return arch, ev, [(p, "unet")]
 
 
-def _dit_controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
+def _dit_controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str, str]]] | None:
     if not any(k.startswith("controlnet_blocks.0.") for k in ix.tensors):
         return None
+    claims = [("", "transformer")]
     if ix.has("controlnet_x_embedder.weight"):
-        return None, [
-            _ev(ix, "controlnet_x_embedder.weight", "ControlNet blocks over FLUX.1 double/single blocks")
-        ]
+        why = "ControlNet blocks over FLUX.1 double/single blocks"
+        return None, [_ev(ix, "controlnet_x_embedder.weight", why)], claims
     if ix.has("pos_embed_input.proj.weight"):
-        return None, [_ev(ix, "pos_embed_input.proj.weight", "ControlNet blocks over SD3 joint blocks")]
+        return (
+            None,
+            [_ev(ix, "pos_embed_input.proj.weight", "ControlNet blocks over SD3 joint blocks")],
+            claims,
+        )
     k = sorted(k for k in ix.tensors if k.startswith("controlnet_blocks.0."))[0]
-    return None, [_ev(ix, k, "ControlNet output blocks on a transformer")]
+    return None, [_ev(ix, k, "ControlNet output blocks on a transformer")], claims
 
 
 def ip_adapter(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:

@@ -135,6 +135,7 @@ def test_discover_comfyui_tree_with_sidecars_diffusers_and_hidden_files(tmp_path
     touch(m / "loras" / ".b.safetensors.x1y2.part")  # an atomic writer's temporary file
     touch(m / "loras" / ".hidden" / "c.safetensors")
     touch(m / "embeddings" / "e.PT")  # suffixes are case-insensitive
+    touch(m / "embeddings" / "E.Preview.JPEG")  # and so are sidecar names
     touch(m / "diffusers" / "sd15" / "model_index.json", b"{}")
     touch(m / "diffusers" / "sd15" / "unet" / "diffusion_pytorch_model.safetensors", b"y" * 10)
     found, problems, _ = discover([Root(str(tmp_path / "ComfyUI"))])
@@ -151,6 +152,7 @@ def test_discover_comfyui_tree_with_sidecars_diffusers_and_hidden_files(tmp_path
     assert [os.path.basename(n) for n in a.notes] == ["a.civitai.info"]
     b = by["models/loras/b.safetensors"]
     assert b.declared_kind == "lora" and b.preview.endswith("b.webp") and b.notes[0].endswith("b.json")
+    assert by["models/embeddings/e.PT"].preview.endswith("E.Preview.JPEG")
     d = by["models/diffusers/sd15"]
     assert d.is_dir and d.size == 2 + 10 and d.declared_kind is None
 
