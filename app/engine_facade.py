@@ -179,6 +179,7 @@ class Engine:
         self._unsubscribe.clear()
         self.patchers.clear()
         self.components.clear()
+        self.__dict__.pop("vaes", None)
         self.residency = None
 
     # -- devices --------------------------------------------------------------------------------------
@@ -326,6 +327,16 @@ class Engine:
         from app.lora_adapter import bake
 
         return bake(req, token, report)
+
+    def _run_Decode(self, req, token, report):
+        from app.decode_adapter import decode
+
+        return decode(self, req, token, report)
+
+    def _run_Encode(self, req, token, report):
+        from app.decode_adapter import encode
+
+        return encode(self, req, token, report)
 
     def _run_PlanRequest(self, req: PlanRequest, token, report):
         from engine.plan import make_plan

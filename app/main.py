@@ -47,6 +47,9 @@ def create_window(argv: list[str]) -> MainWindow:
     app.setApplicationName("Loadout")
     app.setDesktopFileName("loadout")
     app.setWindowIcon(app_icon())
+    from app import refcount_guard
+
+    app._refcount_guard = refcount_guard.install(app)  # PySide6 6.12.0 on Python 3.11 leaks None refs
     window = MainWindow(_options(args), args.paths)
     install_excepthooks(window.reporter)
     window.show()

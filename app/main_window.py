@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QIcon, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QProgressBar, QToolBar, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QProgressBar, QToolBar, QWidget
 
 from app import settings as app_settings
 from app.bridge import EngineClient, Job
@@ -320,6 +320,13 @@ class MainWindow(QMainWindow):
         if not urls:
             self.notify("Only files and folders can be dropped here.", "warning")
             return
+        if hasattr(self.decode, "set_input") and all(
+            p.lower().endswith((".latent", ".png", ".jpg", ".jpeg", ".webp")) for p in urls
+        ):
+            if self.decode.set_input(urls[0]):  # a latent or an image is Decode's input, not a model
+                self.docks["decode"].raise_()
+            event.acceptProposedAction()
+            return
         self.add_paths(urls)
         event.acceptProposedAction()
 
@@ -586,6 +593,8 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_engine_event(self, event) -> None:
         self.graph.add_event(event)
+        if hasattr(self.decode, "on_event"):
+            self.decode.on_event(event)
         self._loaded_dirty = True
 
     def _refresh_loaded(self) -> None:
@@ -599,6 +608,8 @@ class MainWindow(QMainWindow):
     def _on_sample(self) -> None:
         s = memory.sample()
         self.graph.add_sample(s)
+        if hasattr(self.decode, "set_free_bytes"):
+            self.decode.set_free_bytes(s.device_free)
         now = time.monotonic()
         if self._loaded_dirty or (self.client.busy and now - self._last_status >= STATUS_INTERVAL_S):
             self._loaded_dirty = False

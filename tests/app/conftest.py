@@ -26,6 +26,11 @@ bridge.EngineClient.__init__ = _tracking_init  # every client a test makes is ch
 def no_leaks(qapp):
     """Fail the test if it leaves a visible top-level widget, a running engine QThread or a new
     non-daemon Python thread behind (a live QThread at exit aborts the whole run)."""
+    from app import refcount_guard
+
+    if not hasattr(qapp, "_refcount_guard"):  # PySide6 6.12.0 drops None refs: see app/refcount_guard.py
+        qapp._refcount_guard = refcount_guard.install(qapp)
+    refcount_guard.top_up()
     before_widgets = {id(w) for w in qapp.topLevelWidgets() if w.isVisible()}
     before_threads = set(threading.enumerate())
     yield
@@ -39,7 +44,10 @@ def no_leaks(qapp):
         c.shutdown()
     msgs = []
     if leaked:
-        msgs.append("top-level widgets left open: " + ", ".join(f"{type(w).__name__}({w.windowTitle()!r})" for w in leaked))
+        msgs.append(
+            "top-level widgets left open: "
+            + ", ".join(f"{type(w).__name__}({w.windowTitle()!r})" for w in leaked)
+        )
     if running:
         msgs.append(f"{len(running)} EngineClient thread(s) still running")
     if threads:
@@ -69,7 +77,9 @@ def files(tmp_path_factory):
     out = {
         "ckpt": synth.write("sd1_checkpoint", d / "checkpoints" / "sd15_test.safetensors"),
         "sdxl": synth.write("sdxl_checkpoint", d / "checkpoints" / "sdxl_test.safetensors"),
-        "vae": synth.write("sd_vae", d / "vae" / "vae_dense.safetensors", dense=True, max_dense_bytes=200 << 20),
+        "vae": synth.write(
+            "sd_vae", d / "vae" / "vae_dense.safetensors", dense=True, max_dense_bytes=200 << 20
+        ),
         "lora": W.write_kohya_lora(d / "loras" / "style.safetensors"),
     }
     bad = d / "checkpoints" / "broken.safetensors"

@@ -65,10 +65,15 @@ def test_filter_by_text_kind_and_architecture_and_sort_by_size(qtbot, files):
     assert p.rowCount() == 1 and p.index(0, 0).data() == "style.safetensors"
     w.library.kind_box.setCurrentIndex(0)
     w.library.arch_box.setCurrentIndex(w.library.arch_box.findData("sd1"))
-    assert {p.index(r, 0).data() for r in range(p.rowCount())} == {"sd15_test.safetensors", "style.safetensors"}
+    assert {p.index(r, 0).data() for r in range(p.rowCount())} == {
+        "sd15_test.safetensors",
+        "style.safetensors",
+    }
     w.library.arch_box.setCurrentIndex(0)
     assert p.rowCount() == total
-    w.library.view.sortByColumn(COLUMNS.index("Size"), __import__("PySide6.QtCore").QtCore.Qt.SortOrder.DescendingOrder)
+    w.library.view.sortByColumn(
+        COLUMNS.index("Size"), __import__("PySide6.QtCore").QtCore.Qt.SortOrder.DescendingOrder
+    )
     assert p.index(0, 0).data() == "sdxl_test.safetensors"  # 6.5 GiB, the biggest
     w.close()
 
@@ -90,7 +95,13 @@ def test_corrupt_file_and_a_non_model_get_clear_messages(qtbot, files):
 def test_context_menu_copies_the_hash_once_hashed(qtbot, files):
     w = MainWindow(paths=[files["lora"]], restore_layout=False)
     qtbot.addWidget(w)
-    qtbot.waitUntil(lambda: bool(w.library.model.hashes) or bool(w.library.model.entries and w.library.model.entries[0].sha256), timeout=30_000)
+    qtbot.waitUntil(
+        lambda: (
+            bool(w.library.model.hashes)
+            or bool(w.library.model.entries and w.library.model.entries[0].sha256)
+        ),
+        timeout=30_000,
+    )
     e = w.library.model.entries[0]
     sha = w.library.model.sha256(e)
     assert len(sha) == 64

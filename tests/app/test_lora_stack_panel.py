@@ -4,6 +4,7 @@ list, reorder, strengths, apply (the right SetLoras request), revert, and the pa
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from conftest import drop, wait_job
 
@@ -35,7 +36,7 @@ def test_stack_edits_send_the_right_requests_and_show_coverage(qtbot, window, fi
 
     # a second LoRA by drop on the stack (a copy of the same file), then reorder and edit
     other = tmp_path / "second.safetensors"
-    other.write_bytes(open(files["lora"], "rb").read())
+    other.write_bytes(Path(files["lora"]).read_bytes())
     drop(w.stack.list, [str(other)])
     qtbot.waitUntil(lambda: len(w.stack.stack()) == 2, timeout=30_000)
     w.stack.move(1, 0)

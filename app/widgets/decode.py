@@ -1,0 +1,389 @@
+"""The Decode panel: a VAE and a latent (or an image to encode), full / tiled / auto, tile size and
+overlap, the memory estimate before running, progress with ETA, the tiles drawn over the canvas as
+they finish, the result with zoom, save. Estimates are header-only and torch-free (GUI thread)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from PySide6.QtCore import QRectF, Qt, Signal, Slot
+from PySide6.QtGui import QBrush, QColor, QImage, QPainter, QPen, QPixmap
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGraphicsPixmapItem,
+    QGraphicsRectItem,
+    QGraphicsScene,
+    QGraphicsView,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.decode_adapter import Decode, Encode
+from engine.cli._common import human_bytes
+
+LATENT_SUFFIXES = (".latent", ".safetensors")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+_TILE = re.compile(r"pass (\d+)/(\d+), tile (\d+)/(\d+)")
+
+
+def input_kind(path: str) -> str | None:
+    p = path.lower()
+    if p.endswith(IMAGE_SUFFIXES):
+        return "image"
+    if p.endswith(LATENT_SUFFIXES):
+        return "latent"
+    return None
+
+
+class ZoomView(QGraphicsView):
+    """Wheel zooms about the cursor; drag pans."""
+
+    def __init__(self, scene: QGraphicsScene) -> None:
+        super().__init__(scene)
+        self.setDragMode(QGraphicsView.DragMode.ScrollHandDrag)
+        self.setTransformationAnchor(QGraphicsView.ViewportAnchor.AnchorUnderMouse)
+        self.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform)
+        self.setBackgroundBrush(QBrush(QColor("#2d3436")))
+
+    def wheelEvent(self, e) -> None:
+        f = 1.25 if e.angleDelta().y() > 0 else 0.8
+        self.scale(f, f)
+
+    def zoom(self) -> float:
+        return self.transform().m11()
+
+
+class DecodePanel(QWidget):
+    run_requested = Signal(object)  # Decode | Encode
+    message = Signal(str, str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.window_ = None
+        self.job_id: int | None = None
+        self.started = 0.0
+        self.tiles: list[tuple[int, int, int, int]] = []
+        self.tiles_done = 0
+        self.result = None
+        self.free_bytes: int | None = None
+        self.setAcceptDrops(True)
+
+        self.vae_box = QComboBox()
+        self.vae_box.setPlaceholderText("no VAE in the library")
+        self.input_edit = QLineEdit(placeholderText="a .latent file, or an image to encode — drop it here")
+        browse = QPushButton("…")
+        browse.setMaximumWidth(30)
+        browse.clicked.connect(self._on_browse_clicked)
+        self.mode_box = QComboBox()
+        for m in ("auto", "full", "tiled"):
+            self.mode_box.addItem(m, m)
+        self.tile_spin = QSpinBox(minimum=64, maximum=4096, singleStep=64, value=512, suffix=" px")
+        self.overlap_spin = QSpinBox(minimum=0, maximum=512, singleStep=8, value=64, suffix=" px")
+        self.estimate = QLabel("")
+        self.estimate.setWordWrap(True)
+        self.run_button = QPushButton("Decode")
+        self.run_button.setDefault(True)
+        self.progress = QProgressBar()
+        self.progress.setMaximumHeight(14)
+        self.eta = QLabel("")
+        self.save_button = QPushButton("Save…")
+        self.save_button.setEnabled(False)
+        fit, one = QPushButton("Fit"), QPushButton("100 %")
+        self.scene = QGraphicsScene(self)
+        self.view = ZoomView(self.scene)
+        self.pixmap_item = QGraphicsPixmapItem()
+        self.scene.addItem(self.pixmap_item)
+        self.tile_items: list[QGraphicsRectItem] = []
+
+        for w in (self.input_edit,):
+            w.textChanged.connect(self._on_inputs_changed)
+        for w in (self.vae_box, self.mode_box):
+            w.currentIndexChanged.connect(self._on_inputs_changed)
+        for w in (self.tile_spin, self.overlap_spin):
+            w.valueChanged.connect(self._on_inputs_changed)
+        self.run_button.clicked.connect(self._on_run_clicked)
+        self.save_button.clicked.connect(self._on_save_clicked)
+        fit.clicked.connect(self.fit)
+        one.clicked.connect(lambda: self.view.resetTransform())
+
+        form = QFormLayout()
+        form.addRow("VAE", self.vae_box)
+        row = QHBoxLayout()
+        row.addWidget(self.input_edit, 1)
+        row.addWidget(browse)
+        form.addRow("Input", row)
+        opts = QHBoxLayout()
+        opts.addWidget(self.mode_box)
+        opts.addWidget(QLabel("tile"))
+        opts.addWidget(self.tile_spin)
+        opts.addWidget(QLabel("overlap"))
+        opts.addWidget(self.overlap_spin)
+        opts.addStretch(1)
+        form.addRow("Mode", opts)
+        run = QHBoxLayout()
+        run.addWidget(self.run_button)
+        run.addWidget(self.progress, 1)
+        run.addWidget(self.eta)
+        tools = QHBoxLayout()
+        tools.addWidget(fit)
+        tools.addWidget(one)
+        tools.addStretch(1)
+        tools.addWidget(self.save_button)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addLayout(form)
+        lay.addWidget(self.estimate)
+        lay.addLayout(run)
+        lay.addWidget(self.view, 1)
+        lay.addLayout(tools)
+        self._on_inputs_changed()
+
+    # -- wiring with the window ----------------------------------------------------------------------
+
+    def connect_window(self, window) -> None:
+        self.window_ = window
+        self.run_requested.connect(lambda req: setattr(self, "job_id", window.submit(req)))
+        self.message.connect(window.notify)
+
+    def set_library(self, entries) -> None:
+        cur = self.vae_box.currentData()
+        have = {self.vae_box.itemData(i) for i in range(self.vae_box.count())}
+        for e in entries:
+            if e.kind in ("vae", "vae_approx") and not e.error and e.path not in have:
+                self.vae_box.addItem(f"{e.name} ({e.architecture or e.kind})", e.path)
+                self.vae_box.setItemData(self.vae_box.count() - 1, e, Qt.ItemDataRole.UserRole + 1)
+        if cur:
+            self.vae_box.setCurrentIndex(self.vae_box.findData(cur))
+        self._on_inputs_changed()
+
+    def set_vae(self, path: str) -> bool:
+        i = self.vae_box.findData(os.path.abspath(path))
+        if i >= 0:
+            self.vae_box.setCurrentIndex(i)
+        return i >= 0
+
+    def set_input(self, path: str) -> bool:
+        """A dropped or chosen file becomes the input if it is a latent or an image."""
+        if input_kind(path) is None:
+            self.message.emit(f"{os.path.basename(path)} is neither a latent (.latent, .safetensors) nor an "
+                              "image (.png, .jpg, .webp): Decode cannot use it.", "warning")  # fmt: skip
+            return False
+        self.input_edit.setText(os.path.abspath(path))
+        return True
+
+    def dragEnterEvent(self, e) -> None:
+        if e.mimeData().hasUrls():
+            e.acceptProposedAction()
+
+    def dropEvent(self, e) -> None:
+        paths = [u.toLocalFile() for u in e.mimeData().urls() if u.isLocalFile()]
+        if paths:
+            self.set_input(paths[0])
+            e.acceptProposedAction()
+
+    # -- estimate -----------------------------------------------------------------------------------------
+
+    def request(self) -> Decode | Encode | None:
+        vae, src = self.vae_box.currentData(), self.input_edit.text().strip()
+        if not vae or not src:
+            return None
+        mode, tile, overlap = self.mode_box.currentData(), self.tile_spin.value(), self.overlap_spin.value()
+        if input_kind(src) == "image":
+            out = os.path.splitext(src)[0] + ".latent"
+            return Encode(vae, src, out, mode, tile, overlap)
+        return Decode(vae, src, mode, tile, overlap)
+
+    def estimate_text(self) -> str:
+        """'will it fit?' from the headers: the VAE's kind and weight bytes, the latent's shape."""
+        from engine.vae import estimate_decode_bytes, estimate_encode_bytes
+
+        req = self.request()
+        if req is None:
+            return "Choose a VAE and a latent (or an image to encode)."
+        e = self.vae_box.currentData(Qt.ItemDataRole.UserRole + 1)
+        comps = (e.detection.get("components") or {}) if e else {}
+        wbytes = sum(int(c.get("bytes") or 0) for c in comps.values()) or None
+        kind = "taesd" if e is not None and e.kind == "vae_approx" else "kl"
+        try:
+            if isinstance(req, Decode):
+                from engine.formats.latent import latent_info
+
+                li = latent_info(req.latent)
+                b, ch, h, w = li.shape[0], li.shape[1], li.shape[-2], li.shape[-1]
+                W, H, fn, what = w * 8, h * 8, estimate_decode_bytes, "decode"
+            else:
+                from PIL import Image
+
+                with Image.open(req.image) as im:
+                    W, H = im.size
+                b, ch, fn, what = 1, 4, estimate_encode_bytes, "encode"
+                if not os.path.isfile(req.image):
+                    raise FileNotFoundError(req.image)
+        except Exception as ex:  # a bad input is reported here, before anything runs
+            return f"<span style='color:#c0392b'>{os.path.basename(self.input_edit.text())}: {ex}</span>"
+        full = fn(W, H, kind=kind, latent_channels=ch, batch=b, weight_bytes=wbytes)
+        tiled = fn(
+            W, H, kind=kind, latent_channels=ch, batch=b, weight_bytes=wbytes, tile=self.tile_spin.value()
+        )
+        free = self.free_bytes
+        verdict = ""
+        if free is not None:
+            mode = self.mode_box.currentData()
+            need = tiled if mode == "tiled" else full
+            if mode == "auto" and full > free:
+                verdict = f" · <b>will tile</b> ({human_bytes(free)} free)"
+            elif need > free:
+                verdict = f" · <b style='color:#c0392b'>will not fit</b> in {human_bytes(free)} free"
+            else:
+                verdict = f" · <b style='color:#27ae60'>fits</b> ({human_bytes(free)} free)"
+        return (f"{W}×{H} {what}: full ≈ {human_bytes(full)}, tiled at {self.tile_spin.value()} px ≈ "
+                f"{human_bytes(tiled)}{verdict}")  # fmt: skip
+
+    def set_free_bytes(self, free: int) -> None:
+        changed = self.free_bytes is None or abs(free - self.free_bytes) > 64 * 2**20
+        self.free_bytes = free
+        if changed:
+            self.estimate.setText(self.estimate_text())
+
+    @Slot()
+    def _on_inputs_changed(self, *_):
+        req = self.request()
+        self.run_button.setText("Encode" if isinstance(req, Encode) else "Decode")
+        self.run_button.setEnabled(req is not None and self.job_id is None)
+        tiled = self.mode_box.currentData() == "tiled"
+        self.tile_spin.setEnabled(tiled)
+        self.overlap_spin.setEnabled(tiled)
+        self.estimate.setText(self.estimate_text())
+
+    # -- running ---------------------------------------------------------------------------------------------
+
+    @Slot()
+    def _on_run_clicked(self) -> None:
+        req = self.request()
+        if req is None:
+            return
+        self.started = time.monotonic()
+        self.tiles, self.tiles_done = [], 0
+        self.progress.setRange(0, 0)
+        self.eta.setText("")
+        self.run_button.setEnabled(False)
+        self.run_requested.emit(req)
+
+    def on_event(self, event) -> None:
+        if event.kind == "DecodeStarted":
+            self.tiles = [tuple(t) for t in event.detail.get("tiles") or []]
+            shape = event.detail.get("latent") or [1, 4, 64, 64]
+            self._canvas(shape[-1] * 8, shape[-2] * 8)
+
+    def _canvas(self, w: int, h: int) -> None:
+        """A dark canvas of the output size with every tile outlined (filled as it finishes)."""
+        pm = QPixmap(w, h)
+        pm.fill(QColor("#3d4548"))
+        self.pixmap_item.setPixmap(pm)
+        for it in self.tile_items:
+            self.scene.removeItem(it)
+        self.tile_items = []
+        for y0, y1, x0, x1 in self.tiles:
+            it = QGraphicsRectItem(QRectF(x0, y0, x1 - x0, y1 - y0))
+            it.setPen(QPen(QColor("#74b9ff"), 0))
+            self.scene.addItem(it)
+            self.tile_items.append(it)
+        self.scene.setSceneRect(0, 0, w, h)
+        self.fit()
+
+    def on_progress(self, job, p) -> None:
+        if job.id != self.job_id:
+            return
+        if p.total:
+            self.progress.setRange(0, p.total)
+            self.progress.setValue(p.done)
+            el = time.monotonic() - self.started
+            frac = p.done / p.total
+            self.eta.setText(f"{el:.1f} s" + (f" · ETA {el / frac - el:.1f} s" if 0 < frac < 1 else ""))
+        m = _TILE.search(p.detail or "")
+        if m and self.tile_items:
+            ps, pt, ti = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            it = self.tile_items[min(ti, len(self.tile_items)) - 1]
+            if ps == pt:  # the last pass writes the tile's pixels: it is finished
+                it.setBrush(QBrush(QColor(46, 204, 113, 120)))
+                self.tiles_done = max(self.tiles_done, ti)
+            else:
+                it.setBrush(QBrush(QColor(116, 185, 255, 40 + 120 * ps // max(pt, 1))))
+
+    def on_finished(self, job, result) -> None:
+        if job.id != self.job_id:
+            return
+        self.job_id = None
+        self.result = result
+        img = QImage(
+            result.rgb, result.width, result.height, result.width * 3, QImage.Format.Format_RGB888
+        ).copy()
+        self.pixmap_item.setPixmap(QPixmap.fromImage(img))
+        for it in self.tile_items:  # keep the tile grid as thin outlines over the result
+            it.setBrush(QBrush(Qt.BrushStyle.NoBrush))
+            it.setPen(QPen(QColor(255, 255, 255, 60), 0))
+        self.scene.setSceneRect(0, 0, result.width, result.height)
+        self.fit()
+        info = result.info
+        mode = f"{info.get('mode')}" + (
+            f", {info.get('tiles')} tiles of {info.get('tile_px')} px" if info.get("mode") == "tiled" else ""
+        )
+        self.eta.setText(f"done in {result.seconds:.2f} s ({mode})")
+        self.progress.setRange(0, 1)
+        self.progress.setValue(1)
+        self.save_button.setEnabled(True)
+        self._on_inputs_changed()
+
+    def on_failed(self, job, info) -> None:
+        if job.id == self.job_id:
+            self.job_id = None
+            self.eta.setText("failed")
+            self.progress.setRange(0, 1)
+            self.progress.setValue(0)
+            self._on_inputs_changed()
+
+    def on_cancelled(self, job) -> None:
+        if job.id == self.job_id:
+            self.job_id = None
+            self.eta.setText(
+                f"stopped after {self.tiles_done} of {len(self.tiles)} tiles" if self.tiles else "stopped"
+            )
+            self.progress.setRange(0, 1)
+            self.progress.setValue(0)
+            for it in self.tile_items[self.tiles_done :]:
+                it.setBrush(QBrush(Qt.BrushStyle.NoBrush))
+            self._on_inputs_changed()
+
+    @Slot()
+    def fit(self) -> None:
+        self.view.fitInView(self.scene.sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
+
+    @Slot()
+    def _on_browse_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "A latent or an image", os.path.dirname(self.input_edit.text()),
+                                              "Latents and images (*.latent *.safetensors *.png *.jpg *.jpeg *.webp)")  # fmt: skip
+        if path:
+            self.set_input(path)
+
+    @Slot()
+    def _on_save_clicked(self) -> None:
+        if self.result is None:
+            return
+        start = os.path.splitext(self.result.source)[0] + ".png"
+        path, _ = QFileDialog.getSaveFileName(self, "Save the image", start, "PNG (*.png)")
+        if path:
+            self.save(path)
+
+    def save(self, path: str) -> None:
+        self.pixmap_item.pixmap().save(path, "PNG")
+        self.message.emit(f"Saved {path}", "info")

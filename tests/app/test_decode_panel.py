@@ -1,0 +1,94 @@
+"""The Decode panel as a user drives it: drop a latent, read the estimate, decode (tiles drawn as they
+finish), zoom, save; Stop during a decode cancels it and the panel and engine stay usable."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import drop, wait_job
+
+
+@pytest.fixture(scope="module")
+def decode_files(tmp_path_factory, files):
+    import torch
+
+    from engine import synth
+    from engine.formats.latent import write_latent
+
+    d = tmp_path_factory.mktemp("decode")
+    taesd = synth.write("taesd_decoder", d / "taesd_decoder.safetensors", dense=True, seed=7)
+    g = torch.Generator().manual_seed(0)
+    small = d / "small.latent"
+    write_latent(small, torch.randn(1, 4, 32, 32, generator=g))
+    big = d / "big.latent"
+    write_latent(big, torch.randn(1, 4, 64, 64, generator=g))
+    return {"taesd": str(taesd), "small": str(small), "big": str(big), "kl": files["vae"]}
+
+
+def _library(qtbot, w, paths):
+    w.add_paths(paths, select_first=False)
+    qtbot.waitUntil(lambda: all(w.decode.vae_box.findData(p) >= 0 for p in paths), timeout=30_000)
+
+
+def test_decode_a_dropped_latent_shows_estimate_tiles_result_and_saves(qtbot, window, decode_files, tmp_path):
+    w, dec = window, window.decode
+    _library(qtbot, w, [decode_files["taesd"]])
+    assert dec.set_vae(decode_files["taesd"])
+    drop(w, [decode_files["small"]])  # a latent dropped on the window becomes Decode's input
+    assert dec.input_edit.text() == decode_files["small"]
+    assert (
+        dec.estimate.text().startswith("256×256 decode: full ≈") and "tiled at 512 px" in dec.estimate.text()
+    )
+    dec.mode_box.setCurrentIndex(dec.mode_box.findData("tiled"))
+    dec.tile_spin.setValue(128)
+    dec.overlap_spin.setValue(32)
+    dec.run_button.click()
+    res = wait_job(qtbot, w, "Decode")
+    assert (res.width, res.height) == (256, 256) and len(res.rgb) == 256 * 256 * 3
+    assert res.info["mode"] == "tiled" and res.info["tiles"] == len(dec.tile_items) > 1
+    assert dec.tiles_done == len(dec.tile_items)  # every tile was drawn as finished
+    assert any(kind == "DecodeFinished" for _, kind, _ in w.graph.events)
+    dec.view.resetTransform()
+    dec.view.scale(2, 2)
+    assert dec.view.zoom() == 2
+    out = tmp_path / "out.png"
+    dec.save(str(out))
+    from PIL import Image
+
+    assert Image.open(out).size == (256, 256)
+
+
+def test_stop_during_a_decode_cancels_it_and_state_stays_consistent(qtbot, window, decode_files):
+    w, dec = window, window.decode
+    _library(qtbot, w, [decode_files["kl"], decode_files["taesd"]])
+    dec.set_vae(decode_files["kl"])
+    dec.set_input(decode_files["big"])
+    dec.mode_box.setCurrentIndex(dec.mode_box.findData("tiled"))
+    dec.tile_spin.setValue(128)
+    dec.overlap_spin.setValue(32)
+    cancelled = []
+    w.client.job_cancelled.connect(lambda job: cancelled.append(job.name))
+    progressed = []
+    w.client.job_progress.connect(lambda job, p: progressed.append(p.done) if job.name == "Decode" else None)
+    dec.run_button.click()
+    qtbot.waitUntil(lambda: any(d >= 1 for d in progressed), timeout=60_000)
+    assert w.stop_action.isEnabled()
+    w.stop_action.trigger()
+    qtbot.waitUntil(lambda: "Decode" in cancelled, timeout=60_000)
+    assert dec.job_id is None and dec.run_button.isEnabled()
+    assert "stopped" in dec.eta.text() and "stopped" in w.messages.text
+    assert dec.tiles_done < len(dec.tile_items)
+    assert any(kind == "Cancelled" for _, kind, _ in w.graph.events)
+    qtbot.waitUntil(lambda: not w.client.busy, timeout=10_000)
+    assert not w.stop_action.isEnabled()
+    # the engine goes on: the next decode runs to the end
+    dec.set_vae(decode_files["taesd"])
+    dec.set_input(decode_files["small"])
+    dec.mode_box.setCurrentIndex(dec.mode_box.findData("full"))
+    dec.run_button.click()
+    res = wait_job(qtbot, w, "Decode")
+    assert res.info["mode"] == "full" and (res.width, res.height) == (256, 256)
+
+
+def test_a_file_that_is_no_latent_or_image_is_refused_with_a_message(qtbot, window, files):
+    assert not window.decode.set_input(files["txt"])
+    assert "neither a latent" in window.messages.text
