@@ -1,10 +1,11 @@
 """Workaround for a reference-count bug in PySide6 6.12.0 on Python < 3.12: every Qt call that returns
 None (a void method such as QLabel.setText, or a None QVariant such as QComboBox.currentData) drops
-one reference to None without taking it. None is not immortal before Python 3.12, so after some tens
+one reference to None without taking it, and every Signal.emit() drops one reference to the bool it
+returns (True). None is not immortal before Python 3.12, so after some tens
 of thousands of such calls (a few seconds to minutes of a live window) the interpreter aborts with
 "Fatal Python error: none_dealloc". Measured here: 1000 QTimer.setInterval calls -> None refcount
--1000. The real fix is a PySide6 without the bug (or Python >= 3.12); until then we hold a pool of
-surplus of references on None, topped up from a GUI timer: the same as the immortal None of Python
+-1000; 1000 emits -> True refcount -1000 ("Fatal Python error: bool_dealloc"). The real fix is a PySide6 without the bug (or Python >= 3.12); until then we hold a pool of
+surplus of references on None, True and False, topped up from a GUI timer: the same as the immortal None of Python
 3.12 (PEP 683), done by hand. The surplus is never released, so finalization cannot hit zero either.
 """
 
@@ -31,16 +32,17 @@ def leaks_none() -> bool:
 
 
 def top_up() -> None:
-    """Give None enough references to outlive the leak (CPython < 3.12 only: ob_refcnt is the first
-    field of every object there, and None is a static object that is never freed)."""
+    """Give None, True and False enough references to outlive the leak (CPython < 3.12 only: ob_refcnt
+    is the first field of every object there, and these are static objects that are never freed)."""
     global added
     if sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
         return
-    if sys.getrefcount(None) < LOW_WATER:
-        import ctypes
+    import ctypes
 
-        ctypes.c_ssize_t.from_address(id(None)).value += CHUNK
-        added += CHUNK
+    for obj in (None, True, False):
+        if sys.getrefcount(obj) < LOW_WATER:
+            ctypes.c_ssize_t.from_address(id(obj)).value += CHUNK
+            added += CHUNK
 
 
 def install(parent=None):

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 GIB = 1024**3
 WINDOWS = (("30 s", 30.0), ("2 min", 120.0), ("10 min", 600.0), ("All", 0.0))
 MAX_SAMPLES = 20 * 60 * 30  # 30 minutes at 20 samples/s
-REDRAW_MIN_S = 0.08  # at most ~12 redraws a second
+REDRAW_MIN_S = 0.25  # at most 4 redraws a second: samples still arrive at ~10/s
 AREA_COLORS = ("#6c5ce7", "#00b894", "#fdcb6e", "#e17055", "#0984e3", "#d63031", "#a29bfe", "#55efc4")
 EVENT_COLORS = {"Loaded": "#27ae60", "PartiallyOffloaded": "#e67e22", "Moved": "#2980b9", "Evicted": "#c0392b",
                 "Unloaded": "#7f8c8d", "Patched": "#e84393", "Unpatched": "#b2bec3",
@@ -56,6 +56,9 @@ class VramGraph(QWidget):
         self.plot.setLabel("bottom", "seconds")
         self.plot.showGrid(x=True, y=True, alpha=0.2)
         self.plot.setMouseEnabled(x=True, y=True)
+        # Draw only what is in view, at most a few points per pixel: the cost stays flat as history grows.
+        self.plot.setClipToView(True)
+        self.plot.setDownsampling(auto=True, mode="peak")
         self.legend = self.plot.addLegend(offset=(8, 8), labelTextSize="8pt")
         vb = self.plot.getViewBox()
         vb.sigRangeChangedManually.connect(self._on_range_changed_manually)
@@ -78,6 +81,12 @@ class VramGraph(QWidget):
         self.window_box.currentIndexChanged.connect(self._on_window_changed)
         self.pause_box = QCheckBox("Pause")
         self.pause_box.toggled.connect(self._on_pause_toggled)
+        self.device_box = QCheckBox("Device lines")
+        self.device_box.setToolTip("Show the device's used and total memory (off by default when the device is the "
+                                   "machine's RAM, whose use is mostly other programs)")  # fmt: skip
+        self.device_box.setChecked(True)
+        self._device_box_touched = False
+        self.device_box.toggled.connect(self._on_device_lines_toggled)
         self.follow_button = QPushButton("Follow")
         self.follow_button.setToolTip("Scroll with the newest samples again after panning or zooming")
         self.follow_button.clicked.connect(self._on_follow_clicked)
@@ -91,6 +100,7 @@ class VramGraph(QWidget):
         bar.addWidget(QLabel("Window"))
         bar.addWidget(self.window_box)
         bar.addWidget(self.pause_box)
+        bar.addWidget(self.device_box)
         bar.addWidget(self.follow_button)
         bar.addStretch(1)
         bar.addWidget(self.info)
@@ -108,6 +118,11 @@ class VramGraph(QWidget):
         if self.t0 is None:
             self.t0 = s.monotonic
         self.device_label = s.device_label
+        if self.t0 == s.monotonic and not self._device_box_touched:
+            self.device_box.blockSignals(True)
+            self.device_box.setChecked(not s.device_is_ram)
+            self.device_box.blockSignals(False)
+            self._apply_device_lines()
         self.t.append(s.monotonic - self.t0)
         L = self.lines
         L["used"].append(s.device_used / GIB)
@@ -178,7 +193,10 @@ class VramGraph(QWidget):
             item.setZValue(-10 - i)  # earlier components in front, stacked bottom-up
             base = top
         if self.events:
-            ymax = max(max(self.lines["total"][-1:] or [0]), float(np.nanmax(self.lines["ram"])))
+            shown = ["ram", "reserved"] + (["total", "used"] if self.device_box.isChecked() else [])
+            vals = np.concatenate([np.asarray(self.lines[k], dtype=float) for k in shown] + [base])
+            vals = vals[np.isfinite(vals)]
+            ymax = max(float(vals.max()) if len(vals) else 0.0, 0.01)
             self.markers.setData(
                 [e[0] for e in self.events], [ymax * 1.02] * len(self.events),
                 brush=[pg.mkBrush(EVENT_COLORS.get(e[1], "#2d3436")) for e in self.events],
@@ -208,6 +226,17 @@ class VramGraph(QWidget):
     def _on_window_changed(self, _i: int) -> None:
         self.window_s = float(self.window_box.currentData())
         self.follow = True
+        self.redraw(force=True)
+
+    def _apply_device_lines(self) -> None:
+        on = self.device_box.isChecked()
+        for k in ("used", "total"):
+            self.curves[k].setVisible(on)
+
+    @Slot(bool)
+    def _on_device_lines_toggled(self, _on: bool) -> None:
+        self._device_box_touched = True
+        self._apply_device_lines()
         self.redraw(force=True)
 
     @Slot(bool)

@@ -1,0 +1,176 @@
+"""GUI responsiveness: the event loop's worst delay (a 10 ms timer's lateness) while the engine loads a
+160 MiB dense VAE and decodes a latent, against the same window idle; and the memory graph's CPU cost
+per second of sampling (GUI-thread CPU time with the graph fed at 10 samples/s), against an event loop
+whose 10 Hz timer only takes the memory sample. One JSON line per measurement.
+
+    python benchmarks/bench_gui.py            (offscreen; about a minute)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TICK_MS = 10
+
+
+def _files(d: Path) -> dict:
+    import torch
+
+    from engine import synth
+    from engine.formats.latent import write_latent
+
+    vae = synth.write("sd_vae", d / "vae.safetensors", dense=True, max_dense_bytes=200 << 20)
+    taesd = synth.write("taesd_decoder", d / "taesd_decoder.safetensors", dense=True, seed=7)
+    lat = d / "x.latent"
+    write_latent(lat, torch.randn(1, 4, 32, 32, generator=torch.Generator().manual_seed(0)))
+    return {"vae": str(vae), "taesd": str(taesd), "latent": str(lat)}
+
+
+class LatenessProbe:
+    """A 10 ms timer; records how late each tick fires (the event loop's delay)."""
+
+    def __init__(self) -> None:
+        from PySide6.QtCore import Qt, QTimer
+
+        self.delays: list[float] = []
+        self.timer = QTimer()
+        self.timer.setTimerType(Qt.TimerType.PreciseTimer)
+        self.timer.setInterval(TICK_MS)
+        self.timer.timeout.connect(self._on_tick)
+        self._last = 0.0
+
+    def start(self) -> None:
+        self.delays.clear()
+        self._last = time.perf_counter()
+        self.timer.start()
+
+    def stop(self) -> None:
+        self.timer.stop()
+
+    def _on_tick(self) -> None:
+        now = time.perf_counter()
+        self.delays.append(max(0.0, now - self._last - TICK_MS / 1000))
+        self._last = now
+
+    def worst(self) -> float:
+        return max(self.delays) if self.delays else 0.0
+
+    def p99(self) -> float:
+        d = sorted(self.delays)
+        return d[int(0.99 * (len(d) - 1))] if d else 0.0
+
+
+def _run_for(app, seconds: float, until=None) -> float:
+    """Run the real event loop (QEventLoop.exec) for `seconds` and until `until()` holds."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    t0 = time.perf_counter()
+    loop = QEventLoop()
+
+    def check() -> None:
+        el = time.perf_counter() - t0
+        if el > 150:
+            loop.exit(1)
+        elif el >= seconds and (until is None or until()):
+            loop.exit(0)
+
+    t = QTimer()
+    t.setInterval(20)
+    t.timeout.connect(check)
+    t.start()
+    if loop.exec() != 0:
+        raise TimeoutError("the engine jobs took more than 150 s")
+    t.stop()
+    return time.perf_counter() - t0
+
+
+def _line(**kw) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+def main() -> None:
+    from PySide6.QtWidgets import QApplication
+
+    from app import refcount_guard
+    from app.decode_adapter import Decode
+    from app.engine_facade import Load, Unload
+    from app.main_window import MainWindow
+    from engine import memory
+
+    os.environ.setdefault("LOADOUT_CONFIG_DIR", tempfile.mkdtemp(prefix="loadout-bench-cfg-"))
+    os.environ.setdefault("LOADOUT_CACHE_DIR", tempfile.mkdtemp(prefix="loadout-bench-cache-"))
+    app = QApplication.instance() or QApplication([])
+    refcount_guard.install(app)
+    d = Path(tempfile.mkdtemp(prefix="loadout-bench-"))
+    files = _files(d)
+    w = MainWindow(restore_layout=False)
+    w.show()
+    w.start()
+    _run_for(app, 0, until=lambda: w.report is not None)
+    probe = LatenessProbe()
+
+    # 1) event-loop lateness: idle baseline, then while the engine loads and decodes
+    probe.start()
+    _run_for(app, 5.0)
+    probe.stop()
+    idle_worst, idle_p99, idle_n = probe.worst(), probe.p99(), len(probe.delays)
+
+    done: list[str] = []
+    w.client.finished.connect(lambda job, _r: done.append(job.name))
+    probe.start()
+    t0 = time.perf_counter()
+    w.submit(Load(files["vae"]))
+    w.submit(Decode(files["vae"], files["latent"], "tiled", 128, 32))
+    w.submit(Decode(files["taesd"], files["latent"], "full"))
+    w.submit(Unload(files["vae"], "vae"))
+    _run_for(app, 0, until=lambda: len([n for n in done if n in ("Load", "Decode", "Unload")]) >= 4)
+    busy_s = time.perf_counter() - t0
+    probe.stop()
+    worst, p99 = probe.worst(), probe.p99()
+    _line(name="event_loop_worst_delay_during_load_and_decode", ours_s=round(worst, 4),
+          baseline="idle window event loop (5 s)", baseline_s=round(idle_worst, 4),
+          ratio=round(worst / idle_worst, 2) if idle_worst else None, p99_s=round(p99, 4),
+          baseline_p99_s=round(idle_p99, 4), ticks=len(probe.delays), baseline_ticks=idle_n,
+          engine_busy_s=round(busy_s, 2), tick_ms=TICK_MS)  # fmt: skip
+
+    # 2) the graph's CPU cost: GUI-thread CPU per wall second, graph fed at 10 Hz vs sample only
+    w.sample_timer.stop()
+    from PySide6.QtCore import QTimer
+
+    def measure(feed_graph: bool, seconds: float = 10.0) -> tuple[float, int]:
+        n = [0]
+
+        def tick() -> None:
+            s = memory.sample()
+            if feed_graph:
+                w.graph.add_sample(s)
+            n[0] += 1
+
+        t = QTimer()
+        t.setInterval(100)
+        t.timeout.connect(tick)
+        c0, t0 = time.thread_time(), time.perf_counter()
+        t.start()
+        _run_for(app, seconds)
+        t.stop()
+        return (time.thread_time() - c0) / (time.perf_counter() - t0), n[0]
+
+    base, _ = measure(False)
+    ours, samples = measure(True)
+    _line(name="graph_cpu_per_second_at_10hz", ours_s=round(ours, 5),
+          baseline="event loop with a 10 Hz timer taking memory.sample() only", baseline_s=round(base, 5),
+          ratio=round(ours / base, 2) if base else None, graph_only_cpu_s_per_s=round(ours - base, 5),
+          samples=samples, redraws=w.graph.draws, points_kept=len(w.graph.t))  # fmt: skip
+    w.close()
+
+
+if __name__ == "__main__":
+    main()
