@@ -146,3 +146,17 @@ def test_sparse_ckpt_beyond_4gb_uses_zip64(tmp_path):
     sd = torch.load(p, mmap=True, weights_only=True)
     assert tuple(sd["big"].shape) == (1_100_000_000,) and sd["small"].dtype == torch.int64
     assert float(sd["small"].sum()) == 0.0  # holes read as zeros
+
+
+def test_ema_shadows_follow_litema_naming():
+    """LitEma keys: 'model_ema.' + the key after 'model.' with its dots removed (the rule diffusers'
+    SD conversion uses to find them), plus decay and num_updates."""
+    rows = synth.layout("sd1_checkpoint", ema=True)
+    keys = {k for k, _, _ in rows}
+    unet = [k for k in keys if k.startswith("model.diffusion_model.")]
+    ema = {k for k in keys if k.startswith("model_ema.")}
+    assert ema == {"model_ema." + "".join(k.split(".")[1:]) for k in unet} | {
+        "model_ema.decay",
+        "model_ema.num_updates",
+    }
+    assert len(rows) == len(synth.layout("sd1_checkpoint")) + len(unet) + 2
