@@ -77,9 +77,11 @@ def layout(name: str, *, dtype: DTypeSpec = "F16", prefix: str = "", **options) 
 
 
 def info(name: str, *, prefix: str = "", **options) -> LayoutInfo:
-    """What detection should report for `layout(name, prefix=prefix, **options)`."""
+    """What detection should report for `layout(name, prefix=prefix, **options)`: components whose
+    parts the options leave out (e.g. sd3_medium with clip=False) are not listed."""
     spec = REGISTRY[name].info
-    comps = {c: prefix + p for c, p in spec.components.items()}
+    keys = [k for k, _, _ in layout(name, prefix=prefix, **options)]
+    comps = {c: prefix + p for c, p in spec.components.items() if any(k.startswith(prefix + p) for k in keys)}
     pred = "v" if options.get("v_pred") or options.get("edm_vpred") else spec.prediction
     return replace(spec, components=comps, prediction=pred)
 

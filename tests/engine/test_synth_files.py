@@ -178,3 +178,14 @@ def test_module_command_lists_and_writes(tmp_path):
         [*run, "write", "no_such", str(tmp_path / "x")], capture_output=True, cwd=ROOT, timeout=120
     )
     assert bad.returncode == 2 and not (tmp_path / "x").exists()
+
+
+def test_info_follows_the_options():
+    full = synth.info("sd3_medium")
+    assert set(full.components) == {"transformer", "vae", "clip_l", "clip_g", "t5xxl"}
+    bare = synth.info("sd3_medium", clip=False, t5xxl=False)
+    assert set(bare.components) == {"transformer", "vae"}
+    assert synth.info("sdxl_checkpoint", v_pred=True).prediction == "v"
+    assert synth.info("flux1_dev_transformer", prefix="model.diffusion_model.").components == {
+        "transformer": "model.diffusion_model."
+    }
