@@ -80,6 +80,13 @@ class LibraryEntry:
             and self.declared_kind != self.kind
         )
 
+    @property
+    def matches_civitai(self) -> bool | None:
+        """Whether the file's SHA-256 is the one its .civitai.info lists (None until both are known):
+        False means a different or damaged download."""
+        listed = (self.notes or {}).get("civitai_sha256")
+        return None if not (listed and self.sha256) else listed == self.sha256
+
     def to_json(self) -> dict:
         d = dict(self.detection)
         d["library"] = {
@@ -91,6 +98,7 @@ class LibraryEntry:
             "sha256": self.sha256,
             "autov2": self.autov2,
             "model_hash_old": self.old_hash,
+            "matches_civitai": self.matches_civitai,
             "preview": self.preview,
             "notes": self.notes,
             "from_cache": self.from_cache,
@@ -225,7 +233,7 @@ def scan(
                     f.path, f.root, f.declared_kind, f.is_dir, f.size, f.mtime_ns,
                     det,
                     c.sha256 if same else None, c.old_hash if same else None,
-                    f.preview, read_notes(f.notes), f.path not in fresh,
+                    f.preview, read_notes(f.notes, os.path.basename(f.path)), f.path not in fresh,
                 )
             )  # fmt: skip
         return Library(
