@@ -8,6 +8,7 @@ simple). Exit 3 when any file is bad or unsupported; the others are still report
 from __future__ import annotations
 
 import os
+import sys
 
 from ._common import EXIT_BAD_INPUT, EXIT_OK, human_bytes, print_json
 
@@ -44,6 +45,10 @@ def run(args) -> int:
     if args.json:
         print_json(results[0].to_json() if len(results) == 1 else [r.to_json() for r in results])
     else:
+        # Evidence uses "→"; a console that cannot show it (a Windows pipe in cp1252) gets "?" instead
+        # of a UnicodeEncodeError.
+        if hasattr(sys.stdout, "reconfigure"):
+            sys.stdout.reconfigure(errors="replace")
         for i, r in enumerate(results):
             if i:
                 print()
