@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Slot
@@ -19,7 +20,8 @@ from engine.devices import DeviceOptions
 from engine.jobs import Progress
 
 log = logging.getLogger("loadout.app")
-RESOURCES = Path(__file__).resolve().parent / "resources"
+# Icons live in the repository's top-level resources/ (a PyInstaller build puts them beside the code).
+RESOURCES = Path(getattr(sys, "_MEIPASS", Path(__file__).resolve().parents[1])) / "resources"
 SAMPLE_INTERVAL_MS = 500
 
 

@@ -9,8 +9,12 @@ text_projection.weight) and text_encoders.t5xxl.transformer.*.
 
 from __future__ import annotations
 
+from . import auraflow as AF
+from . import cascade as SC
 from . import flux as F
+from . import hunyuan as HY
 from . import mmdit as M
+from . import pixart as PA
 from . import text as T
 from . import vae as V
 from .checkpoints import DM
@@ -73,7 +77,42 @@ for _name, _arch, _build, _cfg, _naming in (
     ("flux1_dev_transformer_diffusers", "flux1_dev", F.flux_diffusers, F.FLUX_DEV, "diffusers"),
     ("flux1_schnell_transformer_diffusers", "flux1_schnell", F.flux_diffusers, F.FLUX_SCHNELL, "diffusers"),
     ("flux2_dev_transformer", "flux2", F.flux2_bfl, F.FLUX2_DEV, "bfl"),
+    ("auraflow_transformer", "auraflow", AF.auraflow_native, AF.AURAFLOW, "native"),
+    ("hunyuan_dit_v11_transformer", "hunyuan_dit", HY.hunyuan_dit_native, HY.HUNYUAN_DIT_V11, "native"),
+    ("hunyuan_dit_v12_transformer", "hunyuan_dit", HY.hunyuan_dit_native, HY.HUNYUAN_DIT_V12, "native"),
+    ("pixart_alpha_transformer_diffusers", "pixart", PA.pixart_diffusers, PA.PIXART_ALPHA, "diffusers"),
+    ("pixart_sigma_transformer_diffusers", "pixart", PA.pixart_diffusers, PA.PIXART_SIGMA, "diffusers"),
 ):
     register(_name, "diffusion_model", _arch, {"transformer": ""}, prediction="flow", naming=_naming)(
         _dm(_build, _cfg, "transformer")
     )
+
+
+# Stable Cascade stage files (stage_c.safetensors, stage_b.safetensors and the *_lite / bf16 variants)
+# hold the UNet alone, in Stability's naming. Stable Cascade predicts noise ("eps"-like), not flow.
+for _name, _arch, _cfg in (
+    ("stable_cascade_c", "stable_cascade_c", SC.STAGE_C),
+    ("stable_cascade_c_lite", "stable_cascade_c", SC.STAGE_C_LITE),
+    ("stable_cascade_b", "stable_cascade_b", SC.STAGE_B),
+    ("stable_cascade_b_lite", "stable_cascade_b", SC.STAGE_B_LITE),
+):
+    register(_name, "diffusion_model", _arch, {"unet": ""}, naming="native")(
+        _dm(SC.cascade_native, _cfg, "unet")
+    )
+
+
+def _pixart(cfg: PA.PixArtConfig):
+    def fn(p: Parts, pos_embed: bool = False) -> None:
+        PA.pixart_native(p("transformer"), cfg, pos_embed=pos_embed)
+
+    return fn
+
+
+# PixArt-XL-2-1024-MS.pth / PixArt-Sigma-XL-2-1024-MS.pth (ComfyUI models/checkpoints or diffusion_models).
+# PixArt is trained with eps prediction and learned sigma (8 output channels).
+register("pixart_alpha_transformer", "diffusion_model", "pixart", {"transformer": ""}, naming="native")(
+    _pixart(PA.PIXART_ALPHA)
+)
+register("pixart_sigma_transformer", "diffusion_model", "pixart", {"transformer": ""}, naming="native")(
+    _pixart(PA.PIXART_SIGMA)
+)
