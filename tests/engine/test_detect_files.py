@@ -55,7 +55,15 @@ def test_sdxl_manifest_with_every_optional_key_is_v_prediction(tmp_path):
     assert (d.architecture, d.prediction) == ("sdxl", "v")
 
 
+# Training objectives of single-objective families (ComfyUI comfy/model_base.py: HunyuanDiT
+# V_PREDICTION, PixArt EPS). Synth's layouts label these DiTs "flow" or leave them open; the cited
+# objective is what detection must report.
+_OBJECTIVE = {"hunyuan_dit": "v", "pixart": "eps"}
+
+
 def _expected_prediction(want) -> str | None:
+    if want.architecture in _OBJECTIVE:
+        return _OBJECTIVE[want.architecture]
     # Synth leaves prediction open for bare UNets; detection knows SD1's (every SD1 release is eps,
     # whichever container the UNet comes in — see diffusion.py).
     if want.prediction is None and want.architecture == "sd1" and want.kind == "diffusion_model":
