@@ -129,8 +129,9 @@ def _summary_lines(s: dict) -> list[str]:
             out.append("  top tags      " + ", ".join(f"{tag} ({n})" for tag, n in t["top_tags"]))
         if t.get("comment"):
             out.append(f"  comment       {t['comment']}")
-    for k, v in (s.get("modelspec") or {}).items():
-        out.append(f"  {('spec ' + k):<13} {v}")
+    spec = s.get("modelspec") or {}
+    if spec:
+        out.append("  modelspec     " + " · ".join(f"{k.replace('_', ' ')}: {v}" for k, v in spec.items()))
     for k, v in list((s.get("other") or {}).items())[:10]:
         out.append(f"  {k[:13]:<13} {v}")
     return out

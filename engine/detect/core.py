@@ -199,7 +199,11 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
     up = kinds.upscaler(ix)
     if up is not None:
         return Detection(**base, kind="upscaler", components=build_components(ix, []), evidence=tuple(up))
-    return Detection(**base, kind="unknown", components=build_components(ix, []))
+    ev: tuple[Evidence, ...] = ()
+    if ix.has("latent_tensor"):  # ComfyUI's .latent: a safetensors file with one latent in it
+        why = "a ComfyUI latent, not a model (decode it with `loadout decode`)"
+        ev = (Evidence("latent_tensor", ix.shape("latent_tensor"), why),)
+    return Detection(**base, kind="unknown", components=build_components(ix, []), evidence=ev)
 
 
 def _vae_arch(v: Part) -> str | None:
