@@ -340,3 +340,10 @@ def test_diffusers_folder_shards_and_variants(tmp_path):
     assert (d.kind, d.architecture, d.error) == ("checkpoint", "flux1_schnell", None)
     assert d.components["transformer"].tensors == len(rows)  # both shards, not the fp16 variant
     assert d.components["transformer"].dtype == "BF16"
+
+
+def test_a_plain_folder_of_models_is_not_merged_into_one(tmp_path):
+    synth.write("sd_vae", tmp_path / "a.safetensors")
+    synth.write("clip_l", tmp_path / "b.safetensors")
+    d = detect_file(tmp_path)
+    assert d.error["type"] == "format" and "loadout scan" in d.error["message"]
