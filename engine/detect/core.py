@@ -226,6 +226,8 @@ def _single(ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | 
         comp = next(iter(by_comp))
         # A VAE file is all VAE (quant_conv, a latent batch-norm, …), under its parts' common prefix.
         claims = [(min((c[0] for c in claims), key=len), comp), ("", comp)]
+        # …except what training checkpoints keep beside it (the GAN loss, EMA copies).
+        claims += [("loss.", "other"), ("model_ema.", "other")]
     ev = tuple(e for p in parts for e in p.evidence)
     return Detection(
         **base, kind=kind, architecture=arch, components=build_components(ix, claims), evidence=ev

@@ -513,3 +513,10 @@ def test_wrapped_upscaler_old_clip_naming_and_flux_ip_adapter():
         }
     )
     assert ip.kind == "ip_adapter" and "FLUX.1" in ip.evidence[0].reason
+
+
+def test_diffusers_token_embedding_and_vae_training_leftovers():
+    d = det({"<cat-toy>": (768,)})
+    assert (d.kind, d.architecture) == ("embedding", "sd1")
+    v = det({**vae(""), "loss.logvar": (), "loss.discriminator.main.0.weight": (64, 3, 4, 4)})
+    assert v.kind == "vae" and v.components["vae"].tensors == 3 and v.components["other"].tensors == 2
