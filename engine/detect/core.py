@@ -87,10 +87,15 @@ def _lora_facts(ix: KeyIndex) -> dict | None:
     if info is None:
         return None
     if hasattr(info, "to_json"):
-        return info.to_json()
-    import dataclasses
+        facts = info.to_json()
+    else:
+        import dataclasses
 
-    return dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info)
+        facts = dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info)
+    return facts
+
+
+LORA_FIELDS = ("format", "algos", "rank", "alpha", "targets", "base")  # Detection.lora in DESIGN.md
 
 
 def detect_index(index, *, path: str = "") -> Detection:
@@ -138,13 +143,12 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
         if facts:
             algos = ", ".join(facts.get("algos") or []) or "?"
             targets = ", ".join(facts.get("targets") or []) or "?"
-            ev.append(
-                Evidence(
-                    "",
-                    None,
-                    f"{algos} adapters on {targets}: module names and shapes → base {arch or 'unknown'}",
-                )
+            modules = f"{facts['modules']} modules of " if facts.get("modules") else ""
+            why = (
+                f"{algos} adapters on {modules}{targets}: module names and shapes → base {arch or 'unknown'}"
             )
+            ev.append(Evidence("", None, why))
+            facts = {k: facts.get(k) for k in LORA_FIELDS}
         return Detection(
             **base,
             kind="lora",
