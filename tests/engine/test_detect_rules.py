@@ -430,11 +430,17 @@ def test_detection_never_imports_torch():
     import sys
 
     code = (
-        "import sys; from engine.detect import detect_index, index_from_shapes; import engine.cli.inspect; "
+        "import sys; from engine.detect import detect_file, detect_index, index_from_shapes; "
+        "import engine.cli.inspect; "
         "detect_index(index_from_shapes({'model.diffusion_model.input_blocks.0.0.weight': (320, 4, 3, 3)})); "
+        "d = detect_file(sys.argv[1]); assert d.kind == 'lora', d; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    from conftest import data_file
+
+    lokr = str(data_file("weights/smart_falcon_8_lokr.safetensors"))
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    r = subprocess.run([sys.executable, "-c", code, lokr], capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stderr
 
 
