@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from . import kinds
 from .diffusion import Backbone, find_backbone
 from .keys import KeyIndex, as_key_index
-from .meta import metadata_prediction, summarize
+from .meta import metadata_architecture, metadata_prediction, summarize
 from .parts import Part, container_of, find_clip_vision, find_taesd, find_text_encoders, find_vaes
 from .result import COMPONENT_ORDER, Component, Detection, Evidence
 
@@ -262,6 +262,15 @@ def _diffusion(ix: KeyIndex, base: dict, b: Backbone, encoders: list[Part], vaes
                 "SD2 is eps (512-base) or v (768-v); only weight values tell: use read_values",
             )
         )
+    claimed = metadata_architecture(ix.metadata)
+    if claimed is not None and claimed != b.architecture:
+        what = (
+            "not confirmed by the weights"
+            if b.architecture is None
+            else f"but the weights say {b.architecture}"
+        )
+        why = f"the metadata claims {claimed} ({ix.metadata['modelspec.architecture']}), {what}"
+        evidence.append(Evidence("__metadata__.modelspec.architecture", None, why))
     return Detection(
         **base,
         kind=kind,

@@ -526,3 +526,15 @@ def test_diffusers_token_embedding_and_vae_training_leftovers():
     assert (d.kind, d.architecture) == ("embedding", "sd1")
     v = det({**vae(""), "loss.logvar": (), "loss.discriminator.main.0.weight": (64, 3, 4, 4)})
     assert v.kind == "vae" and v.components["vae"].tensors == 3 and v.components["other"].tensors == 2
+
+
+def test_metadata_architecture_is_a_claim_shown_beside_the_weights_verdict():
+    d = det(unet(768), {"modelspec.architecture": "stable-diffusion-xl-v1-base"})
+    assert d.architecture == "sd1"
+    assert any("claims sdxl" in e.reason and "weights say sd1" in e.reason for e in d.evidence)
+    d = det(unet(4096), {"modelspec.architecture": "flux-1-dev"})
+    assert d.architecture is None and any("not confirmed" in e.reason for e in d.evidence)
+    assert not any(
+        "claims" in e.reason
+        for e in det(unet(768), {"modelspec.architecture": "stable-diffusion-v1"}).evidence
+    )
