@@ -8,6 +8,7 @@ functions during forward, so both give the same numbers.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -107,6 +108,8 @@ class AdapterModule:
 
     def patch_weight(self, weight, strength: float):
         """The patched weight (fp32) for `weight` (any float dtype), at `strength`."""
+        import torch
+
         w = algos._f32(weight)
         if strength == 0.0:
             return w
@@ -114,11 +117,30 @@ class AdapterModule:
         if "set_weight" in p:
             s = algos.fit(algos._f32(p["set_weight"]), w.shape)
             return w + strength * (s - w)
-        d = algos.fit(self.delta(w.device), w.shape)
         mag = p.get("dora_scale", p.get("magnitude"))
+        if mag is None and "up" in p and "mid" not in p and self._plain_lora_fits(w):
+            # The common case in one fused BLAS call: W + (strength * alpha / rank) * up @ down.
+            up, down = algos._f32(p["up"]), algos._f32(p["down"])
+            flat = w.reshape(w.shape[0], -1)
+            out = torch.addmm(
+                flat,
+                up.reshape(up.shape[0], -1),
+                down.reshape(down.shape[0], -1),
+                alpha=strength * self.scale,
+            )
+            return out.reshape(w.shape)
+        d = algos.fit(self.delta(w.device), w.shape)
         if mag is not None:
             return algos.dora_apply(w, d, mag, strength, peft="magnitude" in p)
         return w + strength * d
+
+    def _plain_lora_fits(self, w) -> bool:
+        up, down = self.parts["up"], self.parts["down"]
+        return (
+            up.shape[0] == w.shape[0]
+            and math.prod(down.shape[1:]) * up.shape[0] == w.numel()
+            and math.prod(up.shape[1:]) == down.shape[0]
+        )
 
     def patch_bias(self, bias, strength: float):
         """The patched bias (fp32) at `strength`."""
