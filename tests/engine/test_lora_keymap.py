@@ -351,3 +351,36 @@ def test_ldm_named_lora_reaches_a_diffusers_named_unet_file(shared_data):
         _shapes(synth.layout("sd1_unet_diffusers")),
     ).to_json()
     assert cov["targets"]["unet"]["mapped"] == 278
+
+
+def test_xlabs_flux_lora_lands_on_bfl_attention(tmp_path):
+    from engine.formats.safetensors import write_sparse
+    from engine.lora import describe_lora
+
+    entries = []
+    for i in range(2):
+        for which, (o, n) in {
+            "qkv_lora1": (9216, 3072),
+            "proj_lora1": (3072, 3072),
+            "qkv_lora2": (9216, 3072),
+            "proj_lora2": (3072, 3072),
+        }.items():
+            entries += [
+                (f"double_blocks.{i}.processor.{which}.down.weight", "BF16", (16, n)),
+                (f"double_blocks.{i}.processor.{which}.up.weight", "BF16", (o, 16)),
+            ]
+    header = read_header(write_sparse(tmp_path / "xlabs.safetensors", entries))
+    info = describe_lora(header)
+    assert (info.format, info.base, info.targets, info.rank, info.modules) == (
+        "xlabs",
+        "flux1",
+        ("transformer",),
+        16,
+        8,
+    )
+    cov = coverage(header, _flux_base())
+    assert (cov.modules, cov.mapped) == (8, 8)
+    assert (
+        cov.placements["double_blocks.1.txt_attn.qkv"].key
+        == "model.diffusion_model.double_blocks.1.txt_attn.qkv.weight"
+    )
