@@ -8,6 +8,7 @@ functions during forward, so both give the same numbers.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -107,6 +108,8 @@ class AdapterModule:
 
     def patch_weight(self, weight, strength: float):
         """The patched weight (fp32) for `weight` (any float dtype), at `strength`."""
+        import torch
+
         w = algos._f32(weight)
         if strength == 0.0:
             return w
@@ -114,11 +117,30 @@ class AdapterModule:
         if "set_weight" in p:
             s = algos.fit(algos._f32(p["set_weight"]), w.shape)
             return w + strength * (s - w)
-        d = algos.fit(self.delta(w.device), w.shape)
         mag = p.get("dora_scale", p.get("magnitude"))
+        if mag is None and "up" in p and "mid" not in p and self._plain_lora_fits(w):
+            # The common case in one fused BLAS call: W + (strength * alpha / rank) * up @ down.
+            up, down = algos._f32(p["up"]), algos._f32(p["down"])
+            flat = w.reshape(w.shape[0], -1)
+            out = torch.addmm(
+                flat,
+                up.reshape(up.shape[0], -1),
+                down.reshape(down.shape[0], -1),
+                alpha=strength * self.scale,
+            )
+            return out.reshape(w.shape)
+        d = algos.fit(self.delta(w.device), w.shape)
         if mag is not None:
             return algos.dora_apply(w, d, mag, strength, peft="magnitude" in p)
         return w + strength * d
+
+    def _plain_lora_fits(self, w) -> bool:
+        up, down = self.parts["up"], self.parts["down"]
+        return (
+            up.shape[0] == w.shape[0]
+            and math.prod(down.shape[1:]) * up.shape[0] == w.numel()
+            and math.prod(up.shape[1:]) == down.shape[0]
+        )
 
     def patch_bias(self, bias, strength: float):
         """The patched bias (fp32) at `strength`."""
@@ -175,12 +197,35 @@ def adapter_from_tensors(
             continue
         if facts.algos and facts.algos[0] in ("lora", "locon") and not ("up" in parts and "down" in parts):
             raise FormatError(f"{where}module {name!r} has a LoRA part but lacks its up/down partner")
+        _check_ranks(name, parts, shapes, where)
         tensors_by_part = {part: tensors[key] for part, key in parts.items() if part != "alpha"}
         alpha = alphas.get(parts["alpha"]) if "alpha" in parts else None
         if alpha is None and "alpha" not in parts and info.format in ("peft", "diffusers", "ai-toolkit"):
             alpha = info.alpha  # PEFT keeps lora_alpha in its config (diffusers saves it as metadata)
         modules[name] = AdapterModule(name, tensors_by_part, facts.algos, alpha)
     return Adapter(path, info, modules, dict(metadata or {}), unsupported)
+
+
+def _check_ranks(name: str, parts: dict[str, str], shapes: dict[str, tuple], where: str) -> None:
+    """Refuse factor pairs whose inner (rank) dims disagree: a broken or mislabelled file."""
+    pairs = [
+        ("up", "down", 1, 0),
+        ("hada_w1_a", "hada_w1_b", 1, 0),
+        ("hada_w2_a", "hada_w2_b", 1, 0),
+        ("lokr_w1_a", "lokr_w1_b", 1, 0),
+    ]
+    if "lokr_t2" not in parts:
+        pairs.append(("lokr_w2_a", "lokr_w2_b", 1, 0))
+    if "hada_t1" in parts:
+        pairs = [p for p in pairs if not p[0].startswith("hada")]
+    for a, b, ia, ib in pairs:
+        if a in parts and b in parts:
+            sa, sb = shapes[parts[a]], shapes[parts[b]]
+            if len(sa) <= ia or len(sb) <= ib or sa[ia] != sb[ib]:
+                raise FormatError(
+                    f"{where}module {name!r}: {a} {list(sa)} and {b} {list(sb)} do not share a rank; "
+                    "the file is broken or not an adapter Loadout knows"
+                )
 
 
 def load_adapter(path: str | os.PathLike) -> Adapter:

@@ -24,12 +24,20 @@ from . import checkpoints_dit as _checkpoints_dit  # noqa: F401
 from . import components as _components  # noqa: F401
 from ._build import DTypeSpec, Entry
 from .adapters import write_a1111_pt
+from .diffusers_folder import PIPELINES as DIFFUSERS_PIPELINES
+from .diffusers_folder import write_diffusers
+from .metadata import comfy_quant, modelspec, scaled_fp8
 from .registry import REGISTRY, LayoutInfo, build
 
 __all__ = [
     "layout",
     "write",
     "write_a1111_pt",
+    "write_diffusers",
+    "DIFFUSERS_PIPELINES",
+    "modelspec",
+    "scaled_fp8",
+    "comfy_quant",
     "from_manifest",
     "info",
     "names",

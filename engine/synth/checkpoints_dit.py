@@ -60,6 +60,11 @@ for _name, _arch, _cfg, _te in (
     )(_sd3(_cfg, _te))
 
 
+# Training objectives of the single-objective DiT families (ComfyUI comfy/model_base.py model types:
+# HunyuanDiT V_PREDICTION, PixArt EPS, AuraFlow / SD3 / Flux FLOW).
+OBJECTIVE = {"hunyuan_dit": "v", "pixart": "eps"}
+
+
 def _dm(build, cfg, component: str):
     def fn(p: Parts) -> None:
         build(p(component), cfg)
@@ -83,9 +88,14 @@ for _name, _arch, _build, _cfg, _naming in (
     ("pixart_alpha_transformer_diffusers", "pixart", PA.pixart_diffusers, PA.PIXART_ALPHA, "diffusers"),
     ("pixart_sigma_transformer_diffusers", "pixart", PA.pixart_diffusers, PA.PIXART_SIGMA, "diffusers"),
 ):
-    register(_name, "diffusion_model", _arch, {"transformer": ""}, prediction="flow", naming=_naming)(
-        _dm(_build, _cfg, "transformer")
-    )
+    register(
+        _name,
+        "diffusion_model",
+        _arch,
+        {"transformer": ""},
+        prediction=OBJECTIVE.get(_arch, "flow"),
+        naming=_naming,
+    )(_dm(_build, _cfg, "transformer"))
 
 
 # Stable Cascade stage files (stage_c.safetensors, stage_b.safetensors and the *_lite / bf16 variants)
@@ -110,9 +120,19 @@ def _pixart(cfg: PA.PixArtConfig):
 
 # PixArt-XL-2-1024-MS.pth / PixArt-Sigma-XL-2-1024-MS.pth (ComfyUI models/checkpoints or diffusion_models).
 # PixArt is trained with eps prediction and learned sigma (8 output channels).
-register("pixart_alpha_transformer", "diffusion_model", "pixart", {"transformer": ""}, naming="native")(
-    _pixart(PA.PIXART_ALPHA)
-)
-register("pixart_sigma_transformer", "diffusion_model", "pixart", {"transformer": ""}, naming="native")(
-    _pixart(PA.PIXART_SIGMA)
-)
+register(
+    "pixart_alpha_transformer",
+    "diffusion_model",
+    "pixart",
+    {"transformer": ""},
+    prediction="eps",
+    naming="native",
+)(_pixart(PA.PIXART_ALPHA))
+register(
+    "pixart_sigma_transformer",
+    "diffusion_model",
+    "pixart",
+    {"transformer": ""},
+    prediction="eps",
+    naming="native",
+)(_pixart(PA.PIXART_SIGMA))
