@@ -5,9 +5,20 @@ from __future__ import annotations
 import os
 import struct
 
+from .index import IndexedTensor, ModelIndex, open_index
 from .safetensors import MAX_HEADER_BYTES, SafetensorsFile, SafetensorsHeader, TensorInfo, read_header
 
-__all__ = ["sniff", "read_header", "SafetensorsFile", "SafetensorsHeader", "TensorInfo", "MODEL_SUFFIXES"]
+__all__ = [
+    "sniff",
+    "open_index",
+    "ModelIndex",
+    "IndexedTensor",
+    "read_header",
+    "SafetensorsFile",
+    "SafetensorsHeader",
+    "TensorInfo",
+    "MODEL_SUFFIXES",
+]
 
 MODEL_SUFFIXES = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".bin", ".gguf", ".latent")
 

@@ -100,6 +100,7 @@ def parse_header(raw: bytes, *, path: str = "", file_size: int | None = None) ->
     if meta is not None:
         if not isinstance(meta, dict):
             raise FormatError(f"{where}__metadata__ must be a JSON object of strings")
+        # The format says string -> string; other JSON values are kept as their JSON text.
         for k, v in meta.items():
             metadata[str(k)] = v if isinstance(v, str) else json.dumps(v)
 
@@ -112,7 +113,7 @@ def parse_header(raw: bytes, *, path: str = "", file_size: int | None = None) ->
         dtype = entry.get("dtype")
         shape = entry.get("shape")
         offsets = entry.get("data_offsets")
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise FormatError(f"{where}tensor {name!r}: unknown dtype {dtype!r}")
         if (
             not isinstance(shape, list)
@@ -156,6 +157,12 @@ def parse_header(raw: bytes, *, path: str = "", file_size: int | None = None) ->
                 f"{where}a gap of {t.begin - pos} bytes precedes tensor {t.name!r}: the file is corrupt"
             )
         pos = t.end
+    if data_limit is not None and pos != data_limit:
+        # The reference reader refuses this too (the data region must be exactly the tensors' bytes).
+        raise FormatError(
+            f"{where}{data_limit - pos:,} bytes follow the last tensor: the file is damaged or something "
+            "was appended to it"
+        )
     return SafetensorsHeader(
         path, file_size if file_size is not None else data_start + pos, len(raw), tensors, metadata
     )

@@ -1,0 +1,223 @@
+"""Mutated files for every reader: a result consistent with the file's size, or a FormatError. Nothing else."""
+
+import io
+import json
+import math
+import struct
+import zipfile
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.errors import FormatError, UnsupportedModel
+from engine.formats import ModelIndex, open_index
+from engine.formats.dtypes import DTYPES
+from engine.formats.gguf import write_sparse_gguf
+from engine.formats.latent import read_latent, write_latent
+from engine.formats.pickles import load_pickle
+
+SETTINGS = settings(
+    deadline=None,
+    max_examples=120,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+def _weights():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "model.w": torch.randn(4, 3, generator=g).half(),
+        "model.b": torch.randn(4, generator=g),
+        "step": torch.tensor([3]),
+    }
+
+
+def _safetensors_bytes():
+    buf = io.BytesIO()
+    from safetensors.torch import save
+
+    buf.write(save(_weights(), metadata={"ss_network_dim": "8"}))
+    return buf.getvalue()
+
+
+def _torch_bytes(zip_format=True):
+    buf = io.BytesIO()
+    torch.save({"state_dict": _weights(), "global_step": 5}, buf, _use_new_zipfile_serialization=zip_format)
+    return buf.getvalue()
+
+
+def _gguf_bytes(tmp_dir):
+    p = tmp_dir / "seed.gguf"
+    write_sparse_gguf(
+        p,
+        {"general.architecture": "sd1", "general.name": "x", "v": [1, 2, 3], "f": 0.5},
+        [("a.weight", "Q8_0", (2, 64)), ("a.bias", "F32", (2,)), ("e", "F16", (3, 4))],
+    )
+    return p.read_bytes()
+
+
+def _latent_bytes(tmp_dir):
+    p = tmp_dir / "seed.latent"
+    write_latent(p, torch.ones(1, 4, 2, 3))
+    return p.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory):
+    d = tmp_path_factory.mktemp("seeds")
+    return {
+        "safetensors": _safetensors_bytes(),
+        "torch-zip": _torch_bytes(True),
+        "pickle": _torch_bytes(False),
+        "gguf": _gguf_bytes(d),
+        "latent": _latent_bytes(d),
+    }
+
+
+SUFFIX = {
+    "safetensors": ".safetensors",
+    "torch-zip": ".ckpt",
+    "pickle": ".pt",
+    "gguf": ".gguf",
+    "latent": ".latent",
+}
+
+
+@st.composite
+def mutations(draw, size: int):
+    """A few byte flips, an optional cut, an optional inserted run."""
+    ops = []
+    for _ in range(draw(st.integers(0, 4))):
+        ops.append(("flip", draw(st.integers(0, size - 1)), draw(st.integers(0, 255))))
+    if draw(st.booleans()):
+        ops.append(("cut", draw(st.integers(0, size)), 0))
+    if draw(st.integers(0, 4)) == 0:
+        ops.append(("insert", draw(st.integers(0, size)), draw(st.binary(min_size=1, max_size=16))))
+    return ops
+
+
+def _apply(raw: bytes, ops) -> bytes:
+    b = bytearray(raw)
+    for op, i, v in ops:
+        if op == "flip" and i < len(b):
+            b[i] = v
+        elif op == "cut":
+            del b[i:]
+        elif op == "insert":
+            b[i:i] = v
+    return bytes(b)
+
+
+def check_index(idx: ModelIndex, size: int):
+    """What any index must satisfy: it describes bytes the file really has."""
+    assert idx.file_size == size
+    assert 0 <= idx.data_size <= size
+    for t in idx.tensors.values():
+        assert t.nbytes >= 0 and all(isinstance(s, int) and s >= 0 for s in t.shape)
+        if t.offset is not None:
+            assert t.offset >= 0 and t.offset + t.nbytes <= size
+        if t.dtype in DTYPES and DTYPES[t.dtype][0] % 8 == 0:
+            assert t.nbytes == math.prod(t.shape) * DTYPES[t.dtype][0] // 8
+    if idx.format == "safetensors":
+        assert sum(t.nbytes for t in idx.tensors.values()) == idx.data_size
+
+
+def _index_or_error(path, size):
+    try:
+        idx = open_index(path)
+    except (FormatError, UnsupportedModel) as e:
+        assert e.message  # a message for the user
+        return None
+    check_index(idx, size)
+    return idx
+
+
+@pytest.mark.parametrize("kind", list(SUFFIX))
+def test_seeds_are_valid(seeds, tmp_path, kind):
+    p = tmp_path / f"x{SUFFIX[kind]}"
+    p.write_bytes(seeds[kind])
+    assert _index_or_error(p, p.stat().st_size) is not None
+
+
+@pytest.mark.parametrize("kind", list(SUFFIX))
+@SETTINGS
+@given(data=st.data())
+def test_mutated_files_index_or_fail_cleanly(seeds, tmp_path, kind, data):
+    raw = _apply(seeds[kind], data.draw(mutations(len(seeds[kind]))))
+    p = tmp_path / f"m{SUFFIX[kind]}"
+    p.write_bytes(raw)
+    _index_or_error(p, len(raw))
+
+
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_latents_read_or_fail_cleanly(seeds, tmp_path, data):
+    raw = _apply(seeds["latent"], data.draw(mutations(len(seeds["latent"]))))
+    p = tmp_path / "m.latent"
+    p.write_bytes(raw)
+    try:
+        t = read_latent(p)
+    except FormatError:
+        return
+    assert t.dim() in (4, 5) and t.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["torch-zip", "pickle"])
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_checkpoints_load_or_fail_cleanly(seeds, tmp_path, kind, data):
+    raw = _apply(seeds[kind], data.draw(mutations(len(seeds[kind]))))
+    p = tmp_path / f"m{SUFFIX[kind]}"
+    p.write_bytes(raw)
+    try:
+        obj = load_pickle(p)
+    except FormatError:
+        return
+    assert isinstance(obj, dict)
+
+
+_ST_SEED = _safetensors_bytes()
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4),
+    max_leaves=12,
+)
+
+
+@SETTINGS
+@given(
+    tensor=st.sampled_from(["model.w", "model.b", "step", "__metadata__"]),
+    field=st.sampled_from(["dtype", "shape", "data_offsets", "extra", None]),
+    value=JSON,
+    keep_size=st.booleans(),
+)
+def test_json_field_edits(tmp_path, tensor, field, value, keep_size):
+    p = tmp_path / "j.safetensors"
+    raw = _ST_SEED
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    if field is None:
+        header[tensor] = value
+    elif isinstance(header[tensor], dict):
+        header[tensor][field] = value
+    new = json.dumps(header, allow_nan=True).encode()
+    data = raw[8 + n :]
+    out = struct.pack("<Q", len(new)) + new + (data if keep_size else data[: len(data) // 2])
+    p.write_bytes(out)
+    _index_or_error(p, len(out))
+
+
+def test_zip_members_shuffled_or_renamed(tmp_path):
+    """Structural zip edits: a renamed data.pkl or storage is a clean error."""
+    src = io.BytesIO(_torch_bytes(True))
+    with zipfile.ZipFile(src) as zf:
+        members = {i.filename: zf.read(i) for i in zf.infolist()}
+    for rename in [lambda n: n.replace("data.pkl", "data.pk"), lambda n: n.replace("/data/0", "/data/9")]:
+        p = tmp_path / "r.ckpt"
+        with zipfile.ZipFile(p, "w") as zf:
+            for name, b in members.items():
+                zf.writestr(rename(name), b)
+        with pytest.raises(FormatError):
+            open_index(p)
