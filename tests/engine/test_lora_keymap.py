@@ -384,3 +384,23 @@ def test_xlabs_flux_lora_lands_on_bfl_attention(tmp_path):
         cov.placements["double_blocks.1.txt_attn.qkv"].key
         == "model.diffusion_model.double_blocks.1.txt_attn.qkv.weight"
     )
+
+
+def test_bfl_control_lora_norm_scales_are_replacements(tmp_path):
+    from engine.formats.safetensors import write_sparse
+    from engine.lora import describe_lora
+
+    entries = [
+        ("double_blocks.0.img_attn.qkv.lora_A.weight", "BF16", (128, 3072)),
+        ("double_blocks.0.img_attn.qkv.lora_B.weight", "BF16", (9216, 128)),
+        ("double_blocks.0.img_attn.qkv.lora_B.bias", "BF16", (9216,)),
+        ("double_blocks.0.img_attn.norm.key_norm.scale", "BF16", (128,)),
+        ("single_blocks.3.norm.query_norm.scale", "BF16", (128,)),
+    ]
+    header = read_header(write_sparse(tmp_path / "control.safetensors", entries))
+    info = describe_lora(header)
+    assert info.format == "bfl" and "set" in info.algos and "lora" in info.algos
+    cov = coverage(header, _flux_base())
+    assert (cov.modules, cov.mapped) == (3, 3)
+    t = cov.placements["single_blocks.3.norm.query_norm"]
+    assert t.key == "model.diffusion_model.single_blocks.3.norm.query_norm.scale"
