@@ -404,3 +404,13 @@ def test_bfl_control_lora_norm_scales_are_replacements(tmp_path):
     assert (cov.modules, cov.mapped) == (3, 3)
     t = cov.placements["single_blocks.3.norm.query_norm"]
     assert t.key == "model.diffusion_model.single_blocks.3.norm.query_norm.scale"
+
+
+def test_sdxl_refiner_open_clip_g_and_unet():
+    km = KeyMap(_shapes(synth.layout("sdxl_refiner")))
+    assert km.resolve("text_encoder_2.text_model.encoder.layers.0.self_attn.q_proj").component == "clip_g"
+    t = km.resolve("lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn2_to_k")
+    assert t is not None and t.shape[1] == 1280  # the refiner's cross-attention context
+    for key, _, shape in synth.layout("sdxl_refiner_unet_diffusers"):
+        if key.endswith(".weight"):
+            assert km.resolve("unet." + key[: -len(".weight")]).shape == tuple(shape), key
