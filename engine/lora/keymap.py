@@ -209,6 +209,11 @@ class KeyMap:
             hf: list[tuple[str, View]] = []
             if layout == "hf":
                 hf.append((path, None))
+                if comp.startswith("clip") and path.startswith(
+                    ("encoder.", "embeddings.", "final_layer_norm")
+                ):
+                    # Old SD1 checkpoints saved CLIP from transformers < 4.x, without "text_model.".
+                    hf.append(("text_model." + path, None))
             else:
                 m = re.match(r"^transformer\.resblocks\.(\d+)\.attn\.in_proj$", path)
                 if m:

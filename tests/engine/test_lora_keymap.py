@@ -414,3 +414,13 @@ def test_sdxl_refiner_open_clip_g_and_unet():
     for key, _, shape in synth.layout("sdxl_refiner_unet_diffusers"):
         if key.endswith(".weight"):
             assert km.resolve("unet." + key[: -len(".weight")]).shape == tuple(shape), key
+
+
+def test_old_sd1_clip_without_text_model_prefix(shared_data):
+    # Early SD1 checkpoints store cond_stage_model.transformer.encoder.layers… (no "text_model.").
+    base = {
+        k.replace("cond_stage_model.transformer.text_model.", "cond_stage_model.transformer."): s
+        for k, s in _shapes(manifest_entries("manifests/sd15_ldm_single_file.json")).items()
+    }
+    cov = coverage(read_header(shared_data("weights/smart_falcon_8_lokr.safetensors")), base).to_json()
+    assert (cov["modules"], cov["mapped"]) == (350, 350)
