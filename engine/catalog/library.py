@@ -11,20 +11,20 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..errors import EngineError
 from ..jobs import CancelToken, Progress, Report, no_report
 from .cache import LibraryCache
 from .hashing import autov2
 from .layout import Root, read_extra_model_paths
 from .notes import read_notes
-from .walk import Found, Problem, discover
+from .parallel import Detector, auto_workers, default_detector, detect_many, error_detection
+from .walk import Problem, discover
+
+__all__ = ["Library", "LibraryEntry", "detector_fingerprint", "error_detection", "resolve_roots", "scan"]
 
 log = logging.getLogger("loadout.catalog")
-
-Detector = Callable[[str], object]  # path -> Detection (with .to_json()) or its JSON dict
 
 # Kinds a folder may declare that detection can also report: only these are compared for a mismatch.
 DETECTABLE_KINDS = {
@@ -80,6 +80,13 @@ class LibraryEntry:
             and self.declared_kind != self.kind
         )
 
+    @property
+    def matches_civitai(self) -> bool | None:
+        """Whether the file's SHA-256 is the one its .civitai.info lists (None until both are known):
+        False means a different or damaged download."""
+        listed = (self.notes or {}).get("civitai_sha256")
+        return None if not (listed and self.sha256) else listed == self.sha256
+
     def to_json(self) -> dict:
         d = dict(self.detection)
         d["library"] = {
@@ -91,6 +98,7 @@ class LibraryEntry:
             "sha256": self.sha256,
             "autov2": self.autov2,
             "model_hash_old": self.old_hash,
+            "matches_civitai": self.matches_civitai,
             "preview": self.preview,
             "notes": self.notes,
             "from_cache": self.from_cache,
@@ -123,21 +131,6 @@ class Library:
         }  # fmt: skip
 
 
-def error_detection(path: str, size: int | None, error: dict) -> dict:
-    """A Detection JSON object for a file that could not be detected."""
-    return {
-        "path": path, "file_bytes": size, "format": None, "kind": "unknown", "architecture": None,
-        "variant": None, "prediction": None, "components": {}, "lora": None, "metadata": {},
-        "evidence": [], "error": error,
-    }  # fmt: skip
-
-
-def _default_detector(path: str):
-    from .. import detect  # resolved per call, so a wrapped engine.detect.detect_file is honoured
-
-    return detect.detect_file(path)
-
-
 @functools.lru_cache(maxsize=1)
 def detector_fingerprint() -> str:
     """Identifies the detection code: cached detections made by other code are read again."""
@@ -153,22 +146,6 @@ def detector_fingerprint() -> str:
                     f"{os.path.relpath(os.path.join(dirpath, name), base)}:{st.st_size}:{st.st_mtime_ns};".encode()
                 )
     return "detect:" + h.hexdigest()[:16]
-
-
-def _detect_one(detector: Detector, f: Found) -> tuple[dict, bool]:
-    """(detection JSON, cacheable). Errors become the entry's `error`; one bad file never stops a scan."""
-    try:
-        det = detector(f.path)
-        d = det.to_json() if hasattr(det, "to_json") else dict(det)
-        return d, True
-    except EngineError as e:
-        return error_detection(f.path, f.size, e.to_json()), True
-    except Exception as e:  # a bug in detection must not hide the rest of the library; not cached
-        log.exception("detection failed on %s", f.path)
-        msg = (
-            f"Loadout could not inspect this file ({type(e).__name__}: {e}); this is a bug, please report it"
-        )
-        return error_detection(f.path, f.size, {"type": "internal", "message": msg}), False
 
 
 def resolve_roots(paths: Iterable[str | os.PathLike], *, follow_yaml: bool = True) -> list[Root]:
@@ -196,15 +173,17 @@ def scan(
     detector_id: str | None = None,
     token: CancelToken | None = None,
     report: Report = no_report,
+    workers: int | None = None,
 ) -> Library:
     """Scan folders into a Library. Reads only the headers of new or changed files; drops cache rows of
-    files that are gone. `cache=None` uses the user's cache file. Cancelling keeps what was detected."""
+    files that are gone. `cache=None` uses the user's cache file. Cancelling keeps what was detected.
+    `workers`: processes for reading headers (None = automatic: several only for big cold scans)."""
     t0 = time.perf_counter()
     token = token or CancelToken()
     roots = list(roots or []) + (resolve_roots(paths) if paths is not None else [])
     own_cache = cache is None
     cache = cache or LibraryCache()
-    detector = detector or _default_detector
+    detector = detector or default_detector
     det_id = detector_id or detector_fingerprint()
     try:
         found, problems, unlisted = discover(roots, token, report)
@@ -216,11 +195,9 @@ def scan(
         ]
         fresh: dict[str, dict] = {}
         pending: list[tuple] = []
+        n_workers = auto_workers(len(todo), detector) if workers is None else workers
         try:
-            for i, f in enumerate(todo):
-                report(Progress("Reading headers", i, len(todo), os.path.basename(f.path)))
-                token.raise_if_cancelled()  # after the report, so a cancel from a progress callback counts
-                d, cacheable = _detect_one(detector, f)
+            for f, d, cacheable in detect_many(todo, detector, token, report, n_workers):
                 fresh[f.path] = d
                 if cacheable:
                     pending.append((f.path, f.size, f.mtime_ns, f.dev, f.ino, det_id, d))
@@ -256,7 +233,7 @@ def scan(
                     f.path, f.root, f.declared_kind, f.is_dir, f.size, f.mtime_ns,
                     det,
                     c.sha256 if same else None, c.old_hash if same else None,
-                    f.preview, read_notes(f.notes), f.path not in fresh,
+                    f.preview, read_notes(f.notes, os.path.basename(f.path)), f.path not in fresh,
                 )
             )  # fmt: skip
         return Library(

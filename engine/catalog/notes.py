@@ -2,7 +2,7 @@
 
 `.civitai.info` is a Civitai model-version record as written by the Civitai Helper extensions
 (fields: `name` = version name, `model.name`, `model.type`, `baseModel`, `trainedWords`, `modelId`,
-`id`, `description`). A1111's own `name.json` (its "user metadata" editor) has `description`,
+`id`, `description`, and `files[]` with `name`, `primary` and `hashes.SHA256`). A1111's own `name.json` (its "user metadata" editor) has `description`,
 `sd version`, `activation text`, `preferred weight` and `notes`. Both are optional and often
 hand-edited: a broken one is reported inside the notes, never fatal.
 """
@@ -38,7 +38,19 @@ def _words(value) -> list[str]:
     return out
 
 
-def _civitai(d: dict) -> dict:
+def _civitai_sha256(d: dict, model_file: str | None) -> str | None:
+    """The SHA-256 Civitai lists for this model file (`files[].hashes.SHA256`), lower-case hex."""
+    files = [f for f in d.get("files") or [] if isinstance(f, dict) and isinstance(f.get("hashes"), dict)]
+    named = [f for f in files if model_file and f.get("name") == model_file]
+    primary = [f for f in files if f.get("primary")]
+    for f in named or primary or files[:1]:
+        h = f["hashes"].get("SHA256")
+        if isinstance(h, str) and len(h) == 64:
+            return h.lower()
+    return None
+
+
+def _civitai(d: dict, model_file: str | None = None) -> dict:
     model = d.get("model") if isinstance(d.get("model"), dict) else {}
     out = {
         "model_name": model.get("name") if isinstance(model.get("name"), str) else None,
@@ -49,6 +61,7 @@ def _civitai(d: dict) -> dict:
         "description": _text(d.get("description")) or _text(model.get("description")),
         "civitai_model_id": d.get("modelId") if isinstance(d.get("modelId"), int) else None,
         "civitai_version_id": d.get("id") if isinstance(d.get("id"), int) else None,
+        "civitai_sha256": _civitai_sha256(d, model_file),
     }
     return {k: v for k, v in out.items() if v not in (None, [])}
 
@@ -68,8 +81,9 @@ def _a1111(d: dict) -> dict:
     return {k: v for k, v in out.items() if v not in (None, [], 0)}
 
 
-def read_notes(paths: tuple[str, ...] | list[str]) -> dict | None:
-    """Merge the useful fields of the note files found beside a model (civitai.info first wins)."""
+def read_notes(paths: tuple[str, ...] | list[str], model_file: str | None = None) -> dict | None:
+    """Merge the useful fields of the note files found beside a model (civitai.info first wins).
+    `model_file` (the model's file name) picks its entry among the files a Civitai version lists."""
     if not paths:
         return None
     merged: dict = {"sources": []}
@@ -87,7 +101,7 @@ def read_notes(paths: tuple[str, ...] | list[str]) -> dict | None:
         if not isinstance(d, dict):
             problems.append(f"{os.path.basename(p)}: not a JSON object")
             continue
-        fields = _civitai(d) if p.endswith(".civitai.info") else _a1111(d)
+        fields = _civitai(d, model_file) if p.endswith(".civitai.info") else _a1111(d)
         merged["sources"].append(p)
         for k, v in fields.items():
             merged.setdefault(k, v)

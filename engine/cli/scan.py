@@ -99,7 +99,9 @@ def _print_human(lib, notes: dict) -> None:
         elif e.kind_mismatch:
             flag = f"  (in a {e.declared_kind} folder)"
         if e.path in notes:
-            flag += f"  [hash: {notes[e.path]}]"
+            flag += f"  [{notes[e.path]}]"
+        if e.matches_civitai is False:
+            flag += "  ! SHA-256 differs from the one its .civitai.info lists (another or a damaged download)"
         rows.append(
             (
                 e.kind or "-",

@@ -69,9 +69,14 @@ def detect_folder(path: str) -> Detection:
     """A diffusers pipeline folder, or one component folder (config.json + weights)."""
     index_json = os.path.join(path, "model_index.json")
     if not os.path.exists(index_json):
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise FormatError(
+                "a folder that is no diffusers model (no model_index.json or config.json): "
+                "inspect its files one by one, or scan it as a library with `loadout scan`"
+            )
         files = _weight_files(path)
         if not files:
-            raise FormatError("this folder holds no model_index.json and no .safetensors / .bin weights")
+            raise FormatError("this diffusers component folder holds no .safetensors / .bin weights")
         ix, size = _merged({"": files})
         d = detect_index(ix, path=path)
         return dataclasses.replace(d, file_bytes=size)

@@ -86,6 +86,11 @@ def embedding(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
     key = next((k for k in ("emb_params", "string_to_param.*") if ix.has(k)), None)
     if key is None:
         key = next((k for k in ix.tensors if k.startswith("string_to_param.")), None)
+    if key is None and len(ix.tensors) == 1:
+        # diffusers textual inversion (learned_embeds): one tensor named after its token, e.g. "<cat-toy>"
+        k, t = next(iter(ix.tensors.items()))
+        if k.startswith("<") and k.endswith(">") and len(t.shape) in (1, 2) and t.shape[-1] in (768, 1024):
+            key = k
     if key is None:
         return None
     width = (ix.shape(key) or (0,))[-1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import data_file
+from loadout_test_support import data_file
 
 from engine import synth
 
@@ -91,3 +91,9 @@ def test_read_values_flag(cli, tmp_path):
     assert (plain["architecture"], plain["prediction"]) == ("sd2", None)
     assert checked["prediction"] == "eps"  # the hole reads as zeros: no spread, so not v-prediction
     assert any("std of these weights" in e["reason"] for e in checked["evidence"])
+
+
+def test_text_output_on_an_ascii_console(cli):
+    r = cli("inspect", str(data_file("weights/taef2_encoder.pth")), env={"PYTHONIOENCODING": "ascii"})
+    assert r.returncode == 0, r.stderr
+    assert "vae_approx" in r.stdout and "3 image channels ? 32 latent channels" in r.stdout

@@ -42,12 +42,18 @@ def test_scan_json_lists_every_model_and_caches(cli, comfy, env, tmp_path):
 
 
 def test_scan_hash_computes_sha256_and_autov2_but_not_for_sparse_fixtures(cli, comfy, env):
+    lora = comfy / "models" / "loras" / "style.safetensors"
+    listed = hashlib.sha256(lora.read_bytes()).hexdigest().upper()  # as Civitai writes it
+    (lora.parent / "style.civitai.info").write_text(
+        json.dumps({"files": [{"name": lora.name, "hashes": {"SHA256": listed}}]})
+    )
     r = cli("scan", str(comfy), "--json", "--hash", env=env)
     assert r.returncode == 0, r.stderr
     out = {os.path.basename(e["path"]): e["library"] for e in json.loads(r.stdout)}
     want = hashlib.sha256((comfy / "models" / "loras" / "style.safetensors").read_bytes()).hexdigest()
     assert out["style.safetensors"]["sha256"] == want and out["style.safetensors"]["autov2"] == want[:10]
     assert out["sd15.safetensors"]["sha256"] is None  # 2 GiB of hole: skipped, never read
+    assert out["style.safetensors"]["matches_civitai"] is True
     assert "Hashing" in r.stderr
     # cached: a plain scan now shows the hash without reading the file again
     plain = json.loads(cli("scan", str(comfy), "--json", env=env).stdout)

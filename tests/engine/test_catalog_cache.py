@@ -83,14 +83,23 @@ def test_civitai_info_and_a1111_json_notes(tmp_path):
                 "trainedWords": ["dreamy, soft light", "portrait"],
                 "description": "<p>Version <b>8</b> &amp; more</p>",
                 "model": {"name": "DreamShaper", "type": "Checkpoint", "nsfw": False},
-                "files": [{"name": "x.safetensors"}],
+                "files": [
+                    {"name": "x-pruned.safetensors", "hashes": {"SHA256": "AB" * 32}},
+                    {
+                        "name": "x.safetensors",
+                        "primary": True,
+                        "hashes": {"SHA256": "CD" * 32, "AutoV2": "CDCDCDCDCD"},
+                    },
+                ],
             }
         )
     )
     user = tmp_path / "x.json"
     user.write_text(json.dumps({"description": "mine", "sd version": "SD1", "activation text": "ds8",
                                 "preferred weight": 0.7, "notes": "good at faces"}))  # fmt: skip
-    n = read_notes([str(info), str(user)])
+    n = read_notes([str(info), str(user)], "x.safetensors")
+    assert n["civitai_sha256"] == "cd" * 32  # the entry for this file, lower-case
+    assert read_notes([str(info)], "x-pruned.safetensors")["civitai_sha256"] == "ab" * 32
     assert n["model_name"] == "DreamShaper" and n["version_name"] == "8"
     assert n["base_model"] == "SD 1.5"  # civitai.info first: it wins over the user's "sd version"
     assert n["trained_words"] == ["dreamy", "soft light", "portrait"]

@@ -191,3 +191,34 @@ def test_a1111_layout_with_a_linked_real_lycoris_file(shared_data, tmp_path):
     assert falcon.detection["lora"]["algos"] == ["lokr"] and falcon.path.endswith(
         "LyCORIS/falcon.safetensors"
     )
+
+
+def test_worker_processes_give_the_same_library_and_cancel_cleanly(tmp_path):
+    """A big cold scan may read headers in spawned worker processes: same detections, same cache."""
+    m = tmp_path / "lib" / "models"
+    layouts = ["sd1_checkpoint", "sdxl_unet", "clip_l", "sd_vae", "taesd_decoder", "embedding_sd1"]
+    for i in range(36):
+        synth.write(
+            layouts[i % len(layouts)], m / f"f{i:02d}" / f"{layouts[i % len(layouts)]}_{i}.safetensors"
+        )
+    (m / "junk.safetensors").write_text("not a model")
+    with LibraryCache(tmp_path / "serial.sqlite3") as c1, LibraryCache(tmp_path / "workers.sqlite3") as c2:
+        serial = scan([tmp_path / "lib"], cache=c1, workers=1)
+        progress = []
+        par = scan([tmp_path / "lib"], cache=c2, workers=2, report=progress.append)
+        assert [(e.path, e.detection) for e in par.entries] == [(e.path, e.detection) for e in serial.entries]
+        assert par.read == 37 and len(par.bad) == 1 and len(c2.all()) == 37
+        assert progress[-1].stage == "Reading headers" and progress[-1].done == progress[-1].total == 37
+
+        token = CancelToken()
+        with LibraryCache(tmp_path / "cancel.sqlite3") as c3:
+
+            def cancel_early(p):
+                if p.stage == "Reading headers" and p.done >= 16:
+                    token.cancel()
+
+            with pytest.raises(Cancelled):
+                scan([tmp_path / "lib"], cache=c3, workers=2, token=token, report=cancel_early)
+            kept = c3.all()
+            assert 16 <= len(kept) < 37  # whole chunks finished before the cancel are kept
+            assert scan([tmp_path / "lib"], cache=c3, workers=1).read == 37 - len(kept)

@@ -10,7 +10,7 @@ import os
 import struct
 
 import pytest
-from conftest import data_file
+from loadout_test_support import data_file
 
 from engine import synth
 from engine.detect import detect_file
@@ -55,7 +55,15 @@ def test_sdxl_manifest_with_every_optional_key_is_v_prediction(tmp_path):
     assert (d.architecture, d.prediction) == ("sdxl", "v")
 
 
+# Training objectives of single-objective families (ComfyUI comfy/model_base.py: HunyuanDiT
+# V_PREDICTION, PixArt EPS). Synth's layouts label these DiTs "flow" or leave them open; the cited
+# objective is what detection must report.
+_OBJECTIVE = {"hunyuan_dit": "v", "pixart": "eps"}
+
+
 def _expected_prediction(want) -> str | None:
+    if want.architecture in _OBJECTIVE:
+        return _OBJECTIVE[want.architecture]
     # Synth leaves prediction open for bare UNets; detection knows SD1's (every SD1 release is eps,
     # whichever container the UNet comes in — see diffusion.py).
     if want.prediction is None and want.architecture == "sd1" and want.kind == "diffusion_model":
@@ -332,3 +340,39 @@ def test_diffusers_folder_shards_and_variants(tmp_path):
     assert (d.kind, d.architecture, d.error) == ("checkpoint", "flux1_schnell", None)
     assert d.components["transformer"].tensors == len(rows)  # both shards, not the fp16 variant
     assert d.components["transformer"].dtype == "BF16"
+
+
+def test_a_plain_folder_of_models_is_not_merged_into_one(tmp_path):
+    synth.write("sd_vae", tmp_path / "a.safetensors")
+    synth.write("clip_l", tmp_path / "b.safetensors")
+    d = detect_file(tmp_path)
+    assert d.error["type"] == "format" and "loadout scan" in d.error["message"]
+
+
+_PIPELINE_COMPONENTS = {
+    "sd1": {"unet", "clip_l", "vae"},
+    "sd2": {"unet", "clip_h", "vae"},
+    "sdxl": {"unet", "clip_l", "clip_g", "vae"},
+    "flux1_dev": {"transformer", "clip_l", "t5xxl", "vae"},
+    "flux1_schnell": {"transformer", "clip_l", "t5xxl", "vae"},
+    "sd3_medium": {"transformer", "clip_l", "clip_g", "t5xxl", "vae"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(synth.DIFFUSERS_PIPELINES))
+def test_synth_diffusers_pipelines(tmp_path, name):
+    root = synth.write_diffusers(name, tmp_path / name, shard_bytes=2 * 1024**3)
+    d = detect_file(root)
+    assert d.error is None, d.error
+    assert (d.kind, d.format) == ("checkpoint", "diffusers")
+    assert d.architecture == {"sd3_medium": "sd3"}.get(name, name)
+    assert set(d.components) == _PIPELINE_COMPONENTS[name]
+    for comp in d.components.values():
+        assert comp.prefix.endswith(".") and comp.tensors > 0
+
+
+def test_lora_object_has_exactly_the_design_fields():
+    j = detect_file(data_file("weights/smart_falcon_8_lokr.safetensors")).to_json()
+    assert list(j["lora"]) == ["format", "algos", "rank", "alpha", "targets", "base"]
+    assert j["lora"]["rank"] == 8 and j["lora"]["alpha"] == 8.0
+    assert any("350 modules" in e["reason"] for e in j["evidence"])

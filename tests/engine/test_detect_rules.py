@@ -430,11 +430,17 @@ def test_detection_never_imports_torch():
     import sys
 
     code = (
-        "import sys; from engine.detect import detect_index, index_from_shapes; import engine.cli.inspect; "
+        "import sys; from engine.detect import detect_file, detect_index, index_from_shapes; "
+        "import engine.cli.inspect; "
         "detect_index(index_from_shapes({'model.diffusion_model.input_blocks.0.0.weight': (320, 4, 3, 3)})); "
+        "d = detect_file(sys.argv[1]); assert d.kind == 'lora', d; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    from loadout_test_support import data_file
+
+    lokr = str(data_file("weights/smart_falcon_8_lokr.safetensors"))
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    r = subprocess.run([sys.executable, "-c", code, lokr], capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stderr
 
 
@@ -513,3 +519,22 @@ def test_wrapped_upscaler_old_clip_naming_and_flux_ip_adapter():
         }
     )
     assert ip.kind == "ip_adapter" and "FLUX.1" in ip.evidence[0].reason
+
+
+def test_diffusers_token_embedding_and_vae_training_leftovers():
+    d = det({"<cat-toy>": (768,)})
+    assert (d.kind, d.architecture) == ("embedding", "sd1")
+    v = det({**vae(""), "loss.logvar": (), "loss.discriminator.main.0.weight": (64, 3, 4, 4)})
+    assert v.kind == "vae" and v.components["vae"].tensors == 3 and v.components["other"].tensors == 2
+
+
+def test_metadata_architecture_is_a_claim_shown_beside_the_weights_verdict():
+    d = det(unet(768), {"modelspec.architecture": "stable-diffusion-xl-v1-base"})
+    assert d.architecture == "sd1"
+    assert any("claims sdxl" in e.reason and "weights say sd1" in e.reason for e in d.evidence)
+    d = det(unet(4096), {"modelspec.architecture": "flux-1-dev"})
+    assert d.architecture is None and any("not confirmed" in e.reason for e in d.evidence)
+    assert not any(
+        "claims" in e.reason
+        for e in det(unet(768), {"modelspec.architecture": "stable-diffusion-v1"}).evidence
+    )
