@@ -10,8 +10,9 @@ from residency_files import SD15_MANIFEST, SD15_PREFIXES
 from engine.devices import DeviceOptions, HardwareFacts, build_report
 from engine.formats.safetensors import write_sparse
 from engine.model import build_components
-from engine.plan import DECODE_BYTES_PER_PIXEL, TILES, make_plan
+from engine.plan import TILES, make_plan
 from engine.residency import Residency
+from engine.vae import estimate_decode_bytes
 
 MIB = 1024**2
 
@@ -62,14 +63,19 @@ def test_decode_modes_and_the_documented_formula(sd15):
     big = make_plan(str(sd15), decode=(512, 512), report=cpu_report(), free_bytes=64 << 30)
     dec = big["steps"][-1]
     assert dec["step"] == "decode" and dec["mode"] == "full"
-    assert dec["detail"]["activation_bytes"] == DECODE_BYTES_PER_PIXEL * 512 * 512 * 4  # fp32 on the CPU
-    small = make_plan(str(sd15), decode=(2048, 2048), report=cpu_report(vram_budget_gb=2), free_bytes=1 << 40)
+    vae = dec["detail"]["vae_bytes"]
+    assert dec["peak_bytes"] == estimate_decode_bytes(
+        512, 512, dtype="float32", weight_bytes=vae
+    )  # CPU: fp32
+    small = make_plan(str(sd15), decode=(2048, 2048), report=cpu_report(vram_budget_gb=1), free_bytes=1 << 40)
     dec = small["steps"][-1]
     assert dec["mode"] == "tiled" and dec["peak_bytes"] <= small["budget_bytes"]
     tile = dec["detail"]["tile"]
     assert tile < 1024
-    bigger_tile = DECODE_BYTES_PER_PIXEL * TILES[TILES.index(tile) - 1] ** 2 * 4  # the next size up
-    assert dec["detail"]["vae_bytes"] + bigger_tile > small["budget_bytes"]
+    bigger = estimate_decode_bytes(
+        2048, 2048, dtype="float32", weight_bytes=vae, tile=TILES[TILES.index(tile) - 1]
+    )
+    assert bigger > small["budget_bytes"]  # the next size up would not fit
 
 
 def test_hypothetical_gpu_uses_fp16_and_patch_step(sd15, shared_data):
