@@ -8,6 +8,7 @@ simple). Exit 3 when any file is bad or unsupported; the others are still report
 from __future__ import annotations
 
 import os
+import sys
 
 from ._common import EXIT_BAD_INPUT, EXIT_OK, human_bytes, print_json
 
@@ -44,6 +45,10 @@ def run(args) -> int:
     if args.json:
         print_json(results[0].to_json() if len(results) == 1 else [r.to_json() for r in results])
     else:
+        # Evidence uses "→"; a console that cannot show it (a Windows pipe in cp1252) gets "?" instead
+        # of a UnicodeEncodeError.
+        if hasattr(sys.stdout, "reconfigure"):
+            sys.stdout.reconfigure(errors="replace")
         for i, r in enumerate(results):
             if i:
                 print()
@@ -124,8 +129,9 @@ def _summary_lines(s: dict) -> list[str]:
             out.append("  top tags      " + ", ".join(f"{tag} ({n})" for tag, n in t["top_tags"]))
         if t.get("comment"):
             out.append(f"  comment       {t['comment']}")
-    for k, v in (s.get("modelspec") or {}).items():
-        out.append(f"  {('spec ' + k):<13} {v}")
+    spec = s.get("modelspec") or {}
+    if spec:
+        out.append("  modelspec     " + " · ".join(f"{k.replace('_', ' ')}: {v}" for k, v in spec.items()))
     for k, v in list((s.get("other") or {}).items())[:10]:
         out.append(f"  {k[:13]:<13} {v}")
     return out

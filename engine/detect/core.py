@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 
 from . import kinds
 from .diffusion import Backbone, find_backbone
 from .keys import KeyIndex, as_key_index
-from .meta import metadata_prediction, summarize
+from .meta import metadata_architecture, metadata_prediction, summarize
 from .parts import Part, container_of, find_clip_vision, find_taesd, find_text_encoders, find_vaes
 from .result import COMPONENT_ORDER, Component, Detection, Evidence
 
@@ -22,10 +23,10 @@ QUANT_MARKERS = (
 
 
 def _quantized(ix: KeyIndex) -> tuple[str, str] | None:
+    markers = tuple(m for m, _ in QUANT_MARKERS)
     for k in ix.tensors:
-        for marker, what in QUANT_MARKERS:
-            if k.endswith(marker) or k == marker:
-                return k, what
+        if k.endswith(markers):
+            return k, next(what for m, what in QUANT_MARKERS if k.endswith(m))
     return None
 
 
@@ -54,7 +55,7 @@ def build_components(
         params = nbytes = 0
         for k in keys:
             t = ix.tensors[k]
-            params += t.numel
+            params += math.prod(t.shape)
             nbytes += t.nbytes
             by_dtype[t.dtype] += t.nbytes or 1
         prefix = prefix_of.get(comp, "")
@@ -86,10 +87,15 @@ def _lora_facts(ix: KeyIndex) -> dict | None:
     if info is None:
         return None
     if hasattr(info, "to_json"):
-        return info.to_json()
-    import dataclasses
+        facts = info.to_json()
+    else:
+        import dataclasses
 
-    return dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info)
+        facts = dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info)
+    return facts
+
+
+LORA_FIELDS = ("format", "algos", "rank", "alpha", "targets", "base")  # Detection.lora in DESIGN.md
 
 
 def detect_index(index, *, path: str = "") -> Detection:
@@ -137,13 +143,12 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
         if facts:
             algos = ", ".join(facts.get("algos") or []) or "?"
             targets = ", ".join(facts.get("targets") or []) or "?"
-            ev.append(
-                Evidence(
-                    "",
-                    None,
-                    f"{algos} adapters on {targets}: module names and shapes → base {arch or 'unknown'}",
-                )
+            modules = f"{facts['modules']} modules of " if facts.get("modules") else ""
+            why = (
+                f"{algos} adapters on {modules}{targets}: module names and shapes → base {arch or 'unknown'}"
             )
+            ev.append(Evidence("", None, why))
+            facts = {k: facts.get(k) for k in LORA_FIELDS}
         return Detection(
             **base,
             kind="lora",
@@ -161,16 +166,17 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
             components=build_components(ix, []),
             evidence=tuple(emb[1]),
         )
-    for kind, probe in (("controlnet", kinds.controlnet), ("ip_adapter", kinds.ip_adapter)):
-        hit = probe(ix)
-        if hit is not None:
-            return Detection(
-                **base,
-                kind=kind,
-                architecture=hit[0],
-                components=build_components(ix, []),
-                evidence=tuple(hit[1]),
-            )
+    cn = kinds.controlnet(ix)
+    if cn is not None:
+        arch, ev, claims = cn
+        comps = build_components(ix, claims)
+        return Detection(**base, kind="controlnet", architecture=arch, components=comps, evidence=tuple(ev))
+    ip = kinds.ip_adapter(ix)
+    if ip is not None:
+        comps = build_components(ix, [])
+        return Detection(
+            **base, kind="ip_adapter", architecture=ip[0], components=comps, evidence=tuple(ip[1])
+        )
 
     backbone = find_backbone(ix)
     encoders = find_text_encoders(ix)
@@ -197,7 +203,11 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
     up = kinds.upscaler(ix)
     if up is not None:
         return Detection(**base, kind="upscaler", components=build_components(ix, []), evidence=tuple(up))
-    return Detection(**base, kind="unknown", components=build_components(ix, []))
+    ev: tuple[Evidence, ...] = ()
+    if ix.has("latent_tensor"):  # ComfyUI's .latent: a safetensors file with one latent in it
+        why = "a ComfyUI latent, not a model (decode it with `loadout decode`)"
+        ev = (Evidence("latent_tensor", ix.shape("latent_tensor"), why),)
+    return Detection(**base, kind="unknown", components=build_components(ix, []), evidence=ev)
 
 
 def _vae_arch(v: Part) -> str | None:
@@ -206,16 +216,22 @@ def _vae_arch(v: Part) -> str | None:
 
 
 def _single(ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | None) -> Detection:
-    claims = []
+    """A file that is one kind of part (a VAE, text encoders, a tiny autoencoder)."""
+    by_comp: dict[str, list[str]] = defaultdict(list)
     for p in parts:
-        claims += [(p.prefix, p.component), (container_of(p.prefix), p.component)]
-    if len(parts) == 1 and kind in ("vae", "vae_approx"):
-        claims = [
-            (
-                _common_prefix(list(ix.tensors)) if not parts[0].prefix else container_of(parts[0].prefix),
-                parts[0].component,
-            )
-        ]
+        by_comp[p.component].append(p.prefix)
+    claims = []
+    for comp, prefixes in by_comp.items():
+        if len(prefixes) == 1:
+            claims += [(prefixes[0], comp), (container_of(prefixes[0]), comp)]
+        else:  # e.g. a tiny autoencoder's encoder.layers. and decoder.layers.: the component is both
+            claims.append((_common_prefix(prefixes), comp))
+    if len(by_comp) == 1 and kind in ("vae", "vae_approx"):
+        comp = next(iter(by_comp))
+        # A VAE file is all VAE (quant_conv, a latent batch-norm, …), under its parts' common prefix.
+        claims = [(min((c[0] for c in claims), key=len), comp), ("", comp)]
+        # …except what training checkpoints keep beside it (the GAN loss, EMA copies).
+        claims += [("loss.", "other"), ("model_ema.", "other")]
     ev = tuple(e for p in parts for e in p.evidence)
     return Detection(
         **base, kind=kind, architecture=arch, components=build_components(ix, claims), evidence=ev
@@ -246,6 +262,15 @@ def _diffusion(ix: KeyIndex, base: dict, b: Backbone, encoders: list[Part], vaes
                 "SD2 is eps (512-base) or v (768-v); only weight values tell: use read_values",
             )
         )
+    claimed = metadata_architecture(ix.metadata)
+    if claimed is not None and claimed != b.architecture:
+        what = (
+            "not confirmed by the weights"
+            if b.architecture is None
+            else f"but the weights say {b.architecture}"
+        )
+        why = f"the metadata claims {claimed} ({ix.metadata['modelspec.architecture']}), {what}"
+        evidence.append(Evidence("__metadata__.modelspec.architecture", None, why))
     return Detection(
         **base,
         kind=kind,

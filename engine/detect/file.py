@@ -94,14 +94,14 @@ def _check_values(path: str, d: Detection) -> Detection:
     """The opt-in SD2 v-prediction check (see values.py)."""
     if d.architecture != "sd2" or d.prediction is not None or d.error is not None:
         return d
-    if d.format != "safetensors":
-        ev = Evidence("", None, "the SD2 value check reads .safetensors files only; prediction left unknown")
-        return dataclasses.replace(d, evidence=d.evidence + (ev,))
+    if d.format not in ("safetensors", "torch-zip"):
+        why = f"the SD2 value check reads .safetensors and torch-zip files, not {d.format}; prediction left unknown"
+        return dataclasses.replace(d, evidence=d.evidence + (Evidence("", None, why),))
     from .values import SD2_V_THRESHOLD, sd2_is_v
 
     prefix = d.components["unet"].prefix if "unet" in d.components else ""
     try:
-        is_v, std, key = sd2_is_v(path, prefix)
+        is_v, std, key = sd2_is_v(path, prefix, d.format)
     except (KeyError, EngineError) as e:
         ev = Evidence(prefix, None, f"SD2 value check not possible ({e}); prediction left unknown")
         return dataclasses.replace(d, evidence=d.evidence + (ev,))

@@ -24,10 +24,18 @@ from .result import Detection, Evidence
 _BACKBONES = ("unet", "transformer", "prior", "decoder")
 
 
+_VARIANT = re.compile(r"\.(fp16|bf16|fp32|non_ema|ema)(-\d+-of-\d+)?\.(safetensors|bin)$")
+
+
 def _weight_files(folder: str) -> list[str]:
-    names = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
-    plain = [n for n in names if not re.search(r"\.(fp16|bf16|fp32|non_ema|ema)\.safetensors$", n)]
-    chosen = plain or [n for n in names if ".fp16." in n] or names
+    """The weight files of one component: safetensors (else .bin), all shards, one variant only."""
+    listing = sorted(os.listdir(folder))
+    names = [n for n in listing if n.endswith(".safetensors")] or [
+        n for n in listing if n.endswith(".bin") and n != "training_args.bin"
+    ]
+    plain = [n for n in names if not _VARIANT.search(n)]
+    fp16 = [n for n in names if (m := _VARIANT.search(n)) and m.group(1) == "fp16"]
+    chosen = plain or fp16 or names
     return [os.path.join(folder, n) for n in chosen]
 
 
@@ -41,14 +49,14 @@ def _read_json(path: str) -> dict:
 
 
 def _merged(files_by_prefix: dict[str, list[str]]) -> tuple[KeyIndex, int]:
-    from ..formats import read_header
+    from ..formats import open_index
 
     tensors: dict[str, TensorMeta] = {}
     metadata: dict[str, str] = {}
     data = size = 0
     for prefix, files in files_by_prefix.items():
         for path in files:
-            ix = as_key_index(read_header(path))
+            ix = as_key_index(open_index(path))
             size += ix.file_size or 0
             data += ix.data_size or 0
             metadata.update(ix.metadata)
@@ -61,9 +69,14 @@ def detect_folder(path: str) -> Detection:
     """A diffusers pipeline folder, or one component folder (config.json + weights)."""
     index_json = os.path.join(path, "model_index.json")
     if not os.path.exists(index_json):
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise FormatError(
+                "a folder that is no diffusers model (no model_index.json or config.json): "
+                "inspect its files one by one, or scan it as a library with `loadout scan`"
+            )
         files = _weight_files(path)
         if not files:
-            raise FormatError("this folder holds no model_index.json and no .safetensors weights")
+            raise FormatError("this diffusers component folder holds no .safetensors / .bin weights")
         ix, size = _merged({"": files})
         d = detect_index(ix, path=path)
         return dataclasses.replace(d, file_bytes=size)
@@ -74,7 +87,7 @@ def detect_folder(path: str) -> Detection:
     }
     files = {k: v for k, v in files.items() if v}
     if not files:
-        raise FormatError("model_index.json names no component with .safetensors weights")
+        raise FormatError("model_index.json names no component with .safetensors / .bin weights")
     ix, size = _merged(files)
     d = detect_index(ix, path=path)
     evidence = [

@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..formats.dtypes import DTYPES, nbytes_for
 
@@ -30,7 +31,7 @@ class TensorMeta:
 class KeyIndex:
     """Keys with shapes and dtypes, the file's metadata, its container format and sizes."""
 
-    tensors: dict[str, TensorMeta]
+    tensors: dict[str, TensorMeta]  # or any info with dtype, shape (a tuple) and nbytes
     metadata: dict[str, str] = field(default_factory=dict)
     format: str = "safetensors"
     file_size: int | None = None
@@ -61,20 +62,45 @@ class KeyIndex:
         return n
 
     def prefixes_for(self, suffix: str) -> list[str]:
-        """Every prefix P (empty or ending in '.') such that P + suffix is a key."""
-        out = []
+        """Every prefix P (empty or ending in '.') such that P + suffix is a key (memoised per index)."""
+        memo = self._memo
+        if suffix not in memo:
+            n = len(suffix)
+            parts = suffix.split(".")
+            # Keys are bucketed by their last three segments, so a probe only looks at its bucket.
+            pool = self._by_tail.get(".".join(parts[-3:]), ()) if len(parts) >= 3 else self.tensors
+            memo[suffix] = [
+                k[: len(k) - n] for k in pool if k.endswith(suffix) and (len(k) == n or k[-n - 1] == ".")
+            ]
+        return memo[suffix]
+
+    @cached_property
+    def _memo(self) -> dict[str, list[str]]:
+        return {}
+
+    @cached_property
+    def _by_tail(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
         for k in self.tensors:
-            if k.endswith(suffix):
-                p = k[: len(k) - len(suffix)]
-                if p == "" or p.endswith("."):
-                    out.append(p)
+            parts = k.rsplit(".", 3)
+            out.setdefault(".".join(parts[-3:]), []).append(k)
         return out
 
     def first_match(self, pattern: str) -> str | None:
         """The first key (in natural block order) matching a regular expression."""
         rx = re.compile(pattern)
-        hits = [k for k in self.tensors if rx.fullmatch(k)]
+        tail = _literal_tail(pattern)
+        hits = [k for k in self.tensors if k.endswith(tail) and rx.fullmatch(k)]
         return min(hits, key=_natural) if hits else None
+
+
+def _literal_tail(pattern: str) -> str:
+    """The plain text a pattern must end with (after its last `\\d+`), to skip most keys cheaply."""
+    cut = max(pattern.rfind("\\d+") + 3 if "\\d+" in pattern else 0, 0)
+    tail = pattern[cut:]
+    if any(c in tail.replace("\\.", "") for c in "()[]|?*+{}^$"):
+        return ""
+    return re.sub(r"\\(.)", r"\1", tail)
 
 
 def _natural(key: str):
@@ -85,13 +111,14 @@ def as_key_index(obj, *, path: str = "") -> KeyIndex:
     """Adapt a header / ModelIndex / KeyIndex to a KeyIndex (no tensor data is touched)."""
     if isinstance(obj, KeyIndex):
         return obj
-    tensors = {}
-    for name, t in obj.tensors.items():
-        shape = tuple(int(s) for s in t.shape)
-        nbytes = getattr(t, "nbytes", None)
-        if nbytes is None:
-            nbytes = nbytes_for(t.dtype, math.prod(shape)) or 0
-        tensors[name] = TensorMeta(str(t.dtype), shape, int(nbytes))
+    tensors = dict(obj.tensors)  # infos with dtype, shape, nbytes are used as they are (no copies)
+    for name, t in tensors.items():
+        if not isinstance(t.shape, tuple) or getattr(t, "nbytes", None) is None:
+            shape = tuple(int(s) for s in t.shape)
+            nbytes = getattr(t, "nbytes", None)
+            if nbytes is None:
+                nbytes = nbytes_for(t.dtype, math.prod(shape)) or 0
+            tensors[name] = TensorMeta(str(t.dtype), shape, int(nbytes))
     data_size = getattr(obj, "data_size", None)
     if data_size is None:
         data_size = sum(t.nbytes for t in tensors.values())

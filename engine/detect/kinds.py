@@ -24,13 +24,33 @@ import re
 from .keys import KeyIndex
 from .result import Evidence
 
-_STRONG = re.compile(
-    r".*\.(?:lora_(?:down|up|A|B|mid)(?:\.[A-Za-z0-9_]+)?\.weight|lora\.(?:down|up)\.weight"
-    r"|lora_linear_layer\.(?:down|up)\.weight|hada_w[12]_[ab]|hada_t[12]|lokr_w[12](?:_[ab])?|lokr_t[12]"
-    r"|oft_blocks|oft_diag|oft_R)$"
+_STRONG = (
+    *(
+        f".{n}.weight"
+        for n in ("lora_down", "lora_up", "lora_A", "lora_B", "lora_mid", "lora.down", "lora.up")
+    ),
+    ".lora_linear_layer.down.weight",
+    ".lora_linear_layer.up.weight",
+    *(f".hada_w{i}_{ab}" for i in (1, 2) for ab in "ab"),
+    ".hada_t1",
+    ".hada_t2",
+    ".lokr_w1",
+    ".lokr_w2",
+    *(f".lokr_w{i}_{ab}" for i in (1, 2) for ab in "ab"),
+    ".lokr_t2",
+    ".oft_blocks",
+    ".oft_diag",
+    ".oft_R",
 )
-_WEAK = re.compile(r".*\.(?:alpha|dora_scale|diff|diff_b|w_norm|b_norm|on_input|scale_weight)$")
-_KOHYA = re.compile(r"^(?:lora_unet_|lora_te\d?_|lora_transformer_|lycoris_)")
+_STRONG_NAMED = re.compile(r".*\.lora_(?:A|B)\.[A-Za-z0-9_]+\.weight$")  # PEFT with an adapter name
+_WEAK = (".alpha", ".dora_scale", ".diff", ".diff_b", ".w_norm", ".b_norm", ".on_input")
+_KOHYA = ("lora_unet_", "lora_te_", "lora_te1_", "lora_te2_", "lora_te3_", "lora_transformer_", "lycoris_")
+
+
+def _strong(k: str) -> bool:
+    return k.endswith(_STRONG) or (".lora_" in k and _STRONG_NAMED.match(k) is not None)
+
+
 CONTEXT_ARCH = {768: "sd1", 1024: "sd2", 2048: "sdxl", 1280: "sdxl_refiner"}
 
 
@@ -41,15 +61,15 @@ def _ev(ix: KeyIndex, key: str, reason: str) -> Evidence:
 def lora_evidence(ix: KeyIndex) -> Evidence | None:
     """Evidence that this is an adapter file, or None. Most keys must be adapter keys."""
     keys = list(ix.tensors)
-    strong = [k for k in keys if _STRONG.match(k)]
-    adapterish = [k for k in keys if _STRONG.match(k) or _WEAK.match(k) or _KOHYA.match(k)]
+    adapterish = [k for k in keys if k.startswith(_KOHYA) or k.endswith(_WEAK) or _strong(k)]
     if not keys or len(adapterish) * 2 < len(keys):
         return None
+    strong = [k for k in adapterish if _strong(k)]
     if strong:
         k = sorted(strong)[0]
         tail = k.split(".")[-2] if k.endswith(".weight") else k.split(".")[-1]
         return _ev(ix, k, f"{len(strong)} adapter tensors such as `{tail}` → LoRA / LyCORIS")
-    kohya = [k for k in keys if _KOHYA.match(k)]
+    kohya = [k for k in keys if k.startswith(_KOHYA)]
     if kohya:
         k = sorted(kohya)[0]
         return _ev(ix, k, "kohya module names with weight differences only → full-diff LoRA")
@@ -66,6 +86,11 @@ def embedding(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
     key = next((k for k in ("emb_params", "string_to_param.*") if ix.has(k)), None)
     if key is None:
         key = next((k for k in ix.tensors if k.startswith("string_to_param.")), None)
+    if key is None and len(ix.tensors) == 1:
+        # diffusers textual inversion (learned_embeds): one tensor named after its token, e.g. "<cat-toy>"
+        k, t = next(iter(ix.tensors.items()))
+        if k.startswith("<") and k.endswith(">") and len(t.shape) in (1, 2) and t.shape[-1] in (768, 1024):
+            key = k
     if key is None:
         return None
     width = (ix.shape(key) or (0,))[-1]
@@ -75,8 +100,9 @@ def embedding(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
     return arch, [_ev(ix, key, f"textual-inversion vectors ({n} × {width}) → {name}")]
 
 
-def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
-    """(architecture, evidence) for a ControlNet in LDM or diffusers naming (UNet ControlNets)."""
+def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str, str]]] | None:
+    """(architecture, evidence, component claims) for a ControlNet: a trainable copy of the UNet's
+    encoder (component `unet`, under its own prefix) or of a DiT's blocks (`transformer`)."""
     p = next(
         (p for p in ix.prefixes_for("input_hint_block.0.weight") if ix.has(p + "zero_convs.0.0.weight")), None
     )
@@ -113,23 +139,33 @@ def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
     elif adm == 2816:
         arch = "sdxl"
         ev.append(_ev(ix, adm_key, "pooled + size conditioning 2816 (no attention blocks) → SDXL"))
-    return arch, ev
+    return arch, ev, [(p, "unet")]
 
 
-def _dit_controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
+def _dit_controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str, str]]] | None:
     if not any(k.startswith("controlnet_blocks.0.") for k in ix.tensors):
         return None
+    claims = [("", "transformer")]
     if ix.has("controlnet_x_embedder.weight"):
-        return None, [
-            _ev(ix, "controlnet_x_embedder.weight", "ControlNet blocks over FLUX.1 double/single blocks")
-        ]
+        why = "ControlNet blocks over FLUX.1 double/single blocks"
+        return None, [_ev(ix, "controlnet_x_embedder.weight", why)], claims
     if ix.has("pos_embed_input.proj.weight"):
-        return None, [_ev(ix, "pos_embed_input.proj.weight", "ControlNet blocks over SD3 joint blocks")]
+        return (
+            None,
+            [_ev(ix, "pos_embed_input.proj.weight", "ControlNet blocks over SD3 joint blocks")],
+            claims,
+        )
     k = sorted(k for k in ix.tensors if k.startswith("controlnet_blocks.0."))[0]
-    return None, [_ev(ix, k, "ControlNet output blocks on a transformer")]
+    return None, [_ev(ix, k, "ControlNet output blocks on a transformer")], claims
 
 
 def ip_adapter(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
+    # XLabs' FLUX.1 IP-Adapter: ip_adapter_double_stream_k/v_proj inside each double block.
+    flux_ip = ix.first_match(r"double_blocks\.\d+\.processor\.ip_adapter_double_stream_k_proj\.weight")
+    if flux_ip is not None:
+        return None, [
+            _ev(ix, flux_ip, "image key/value projections in the double blocks → FLUX.1 IP-Adapter")
+        ]
     if not any(k.startswith("image_proj.") for k in ix.tensors):
         return None
     if not any(k.startswith("ip_adapter.") for k in ix.tensors):
@@ -161,7 +197,11 @@ _ESRGAN = (
 
 
 def upscaler(ix: KeyIndex) -> list[Evidence] | None:
+    """ESRGAN-family (RRDBNet) upscalers, also under a wrapper such as BasicSR's `params_ema.`."""
     for keys in _ESRGAN:
-        if all(ix.has(k) for k in keys):
-            return [_ev(ix, keys[1], "residual-in-residual dense blocks (RRDB) → ESRGAN-family upscaler")]
+        for p in ix.prefixes_for(keys[1]):
+            if all(ix.has(p + k) for k in keys):
+                return [
+                    _ev(ix, p + keys[1], "residual-in-residual dense blocks (RRDB) → ESRGAN-family upscaler")
+                ]
     return None

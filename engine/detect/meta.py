@@ -127,3 +127,23 @@ def metadata_prediction(md: dict[str, str]) -> tuple[str, str] | None:
     if md.get("ss_v_parameterization") == "True":
         return "v", "ss_v_parameterization"
     return None
+
+
+# modelspec.architecture values (Stability AI ModelSpec README, "architecture" examples) -> ours.
+MODELSPEC_ARCH = (
+    ("stable-diffusion-xl-v1-refiner", "sdxl_refiner"),
+    ("stable-diffusion-xl", "sdxl"),
+    ("stable-diffusion-v1", "sd1"),
+    ("stable-diffusion-v2", "sd2"),
+    ("stable-diffusion-v3.5-large", "sd3.5_large"),
+    ("stable-diffusion-v3.5-medium", "sd3.5_medium"),
+    ("stable-diffusion-v3", "sd3"),
+    ("flux-1-dev", "flux1_dev"),
+    ("flux-1-schnell", "flux1_schnell"),
+)
+
+
+def metadata_architecture(md: dict[str, str]) -> str | None:
+    """The architecture the file's modelspec claims (a claim, not evidence from the weights)."""
+    v = (md.get("modelspec.architecture") or "").lower()
+    return next((ours for spec, ours in MODELSPEC_ARCH if v.startswith(spec)), None)

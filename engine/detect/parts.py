@@ -70,6 +70,15 @@ def find_text_encoders(ix: KeyIndex) -> list[Part]:
         comp, name = CLIP_WIDTHS.get(width, ("other", f"CLIP text ({width} wide)"))
         why = f"CLIP text encoder {width} wide, {layers} layers → {name}"
         parts.append(Part(p, comp, name, evidence=[_ev(ix, key, why)]))
+    # Files saved by transformers before 4.x lack the `text_model.` level (old SD1 checkpoints).
+    for p in ix.prefixes_for("encoder.layers.0.layer_norm1.weight"):
+        if p.endswith("text_model.") or not ix.has(p + "embeddings.token_embedding.weight"):
+            continue
+        key = p + "encoder.layers.0.layer_norm1.weight"
+        width = (ix.shape(key) or (0,))[0]
+        comp, name = CLIP_WIDTHS.get(width, ("other", f"CLIP text ({width} wide)"))
+        why = f"CLIP text encoder {width} wide (old transformers naming) → {name}"
+        parts.append(Part(p, comp, name, evidence=[_ev(ix, key, why)]))
     for p in ix.prefixes_for("transformer.resblocks.0.ln_1.weight"):
         if not (ix.has(p + "token_embedding.weight") or ix.has(p + "positional_embedding")):
             continue  # an image tower (visual.transformer...) has neither

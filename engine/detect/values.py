@@ -42,9 +42,23 @@ def read_small_tensor(path: str, name: str):
     return np.frombuffer(raw, dtype=kinds[info.dtype]).astype(np.float64)
 
 
-def sd2_is_v(path: str | os.PathLike, prefix: str) -> tuple[bool, float, str]:
+def read_zip_tensor(path: str, name: str):
+    """One tensor of a torch-zip checkpoint as float64 numpy. The checkpoint is memory-mapped
+    (engine.formats' restricted loader), so only the pages of this tensor are read from disk."""
+    from ..formats.pickles import load_state_dict
+
+    t = load_state_dict(path).get(name)
+    if t is None:
+        raise KeyError(name)
+    if t.numel() * t.element_size() > _MAX_BYTES:
+        raise FormatError(f"{path}: {name} is too large to read for a value check")
+    return t.detach().float().numpy().astype("float64")
+
+
+def sd2_is_v(path: str | os.PathLike, prefix: str, fmt: str = "safetensors") -> tuple[bool, float, str]:
     """(is v-prediction, the standard deviation measured, the key read) for an SD2 UNet."""
     key = prefix + SD2_V_KEY
-    values = read_small_tensor(os.fspath(path), key)
+    reader = read_zip_tensor if fmt == "torch-zip" else read_small_tensor
+    values = reader(os.fspath(path), key)
     std = float(values.std()) if values.size else 0.0  # numpy's default ddof=0 is the population std
     return std > SD2_V_THRESHOLD, std, key

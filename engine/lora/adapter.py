@@ -8,6 +8,7 @@ functions during forward, so both give the same numbers.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -64,9 +65,9 @@ class AdapterModule:
     def patches_bias(self) -> bool:
         return any(k in self.parts for k in ("diff_b", "b_norm", "up_bias"))
 
-    def delta(self):
+    def delta(self, device=None):
         """ΔW in fp32 with alpha/rank applied (strength not applied), in the adapter's own shape."""
-        p = self.parts
+        p = self._parts_on(device)
         a = self.algo
         if a in ("lora", "locon"):
             d = algos.lora_delta(p["up"], p["down"], p.get("mid"))
@@ -100,24 +101,51 @@ class AdapterModule:
         scale = self.scale
         return d * scale if scale != 1.0 else d
 
+    def _parts_on(self, device):
+        if device is None or all(t.device == device for t in self.parts.values()):
+            return self.parts
+        return {k: v.to(device) for k, v in self.parts.items()}
+
     def patch_weight(self, weight, strength: float):
         """The patched weight (fp32) for `weight` (any float dtype), at `strength`."""
+        import torch
+
         w = algos._f32(weight)
         if strength == 0.0:
             return w
-        p = self.parts
+        p = self._parts_on(w.device)
         if "set_weight" in p:
             s = algos.fit(algos._f32(p["set_weight"]), w.shape)
             return w + strength * (s - w)
-        d = algos.fit(self.delta(), w.shape)
         mag = p.get("dora_scale", p.get("magnitude"))
+        if mag is None and "up" in p and "mid" not in p and self._plain_lora_fits(w):
+            # The common case in one fused BLAS call: W + (strength * alpha / rank) * up @ down.
+            up, down = algos._f32(p["up"]), algos._f32(p["down"])
+            flat = w.reshape(w.shape[0], -1)
+            out = torch.addmm(
+                flat,
+                up.reshape(up.shape[0], -1),
+                down.reshape(down.shape[0], -1),
+                alpha=strength * self.scale,
+            )
+            return out.reshape(w.shape)
+        d = algos.fit(self.delta(w.device), w.shape)
         if mag is not None:
             return algos.dora_apply(w, d, mag, strength, peft="magnitude" in p)
         return w + strength * d
 
+    def _plain_lora_fits(self, w) -> bool:
+        up, down = self.parts["up"], self.parts["down"]
+        return (
+            up.shape[0] == w.shape[0]
+            and math.prod(down.shape[1:]) * up.shape[0] == w.numel()
+            and math.prod(up.shape[1:]) == down.shape[0]
+        )
+
     def patch_bias(self, bias, strength: float):
+        """The patched bias (fp32) at `strength`."""
         b = algos._f32(bias)
-        p = self.parts
+        p = self._parts_on(b.device)
         if "diff_b" in p:
             return b + strength * algos.fit(algos._f32(p["diff_b"]), b.shape)
         if "b_norm" in p:

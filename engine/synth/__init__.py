@@ -18,12 +18,33 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from . import checkpoints as _checkpoints  # noqa: F401  (registers the layouts)
+from . import adapters as _adapters  # noqa: F401  (registers the layouts)
+from . import checkpoints as _checkpoints  # noqa: F401
+from . import checkpoints_dit as _checkpoints_dit  # noqa: F401
 from . import components as _components  # noqa: F401
 from ._build import DTypeSpec, Entry
+from .adapters import write_a1111_pt
+from .diffusers_folder import PIPELINES as DIFFUSERS_PIPELINES
+from .diffusers_folder import write_diffusers
+from .metadata import comfy_quant, modelspec, scaled_fp8
 from .registry import REGISTRY, LayoutInfo, build
 
-__all__ = ["layout", "write", "from_manifest", "info", "names", "nbytes", "Entry", "LayoutInfo"]
+__all__ = [
+    "layout",
+    "write",
+    "write_a1111_pt",
+    "write_diffusers",
+    "DIFFUSERS_PIPELINES",
+    "modelspec",
+    "scaled_fp8",
+    "comfy_quant",
+    "from_manifest",
+    "info",
+    "names",
+    "nbytes",
+    "Entry",
+    "LayoutInfo",
+]
 
 
 def names() -> list[str]:

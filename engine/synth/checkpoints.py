@@ -231,6 +231,10 @@ register("flux1_schnell", "checkpoint", "flux1_schnell", _FLUX, prediction="flow
 )
 
 
+def _naming(build) -> str:
+    return {U.unet_ldm: "ldm", U.unet_diffusers: "diffusers", F.flux_bfl: "bfl"}.get(build, "")
+
+
 # The diffusion model alone (ComfyUI models/unet, models/diffusion_models): no prefix by default,
 # `prefix="model.diffusion_model."` for files cut out of a checkpoint.
 def _dm(build, cfg, component: str):
@@ -246,6 +250,11 @@ for _name, _arch, _build, _cfg, _comp, _variant in (
     ("sd2_unet", "sd2", U.unet_ldm, U.SD2, "unet", "normal"),
     ("sdxl_unet", "sdxl", U.unet_ldm, U.SDXL, "unet", "normal"),
     ("sdxl_refiner_unet", "sdxl_refiner", U.unet_ldm, U.SDXL_REFINER, "unet", "normal"),
+    ("sd1_unet_diffusers", "sd1", U.unet_diffusers, U.SD1, "unet", "normal"),
+    ("sd1_inpaint_unet_diffusers", "sd1", U.unet_diffusers, U.SD1.with_(in_channels=9), "unet", "inpaint"),
+    ("sd2_unet_diffusers", "sd2", U.unet_diffusers, U.SD2, "unet", "normal"),
+    ("sdxl_unet_diffusers", "sdxl", U.unet_diffusers, U.SDXL, "unet", "normal"),
+    ("sdxl_refiner_unet_diffusers", "sdxl_refiner", U.unet_diffusers, U.SDXL_REFINER, "unet", "normal"),
     ("flux1_dev_transformer", "flux1_dev", F.flux_bfl, F.FLUX_DEV, "transformer", "normal"),
     ("flux1_schnell_transformer", "flux1_schnell", F.flux_bfl, F.FLUX_SCHNELL, "transformer", "normal"),
     ("flux1_fill_transformer", "flux1_dev", F.flux_bfl, F.FLUX_FILL, "transformer", "inpaint"),

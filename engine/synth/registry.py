@@ -21,6 +21,8 @@ class LayoutInfo:
     kind: str
     architecture: str | None
     variant: str = "normal"
+    # the training objective when the family has one (flow for SD3/Flux/AuraFlow, v for HunyuanDiT, eps for
+    # SD1/PixArt) or a marker key says it; None where only weight values could tell (SD2, bare SDXL UNets)
     prediction: str | None = None
     # component name -> key prefix within the file ("" for a component saved on its own)
     components: dict[str, str] = field(default_factory=dict)

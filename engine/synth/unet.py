@@ -180,3 +180,88 @@ def _controlnet_extras(b: Builder, c: UNetConfig, chans: list[int]) -> None:
         b.conv(f"zero_convs.{i}.0", ch, ch, k=1)
     ch = c.model_channels * c.channel_mult[-1]
     b.conv("middle_block_out.0", ch, ch, k=1)
+
+
+def _resnet_diffusers(b: Builder, key: str, ch: int, out: int, emb: int) -> None:
+    b.norm(f"{key}.norm1", ch)
+    b.conv(f"{key}.conv1", out, ch)
+    b.linear(f"{key}.time_emb_proj", out, emb)
+    b.norm(f"{key}.norm2", out)
+    b.conv(f"{key}.conv2", out, out)
+    if out != ch:
+        b.conv(f"{key}.conv_shortcut", out, ch, k=1)
+
+
+def unet_diffusers(b: Builder, c: UNetConfig, *, controlnet: bool = False) -> None:
+    """The same UNet in diffusers UNet2DConditionModel naming (diffusers models/unets/unet_2d_blocks.py):
+    down_blocks.i.{resnets,attentions}.j, downsamplers.0.conv, mid_block, up_blocks (deepest first),
+    time_embedding.linear_{1,2}, add_embedding.linear_{1,2} (SDXL text_time), conv_norm_out, conv_out.
+    The Transformer2DModel inside keeps the LDM names (norm, proj_in, transformer_blocks, proj_out)."""
+    mc = c.model_channels
+    emb = mc * 4
+    lin = c.use_linear_in_transformer
+    b.conv("conv_in", mc, c.in_channels)
+    b.linear("time_embedding.linear_1", emb, mc)
+    b.linear("time_embedding.linear_2", emb, emb)
+    if c.adm_in_channels:
+        b.linear("add_embedding.linear_1", emb, c.adm_in_channels)
+        b.linear("add_embedding.linear_2", emb, emb)
+    chans = [mc]
+    ch = mc
+    attn = [
+        ds_ in c.attention_resolutions and c.transformer_depth[i] > 0
+        for i, ds_ in enumerate(2**i for i in range(len(c.channel_mult)))
+    ]
+    for level, mult in enumerate(c.channel_mult):
+        for j in range(c.num_res_blocks):
+            _resnet_diffusers(b, f"down_blocks.{level}.resnets.{j}", ch, mult * mc, emb)
+            ch = mult * mc
+            if attn[level]:
+                _transformer(
+                    b,
+                    f"down_blocks.{level}.attentions.{j}",
+                    ch,
+                    c.transformer_depth[level],
+                    c.context_dim,
+                    lin,
+                )
+            chans.append(ch)
+        if level != len(c.channel_mult) - 1:
+            b.conv(f"down_blocks.{level}.downsamplers.0.conv", ch, ch)
+            chans.append(ch)
+    _resnet_diffusers(b, "mid_block.resnets.0", ch, ch, emb)
+    _transformer(b, "mid_block.attentions.0", ch, c.transformer_depth_middle, c.context_dim, lin)
+    _resnet_diffusers(b, "mid_block.resnets.1", ch, ch, emb)
+    if controlnet:
+        _controlnet_diffusers_extras(b, c, chans)
+        return
+    for n, (level, mult) in enumerate(reversed(list(enumerate(c.channel_mult)))):
+        for j in range(c.num_res_blocks + 1):
+            _resnet_diffusers(b, f"up_blocks.{n}.resnets.{j}", ch + chans.pop(), mc * mult, emb)
+            ch = mc * mult
+            if attn[level]:
+                _transformer(
+                    b, f"up_blocks.{n}.attentions.{j}", ch, c.transformer_depth[level], c.context_dim, lin
+                )
+        if level:
+            b.conv(f"up_blocks.{n}.upsamplers.0.conv", ch, ch)
+    b.norm("conv_norm_out", mc)
+    b.conv("conv_out", c.out_channels, mc)
+
+
+def _controlnet_diffusers_extras(b: Builder, c: UNetConfig, chans: list[int]) -> None:
+    """diffusers ControlNetModel (models/controlnets/controlnet.py): controlnet_cond_embedding conv_in /
+    blocks.N / conv_out (the hint encoder above, with the same channel steps), one controlnet_down_blocks.N
+    1x1 conv per down-block output, controlnet_mid_block."""
+    steps = [16, 32, 96, 256]
+    b.conv("controlnet_cond_embedding.conv_in", steps[0], 3)
+    n = 0
+    for cin, cout in zip(steps[:-1], steps[1:], strict=True):
+        b.conv(f"controlnet_cond_embedding.blocks.{n}", cin, cin)
+        b.conv(f"controlnet_cond_embedding.blocks.{n + 1}", cout, cin)
+        n += 2
+    b.conv("controlnet_cond_embedding.conv_out", c.model_channels, steps[-1])
+    for i, ch in enumerate(chans):
+        b.conv(f"controlnet_down_blocks.{i}", ch, ch, k=1)
+    ch = c.model_channels * c.channel_mult[-1]
+    b.conv("controlnet_mid_block", ch, ch, k=1)

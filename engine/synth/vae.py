@@ -30,6 +30,7 @@ class VAEConfig:
     in_channels: int = 3
     out_ch: int = 3
     quant_conv: bool = True
+    batchnorm: int = 0  # FLUX.2: BatchNorm2d statistics over the 2x2-patchified latent (no affine)
 
 
 # v1-inference.yaml first_stage_config: embed_dim 4, z_channels 4, ch 128, ch_mult [1, 2, 4, 4],
@@ -38,6 +39,9 @@ SD = VAEConfig()
 # SD3 / FLUX.1 vae/config.json (diffusers): latent_channels 16, no quant convs, same ch/ch_mult.
 SD3 = VAEConfig(z_channels=16, quant_conv=False)
 FLUX1 = SD3
+# FLUX.2 (diffusers AutoencoderKLFlux2 defaults / black-forest-labs/FLUX.2-dev vae/config.json): 32 latent
+# channels, quant convs kept, and a BatchNorm2d over 4*32 = 128 patchified channels (running stats only).
+FLUX2 = VAEConfig(z_channels=32, batchnorm=128)
 
 
 def _res(b: Builder, key: str, cin: int, cout: int, shortcut: str) -> None:
@@ -129,3 +133,7 @@ def vae_diffusers(b: Builder, c: VAEConfig) -> None:
     if c.quant_conv:
         b.conv("quant_conv", 2 * c.z_channels, 2 * c.z_channels, k=1)
         b.conv("post_quant_conv", c.z_channels, c.z_channels, k=1)
+    if c.batchnorm:
+        b.t("bn.running_mean", (c.batchnorm,))
+        b.t("bn.running_var", (c.batchnorm,))
+        b.t("bn.num_batches_tracked", (), dtype="I64")

@@ -61,3 +61,39 @@ def test_missing_and_empty_files_exit_3_without_traceback(cli, tmp_path):
 def test_usage_error(cli):
     r = cli("inspect")
     assert r.returncode == 2
+
+
+def test_hostile_pickle_is_refused_and_never_runs(cli, tmp_path):
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            import os
+
+            return (os.system, (f"touch {marker}",))
+
+    bad = tmp_path / "model.ckpt"
+    bad.write_bytes(pickle.dumps({"state_dict": Evil()}, protocol=2))
+    r = cli("inspect", str(bad), "--json")
+    assert r.returncode == 3
+    d = json.loads(r.stdout)
+    assert d["error"]["type"] == "format" and d["kind"] == "unknown"
+    assert not marker.exists()
+    assert "Traceback" not in r.stderr
+
+
+def test_read_values_flag(cli, tmp_path):
+    path = synth.write("sd2_unet", tmp_path / "sd2.safetensors", dtype="F16")
+    plain = json.loads(cli("inspect", str(path), "--json").stdout)
+    checked = json.loads(cli("inspect", str(path), "--json", "--read-values").stdout)
+    assert (plain["architecture"], plain["prediction"]) == ("sd2", None)
+    assert checked["prediction"] == "eps"  # the hole reads as zeros: no spread, so not v-prediction
+    assert any("std of these weights" in e["reason"] for e in checked["evidence"])
+
+
+def test_text_output_on_an_ascii_console(cli):
+    r = cli("inspect", str(data_file("weights/taef2_encoder.pth")), env={"PYTHONIOENCODING": "ascii"})
+    assert r.returncode == 0, r.stderr
+    assert "vae_approx" in r.stdout and "3 image channels ? 32 latent channels" in r.stdout

@@ -430,11 +430,17 @@ def test_detection_never_imports_torch():
     import sys
 
     code = (
-        "import sys; from engine.detect import detect_index, index_from_shapes; import engine.cli.inspect; "
+        "import sys; from engine.detect import detect_file, detect_index, index_from_shapes; "
+        "import engine.cli.inspect; "
         "detect_index(index_from_shapes({'model.diffusion_model.input_blocks.0.0.weight': (320, 4, 3, 3)})); "
+        "d = detect_file(sys.argv[1]); assert d.kind == 'lora', d; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    from conftest import data_file
+
+    lokr = str(data_file("weights/smart_falcon_8_lokr.safetensors"))
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    r = subprocess.run([sys.executable, "-c", code, lokr], capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stderr
 
 
@@ -476,3 +482,59 @@ def test_metadata_summary():
     assert t["top_tags"] == [["cat", 5], ["tree", 5], ["dog", 1]]
     assert s["other"] == {"notes": "hello"}
     assert det(unet(768)).summary is None
+
+
+def test_comfyui_clip_save_with_two_encoders():
+    k = {**clip_l("clip_l.transformer."), **clip_l("clip_g.transformer.", 1280, 32)}
+    k["clip_g.transformer.text_projection.weight"] = (1280, 1280)
+    k["clip_l.logit_scale"] = ()
+    d = det(k)
+    assert d.kind == "text_encoder" and set(d.components) == {"clip_l", "clip_g"}
+    assert d.components["clip_l"].tensors == 26  # the logit_scale beside the transformer included
+    assert d.components["clip_g"].prefix == "clip_g.transformer."
+
+
+def test_text_encoder_cut_from_a_checkpoint_keeps_its_ldm_prefix():
+    d = det(open_clip("cond_stage_model.model.", 1024, 24))
+    assert (d.kind, list(d.components)) == ("text_encoder", ["clip_h"])
+    assert d.components["clip_h"].prefix == "cond_stage_model.model."
+
+
+def test_wrapped_upscaler_old_clip_naming_and_flux_ip_adapter():
+    up = {
+        f"params_ema.{k}": (64, 64, 3, 3)
+        for k in ("conv_first.weight", "body.0.rdb1.conv1.weight", "conv_body.weight", "conv_last.weight")
+    }
+    assert det(up).kind == "upscaler"
+    old = {
+        "cond_stage_model.transformer.embeddings.token_embedding.weight": (49408, 768),
+        "cond_stage_model.transformer.encoder.layers.0.layer_norm1.weight": (768,),
+    }
+    d = det({**unet(768), **old})
+    assert d.kind == "checkpoint" and d.components["clip_l"].tensors == 2
+    ip = det(
+        {
+            "double_blocks.0.processor.ip_adapter_double_stream_k_proj.weight": (3072, 4096),
+            "ip_adapter_proj_model.proj.weight": (16384, 768),
+        }
+    )
+    assert ip.kind == "ip_adapter" and "FLUX.1" in ip.evidence[0].reason
+
+
+def test_diffusers_token_embedding_and_vae_training_leftovers():
+    d = det({"<cat-toy>": (768,)})
+    assert (d.kind, d.architecture) == ("embedding", "sd1")
+    v = det({**vae(""), "loss.logvar": (), "loss.discriminator.main.0.weight": (64, 3, 4, 4)})
+    assert v.kind == "vae" and v.components["vae"].tensors == 3 and v.components["other"].tensors == 2
+
+
+def test_metadata_architecture_is_a_claim_shown_beside_the_weights_verdict():
+    d = det(unet(768), {"modelspec.architecture": "stable-diffusion-xl-v1-base"})
+    assert d.architecture == "sd1"
+    assert any("claims sdxl" in e.reason and "weights say sd1" in e.reason for e in d.evidence)
+    d = det(unet(4096), {"modelspec.architecture": "flux-1-dev"})
+    assert d.architecture is None and any("not confirmed" in e.reason for e in d.evidence)
+    assert not any(
+        "claims" in e.reason
+        for e in det(unet(768), {"modelspec.architecture": "stable-diffusion-v1"}).evidence
+    )

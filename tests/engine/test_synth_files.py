@@ -67,3 +67,40 @@ def test_every_layout_is_consistent(name):
 def test_unknown_layout_names_the_known_ones():
     with pytest.raises(KeyError, match="sd1_checkpoint"):
         synth.layout("no_such_model")
+
+
+@pytest.mark.parametrize("part", ["encoder", "decoder"])
+def test_taef2_layout_equals_the_real_files(shared_data, part):
+    """The TAESD-family layout, built from the taesd.py structure, matches the real TAEF2 state dicts."""
+    torch = pytest.importorskip("torch")
+    sd = torch.load(
+        shared_data(f"weights/taef2_{part}.pth"), weights_only=True, map_location="cpu", mmap=True
+    )
+    ref = {k: ("F16", tuple(v.shape)) for k, v in sd.items()}
+    assert all(v.dtype == torch.float16 for v in sd.values())
+    assert {k: (d, s) for k, d, s in synth.layout(f"taef2_{part}", dtype="F16")} == ref
+
+
+def test_modelspec_metadata_round_trips(tmp_path):
+    md = synth.modelspec("sdxl", title="demo", prediction="v", trigger_phrase="xyz")
+    p = synth.write("sdxl_unet", tmp_path / "u.safetensors", metadata=md, prefix="model.diffusion_model.")
+    got = read_header(p).metadata
+    assert got["modelspec.architecture"] == "stable-diffusion-xl-v1-base"
+    assert got["modelspec.prediction_type"] == "v" and got["modelspec.trigger_phrase"] == "xyz"
+    assert synth.modelspec("sd1", adapter="lora")["modelspec.architecture"] == "stable-diffusion-v1/lora"
+
+
+@pytest.mark.parametrize("quant", ["scaled_fp8", "comfy_quant"])
+def test_quantised_layouts_halve_the_linear_weights(tmp_path, quant):
+    rows = synth.layout("t5xxl", dtype="F16")
+    q = getattr(synth, quant)(rows)
+    dts = {k: d for k, d, _ in q}
+    linear = [k for k, _, s in rows if k.endswith(".weight") and len(s) == 2 and "shared" not in k]
+    assert linear and all(dts[k] == "F8_E4M3" for k in linear)
+    assert dts["shared.weight"] == "F16" and dts["encoder.final_layer_norm.weight"] == "F16"
+    scale = "scale_weight" if quant == "scaled_fp8" else "weight_scale"
+    assert all(dts[k[: -len("weight")] + scale] == "F32" for k in linear)
+    assert ("scaled_fp8" in dts) == (quant == "scaled_fp8")
+    assert all((k[: -len("weight")] + "comfy_quant" in dts) == (quant == "comfy_quant") for k in linear)
+    h = read_header(synth.write(q, tmp_path / "q.safetensors"))
+    assert len(h.tensors) == len(q) and h.data_size < 0.6 * synth.nbytes(rows)
