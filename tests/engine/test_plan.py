@@ -103,8 +103,6 @@ def test_cli_plan_json_and_errors(cli, sd15, tmp_path):
     assert set(out) == {"device", "budget_bytes", "steps", "fits"}
     assert [s["step"] for s in out["steps"]] == ["load", "decode"]
     assert all(set(s) == {"step", "peak_bytes", "mode", "detail"} for s in out["steps"])
-    r = cli("plan", "--model", str(sd15), "--vram", "6")
-    assert r.returncode == 0 and "fits" in r.stdout and "load" in r.stdout
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
     r = cli("plan", "--model", str(bad), "--json")
@@ -112,3 +110,11 @@ def test_cli_plan_json_and_errors(cli, sd15, tmp_path):
     assert "Traceback" not in r.stderr
     r = cli("plan", "--model", str(sd15), "--decode", "huge")
     assert r.returncode == 2
+
+
+def test_plan_text_in_process(sd15, capsys):
+    from engine.cli import main
+
+    assert main(["plan", "--model", str(sd15), "--vram", "6", "--decode", "512x512"]) == 0
+    text = capsys.readouterr().out
+    assert "fits" in text and "load" in text and "decode" in text
