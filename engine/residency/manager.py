@@ -291,8 +291,9 @@ class Residency:
         )
         placed = moved = 0
         offloaded: list[Unit] = []
+        chosen: list[Unit] = []
         room = budget
-        for u in rest:
+        for u in rest:  # decide first (smallest first while they fit), so nothing moves before an OOM
             size = c.unit_bytes(u, "device")
             if room is None or state == "HIGH_VRAM":
                 fits = True
@@ -308,18 +309,27 @@ class Residency:
             else:
                 fits = size <= room
             if fits:
-                try:
-                    self._step(c, u, "device", token)
-                except _DeviceFull:
-                    offloaded.append(u)
-                    room = 0
-                    continue
-                placed += size
-                moved += size
+                chosen.append(u)
                 if room is not None:
                     room -= size
             else:
                 offloaded.append(u)
+        # then move in file order: sequential reads keep the kernel's readahead working on a cold file
+        chosen.sort(key=lambda u: min(i.begin for i in u.infos.values()))
+        full = False
+        for u in chosen:
+            size = c.unit_bytes(u, "device")
+            if full:
+                offloaded.append(u)
+                continue
+            try:
+                self._step(c, u, "device", token)
+            except _DeviceFull:
+                offloaded.append(u)
+                full = True
+                continue
+            placed += size
+            moved += size
             done[0] += size
             report(Progress("load", done[0], total, c.name))
         for u in offloaded:
