@@ -22,12 +22,22 @@ from .registry import Parts, register
 
 
 def _sd3(cfg: M.MMDiTConfig, te_default: bool):
-    def fn(p: Parts, clip: bool = te_default, t5xxl: bool = te_default, vae: bool = True) -> None:
+    def fn(
+        p: Parts,
+        clip: bool = te_default,
+        t5xxl: bool = te_default,
+        vae: bool = True,
+        clip_l_projection: bool = True,
+    ) -> None:
         M.mmdit_native(p("transformer", DM), cfg)
         if vae:
             V.vae_ldm(p("vae", "first_stage_model."), V.SD3)
         if clip:
-            T.clip_hf(p("clip_l", "text_encoders.clip_l.transformer."), T.CLIP_L, projection=True)
+            # diffusers' SD3 text_encoder is CLIPTextModelWithProjection; files saved from a bare CLIPTextModel
+            # (as FLUX.1's clip_l is) lack text_projection.weight: option clip_l_projection=False.
+            T.clip_hf(
+                p("clip_l", "text_encoders.clip_l.transformer."), T.CLIP_L, projection=clip_l_projection
+            )
             T.clip_hf(p("clip_g", "text_encoders.clip_g.transformer."), T.CLIP_G, projection=True)
         if t5xxl:
             T.t5_encoder(p("t5xxl", "text_encoders.t5xxl.transformer."), T.T5_XXL)
@@ -82,6 +92,7 @@ for _name, _arch, _build, _cfg, _naming in (
     ("flux1_dev_transformer_diffusers", "flux1_dev", F.flux_diffusers, F.FLUX_DEV, "diffusers"),
     ("flux1_schnell_transformer_diffusers", "flux1_schnell", F.flux_diffusers, F.FLUX_SCHNELL, "diffusers"),
     ("flux2_dev_transformer", "flux2", F.flux2_bfl, F.FLUX2_DEV, "bfl"),
+    ("chroma_transformer", "chroma", F.flux_bfl, F.CHROMA, "bfl"),
     ("auraflow_transformer", "auraflow", AF.auraflow_native, AF.AURAFLOW, "native"),
     ("hunyuan_dit_v11_transformer", "hunyuan_dit", HY.hunyuan_dit_native, HY.HUNYUAN_DIT_V11, "native"),
     ("hunyuan_dit_v12_transformer", "hunyuan_dit", HY.hunyuan_dit_native, HY.HUNYUAN_DIT_V12, "native"),

@@ -126,3 +126,31 @@ def test_loha_dora_and_peft(tmp_path):
     ]
     info = describe_lora(_lora(tmp_path, "loha.safetensors", loha))
     assert (info.algos, info.base, info.rank) == (("loha",), "sd1", 4)
+
+
+def test_broken_factor_pair_is_refused_with_the_module_named():
+    import pytest
+    import torch
+
+    from engine.errors import FormatError
+    from engine.lora.adapter import adapter_from_tensors
+
+    t = {"lora_unet_x.lora_up.weight": torch.zeros(8, 4), "lora_unet_x.lora_down.weight": torch.zeros(2, 8)}
+    with pytest.raises(FormatError, match="lora_unet_x.*do not share a rank"):
+        adapter_from_tensors(t)
+    with pytest.raises(FormatError, match="not a LoRA"):
+        adapter_from_tensors({"model.diffusion_model.out.2.weight": torch.zeros(4, 4)})
+
+
+def test_header_side_modules_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, engine.lora, engine.lora.coverage, engine.cli.lora, engine.cli.bake;"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    from loadout_test_support import ROOT
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
