@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter, defaultdict
 
@@ -11,6 +12,8 @@ from .keys import KeyIndex, as_key_index
 from .meta import metadata_architecture, metadata_prediction, summarize
 from .parts import Part, container_of, find_clip_vision, find_taesd, find_text_encoders, find_vaes
 from .result import COMPONENT_ORDER, Component, Detection, Evidence
+
+log = logging.getLogger(__name__)
 
 QUANT_MARKERS = (
     ("scaled_fp8", "scaled fp8 weights (ComfyUI `scaled_fp8`)"),
@@ -89,7 +92,11 @@ def _lora_facts(ix: KeyIndex) -> dict | None:
         from ..lora import describe_lora
     except ImportError:
         return None
-    info = describe_lora(ix)
+    try:
+        info = describe_lora(ix)
+    except Exception:  # a bug there must not cost the user the rest of the detection
+        log.exception("describe_lora failed on %s", ix.path or "an index")
+        return None
     if info is None:
         return None
     if hasattr(info, "to_json"):
