@@ -376,3 +376,16 @@ def test_lora_object_has_exactly_the_design_fields():
     assert list(j["lora"]) == ["format", "algos", "rank", "alpha", "targets", "base"]
     assert j["lora"]["rank"] == 8 and j["lora"]["alpha"] == 8.0
     assert any("350 modules" in e["reason"] for e in j["evidence"])
+
+
+def test_gguf_t5_text_encoder(tmp_path):
+    from engine.formats.gguf import write_sparse_gguf
+
+    rows = [("token_embd.weight", "Q8_0", (32128, 4096)), ("enc.output_norm.weight", "F32", (4096,))]
+    for i in range(24):
+        for n in ("attn_q", "attn_k", "attn_v", "attn_o"):
+            rows.append((f"enc.blk.{i}.{n}.weight", "Q8_0", (4096, 4096)))
+    path = tmp_path / "t5-v1_1-xxl-encoder-Q8_0.gguf"
+    write_sparse_gguf(path, {"general.architecture": "t5encoder"}, rows)
+    d = detect_file(path)
+    assert (d.kind, list(d.components), d.error["type"]) == ("text_encoder", ["t5xxl"], "unsupported")
