@@ -197,6 +197,7 @@ def adapter_from_tensors(
             continue
         if facts.algos and facts.algos[0] in ("lora", "locon") and not ("up" in parts and "down" in parts):
             raise FormatError(f"{where}module {name!r} has a LoRA part but lacks its up/down partner")
+        _check_ranks(name, parts, shapes, where)
         tensors_by_part = {part: tensors[key] for part, key in parts.items() if part != "alpha"}
         alpha = alphas.get(parts["alpha"]) if "alpha" in parts else None
         if alpha is None and "alpha" not in parts and info.format in ("peft", "diffusers", "ai-toolkit"):
@@ -205,10 +206,45 @@ def adapter_from_tensors(
     return Adapter(path, info, modules, dict(metadata or {}), unsupported)
 
 
+def _check_ranks(name: str, parts: dict[str, str], shapes: dict[str, tuple], where: str) -> None:
+    """Refuse factor pairs whose inner (rank) dims disagree: a broken or mislabelled file."""
+    pairs = [
+        ("up", "down", 1, 0),
+        ("hada_w1_a", "hada_w1_b", 1, 0),
+        ("hada_w2_a", "hada_w2_b", 1, 0),
+        ("lokr_w1_a", "lokr_w1_b", 1, 0),
+    ]
+    if "lokr_t2" not in parts:
+        pairs.append(("lokr_w2_a", "lokr_w2_b", 1, 0))
+    if "hada_t1" in parts:
+        pairs = [p for p in pairs if not p[0].startswith("hada")]
+    for a, b, ia, ib in pairs:
+        if a in parts and b in parts:
+            sa, sb = shapes[parts[a]], shapes[parts[b]]
+            if len(sa) <= ia or len(sb) <= ib or sa[ia] != sb[ib]:
+                raise FormatError(
+                    f"{where}module {name!r}: {a} {list(sa)} and {b} {list(sb)} do not share a rank; "
+                    "the file is broken or not an adapter Loadout knows"
+                )
+
+
 def load_adapter(path: str | os.PathLike) -> Adapter:
-    """Parse an adapter .safetensors file (tensors stay mmap views until a patch needs them)."""
+    """Parse an adapter file (.safetensors: tensors stay mmap views until a patch needs them; older
+    pickled .pt/.ckpt adapters through the formats package's safe loader)."""
+    from ..formats import sniff
+
+    p = os.fspath(path)
+    kind = sniff(p)
+    if kind in ("torch-zip", "pickle"):
+        from ..formats.pickles import load_state_dict
+
+        return adapter_from_tensors(load_state_dict(p), {}, p)
+    if kind != "safetensors":
+        raise FormatError(
+            f"{p}: not an adapter file (found: {kind}); LoRAs are .safetensors or pickled .pt files"
+        )
     from ..formats.safetensors import SafetensorsFile
 
-    f = SafetensorsFile(path)
+    f = SafetensorsFile(p)
     tensors = {k: f.tensor(k) for k in f.header.tensors}
-    return adapter_from_tensors(tensors, f.header.metadata, os.fspath(path))
+    return adapter_from_tensors(tensors, f.header.metadata, p)

@@ -124,6 +124,8 @@ def _format(named: dict[str, Named], metadata: dict[str, str]) -> str:
         return "ai-toolkit"
     if fmt == "ldm":
         return "comfyui"
+    if fmt == "bfl" and "xlabs" in software:
+        return "xlabs"
     return fmt
 
 
@@ -171,6 +173,8 @@ def describe_lora(index: Any, alphas: dict[str, float] | None = None) -> LoraInf
     ranks = Counter(f.rank for f in facts.values() if f.rank)
     rank = ranks.most_common(1)[0][0] if ranks else None
     metadata = dict(getattr(index, "metadata", {}) or {})
+    if any(".processor.qkv_lora" in k or ".processor.proj_lora" in k for k in tensors):
+        metadata.setdefault("software", "xlabs")
     if alphas:
         vals = Counter(
             round(float(alphas[p["alpha"]]), 6) for p in modules.values() if p.get("alpha") in alphas

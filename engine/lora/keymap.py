@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .dit_names import View, diffusers_to_dit
 from .naming import underscored
-from .unet_names import ldm_to_diffusers
+from .unet_names import diffusers_to_ldm, ldm_to_diffusers
 
 # Checkpoint prefixes of each component: (prefix, component, layout).
 _COMPONENT_PREFIXES: tuple[tuple[str, str, str], ...] = (
@@ -38,6 +38,7 @@ _DIFFUSION_BARE = (
     "single_blocks.",
     "joint_blocks.",
 )
+_DIFFUSERS_UNET = ("down_blocks.", "mid_block.", "up_blocks.")
 _PARAM = re.compile(r"^(.*)\.(weight|scale)$")
 _OPENCLIP = (
     (r"transformer\.resblocks\.(\d+)\.attn\.out_proj", r"text_model.encoder.layers.\1.self_attn.out_proj"),
@@ -82,6 +83,12 @@ def find_components(keys: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str,
             found[comp] = (prefix, layout)
     if "diffusion" not in found and any(k.startswith(_DIFFUSION_BARE) for k in keys):
         found["diffusion"] = ("", "native")
+    if "diffusion" not in found:
+        # A diffusers UNet file (diffusion_pytorch_model.safetensors), bare or under "unet.".
+        for prefix in ("", "unet."):
+            if any(k.startswith(prefix + b) for k in keys for b in _DIFFUSERS_UNET):
+                found["diffusion"] = (prefix, "diffusers")
+                break
     return found
 
 
@@ -101,7 +108,9 @@ class KeyMap:
         self.diffusion_name = "transformer" if self.dit else "unet"
         for comp, (prefix, layout) in self.components.items():
             params = self._params(prefix)
-            if comp == "diffusion":
+            if comp == "diffusion" and layout == "diffusers":
+                self._add_diffusers_unet(params)
+            elif comp == "diffusion":
                 self._add_diffusion(prefix, params)
             else:
                 self._add_text_encoder(comp, prefix, layout, params)
@@ -165,6 +174,17 @@ class KeyMap:
                 t = self._target(comp, params[ldm])
                 u = underscored(d)
                 self._alias([f"lora_unet_{u}", f"unet.{d}", f"base_model.model.{d}", d, f"lycoris_{u}"], t)
+
+    def _add_diffusers_unet(self, params: dict[str, str]) -> None:
+        """A diffusers-named UNet base: its own names, and the LDM names kohya SDXL LoRAs use."""
+        for d, key in params.items():
+            t = self._target("unet", key)
+            u = underscored(d)
+            self._alias([f"lora_unet_{u}", f"unet.{d}", f"base_model.model.{d}", d, f"lycoris_{u}"], t)
+        for d, ldm in diffusers_to_ldm(params).items():
+            t = self._target("unet", params[d])
+            u = underscored(ldm)
+            self._alias([f"lora_unet_{u}", f"diffusion_model.{ldm}", f"model.diffusion_model.{ldm}", ldm], t)
 
     def _te_prefixes(self, comp: str) -> tuple[list[str], list[str]]:
         """(kohya prefixes, diffusers prefixes) under which this text encoder is named for this base."""

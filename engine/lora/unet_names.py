@@ -107,3 +107,64 @@ def ldm_to_diffusers(module_paths: Iterable[str]) -> dict[str, str]:
                     out[p] = f"{diff_prefix}.{inner}"
                 break
     return out
+
+
+def diffusers_to_ldm(module_paths: Iterable[str]) -> dict[str, str]:
+    """The inverse map for a diffusers-named UNet layout: diffusers path -> LDM path.
+
+    Built structurally like `ldm_to_diffusers`: `num_res_blocks` is the resnet count of `down_blocks.0`;
+    down level L's resnet j is input block 1 + L·(n+1) + j, its downsampler input block (L+1)·(n+1);
+    up level L's resnet j is output block L·(n+1) + j, its upsampler the last sub-block of output block
+    L·(n+1) + n (`.2` after an attention, else `.1`).
+    """
+    paths = sorted(set(module_paths))
+    res = {int(m.group(1)) for p in paths if (m := re.match(r"^down_blocks\.0\.resnets\.(\d+)\.", p))}
+    n = (max(res) + 1) if res else 2
+    up_attn = {int(m.group(1)) for p in paths if (m := re.match(r"^up_blocks\.(\d+)\.attentions\.", p))}
+    top = {d: ldm for ldm, d in _TOP}
+    inner = {d: ldm for ldm, d in _RESNET}
+    out: dict[str, str] = {}
+    for p in paths:
+        if p in top:
+            out[p] = top[p]
+            continue
+        m = re.match(
+            r"^(down_blocks|up_blocks)\.(\d+)\.(resnets|attentions|downsamplers|upsamplers)\.(\d+)(?:\.(.*))?$",
+            p,
+        )
+        mid = re.match(r"^mid_block\.(resnets|attentions)\.(\d+)(?:\.(.*))?$", p)
+        if m:
+            side, lvl, kind, j, rest = (
+                m.group(1),
+                int(m.group(2)),
+                m.group(3),
+                int(m.group(4)),
+                m.group(5) or "",
+            )
+            if side == "down_blocks":
+                if kind == "downsamplers":
+                    prefix, rest_kind = f"input_blocks.{(lvl + 1) * (n + 1)}.0.op", "plain"
+                    rest = rest.removeprefix("conv").lstrip(".")
+                else:
+                    blk = 1 + lvl * (n + 1) + j
+                    prefix, rest_kind = f"input_blocks.{blk}.{0 if kind == 'resnets' else 1}", kind
+            else:
+                if kind == "upsamplers":
+                    sub = 2 if lvl in up_attn else 1
+                    prefix, rest_kind = f"output_blocks.{lvl * (n + 1) + n}.{sub}.conv", "plain"
+                    rest = rest.removeprefix("conv").lstrip(".")
+                else:
+                    blk = lvl * (n + 1) + j
+                    prefix, rest_kind = f"output_blocks.{blk}.{0 if kind == 'resnets' else 1}", kind
+        elif mid:
+            kind, j, rest = mid.group(1), int(mid.group(2)), mid.group(3) or ""
+            prefix, rest_kind = f"middle_block.{1 if kind == 'attentions' else 2 * j}", kind
+        else:
+            continue
+        if rest_kind == "resnets" and rest:
+            head, _, tail = rest.partition(".")
+            if head not in inner:
+                continue
+            rest = inner[head] + ("." + tail if tail else "")
+        out[p] = f"{prefix}.{rest}" if rest else prefix
+    return out

@@ -33,6 +33,7 @@ __all__ = [
     "layout",
     "write",
     "write_a1111_pt",
+    "write_ckpt",
     "write_diffusers",
     "DIFFUSERS_PIPELINES",
     "modelspec",
@@ -121,6 +122,21 @@ def _write_dense(rows: list[Entry], path, metadata, seed: int) -> Path:
             t = torch.arange(math.prod(shape)).reshape(shape) if shape else torch.zeros(())
         tensors[key] = t.to(tdt)
     return save_tensors(path, tensors, metadata)
+
+
+def write_ckpt(
+    name: str | list[Entry],
+    path: str | os.PathLike,
+    *,
+    wrap: str | None = "state_dict",
+    extra: Mapping[str, int | str] | None = None,
+    **kw,
+) -> Path:
+    """Write a layout as a sparse pickled torch-zip checkpoint (.ckpt/.pt/.pth), see engine/synth/ckpt.py."""
+    from .ckpt import write_ckpt as _write
+
+    rows = layout(name, **kw) if isinstance(name, str) else list(name)
+    return _write(rows, path, wrap=wrap, extra=extra)
 
 
 def from_manifest(path: str | os.PathLike, *, optional: bool = True, dtype: str | None = None) -> list[Entry]:

@@ -255,6 +255,11 @@ for _name, _arch, _build, _cfg, _comp, _variant in (
     ("sd2_unet_diffusers", "sd2", U.unet_diffusers, U.SD2, "unet", "normal"),
     ("sdxl_unet_diffusers", "sdxl", U.unet_diffusers, U.SDXL, "unet", "normal"),
     ("sdxl_refiner_unet_diffusers", "sdxl_refiner", U.unet_diffusers, U.SDXL_REFINER, "unet", "normal"),
+    # Stable Video Diffusion's VideoUNet (v-prediction with EDM sigmas: ComfyUI model_base SVD_img2vid);
+    # svd.safetensors hold it under model.diffusion_model. beside the conditioner and a temporal VAE
+    # decoder, which are not generated here.
+    ("svd_unet", "svd", U.unet_ldm, U.SVD, "unet", "normal"),
+    ("svd_unet_diffusers", "svd", U.unet_diffusers, U.SVD, "unet", "normal"),
     ("flux1_dev_transformer", "flux1_dev", F.flux_bfl, F.FLUX_DEV, "transformer", "normal"),
     ("flux1_schnell_transformer", "flux1_schnell", F.flux_bfl, F.FLUX_SCHNELL, "transformer", "normal"),
     ("flux1_fill_transformer", "flux1_dev", F.flux_bfl, F.FLUX_FILL, "transformer", "inpaint"),
@@ -266,6 +271,6 @@ for _name, _arch, _build, _cfg, _comp, _variant in (
         _arch,
         {_comp: ""},
         variant=_variant,
-        prediction="flow" if _comp == "transformer" else None,
+        prediction="flow" if _comp == "transformer" else ("v" if _arch == "svd" else None),
         naming="ldm" if _comp == "unet" else "bfl",
     )(_dm(_build, _cfg, _comp))

@@ -22,12 +22,22 @@ from .registry import Parts, register
 
 
 def _sd3(cfg: M.MMDiTConfig, te_default: bool):
-    def fn(p: Parts, clip: bool = te_default, t5xxl: bool = te_default, vae: bool = True) -> None:
+    def fn(
+        p: Parts,
+        clip: bool = te_default,
+        t5xxl: bool = te_default,
+        vae: bool = True,
+        clip_l_projection: bool = True,
+    ) -> None:
         M.mmdit_native(p("transformer", DM), cfg)
         if vae:
             V.vae_ldm(p("vae", "first_stage_model."), V.SD3)
         if clip:
-            T.clip_hf(p("clip_l", "text_encoders.clip_l.transformer."), T.CLIP_L, projection=True)
+            # diffusers' SD3 text_encoder is CLIPTextModelWithProjection; files saved from a bare CLIPTextModel
+            # (as FLUX.1's clip_l is) lack text_projection.weight: option clip_l_projection=False.
+            T.clip_hf(
+                p("clip_l", "text_encoders.clip_l.transformer."), T.CLIP_L, projection=clip_l_projection
+            )
             T.clip_hf(p("clip_g", "text_encoders.clip_g.transformer."), T.CLIP_G, projection=True)
         if t5xxl:
             T.t5_encoder(p("t5xxl", "text_encoders.t5xxl.transformer."), T.T5_XXL)

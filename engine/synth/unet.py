@@ -37,6 +37,7 @@ class UNetConfig:
     context_dim: int = 768
     use_linear_in_transformer: bool = False
     adm_in_channels: int | None = None
+    video: bool = False  # SVD: temporal ResBlocks / transformers beside every spatial one
     extra: dict = field(default_factory=dict, compare=False)
 
     def with_(self, **kw) -> UNetConfig:
@@ -76,7 +77,15 @@ SDXL_REFINER = UNetConfig(
 )
 
 
-def _resblock(b: Builder, key: str, ch: int, out: int, emb: int) -> None:
+# Stability-AI/generative-models configs/inference/svd.yaml network_config (VideoUNet): in_channels 8
+# (noise + conditioning-frame latent), out 4, model_channels 320, attention_resolutions [4, 2, 1],
+# channel_mult [1, 2, 4, 4], transformer_depth 1, context_dim 1024, adm_in_channels 768 (3 x 256 for
+# fps / motion bucket / augmentation), use_linear_in_transformer, video_kernel_size [3, 1, 1]
+# (= diffusers UNetSpatioTemporalConditionModel defaults).
+SVD = SD2.with_(in_channels=8, adm_in_channels=768, video=True)
+
+
+def _resblock(b: Builder, key: str, ch: int, out: int, emb: int, video: bool = False) -> None:
     b.norm(f"{key}.in_layers.0", ch)
     b.conv(f"{key}.in_layers.2", out, ch)
     b.linear(f"{key}.emb_layers.1", out, emb)
@@ -84,9 +93,25 @@ def _resblock(b: Builder, key: str, ch: int, out: int, emb: int) -> None:
     b.conv(f"{key}.out_layers.3", out, out)
     if out != ch:
         b.conv(f"{key}.skip_connection", out, ch, k=1)
+    if video:  # sgm VideoResBlock: a (3,1,1)-kernel ResBlock in time_stack, blended by time_mixer
+        b.norm(f"{key}.time_stack.in_layers.0", out)
+        b.conv3d(f"{key}.time_stack.in_layers.2", out, out, (3, 1, 1))
+        b.linear(f"{key}.time_stack.emb_layers.1", out, emb)
+        b.norm(f"{key}.time_stack.out_layers.0", out)
+        b.conv3d(f"{key}.time_stack.out_layers.3", out, out, (3, 1, 1))
+        b.t(f"{key}.time_mixer.mix_factor", (1,))
 
 
-def _transformer(b: Builder, key: str, ch: int, depth: int, context: int, linear: bool) -> None:
+def _transformer(
+    b: Builder,
+    key: str,
+    ch: int,
+    depth: int,
+    context: int,
+    linear: bool,
+    video: bool = False,
+    temporal: str = "",
+) -> None:
     b.norm(f"{key}.norm", ch)
     proj = (lambda k: b.linear(k, ch, ch)) if linear else (lambda k: b.conv(k, ch, ch, k=1))
     proj(f"{key}.proj_in")
@@ -102,6 +127,34 @@ def _transformer(b: Builder, key: str, ch: int, depth: int, context: int, linear
         for n in (1, 2, 3):
             b.norm(f"{tb}.norm{n}", ch)
     proj(f"{key}.proj_out")
+    if video:
+        _temporal(b, key, ch, depth, context, temporal)
+
+
+def _temporal(b: Builder, key: str, ch: int, depth: int, context: int, naming: str) -> None:
+    """sgm SpatialVideoTransformer's temporal half (video_attention.py VideoTransformerBlock with ff_in):
+    norm_in, ff_in (GEGLU), attn1, attn2 (context), ff, norm1..3; time_pos_embed MLP (ch -> 4ch -> ch);
+    time_mixer.mix_factor. Native `time_stack` / `time_pos_embed.{0,2}`; diffusers
+    `temporal_transformer_blocks` / `time_pos_embed.linear_{1,2}`."""
+    stack = "temporal_transformer_blocks" if naming == "diffusers" else "time_stack"
+    for d in range(depth):
+        tb = f"{key}.{stack}.{d}"
+        b.norm(f"{tb}.norm_in", ch)
+        b.linear(f"{tb}.ff_in.net.0.proj", ch * 8, ch)
+        b.linear(f"{tb}.ff_in.net.2", ch, ch * 4)
+        for attn, kv in (("attn1", ch), ("attn2", context)):
+            b.linear(f"{tb}.{attn}.to_q", ch, ch, bias=False)
+            b.linear(f"{tb}.{attn}.to_k", ch, kv, bias=False)
+            b.linear(f"{tb}.{attn}.to_v", ch, kv, bias=False)
+            b.linear(f"{tb}.{attn}.to_out.0", ch, ch)
+        b.linear(f"{tb}.ff.net.0.proj", ch * 8, ch)
+        b.linear(f"{tb}.ff.net.2", ch, ch * 4)
+        for n in (1, 2, 3):
+            b.norm(f"{tb}.norm{n}", ch)
+    first, second = ("linear_1", "linear_2") if naming == "diffusers" else ("0", "2")
+    b.linear(f"{key}.time_pos_embed.{first}", ch * 4, ch)
+    b.linear(f"{key}.time_pos_embed.{second}", ch, ch * 4)
+    b.t(f"{key}.time_mixer.mix_factor", (1,))
 
 
 def unet_ldm(b: Builder, c: UNetConfig, *, controlnet: bool = False) -> None:
@@ -118,7 +171,7 @@ def unet_ldm(b: Builder, c: UNetConfig, *, controlnet: bool = False) -> None:
     ch, ds, n = mc, 1, 1
     for level, mult in enumerate(c.channel_mult):
         for _ in range(c.num_res_blocks):
-            _resblock(b, f"input_blocks.{n}.0", ch, mult * mc, emb)
+            _resblock(b, f"input_blocks.{n}.0", ch, mult * mc, emb, c.video)
             ch = mult * mc
             if ds in c.attention_resolutions and c.transformer_depth[level] > 0:
                 _transformer(
@@ -128,6 +181,7 @@ def unet_ldm(b: Builder, c: UNetConfig, *, controlnet: bool = False) -> None:
                     c.transformer_depth[level],
                     c.context_dim,
                     c.use_linear_in_transformer,
+                    c.video,
                 )
             chans.append(ch)
             n += 1
@@ -136,11 +190,17 @@ def unet_ldm(b: Builder, c: UNetConfig, *, controlnet: bool = False) -> None:
             chans.append(ch)
             ds *= 2
             n += 1
-    _resblock(b, "middle_block.0", ch, ch, emb)
+    _resblock(b, "middle_block.0", ch, ch, emb, c.video)
     _transformer(
-        b, "middle_block.1", ch, c.transformer_depth_middle, c.context_dim, c.use_linear_in_transformer
+        b,
+        "middle_block.1",
+        ch,
+        c.transformer_depth_middle,
+        c.context_dim,
+        c.use_linear_in_transformer,
+        c.video,
     )
-    _resblock(b, "middle_block.2", ch, ch, emb)
+    _resblock(b, "middle_block.2", ch, ch, emb, c.video)
     if controlnet:
         _controlnet_extras(b, c, chans)
         return
@@ -148,7 +208,7 @@ def unet_ldm(b: Builder, c: UNetConfig, *, controlnet: bool = False) -> None:
     for level, mult in reversed(list(enumerate(c.channel_mult))):
         for i in range(c.num_res_blocks + 1):
             skip = chans.pop()
-            _resblock(b, f"output_blocks.{n}.0", ch + skip, mc * mult, emb)
+            _resblock(b, f"output_blocks.{n}.0", ch + skip, mc * mult, emb, c.video)
             ch = mc * mult
             sub = 1
             if ds in c.attention_resolutions and c.transformer_depth[level] > 0:
@@ -159,6 +219,7 @@ def unet_ldm(b: Builder, c: UNetConfig, *, controlnet: bool = False) -> None:
                     c.transformer_depth[level],
                     c.context_dim,
                     c.use_linear_in_transformer,
+                    c.video,
                 )
                 sub = 2
             if level and i == c.num_res_blocks:
@@ -182,7 +243,16 @@ def _controlnet_extras(b: Builder, c: UNetConfig, chans: list[int]) -> None:
     b.conv("middle_block_out.0", ch, ch, k=1)
 
 
-def _resnet_diffusers(b: Builder, key: str, ch: int, out: int, emb: int) -> None:
+def _resnet_diffusers(b: Builder, key: str, ch: int, out: int, emb: int, video: bool = False) -> None:
+    if video:  # diffusers SpatioTemporalResBlock
+        _resnet_diffusers(b, f"{key}.spatial_res_block", ch, out, emb)
+        b.norm(f"{key}.temporal_res_block.norm1", out)
+        b.conv3d(f"{key}.temporal_res_block.conv1", out, out, (3, 1, 1))
+        b.linear(f"{key}.temporal_res_block.time_emb_proj", out, emb)
+        b.norm(f"{key}.temporal_res_block.norm2", out)
+        b.conv3d(f"{key}.temporal_res_block.conv2", out, out, (3, 1, 1))
+        b.t(f"{key}.time_mixer.mix_factor", (1,))
+        return
     b.norm(f"{key}.norm1", ch)
     b.conv(f"{key}.conv1", out, ch)
     b.linear(f"{key}.time_emb_proj", out, emb)
@@ -214,7 +284,7 @@ def unet_diffusers(b: Builder, c: UNetConfig, *, controlnet: bool = False) -> No
     ]
     for level, mult in enumerate(c.channel_mult):
         for j in range(c.num_res_blocks):
-            _resnet_diffusers(b, f"down_blocks.{level}.resnets.{j}", ch, mult * mc, emb)
+            _resnet_diffusers(b, f"down_blocks.{level}.resnets.{j}", ch, mult * mc, emb, c.video)
             ch = mult * mc
             if attn[level]:
                 _transformer(
@@ -224,24 +294,35 @@ def unet_diffusers(b: Builder, c: UNetConfig, *, controlnet: bool = False) -> No
                     c.transformer_depth[level],
                     c.context_dim,
                     lin,
+                    c.video,
+                    "diffusers",
                 )
             chans.append(ch)
         if level != len(c.channel_mult) - 1:
             b.conv(f"down_blocks.{level}.downsamplers.0.conv", ch, ch)
             chans.append(ch)
-    _resnet_diffusers(b, "mid_block.resnets.0", ch, ch, emb)
-    _transformer(b, "mid_block.attentions.0", ch, c.transformer_depth_middle, c.context_dim, lin)
-    _resnet_diffusers(b, "mid_block.resnets.1", ch, ch, emb)
+    _resnet_diffusers(b, "mid_block.resnets.0", ch, ch, emb, c.video)
+    _transformer(
+        b, "mid_block.attentions.0", ch, c.transformer_depth_middle, c.context_dim, lin, c.video, "diffusers"
+    )
+    _resnet_diffusers(b, "mid_block.resnets.1", ch, ch, emb, c.video)
     if controlnet:
         _controlnet_diffusers_extras(b, c, chans)
         return
     for n, (level, mult) in enumerate(reversed(list(enumerate(c.channel_mult)))):
         for j in range(c.num_res_blocks + 1):
-            _resnet_diffusers(b, f"up_blocks.{n}.resnets.{j}", ch + chans.pop(), mc * mult, emb)
+            _resnet_diffusers(b, f"up_blocks.{n}.resnets.{j}", ch + chans.pop(), mc * mult, emb, c.video)
             ch = mc * mult
             if attn[level]:
                 _transformer(
-                    b, f"up_blocks.{n}.attentions.{j}", ch, c.transformer_depth[level], c.context_dim, lin
+                    b,
+                    f"up_blocks.{n}.attentions.{j}",
+                    ch,
+                    c.transformer_depth[level],
+                    c.context_dim,
+                    lin,
+                    c.video,
+                    "diffusers",
                 )
         if level:
             b.conv(f"up_blocks.{n}.upsamplers.0.conv", ch, ch)

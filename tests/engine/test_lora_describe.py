@@ -126,3 +126,47 @@ def test_loha_dora_and_peft(tmp_path):
     ]
     info = describe_lora(_lora(tmp_path, "loha.safetensors", loha))
     assert (info.algos, info.base, info.rank) == (("loha",), "sd1", 4)
+
+
+def test_broken_factor_pair_is_refused_with_the_module_named():
+    import pytest
+    import torch
+
+    from engine.errors import FormatError
+    from engine.lora.adapter import adapter_from_tensors
+
+    t = {"lora_unet_x.lora_up.weight": torch.zeros(8, 4), "lora_unet_x.lora_down.weight": torch.zeros(2, 8)}
+    with pytest.raises(FormatError, match="lora_unet_x.*do not share a rank"):
+        adapter_from_tensors(t)
+    with pytest.raises(FormatError, match="not a LoRA"):
+        adapter_from_tensors({"model.diffusion_model.out.2.weight": torch.zeros(4, 4)})
+
+
+def test_header_side_modules_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, engine.lora, engine.lora.coverage, engine.cli.lora, engine.cli.bake;"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    from conftest import ROOT
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+
+
+def test_load_adapter_reads_pickled_adapters_and_names_what_it_found(tmp_path):
+    import pytest
+    import torch
+
+    from engine.errors import FormatError
+    from engine.lora.adapter import load_adapter
+
+    t = {"lora_unet_x.lora_up.weight": torch.ones(8, 2), "lora_unet_x.lora_down.weight": torch.ones(2, 4)}
+    torch.save(t, tmp_path / "old.pt")
+    a = load_adapter(tmp_path / "old.pt")
+    assert a.modules["lora_unet_x"].delta().shape == (8, 4)
+    (tmp_path / "x.png").write_bytes(b"\\x89PNG\\r\\n\\x1a\\n" + b"0" * 32)
+    with pytest.raises(FormatError, match="not an adapter file"):
+        load_adapter(tmp_path / "x.png")

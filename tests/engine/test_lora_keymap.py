@@ -287,3 +287,100 @@ def test_coverage_reports_unmatched_and_shape_mismatches():
     assert j["targets"]["clip_l"]["mapped"] == 1
     assert json.loads(json.dumps(j)) == j
     assert math.isclose(j["mapped"] / j["modules"], 0.5)
+
+
+@pytest.mark.parametrize(
+    ("ckpt", "diffusers"),
+    [
+        ("flux1_dev", "flux1_dev_transformer_diffusers"),
+        ("sd3_medium", "sd3_medium_transformer_diffusers"),
+        ("sd3.5_large", "sd3.5_large_transformer_diffusers"),
+        ("sd3.5_medium", "sd3.5_medium_transformer_diffusers"),
+    ],
+)
+def test_every_diffusers_transformer_weight_reaches_a_bfl_or_sai_weight_of_its_shape(ckpt, diffusers):
+    # engine.synth builds the diffusers layouts with diffusers' own converters: every diffusers-named
+    # weight (as diffusers, PEFT, ai-toolkit and OneTrainer name LoRA modules) must land on a view of
+    # the native checkpoint weight with exactly its shape — fused q/k/v and Flux linear1 included.
+    km = KeyMap(_shapes(synth.layout(ckpt)))
+    assert km.diffusion_name == "transformer"
+    views = set()
+    for key, _, shape in synth.layout(diffusers):
+        if not key.endswith(".weight"):
+            continue
+        path = key[: -len(".weight")]
+        for name in (
+            f"transformer.{path}",
+            f"lora_transformer_{underscored(path)}",
+            f"base_model.model.{path}",
+        ):
+            t = km.resolve(name)
+            assert t is not None, name
+            assert t.shape == tuple(shape), (name, t.key, t.shape)
+            views.add(t.view[0] if t.view else None)
+    assert "rows" in views and "swap" in views
+
+
+@pytest.mark.parametrize(
+    ("ldm", "diffusers"),
+    [
+        ("sd1_unet", "sd1_unet_diffusers"),
+        ("sdxl_unet", "sdxl_unet_diffusers"),
+        ("sdxl_refiner_unet", "sdxl_refiner_unet_diffusers"),
+    ],
+)
+def test_ldm_and_diffusers_unet_maps_are_inverse(ldm, diffusers):
+    from engine.lora.unet_names import diffusers_to_ldm, ldm_to_diffusers
+
+    fwd = ldm_to_diffusers({k.rsplit(".", 1)[0] for k, _, _ in synth.layout(ldm)})
+    inv = diffusers_to_ldm({k.rsplit(".", 1)[0] for k, _, _ in synth.layout(diffusers)})
+    assert set(fwd.values()) == set(inv)
+    assert all(inv[d] == native for native, d in fwd.items())
+
+
+def test_ldm_named_lora_reaches_a_diffusers_named_unet_file(shared_data):
+    # The SDXL kohya dump (LDM names) on a bare diffusers UNet file, and the LoKr (diffusers names) on SD1's.
+    cov = coverage(
+        _index(manifest_entries("manifests/sdxl_kohya_lora_alien_style.keys.json")),
+        _shapes(synth.layout("sdxl_unet_diffusers")),
+    ).to_json()
+    assert (cov["targets"]["unet"]["modules"], cov["targets"]["unet"]["mapped"]) == (722, 722)
+    assert len(cov["targets"]["clip_g"]["unmatched"]) == 192  # a UNet file has no text encoder
+    cov = coverage(
+        read_header(shared_data("weights/smart_falcon_8_lokr.safetensors")),
+        _shapes(synth.layout("sd1_unet_diffusers")),
+    ).to_json()
+    assert cov["targets"]["unet"]["mapped"] == 278
+
+
+def test_xlabs_flux_lora_lands_on_bfl_attention(tmp_path):
+    from engine.formats.safetensors import write_sparse
+    from engine.lora import describe_lora
+
+    entries = []
+    for i in range(2):
+        for which, (o, n) in {
+            "qkv_lora1": (9216, 3072),
+            "proj_lora1": (3072, 3072),
+            "qkv_lora2": (9216, 3072),
+            "proj_lora2": (3072, 3072),
+        }.items():
+            entries += [
+                (f"double_blocks.{i}.processor.{which}.down.weight", "BF16", (16, n)),
+                (f"double_blocks.{i}.processor.{which}.up.weight", "BF16", (o, 16)),
+            ]
+    header = read_header(write_sparse(tmp_path / "xlabs.safetensors", entries))
+    info = describe_lora(header)
+    assert (info.format, info.base, info.targets, info.rank, info.modules) == (
+        "xlabs",
+        "flux1",
+        ("transformer",),
+        16,
+        8,
+    )
+    cov = coverage(header, _flux_base())
+    assert (cov.modules, cov.mapped) == (8, 8)
+    assert (
+        cov.placements["double_blocks.1.txt_attn.qkv"].key
+        == "model.diffusion_model.double_blocks.1.txt_attn.qkv.weight"
+    )

@@ -167,7 +167,11 @@ def test_patch_weight_fast_path_equals_the_delta_formula(conv):
     down = _r(4, 6, 3, 3, dtype=torch.float16, seed=1) if conv else _r(4, 6, dtype=torch.float16, seed=1)
     up = _r(8, 4, 1, 1, dtype=torch.float16, seed=2) if conv else _r(8, 4, dtype=torch.float16, seed=2)
     m = adapter_from_tensors(
-        {"lora_unet_x.lora_down.weight": down, "lora_unet_x.lora_up.weight": up, "lora_unet_x.alpha": torch.tensor(2.0)}
+        {
+            "lora_unet_x.lora_down.weight": down,
+            "lora_unet_x.lora_up.weight": up,
+            "lora_unet_x.alpha": torch.tensor(2.0),
+        }
     ).modules["lora_unet_x"]
     w = _r(8, 6, 3, 3, dtype=torch.bfloat16, seed=3) if conv else _r(8, 6, dtype=torch.bfloat16, seed=3)
     got = m.patch_weight(w, 0.7)

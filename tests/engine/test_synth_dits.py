@@ -222,3 +222,96 @@ def test_hunyuan_dit_native_converts_to_diffusers(name, style):
         use_style_cond_and_image_meta_size=style,
     )
     assert_same(hunyuan_native_to_diffusers(synth.layout(name)), shapes_of(model))
+
+
+def _svd_native_to_diffusers(key: str, layers: int) -> str:
+    """The renaming of diffusers' scripts/convert_svd_to_diffusers.py (block index arithmetic, resnet and
+    temporal renames), written out for keys rather than tensors."""
+    simple = {
+        "time_embed.0": "time_embedding.linear_1",
+        "time_embed.2": "time_embedding.linear_2",
+        "label_emb.0.0": "add_embedding.linear_1",
+        "label_emb.0.2": "add_embedding.linear_2",
+        "input_blocks.0.0": "conv_in",
+        "out.0": "conv_norm_out",
+        "out.2": "conv_out",
+    }
+    mod, _, param = key.rpartition(".")
+    if mod in simple:
+        return f"{simple[mod]}.{param}"
+    res = [
+        ("in_layers.0", "norm1"),
+        ("in_layers.2", "conv1"),
+        ("out_layers.0", "norm2"),
+        ("out_layers.3", "conv2"),
+        ("emb_layers.1", "time_emb_proj"),
+        ("skip_connection", "conv_shortcut"),
+    ]
+    att = [
+        ("time_stack", "temporal_transformer_blocks"),
+        ("time_pos_embed.0", "time_pos_embed.linear_1"),
+        ("time_pos_embed.2", "time_pos_embed.linear_2"),
+    ]
+
+    def resnet(prefix: str, rest: str) -> str:
+        if rest.startswith("time_mixer."):
+            return f"{prefix}.{rest}"
+        part = "temporal_res_block" if rest.startswith("time_stack.") else "spatial_res_block"
+        rest = rest.removeprefix("time_stack.")
+        for a, b in res:
+            rest = rest.replace(a, b)
+        return f"{prefix}.{part}.{rest}"
+
+    def attention(prefix: str, rest: str) -> str:
+        for a, b in att:
+            rest = rest.replace(a, b)
+        return f"{prefix}.{rest}"
+
+    kind, n, sub, rest = key.split(".", 3)
+    n, sub = int(n), int(sub) if kind != "middle_block" else int(n)
+    if kind == "middle_block":
+        rest = key.split(".", 2)[2]
+        return (
+            attention("mid_block.attentions.0", rest)
+            if n == 1
+            else resnet(f"mid_block.resnets.{n // 2}", rest)
+        )
+    if kind == "input_blocks":
+        blk, lay = (n - 1) // (layers + 1), (n - 1) % (layers + 1)
+        if rest.startswith("op."):
+            return f"down_blocks.{blk}.downsamplers.0.conv.{rest[3:]}"
+        return (
+            resnet(f"down_blocks.{blk}.resnets.{lay}", rest)
+            if sub == 0
+            else attention(f"down_blocks.{blk}.attentions.{lay}", rest)
+        )
+    blk, lay = n // (layers + 1), n % (layers + 1)
+    if sub == 0:
+        return resnet(f"up_blocks.{blk}.resnets.{lay}", rest)
+    if rest.startswith("conv."):
+        return f"up_blocks.{blk}.upsamplers.0.{rest}"
+    return attention(f"up_blocks.{blk}.attentions.{lay}", rest)
+
+
+def test_svd_unet_matches_diffusers_in_both_namings():
+    ref = shapes_of(on_meta(diffusers.UNetSpatioTemporalConditionModel))
+    assert_same(shapes(synth.layout("svd_unet_diffusers")), ref)
+    native = synth.layout("svd_unet")
+    assert_same({_svd_native_to_diffusers(k, 2): tuple(s) for k, _, s in native}, ref)
+    assert len(native) == len(ref)
+    # the spatial half is the plain LDM UNet of the same config
+    from engine.synth import unet as U
+
+    spatial = {
+        k for k, _, _ in native if "time_stack" not in k and "time_mixer" not in k and "time_pos" not in k
+    }
+    assert spatial == {k for k, _, _ in _ldm_rows(U.SVD.with_(video=False))}
+
+
+def _ldm_rows(cfg):
+    from engine.synth import unet as U
+    from engine.synth._build import Builder
+
+    b = Builder()
+    U.unet_ldm(b, cfg)
+    return b.rows

@@ -104,3 +104,59 @@ def test_quantised_layouts_halve_the_linear_weights(tmp_path, quant):
     assert all((k[: -len("weight")] + "comfy_quant" in dts) == (quant == "comfy_quant") for k in linear)
     h = read_header(synth.write(q, tmp_path / "q.safetensors"))
     assert len(h.tensors) == len(q) and h.data_size < 0.6 * synth.nbytes(rows)
+
+
+def test_crc_of_zeros_matches_zlib():
+    import zlib
+
+    from engine.synth.ckpt import crc32_zeros
+
+    for n in (0, 1, 3, 64, 1000, 65537, 1 << 20):
+        assert crc32_zeros(n) == zlib.crc32(bytes(n))
+
+
+def test_sparse_ckpt_loads_with_torch_exactly(tmp_path):
+    """torch.load (weights_only, mmap) reads our pickled SD1 checkpoint back with every key, shape and
+    dtype; the 2 GB of tensor data are holes."""
+    import zipfile
+
+    torch = pytest.importorskip("torch")
+    from engine.formats.dtypes import dtype_name
+
+    rows = synth.layout("sd1_checkpoint", dtype="F16")
+    p = synth.write_ckpt(rows, tmp_path / "sd15.ckpt", extra={"global_step": 840000})
+    assert p.stat().st_size > 2_000_000_000 and p.stat().st_blocks * 512 < 16 << 20
+    with zipfile.ZipFile(p) as z:
+        assert z.namelist()[0] == "sd15/data.pkl"
+        z.read("sd15/data.pkl")  # zipfile checks this record's CRC (never read the 2 GB of holes)
+    small = synth.write_ckpt("taesd_decoder", tmp_path / "taesd_decoder.pth", wrap=None)
+    with zipfile.ZipFile(small) as z:
+        assert z.testzip() is None  # every record's CRC, holes included (2.4 MB)
+    ck = torch.load(p, mmap=True, weights_only=True, map_location="cpu")
+    assert ck["global_step"] == 840000
+    got = {k: (dtype_name(v.dtype), tuple(v.shape)) for k, v in ck["state_dict"].items()}
+    assert got == {k: (d, s) for k, d, s in rows}
+    assert list(ck["state_dict"]) == [k for k, _, _ in rows]  # order kept, as torch.save keeps it
+
+
+def test_sparse_ckpt_beyond_4gb_uses_zip64(tmp_path):
+    torch = pytest.importorskip("torch")
+    rows = [("big", "F32", (1_100_000_000,)), ("small", "I64", (1, 77))]
+    p = synth.write_ckpt(rows, tmp_path / "big.pth", wrap=None)
+    sd = torch.load(p, mmap=True, weights_only=True)
+    assert tuple(sd["big"].shape) == (1_100_000_000,) and sd["small"].dtype == torch.int64
+    assert float(sd["small"].sum()) == 0.0  # holes read as zeros
+
+
+def test_ema_shadows_follow_litema_naming():
+    """LitEma keys: 'model_ema.' + the key after 'model.' with its dots removed (the rule diffusers'
+    SD conversion uses to find them), plus decay and num_updates."""
+    rows = synth.layout("sd1_checkpoint", ema=True)
+    keys = {k for k, _, _ in rows}
+    unet = [k for k in keys if k.startswith("model.diffusion_model.")]
+    ema = {k for k in keys if k.startswith("model_ema.")}
+    assert ema == {"model_ema." + "".join(k.split(".")[1:]) for k in unet} | {
+        "model_ema.decay",
+        "model_ema.num_updates",
+    }
+    assert len(rows) == len(synth.layout("sd1_checkpoint")) + len(unet) + 2

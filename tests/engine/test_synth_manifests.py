@@ -108,3 +108,20 @@ def test_prefix_and_diffusion_model_only_files_match_the_checkpoint():
     assert {"model.diffusion_model." + k: s for k, s in bare.items()} == ckpt
     flux = {k: s for k, _, s in synth.layout("flux1_dev") if k.startswith("model.diffusion_model.")}
     assert {"model.diffusion_model." + k: s for k, _, s in synth.layout("flux1_dev_transformer")} == flux
+
+
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("sd1_unet", 859_520_964),  # SD1.5 UNet, as diffusers / the SD model card count it
+        ("sdxl_unet", 2_567_463_684),  # SDXL base UNet (DESIGN.md's detection example)
+        ("clip_l", 123_060_480),  # openai/clip-vit-large-patch14 text tower
+        ("sd_vae", 83_653_863),  # the SD/SDXL AutoencoderKL
+        ("flux1_dev_transformer", 11_901_408_320),  # FLUX.1 [dev] "12B" transformer
+        ("t5xxl", 4_762_310_656),  # T5-v1.1-XXL encoder
+    ],
+)
+def test_parameter_counts_match_the_published_ones(name, params):
+    import math
+
+    assert sum(math.prod(s) for _, d, s in synth.layout(name) if d != "I64") == params
