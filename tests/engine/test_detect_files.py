@@ -389,3 +389,18 @@ def test_gguf_t5_text_encoder(tmp_path):
     write_sparse_gguf(path, {"general.architecture": "t5encoder"}, rows)
     d = detect_file(path)
     assert (d.kind, list(d.components), d.error["type"]) == ("text_encoder", ["t5xxl"], "unsupported")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux /proc/self/io")
+@pytest.mark.parametrize("name", ["sd1_checkpoint", "sd2_checkpoint", "sdxl_checkpoint"])
+def test_sparse_pickled_checkpoints_detect_from_their_pickle_alone(tmp_path, name):
+    path = synth.write_ckpt(name, tmp_path / f"{name}.ckpt")
+    want = synth.info(name)
+    detect_file(path)  # warm
+    before = _rchar()
+    d = detect_file(path)
+    read = _rchar() - before
+    assert (d.format, d.kind, d.architecture, d.error) == ("torch-zip", "checkpoint", want.architecture, None)
+    assert set(want.components) <= set(d.components)
+    total = sum(c.bytes for c in d.components.values())
+    assert total > 2_000_000_000 and read < total // 1000  # GBs of tensors, a few hundred KB read
