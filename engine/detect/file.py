@@ -32,10 +32,12 @@ def _what_is(head: bytes) -> str:
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "a WebP image"
     try:
-        head.decode("utf-8")
-        return "a text file"
+        text = head.decode("utf-8")
     except UnicodeDecodeError:
-        return "not a model file in a format Loadout knows"
+        text = ""
+    if text and sum(c.isprintable() or c in "\r\n\t" for c in text) >= 0.95 * len(text):
+        return "a text file"
+    return "data in no format Loadout knows"
 
 
 def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detection:
@@ -58,7 +60,10 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
         if fmt == "unknown":
             with open(p, "rb") as f:
                 head = f.read(64)
-            raise FormatError(f"this is {_what_is(head)}, not a model file")
+            what = _what_is(head)
+            if size < 64 and what != "a text file":
+                raise FormatError(f"the file is only {size} bytes long: a truncated download?")
+            raise FormatError(f"this is {what}, not a model file")
         index = open_index(p)  # headers only: safetensors JSON, a torch zip's data.pkl, GGUF tables
         d = detect_index(index, path=p)
         if d.file_bytes is None:

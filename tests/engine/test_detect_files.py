@@ -404,3 +404,15 @@ def test_sparse_pickled_checkpoints_detect_from_their_pickle_alone(tmp_path, nam
     assert set(want.components) <= set(d.components)
     total = sum(c.bytes for c in d.components.values())
     assert total > 2_000_000_000 and read < total // 1000  # GBs of tensors, a few hundred KB read
+
+
+def test_tiny_and_binary_junk(tmp_path):
+    tiny = tmp_path / "cut.safetensors"
+    tiny.write_bytes(b"\x10\x27\x00\x00")
+    assert "truncated" in detect_file(tiny).error["message"]
+    junk = tmp_path / "random.bin"
+    junk.write_bytes(bytes(range(200, 256)) * 4)
+    assert "no format Loadout knows" in detect_file(junk).error["message"]
+    lfs = tmp_path / "model.safetensors"
+    lfs.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n")
+    assert "git lfs pull" in detect_file(lfs).error["message"]
