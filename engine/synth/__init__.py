@@ -1,12 +1,24 @@
 """Synthetic model files: the real key layout (every key, shape, dtype) of each architecture, built
-from its configuration, written as header-faithful sparse .safetensors (or small dense random ones).
+from its configuration, written as header-faithful sparse .safetensors (or small dense random ones),
+sparse pickled torch-zip checkpoints, or whole diffusers folders.
 
     from engine import synth
     rows = synth.layout("sdxl_checkpoint", dtype="F16")        # [(key, dtype, shape), ...]
     synth.write("sdxl_checkpoint", tmp / "sdxl.safetensors")   # 6.9 GB layout, a few hundred KB on disk
+    synth.write("sdxl_unet", p, prefix="model.diffusion_model.", metadata=synth.modelspec("sdxl"))
+    synth.write_ckpt("sd1_checkpoint", tmp / "sd15.ckpt")      # pickled, torch.load(mmap=True) reads it
+    synth.write_diffusers("flux1_dev", tmp / "FLUX.1-dev")     # model_index.json + sharded components
     synth.info("sdxl_checkpoint").components                   # {"unet": "model.diffusion_model.", ...}
 
-No torch at import time (only `dense=True` writing imports it).
+Layout families (see `names()` / `python -m engine.synth list`): whole checkpoints (LDM SD1/SD2 and
+variants, SGM SDXL / refiner, ComfyUI FLUX.1 all-in-one, SD3 / SD3.5), diffusion models alone (native
+and diffusers namings, any prefix), VAEs, TAESD-family approximations, text encoders, ControlNets,
+IP-Adapters, CLIP vision towers and textual-inversion embeddings. Optional keys of real files are
+layout options; the defaults follow the official releases (engine/synth/checkpoints.py says which).
+Verification: tests/engine/test_synth_*.py (the three shared manifests exactly; diffusers /
+transformers models on the meta device and their single-file converters for everything else).
+
+No torch at import time (only dense writing and .pt embeddings import it).
 """
 
 from __future__ import annotations
@@ -65,9 +77,11 @@ def layout(name: str, *, dtype: DTypeSpec = "F16", prefix: str = "", **options) 
 
 
 def info(name: str, *, prefix: str = "", **options) -> LayoutInfo:
-    """What detection should report for `layout(name, prefix=prefix, **options)`."""
+    """What detection should report for `layout(name, prefix=prefix, **options)`: components whose
+    parts the options leave out (e.g. sd3_medium with clip=False) are not listed."""
     spec = REGISTRY[name].info
-    comps = {c: prefix + p for c, p in spec.components.items()}
+    keys = [k for k, _, _ in layout(name, prefix=prefix, **options)]
+    comps = {c: prefix + p for c, p in spec.components.items() if any(k.startswith(prefix + p) for k in keys)}
     pred = "v" if options.get("v_pred") or options.get("edm_vpred") else spec.prediction
     return replace(spec, components=comps, prediction=pred)
 

@@ -38,7 +38,9 @@ class CascadeConfig:
     clip_img: int | None = None
     effnet: int | None = None
     pixels: int | None = None
-    switch_level: bool = False  # 1x1 mapping convs between levels instead of strided convs
+    # StageC's switch_level=[False]: levels are joined by UpDownBlock2d (a 1x1 `blocks.{0|1}` mapping conv,
+    # resampling disabled) instead of the strided conv / transposed conv StageB uses (switch_level None)
+    updown_blocks: bool = False
 
 
 # StableCascade configs/inference/stage_c_3b.yaml (= diffusers stable-cascade-prior prior/config.json):
@@ -59,7 +61,7 @@ STAGE_C = CascadeConfig(
     ("sca", "crp"),
     clip_text=1280,
     clip_img=768,
-    switch_level=True,
+    updown_blocks=True,
 )
 # stage_c_1b ("lite"): c_hidden [1536, 1536], nhead [24, 24], blocks [[4, 12], [12, 4]].
 STAGE_C_LITE = CascadeConfig(
@@ -77,7 +79,7 @@ STAGE_C_LITE = CascadeConfig(
     ("sca", "crp"),
     clip_text=1280,
     clip_img=768,
-    switch_level=True,
+    updown_blocks=True,
 )
 # stage_b_3b.yaml (= stable-cascade decoder/config.json): c_in 4, patch 2, c_cond 1280, c_hidden
 # [320, 640, 1280, 1280], nhead [-, -, 20, 20], blocks [[2, 6, 28, 6], [6, 28, 6, 2]], block_repeat
@@ -98,18 +100,19 @@ STAGE_B = CascadeConfig(
     effnet=16,
     pixels=3,
 )
-# stage_b_700m ("lite"): c_hidden [320, 576, 1152, 1152], nhead [-, -, 18, 18], blocks [[2, 4, 14, 4], [4, 14, 4, 2]].
+# stage_b "700M" (StableCascade train/train_b.py model_version 700M): c_hidden [320, 576, 1152, 1152],
+# nhead [-, 9, 18, 18], blocks [[2, 4, 14, 4], [4, 14, 4, 2]], block_repeat [[1, 1, 1, 1], [2, 2, 2, 2]].
 STAGE_B_LITE = CascadeConfig(
     4,
     4,
     2,
     1280,
     (320, 576, 1152, 1152),
-    (0, 0, 18, 18),
+    (0, 9, 18, 18),
     (2, 4, 14, 4),
     (4, 14, 4, 2),
     (1, 1, 1, 1),
-    (3, 3, 2, 2),
+    (2, 2, 2, 2),
     ("CT", "CT", "CTA", "CTA"),
     ("sca",),
     effnet=16,
@@ -157,7 +160,7 @@ def cascade_native(b: Builder, cfg: CascadeConfig) -> None:
     n = len(ch)
     for i in range(n):
         if i > 0:
-            if cfg.switch_level:
+            if cfg.updown_blocks:
                 b.conv(f"down_downscalers.{i}.1.blocks.0", ch[i], ch[i - 1], k=1)
             else:
                 b.conv(f"down_downscalers.{i}.1", ch[i], ch[i - 1], k=2)
@@ -170,7 +173,7 @@ def cascade_native(b: Builder, cfg: CascadeConfig) -> None:
             b.conv(f"down_repeat_mappers.{i}.{r}", ch[i], ch[i], k=1)
     for u, i in enumerate(reversed(range(n))):
         if i > 0:
-            if cfg.switch_level:
+            if cfg.updown_blocks:
                 b.conv(f"up_upscalers.{u}.1.blocks.1", ch[i - 1], ch[i], k=1)
             else:  # ConvTranspose2d weight is [in, out, k, k]
                 b.t(f"up_upscalers.{u}.1.weight", (ch[i], ch[i - 1], 2, 2))

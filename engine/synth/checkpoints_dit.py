@@ -92,6 +92,7 @@ for _name, _arch, _build, _cfg, _naming in (
     ("flux1_dev_transformer_diffusers", "flux1_dev", F.flux_diffusers, F.FLUX_DEV, "diffusers"),
     ("flux1_schnell_transformer_diffusers", "flux1_schnell", F.flux_diffusers, F.FLUX_SCHNELL, "diffusers"),
     ("flux2_dev_transformer", "flux2", F.flux2_bfl, F.FLUX2_DEV, "bfl"),
+    ("chroma_transformer", "chroma", F.flux_bfl, F.CHROMA, "bfl"),
     ("auraflow_transformer", "auraflow", AF.auraflow_native, AF.AURAFLOW, "native"),
     ("hunyuan_dit_v11_transformer", "hunyuan_dit", HY.hunyuan_dit_native, HY.HUNYUAN_DIT_V11, "native"),
     ("hunyuan_dit_v12_transformer", "hunyuan_dit", HY.hunyuan_dit_native, HY.HUNYUAN_DIT_V12, "native"),

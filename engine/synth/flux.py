@@ -28,6 +28,7 @@ class FluxConfig:
     depth: int = 19
     depth_single_blocks: int = 38
     guidance_embed: bool = True
+    chroma: bool = False  # Chroma: per-block modulations replaced by one distilled_guidance_layer
 
     def with_(self, **kw) -> FluxConfig:
         return replace(self, **kw)
@@ -42,6 +43,11 @@ FLUX_SCHNELL = FLUX_DEV.with_(guidance_embed=False)
 # control models 128 (flux util.py "flux-dev-fill" / "flux-dev-depth" / "flux-dev-canny" in_channels).
 FLUX_FILL = FLUX_DEV.with_(in_channels=384)
 FLUX_DEPTH = FLUX_DEV.with_(in_channels=128)
+# lodestones/Chroma (FLUX.1-schnell derived; diffusers ChromaTransformer2DModel defaults and its single-file
+# converter): the time / vector / guidance embedders and every block's modulation are replaced by
+# distilled_guidance_layer (in_proj 64 -> 5120, layers.N.{in_layer,out_layer} and norms.N.scale for
+# N < 5, out_proj 5120 -> hidden); the final layer keeps only its linear.
+CHROMA = FLUX_SCHNELL.with_(chroma=True)
 
 
 def _mlp_embedder(b: Builder, key: str, hidden: int, inp: int) -> None:
@@ -54,15 +60,25 @@ def flux_bfl(b: Builder, c: FluxConfig) -> None:
     mlp = int(h * c.mlp_ratio)
     hd = h // c.num_heads
     b.linear("img_in", h, c.in_channels)
-    _mlp_embedder(b, "time_in", h, 256)
-    _mlp_embedder(b, "vector_in", h, c.vec_in_dim)
-    if c.guidance_embed:
-        _mlp_embedder(b, "guidance_in", h, 256)
+    if c.chroma:
+        g = "distilled_guidance_layer"
+        b.linear(f"{g}.in_proj", 5120, 64)
+        for n in range(5):
+            b.linear(f"{g}.layers.{n}.in_layer", 5120, 5120)
+            b.linear(f"{g}.layers.{n}.out_layer", 5120, 5120)
+            b.t(f"{g}.norms.{n}.scale", (5120,))
+        b.linear(f"{g}.out_proj", h, 5120)
+    else:
+        _mlp_embedder(b, "time_in", h, 256)
+        _mlp_embedder(b, "vector_in", h, c.vec_in_dim)
+        if c.guidance_embed:
+            _mlp_embedder(b, "guidance_in", h, 256)
     b.linear("txt_in", h, c.context_in_dim)
     for i in range(c.depth):
         for s in ("img", "txt"):
             k = f"double_blocks.{i}.{s}"
-            b.linear(f"{k}_mod.lin", 6 * h, h)
+            if not c.chroma:
+                b.linear(f"{k}_mod.lin", 6 * h, h)
             b.linear(f"{k}_attn.qkv", 3 * h, h)
             b.t(f"{k}_attn.norm.query_norm.scale", (hd,))
             b.t(f"{k}_attn.norm.key_norm.scale", (hd,))
@@ -75,8 +91,10 @@ def flux_bfl(b: Builder, c: FluxConfig) -> None:
         b.linear(f"{k}.linear2", h, h + mlp)
         b.t(f"{k}.norm.query_norm.scale", (hd,))
         b.t(f"{k}.norm.key_norm.scale", (hd,))
-        b.linear(f"{k}.modulation.lin", 3 * h, h)
-    b.linear("final_layer.adaLN_modulation.1", 2 * h, h)
+        if not c.chroma:
+            b.linear(f"{k}.modulation.lin", 3 * h, h)
+    if not c.chroma:
+        b.linear("final_layer.adaLN_modulation.1", 2 * h, h)
     b.linear("final_layer.linear", c.out_channels, h)
 
 

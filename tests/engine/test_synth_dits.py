@@ -52,7 +52,7 @@ def cascade_unet_config(c: C.CascadeConfig) -> dict:
         pixel_mapper_in_channels=c.pixels,
         timestep_conditioning_type=c.t_conds,
         dropout=(0.0,) * n,
-        switch_level=(False,) * (n - 1) if c.switch_level else None,
+        switch_level=(False,) * (n - 1) if c.updown_blocks else None,
     )
 
 

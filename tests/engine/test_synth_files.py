@@ -160,3 +160,32 @@ def test_ema_shadows_follow_litema_naming():
         "model_ema.num_updates",
     }
     assert len(rows) == len(synth.layout("sd1_checkpoint")) + len(unet) + 2
+
+
+def test_module_command_lists_and_writes(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    run = [sys.executable, "-m", "engine.synth"]
+    out = subprocess.run([*run, "list"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and "sdxl_checkpoint" in out.stdout and "flux2_dev_transformer" in out.stdout
+    target = tmp_path / "sd15.ckpt"
+    done = subprocess.run([*run, "write", "sd1_checkpoint", str(target), "--ckpt"], cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and target.stat().st_size > 2_000_000_000
+    bad = subprocess.run(
+        [*run, "write", "no_such", str(tmp_path / "x")], capture_output=True, cwd=ROOT, timeout=120
+    )
+    assert bad.returncode == 2 and not (tmp_path / "x").exists()
+
+
+def test_info_follows_the_options():
+    full = synth.info("sd3_medium")
+    assert set(full.components) == {"transformer", "vae", "clip_l", "clip_g", "t5xxl"}
+    bare = synth.info("sd3_medium", clip=False, t5xxl=False)
+    assert set(bare.components) == {"transformer", "vae"}
+    assert synth.info("sdxl_checkpoint", v_pred=True).prediction == "v"
+    assert synth.info("flux1_dev_transformer", prefix="model.diffusion_model.").components == {
+        "transformer": "model.diffusion_model."
+    }

@@ -307,3 +307,14 @@ def test_flux2_vae_matches_diffusers():
     model = on_meta(diffusers.AutoencoderKLFlux2)
     assert_same(shapes(synth.layout("flux2_vae_diffusers")), shapes_of(model))
     assert {d for k, d, _ in synth.layout("flux2_vae_diffusers") if k.startswith("bn.num_")} == {"I64"}
+
+
+def test_chroma_bfl_layout_converts_to_diffusers():
+    native = meta_tensors(synth.layout("chroma_transformer"))
+    converted = sfu.convert_chroma_transformer_checkpoint_to_diffusers(native)
+    assert not native, list(native)[:4]
+    assert_same(
+        {k: tuple(v.shape) for k, v in converted.items()},
+        shapes_of(on_meta(diffusers.ChromaTransformer2DModel)),
+    )
+    assert "distilled_guidance_layer.in_proj.bias" in shapes(synth.layout("chroma_transformer"))
