@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import data_file
+from loadout_test_support import data_file
 
 from engine import synth
 

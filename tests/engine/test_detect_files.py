@@ -10,7 +10,7 @@ import os
 import struct
 
 import pytest
-from conftest import data_file
+from loadout_test_support import data_file
 
 from engine import synth
 from engine.detect import detect_file

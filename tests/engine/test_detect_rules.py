@@ -436,7 +436,7 @@ def test_detection_never_imports_torch():
         "d = detect_file(sys.argv[1]); assert d.kind == 'lora', d; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
-    from conftest import data_file
+    from loadout_test_support import data_file
 
     lokr = str(data_file("weights/smart_falcon_8_lokr.safetensors"))
     root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
