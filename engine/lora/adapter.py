@@ -229,9 +229,22 @@ def _check_ranks(name: str, parts: dict[str, str], shapes: dict[str, tuple], whe
 
 
 def load_adapter(path: str | os.PathLike) -> Adapter:
-    """Parse an adapter .safetensors file (tensors stay mmap views until a patch needs them)."""
+    """Parse an adapter file (.safetensors: tensors stay mmap views until a patch needs them; older
+    pickled .pt/.ckpt adapters through the formats package's safe loader)."""
+    from ..formats import sniff
+
+    p = os.fspath(path)
+    kind = sniff(p)
+    if kind in ("torch-zip", "pickle"):
+        from ..formats.pickles import load_state_dict
+
+        return adapter_from_tensors(load_state_dict(p), {}, p)
+    if kind != "safetensors":
+        raise FormatError(
+            f"{p}: not an adapter file (found: {kind}); LoRAs are .safetensors or pickled .pt files"
+        )
     from ..formats.safetensors import SafetensorsFile
 
-    f = SafetensorsFile(path)
+    f = SafetensorsFile(p)
     tensors = {k: f.tensor(k) for k in f.header.tensors}
-    return adapter_from_tensors(tensors, f.header.metadata, os.fspath(path))
+    return adapter_from_tensors(tensors, f.header.metadata, p)
