@@ -19,7 +19,7 @@ MIB = 1024**2
 
 @pytest.fixture(scope="module")
 def sd15(tmp_path_factory):
-    from conftest import data_file
+    from loadout_test_support import data_file
 
     manifest = json.loads(data_file(SD15_MANIFEST).read_text())["tensors"]
     p = tmp_path_factory.mktemp("plan") / "sd15_fp16.safetensors"

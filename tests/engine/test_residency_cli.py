@@ -12,7 +12,7 @@ from engine.formats.safetensors import write_sparse
 
 @pytest.fixture(scope="module")
 def sd15(tmp_path_factory):
-    from conftest import data_file
+    from loadout_test_support import data_file
 
     manifest = json.loads(data_file(SD15_MANIFEST).read_text())["tensors"]
     p = tmp_path_factory.mktemp("cli") / "sd15.safetensors"
