@@ -7,7 +7,7 @@ the header (parameters are zero-copy mmap views: the disk tier), then Residency.
 the page cache first (posix_fadvise DONTNEED, this file only); warm = cached.
 
 Lines: build_disk_tier, load_cold, load_warm, unload, partial_load_50pct (+ what each tier costs).
-Usage: bench_load.py [--gb SIZE]  (default: the whole SD1.5 layout, ~2.1 GB; smaller takes a prefix).
+Usage: bench_load.py [--gb SIZE] [--repeat N]  (default: the whole SD1.5 layout, ~2.1 GB, 2 rounds).
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ def line(**kw) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gb", type=float, default=None, help="write only this many GB of the layout")
+    ap.add_argument("--repeat", type=int, default=2, help="rounds (the best of each is reported)")
     a = ap.parse_args()
     import torch
 
@@ -125,52 +126,61 @@ def main() -> None:
         path = Path(d) / "sd15_fp16.safetensors"
         size = write_layout(path, None if a.gb is None else int(a.gb * 1e9))
         gb = size / 1e9
-        # cold
-        drop_cache(path)
-        b_cold, params = baseline(path)
-        del params
-        gc.collect()
-        drop_cache(path)
-        build, o_cold, m, comps = ours(path)
+        # Rounds alternate baseline and ours so both see the same machine load; the best round counts.
+        best = {
+            k: float("inf") for k in ("b_cold", "o_cold", "b_warm", "o_warm", "b_free", "o_free", "build")
+        }
+        freed = 0
+        for _ in range(a.repeat):
+            drop_cache(path)  # cold: this file's pages out of the page cache
+            dt, params = baseline(path)
+            best["b_cold"] = min(best["b_cold"], dt)
+            del params
+            gc.collect()
+            drop_cache(path)
+            build, o_cold, m, comps = ours(path)
+            best["o_cold"] = min(best["o_cold"], build + o_cold)
+            t = time.perf_counter()
+            freed = m.unload_all()
+            best["o_free"] = min(best["o_free"], time.perf_counter() - t)
+            del m, comps
+            gc.collect()
+            dt, params = baseline(path)  # warm: the page cache holds the file now
+            best["b_warm"] = min(best["b_warm"], dt)
+            t = time.perf_counter()
+            del params
+            gc.collect()
+            best["b_free"] = min(best["b_free"], time.perf_counter() - t)
+            build, o_warm, m, comps = ours(path)
+            best["o_warm"] = min(best["o_warm"], build + o_warm)
+            best["build"] = min(best["build"], build)
+            m.unload_all()
+            del m, comps
+            gc.collect()
+        common = dict(baseline="load_file + copy", bytes=size, rounds=a.repeat)
         line(
             name="load_cold",
-            ours_s=round(build + o_cold, 4),
-            baseline="load_file + copy",
-            baseline_s=round(b_cold, 4),
-            bytes=size,
-            ours_gb_s=round(gb / (build + o_cold), 3),
+            ours_s=round(best["o_cold"], 4),
+            baseline_s=round(best["b_cold"], 4),
+            ours_gb_s=round(gb / best["o_cold"], 3),
+            **common,
         )
-        t = time.perf_counter()
-        freed = m.unload_all()
-        t_unload = time.perf_counter() - t
-        t = time.perf_counter()
-        gc.collect()
-        # warm (the page cache now holds the file)
-        b_warm, params = baseline(path)
-        t = time.perf_counter()
-        del params
-        gc.collect()
-        b_free = time.perf_counter() - t
-        line(
-            name="unload",
-            ours_s=round(t_unload, 4),
-            baseline="del tensors + gc",
-            baseline_s=round(b_free, 4),
-            bytes_freed=freed,
-        )
-        build, o_warm, m, comps = ours(path)
         line(
             name="load_warm",
-            ours_s=round(build + o_warm, 4),
-            baseline="load_file + copy",
-            baseline_s=round(b_warm, 4),
-            bytes=size,
-            build_s=round(build, 4),
-            ours_gb_s=round(gb / (build + o_warm), 3),
+            ours_s=round(best["o_warm"], 4),
+            baseline_s=round(best["b_warm"], 4),
+            ours_gb_s=round(gb / best["o_warm"], 3),
+            build_s=round(best["build"], 4),
+            **common,
         )
-        m.unload_all()
-        del m, comps
-        gc.collect()
+        line(
+            name="unload",
+            ours_s=round(best["o_free"], 4),
+            baseline="del tensors + gc",
+            baseline_s=round(best["b_free"], 4),
+            bytes_freed=freed,
+            rounds=a.repeat,
+        )
         # the disk tier alone: usable modules whose weights stay on the mmap (zero-copy, fp16 kept)
         from engine.model import build_components
 

@@ -8,10 +8,9 @@ and the mode that fits, by the same rules the residency manager then applies.
 * patch: a LoRA's tensors go to the device, and each patched module is computed in fp32 (weight +
   delta) — at most twice the largest weight × 4 bytes at a time. Streamed modules are patched on the
   fly, so when the patch does not fit the resident part shrinks to make room ("partial").
-* decode: the VAE's weights plus its activations. The activation estimate is ComfyUI's for
-  AutoencoderKL (comfy/sd.py, memory_used_decode): 2178 × 64 bytes per latent pixel per byte of
-  dtype, i.e. 2178 × dtype size per output pixel. When the whole image does not fit, tiles: the largest
-  tile (a multiple of 64 px, as ComfyUI's tiled decode) whose activations fit beside the weights.
+* decode: the VAE's weights plus its activations, by engine.vae's estimate (calibrated against measured
+  decodes: engine/vae/estimate.py). When the whole image does not fit, tiles: the largest tile (in
+  the 64-px steps engine.vae uses) whose peak fits the budget.
 Sampling itself is out of scope; the minimum inference memory kept free for it is in each detail.
 """
 
@@ -24,9 +23,8 @@ from dataclasses import dataclass
 from .formats.dtypes import DTYPES
 
 GIB = 1024**3
-DECODE_BYTES_PER_PIXEL = 2178  # × dtype size; ComfyUI comfy/sd.py, AutoencoderKL memory_used_decode
-TILES = (1024, 768, 512, 384, 256, 192, 128, 64)
-TILE_OVERLAP = 64
+TILES = tuple(range(1024, 127, -64))  # output pixels: engine.vae tiles in 64-px steps, 128 px at least
+TILE_OVERLAP = 64  # engine.vae: twice the 32-px context a tile needs on each side
 _ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "float64": 8}
 
 
@@ -137,7 +135,7 @@ def make_plan(
         label = info.label
     budget = budget_bytes(free, min_inf, report.vram_budget_bytes)
     device = info.torch_device
-    comps = {n: c for n, c in det.components.items() if n != "other" and c.prefix}
+    comps = {n: c for n, c in det.components.items() if n != "other"}
 
     def placed(name):
         c = comps[name]
@@ -231,60 +229,62 @@ def make_plan(
                 }
             )
     if decode is not None and "vae" in comps:
-        steps.append(_decode_step(placed("vae"), decode, budget, device))
+        steps.append(_decode_step(placed("vae"), decode, budget, device, model, comps["vae"].prefix))
     fits = all(s.pop("fits", True) for s in steps)
     return {"device": label, "budget_bytes": budget, "steps": steps, "fits": fits}
 
 
-def _decode_step(pf, size, budget: int, device: str) -> dict:
+def _latent_channels(path: str, prefix: str) -> int:
+    """Latent channels of an AutoencoderKL from its decoder's first conv (LDM and diffusers naming)."""
+    from .formats.safetensors import read_header
+
+    t = read_header(path).tensors
+    for key in ("decoder.conv_in.weight", "post_quant_conv.weight"):
+        info = t.get(prefix + key)
+        if info is not None and len(info.shape) == 4:
+            return int(info.shape[1])
+    return 4
+
+
+def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str) -> dict:
+    from .vae import estimate_decode_bytes
+
     p, f = pf
     w, h = size
     weights = sum(f.unit_sizes)
-    item = _ITEM.get(p.compute_dtype, 4)
-    whole = DECODE_BYTES_PER_PIXEL * w * h * item
+    dtype = p.compute_dtype if p.compute_dtype in ("float32", "float16", "bfloat16") else "float32"
+    est = {"latent_channels": _latent_channels(path, prefix), "dtype": dtype, "weight_bytes": weights}
+    whole = estimate_decode_bytes(w, h, **est)
     detail = {
         "width": w,
         "height": h,
         "vae_bytes": weights,
         "vae_device": p.device,
-        "compute_dtype": p.compute_dtype,
-        "activation_bytes": whole,
-        "formula": "2178 x width x height x dtype size (ComfyUI AutoencoderKL estimate)",
+        "compute_dtype": dtype,
+        "activation_bytes": whole - weights,
+        "estimate": "engine.vae.estimate (calibrated on measured decodes)",
     }
     cap = budget if p.device == device else None
-    if cap is None or weights + whole <= cap:
-        return {
-            "step": "decode",
-            "peak_bytes": weights + whole,
-            "mode": "full",
-            "fits": True,
-            "detail": detail,
-        }
+    if cap is None or whole <= cap:
+        return {"step": "decode", "peak_bytes": whole, "mode": "full", "fits": True, "detail": detail}
     for t in TILES:
         if t > max(w, h) and t != TILES[-1]:
             continue
-        tile = DECODE_BYTES_PER_PIXEL * min(t, w) * min(t, h) * item
-        if weights + tile <= cap:
-            tiles = math.ceil(max(w - TILE_OVERLAP, 1) / (t - TILE_OVERLAP)) * math.ceil(
-                max(h - TILE_OVERLAP, 1) / (t - TILE_OVERLAP)
-            )
-            detail.update(tile=t, overlap=TILE_OVERLAP, tiles=tiles, tile_activation_bytes=tile)
-            return {
-                "step": "decode",
-                "peak_bytes": weights + tile,
-                "mode": "tiled",
-                "fits": True,
-                "detail": detail,
-            }
+        peak = estimate_decode_bytes(w, h, tile=t, **est)
+        if peak <= cap:
+            overlap = min(TILE_OVERLAP, t // 2)
+            step = t - overlap
+            tiles = math.ceil(max(w - overlap, 1) / step) * math.ceil(max(h - overlap, 1) / step)
+            detail.update(tile=t, overlap=overlap, tiles=tiles)
+            return {"step": "decode", "peak_bytes": peak, "mode": "tiled", "fits": True, "detail": detail}
     t = TILES[-1]
-    tile = DECODE_BYTES_PER_PIXEL * t * t * item
     detail.update(
         tile=t,
-        overlap=TILE_OVERLAP,
-        tile_activation_bytes=tile,
+        overlap=min(TILE_OVERLAP, t // 2),
         advice="not even the smallest tile fits beside the VAE: try --cpu-vae",
     )
-    return {"step": "decode", "peak_bytes": weights + tile, "mode": "tiled", "fits": False, "detail": detail}
+    peak = estimate_decode_bytes(w, h, tile=t, **est)
+    return {"step": "decode", "peak_bytes": peak, "mode": "tiled", "fits": False, "detail": detail}
 
 
 def _data_bytes(path: str) -> int:

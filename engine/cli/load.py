@@ -26,29 +26,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..detect import detect_file
     from ..devices import detect_devices
     from ..errors import EngineError
     from ..model import build_components
     from ..residency import Residency
 
+    det = detect_file(args.model)  # header-only and torch-free: bad input is refused before torch loads
+    if det.error is not None:
+        if args.json:
+            print_json({"model": args.model, "error": det.error})
+        print_error(det.error.get("message", f"{args.model}: cannot be read"))
+        return EXIT_BAD_INPUT
+    prefixes = {n: c.prefix for n, c in det.components.items() if n != "other"}
+    if args.component:
+        missing = set(args.component) - set(prefixes)
+        if missing:
+            has = ", ".join(prefixes) or "none"
+            print_error(f"no component {', '.join(sorted(missing))} in this file (it has {has})")
+            return EXIT_USAGE
+        prefixes = {n: prefixes[n] for n in args.component}
     try:
         report = detect_devices(options_from_args(args))
     except EngineError as e:
         print_error(e.message)
         return EXIT_USAGE
     try:
-        comps = build_components(args.model, report=report)
+        comps = build_components(args.model, prefixes, report=report)
     except EngineError as e:
         if args.json:
             print_json({"model": args.model, "error": e.to_json()})
         print_error(e.message)
         return EXIT_BAD_INPUT
-    if args.component:
-        missing = set(args.component) - set(comps)
-        if missing:
-            print_error(f"no component {', '.join(sorted(missing))} in this file (it has {', '.join(comps)})")
-            return EXIT_USAGE
-        comps = {n: comps[n] for n in args.component}
     m = Residency.from_report(report)
     events = []
     m.subscribe(events.append)

@@ -38,6 +38,14 @@ def run(args: argparse.Namespace) -> int:
     if args.vram is not None and not args.vram > 0:
         print_error("--vram must be a positive number of GiB")
         return EXIT_USAGE
+    from ..detect import detect_file
+
+    det = detect_file(args.model)  # header-only and torch-free: a bad file is refused before torch loads
+    if det.error is not None:
+        if args.json:
+            print_json({"model": args.model, "error": det.error})
+        print_error(det.error.get("message", f"{args.model}: cannot be read"))
+        return EXIT_BAD_INPUT
     try:
         report = detect_devices(options_from_args(args))
     except EngineError as e:

@@ -23,7 +23,7 @@ def build_components(
             from ..errors import FormatError
 
             raise FormatError(f"{path}: {det.error.get('message', 'cannot be read')}")
-        prefixes = {n: c.prefix for n, c in det.components.items() if n != "other" and c.prefix}
+        prefixes = {n: c.prefix for n, c in det.components.items() if n != "other"}
     info = None
     if report is not None:
         device = report.selected.torch_device

@@ -1,8 +1,8 @@
 """Memory a VAE decode/encode will need, before running it (torch-free: `loadout plan` and the GUI
 thread call it).
 
-    peak = weights + k_act * pixels * bytes_per_element            (full)
-    peak = weights + k_head * latent_pixels * bytes + k_tile * tile_pixels * bytes
+    peak = runtime + weights + k_act * pixels * bytes_per_element            (full)
+    peak = runtime + weights + k_head * latent_pixels * bytes + k_act * tile_pixels * bytes
            + 16 * pixels (float32 output and blend weights) [+ store, when tile states stay in RAM]
 
 `pixels` are output (image) pixels for the batch. The coefficients are activation channels alive at
@@ -16,14 +16,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# activation channels alive at the peak, per output pixel (see module docstring)
-K_ACT = {("kl", "decode"): 1200, ("kl", "encode"): 800, ("taesd", "decode"): 320, ("taesd", "encode"): 320}
-# per latent pixel for the whole-latent part (mid block with attention, or TAESD's head)
-K_HEAD = {"kl": 4 * 512, "taesd": 4 * 64}
-# channels of a tile state waiting in the store (activation plus pending residual), per pixel
-K_STORE = {("kl", "decode"): 384, ("kl", "encode"): 256, ("taesd", "decode"): 0, ("taesd", "encode"): 0}
-# context each tile needs on each side (output pixels) for its core to match the full pass
-CONTEXT_PX = {"kl": 32, "taesd": 32}
+# Activation "channels" alive at the peak, per output pixel, per unit of the base width `ch` (128 for
+# every SD/SDXL/SD3/FLUX VAE). Calibrated on CPU, float32, fresh processes: SD-layout decoder at
+# ch=128, 128^2 and 256^2 output: 62.6 MB and 275 MB over the loaded process -> 955 and 1049 channels
+# -> 8.6 per unit of ch. The encoder keeps fewer wide tensors at full resolution (estimated 6 / ch).
+K_ACT = {("kl", "decode"): 8.6, ("kl", "encode"): 6.0}
+K_ACT_TAESD = {"decode": 6 * 64, "encode": 6 * 64}  # TAESD: fixed width 64, ~6 tensors at the peak
+# per latent pixel, the whole-latent part (mid block with attention: ~4 tensors of 4*ch channels)
+K_HEAD = {"kl": 16.0, "taesd": 4 * 64}
+# channels of a tile state waiting in the store (activation plus pending residual) per unit of ch
+K_STORE = {("kl", "decode"): 3.0, ("kl", "encode"): 2.0}
+# context each tile needs on each side (output pixels) for its core to match the full pass: 32 px
+# gives 53 dB and 64 px 94 dB tiled-vs-full on a random-weight SD-layout decoder (see tests/bench);
+# the encoder's receptive field is wider (its deepest convs see 8 px per tap)
+CONTEXT_PX = {("kl", "decode"): 32, ("kl", "encode"): 64, ("taesd", "decode"): 32, ("taesd", "encode"): 64}
+RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 SD_VAE_WEIGHTS = 334_643_238  # fp32 bytes of an SD1/SDXL AutoencoderKL (83.65 M parameters)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -33,47 +40,64 @@ class VaeSpec:
     kind: str  # "kl" or "taesd"
     latent_channels: int
     weight_bytes: int
-    context_px: int
+    ch: int = 128  # base width of an AutoencoderKL
+
+    def k_act(self, direction: str) -> float:
+        if self.kind == "taesd":
+            return K_ACT_TAESD[direction]
+        return K_ACT[("kl", direction)] * self.ch
+
+    def k_head(self) -> float:
+        return K_HEAD["kl"] * self.ch if self.kind == "kl" else K_HEAD["taesd"]
+
+    def k_store(self, direction: str) -> float:
+        return K_STORE[("kl", direction)] * self.ch if self.kind == "kl" else 0.0
+
+    def context_px(self, direction: str) -> int:
+        return CONTEXT_PX[(self.kind, direction)]
 
 
 def spec_of(vae) -> VaeSpec:
     """The estimate's view of a loaded model."""
     kind = "kl" if hasattr(vae, "cfg") else "taesd"
     wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
-    return VaeSpec(kind, vae.latent_channels, wbytes, CONTEXT_PX[kind])
+    return VaeSpec(kind, vae.latent_channels, wbytes, vae.cfg.ch if kind == "kl" else 64)
+
+
+def activation_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> int:
+    """What a full pass adds on top of a process that already holds the runtime and the weights."""
+    return int(spec.k_act(direction) * pixels * esize)
 
 
 def full_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> int:
-    return spec.weight_bytes + K_ACT[(spec.kind, direction)] * pixels * esize
+    """Predicted peak RSS (CPU) / device bytes of a full pass, runtime and weights included."""
+    return int(RUNTIME_BYTES + spec.weight_bytes + spec.k_act(direction) * pixels * esize)
 
 
 def tile_bytes(spec: VaeSpec, tile_px: int, esize: int, direction: str = "decode") -> int:
-    return K_ACT[(spec.kind, direction)] * tile_px * tile_px * esize
+    return int(spec.k_act(direction) * tile_px * tile_px * esize)
 
 
 def store_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int, overhead: float = 1.5) -> int:
-    return int(K_STORE[(spec.kind, direction)] * pixels * esize * overhead)
+    return int(spec.k_store(direction) * pixels * esize * overhead)
 
 
 def tiled_bytes(
     spec: VaeSpec, direction: str, pixels: int, tile_px: int, esize: int, *, ram_store: bool = False
 ) -> int:
     latent_px = pixels // 64
-    total = (
-        spec.weight_bytes
-        + K_HEAD[spec.kind] * latent_px * esize
-        + tile_bytes(spec, tile_px, esize, direction)
-    )
+    total = RUNTIME_BYTES + spec.weight_bytes + spec.k_head() * latent_px * esize
+    total += tile_bytes(spec, tile_px, esize, direction)
     total += 16 * pixels
     if ram_store:
         total += store_bytes(spec, direction, pixels, esize)
-    return total
+    return int(total)
 
 
 def _spec(kind: str, latent_channels: int, weight_bytes: int | None) -> VaeSpec:
     k = "taesd" if kind in ("taesd", "vae_approx") else "kl"
     wb = weight_bytes if weight_bytes is not None else (SD_VAE_WEIGHTS if k == "kl" else 5_000_000)
-    return VaeSpec(k, latent_channels, wb, CONTEXT_PX[k])
+    return VaeSpec(k, latent_channels, wb)  # SD-family width 128
 
 
 def estimate_decode_bytes(

@@ -36,15 +36,10 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         f = SafetensorsFile(p)
         return {k: f.tensor(k) for k in f.header.tensors}
     if kind in ("torch-zip", "pickle"):
-        try:
-            obj = torch.load(p, map_location="cpu", weights_only=True, mmap=kind == "torch-zip")
-        except Exception as e:  # weights_only refuses any pickle that would run code
-            raise FormatError(f"{p}: not a loadable weights file ({e})", path=p) from e
-        if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
-            obj = obj["state_dict"]
-        if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise FormatError(f"{p}: the file holds no state dict of tensors", path=p)
-        return dict(obj)
+        from ..formats.pickles import load_state_dict
+
+        sd = load_state_dict(p)  # refuses pickles that would run code; mmap for torch zips
+        return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
     if kind == "gguf":
         raise UnsupportedModel(f"{p}: GGUF VAEs are not supported yet", path=p)
     raise FormatError(f"{p}: not a safetensors or torch weights file ({kind})", path=p)

@@ -73,13 +73,16 @@ def _compute(vae: nn.Module, device: torch.device, dtype: torch.dtype):
             m.compute_dtype, m.offload = dt, off
 
 
-def default_tile_px(device: torch.device, vae: nn.Module, budget: int | None = None) -> tuple[int, int]:
-    """Tile and overlap in output pixels: as big as a quarter of the budget allows, in 64-px steps."""
+def default_tile_px(
+    device: torch.device, vae: nn.Module, budget: int | None = None, direction: str = "decode"
+) -> tuple[int, int]:
+    """Tile and overlap in output pixels: as big as a quarter of the budget allows, in 64-px steps;
+    the overlap gives each tile the context its receptive field needs (see estimate.CONTEXT_PX)."""
     spec = _spec(vae)
-    overlap = spec.context_px * 2
+    overlap = spec.context_px(direction) * 2
     budget = budget if budget is not None else memory_budget(device)
     tile = 1024 if device.type == "cuda" else 512
-    while tile > MIN_TILE_PX and estimate.tile_bytes(spec, tile, 4) > budget / 4:
+    while tile > MIN_TILE_PX and estimate.tile_bytes(spec, tile, 4, direction) > budget / 4:
         tile -= 64
     return tile, min(overlap, tile // 2)
 
@@ -162,12 +165,11 @@ def _run(vae, x, direction, tile, overlap, tiled, device, dtype, budget, disk_st
     budget = budget if budget is not None else memory_budget(device)
     info.budget_bytes = budget
     esize = torch.empty((), dtype=dtype).element_size()
-    full_est = estimate.full_bytes(spec, direction, px, esize)
-    info.estimate_bytes = full_est
-    if tiled is None:
-        tiled = full_est > budget or tile is not None
+    info.estimate_bytes = estimate.full_bytes(spec, direction, px, esize)
+    if tiled is None:  # the runtime and the weights are already resident: compare what a pass adds
+        tiled = estimate.activation_bytes(spec, direction, px, esize) > budget or tile is not None
     if tiled:
-        d_tile, d_overlap = default_tile_px(device, vae, budget)
+        d_tile, d_overlap = default_tile_px(device, vae, budget, direction)
         tile = tile or d_tile
         overlap = d_overlap if overlap is None else overlap
     info.dtype = _dtype_name(dtype)
@@ -196,7 +198,10 @@ def _run(vae, x, direction, tile, overlap, tiled, device, dtype, budget, disk_st
                 raise OutOfMemory(f"out of memory during the VAE {direction}: {e}") from e
             # After a GPU OOM: tile, then halve the tiles, down to the minimum.
             if not tiled:
-                tiled, (attempt_tile, overlap) = True, default_tile_px(device, vae, memory_budget(device))
+                tiled, (attempt_tile, overlap) = (
+                    True,
+                    default_tile_px(device, vae, memory_budget(device), direction),
+                )
             elif attempt_tile // 2 >= MIN_TILE_PX:
                 attempt_tile //= 2
                 overlap = min(overlap, attempt_tile // 2)

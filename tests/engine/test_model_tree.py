@@ -19,7 +19,7 @@ from engine.model.tree import classify
 
 @pytest.fixture(scope="module")
 def sd15_sparse(tmp_path_factory):
-    from conftest import data_file
+    from loadout_test_support import data_file
 
     manifest = json.loads(data_file(SD15_MANIFEST).read_text())["tensors"]
     p = tmp_path_factory.mktemp("sd15") / "sd15.safetensors"

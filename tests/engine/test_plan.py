@@ -10,15 +10,16 @@ from residency_files import SD15_MANIFEST, SD15_PREFIXES
 from engine.devices import DeviceOptions, HardwareFacts, build_report
 from engine.formats.safetensors import write_sparse
 from engine.model import build_components
-from engine.plan import DECODE_BYTES_PER_PIXEL, TILES, make_plan
+from engine.plan import TILES, make_plan
 from engine.residency import Residency
+from engine.vae import estimate_decode_bytes
 
 MIB = 1024**2
 
 
 @pytest.fixture(scope="module")
 def sd15(tmp_path_factory):
-    from conftest import data_file
+    from loadout_test_support import data_file
 
     manifest = json.loads(data_file(SD15_MANIFEST).read_text())["tensors"]
     p = tmp_path_factory.mktemp("plan") / "sd15_fp16.safetensors"
@@ -62,14 +63,19 @@ def test_decode_modes_and_the_documented_formula(sd15):
     big = make_plan(str(sd15), decode=(512, 512), report=cpu_report(), free_bytes=64 << 30)
     dec = big["steps"][-1]
     assert dec["step"] == "decode" and dec["mode"] == "full"
-    assert dec["detail"]["activation_bytes"] == DECODE_BYTES_PER_PIXEL * 512 * 512 * 4  # fp32 on the CPU
-    small = make_plan(str(sd15), decode=(2048, 2048), report=cpu_report(vram_budget_gb=2), free_bytes=1 << 40)
+    vae = dec["detail"]["vae_bytes"]
+    assert dec["peak_bytes"] == estimate_decode_bytes(
+        512, 512, dtype="float32", weight_bytes=vae
+    )  # CPU: fp32
+    small = make_plan(str(sd15), decode=(2048, 2048), report=cpu_report(vram_budget_gb=1), free_bytes=1 << 40)
     dec = small["steps"][-1]
     assert dec["mode"] == "tiled" and dec["peak_bytes"] <= small["budget_bytes"]
     tile = dec["detail"]["tile"]
     assert tile < 1024
-    bigger_tile = DECODE_BYTES_PER_PIXEL * TILES[TILES.index(tile) - 1] ** 2 * 4  # the next size up
-    assert dec["detail"]["vae_bytes"] + bigger_tile > small["budget_bytes"]
+    bigger = estimate_decode_bytes(
+        2048, 2048, dtype="float32", weight_bytes=vae, tile=TILES[TILES.index(tile) - 1]
+    )
+    assert bigger > small["budget_bytes"]  # the next size up would not fit
 
 
 def test_hypothetical_gpu_uses_fp16_and_patch_step(sd15, shared_data):
@@ -97,8 +103,6 @@ def test_cli_plan_json_and_errors(cli, sd15, tmp_path):
     assert set(out) == {"device", "budget_bytes", "steps", "fits"}
     assert [s["step"] for s in out["steps"]] == ["load", "decode"]
     assert all(set(s) == {"step", "peak_bytes", "mode", "detail"} for s in out["steps"])
-    r = cli("plan", "--model", str(sd15), "--vram", "6")
-    assert r.returncode == 0 and "fits" in r.stdout and "load" in r.stdout
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
     r = cli("plan", "--model", str(bad), "--json")
@@ -106,3 +110,11 @@ def test_cli_plan_json_and_errors(cli, sd15, tmp_path):
     assert "Traceback" not in r.stderr
     r = cli("plan", "--model", str(sd15), "--decode", "huge")
     assert r.returncode == 2
+
+
+def test_plan_text_in_process(sd15, capsys):
+    from engine.cli import main
+
+    assert main(["plan", "--model", str(sd15), "--vram", "6", "--decode", "512x512"]) == 0
+    text = capsys.readouterr().out
+    assert "fits" in text and "load" in text and "decode" in text

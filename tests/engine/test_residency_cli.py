@@ -12,7 +12,7 @@ from engine.formats.safetensors import write_sparse
 
 @pytest.fixture(scope="module")
 def sd15(tmp_path_factory):
-    from conftest import data_file
+    from loadout_test_support import data_file
 
     manifest = json.loads(data_file(SD15_MANIFEST).read_text())["tensors"]
     p = tmp_path_factory.mktemp("cli") / "sd15.safetensors"
@@ -23,15 +23,33 @@ def sd15(tmp_path_factory):
 
 
 def test_load_under_a_budget_json(cli, sd15):
-    r = cli("load", str(sd15), "--component", "vae", "--vram-budget", "0.05", "--json")
+    r = cli(
+        "load",
+        str(sd15),
+        "--component",
+        "vae",
+        "--vram-budget",
+        "0.05",
+        "--unload-bytes",
+        "1000000",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     (row,) = out["ledger"]
-    assert row["name"] == "vae" and 0 < row["device_bytes"] <= int(0.05 * 1024**3)
+    assert row["name"] == "vae" and 0 < row["device_bytes"] <= int(0.05 * 1024**3) - 1000000
     assert row["device_bytes"] + row["disk_bytes"] == row["full_bytes"]
-    assert [e["kind"] for e in out["events"]] == ["PartiallyOffloaded"]
-    r = cli("load", str(sd15), "--component", "vae", "--vram-budget", "0.05", "--unload-bytes", "1000000")
-    assert r.returncode == 0 and "vae" in r.stdout and "resident" in r.stdout
+    kinds = [e["kind"] for e in out["events"]]
+    assert kinds == ["PartiallyOffloaded", "PartiallyOffloaded"]
+    assert out["events"][1]["bytes_moved"] >= 1000000
+
+
+def test_load_text_in_process(sd15, capsys):
+    from engine.cli import main
+
+    assert main(["load", str(sd15), "--component", "vae", "--vram-budget", "0.05"]) == 0
+    text = capsys.readouterr().out
+    assert "vae" in text and "resident" in text and "PartiallyOffloaded" in text
 
 
 def test_load_errors(cli, sd15, tmp_path):

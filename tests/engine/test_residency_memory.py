@@ -63,7 +63,7 @@ CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def dense_unet(tmp_path_factory):
-    from conftest import data_file
+    from loadout_test_support import data_file
 
     entries, total = sd15_entries(data_file(SD15_MANIFEST), limit_bytes=200 * 1024 * 1024)
     p = tmp_path_factory.mktemp("dense") / "unet_subset.safetensors"
@@ -130,7 +130,7 @@ LOOP_CHILD = textwrap.dedent(
 def test_long_loop_over_a_real_size_layout_stays_flat(tmp_path):
     """The whole SD1.5 checkpoint layout (4.3 GB, header-faithful sparse) cycled through a 48 MiB
     budget: every module goes through the device tier and back to the mmap, memory stays flat."""
-    from conftest import data_file
+    from loadout_test_support import data_file
 
     from engine.formats.safetensors import write_sparse
 

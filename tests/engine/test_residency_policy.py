@@ -375,3 +375,23 @@ def test_random_sequences_keep_every_invariant(tmp_path_factory, ops, budget_fra
             for pname, before in pinned_before.items():
                 assert snap.get(pname).device_bytes >= before
         assert_true_ledger(m, *cs.values())
+
+
+def test_eviction_events_carry_the_bytes_and_extra_memory_is_kept_free(ckpt):
+    a, b, _ = comps(ckpt)
+    full = a.full_bytes()
+    # a simulated device of exactly two components: free = total - what the ledger holds there
+    m = Residency("cpu", policy=Policy(reserve_bytes=0, min_inference_bytes=0, vram_state="NORMAL_VRAM"))
+    m.probe = lambda: 2 * full - m.snapshot().device_bytes
+    events = []
+    m.subscribe(events.append)
+    m.load([a])
+    before = a.measured_tiers()["device"]
+    m.load([b], extra_memory=full // 2)  # the job needs half a component of working memory
+    evicted = [e for e in events if e.kind == "Evicted"]
+    assert [e.component for e in evicted] == ["a"]
+    assert evicted[0].bytes_moved == before - a.measured_tiers()["device"] >= full // 2
+    assert m.snapshot().device_bytes <= 2 * full - full // 2
+    assert all(e.duration_s >= 0 for e in events)
+    layers = m.snapshot().get("a").layers  # the layer map: every module with its tier and bytes
+    assert {t for _, t, _ in layers} <= {"device", "disk"} and len(layers) == len(a.units)

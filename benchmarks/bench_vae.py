@@ -1,0 +1,178 @@
+"""VAE decode: tiled vs full — time, peak memory (fresh process each), PSNR, estimate vs measured; and
+the real TAEF2 round trip of the full 2048x768 reference image, full and tiled.
+
+Each line printed is one JSON measurement {"name", "ours_s", "baseline", "baseline_s", "ratio", ...}.
+The AutoencoderKL has the SD VAE layout (ch_mult 1,2,4,4; 2/3 res blocks; 32 groups) with random
+deterministic weights at base width `--ch` (128 = the real SD VAE; the default 32 keeps the run short
+on a shared CPU — activations scale with ch, FLOPs with ch^2). Threads: 2.
+
+    python benchmarks/bench_vae.py [--ch 32] [--size 1024] [--big 2048] [--skip-taef2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "engine"))
+
+
+def child(cfg: dict) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cfg = {"tests_dir": str(ROOT / "tests" / "engine"), "threads": 2, **cfg}
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "_vae_child.py"), json.dumps(cfg)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-2000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def emit(**kw) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+def kl_bench(ch: int, size: int, big: int, tile: int, overlap: int) -> None:
+    import torch
+    from vae_fixtures import psnr
+
+    with tempfile.TemporaryDirectory() as d:
+        full = child({"height": size, "width": size, "mode": "full", "ch": ch, "save": f"{d}/full.pt"})
+        tiled = child(
+            {
+                "height": size,
+                "width": size,
+                "mode": "tiled",
+                "ch": ch,
+                "tile": tile,
+                "overlap": overlap,
+                "disk_store": True,
+                "save": f"{d}/tiled.pt",
+            }
+        )
+        p = psnr(torch.load(f"{d}/full.pt"), torch.load(f"{d}/tiled.pt"))
+    emit(
+        name=f"vae_decode_{size}_tiled_vs_full_time",
+        ours_s=tiled["seconds"],
+        baseline="full decode (same process kind)",
+        baseline_s=full["seconds"],
+        ratio=tiled["seconds"] / full["seconds"],
+        ch=ch,
+        tiles=tiled["tiles"],
+        tile_px=tiled["tile_px"],
+        overlap_px=tiled["overlap_px"],
+        psnr_tiled_vs_full_db=round(p, 2),
+    )
+    emit(
+        name=f"vae_decode_{size}_tiled_vs_full_peak_rss",
+        ours_s=tiled["seconds"],
+        baseline="full decode peak RSS",
+        baseline_s=full["seconds"],
+        ratio=tiled["peak_rss"] / full["peak_rss"],
+        tiled_peak_bytes=tiled["peak_rss"],
+        full_peak_bytes=full["peak_rss"],
+        process_before_decode_bytes=full["base_rss"],
+        ch=ch,
+    )
+    for name, r in (("full", full), ("tiled", tiled)):
+        emit(
+            name=f"vae_decode_{size}_{name}_estimate_vs_measured",
+            ours_s=r["seconds"],
+            baseline="measured peak RSS",
+            baseline_s=r["seconds"],
+            ratio=r["estimate"] / r["peak_rss"],
+            estimate_bytes=r["estimate"],
+            measured_bytes=r["peak_rss"],
+            ch=ch,
+        )
+    if big:
+        tb = child(
+            {
+                "height": big,
+                "width": big,
+                "mode": "tiled",
+                "ch": ch,
+                "tile": tile,
+                "overlap": overlap,
+                "disk_store": True,
+            }
+        )
+        emit(
+            name=f"vae_decode_tiled_peak_{big}_vs_{size}",
+            ours_s=tb["seconds"],
+            baseline=f"tiled decode at {size}^2",
+            baseline_s=tiled["seconds"],
+            ratio=tb["peak_rss"] / tiled["peak_rss"],
+            big_peak_bytes=tb["peak_rss"],
+            small_peak_bytes=tiled["peak_rss"],
+            big_estimate_bytes=tb["estimate"],
+            ch=ch,
+            tiles=tb["tiles"],
+        )
+
+
+def taef2_bench() -> None:
+    import torch
+
+    torch.set_num_threads(2)
+    from vae_fixtures import psnr
+
+    from engine.vae import load_vae
+    from engine.vae.images import load_image
+    from engine.vae.run import decode, encode
+
+    data = Path(os.environ.get("LOADOUT_TEST_DATA", ROOT.parent / "shared" / "data"))
+    vae = load_vae(data / "weights" / "taef2_encoder.pth")
+    x = load_image(data / "images" / "reconstruction_example.jpg")
+    t0 = time.perf_counter()
+    z = encode(vae, x, tiled=False)
+    y = decode(vae, z, tiled=False)
+    t_full = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    zt = encode(vae, x, tiled=True, tile=512, overlap=128)
+    yt = decode(vae, zt, tiled=True, tile=512, overlap=64)
+    t_tiled = time.perf_counter() - t0
+    yd = decode(vae, z, tiled=True, tile=512, overlap=64)
+    emit(
+        name="taef2_roundtrip_2048x768",
+        ours_s=t_tiled,
+        baseline="full encode+decode",
+        baseline_s=t_full,
+        ratio=t_tiled / t_full,
+        psnr_full_db=round(psnr(x, y), 2),
+        psnr_tiled_db=round(psnr(x, yt), 2),
+        psnr_tiled_vs_full_decode_db=round(psnr(y, yd), 2),
+        psnr_tiled_vs_full_roundtrip_db=round(psnr(y, yt), 2),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ch", type=int, default=32)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--big", type=int, default=2048, help="second tiled size for flatness (0 = skip)")
+    ap.add_argument("--tile", type=int, default=512)
+    ap.add_argument("--overlap", type=int, default=64)
+    ap.add_argument("--skip-taef2", action="store_true")
+    ap.add_argument("--skip-kl", action="store_true")
+    a = ap.parse_args()
+    if not a.skip_kl:
+        kl_bench(a.ch, a.size, a.big, a.tile, a.overlap)
+    if not a.skip_taef2:
+        taef2_bench()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""AutoencoderKL: strict loading from every naming, agreement with an independent implementation,
+shapes for each latent format, tiled == full, fp16 NaN guard, memory decisions, progress and cancel."""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import threading
+
+import psutil
+import pytest
+import torch
+from vae_fixtures import psnr, small_kl
+
+from engine import ops
+from engine.errors import Cancelled, FormatError
+from engine.formats.safetensors import save_tensors
+from engine.jobs import CancelToken
+from engine.vae import LATENT_FORMATS, estimate_decode_bytes, load_vae
+from engine.vae.run import RunInfo, decode, encode
+
+
+def _z(c=4, h=8, w=8, seed=1):
+    return torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(seed))
+
+
+def _img(h=64, w=64, seed=2):
+    return torch.rand(1, 3, h, w, generator=torch.Generator().manual_seed(seed))
+
+
+# -- loading --------------------------------------------------------------------------------------
+def test_checkpoint_prefix_standalone_and_strictness(tmp_path):
+    m = small_kl()
+    sd = m.state_dict()
+    ckpt = tmp_path / "model.safetensors"
+    other = {"model.diffusion_model.input_blocks.0.0.weight": torch.zeros(2, 2)}
+    save_tensors(ckpt, {**other, **{f"first_stage_model.{k}": v for k, v in sd.items()}})
+    standalone = tmp_path / "vae.safetensors"
+    save_tensors(standalone, sd)
+    z = _z()
+    ref = decode(m, z, tiled=False)
+    for path in (ckpt, standalone):
+        loaded = load_vae(path)
+        assert loaded.cfg.ch_mult == (1, 2, 4, 4) and loaded.cfg.num_res_blocks == 2
+        assert torch.equal(decode(loaded, z, tiled=False), ref)
+
+    missing = dict(sd)
+    del missing["decoder.up.0.block.1.conv1.weight"]
+    save_tensors(tmp_path / "missing.safetensors", missing)
+    with pytest.raises(FormatError, match=r"missing \(e\.g\. decoder\.up\.0\.block\.1\.conv1\.weight"):
+        load_vae(tmp_path / "missing.safetensors")
+    save_tensors(tmp_path / "extra.safetensors", {**sd, "decoder.extra.weight": torch.zeros(1)})
+    with pytest.raises(FormatError, match="unexpected"):
+        load_vae(tmp_path / "extra.safetensors")
+    bad = dict(sd)
+    bad["decoder.mid.attn_1.q.weight"] = torch.zeros(3, 3, 1, 1)
+    save_tensors(tmp_path / "bad.safetensors", bad)
+    with pytest.raises(FormatError, match="wrong shape"):
+        load_vae(tmp_path / "bad.safetensors")
+
+
+def test_pth_checkpoint_with_state_dict(tmp_path):
+    m = small_kl(seed=3)
+    path = tmp_path / "vae.ckpt"
+    torch.save({"state_dict": {f"first_stage_model.{k}": v for k, v in m.state_dict().items()}}, path)
+    loaded = load_vae(path)
+    z = _z()
+    assert torch.equal(decode(loaded, z, tiled=False), decode(m, z, tiled=False))
+
+
+def test_diffusers_naming_matches_diffusers_itself(tmp_path):
+    """An independent implementation with the same weights: diffusers' AutoencoderKL."""
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    ref = diffusers.AutoencoderKL(
+        block_out_channels=(32, 64, 128, 128),
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        layers_per_block=2,
+        latent_channels=4,
+        norm_num_groups=32,
+    ).eval()
+    with torch.no_grad():  # diffusers zero-initialises nothing here, but make norms non-trivial
+        for n, p in ref.named_parameters():
+            if "norm" in n:
+                p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path / "diffusion_pytorch_model.safetensors"
+    save_tensors(path, ref.state_dict())
+    ours = load_vae(path)
+    z, x = _z(), _img()
+    with torch.no_grad():
+        want = ((ref.decode(z).sample + 1) / 2).clamp(0, 1)
+        want_mean = ref.encode(x * 2 - 1).latent_dist.mean
+    torch.testing.assert_close(decode(ours, z, tiled=False), want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(encode(ours, x, tiled=False), want_mean, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "z,quant,fmt",
+    [(4, True, "sd1"), (4, True, "sdxl"), (16, False, "sd3"), (16, False, "flux1"), (32, True, "flux2")],
+)
+def test_latent_formats_shapes(tmp_path, z, quant, fmt):
+    m = small_kl(z=z, quant=quant)
+    path = tmp_path / "vae.safetensors"
+    save_tensors(path, {f"vae.{k}": v for k, v in m.state_dict().items()})
+    vae = load_vae(path)
+    assert vae.latent_channels == z and hasattr(vae, "quant_conv") == quant
+    assert LATENT_FORMATS[fmt].channels == z
+    lat = encode(vae, _img(72, 56))  # cropped to multiples of 8
+    assert lat.shape == (1, z, 9, 7)
+    assert decode(vae, lat).shape == (1, 3, 72, 56)
+    # the model-space round trip of the factors is exact
+    torch.testing.assert_close(LATENT_FORMATS[fmt].to_vae(LATENT_FORMATS[fmt].to_model(lat)), lat)
+
+
+def test_wrong_channels_is_a_clear_error():
+    with pytest.raises(FormatError, match="16 channels but this VAE decodes 4-channel"):
+        decode(small_kl(), _z(c=16))
+
+
+# -- tiled == full ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sd_layout():
+    m = small_kl(seed=5)
+    z = _z(h=16, w=24, seed=7)
+    return m, z, decode(m, z, tiled=False)
+
+
+def test_tiled_decode_matches_full(sd_layout):
+    m, z, full = sd_layout
+    info = RunInfo()
+    tiled = decode(m, z, tiled=True, tile=128, overlap=64, info=info)
+    assert info.mode == "tiled" and info.tiles == 6
+    assert psnr(full, tiled) >= 35
+    # The same tiles decoded independently (own GroupNorm stats, own attention) are far worse: that is
+    # what sharing the statistics buys.
+    naive = torch.zeros_like(full)
+    for y0 in range(0, 16, 8):
+        for x0 in range(0, 24, 8):
+            ys, xs = slice(max(0, y0 - 4), y0 + 12), slice(max(0, x0 - 4), x0 + 12)
+            part = decode(m, z[:, :, ys, xs], tiled=False)
+            oy, ox = (y0 - ys.start) * 8, (x0 - xs.start) * 8
+            naive[:, :, y0 * 8 : y0 * 8 + 64, x0 * 8 : x0 * 8 + 64] = part[:, :, oy : oy + 64, ox : ox + 64]
+    assert psnr(full, naive) < psnr(full, tiled) - 10
+
+
+def test_tiled_decode_disk_store_is_identical_and_cleans_up(sd_layout):
+    m, z, _ = sd_layout
+    before = set(os.listdir(tempfile.gettempdir()))
+    ram = decode(m, z, tiled=True, tile=128, overlap=64, disk_store=False)
+    info = RunInfo()
+    disk = decode(m, z, tiled=True, tile=128, overlap=64, disk_store=True, info=info)
+    assert info.store == "disk" and torch.equal(ram, disk)
+    assert not {n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("loadout-tiles-")}
+
+
+def test_tiled_encode_matches_full():
+    m = small_kl(seed=6)
+    x = _img(128, 128, seed=8)
+    full = encode(m, x, tiled=False)
+    tiled = encode(m, x, tiled=True, tile=128, overlap=64)
+    assert tiled.shape == full.shape
+    snr = 10 * torch.log10(full.var() / ((full - tiled) ** 2).mean()).item()
+    assert snr >= 35
+
+
+# -- precision, memory decisions, progress, cancel -------------------------------------------------
+def test_fp16_overflow_reruns_in_fp32():
+    m = small_kl(seed=9)
+    with torch.no_grad():  # activations beyond fp16's 65504 after conv_in; the GroupNorm after it
+        m.decoder.conv_in.weight.mul_(3e4)  # renormalises, so fp32 is fine
+        m.decoder.conv_in.bias.mul_(3e4)
+    z = _z()
+    want = decode(m, z, tiled=False)
+    assert torch.isfinite(want).all()
+    info = RunInfo()
+    got = decode(m, z, tiled=False, dtype=torch.float16, info=info)
+    assert info.fp32_rerun and torch.equal(got, want)
+    info = RunInfo()
+    got = decode(m, z, tiled=True, tile=64, overlap=32, dtype=torch.float16, info=info)
+    assert info.fp32_rerun and psnr(got, want) > 35
+
+
+def test_bf16_decode_is_close_to_fp32():
+    m = small_kl(seed=10)
+    z = _z()
+    info = RunInfo()
+    assert psnr(decode(m, z, dtype=torch.bfloat16, info=info), decode(m, z)) > 25
+    assert info.dtype == "bfloat16" and not info.fp32_rerun
+
+
+def test_mode_is_decided_up_front_from_the_estimate(sd_layout):
+    m, z, _ = sd_layout
+    info = RunInfo()
+    decode(m, z, budget=1 << 40, info=info)
+    assert info.mode == "full"
+    info = RunInfo()
+    decode(m, z, budget=info.estimate_bytes or 100 << 20, info=info)  # below the full estimate
+    assert info.mode == "tiled" and info.store == "disk" and info.estimate_bytes > 100 << 20
+    assert estimate_decode_bytes(2048, 2048) > 4 * (estimate_decode_bytes(1024, 1024) - (700 << 20))
+    assert estimate_decode_bytes(2048, 2048, tile=512) < estimate_decode_bytes(2048, 2048) / 3
+
+
+def test_progress_per_tile(sd_layout):
+    m, z, _ = sd_layout
+    seen = []
+    decode(m, z, tiled=True, tile=128, overlap=64, report=seen.append)
+    assert all(p.stage == "VAE decode" for p in seen)
+    assert [p.done for p in seen] == list(range(1, seen[-1].total + 1))
+    assert seen[-1].total == 6 * 26  # 6 tiles x (25 GroupNorms + 1) lock-step passes
+
+
+def _rss():
+    gc.collect()
+    return psutil.Process().memory_info().rss
+
+
+def test_cancel_mid_decode_frees_memory():
+    m = small_kl(seed=11)
+    z = _z(h=64, w=64)  # 512x512 output: ~100 MB of activations in flight
+    decode(m, _z(h=8, w=8), tiled=False)  # warm-up: allocator and kernels
+    token = CancelToken()
+    at_cancel = {}
+
+    def stop(*_):  # deep in the full-resolution level: cancel; the next op raises
+        at_cancel["rss"] = psutil.Process().memory_info().rss
+        token.cancel()
+
+    before = _rss()
+    hook = m.decoder.up[0].block[0].conv1.register_forward_hook(stop)
+    try:
+        with pytest.raises(Cancelled):
+            decode(m, z, tiled=False, token=token)
+    finally:
+        hook.remove()
+    after = _rss()
+    grew = at_cancel["rss"] - before
+    assert grew > 50 << 20, grew  # the decode really held memory when it was stopped
+    assert after - before < max(20 << 20, grew // 5)
+    # and a tiled decode stops at the next tile, removing its spilled states
+    token = CancelToken()
+    before_dirs = set(os.listdir(tempfile.gettempdir()))
+
+    def report(p):
+        if p.done == 3:
+            token.cancel()
+
+    with pytest.raises(Cancelled):
+        decode(
+            m, z[:, :, :16, :16], tiled=True, tile=64, overlap=32, disk_store=True, token=token, report=report
+        )
+    assert not {
+        n for n in set(os.listdir(tempfile.gettempdir())) - before_dirs if n.startswith("loadout-tiles-")
+    }
+
+
+def test_ops_cancel_scope_is_per_thread():
+    token = CancelToken()
+    token.cancel()
+    results = []
+
+    def other():
+        results.append(decode(small_kl(), _z(h=2, w=2)).shape)  # no token in this thread
+
+    with ops.cancel_scope(token):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert results == [(1, 3, 16, 16)]
+
+
+@pytest.mark.cuda
+def test_gpu_oom_retries_with_smaller_tiles():
+    dev = torch.device("cuda")
+    m = small_kl(ch=64, seed=12).to(dev)
+    z = _z(h=256, w=256)  # 2048^2 output
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(0.02, dev)
+    try:
+        info = RunInfo()
+        out = decode(m, z, tiled=False, device=dev, budget=1 << 40, info=info)  # told it fits: it does not
+        assert out.shape == (1, 3, 2048, 2048) and info.oom_retries >= 1 and info.mode == "tiled"
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, dev)
