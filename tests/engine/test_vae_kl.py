@@ -276,3 +276,19 @@ def test_gpu_oom_retries_with_smaller_tiles():
         assert out.shape == (1, 3, 2048, 2048) and info.oom_retries >= 1 and info.mode == "tiled"
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, dev)
+
+
+def test_group_norm_with_combined_tile_statistics_equals_whole():
+    """ops.GroupNorm with statistics combined over pieces (Chan's formula) is the whole-image norm."""
+    g = torch.Generator().manual_seed(3)
+    gn = ops.GroupNorm(4, 8)
+    with torch.no_grad():
+        gn.weight.copy_(torch.randn(8, generator=g))
+        gn.bias.copy_(torch.randn(8, generator=g))
+    x = torch.randn(2, 8, 10, 14, generator=g) * 3 + 1
+    acc = None
+    for part in (x[:, :, :4, :5], x[:, :, :4, 5:], x[:, :, 4:, :]):
+        acc = ops.combine_moments(acc, ops.group_moments(part, 4))
+    mean, m2, n = acc
+    assert n == 2 * 140
+    torch.testing.assert_close(gn(x, (mean, m2 / n)), gn(x), atol=1e-5, rtol=1e-5)
