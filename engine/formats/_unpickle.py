@@ -131,7 +131,7 @@ def refusal(path: str, full: str) -> EngineError:
     a real checkpoint Loadout cannot read: UnsupportedModel. Anything else is treated as hostile.
     """
     module, _, name = full.rpartition(".")
-    if module.split(".", 1)[0] == "torch" and name.startswith("_rebuild"):
+    if module.split(".", 1)[0] == "torch" and name.startswith("_rebuild") and name.isidentifier():
         return UnsupportedModel(
             f"{path}: holds tensors of a kind Loadout cannot read yet ({full}: quantized, sparse or "
             "subclassed tensors)",

@@ -173,7 +173,7 @@ def test_mutated_checkpoints_load_or_fail_cleanly(seeds, tmp_path, kind, data):
     p.write_bytes(raw)
     try:
         obj = load_pickle(p)
-    except FormatError:
+    except (FormatError, UnsupportedModel):
         return
     assert isinstance(obj, dict)
 
