@@ -165,3 +165,19 @@ def test_install_script_refuses_a_missing_executable(tmp_path):
     )  # fmt: skip
     assert r.returncode == 1 and "no loadout executable" in r.stderr
     assert not (tmp_path / "data" / "applications").exists()
+
+
+def test_spec_trims_torch_test_programs_but_keeps_the_shm_manager():
+    fn = next(n for n in _spec_tree().body if isinstance(n, ast.FunctionDef) and n.name == "keep")
+    ns: dict = {"Path": Path}
+    exec(compile(ast.Module([fn], []), str(SPEC), "exec"), ns)
+    keep = ns["keep"]
+    assert (
+        not keep("torch/test/atest") and not keep("torch/bin/protoc") and not keep("torch\\bin\\test_jit.exe")
+    )
+    assert keep("torch/bin/torch_shm_manager") and keep("torch/bin/torch_shm_manager.exe")
+    assert (
+        keep("torch/lib/libtorch_cpu.so")
+        and keep("torch/testing/_comparison.py")
+        and keep("resources/loadout.svg")
+    )
