@@ -158,3 +158,27 @@ def test_bake_strength_parsing_keeps_colons_of_the_path(cli, shared_data, tmp_pa
         "bake", "--base", str(base_path), "--lora", str(tmp_path / "missing.safetensors:1"), "--out", str(out)
     )
     assert r.returncode == 3 and "missing.safetensors: no such file" in r.stderr
+
+
+def test_bake_reads_a_pickled_base(cli, shared_data, tmp_path):
+    import torch
+
+    from engine.formats.safetensors import SafetensorsFile
+
+    lokr = shared_data("weights/smart_falcon_8_lokr.safetensors")
+    g = torch.Generator().manual_seed(3)
+    sd = {k: (torch.randn(*s, generator=g) * 0.05).half() for k, s in SMALL_BASE.items()}
+    ckpt = tmp_path / "base.ckpt"
+    torch.save({"state_dict": sd, "global_step": 10}, ckpt)
+    out = tmp_path / "merged.safetensors"
+    r = cli("bake", "--base", str(ckpt), "--lora", f"{lokr}:1", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["patched_keys"] == 6
+    merged = SafetensorsFile(out)
+    assert set(merged.keys()) == set(SMALL_BASE)
+    q = P + "input_blocks.1.1.transformer_blocks.0.attn1.to_q.weight"
+    assert not torch.equal(merged.tensor(q), sd[q])
+    assert torch.equal(
+        merged.tensor("first_stage_model.decoder.conv_in.weight"),
+        sd["first_stage_model.decoder.conv_in.weight"],
+    )

@@ -154,3 +154,19 @@ def test_header_side_modules_do_not_import_torch():
 
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
+
+
+def test_load_adapter_reads_pickled_adapters_and_names_what_it_found(tmp_path):
+    import pytest
+    import torch
+
+    from engine.errors import FormatError
+    from engine.lora.adapter import load_adapter
+
+    t = {"lora_unet_x.lora_up.weight": torch.ones(8, 2), "lora_unet_x.lora_down.weight": torch.ones(2, 4)}
+    torch.save(t, tmp_path / "old.pt")
+    a = load_adapter(tmp_path / "old.pt")
+    assert a.modules["lora_unet_x"].delta().shape == (8, 4)
+    (tmp_path / "x.png").write_bytes(b"\\x89PNG\\r\\n\\x1a\\n" + b"0" * 32)
+    with pytest.raises(FormatError, match="not an adapter file"):
+        load_adapter(tmp_path / "x.png")
