@@ -66,7 +66,7 @@ class FirstRunDialog(QDialog):
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Welcome to Loadout")
-        self.setMinimumWidth(560)
+        self.setMinimumWidth(620)
         self.installs = list(installs)
         self.demo_path = demo_path or demo_dir()
         self._demo_writer = demo_writer
@@ -93,13 +93,15 @@ class FirstRunDialog(QDialog):
         )
         inner = QWidget()
         col = QVBoxLayout(inner)
+        metrics = self.fontMetrics()
         for inst in self.installs:
-            box = QCheckBox(
-                f"{inst.label} — {inst.root}\n{inst.files} model files, {human_bytes(inst.bytes)}"
-            )
+            files = f"{inst.files} model file" + ("" if inst.files == 1 else "s")
+            root = metrics.elidedText(inst.root, Qt.TextElideMode.ElideMiddle, 520)
+            box = QCheckBox(f"{inst.label} · {files} · {human_bytes(inst.bytes)}\n{root}")
             box.setChecked(True)
             box.setToolTip(
-                "Folders: "
+                inst.root
+                + "\nFolders: "
                 + ", ".join(inst.scan_paths)
                 + "\nFound by: "
                 + ", ".join(os.path.basename(e) for e in inst.evidence)
@@ -110,6 +112,8 @@ class FirstRunDialog(QDialog):
         col.addStretch(1)
         area = QScrollArea(widgetResizable=True)
         area.setWidget(inner)
+        area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        area.setMinimumHeight(min(320, 48 * len(self.installs) + 16))
         area.setMaximumHeight(320)
         lay.addWidget(area)
         self.accept_button = QPushButton("Scan selected")

@@ -75,7 +75,7 @@ def test_tick_and_accept_scans_only_the_ticked(qtbot, installs, no_leaks):
     dlg = FirstRunDialog(installs)
     dlg.show()
     assert [b.isChecked() for b in dlg.boxes] == [True, True]
-    assert "ComfyUI" in dlg.boxes[0].text() and "1 model files" in dlg.boxes[0].text()
+    assert dlg.boxes[0].text().startswith("ComfyUI · 1 model file · 4.0 KiB\n")
     qtbot.mouseClick(dlg.boxes[1], Qt.MouseButton.LeftButton)  # untick the WebUI
     qtbot.mouseClick(_button(dlg, "Scan selected"), Qt.MouseButton.LeftButton)
     assert dlg.result() == FirstRunDialog.DialogCode.Accepted and dlg.choice == "scan"
