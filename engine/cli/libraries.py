@@ -35,7 +35,9 @@ def run(args) -> int:
         print("Try `loadout demo DIR` for a demo library, or `loadout scan DIR` on your models folder.")
         return EXIT_OK
     for i in found:
-        print(f"{i.label}: {i.root}  ({i.files} model files, {human_bytes(i.bytes)})")
+        print(
+            f"{i.label}: {i.root}  ({i.files} model file{'' if i.files == 1 else 's'}, {human_bytes(i.bytes)})"
+        )
         for f in i.folders:
             print(
                 f"    {f.files:>6}  {human_bytes(f.bytes):>10}  {f.path}"
