@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import data_file
+from loadout_test_support import data_file
 
 from engine.formats.safetensors import write_sparse
 

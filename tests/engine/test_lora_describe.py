@@ -150,7 +150,7 @@ def test_header_side_modules_do_not_import_torch():
         "import sys, engine.lora, engine.lora.coverage, engine.cli.lora, engine.cli.bake;"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
-    from conftest import ROOT
+    from loadout_test_support import ROOT
 
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr

@@ -166,7 +166,7 @@ def test_module_command_lists_and_writes(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from loadout_test_support import ROOT
 
     run = [sys.executable, "-m", "engine.synth"]
     out = subprocess.run([*run, "list"], capture_output=True, text=True, cwd=ROOT, timeout=120)
