@@ -20,14 +20,12 @@ beside the weights, a backup, fp32 then round) is the idea; this is our own desi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from .jobs import CancelToken, Progress, Report, no_report
-from .lora.adapter import Adapter, AdapterModule, load_adapter
+from .lora.adapter import Adapter, load_adapter
 from .lora.coverage import Coverage, coverage
 from .lora.keymap import KeyMap
 
@@ -122,11 +120,7 @@ class ModelPatcher:
         """Where the adapter's modules land on this base (shape-checked placements)."""
         cov = self._placements.get(file)
         if cov is None:
-            a = self.adapter(file)
-            idx = SimpleNamespace(
-                tensors={f"{m.name}.{p}": t for m in a.modules.values() for p, t in _file_parts(m)},
-                metadata=a.metadata,
-            )
+            idx = self.adapter(file).index()
             base_shapes = {k: tuple(v.shape) for k, v in self.original_weights().items()}
             cov = coverage(idx, base_shapes, lora_path=file, keymap=self.keymap)
             self._placements[file] = cov
@@ -243,19 +237,6 @@ class ModelPatcher:
         return lambda weight: self._compute(weight, contributions)
 
 
-def _file_parts(m: AdapterModule):
-    """(part-suffix, tensor) pairs that reproduce a module's key names for coverage()."""
-    names = {
-        "up": "lora_up.weight",
-        "down": "lora_down.weight",
-        "mid": "lora_mid.weight",
-        "up_bias": "lora_B.bias",
-        "magnitude": "lora_magnitude_vector",
-    }
-    for part, t in m.parts.items():
-        yield names.get(part, part), t
-
-
 def module_setter(root) -> Callable[[str, Any], None]:
     """A setter that rebinds a torch module's parameter `a.b.weight` to a new tensor (no copy)."""
     import torch
@@ -275,8 +256,3 @@ def patcher_for_module(root, **kw) -> ModelPatcher:
     """A ModelPatcher over a module's parameters (and buffers), rebinding them as keys change."""
     weights = {k: v.detach() for k, v in root.state_dict(keep_vars=True).items()}
     return ModelPatcher(weights, setter=module_setter(root), **kw)
-
-
-def entry_key(path: str) -> str:
-    """A stable identity for a LoRA file (its resolved path)."""
-    return os.path.realpath(path)

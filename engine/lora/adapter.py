@@ -164,6 +164,13 @@ class Adapter:
     modules: dict[str, AdapterModule]
     metadata: dict[str, str] = field(default_factory=dict)
     unsupported: dict[str, str] = field(default_factory=dict)  # module -> algorithm without math here
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # every tensor of the file
+
+    def index(self) -> SimpleNamespace:
+        """A header-like view (`.tensors` name -> object with `.shape`, `.metadata`) for coverage()."""
+        return SimpleNamespace(
+            tensors={k: SimpleNamespace(shape=s) for k, s in self.shapes.items()}, metadata=self.metadata
+        )
 
 
 def _alpha_value(t) -> float | None:
@@ -203,7 +210,7 @@ def adapter_from_tensors(
         if alpha is None and "alpha" not in parts and info.format in ("peft", "diffusers", "ai-toolkit"):
             alpha = info.alpha  # PEFT keeps lora_alpha in its config (diffusers saves it as metadata)
         modules[name] = AdapterModule(name, tensors_by_part, facts.algos, alpha)
-    return Adapter(path, info, modules, dict(metadata or {}), unsupported)
+    return Adapter(path, info, modules, dict(metadata or {}), unsupported, shapes)
 
 
 def _check_ranks(name: str, parts: dict[str, str], shapes: dict[str, tuple], where: str) -> None:

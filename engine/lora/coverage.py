@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .describe import _infer_base, _target, describe_lora
+from .describe import describe_lora, infer_base, target_of
 from .keymap import KeyMap, Target
 from .naming import classify
 from .parts import UNSUPPORTED_ALGOS, group_modules, module_facts
@@ -115,15 +115,13 @@ def coverage(
     km = keymap or KeyMap(base_shapes)
     named = {m: classify(m) for m in modules}
     facts = {m: module_facts(p, shapes) for m, p in modules.items()}
-    base_arch = _infer_base(named, facts)
+    base_arch = infer_base(named, facts)
     targets: dict[str, TargetCoverage] = {}
     placements: dict[str, Target] = {}
     for name in sorted(modules):
         parts = modules[name]
         t = km.resolve(name)
-        comp = t.component if t else _target(named[name], base_arch, facts[name])
-        if comp == "transformer" and km.diffusion_name == "unet" and t is None:
-            comp = "unet" if "unet" in targets else comp
+        comp = t.component if t else target_of(named[name], base_arch, facts[name])
         tc = targets.setdefault(comp, TargetCoverage())
         tc.modules += 1
         if t is None:

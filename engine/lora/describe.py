@@ -64,7 +64,7 @@ _UNET_NAMES = re.compile(r"(down_blocks|up_blocks|mid_block|input_blocks|output_
 _TE_WIDTH_PART = re.compile(r"(self_attn_q_proj|self_attn_k_proj|self_attn_out_proj|mlp_fc1)$")
 
 
-def _infer_base(named: dict[str, Named], facts: dict[str, ModuleFacts]) -> str | None:
+def infer_base(named: dict[str, Named], facts: dict[str, ModuleFacts]) -> str | None:
     """Architecture from module names and shapes; None when nothing decides (never a guess)."""
     diff = [(n, _dotted(c)) for n, c in named.items() if c.slot == "diffusion"]
     te_widths: dict[str, Counter] = {}
@@ -98,7 +98,8 @@ def _infer_base(named: dict[str, Named], facts: dict[str, ModuleFacts]) -> str |
     return None
 
 
-def _target(c: Named, base: str | None, facts: ModuleFacts) -> str:
+def target_of(c: Named, base: str | None, facts: ModuleFacts) -> str:
+    """The component (DESIGN.md names) a module targets, from its name and the inferred base."""
     if c.slot in ("clip_l", "clip_g", "t5xxl"):
         return c.slot
     if c.slot == "diffusion":
@@ -168,7 +169,7 @@ def describe_lora(index: Any, alphas: dict[str, float] | None = None) -> LoraInf
     shapes = {k: tuple(getattr(v, "shape", ())) for k, v in tensors.items()}
     named = {m: classify(m) for m in modules}
     facts = {m: module_facts(p, shapes) for m, p in modules.items()}
-    base = _infer_base(named, facts)
+    base = infer_base(named, facts)
     algos = sorted({a for f in facts.values() for a in f.algos})
     ranks = Counter(f.rank for f in facts.values() if f.rank)
     rank = ranks.most_common(1)[0][0] if ranks else None
@@ -185,7 +186,7 @@ def describe_lora(index: Any, alphas: dict[str, float] | None = None) -> LoraInf
     if rank is None:
         rank = int(_float(metadata.get("ss_network_dim")) or 0) or None
     order = ("unet", "transformer", "clip_l", "clip_g", "clip_h", "t5xxl", "other")
-    targets = {_target(named[m], base, facts[m]) for m in modules}
+    targets = {target_of(named[m], base, facts[m]) for m in modules}
     return LoraInfo(
         format=_format(named, metadata),
         algos=tuple(algos),

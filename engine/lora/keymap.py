@@ -195,9 +195,10 @@ class KeyMap:
         if comp == "clip_h":
             return ["lora_te_"], ["text_encoder."]
         if comp == "clip_g":
-            return (
-                (["lora_te2_"], ["text_encoder_2."]) if "clip_l" in has else (["lora_te_"], ["text_encoder."])
-            )
+            if "clip_l" in has:
+                return ["lora_te2_"], ["text_encoder_2."]
+            # The SDXL refiner's only encoder: diffusers keeps calling it text_encoder_2.
+            return ["lora_te_", "lora_te2_"], ["text_encoder.", "text_encoder_2."]
         if comp == "t5xxl":
             return ["lora_te3_"], (["text_encoder_3."] if "clip_g" in has else ["text_encoder_2."])
         return [], []
@@ -208,6 +209,11 @@ class KeyMap:
             hf: list[tuple[str, View]] = []
             if layout == "hf":
                 hf.append((path, None))
+                if comp.startswith("clip") and path.startswith(
+                    ("encoder.", "embeddings.", "final_layer_norm")
+                ):
+                    # Old SD1 checkpoints saved CLIP from transformers < 4.x, without "text_model.".
+                    hf.append(("text_model." + path, None))
             else:
                 m = re.match(r"^transformer\.resblocks\.(\d+)\.attn\.in_proj$", path)
                 if m:

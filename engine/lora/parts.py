@@ -100,6 +100,12 @@ def split_key(key: str) -> tuple[str, str] | None:
     if m:
         stream = "img_attn" if m.group(3) == "1" else "txt_attn"
         return f"{m.group(1)}.{stream}.{m.group(2)}", m.group(4)
+    if key.endswith(("_norm.scale", "query_norm.scale", "key_norm.scale")) and key.startswith(
+        ("double_blocks.", "single_blocks.", "diffusion_model.")
+    ):
+        # BFL's Flux control LoRAs ship whole RMSNorm scales: a replacement (ComfyUI `lora_convert.py`
+        # turns them into set_weight).
+        return key[: -len(".scale")], "set_weight"
     m = _PROCESSOR.match(key)
     if m:
         mod = f"{m.group(1)}.{m.group(2)}" + (".0" if m.group(2) == "to_out" else "")

@@ -384,3 +384,43 @@ def test_xlabs_flux_lora_lands_on_bfl_attention(tmp_path):
         cov.placements["double_blocks.1.txt_attn.qkv"].key
         == "model.diffusion_model.double_blocks.1.txt_attn.qkv.weight"
     )
+
+
+def test_bfl_control_lora_norm_scales_are_replacements(tmp_path):
+    from engine.formats.safetensors import write_sparse
+    from engine.lora import describe_lora
+
+    entries = [
+        ("double_blocks.0.img_attn.qkv.lora_A.weight", "BF16", (128, 3072)),
+        ("double_blocks.0.img_attn.qkv.lora_B.weight", "BF16", (9216, 128)),
+        ("double_blocks.0.img_attn.qkv.lora_B.bias", "BF16", (9216,)),
+        ("double_blocks.0.img_attn.norm.key_norm.scale", "BF16", (128,)),
+        ("single_blocks.3.norm.query_norm.scale", "BF16", (128,)),
+    ]
+    header = read_header(write_sparse(tmp_path / "control.safetensors", entries))
+    info = describe_lora(header)
+    assert info.format == "bfl" and "set" in info.algos and "lora" in info.algos
+    cov = coverage(header, _flux_base())
+    assert (cov.modules, cov.mapped) == (3, 3)
+    t = cov.placements["single_blocks.3.norm.query_norm"]
+    assert t.key == "model.diffusion_model.single_blocks.3.norm.query_norm.scale"
+
+
+def test_sdxl_refiner_open_clip_g_and_unet():
+    km = KeyMap(_shapes(synth.layout("sdxl_refiner")))
+    assert km.resolve("text_encoder_2.text_model.encoder.layers.0.self_attn.q_proj").component == "clip_g"
+    t = km.resolve("lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn2_to_k")
+    assert t is not None and t.shape[1] == 1280  # the refiner's cross-attention context
+    for key, _, shape in synth.layout("sdxl_refiner_unet_diffusers"):
+        if key.endswith(".weight"):
+            assert km.resolve("unet." + key[: -len(".weight")]).shape == tuple(shape), key
+
+
+def test_old_sd1_clip_without_text_model_prefix(shared_data):
+    # Early SD1 checkpoints store cond_stage_model.transformer.encoder.layers… (no "text_model.").
+    base = {
+        k.replace("cond_stage_model.transformer.text_model.", "cond_stage_model.transformer."): s
+        for k, s in _shapes(manifest_entries("manifests/sd15_ldm_single_file.json")).items()
+    }
+    cov = coverage(read_header(shared_data("weights/smart_falcon_8_lokr.safetensors")), base).to_json()
+    assert (cov["modules"], cov["mapped"]) == (350, 350)

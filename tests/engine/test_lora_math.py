@@ -144,8 +144,9 @@ def test_real_lokr_module_matches_lycoris(shared_data):
     from engine.lora.adapter import load_adapter
 
     a = load_adapter(shared_data("weights/smart_falcon_8_lokr.safetensors"))
-    for name in ("lora_unet_down_blocks_1_resnets_0_conv1", "lora_te_text_model_encoder_layers_0_mlp_fc1"):
-        m = a.modules[name]
+    assert len(a.modules) == 350
+    # Every 25th module (conv and linear, UNet and text encoder): the whole file takes minutes here.
+    for m in list(a.modules.values())[::25]:
         p = m.parts
         ref = _ref(
             lyc.lokr.diff_weight,
