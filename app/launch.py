@@ -15,6 +15,10 @@ def _wants_cli(argv: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A frozen (PyInstaller) app re-runs itself for multiprocessing workers: let those through.
+    import multiprocessing
+
+    multiprocessing.freeze_support()
     argv = sys.argv[1:] if argv is None else argv
     if _wants_cli(argv):
         from engine.cli import main as cli_main

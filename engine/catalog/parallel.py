@@ -1,0 +1,106 @@
+"""Reading many headers: in this process, or — for a big cold scan — in worker processes.
+
+Header parsing and detection are pure Python, so threads would queue on the GIL; worker processes
+(spawned, never forked: the GUI has threads, and a fork copies their locks) parse in parallel and send
+back Detection JSON. Workers import engine.detect only (no torch, no Qt). Results arrive in completion
+order; the caller stores them as they come, so a cancel keeps everything finished so far.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterator
+
+from ..errors import EngineError
+from ..jobs import CancelToken, Progress, Report
+from .walk import Found
+
+log = logging.getLogger("loadout.catalog")
+
+Detector = Callable[[str], object]  # path -> Detection (with .to_json()) or its JSON dict
+MIN_FILES_FOR_WORKERS = 128  # below this, starting processes costs more than it saves
+CHUNK = 16
+
+
+def error_detection(path: str, size: int | None, error: dict) -> dict:
+    """A Detection JSON object for a file that could not be detected."""
+    return {
+        "path": path, "file_bytes": size, "format": None, "kind": "unknown", "architecture": None,
+        "variant": None, "prediction": None, "components": {}, "lora": None, "metadata": {},
+        "evidence": [], "error": error,
+    }  # fmt: skip
+
+
+def default_detector(path: str):
+    from .. import detect  # resolved per call, so a wrapped engine.detect.detect_file is honoured
+
+    return detect.detect_file(path)
+
+
+def detect_one(detector: Detector, path: str, size: int) -> tuple[dict, bool]:
+    """(detection JSON, cacheable). Errors become the entry's `error`; one bad file never stops a scan."""
+    try:
+        det = detector(path)
+        return (det.to_json() if hasattr(det, "to_json") else dict(det)), True
+    except EngineError as e:
+        return error_detection(path, size, e.to_json()), True
+    except Exception as e:  # a bug in detection must not hide the rest of the library; not cached
+        log.exception("detection failed on %s", path)
+        msg = (
+            f"Loadout could not inspect this file ({type(e).__name__}: {e}); this is a bug, please report it"
+        )
+        return error_detection(path, size, {"type": "internal", "message": msg}), False
+
+
+def _detect_chunk(items: list[tuple[str, int]]) -> list[tuple[str, dict, bool]]:
+    """Worker side: detect a few files with the default detector."""
+    return [(p, *detect_one(default_detector, p, size)) for p, size in items]
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def auto_workers(n_files: int, detector: Detector) -> int:
+    """How many worker processes a scan of `n_files` new files should use (1 = none).
+
+    Only the default detector can run in a worker (a caller's function may not be importable there),
+    and not in a frozen app until its entry point calls multiprocessing.freeze_support().
+    """
+    if detector is not default_detector or n_files < MIN_FILES_FOR_WORKERS or getattr(sys, "frozen", False):
+        return 1
+    return max(1, min(8, usable_cpus() - 1, n_files // CHUNK))
+
+
+def detect_many(
+    todo: list[Found], detector: Detector, token: CancelToken, report: Report, workers: int
+) -> Iterator[tuple[Found, dict, bool]]:
+    """Yield (found, detection JSON, cacheable) for every file of `todo`, reporting Progress."""
+    n = len(todo)
+    if workers <= 1 or n == 0:
+        for i, f in enumerate(todo):
+            report(Progress("Reading headers", i, n, os.path.basename(f.path)))
+            token.raise_if_cancelled()  # after the report, so a cancel from a progress callback counts
+            yield (f, *detect_one(detector, f.path, f.size))
+        return
+    by_path = {f.path: f for f in todo}
+    chunks = [[(f.path, f.size) for f in todo[i : i + CHUNK]] for i in range(0, n, CHUNK)]
+    ex = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = [ex.submit(_detect_chunk, c) for c in chunks]
+        done = 0
+        for fut in cf.as_completed(futures):
+            token.raise_if_cancelled()
+            for path, d, cacheable in fut.result():
+                done += 1
+                yield by_path[path], d, cacheable
+            report(Progress("Reading headers", done, n, os.path.basename(path)))
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)  # a cancel waits only for chunks already running

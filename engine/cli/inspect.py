@@ -1,0 +1,137 @@
+"""`loadout inspect FILE… [--json]`: what each model file is, from its header alone.
+
+Output: human text, or with --json one Detection object for a single file and a JSON array of them for
+several (DESIGN.md: "a JSON array when a command takes several files"; one file keeps `| jq .kind`
+simple). Exit 3 when any file is bad or unsupported; the others are still reported. Never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ._common import EXIT_BAD_INPUT, EXIT_OK, human_bytes, print_json
+
+NAME = "inspect"
+HELP = "what a model file is: kind, architecture, components, LoRA facts, metadata (header only)"
+DESCRIPTION = (
+    "Detect each FILE (or diffusers folder) from its header without loading tensors. With --json: an "
+    "object for one file, an array for several. Exit status 3 if any file is unreadable or unsupported."
+)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="model files or diffusers folders")
+    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    parser.add_argument(
+        "--read-values",
+        action="store_true",
+        help="also read the few weight values SD2's v-prediction check needs (opt-in)",
+    )
+
+
+def _detect(path: str, read_values: bool):
+    from ..detect import Detection, detect_file
+
+    try:
+        return detect_file(path, read_values=read_values)
+    except Exception as e:  # a bug in detection must still yield an answer, not a traceback
+        msg = f"detection failed unexpectedly ({type(e).__name__}: {e}); please report this file"
+        return Detection(path=path, file_bytes=None, format=None, error={"type": "error", "message": msg})
+
+
+def run(args) -> int:
+    results = [_detect(p, args.read_values) for p in args.files]
+    if args.json:
+        print_json(results[0].to_json() if len(results) == 1 else [r.to_json() for r in results])
+    else:
+        # Evidence uses "→"; a console that cannot show it (a Windows pipe in cp1252) gets "?" instead
+        # of a UnicodeEncodeError.
+        if hasattr(sys.stdout, "reconfigure"):
+            sys.stdout.reconfigure(errors="replace")
+        for i, r in enumerate(results):
+            if i:
+                print()
+            print(format_text(r))
+    return EXIT_BAD_INPUT if any(r.error for r in results) else EXIT_OK
+
+
+def _count(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return str(n)
+
+
+def format_text(d) -> str:
+    """A Detection as text a user reads in a terminal."""
+    lines = [
+        f"{os.path.basename(d.path) or d.path}  ({human_bytes(d.file_bytes)}, {d.format or 'unknown format'})"
+    ]
+    if d.error:
+        lines.append(f"  error         {d.error['type']}: {d.error['message']}")
+    if d.kind != "unknown" or not d.error:
+        for label, value in (
+            ("kind", d.kind),
+            ("architecture", d.architecture),
+            ("variant", d.variant),
+            ("prediction", d.prediction),
+        ):
+            lines.append(f"  {label:<13} {value if value is not None else '-'}")
+    if d.components:
+        lines.append(f"  components    {_count(d.params)} parameters")
+        width = max(len(c.prefix or "(none)") for c in d.components.values())
+        for name, c in d.components.items():
+            lines.append(
+                f"    {name:<12} {c.prefix or '(none)':<{width}}  {c.tensors:>6} tensors  "
+                f"{_count(c.params):>9}  {human_bytes(c.bytes):>10}  {c.dtype or '-'}"
+            )
+    if d.lora:
+        lr = d.lora
+        facts = [
+            f"format {lr.get('format') or '?'}",
+            "algos " + ", ".join(lr.get("algos") or []) if lr.get("algos") else None,
+            f"rank {lr['rank']}" if lr.get("rank") is not None else None,
+            f"alpha {lr['alpha']:g}" if isinstance(lr.get("alpha"), (int, float)) else None,
+            "targets " + ", ".join(lr.get("targets") or []) if lr.get("targets") else None,
+            f"base {lr.get('base') or '?'}",
+        ]
+        lines.append("  LoRA          " + " · ".join(f for f in facts if f))
+    lines += _summary_lines(d.summary or {})
+    if d.evidence:
+        lines.append("  evidence")
+        for e in d.evidence:
+            shape = f" {list(e.shape)}" if e.shape is not None else ""
+            lines.append(f"    - {e.reason}")
+            if e.key:
+                lines.append(f"        {e.key}{shape}")
+    return "\n".join(lines)
+
+
+def _summary_lines(s: dict) -> list[str]:
+    out = []
+    t = s.get("training")
+    if t:
+        net = t.get("network_module")
+        bits = [
+            f"base {t['base_model']}" if t.get("base_model") else None,
+            f"network {net}" if net else None,
+            f"dim {t['network_dim']}" if "network_dim" in t else None,
+            f"alpha {t['network_alpha']}" if "network_alpha" in t else None,
+            f"args {t['network_args']}" if t.get("network_args") else None,
+            f"resolution {t['resolution']}" if t.get("resolution") else None,
+            f"{t['epochs']} epochs" if "epochs" in t else None,
+            f"{t['steps']} steps" if "steps" in t else None,
+            f"output {t['output_name']}" if t.get("output_name") else None,
+        ]
+        out.append("  training      " + " · ".join(b for b in bits if b))
+        if t.get("top_tags"):
+            out.append("  top tags      " + ", ".join(f"{tag} ({n})" for tag, n in t["top_tags"]))
+        if t.get("comment"):
+            out.append(f"  comment       {t['comment']}")
+    spec = s.get("modelspec") or {}
+    if spec:
+        out.append("  modelspec     " + " · ".join(f"{k.replace('_', ' ')}: {v}" for k, v in spec.items()))
+    for k, v in list((s.get("other") or {}).items())[:10]:
+        out.append(f"  {k[:13]:<13} {v}")
+    return out

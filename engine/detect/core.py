@@ -1,0 +1,282 @@
+"""detect_index: keys + shapes + metadata -> Detection. A pure function: no file access, no torch."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+
+from . import kinds
+from .diffusion import Backbone, find_backbone
+from .keys import KeyIndex, as_key_index
+from .meta import metadata_architecture, metadata_prediction, summarize
+from .parts import Part, container_of, find_clip_vision, find_taesd, find_text_encoders, find_vaes
+from .result import COMPONENT_ORDER, Component, Detection, Evidence
+
+QUANT_MARKERS = (
+    ("scaled_fp8", "scaled fp8 weights (ComfyUI `scaled_fp8`)"),
+    (".scale_weight", "scaled fp8 weights (per-layer scale_weight)"),
+    (".comfy_quant", "quantized weights (ComfyUI `comfy_quant`)"),
+    (".quant_state.bitsandbytes__nf4", "4-bit NF4 weights (bitsandbytes)"),
+    (".quant_state.bitsandbytes__fp4", "4-bit FP4 weights (bitsandbytes)"),
+    (".absmax", "4-bit weights (bitsandbytes absmax)"),
+)
+
+
+def _quantized(ix: KeyIndex) -> tuple[str, str] | None:
+    markers = tuple(m for m, _ in QUANT_MARKERS)
+    for k in ix.tensors:
+        if k.endswith(markers):
+            return k, next(what for m, what in QUANT_MARKERS if k.endswith(m))
+    return None
+
+
+def build_components(
+    ix: KeyIndex, claims: list[tuple[str, str]], rest: str = "other"
+) -> dict[str, Component]:
+    """Assign every key to the component of the longest claimed prefix that matches, else `rest`.
+
+    claims: (prefix, component). The bytes of all components add up to the tensors' bytes."""
+    ordered = sorted(claims, key=lambda c: -len(c[0]))
+    keys_of: dict[str, list[str]] = defaultdict(list)
+    prefix_of: dict[str, str] = {}  # the longest claimed prefix that matched: the component's own root
+    for k in ix.tensors:
+        comp = rest
+        for p, c in ordered:
+            if k.startswith(p):
+                comp = c
+                if len(p) > len(prefix_of.get(c, "")) or c not in prefix_of:
+                    prefix_of[c] = p
+                break
+        keys_of[comp].append(k)
+    out = {}
+    for comp in sorted(keys_of, key=lambda c: COMPONENT_ORDER.index(c) if c in COMPONENT_ORDER else 99):
+        keys = keys_of[comp]
+        by_dtype: Counter = Counter()
+        params = nbytes = 0
+        for k in keys:
+            t = ix.tensors[k]
+            params += math.prod(t.shape)
+            nbytes += t.nbytes
+            by_dtype[t.dtype] += t.nbytes or 1
+        prefix = prefix_of.get(comp, "")
+        if comp == rest and comp not in prefix_of:
+            prefix = _common_prefix(keys)
+        dtype = by_dtype.most_common(1)[0][0] if by_dtype else None
+        out[comp] = Component(prefix, len(keys), params, nbytes, dtype)
+    return out
+
+
+def _common_prefix(keys: list[str]) -> str:
+    if not keys:
+        return ""
+    first, last = min(keys), max(keys)
+    n = 0
+    while n < min(len(first), len(last)) and first[n] == last[n]:
+        n += 1
+    cut = first[:n]
+    return cut[: cut.rfind(".") + 1] if "." in cut else ""
+
+
+def _lora_facts(ix: KeyIndex) -> dict | None:
+    """LoRA facts from engine.lora (the owner of LoRA naming); None until that module is present."""
+    try:
+        from ..lora import describe_lora
+    except ImportError:
+        return None
+    info = describe_lora(ix)
+    if info is None:
+        return None
+    if hasattr(info, "to_json"):
+        facts = info.to_json()
+    else:
+        import dataclasses
+
+        facts = dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info)
+    return facts
+
+
+LORA_FIELDS = ("format", "algos", "rank", "alpha", "targets", "base")  # Detection.lora in DESIGN.md
+
+
+def detect_index(index, *, path: str = "") -> Detection:
+    """What these keys, shapes and metadata are (kind, architecture, variant, prediction, components).
+
+    `index` is a safetensors header, an engine.formats ModelIndex or a KeyIndex; no tensor data is read."""
+    ix = as_key_index(index, path=path)
+    base = {
+        "path": path or ix.path,
+        "file_bytes": ix.file_size,
+        "format": ix.format,
+        "metadata": dict(ix.metadata),
+        "summary": summarize(ix.metadata),
+    }
+    if not ix.tensors:
+        return Detection(
+            **base, error={"type": "format", "message": "the file holds no tensors: not a model"}
+        )
+    d = _classify(ix, base)
+    if d.variant is None and d.kind not in ("unknown", "checkpoint", "diffusion_model"):
+        d = _replace(d, variant="normal")
+    quant = _quantized(ix)
+    if quant and d.error is None:
+        key, what = quant
+        d = _replace(d, error={"type": "unsupported", "message": f"{what}: Loadout cannot load these yet"})
+        d = _replace(d, evidence=d.evidence + (Evidence(key, ix.shape(key), what),))
+    if ix.format == "gguf" and d.error is None:
+        msg = "a GGUF (llama.cpp-style quantized) model: Loadout cannot load GGUF yet"
+        d = _replace(d, error={"type": "unsupported", "message": msg})
+    return d
+
+
+def _replace(d: Detection, **kw) -> Detection:
+    import dataclasses
+
+    return dataclasses.replace(d, **kw)
+
+
+def _classify(ix: KeyIndex, base: dict) -> Detection:
+    lora_ev = kinds.lora_evidence(ix)
+    if lora_ev is not None:
+        facts = _lora_facts(ix)
+        arch = facts.get("base") if facts else None
+        ev = [lora_ev]
+        if facts:
+            algos = ", ".join(facts.get("algos") or []) or "?"
+            targets = ", ".join(facts.get("targets") or []) or "?"
+            modules = f"{facts['modules']} modules of " if facts.get("modules") else ""
+            why = (
+                f"{algos} adapters on {modules}{targets}: module names and shapes → base {arch or 'unknown'}"
+            )
+            ev.append(Evidence("", None, why))
+            facts = {k: facts.get(k) for k in LORA_FIELDS}
+        return Detection(
+            **base,
+            kind="lora",
+            architecture=arch,
+            components=build_components(ix, []),
+            lora=facts,
+            evidence=tuple(ev),
+        )
+    emb = kinds.embedding(ix)
+    if emb is not None:
+        return Detection(
+            **base,
+            kind="embedding",
+            architecture=emb[0],
+            components=build_components(ix, []),
+            evidence=tuple(emb[1]),
+        )
+    cn = kinds.controlnet(ix)
+    if cn is not None:
+        arch, ev, claims = cn
+        comps = build_components(ix, claims)
+        return Detection(**base, kind="controlnet", architecture=arch, components=comps, evidence=tuple(ev))
+    ip = kinds.ip_adapter(ix)
+    if ip is not None:
+        comps = build_components(ix, [])
+        return Detection(
+            **base, kind="ip_adapter", architecture=ip[0], components=comps, evidence=tuple(ip[1])
+        )
+
+    backbone = find_backbone(ix)
+    encoders = find_text_encoders(ix)
+    vaes = [v for v in find_vaes(ix) if backbone is None or v.prefix != backbone.prefix]
+    if backbone is not None:
+        return _diffusion(ix, base, backbone, encoders, vaes)
+    if vaes:
+        return _single(ix, base, "vae", vaes, _vae_arch(vaes[0]))
+    taesd = find_taesd(ix)
+    if taesd:
+        z = taesd[0].channels
+        return _single(ix, base, "vae_approx", taesd, "flux2" if z == 32 else None)
+    vision = find_clip_vision(ix)
+    if vision:
+        claims = [
+            c for e in encoders for c in ((e.prefix, e.component), (container_of(e.prefix), e.component))
+        ]
+        ev = [e for p in vision + encoders for e in p.evidence]
+        return Detection(
+            **base, kind="clip_vision", components=build_components(ix, claims), evidence=tuple(ev)
+        )
+    if encoders:
+        return _single(ix, base, "text_encoder", encoders, None)
+    up = kinds.upscaler(ix)
+    if up is not None:
+        return Detection(**base, kind="upscaler", components=build_components(ix, []), evidence=tuple(up))
+    ev: tuple[Evidence, ...] = ()
+    if ix.has("latent_tensor"):  # ComfyUI's .latent: a safetensors file with one latent in it
+        why = "a ComfyUI latent, not a model (decode it with `loadout decode`)"
+        ev = (Evidence("latent_tensor", ix.shape("latent_tensor"), why),)
+    return Detection(**base, kind="unknown", components=build_components(ix, []), evidence=ev)
+
+
+def _vae_arch(v: Part) -> str | None:
+    # 4 channels: SD1, SD2 and SDXL VAEs share one layout; 16: SD3 and FLUX.1 do — only 32 is one family.
+    return "flux2" if v.channels == 32 else None
+
+
+def _single(ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | None) -> Detection:
+    """A file that is one kind of part (a VAE, text encoders, a tiny autoencoder)."""
+    by_comp: dict[str, list[str]] = defaultdict(list)
+    for p in parts:
+        by_comp[p.component].append(p.prefix)
+    claims = []
+    for comp, prefixes in by_comp.items():
+        if len(prefixes) == 1:
+            claims += [(prefixes[0], comp), (container_of(prefixes[0]), comp)]
+        else:  # e.g. a tiny autoencoder's encoder.layers. and decoder.layers.: the component is both
+            claims.append((_common_prefix(prefixes), comp))
+    if len(by_comp) == 1 and kind in ("vae", "vae_approx"):
+        comp = next(iter(by_comp))
+        # A VAE file is all VAE (quant_conv, a latent batch-norm, …), under its parts' common prefix.
+        claims = [(min((c[0] for c in claims), key=len), comp), ("", comp)]
+        # …except what training checkpoints keep beside it (the GAN loss, EMA copies).
+        claims += [("loss.", "other"), ("model_ema.", "other")]
+    ev = tuple(e for p in parts for e in p.evidence)
+    return Detection(
+        **base, kind=kind, architecture=arch, components=build_components(ix, claims), evidence=ev
+    )
+
+
+def _diffusion(ix: KeyIndex, base: dict, b: Backbone, encoders: list[Part], vaes: list[Part]) -> Detection:
+    claims = [(b.prefix, b.component)]
+    for part in encoders + vaes:
+        if part.prefix != b.prefix:
+            claims += [(part.prefix, part.component), (container_of(part.prefix), part.component)]
+    evidence = list(b.evidence)
+    for part in encoders + vaes:
+        evidence.extend(part.evidence)
+    kind = "checkpoint" if (encoders or vaes) else "diffusion_model"
+    prediction = b.prediction
+    stated = metadata_prediction(ix.metadata)
+    if stated is not None and (prediction is None or b.architecture in ("sd2", None)):
+        prediction = stated[0]
+        evidence.append(
+            Evidence(f"__metadata__.{stated[1]}", None, f"the metadata states {stated[0]} prediction")
+        )
+    elif b.architecture == "sd2" and prediction is None:
+        evidence.append(
+            Evidence(
+                b.prefix + "output_blocks.11.1.transformer_blocks.0.norm1.bias",
+                None,
+                "SD2 is eps (512-base) or v (768-v); only weight values tell: use read_values",
+            )
+        )
+    claimed = metadata_architecture(ix.metadata)
+    if claimed is not None and claimed != b.architecture:
+        what = (
+            "not confirmed by the weights"
+            if b.architecture is None
+            else f"but the weights say {b.architecture}"
+        )
+        why = f"the metadata claims {claimed} ({ix.metadata['modelspec.architecture']}), {what}"
+        evidence.append(Evidence("__metadata__.modelspec.architecture", None, why))
+    return Detection(
+        **base,
+        kind=kind,
+        architecture=b.architecture,
+        variant=b.variant if b.architecture else None,
+        prediction=prediction,
+        components=build_components(ix, claims, rest="other"),
+        evidence=tuple(evidence),
+    )

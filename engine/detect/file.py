@@ -1,0 +1,116 @@
+"""detect_file: open a file's header (never its tensor data) and detect it; every failure becomes an
+`error` in the Detection, never an exception, so a library scan or `loadout inspect` always has an answer."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ..errors import EngineError, FormatError, UnsupportedModel
+from .core import detect_index
+from .result import Detection, Evidence
+
+# What a non-model file is, from its first bytes (for a message the user can act on).
+_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"GIF8", "a GIF image"),
+    (b"%PDF", "a PDF document"),
+    (b"\x1f\x8b", "a gzip archive"),
+    (b"7z\xbc\xaf", "a 7-Zip archive"),
+    (b"Rar!", "a RAR archive"),
+    (b"<!DOCTYPE html", "an HTML page (a download that saved an error page?)"),
+    (b"<html", "an HTML page (a download that saved an error page?)"),
+    (b"version https://git-lfs", "a Git LFS pointer, not the model itself (run `git lfs pull`)"),
+)
+
+
+def _what_is(head: bytes) -> str:
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return what
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "a WebP image"
+    try:
+        head.decode("utf-8")
+        return "a text file"
+    except UnicodeDecodeError:
+        return "not a model file in a format Loadout knows"
+
+
+def _open_index(path: str, fmt: str):
+    """The header-level index: engine.formats.open_index when available, else our safetensors reader."""
+    try:
+        from ..formats import open_index
+    except ImportError:
+        open_index = None
+    if open_index is not None:
+        return open_index(path)
+    if fmt == "safetensors":
+        from ..formats import read_header
+
+        return read_header(path)
+    if fmt == "gguf":
+        raise UnsupportedModel("a GGUF model: Loadout cannot read GGUF files yet")
+    raise UnsupportedModel(f"a {fmt} file: this version of Loadout cannot read its header yet")
+
+
+def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detection:
+    """Detect one file (or a diffusers folder) from its header. read_values=True additionally reads the
+    few weight values that SD2's v-prediction check needs (opt-in; still no full tensor load)."""
+    p = os.fspath(path)
+    size = None
+    fmt = None
+    try:
+        if os.path.isdir(p):
+            from .folder import detect_folder
+
+            return detect_folder(p)
+        size = os.path.getsize(p)
+        from ..formats import sniff
+
+        fmt = sniff(p)
+        if fmt == "empty":
+            raise FormatError("the file is empty (0 bytes): an interrupted download or copy?")
+        if fmt == "unknown":
+            with open(p, "rb") as f:
+                head = f.read(64)
+            raise FormatError(f"this is {_what_is(head)}, not a model file")
+        index = _open_index(p, fmt)
+        d = detect_index(index, path=p)
+        if d.file_bytes is None:
+            d = dataclasses.replace(d, file_bytes=size)
+        if read_values:
+            d = _check_values(p, d)
+        return d
+    except EngineError as e:
+        return Detection(path=p, file_bytes=size, format=fmt, error=e.to_json())
+    except OSError as e:
+        msg = f"cannot read the file ({e.strerror or e})"
+        return Detection(path=p, file_bytes=size, format=fmt, error={"type": "format", "message": msg})
+
+
+def _check_values(path: str, d: Detection) -> Detection:
+    """The opt-in SD2 v-prediction check (see values.py)."""
+    if d.architecture != "sd2" or d.prediction is not None or d.error is not None:
+        return d
+    if d.format not in ("safetensors", "torch-zip"):
+        why = f"the SD2 value check reads .safetensors and torch-zip files, not {d.format}; prediction left unknown"
+        return dataclasses.replace(d, evidence=d.evidence + (Evidence("", None, why),))
+    from .values import SD2_V_THRESHOLD, sd2_is_v
+
+    prefix = d.components["unet"].prefix if "unet" in d.components else ""
+    try:
+        is_v, std, key = sd2_is_v(path, prefix, d.format)
+    except (KeyError, EngineError) as e:
+        ev = Evidence(prefix, None, f"SD2 value check not possible ({e}); prediction left unknown")
+        return dataclasses.replace(d, evidence=d.evidence + (ev,))
+    pred = "v" if is_v else "eps"
+    info = d.evidence + (
+        Evidence(
+            key,
+            None,
+            f"std of these weights {std:.4f} {'>' if is_v else '≤'} {SD2_V_THRESHOLD} → {pred}-prediction",
+        ),
+    )
+    return dataclasses.replace(d, prediction=pred, evidence=info)

@@ -1,0 +1,153 @@
+"""A uniform, read-only view of a model's keys, shapes, dtypes and metadata for the detection rules.
+
+Detection is a pure function of this view, so rules are tested with plain dictionaries. Any object
+with `tensors` (name -> info with dtype, shape, nbytes) and `metadata` adapts: our safetensors header,
+`engine.formats.ModelIndex` (safetensors, pickled torch files, GGUF), or a dict written in a test.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from ..formats.dtypes import DTYPES, nbytes_for
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class KeyIndex:
+    """Keys with shapes and dtypes, the file's metadata, its container format and sizes."""
+
+    tensors: dict[str, TensorMeta]  # or any info with dtype, shape (a tuple) and nbytes
+    metadata: dict[str, str] = field(default_factory=dict)
+    format: str = "safetensors"
+    file_size: int | None = None
+    data_size: int | None = None
+    path: str = ""
+
+    def has(self, key: str) -> bool:
+        return key in self.tensors
+
+    def shape(self, key: str) -> tuple[int, ...] | None:
+        t = self.tensors.get(key)
+        return None if t is None else t.shape
+
+    def with_prefix(self, prefix: str) -> list[str]:
+        return [k for k in self.tensors if k.startswith(prefix)]
+
+    def count_blocks(self, prefix: str) -> int:
+        """How many numbered children `prefix{N}.` exist (N from 0 without gaps), as block counters do."""
+        found = set()
+        pat = re.compile(re.escape(prefix) + r"(\d+)\.")
+        for k in self.tensors:
+            m = pat.match(k)
+            if m:
+                found.add(int(m.group(1)))
+        n = 0
+        while n in found:
+            n += 1
+        return n
+
+    def prefixes_for(self, suffix: str) -> list[str]:
+        """Every prefix P (empty or ending in '.') such that P + suffix is a key (memoised per index)."""
+        memo = self._memo
+        if suffix not in memo:
+            n = len(suffix)
+            parts = suffix.split(".")
+            # Keys are bucketed by their last three segments, so a probe only looks at its bucket.
+            pool = self._by_tail.get(".".join(parts[-3:]), ()) if len(parts) >= 3 else self.tensors
+            memo[suffix] = [
+                k[: len(k) - n] for k in pool if k.endswith(suffix) and (len(k) == n or k[-n - 1] == ".")
+            ]
+        return memo[suffix]
+
+    @cached_property
+    def _memo(self) -> dict[str, list[str]]:
+        return {}
+
+    @cached_property
+    def _by_tail(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for k in self.tensors:
+            parts = k.rsplit(".", 3)
+            out.setdefault(".".join(parts[-3:]), []).append(k)
+        return out
+
+    def first_match(self, pattern: str) -> str | None:
+        """The first key (in natural block order) matching a regular expression."""
+        rx = re.compile(pattern)
+        tail = _literal_tail(pattern)
+        hits = [k for k in self.tensors if k.endswith(tail) and rx.fullmatch(k)]
+        return min(hits, key=_natural) if hits else None
+
+
+def _literal_tail(pattern: str) -> str:
+    """The plain text a pattern must end with (after its last `\\d+`), to skip most keys cheaply."""
+    cut = max(pattern.rfind("\\d+") + 3 if "\\d+" in pattern else 0, 0)
+    tail = pattern[cut:]
+    if any(c in tail.replace("\\.", "") for c in "()[]|?*+{}^$"):
+        return ""
+    return re.sub(r"\\(.)", r"\1", tail)
+
+
+def _natural(key: str):
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key)]
+
+
+def as_key_index(obj, *, path: str = "") -> KeyIndex:
+    """Adapt a header / ModelIndex / KeyIndex to a KeyIndex (no tensor data is touched)."""
+    if isinstance(obj, KeyIndex):
+        return obj
+    tensors = dict(obj.tensors)  # infos with dtype, shape, nbytes are used as they are (no copies)
+    for name, t in tensors.items():
+        if not isinstance(t.shape, tuple) or getattr(t, "nbytes", None) is None:
+            shape = tuple(int(s) for s in t.shape)
+            nbytes = getattr(t, "nbytes", None)
+            if nbytes is None:
+                nbytes = nbytes_for(t.dtype, math.prod(shape)) or 0
+            tensors[name] = TensorMeta(str(t.dtype), shape, int(nbytes))
+    data_size = getattr(obj, "data_size", None)
+    if data_size is None:
+        data_size = sum(t.nbytes for t in tensors.values())
+    return KeyIndex(
+        tensors=tensors,
+        metadata={str(k): str(v) for k, v in (getattr(obj, "metadata", None) or {}).items()},
+        format=getattr(obj, "format", "safetensors"),
+        file_size=getattr(obj, "file_size", None),
+        data_size=data_size,
+        path=getattr(obj, "path", "") or path,
+    )
+
+
+def index_from_shapes(
+    shapes: Mapping[str, Iterable[int] | tuple[str, Iterable[int]]],
+    metadata: Mapping[str, str] | None = None,
+    *,
+    dtype: str = "F16",
+    format: str = "safetensors",
+) -> KeyIndex:
+    """A KeyIndex from {key: shape} or {key: (dtype, shape)}: the way tests state a layout."""
+    tensors = {}
+    for k, v in shapes.items():
+        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str):
+            dt, shp = v[0], tuple(v[1])
+        else:
+            dt, shp = dtype, tuple(v)
+        if dt not in DTYPES:
+            raise ValueError(f"unknown dtype {dt!r} for {k}")
+        tensors[k] = TensorMeta(dt, shp, nbytes_for(dt, math.prod(shp)) or 0)
+    size = sum(t.nbytes for t in tensors.values())
+    return KeyIndex(tensors, dict(metadata or {}), format, None, size)

@@ -1,0 +1,207 @@
+"""Small-file kinds told by their own key vocabulary: LoRA, embeddings, ControlNet, IP-Adapter, upscalers.
+
+Facts (cited, not copied):
+* LoRA / LyCORIS suffixes: kohya sd-scripts `networks/lora.py` (`lora_down`, `lora_up`, `alpha`, module
+  names `lora_unet_*`, `lora_te*_`), LyCORIS `lycoris/modules` (`hada_w1_a`…, `lokr_w1`…, `oft_blocks`,
+  `dora_scale`, full `diff`/`diff_b`), PEFT (`lora_A`/`lora_B`), diffusers (`lora.down`/`lora.up`,
+  `lora_linear_layer`). The LoRA facts themselves come from `engine.lora.describe_lora`.
+* Textual inversion: A1111 `modules/textual_inversion` (`string_to_param` dict with `*`, safetensors
+  `emb_params`), SDXL embeddings with one tensor per encoder named `clip_l` / `clip_g`.
+* ControlNet: lllyasviel ControlNet `cldm` (`input_hint_block`, `zero_convs`, under `control_model.` in
+  full checkpoints), diffusers ControlNetModel (`controlnet_cond_embedding`, `controlnet_down_blocks`),
+  diffusers CHECKPOINT_KEY_NAMES["controlnet"].
+* IP-Adapter (tencent-ailab/IP-Adapter): `image_proj.*` and `ip_adapter.N.to_k_ip/to_v_ip`, where to_k_ip
+  maps the UNet's cross-attention context width (768 SD1, 1024 SD2, 2048 SDXL) to the block width.
+* ESRGAN-family upscalers: the key sets chaiNNer's spandrel uses (`architectures/ESRGAN`): old
+  `model.0.weight` + `model.1.sub.0.RDB1.conv1.0.weight`, new `conv_first` + `RRDB_trunk.0.RDB1.conv1`,
+  BasicSR `conv_first` + `body.0.rdb1.conv1` + `conv_body` + `conv_last`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .keys import KeyIndex
+from .result import Evidence
+
+_STRONG = (
+    *(
+        f".{n}.weight"
+        for n in ("lora_down", "lora_up", "lora_A", "lora_B", "lora_mid", "lora.down", "lora.up")
+    ),
+    ".lora_linear_layer.down.weight",
+    ".lora_linear_layer.up.weight",
+    *(f".hada_w{i}_{ab}" for i in (1, 2) for ab in "ab"),
+    ".hada_t1",
+    ".hada_t2",
+    ".lokr_w1",
+    ".lokr_w2",
+    *(f".lokr_w{i}_{ab}" for i in (1, 2) for ab in "ab"),
+    ".lokr_t2",
+    ".oft_blocks",
+    ".oft_diag",
+    ".oft_R",
+)
+_STRONG_NAMED = re.compile(r".*\.lora_(?:A|B)\.[A-Za-z0-9_]+\.weight$")  # PEFT with an adapter name
+_WEAK = (".alpha", ".dora_scale", ".diff", ".diff_b", ".w_norm", ".b_norm", ".on_input")
+_KOHYA = ("lora_unet_", "lora_te_", "lora_te1_", "lora_te2_", "lora_te3_", "lora_transformer_", "lycoris_")
+
+
+def _strong(k: str) -> bool:
+    return k.endswith(_STRONG) or (".lora_" in k and _STRONG_NAMED.match(k) is not None)
+
+
+CONTEXT_ARCH = {768: "sd1", 1024: "sd2", 2048: "sdxl", 1280: "sdxl_refiner"}
+
+
+def _ev(ix: KeyIndex, key: str, reason: str) -> Evidence:
+    return Evidence(key, ix.shape(key), reason)
+
+
+def lora_evidence(ix: KeyIndex) -> Evidence | None:
+    """Evidence that this is an adapter file, or None. Most keys must be adapter keys."""
+    keys = list(ix.tensors)
+    adapterish = [k for k in keys if k.startswith(_KOHYA) or k.endswith(_WEAK) or _strong(k)]
+    if not keys or len(adapterish) * 2 < len(keys):
+        return None
+    strong = [k for k in adapterish if _strong(k)]
+    if strong:
+        k = sorted(strong)[0]
+        tail = k.split(".")[-2] if k.endswith(".weight") else k.split(".")[-1]
+        return _ev(ix, k, f"{len(strong)} adapter tensors such as `{tail}` → LoRA / LyCORIS")
+    kohya = [k for k in keys if k.startswith(_KOHYA)]
+    if kohya:
+        k = sorted(kohya)[0]
+        return _ev(ix, k, "kohya module names with weight differences only → full-diff LoRA")
+    return None
+
+
+def embedding(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
+    """(architecture, evidence) when the file is a textual-inversion embedding."""
+    if ix.has("clip_l") and ix.has("clip_g") and len(ix.tensors) <= 3:
+        return "sdxl", [
+            _ev(ix, "clip_l", "one embedding per SDXL text encoder (clip_l)"),
+            _ev(ix, "clip_g", "… and clip_g → SDXL textual inversion"),
+        ]
+    key = next((k for k in ("emb_params", "string_to_param.*") if ix.has(k)), None)
+    if key is None:
+        key = next((k for k in ix.tensors if k.startswith("string_to_param.")), None)
+    if key is None and len(ix.tensors) == 1:
+        # diffusers textual inversion (learned_embeds): one tensor named after its token, e.g. "<cat-toy>"
+        k, t = next(iter(ix.tensors.items()))
+        if k.startswith("<") and k.endswith(">") and len(t.shape) in (1, 2) and t.shape[-1] in (768, 1024):
+            key = k
+    if key is None:
+        return None
+    width = (ix.shape(key) or (0,))[-1]
+    arch = {768: "sd1", 1024: "sd2"}.get(width)
+    name = {"sd1": "SD1 (CLIP-L)", "sd2": "SD2 (OpenCLIP-H)"}.get(arch, "an unknown text encoder")
+    n = (ix.shape(key) or (1,))[0] if len(ix.shape(key) or ()) == 2 else 1
+    return arch, [_ev(ix, key, f"textual-inversion vectors ({n} × {width}) → {name}")]
+
+
+def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str, str]]] | None:
+    """(architecture, evidence, component claims) for a ControlNet: a trainable copy of the UNet's
+    encoder (component `unet`, under its own prefix) or of a DiT's blocks (`transformer`)."""
+    p = next(
+        (p for p in ix.prefixes_for("input_hint_block.0.weight") if ix.has(p + "zero_convs.0.0.weight")), None
+    )
+    if p is not None:
+        first = p + "input_hint_block.0.weight"
+        ctx_key = ix.first_match(
+            re.escape(p) + r"input_blocks\.\d+\.1\.transformer_blocks\.0\.attn2\.to_k\.weight"
+        )
+        adm_key = p + "label_emb.0.0.weight"
+    else:
+        p = next(
+            (
+                p
+                for p in ix.prefixes_for("controlnet_cond_embedding.conv_in.weight")
+                if ix.has(p + "controlnet_down_blocks.0.weight")
+            ),
+            None,
+        )
+        if p is None:
+            return _dit_controlnet(ix)
+        first = p + "controlnet_cond_embedding.conv_in.weight"
+        ctx_key = ix.first_match(
+            re.escape(p) + r"down_blocks\.\d+\.attentions\.0\.transformer_blocks\.0\.attn2\.to_k\.weight"
+        )
+        adm_key = p + "add_embedding.linear_1.weight"
+    ev = [_ev(ix, first, "a hint encoder with zero-initialised output convolutions → ControlNet")]
+    ctx = (ix.shape(ctx_key) or (0, 0))[1] if ctx_key else None
+    adm = (ix.shape(adm_key) or (0, 0))[1] if ix.has(adm_key) else None
+    arch = CONTEXT_ARCH.get(ctx) if ctx else None
+    if arch == "sdxl_refiner":
+        arch = None
+    if ctx:
+        ev.append(_ev(ix, ctx_key, f"cross-attention context {ctx} → {arch or 'unknown family'}"))
+    elif adm == 2816:
+        arch = "sdxl"
+        ev.append(_ev(ix, adm_key, "pooled + size conditioning 2816 (no attention blocks) → SDXL"))
+    return arch, ev, [(p, "unet")]
+
+
+def _dit_controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str, str]]] | None:
+    if not any(k.startswith("controlnet_blocks.0.") for k in ix.tensors):
+        return None
+    claims = [("", "transformer")]
+    if ix.has("controlnet_x_embedder.weight"):
+        why = "ControlNet blocks over FLUX.1 double/single blocks"
+        return None, [_ev(ix, "controlnet_x_embedder.weight", why)], claims
+    if ix.has("pos_embed_input.proj.weight"):
+        return (
+            None,
+            [_ev(ix, "pos_embed_input.proj.weight", "ControlNet blocks over SD3 joint blocks")],
+            claims,
+        )
+    k = sorted(k for k in ix.tensors if k.startswith("controlnet_blocks.0."))[0]
+    return None, [_ev(ix, k, "ControlNet output blocks on a transformer")], claims
+
+
+def ip_adapter(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
+    # XLabs' FLUX.1 IP-Adapter: ip_adapter_double_stream_k/v_proj inside each double block.
+    flux_ip = ix.first_match(r"double_blocks\.\d+\.processor\.ip_adapter_double_stream_k_proj\.weight")
+    if flux_ip is not None:
+        return None, [
+            _ev(ix, flux_ip, "image key/value projections in the double blocks → FLUX.1 IP-Adapter")
+        ]
+    if not any(k.startswith("image_proj.") for k in ix.tensors):
+        return None
+    if not any(k.startswith("ip_adapter.") for k in ix.tensors):
+        return None
+    key = ix.first_match(r"ip_adapter\.\d+\.to_k_ip\.weight")
+    ev = [
+        _ev(
+            ix,
+            sorted(k for k in ix.tensors if k.startswith("image_proj."))[0],
+            "an image projection and per-attention ip_adapter layers → IP-Adapter",
+        )
+    ]
+    if key is None:
+        return None, ev
+    ctx = (ix.shape(key) or (0, 0))[1]
+    arch = CONTEXT_ARCH.get(ctx)
+    if arch == "sdxl_refiner":
+        arch = None
+    ev.append(_ev(ix, key, f"image keys projected from context {ctx} → {arch or 'unknown family'}"))
+    return arch, ev
+
+
+_ESRGAN = (
+    ("model.0.weight", "model.1.sub.0.RDB1.conv1.0.weight"),
+    ("conv_first.weight", "body.0.rdb1.conv1.weight", "conv_body.weight", "conv_last.weight"),
+    ("conv_first.weight", "RRDB_trunk.0.RDB1.conv1.weight", "trunk_conv.weight", "conv_last.weight"),
+    ("model.0.weight", "model.1.sub.0.RDB1.conv1x1.weight"),
+)
+
+
+def upscaler(ix: KeyIndex) -> list[Evidence] | None:
+    """ESRGAN-family (RRDBNet) upscalers, also under a wrapper such as BasicSR's `params_ema.`."""
+    for keys in _ESRGAN:
+        for p in ix.prefixes_for(keys[1]):
+            if all(ix.has(p + k) for k in keys):
+                return [
+                    _ev(ix, p + keys[1], "residual-in-residual dense blocks (RRDB) → ESRGAN-family upscaler")
+                ]
+    return None

@@ -1,0 +1,234 @@
+"""Finders for the non-backbone parts a file may hold: text encoders, VAEs, TAESD-family approximations
+and CLIP vision towers. Each works under any prefix, so the same rule finds a text encoder inside a
+checkpoint (`conditioner.embedders.1.model.`), a ComfyUI save (`text_encoders.t5xxl.`) or a bare file.
+
+Facts (cited, not copied):
+* CLIP text widths: OpenAI CLIP ViT-L/14 768 (12 layers), OpenCLIP ViT-H/14 1024 (24 layers, SD2),
+  OpenCLIP ViT-bigG/14 1280 (32 layers, SDXL) — the model cards and transformers `CLIPTextConfig`;
+  transformers naming `text_model.final_layer_norm`, OpenCLIP naming `ln_final` / `transformer.resblocks`
+  (diffusers single_file_utils `DIFFUSERS_TO_LDM_MAPPING["openclip"]`).
+* T5 v1.1 XXL: d_model 4096, vocabulary 32128 (transformers `T5Config` of google/t5-v1_1-xxl); keys
+  `encoder.block.N.layer.0.SelfAttention.q.weight`, `encoder.final_layer_norm.weight`.
+* AutoencoderKL latent channels from the decoder's first conv (`decoder.conv_in.weight`.shape[1]): 4 for
+  SD1/SD2/SDXL, 16 for SD3 and FLUX.1, 32 for FLUX.2 (diffusers AutoencoderKL / AutoencoderKLFlux2 configs).
+* TAESD (madebyollin/taesd): nn.Sequential of convs and `Block`s whose body is `conv.0/2/4`; the encoder
+  starts from 3 image channels and ends at the latent channels, the decoder the other way round.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .keys import KeyIndex
+from .result import Evidence
+
+# Containers that hold one sub-model each; a part found inside one claims the whole container.
+_CONTAINERS = (
+    r"text_encoders\.[^.]+\.",
+    r"conditioner\.embedders\.\d+\.",
+    r"cond_stage_model\.",
+    r"first_stage_model\.",
+    r"(?:clip_[lgh]|t5xxl|t5)\.",
+)
+
+
+def container_of(found_prefix: str) -> str:
+    for pat in _CONTAINERS:
+        m = re.match(pat, found_prefix)
+        if m:
+            return m.group(0)
+    return found_prefix
+
+
+@dataclass
+class Part:
+    """A sub-model found in the keys: where it lives, which component it is, and why we think so."""
+
+    prefix: str
+    component: str
+    what: str
+    channels: int | None = None
+    evidence: list[Evidence] = field(default_factory=list)
+
+
+def _ev(ix: KeyIndex, key: str, reason: str) -> Evidence:
+    return Evidence(key, ix.shape(key), reason)
+
+
+CLIP_WIDTHS = {768: ("clip_l", "CLIP-L"), 1024: ("clip_h", "OpenCLIP-H"), 1280: ("clip_g", "OpenCLIP-G")}
+
+
+def find_text_encoders(ix: KeyIndex) -> list[Part]:
+    """CLIP text towers (transformers or OpenCLIP naming) and T5 encoders, under any prefix."""
+    parts: list[Part] = []
+    # Anchored on the first layer's norm: the final norm and last layer are often dropped from SDXL files.
+    for p in ix.prefixes_for("text_model.encoder.layers.0.layer_norm1.weight"):
+        key = p + "text_model.encoder.layers.0.layer_norm1.weight"
+        width = (ix.shape(key) or (0,))[0]
+        layers = ix.count_blocks(p + "text_model.encoder.layers.")
+        comp, name = CLIP_WIDTHS.get(width, ("other", f"CLIP text ({width} wide)"))
+        why = f"CLIP text encoder {width} wide, {layers} layers → {name}"
+        parts.append(Part(p, comp, name, evidence=[_ev(ix, key, why)]))
+    # Files saved by transformers before 4.x lack the `text_model.` level (old SD1 checkpoints).
+    for p in ix.prefixes_for("encoder.layers.0.layer_norm1.weight"):
+        if p.endswith("text_model.") or not ix.has(p + "embeddings.token_embedding.weight"):
+            continue
+        key = p + "encoder.layers.0.layer_norm1.weight"
+        width = (ix.shape(key) or (0,))[0]
+        comp, name = CLIP_WIDTHS.get(width, ("other", f"CLIP text ({width} wide)"))
+        why = f"CLIP text encoder {width} wide (old transformers naming) → {name}"
+        parts.append(Part(p, comp, name, evidence=[_ev(ix, key, why)]))
+    for p in ix.prefixes_for("transformer.resblocks.0.ln_1.weight"):
+        if not (ix.has(p + "token_embedding.weight") or ix.has(p + "positional_embedding")):
+            continue  # an image tower (visual.transformer...) has neither
+        key = p + "transformer.resblocks.0.ln_1.weight"
+        width = (ix.shape(key) or (0,))[0]
+        layers = ix.count_blocks(p + "transformer.resblocks.")
+        comp, name = CLIP_WIDTHS.get(width, ("other", f"OpenCLIP text ({width} wide)"))
+        why = f"OpenCLIP text encoder {width} wide, {layers} layers → {name}"
+        parts.append(Part(p, comp, name, evidence=[_ev(ix, key, why)]))
+    for p in ix.prefixes_for("encoder.block.0.layer.0.SelfAttention.q.weight"):
+        key = p + "encoder.final_layer_norm.weight"
+        qkey = p + "encoder.block.0.layer.0.SelfAttention.q.weight"
+        d_model = (ix.shape(qkey) or (0, 0))[-1]
+        vocab = (ix.shape(p + "shared.weight") or (None,))[0]
+        blocks = ix.count_blocks(p + "encoder.block.")
+        if d_model == 4096 and vocab in (None, 32128):
+            parts.append(
+                Part(
+                    p,
+                    "t5xxl",
+                    "T5-XXL",
+                    evidence=[_ev(ix, qkey, f"T5 encoder d_model 4096, {blocks} blocks → T5-XXL")],
+                )
+            )
+        else:
+            parts.append(
+                Part(
+                    p,
+                    "other",
+                    f"T5-family encoder (d_model {d_model})",
+                    evidence=[
+                        _ev(
+                            ix,
+                            qkey if not ix.has(key) else key,
+                            f"T5-family encoder d_model {d_model}, vocabulary {vocab}",
+                        )
+                    ],
+                )
+            )
+    return parts
+
+
+def find_vaes(ix: KeyIndex) -> list[Part]:
+    """AutoencoderKL in LDM (`decoder.mid.block_1`) or diffusers (`decoder.mid_block.resnets`) naming."""
+    parts = []
+    for suffix in ("decoder.mid.block_1.conv1.weight", "decoder.mid_block.resnets.0.conv1.weight"):
+        for p in ix.prefixes_for(suffix):
+            if p.startswith(("model_ema.", "conditioner.")):
+                continue
+            key = p + "decoder.conv_in.weight"
+            shape = ix.shape(key)
+            z = shape[1] if shape and len(shape) == 4 else None
+            part = Part(p, "vae", "AutoencoderKL", channels=z)
+            if z is not None:
+                family = {4: "SD1 / SD2 / SDXL", 16: "SD3 / FLUX.1", 32: "FLUX.2"}.get(z, "no known family")
+                part.evidence.append(_ev(ix, key, f"VAE decoder takes {z} latent channels → {family}"))
+            else:
+                part.evidence.append(_ev(ix, p + suffix, "AutoencoderKL decoder blocks"))
+            if any(".time_mix" in k or ".time_stack" in k for k in ix.with_prefix(p + "decoder.")):
+                part.what = "temporal AutoencoderKL (SVD)"
+            parts.append(part)
+    return parts
+
+
+def _numbered_convs(ix: KeyIndex, p: str) -> list[tuple[int, str]]:
+    rx = re.compile(re.escape(p) + r"(\d+)\.weight")
+    out = []
+    for k in ix.tensors:
+        m = rx.fullmatch(k)
+        if m and len(ix.shape(k) or ()) == 4:
+            out.append((int(m.group(1)), k))
+    return sorted(out)
+
+
+def find_taesd(ix: KeyIndex) -> list[Part]:
+    """TAESD-family encoders/decoders: numbered convs with `N.conv.0/2/4` blocks between them."""
+    parts = []
+    seen = set()
+    for p in ix.prefixes_for("conv.0.weight"):
+        m = re.fullmatch(r"(.*?)(\d+)\.", p)
+        if not m:
+            continue
+        base = m.group(1)
+        if base in seen or not ix.has(f"{p}conv.2.weight") or not ix.has(f"{p}conv.4.weight"):
+            continue
+        seen.add(base)
+        convs = _numbered_convs(ix, base)
+        if len(convs) < 2:
+            continue
+        (_, first), (_, last) = convs[0], convs[-1]
+        fs, ls = ix.shape(first), ix.shape(last)
+        if fs[1] == 3:
+            parts.append(
+                Part(
+                    base,
+                    "vae",
+                    "TAESD encoder",
+                    ls[0],
+                    [
+                        _ev(
+                            ix,
+                            last,
+                            f"tiny encoder: 3 image channels → {ls[0]} latent channels (TAESD family)",
+                        )
+                    ],
+                )
+            )
+        elif ls[0] == 3:
+            parts.append(
+                Part(
+                    base,
+                    "vae",
+                    "TAESD decoder",
+                    fs[1],
+                    [
+                        _ev(
+                            ix,
+                            first,
+                            f"tiny decoder: {fs[1]} latent channels → 3 image channels (TAESD family)",
+                        )
+                    ],
+                )
+            )
+    return parts
+
+
+def find_clip_vision(ix: KeyIndex) -> list[Part]:
+    """CLIP / OpenCLIP image towers (as used by IP-Adapter, unCLIP and SVD conditioning)."""
+    parts = []
+    for p in ix.prefixes_for("vision_model.post_layernorm.weight"):
+        key = p + "vision_model.post_layernorm.weight"
+        width = (ix.shape(key) or (0,))[0]
+        layers = ix.count_blocks(p + "vision_model.encoder.layers.")
+        name = {1024: "CLIP ViT-L/14", 1280: "CLIP ViT-H/14", 1664: "CLIP ViT-bigG/14"}.get(
+            width, f"CLIP vision ({width} wide)"
+        )
+        parts.append(
+            Part(
+                p,
+                "other",
+                name,
+                evidence=[_ev(ix, key, f"CLIP vision tower {width} wide, {layers} layers → {name}")],
+            )
+        )
+    for p in ix.prefixes_for("visual.ln_post.weight"):
+        key = p + "visual.ln_post.weight"
+        width = (ix.shape(key) or (0,))[0]
+        parts.append(
+            Part(
+                p, "other", "OpenCLIP vision", evidence=[_ev(ix, key, f"OpenCLIP vision tower {width} wide")]
+            )
+        )
+    return parts

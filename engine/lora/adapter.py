@@ -1,0 +1,257 @@
+"""Adapter files parsed into modules, each able to patch the weight (and bias) it targets, in fp32.
+
+An `AdapterModule` holds its parts as zero-copy views of the file's mmap; nothing is materialised
+until a patch is computed. `patch_weight(w, strength)` and `patch_bias(b, strength)` take and return
+fp32 tensors: the patcher bakes with them and the on-the-fly path of offloaded modules calls the same
+functions during forward, so both give the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from ..errors import FormatError, UnsupportedModel
+from . import algos
+from .describe import LoraInfo, describe_lora
+from .parts import UNSUPPORTED_ALGOS, group_modules, module_facts
+
+
+@dataclass(eq=False)
+class AdapterModule:
+    """One adapted module: its parts (part name -> tensor), alpha, and the algorithms found."""
+
+    name: str
+    parts: dict[str, Any]
+    algos: tuple[str, ...]
+    alpha: float | None = None
+
+    @property
+    def algo(self) -> str:
+        return next((a for a in self.algos if a != "dora"), "dora")
+
+    @property
+    def rank(self) -> int | None:
+        p = self.parts
+        if "down" in p:
+            return int(p["down"].shape[0])
+        if "hada_w1_b" in p:
+            return int(p["hada_w1_b"].shape[0])
+        if self.algo == "lokr":
+            return algos.lokr_rank(
+                p.get("lokr_w1_a"), p.get("lokr_w1_b"), p.get("lokr_w2_a"), p.get("lokr_w2_b")
+            )
+        return None
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank (1 without alpha, and for LoKr stored as two whole halves)."""
+        rank = self.rank
+        if self.alpha is None or not rank:
+            return 1.0
+        return float(self.alpha) / rank
+
+    @property
+    def patches_weight(self) -> bool:
+        return any(
+            k in self.parts
+            for k in ("up", "hada_w1_a", "lokr_w1", "lokr_w1_a", "diff", "set_weight", "w_norm")
+        )
+
+    @property
+    def patches_bias(self) -> bool:
+        return any(k in self.parts for k in ("diff_b", "b_norm", "up_bias"))
+
+    def delta(self, device=None):
+        """ΔW in fp32 with alpha/rank applied (strength not applied), in the adapter's own shape."""
+        p = self._parts_on(device)
+        a = self.algo
+        if a in ("lora", "locon"):
+            d = algos.lora_delta(p["up"], p["down"], p.get("mid"))
+        elif a == "loha":
+            d = algos.loha_delta(
+                p["hada_w1_a"],
+                p["hada_w1_b"],
+                p["hada_w2_a"],
+                p["hada_w2_b"],
+                p.get("hada_t1"),
+                p.get("hada_t2"),
+            )
+        elif a == "lokr":
+            d = algos.lokr_delta(
+                p.get("lokr_w1"),
+                p.get("lokr_w1_a"),
+                p.get("lokr_w1_b"),
+                p.get("lokr_w2"),
+                p.get("lokr_w2_a"),
+                p.get("lokr_w2_b"),
+                p.get("lokr_t2"),
+            )
+        elif "diff" in p:
+            return algos._f32(p["diff"])
+        elif "w_norm" in p:
+            return algos._f32(p["w_norm"])
+        else:
+            raise UnsupportedModel(
+                f"{self.name}: the {a!r} algorithm has no weight change Loadout can compute"
+            )
+        scale = self.scale
+        return d * scale if scale != 1.0 else d
+
+    def _parts_on(self, device):
+        if device is None or all(t.device == device for t in self.parts.values()):
+            return self.parts
+        return {k: v.to(device) for k, v in self.parts.items()}
+
+    def patch_weight(self, weight, strength: float):
+        """The patched weight (fp32) for `weight` (any float dtype), at `strength`."""
+        import torch
+
+        w = algos._f32(weight)
+        if strength == 0.0:
+            return w
+        p = self._parts_on(w.device)
+        if "set_weight" in p:
+            s = algos.fit(algos._f32(p["set_weight"]), w.shape)
+            return w + strength * (s - w)
+        mag = p.get("dora_scale", p.get("magnitude"))
+        if mag is None and "up" in p and "mid" not in p and self._plain_lora_fits(w):
+            # The common case in one fused BLAS call: W + (strength * alpha / rank) * up @ down.
+            up, down = algos._f32(p["up"]), algos._f32(p["down"])
+            flat = w.reshape(w.shape[0], -1)
+            out = torch.addmm(
+                flat,
+                up.reshape(up.shape[0], -1),
+                down.reshape(down.shape[0], -1),
+                alpha=strength * self.scale,
+            )
+            return out.reshape(w.shape)
+        d = algos.fit(self.delta(w.device), w.shape)
+        if mag is not None:
+            return algos.dora_apply(w, d, mag, strength, peft="magnitude" in p)
+        return w + strength * d
+
+    def _plain_lora_fits(self, w) -> bool:
+        up, down = self.parts["up"], self.parts["down"]
+        return (
+            up.shape[0] == w.shape[0]
+            and math.prod(down.shape[1:]) * up.shape[0] == w.numel()
+            and math.prod(up.shape[1:]) == down.shape[0]
+        )
+
+    def patch_bias(self, bias, strength: float):
+        """The patched bias (fp32) at `strength`."""
+        b = algos._f32(bias)
+        p = self._parts_on(b.device)
+        if "diff_b" in p:
+            return b + strength * algos.fit(algos._f32(p["diff_b"]), b.shape)
+        if "b_norm" in p:
+            return b + strength * algos.fit(algos._f32(p["b_norm"]), b.shape)
+        if "up_bias" in p:
+            return b + (strength * self.scale) * algos.fit(algos._f32(p["up_bias"]), b.shape)
+        return b
+
+
+@dataclass
+class Adapter:
+    """A parsed adapter file: its modules and header facts."""
+
+    path: str
+    info: LoraInfo
+    modules: dict[str, AdapterModule]
+    metadata: dict[str, str] = field(default_factory=dict)
+    unsupported: dict[str, str] = field(default_factory=dict)  # module -> algorithm without math here
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # every tensor of the file
+
+    def index(self) -> SimpleNamespace:
+        """A header-like view (`.tensors` name -> object with `.shape`, `.metadata`) for coverage()."""
+        return SimpleNamespace(
+            tensors={k: SimpleNamespace(shape=s) for k, s in self.shapes.items()}, metadata=self.metadata
+        )
+
+
+def _alpha_value(t) -> float | None:
+    v = float(t.float().reshape(-1)[0]) if t.numel() else None
+    return v if v else None  # alpha 0 means "unset" in LyCORIS and kohya
+
+
+def adapter_from_tensors(
+    tensors: dict[str, Any], metadata: dict[str, str] | None = None, path: str = ""
+) -> Adapter:
+    """Build an Adapter from name -> tensor (a loaded file or tensors made in a test)."""
+
+    idx = SimpleNamespace(tensors=tensors, metadata=dict(metadata or {}))
+    alphas = {k: _alpha_value(v) for k, v in tensors.items() if k.endswith(".alpha") and v.numel() == 1}
+    info = describe_lora(idx, alphas={k: v for k, v in alphas.items() if v is not None})
+    where = f"{path}: " if path else ""
+    if info is None:
+        raise FormatError(
+            f"{where}no adapter modules found (no lora_up/lora_down, lora_A/lora_B, hada_*, lokr_*, diff "
+            f"or dora_scale keys): this is not a LoRA or LyCORIS file"
+        )
+    groups, _ = group_modules(tensors)
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    modules: dict[str, AdapterModule] = {}
+    unsupported: dict[str, str] = {}
+    for name, parts in groups.items():
+        facts = module_facts(parts, shapes)
+        bad = [a for a in facts.algos if a in UNSUPPORTED_ALGOS]
+        if bad:
+            unsupported[name] = bad[0]
+            continue
+        if facts.algos and facts.algos[0] in ("lora", "locon") and not ("up" in parts and "down" in parts):
+            raise FormatError(f"{where}module {name!r} has a LoRA part but lacks its up/down partner")
+        _check_ranks(name, parts, shapes, where)
+        tensors_by_part = {part: tensors[key] for part, key in parts.items() if part != "alpha"}
+        alpha = alphas.get(parts["alpha"]) if "alpha" in parts else None
+        if alpha is None and "alpha" not in parts and info.format in ("peft", "diffusers", "ai-toolkit"):
+            alpha = info.alpha  # PEFT keeps lora_alpha in its config (diffusers saves it as metadata)
+        modules[name] = AdapterModule(name, tensors_by_part, facts.algos, alpha)
+    return Adapter(path, info, modules, dict(metadata or {}), unsupported, shapes)
+
+
+def _check_ranks(name: str, parts: dict[str, str], shapes: dict[str, tuple], where: str) -> None:
+    """Refuse factor pairs whose inner (rank) dims disagree: a broken or mislabelled file."""
+    pairs = [
+        ("up", "down", 1, 0),
+        ("hada_w1_a", "hada_w1_b", 1, 0),
+        ("hada_w2_a", "hada_w2_b", 1, 0),
+        ("lokr_w1_a", "lokr_w1_b", 1, 0),
+    ]
+    if "lokr_t2" not in parts:
+        pairs.append(("lokr_w2_a", "lokr_w2_b", 1, 0))
+    if "hada_t1" in parts:
+        pairs = [p for p in pairs if not p[0].startswith("hada")]
+    for a, b, ia, ib in pairs:
+        if a in parts and b in parts:
+            sa, sb = shapes[parts[a]], shapes[parts[b]]
+            if len(sa) <= ia or len(sb) <= ib or sa[ia] != sb[ib]:
+                raise FormatError(
+                    f"{where}module {name!r}: {a} {list(sa)} and {b} {list(sb)} do not share a rank; "
+                    "the file is broken or not an adapter Loadout knows"
+                )
+
+
+def load_adapter(path: str | os.PathLike) -> Adapter:
+    """Parse an adapter file (.safetensors: tensors stay mmap views until a patch needs them; older
+    pickled .pt/.ckpt adapters through the formats package's safe loader)."""
+    from ..formats import sniff
+
+    p = os.fspath(path)
+    kind = sniff(p)
+    if kind in ("torch-zip", "pickle"):
+        from ..formats.pickles import load_state_dict
+
+        return adapter_from_tensors(load_state_dict(p), {}, p)
+    if kind != "safetensors":
+        raise FormatError(
+            f"{p}: not an adapter file (found: {kind}); LoRAs are .safetensors or pickled .pt files"
+        )
+    from ..formats.safetensors import SafetensorsFile
+
+    f = SafetensorsFile(p)
+    tensors = {k: f.tensor(k) for k in f.header.tensors}
+    return adapter_from_tensors(tensors, f.header.metadata, p)

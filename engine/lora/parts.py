@@ -1,0 +1,218 @@
+"""Split adapter tensor names into (module, part) and read each module's algorithm, rank and shape.
+
+Torch-free and header-only: the detection code on the GUI thread uses it. The part names are the
+vocabulary adapter trainers write (facts from kohya sd-scripts `networks/lora.py`, LyCORIS
+`lycoris/modules/*.py`, diffusers `loaders/lora_pipeline.py` and PEFT `tuners/lora/layer.py`):
+
+* LoRA / LoCon: `lora_up.weight`, `lora_down.weight`, `lora_mid.weight` (Tucker), `lora_B/lora_A.weight`
+  (PEFT, diffusers), `lora.up/.down.weight` (old diffusers), `lora_linear_layer.up/.down.weight`
+  (diffusers text encoders), `alpha`;
+* LoHa: `hada_w1_a/b`, `hada_w2_a/b`, `hada_t1/t2`; LoKr: `lokr_w1`, `lokr_w1_a/b`, `lokr_w2`,
+  `lokr_w2_a/b`, `lokr_t2`;
+* DoRA: `dora_scale` (LyCORIS, kohya) or `lora_magnitude_vector` (PEFT);
+* full diffs `diff` / `diff_b`, `set_weight` (replace), LyCORIS norm diffs `w_norm` / `b_norm`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+# suffix -> canonical part name. Longer suffixes first so ".lora_linear_layer.up.weight" wins over
+# ".up.weight" style endings.
+_SUFFIXES: tuple[tuple[str, str], ...] = (
+    ("lora_linear_layer.up.weight", "up"),
+    ("lora_linear_layer.down.weight", "down"),
+    ("lora.up.weight", "up"),
+    ("lora.down.weight", "down"),
+    ("lora_up.weight", "up"),
+    ("lora_down.weight", "down"),
+    ("lora_mid.weight", "mid"),
+    ("lora_B.weight", "up"),
+    ("lora_A.weight", "down"),
+    ("lora_B.bias", "up_bias"),
+    ("lora_magnitude_vector.weight", "magnitude"),
+    ("lora_magnitude_vector", "magnitude"),
+    ("dora_scale", "dora_scale"),
+    ("alpha", "alpha"),
+    ("hada_w1_a", "hada_w1_a"),
+    ("hada_w1_b", "hada_w1_b"),
+    ("hada_w2_a", "hada_w2_a"),
+    ("hada_w2_b", "hada_w2_b"),
+    ("hada_t1", "hada_t1"),
+    ("hada_t2", "hada_t2"),
+    ("lokr_w1_a", "lokr_w1_a"),
+    ("lokr_w1_b", "lokr_w1_b"),
+    ("lokr_w2_a", "lokr_w2_a"),
+    ("lokr_w2_b", "lokr_w2_b"),
+    ("lokr_w1", "lokr_w1"),
+    ("lokr_w2", "lokr_w2"),
+    ("lokr_t2", "lokr_t2"),
+    ("diff_b", "diff_b"),
+    ("diff", "diff"),
+    ("set_weight", "set_weight"),
+    ("w_norm", "w_norm"),
+    ("b_norm", "b_norm"),
+    # Recognised so they are reported by name, not silently dropped (no math for them yet).
+    ("oft_blocks", "oft_blocks"),
+    ("oft_diag", "oft_blocks"),
+    ("boft_blocks", "boft_blocks"),
+    ("a1.weight", "glora_a1"),
+    ("a2.weight", "glora_a2"),
+    ("b1.weight", "glora_b1"),
+    ("b2.weight", "glora_b2"),
+)
+
+# Old diffusers attention-processor LoRAs: "...attn1.processor.to_q_lora.up.weight".
+_PROCESSOR = re.compile(r"^(.*)\.processor\.(to_q|to_k|to_v|to_out)_lora\.(up|down)\.weight$")
+# XLabs Flux LoRAs: "double_blocks.N.processor.qkv_lora1.down.weight"; lora1 is the image stream, lora2
+# the text stream (diffusers `_convert_xlabs_flux_lora_to_diffusers`): BFL img_attn / txt_attn.
+_XLABS = re.compile(r"^(.*)\.processor\.(qkv|proj)_lora([12])\.(up|down)\.weight$")
+
+# Parts that carry a weight change (a module with only `alpha` is no adapter module).
+WEIGHT_PARTS = frozenset(
+    {
+        "up",
+        "down",
+        "hada_w1_a",
+        "hada_w1_b",
+        "lokr_w1",
+        "lokr_w1_a",
+        "lokr_w2",
+        "lokr_w2_a",
+        "diff",
+        "diff_b",
+        "set_weight",
+        "w_norm",
+        "b_norm",
+        "oft_blocks",
+        "boft_blocks",
+        "glora_a1",
+    }
+)
+UNSUPPORTED_ALGOS = frozenset({"oft", "boft", "glora"})
+
+
+def split_key(key: str) -> tuple[str, str] | None:
+    """'lora_unet_x.lora_up.weight' -> ('lora_unet_x', 'up'); None when the key is no adapter part."""
+    m = _XLABS.match(key)
+    if m:
+        stream = "img_attn" if m.group(3) == "1" else "txt_attn"
+        return f"{m.group(1)}.{stream}.{m.group(2)}", m.group(4)
+    if key.endswith(("_norm.scale", "query_norm.scale", "key_norm.scale")) and key.startswith(
+        ("double_blocks.", "single_blocks.", "diffusion_model.")
+    ):
+        # BFL's Flux control LoRAs ship whole RMSNorm scales: a replacement (ComfyUI `lora_convert.py`
+        # turns them into set_weight).
+        return key[: -len(".scale")], "set_weight"
+    m = _PROCESSOR.match(key)
+    if m:
+        mod = f"{m.group(1)}.{m.group(2)}" + (".0" if m.group(2) == "to_out" else "")
+        return mod, m.group(3)
+    for suffix, part in _SUFFIXES:
+        if key.endswith("." + suffix):
+            return key[: -len(suffix) - 1], part
+    return None
+
+
+def group_modules(keys: Iterable[str]) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """Group tensor names by adapter module: ({module: {part: key}}, keys that are no adapter part).
+
+    Modules holding no weight-carrying part (a stray `alpha`) are returned among the other keys.
+    """
+    modules: dict[str, dict[str, str]] = {}
+    other: list[str] = []
+    for key in keys:
+        sp = split_key(key)
+        if sp is None:
+            other.append(key)
+            continue
+        modules.setdefault(sp[0], {})[sp[1]] = key
+    for name in [n for n, parts in modules.items() if not (parts.keys() & WEIGHT_PARTS)]:
+        other.extend(modules.pop(name).values())
+    return modules, other
+
+
+@dataclass(frozen=True)
+class ModuleFacts:
+    """What a module's header says: its algorithms, rank and the weight shape it would change."""
+
+    algos: tuple[str, ...]
+    rank: int | None
+    out_features: int | None
+    in_features: int | None  # for convolutions: input channels (kernel excluded) where knowable
+
+
+def _dims(shape) -> tuple[int, ...]:
+    return tuple(int(s) for s in shape)
+
+
+def module_facts(parts: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]) -> ModuleFacts:
+    """Algorithms, rank and (out, in) features of one module from the shapes of its parts."""
+
+    def sh(part: str) -> tuple[int, ...] | None:
+        key = parts.get(part)
+        return _dims(shapes[key]) if key is not None else None
+
+    algos: list[str] = []
+    rank = out_f = in_f = None
+    if "up" in parts and "down" in parts:
+        down, up = sh("down"), sh("up")
+        rank = down[0] if down else None
+        conv = len(down) == 4
+        algos.append("locon" if "mid" in parts or (conv and down[2:] != (1, 1)) else "lora")
+        out_f = up[0] if up else None
+        in_f = down[1] if down and len(down) > 1 else None
+    elif "hada_w1_a" in parts:
+        algos.append("loha")
+        w1b, w1a = sh("hada_w1_b"), sh("hada_w1_a")
+        rank = w1b[0] if w1b else None
+        if "hada_t1" in parts:  # Tucker: w1_a is (rank, out), w1_b is (rank, in)
+            out_f, in_f = w1a[1], w1b[1]
+        else:
+            out_f, in_f = w1a[0], w1b[1]
+    elif "lokr_w1" in parts or "lokr_w1_a" in parts:
+        algos.append("lokr")
+        w1 = sh("lokr_w1")
+        if w1 is None:
+            a, b = sh("lokr_w1_a"), sh("lokr_w1_b")
+            w1 = (a[0], b[1]) if a and b else None
+            rank = b[0] if b else None
+        w2 = sh("lokr_w2")
+        if w2 is None:
+            a, b = sh("lokr_w2_a"), sh("lokr_w2_b")
+            rank = b[0] if b else rank
+            if "lokr_t2" in parts and a and b:  # Tucker: w2_a (rank, out), w2_b (rank, in)
+                w2 = (a[1], b[1])
+            elif a and b:
+                w2 = (a[0], b[1])
+        if w1 and w2:
+            out_f = w1[0] * w2[0]
+            # Linear: `in`; a conv LoKr without Tucker folds the kernel into w2's columns.
+            in_f = w1[1] * w2[1]
+    elif "diff" in parts:
+        algos.append("norm" if len(sh("diff")) == 1 else "full")
+        d = sh("diff")
+        out_f = d[0] if d else None
+        in_f = d[1] if d and len(d) > 1 else None
+    elif "set_weight" in parts:
+        algos.append("set")
+        d = sh("set_weight")
+        out_f = d[0] if d else None
+        in_f = d[1] if d and len(d) > 1 else None
+    elif "w_norm" in parts or "b_norm" in parts:
+        algos.append("norm")
+        d = sh("w_norm") or sh("b_norm")
+        out_f = d[0] if d else None
+    elif "oft_blocks" in parts:
+        algos.append("oft")
+    elif "boft_blocks" in parts:
+        algos.append("boft")
+    elif "glora_a1" in parts:
+        algos.append("glora")
+    elif "diff_b" in parts:
+        algos.append("full")
+    if "dora_scale" in parts or "magnitude" in parts:
+        algos.append("dora")
+    return ModuleFacts(tuple(algos), rank, out_f, in_f)

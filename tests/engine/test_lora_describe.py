@@ -1,0 +1,172 @@
+"""describe_lora: LoRA facts from the header of real adapters and of synthetic ones in each naming."""
+
+from __future__ import annotations
+
+from lora_fixtures import sparse_from_manifest
+
+from engine.formats.safetensors import read_header, write_sparse
+from engine.lora import LoraInfo, describe_lora
+
+
+def test_real_lokr_is_an_sd1_lokr_on_unet_and_clip_l(shared_data):
+    info = describe_lora(read_header(shared_data("weights/smart_falcon_8_lokr.safetensors")))
+    assert isinstance(info, LoraInfo)
+    assert info.algos == ("lokr",)
+    assert info.base == "sd1"
+    assert info.targets == ("unet", "clip_l")
+    assert info.format == "kohya"
+    assert info.rank == 8 and info.alpha == 8.0
+    assert info.modules == 350
+    assert info.to_json()["targets"] == ["unet", "clip_l"]
+
+
+def test_sdxl_kohya_key_dump_is_an_sdxl_lora_on_unet_and_both_clips(tmp_path):
+    path = sparse_from_manifest(
+        "manifests/sdxl_kohya_lora_alien_style.keys.json", tmp_path / "alien.safetensors"
+    )
+    info = describe_lora(read_header(path))
+    assert info is not None
+    assert (info.format, info.algos, info.base, info.rank) == ("kohya", ("lora",), "sdxl", 32)
+    assert info.targets == ("unet", "clip_l", "clip_g")
+    assert info.modules == 986
+
+
+def test_a_checkpoint_is_not_an_adapter(tmp_path):
+    path = sparse_from_manifest("manifests/sd15_ldm_single_file.json", tmp_path / "sd15.safetensors")
+    assert describe_lora(read_header(path)) is None
+
+
+def _lora(tmp_path, name, entries, metadata=None):
+    return read_header(write_sparse(tmp_path / name, entries, metadata))
+
+
+def test_diffusers_flux_lora_is_flux_transformer(tmp_path):
+    entries = []
+    for i in range(2):
+        for proj in ("to_q", "to_k", "to_v", "add_q_proj"):
+            base = f"transformer.transformer_blocks.{i}.attn.{proj}"
+            entries += [
+                (f"{base}.lora_A.weight", "BF16", (16, 3072)),
+                (f"{base}.lora_B.weight", "BF16", (3072, 16)),
+            ]
+        s = f"transformer.single_transformer_blocks.{i}.proj_out"
+        entries += [(f"{s}.lora_A.weight", "BF16", (16, 15360)), (f"{s}.lora_B.weight", "BF16", (3072, 16))]
+    info = describe_lora(_lora(tmp_path, "flux.safetensors", entries))
+    assert (info.format, info.base, info.targets, info.rank, info.algos) == (
+        "diffusers",
+        "flux1",
+        ("transformer",),
+        16,
+        ("lora",),
+    )
+
+
+def test_kohya_sd3_with_three_text_encoders(tmp_path):
+    entries = [
+        ("lora_unet_joint_blocks_0_x_block_attn_qkv.lora_down.weight", "F16", (4, 1536)),
+        ("lora_unet_joint_blocks_0_x_block_attn_qkv.lora_up.weight", "F16", (4608, 4)),
+        ("lora_unet_joint_blocks_0_x_block_attn_qkv.alpha", "F16", ()),
+        ("lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight", "F16", (4, 768)),
+        ("lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight", "F16", (768, 4)),
+        ("lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight", "F16", (4, 1280)),
+        ("lora_te2_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight", "F16", (1280, 4)),
+        ("lora_te3_encoder_block_0_layer_0_SelfAttention_q.lora_down.weight", "F16", (4, 4096)),
+        ("lora_te3_encoder_block_0_layer_0_SelfAttention_q.lora_up.weight", "F16", (4096, 4)),
+    ]
+    info = describe_lora(_lora(tmp_path, "sd3.safetensors", entries, {"ss_network_alpha": "2"}))
+    assert info.base == "sd3"
+    assert info.targets == ("transformer", "clip_l", "clip_g", "t5xxl")
+    assert info.alpha == 2.0
+
+
+def test_sd2_text_encoder_width_decides(tmp_path):
+    entries = [
+        (
+            "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn2_to_k.lora_down.weight",
+            "F16",
+            (8, 1024),
+        ),
+        (
+            "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn2_to_k.lora_up.weight",
+            "F16",
+            (320, 8),
+        ),
+        ("lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight", "F16", (8, 1024)),
+        ("lora_te_text_model_encoder_layers_0_mlp_fc1.lora_up.weight", "F16", (4096, 8)),
+    ]
+    info = describe_lora(_lora(tmp_path, "sd2.safetensors", entries))
+    assert info.base == "sd2" and info.targets == ("unet", "clip_h")
+
+
+def test_loha_dora_and_peft(tmp_path):
+    entries = [
+        (
+            "base_model.model.down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k.lora_A.weight",
+            "F32",
+            (4, 2048),
+        ),
+        (
+            "base_model.model.down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k.lora_B.weight",
+            "F32",
+            (640, 4),
+        ),
+        (
+            "base_model.model.down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k.lora_magnitude_vector",
+            "F32",
+            (640,),
+        ),
+    ]
+    info = describe_lora(_lora(tmp_path, "peft.safetensors", entries))
+    assert (info.format, info.base, info.algos) == ("peft", "sdxl", ("dora", "lora"))
+    loha = [
+        ("lora_unet_mid_block_attentions_0_transformer_blocks_0_attn2_to_k.hada_w1_a", "F16", (320, 4)),
+        ("lora_unet_mid_block_attentions_0_transformer_blocks_0_attn2_to_k.hada_w1_b", "F16", (4, 768)),
+        ("lora_unet_mid_block_attentions_0_transformer_blocks_0_attn2_to_k.hada_w2_a", "F16", (320, 4)),
+        ("lora_unet_mid_block_attentions_0_transformer_blocks_0_attn2_to_k.hada_w2_b", "F16", (4, 768)),
+    ]
+    info = describe_lora(_lora(tmp_path, "loha.safetensors", loha))
+    assert (info.algos, info.base, info.rank) == (("loha",), "sd1", 4)
+
+
+def test_broken_factor_pair_is_refused_with_the_module_named():
+    import pytest
+    import torch
+
+    from engine.errors import FormatError
+    from engine.lora.adapter import adapter_from_tensors
+
+    t = {"lora_unet_x.lora_up.weight": torch.zeros(8, 4), "lora_unet_x.lora_down.weight": torch.zeros(2, 8)}
+    with pytest.raises(FormatError, match="lora_unet_x.*do not share a rank"):
+        adapter_from_tensors(t)
+    with pytest.raises(FormatError, match="not a LoRA"):
+        adapter_from_tensors({"model.diffusion_model.out.2.weight": torch.zeros(4, 4)})
+
+
+def test_header_side_modules_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, engine.lora, engine.lora.coverage, engine.cli.lora, engine.cli.bake;"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    from loadout_test_support import ROOT
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+
+
+def test_load_adapter_reads_pickled_adapters_and_names_what_it_found(tmp_path):
+    import pytest
+    import torch
+
+    from engine.errors import FormatError
+    from engine.lora.adapter import load_adapter
+
+    t = {"lora_unet_x.lora_up.weight": torch.ones(8, 2), "lora_unet_x.lora_down.weight": torch.ones(2, 4)}
+    torch.save(t, tmp_path / "old.pt")
+    a = load_adapter(tmp_path / "old.pt")
+    assert a.modules["lora_unet_x"].delta().shape == (8, 4)
+    (tmp_path / "x.png").write_bytes(b"\\x89PNG\\r\\n\\x1a\\n" + b"0" * 32)
+    with pytest.raises(FormatError, match="not an adapter file"):
+        load_adapter(tmp_path / "x.png")
