@@ -5,7 +5,6 @@ GPU out-of-memory, fp32 re-runs when fp16/bf16 overflow, progress per tile, canc
 from __future__ import annotations
 
 import contextlib
-import gc
 from dataclasses import dataclass, field
 
 import torch
@@ -15,7 +14,7 @@ from .. import ops
 from ..errors import FormatError, OutOfMemory
 from ..jobs import CancelToken, Progress, Report, no_report
 from . import estimate
-from .tiling import DiskStore, NonFinite, TileStore, plan_tiles, run_tiled
+from .tiling import DiskStore, NonFinite, TileStore, plan_tiles, release_memory, run_tiled
 
 MIN_TILE_PX = 128
 
@@ -176,7 +175,7 @@ def _run(vae, x, direction, tile, overlap, tiled, device, dtype, budget, disk_st
     attempt_tile = tile
     while True:
         try:
-            return _attempt(
+            return _attempt_released(
                 vae,
                 x,
                 direction,
@@ -220,9 +219,17 @@ def _weights_device(vae) -> torch.device:
 
 
 def _free(device):
-    gc.collect()
+    release_memory()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def _attempt_released(*a):
+    """One attempt; whatever happens (done, cancelled, failed) its memory goes back to the OS."""
+    try:
+        return _attempt(*a)
+    finally:
+        _free(a[6])
 
 
 def _attempt(

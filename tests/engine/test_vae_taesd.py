@@ -16,7 +16,7 @@ from engine.vae.run import RunInfo, decode, encode
 
 @pytest.fixture(scope="module")
 def taef2_crop(request):
-    from conftest import data_file
+    from loadout_test_support import data_file
 
     vae = load_vae(data_file("weights/taef2_encoder.pth"))  # the decoder beside it is paired in
     image = load_image(data_file("images/reconstruction_example.jpg"))
@@ -39,7 +39,7 @@ def test_taef2_round_trip_full_and_tiled(taef2_crop):
     y = decode(vae, z, tiled=False)
     assert psnr(x, y) >= 30
     info = RunInfo()
-    zt = encode(vae, x, tiled=True, tile=128, overlap=128, info=info)
+    zt = encode(vae, x, tiled=True, tile=256, overlap=128, info=info)
     assert info.tiles == 4
     yt = decode(vae, zt, tiled=True, tile=128, overlap=64)
     assert psnr(x, yt) >= 30
@@ -74,7 +74,7 @@ def test_variants_load_from_upstream_pth_pairs(tmp_path, name, channels, mid_gn,
     torch.testing.assert_close(z, m.encode(x))
     y = decode(vae, z)
     assert y.shape == (1, 3, 64, 48)
-    assert psnr(y, decode(vae, z, tiled=True, tile=64, overlap=64)) > 60  # convs only after the head
+    assert psnr(y, decode(vae, z, tiled=True, tile=64, overlap=64)) > 30  # 16 px of context only
 
 
 def test_diffusers_autoencoder_tiny_and_comfy_prefixes(tmp_path):
