@@ -84,6 +84,8 @@ def kl_bench(ch: int, size: int, big: int, tile: int, overlap: int) -> None:
         tiled_peak_bytes=tiled["peak_rss"],
         full_peak_bytes=full["peak_rss"],
         process_before_decode_bytes=full["base_rss"],
+        ratio_above_process_baseline=(tiled["peak_rss"] - tiled["base_rss"])
+        / (full["peak_rss"] - full["base_rss"]),
         ch=ch,
     )
     for name, r in (("full", full), ("tiled", tiled)):
@@ -117,6 +119,8 @@ def kl_bench(ch: int, size: int, big: int, tile: int, overlap: int) -> None:
             ratio=tb["peak_rss"] / tiled["peak_rss"],
             big_peak_bytes=tb["peak_rss"],
             small_peak_bytes=tiled["peak_rss"],
+            ratio_above_process_baseline=(tb["peak_rss"] - tb["base_rss"])
+            / (tiled["peak_rss"] - tiled["base_rss"]),
             big_estimate_bytes=tb["estimate"],
             ch=ch,
             tiles=tb["tiles"],

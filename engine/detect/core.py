@@ -95,7 +95,7 @@ def _lora_facts(ix: KeyIndex) -> dict | None:
     try:
         info = describe_lora(ix)
     except Exception:  # a bug there must not cost the user the rest of the detection
-        log.exception("describe_lora failed on %s", ix.path or "an index")
+        log.debug("describe_lora failed on %s", ix.path or "an index", exc_info=True)
         return None
     if info is None:
         return None

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 from ..errors import EngineError, FormatError
 from .core import detect_index
 from .result import Detection, Evidence
+
+log = logging.getLogger(__name__)
 
 # What a non-model file is, from its first bytes (for a message the user can act on).
 _MAGIC = (
@@ -76,6 +79,10 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
     except OSError as e:
         msg = f"cannot read the file ({e.strerror or e})"
         return Detection(path=p, file_bytes=size, format=fmt, error={"type": "format", "message": msg})
+    except Exception as e:  # a reader bug: one odd file must not end a library scan; logged with its stack
+        log.debug("detecting %s failed", p, exc_info=True)  # no stack on a user's console
+        msg = f"Loadout could not read this file ({type(e).__name__}: {e}); please report it"
+        return Detection(path=p, file_bytes=size, format=fmt, error={"type": "error", "message": msg})
 
 
 def _check_values(path: str, d: Detection) -> Detection:

@@ -1,4 +1,12 @@
-"""Model file formats: which container a file is, from its first bytes alone."""
+"""Model file formats, read as untrusted input.
+
+* `sniff(path)`: which container a file is, from its first bytes alone.
+* `open_index(path) -> ModelIndex`: every tensor's name, dtype, shape and size from the header alone,
+  for safetensors, torch zip / legacy pickles (restricted unpickler) and GGUF. Never reads tensor data,
+  never imports torch.
+* `safetensors`: the validated header reader, lazy mmap tensors, atomic writers; `pickles`: safe
+  loading of .ckpt/.pt/.bin; `latent`: ComfyUI .latent files; `gguf`: the GGUF header reader.
+"""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ import collections
 import pickle
 from typing import Any
 
-from ..errors import FormatError
+from ..errors import EngineError, FormatError, UnsupportedModel
 
 # Storage class name -> (safetensors dtype, bytes per element). Source: torch/storage.py typed storages.
 STORAGE_DTYPES: dict[str, tuple[str, int]] = {
@@ -104,6 +104,7 @@ REBUILD_GLOBALS = frozenset(
         "torch.nn.parameter.Parameter",
         "torch.Tensor",
         "torch.Size",
+        "torch.device",
     }
 )
 
@@ -123,8 +124,19 @@ _DANGER = {
 MAX_DIMS = 16
 
 
-def refusal(path: str, full: str) -> FormatError:
-    """The error for a global outside every table; says what it is and what the user can do."""
+def refusal(path: str, full: str) -> EngineError:
+    """The error for a global outside every table; says what it is and what the user can do.
+
+    torch's own tensor-rebuild functions we do not handle (quantized, sparse, subclass tensors) mean
+    a real checkpoint Loadout cannot read: UnsupportedModel. Anything else is treated as hostile.
+    """
+    module, _, name = full.rpartition(".")
+    if module.split(".", 1)[0] == "torch" and name.startswith("_rebuild") and name.isidentifier():
+        return UnsupportedModel(
+            f"{path}: holds tensors of a kind Loadout cannot read yet ({full}: quantized, sparse or "
+            "subclassed tensors)",
+            path=path,
+        )
     why = _DANGER.get(full)
     if why is None:
         module = full.split(".", 1)[0]
@@ -268,6 +280,7 @@ _SCAN_REBUILD: dict[str, Any] = {
     "torch.nn.parameter.Parameter": _Marker("Parameter"),
     "torch.Tensor": _Marker("Tensor"),
     "torch.Size": tuple,
+    "torch.device": lambda *a: _Marker(f"device{a!r:.40}"),
 }
 
 
@@ -358,6 +371,8 @@ def scan_load(file: Any, allow: Allowlist, storages: dict[str, StorageRef] | Non
     except FormatError as e:
         if not e.message.startswith(allow.path):
             raise FormatError(f"{allow.path}: {e.message}", path=allow.path) from None
+        raise
+    except UnsupportedModel:
         raise
     except RecursionError:
         raise FormatError(f"{allow.path}: the pickle nests too deeply: the file is corrupt") from None

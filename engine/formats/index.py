@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import FormatError, UnsupportedModel
 
@@ -20,13 +21,13 @@ __all__ = ["IndexedTensor", "ModelIndex", "open_index", "INDEX_FORMATS"]
 INDEX_FORMATS = ("safetensors", "torch-zip", "pickle", "gguf")
 
 
-@dataclass(frozen=True)
-class IndexedTensor:
+class IndexedTensor(NamedTuple):
     """One tensor as a header describes it.
 
     dtype is a safetensors dtype name ('F16', 'BF16', 'F32', 'I64', ...) for every format; GGUF's
     quantized types keep their ggml names ('Q4_K', 'Q8_0', ...). offset is the absolute byte offset of
     the data in the file where the format has one (safetensors, GGUF), else None (zip members, pickles).
+    Immutable; a NamedTuple because indexes of big checkpoints build thousands of them.
     """
 
     name: str
@@ -73,10 +74,8 @@ def _from_safetensors(path: str) -> ModelIndex:
     from .safetensors import read_header
 
     h = read_header(path)
-    tensors = {
-        name: IndexedTensor(name, t.dtype, t.shape, t.nbytes, h.data_start + t.begin)
-        for name, t in h.tensors.items()
-    }
+    make, start = IndexedTensor._make, h.data_start
+    tensors = {n: make((n, t.dtype, t.shape, t.end - t.begin, start + t.begin)) for n, t in h.tensors.items()}
     return ModelIndex(path, "safetensors", h.file_size, h.data_size, tensors, dict(h.metadata))
 
 

@@ -21,7 +21,7 @@ import struct
 import zipfile
 from typing import Any
 
-from ..errors import FormatError
+from ..errors import EngineError, FormatError
 from ._unpickle import STUB_GLOBALS, Allowlist, StorageRef, Stub, TensorRef, scan_load
 from .index import IndexedTensor, ModelIndex
 
@@ -72,7 +72,14 @@ def _zip_data_pkl(zf: zipfile.ZipFile, p: str) -> tuple[str, zipfile.ZipInfo]:
 def _index_zip(p: str, file_size: int) -> tuple[Any, Allowlist, dict[str, StorageRef]]:
     try:
         zf = zipfile.ZipFile(p)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, struct.error) as e:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        ValueError,
+        EOFError,
+        struct.error,
+        NotImplementedError,
+    ) as e:
         raise FormatError(
             f"{p}: the checkpoint's zip directory is damaged ({e}): the file is truncated or corrupt",
             path=p,
@@ -261,7 +268,7 @@ def load_pickle(path: str | os.PathLike) -> Any:
         return torch.load(
             p, map_location="cpu", weights_only=False, mmap=mmap, pickle_module=_LoadUnpicklerModule(p)
         )
-    except FormatError:
+    except EngineError:
         raise
     except Exception as e:
         raise FormatError(f"{p}: the checkpoint cannot be loaded ({type(e).__name__}: {e})", path=p) from None

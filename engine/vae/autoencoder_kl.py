@@ -69,7 +69,7 @@ class ResnetBlock(nn.Module):
         ]
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_score_bytes: int = 256 << 20):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_score_bytes: int = 32 << 20):
     """Single-head attention (B, N, C) through scaled_dot_product_attention, in query chunks so the
     score matrix never exceeds `max_score_bytes` even where SDPA falls back to the naive kernel."""
     b, n, c = q.shape

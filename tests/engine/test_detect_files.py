@@ -416,3 +416,20 @@ def test_tiny_and_binary_junk(tmp_path):
     lfs = tmp_path / "model.safetensors"
     lfs.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n")
     assert "git lfs pull" in detect_file(lfs).error["message"]
+
+
+def test_a_zip_the_reader_cannot_handle_is_reported_not_raised(tmp_path):
+    # A zip whose member claims a newer zip version: Python's zipfile raises NotImplementedError.
+    import zipfile
+
+    path = tmp_path / "odd.pt"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+    raw = bytearray(path.read_bytes())
+    cd = raw.rfind(b"PK\x01\x02")
+    raw[cd + 6 : cd + 8] = (64).to_bytes(2, "little")  # "version needed to extract": 6.4
+    lh = raw.find(b"PK\x03\x04")
+    raw[lh + 4 : lh + 6] = (64).to_bytes(2, "little")
+    path.write_bytes(bytes(raw))
+    d = detect_file(path)
+    assert d.error is not None and d.error["type"] in ("format", "error")

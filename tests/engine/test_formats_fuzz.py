@@ -165,6 +165,7 @@ def test_mutated_latents_read_or_fail_cleanly(seeds, tmp_path, data):
 
 
 @pytest.mark.parametrize("kind", ["torch-zip", "pickle"])
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")  # torch, on mutated protocols
 @settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_mutated_checkpoints_load_or_fail_cleanly(seeds, tmp_path, kind, data):
@@ -173,7 +174,7 @@ def test_mutated_checkpoints_load_or_fail_cleanly(seeds, tmp_path, kind, data):
     p.write_bytes(raw)
     try:
         obj = load_pickle(p)
-    except FormatError:
+    except (FormatError, UnsupportedModel):
         return
     assert isinstance(obj, dict)
 

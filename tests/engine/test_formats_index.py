@@ -80,7 +80,8 @@ def test_index_does_not_import_torch(tmp_path):
     p = tmp_path / "m.pt"
     torch.save(_sd(), p)
     code = (
-        "import sys; from engine.formats import open_index; i = open_index(sys.argv[1]); "
+        "import sys; from engine.formats import open_index; import engine.formats.latent, "
+        "engine.formats.gguf, engine.formats.pickles; i = open_index(sys.argv[1]); "
         "assert 'torch' not in sys.modules, 'torch imported'; print(len(i.tensors))"
     )
     out = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, check=True)
@@ -93,3 +94,70 @@ def test_not_a_model(tmp_path, content):
     p.write_bytes(content)
     with pytest.raises(FormatError):
         open_index(p)
+
+
+class _CountingFile:
+    """Wraps a binary file and counts the bytes read through it."""
+
+    def __init__(self, f, counter):
+        self._f, self._counter = f, counter
+
+    def read(self, n=-1):
+        b = self._f.read(n)
+        self._counter[0] += len(b)
+        return b
+
+    def readinto(self, buf):
+        n = self._f.readinto(buf)
+        self._counter[0] += n or 0
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+    def __iter__(self):
+        return iter(self._f)
+
+
+def _write_gguf(p):
+    from engine.formats.gguf import write_sparse_gguf
+
+    write_sparse_gguf(p, {"general.architecture": "sdxl"}, [("w", "F32", (1024, 2048))])
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "zip", "legacy", "gguf"])
+def test_index_never_reads_tensor_data(tmp_path, monkeypatch, kind):
+    """Every byte read through open() is counted: far fewer than the 8 MiB of tensor data."""
+    import builtins
+    import io
+
+    p = tmp_path / f"m.{kind}"
+    w = torch.ones(1024, 2048)  # 8 MiB
+    if kind == "safetensors":
+        save_tensors(p, {"w": w})
+    elif kind == "gguf":
+        _write_gguf(p)
+        with open(p, "r+b") as f:  # fill the data region for real
+            f.seek(p.stat().st_size - w.nbytes)
+            f.write(w.numpy().tobytes())
+    else:
+        torch.save({"w": w}, p, _use_new_zipfile_serialization=kind == "zip")
+    counter = [0]
+    real_open = builtins.open
+
+    def counting_open(file, mode="r", *a, **kw):
+        f = real_open(file, mode, *a, **kw)
+        return _CountingFile(f, counter) if "b" in mode else f
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(io, "open", counting_open)
+    idx = open_index(p)
+    monkeypatch.undo()
+    assert idx.tensors["w"].nbytes == w.nbytes and idx.data_size == w.nbytes
+    assert 0 < counter[0] < 64 * 1024, f"{counter[0]} bytes read"

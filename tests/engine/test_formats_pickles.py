@@ -309,3 +309,22 @@ def test_bytes_in_protocol_2_via_codecs_encode(tmp_path):
     idx = open_index(p)
     assert set(idx.tensors) == {"w"}
     assert load_pickle(p)["blob"] == b"\x00\xffabc"
+
+
+def test_torch_tensor_kinds_we_cannot_read_are_unsupported_not_hostile(tmp_path):
+    from engine.errors import UnsupportedModel
+
+    p = tmp_path / "q.pt"  # what a quantized tensor pickles as (quantize_per_tensor is deprecated)
+    p.write_bytes(b"\x80\x02ctorch._utils\n_rebuild_qtensor\n)R.")
+    with pytest.raises(UnsupportedModel, match="_rebuild_qtensor"):
+        open_index(p)
+    with pytest.raises(UnsupportedModel):
+        load_pickle(p)
+
+
+def test_devices_and_dtypes_as_values_are_plain_data(tmp_path):
+    p = tmp_path / "d.pt"
+    torch.save({"w": torch.ones(2), "device": torch.device("cpu"), "dtype": torch.float16}, p)
+    assert set(open_index(p).tensors) == {"w"}
+    obj = load_pickle(p)
+    assert obj["device"] == torch.device("cpu") and obj["dtype"] is torch.float16

@@ -67,11 +67,14 @@ def test_decode_modes_and_the_documented_formula(sd15):
     assert dec["peak_bytes"] == estimate_decode_bytes(
         512, 512, dtype="float32", weight_bytes=vae
     )  # CPU: fp32
-    small = make_plan(str(sd15), decode=(2048, 2048), report=cpu_report(vram_budget_gb=1), free_bytes=1 << 40)
+    # a budget that holds the VAE with 512-px tiles, whatever the estimate's constants are
+    need = estimate_decode_bytes(2048, 2048, dtype="float32", weight_bytes=vae, tile=512)
+    report = cpu_report(vram_budget_gb=(need + 1) / 1024**3)
+    small = make_plan(str(sd15), decode=(2048, 2048), report=report, free_bytes=1 << 40)
     dec = small["steps"][-1]
-    assert dec["mode"] == "tiled" and dec["peak_bytes"] <= small["budget_bytes"]
+    assert dec["mode"] == "tiled" and dec["peak_bytes"] <= small["budget_bytes"] and small["fits"]
     tile = dec["detail"]["tile"]
-    assert tile < 1024
+    assert tile == 512 and dec["peak_bytes"] == need
     bigger = estimate_decode_bytes(
         2048, 2048, dtype="float32", weight_bytes=vae, tile=TILES[TILES.index(tile) - 1]
     )

@@ -16,7 +16,7 @@ from engine.vae.run import RunInfo, decode, encode
 
 @pytest.fixture(scope="module")
 def taef2_crop(request):
-    from conftest import data_file
+    from loadout_test_support import data_file
 
     vae = load_vae(data_file("weights/taef2_encoder.pth"))  # the decoder beside it is paired in
     image = load_image(data_file("images/reconstruction_example.jpg"))
