@@ -31,11 +31,12 @@ def no_leaks(qapp):
     if not hasattr(qapp, "_refcount_guard"):  # PySide6 6.12.0 drops None refs: see app/refcount_guard.py
         qapp._refcount_guard = refcount_guard.install(qapp)
     refcount_guard.top_up()
-    before_widgets = {id(w) for w in qapp.topLevelWidgets() if w.isVisible()}
+    before_all = {_ptr(w) for w in qapp.topLevelWidgets()}
+    before_widgets = {_ptr(w) for w in qapp.topLevelWidgets() if w.isVisible()}
     before_threads = set(threading.enumerate())
     yield
     qapp.processEvents()
-    leaked = [w for w in qapp.topLevelWidgets() if w.isVisible() and id(w) not in before_widgets]
+    leaked = [w for w in qapp.topLevelWidgets() if w.isVisible() and _ptr(w) not in before_widgets]
     running = [c for c in list(_clients) if _safe_running(c)]
     threads = [t for t in threading.enumerate() if t not in before_threads and t.is_alive() and not t.daemon]
     for w in leaked:
@@ -52,8 +53,24 @@ def no_leaks(qapp):
         msgs.append(f"{len(running)} EngineClient thread(s) still running")
     if threads:
         msgs.append("threads left running: " + ", ".join(t.name for t in threads))
+    # Delete (not just hide) every top-level the test made — windows, and the popups their combo boxes
+    # own — so later tests start from the same set of top-level widgets.
+    from PySide6.QtCore import QEvent
+
+    for w in qapp.topLevelWidgets():
+        if _ptr(w) not in before_all and w.parent() is None:
+            w.deleteLater()
+    qapp.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    qapp.processEvents()
     if msgs:
         pytest.fail("; ".join(msgs))
+
+
+def _ptr(w) -> int:
+    """A widget's C++ address: Python wrapper ids change between topLevelWidgets() calls."""
+    import shiboken6
+
+    return shiboken6.getCppPointer(w)[0]
 
 
 def _safe_running(c) -> bool:
