@@ -38,7 +38,7 @@ def _options(args):
         return opts
 
 
-def create_window(argv: list[str]) -> MainWindow:
+def create_window(argv: list[str], *, first_run: bool = False) -> MainWindow:
     """Make (or reuse) the QApplication, show the window and paint it; the engine starts from the
     event loop right after, so the first frame never waits for torch."""
     args = parse_args(argv)
@@ -47,10 +47,8 @@ def create_window(argv: list[str]) -> MainWindow:
     app.setApplicationName("Loadout")
     app.setDesktopFileName("loadout")
     app.setWindowIcon(app_icon())
-    from app import refcount_guard
-
-    app._refcount_guard = refcount_guard.install(app)  # PySide6 6.12.0 on Python 3.11 leaks None refs
     window = MainWindow(_options(args), args.paths)
+    window.offer_first_run = first_run
     install_excepthooks(window.reporter)
     window.show()
     app.processEvents()  # first paint now, before torch
@@ -61,7 +59,7 @@ def create_window(argv: list[str]) -> MainWindow:
 def run(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     try:
-        window = create_window(argv)
+        window = create_window(argv, first_run=True)
     except SystemExit as e:  # argparse: --help or a usage error
         return int(e.code or 0)
     app = QApplication.instance()

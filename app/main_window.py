@@ -267,6 +267,20 @@ class MainWindow(QMainWindow):
         self.client.detect_devices(self.options)
         saved = [p for p in app_settings.library_folders() if os.path.exists(p) and p not in self.paths]
         self.add_paths(saved, persist=False, select_first=False)
+        if self.offer_first_run and not self.paths:
+            QTimer.singleShot(0, self._on_first_run)
+
+    offer_first_run = False  # set by app.main.run() only: tests and `loadout FILE` never see the dialog
+
+    @Slot()
+    def _on_first_run(self) -> None:
+        """First start with no library: offer the installs found on this machine, or the demo library
+        (asked once; the answer is remembered in the settings file)."""
+        from app.first_run import maybe_first_run
+
+        paths = maybe_first_run(self, app_settings.settings())
+        if paths:
+            self.add_paths([str(p) for p in paths])
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.sample_timer.stop()

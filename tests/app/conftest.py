@@ -26,11 +26,6 @@ bridge.EngineClient.__init__ = _tracking_init  # every client a test makes is ch
 def no_leaks(qapp):
     """Fail the test if it leaves a visible top-level widget, a running engine QThread or a new
     non-daemon Python thread behind (a live QThread at exit aborts the whole run)."""
-    from app import refcount_guard
-
-    if not hasattr(qapp, "_refcount_guard"):  # PySide6 6.12.0 drops None refs: see app/refcount_guard.py
-        qapp._refcount_guard = refcount_guard.install(qapp)
-    refcount_guard.top_up()
     before_all = {_ptr(w) for w in qapp.topLevelWidgets()}
     before_widgets = {_ptr(w) for w in qapp.topLevelWidgets() if w.isVisible()}
     before_threads = set(threading.enumerate())
@@ -127,31 +122,3 @@ def window(qtbot):
 def fresh_settings(monkeypatch, tmp_path):
     """Each test gets its own settings file (saved library folders, layout)."""
     monkeypatch.setenv("LOADOUT_CONFIG_DIR", str(tmp_path / "config"))
-
-
-def drop(widget, paths):
-    """Drop local files on `widget` as a file manager would."""
-    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
-    from PySide6.QtGui import QDropEvent
-
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
-    ev = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
-                    Qt.KeyboardModifier.NoModifier)  # fmt: skip
-    widget.dropEvent(ev)
-
-
-def wait_job(qtbot, window, name: str, timeout: int = 60_000):
-    """Wait for the next finished job called `name`; returns its result."""
-    got = []
-
-    def on_finished(job, result):
-        if job.name == name:
-            got.append(result)
-
-    window.client.finished.connect(on_finished)
-    try:
-        qtbot.waitUntil(lambda: bool(got), timeout=timeout)
-    finally:
-        window.client.finished.disconnect(on_finished)
-    return got[0]

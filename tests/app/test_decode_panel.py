@@ -4,7 +4,7 @@ finish), zoom, save; Stop during a decode cancels it and the panel and engine st
 from __future__ import annotations
 
 import pytest
-from conftest import drop, wait_job
+from app_test_support import drop, wait_job
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import drop
+from app_test_support import drop
 from PySide6.QtWidgets import QApplication
 
 from app.main_window import MainWindow

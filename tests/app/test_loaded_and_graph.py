@@ -4,7 +4,7 @@ pin it, unload it — the table, the graph's band and the process RAM line all f
 from __future__ import annotations
 
 import psutil
-from conftest import wait_job
+from app_test_support import wait_job
 
 from app.engine_facade import Load
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conftest import drop, wait_job
+from app_test_support import drop, wait_job
 
 from app.engine_facade import Load, SetLoras, StackItem
 

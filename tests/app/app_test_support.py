@@ -1,0 +1,31 @@
+"""Helpers app tests import by name (not from conftest: several conftest.py files exist)."""
+
+from __future__ import annotations
+
+
+def drop(widget, paths):
+    """Drop local files on `widget` as a file manager would."""
+    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
+    ev = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                    Qt.KeyboardModifier.NoModifier)  # fmt: skip
+    widget.dropEvent(ev)
+
+
+def wait_job(qtbot, window, name: str, timeout: int = 60_000):
+    """Wait for the next finished job called `name`; returns its result."""
+    got = []
+
+    def on_finished(job, result):
+        if job.name == name:
+            got.append(result)
+
+    window.client.finished.connect(on_finished)
+    try:
+        qtbot.waitUntil(lambda: bool(got), timeout=timeout)
+    finally:
+        window.client.finished.disconnect(on_finished)
+    return got[0]
