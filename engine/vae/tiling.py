@@ -242,6 +242,8 @@ def run_tiled(
                 else:
                     _blend_into(out, wsum, x.float(), t, scale, blend, latent_hw)
                 del x, stack
+                if x_whole.device.type == "cpu":
+                    release_memory()  # tiles differ in size: without this the heap fragments and grows
                 done += 1
                 report(Progress(stage, done, total, f"pass {p + 1}/{len(segs)}, tile {i + 1}/{len(tiles)}"))
             if not last:
@@ -251,8 +253,6 @@ def run_tiled(
                     raise NonFinite(f"GroupNorm statistics overflowed in pass {p + 1}")
             start_scale = scale  # where the next segment starts
             del acc
-            if x_whole.device.type == "cpu":
-                release_memory()
     finally:
         store.close()
     out /= wsum

@@ -52,9 +52,9 @@ def test_decode_full_and_tiled_to_png(cli, files):
         "--out",
         str(files / "tiled.png"),
         "--tile",
-        "64",
+        "128",
         "--overlap",
-        "32",
+        "64",
         "--json",
         "--cpu",
     )
