@@ -14,6 +14,13 @@ _state = tempfile.mkdtemp(prefix="loadout-test-state-")
 os.environ["LOADOUT_CACHE_DIR"] = os.path.join(_state, "cache")
 os.environ["LOADOUT_CONFIG_DIR"] = os.path.join(_state, "config")
 
+# CI runs a fixed set of hypothesis examples (a red CI must be reproducible); local runs explore.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
 from loadout_test_support import DATA_DIR, ROOT, data_file, run_cli  # noqa: E402
 
 __all__ = ["DATA_DIR", "ROOT", "data_file", "run_cli"]

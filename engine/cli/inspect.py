@@ -117,8 +117,10 @@ def _summary_lines(s: dict) -> list[str]:
             f"base {t['base_model']}" if t.get("base_model") else None,
             f"network {net}" if net else None,
             f"dim {t['network_dim']}" if "network_dim" in t else None,
-            f"alpha {t['network_alpha']}" if "network_alpha" in t else None,
-            f"args {t['network_args']}" if t.get("network_args") else None,
+            f"alpha {t['network_alpha']:g}" if isinstance(t.get("network_alpha"), (int, float)) else None,
+            "args " + ", ".join(f"{k}={v}" for k, v in t["network_args"].items())
+            if t.get("network_args")
+            else None,
             f"resolution {t['resolution']}" if t.get("resolution") else None,
             f"{t['epochs']} epochs" if "epochs" in t else None,
             f"{t['steps']} steps" if "steps" in t else None,

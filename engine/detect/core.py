@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter, defaultdict
 
@@ -11,6 +12,8 @@ from .keys import KeyIndex, as_key_index
 from .meta import metadata_architecture, metadata_prediction, summarize
 from .parts import Part, container_of, find_clip_vision, find_taesd, find_text_encoders, find_vaes
 from .result import COMPONENT_ORDER, Component, Detection, Evidence
+
+log = logging.getLogger(__name__)
 
 QUANT_MARKERS = (
     ("scaled_fp8", "scaled fp8 weights (ComfyUI `scaled_fp8`)"),
@@ -36,18 +39,24 @@ def build_components(
     """Assign every key to the component of the longest claimed prefix that matches, else `rest`.
 
     claims: (prefix, component). The bytes of all components add up to the tensors' bytes."""
-    ordered = sorted(claims, key=lambda c: -len(c[0]))
+    # Claims bucketed by their first segment, longest first, so a key tries only the claims it could match.
+    buckets: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for p, c in sorted(set(claims), key=lambda c: -len(c[0])):
+        buckets[p.split(".", 1)[0] if "." in p else ""].append((p, c))
+    anywhere = buckets.pop("", [])
     keys_of: dict[str, list[str]] = defaultdict(list)
-    prefix_of: dict[str, str] = {}  # the longest claimed prefix that matched: the component's own root
+    matched: set[tuple[str, str]] = set()
     for k in ix.tensors:
         comp = rest
-        for p, c in ordered:
-            if k.startswith(p):
-                comp = c
-                if len(p) > len(prefix_of.get(c, "")) or c not in prefix_of:
-                    prefix_of[c] = p
+        for claim in (*buckets.get(k.split(".", 1)[0], ()), *anywhere):
+            if k.startswith(claim[0]):
+                comp = claim[1]
+                matched.add(claim)
                 break
         keys_of[comp].append(k)
+    prefix_of: dict[str, str] = {}  # the longest claimed prefix that matched: the component's own root
+    for p, c in sorted(matched, key=lambda c: len(c[0])):
+        prefix_of[c] = p
     out = {}
     for comp in sorted(keys_of, key=lambda c: COMPONENT_ORDER.index(c) if c in COMPONENT_ORDER else 99):
         keys = keys_of[comp]
@@ -83,7 +92,11 @@ def _lora_facts(ix: KeyIndex) -> dict | None:
         from ..lora import describe_lora
     except ImportError:
         return None
-    info = describe_lora(ix)
+    try:
+        info = describe_lora(ix)
+    except Exception:  # a bug there must not cost the user the rest of the detection
+        log.debug("describe_lora failed on %s", ix.path or "an index", exc_info=True)
+        return None
     if info is None:
         return None
     if hasattr(info, "to_json"):

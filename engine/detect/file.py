@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
-from ..errors import EngineError, FormatError, UnsupportedModel
+from ..errors import EngineError, FormatError
 from .core import detect_index
 from .result import Detection, Evidence
+
+log = logging.getLogger(__name__)
 
 # What a non-model file is, from its first bytes (for a message the user can act on).
 _MAGIC = (
@@ -32,27 +35,12 @@ def _what_is(head: bytes) -> str:
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "a WebP image"
     try:
-        head.decode("utf-8")
-        return "a text file"
+        text = head.decode("utf-8")
     except UnicodeDecodeError:
-        return "not a model file in a format Loadout knows"
-
-
-def _open_index(path: str, fmt: str):
-    """The header-level index: engine.formats.open_index when available, else our safetensors reader."""
-    try:
-        from ..formats import open_index
-    except ImportError:
-        open_index = None
-    if open_index is not None:
-        return open_index(path)
-    if fmt == "safetensors":
-        from ..formats import read_header
-
-        return read_header(path)
-    if fmt == "gguf":
-        raise UnsupportedModel("a GGUF model: Loadout cannot read GGUF files yet")
-    raise UnsupportedModel(f"a {fmt} file: this version of Loadout cannot read its header yet")
+        text = ""
+    if text and sum(c.isprintable() or c in "\r\n\t" for c in text) >= 0.95 * len(text):
+        return "a text file"
+    return "data in no format Loadout knows"
 
 
 def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detection:
@@ -67,7 +55,7 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
 
             return detect_folder(p)
         size = os.path.getsize(p)
-        from ..formats import sniff
+        from ..formats import open_index, sniff
 
         fmt = sniff(p)
         if fmt == "empty":
@@ -75,8 +63,11 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
         if fmt == "unknown":
             with open(p, "rb") as f:
                 head = f.read(64)
-            raise FormatError(f"this is {_what_is(head)}, not a model file")
-        index = _open_index(p, fmt)
+            what = _what_is(head)
+            if size < 64 and what != "a text file":
+                raise FormatError(f"the file is only {size} bytes long: a truncated download?")
+            raise FormatError(f"this is {what}, not a model file")
+        index = open_index(p)  # headers only: safetensors JSON, a torch zip's data.pkl, GGUF tables
         d = detect_index(index, path=p)
         if d.file_bytes is None:
             d = dataclasses.replace(d, file_bytes=size)
@@ -88,6 +79,10 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
     except OSError as e:
         msg = f"cannot read the file ({e.strerror or e})"
         return Detection(path=p, file_bytes=size, format=fmt, error={"type": "format", "message": msg})
+    except Exception as e:  # a reader bug: one odd file must not end a library scan; logged with its stack
+        log.debug("detecting %s failed", p, exc_info=True)  # no stack on a user's console
+        msg = f"Loadout could not read this file ({type(e).__name__}: {e}); please report it"
+        return Detection(path=p, file_bytes=size, format=fmt, error={"type": "error", "message": msg})
 
 
 def _check_values(path: str, d: Detection) -> Detection:

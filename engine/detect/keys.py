@@ -45,6 +45,11 @@ class KeyIndex:
         t = self.tensors.get(key)
         return None if t is None else t.shape
 
+    def dim(self, key: str | None, i: int) -> int | None:
+        """Size of dimension i of a tensor, or None when the key or the dimension does not exist."""
+        shape = self.shape(key) if key else None
+        return shape[i] if shape is not None and -len(shape) <= i < len(shape) else None
+
     def with_prefix(self, prefix: str) -> list[str]:
         return [k for k in self.tensors if k.startswith(prefix)]
 

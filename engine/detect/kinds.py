@@ -129,8 +129,8 @@ def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str
         )
         adm_key = p + "add_embedding.linear_1.weight"
     ev = [_ev(ix, first, "a hint encoder with zero-initialised output convolutions → ControlNet")]
-    ctx = (ix.shape(ctx_key) or (0, 0))[1] if ctx_key else None
-    adm = (ix.shape(adm_key) or (0, 0))[1] if ix.has(adm_key) else None
+    ctx = ix.dim(ctx_key, 1)
+    adm = ix.dim(adm_key, 1)
     arch = CONTEXT_ARCH.get(ctx) if ctx else None
     if arch == "sdxl_refiner":
         arch = None
@@ -180,7 +180,7 @@ def ip_adapter(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
     ]
     if key is None:
         return None, ev
-    ctx = (ix.shape(key) or (0, 0))[1]
+    ctx = ix.dim(key, 1)
     arch = CONTEXT_ARCH.get(ctx)
     if arch == "sdxl_refiner":
         arch = None

@@ -118,6 +118,16 @@ def find_text_encoders(ix: KeyIndex) -> list[Part]:
                     ],
                 )
             )
+    # llama.cpp naming (GGUF text encoders, e.g. t5-v1_1-xxl-encoder-Q8_0.gguf): enc.blk.N.attn_q.
+    for p in ix.prefixes_for("enc.blk.0.attn_q.weight"):
+        qkey = p + "enc.blk.0.attn_q.weight"
+        d_model = ix.dim(qkey, -1)
+        vocab = ix.dim(p + "token_embd.weight", 0)
+        comp = "t5xxl" if d_model == 4096 and vocab in (None, 32128) else "other"
+        why = f"T5 encoder (llama.cpp naming) d_model {d_model}" + (" → T5-XXL" if comp == "t5xxl" else "")
+        parts.append(
+            Part(p, comp, "T5-XXL" if comp == "t5xxl" else "T5-family encoder", evidence=[_ev(ix, qkey, why)])
+        )
     return parts
 
 

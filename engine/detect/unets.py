@@ -7,6 +7,7 @@ import re
 
 from .backbone import Backbone, pick_prefix
 from .keys import KeyIndex
+from .result import Evidence
 
 
 def ldm_unet(ix: KeyIndex) -> Backbone | None:
@@ -114,7 +115,9 @@ def _unet_rules(ix, b: Backbone, conv_in, ctx_key, adm_key, video, conv_out) -> 
             b.variant = None
     # Prediction, only where the file says it. Every SD1 release is eps (CompVis v1 configs:
     # parameterization eps). SDXL files mark v-prediction / EDM with marker keys (ComfyUI
-    # supported_models.SDXL.model_type); unmarked v-prediction finetunes exist, so no marker → unknown.
+    # supported_models.SDXL.model_type); without a marker the file is eps, as every official SDXL release
+    # and ComfyUI's default (DESIGN.md's contract shows SDXL base as eps). A v finetune that dropped the
+    # marker is mislabelled by every tool alike; the evidence line says what the call rests on.
     # SD2's plain 4-channel models are eps (512-base) or v (768-v): only weight values tell (values.py);
     # its inpaint / depth / upscale releases are eps (ComfyUI supported_models.SD20 only tests 4-channel).
     if arch == "sd1":
@@ -128,6 +131,11 @@ def _unet_rules(ix, b: Backbone, conv_in, ctx_key, adm_key, video, conv_out) -> 
             b.because(ix, "v_pred", "v_pred marker key → v-prediction")
         elif ix.has("edm_mean"):
             b.because(ix, "edm_mean", "edm_mean marker → EDM latents (Playground v2.5 style)")
+        else:
+            b.prediction = "eps"
+            b.evidence.append(
+                Evidence("v_pred (absent)", None, "no v_pred / edm_vpred marker key → eps (SDXL's default)")
+            )
     elif arch == "svd":
         b.prediction = "v"  # SVD is trained as v-prediction on an EDM schedule (ComfyUI SVD_img2vid)
     elif arch == "sd2" and b.variant in ("inpaint", "depth", "upscale"):

@@ -72,7 +72,14 @@ def _zip_data_pkl(zf: zipfile.ZipFile, p: str) -> tuple[str, zipfile.ZipInfo]:
 def _index_zip(p: str, file_size: int) -> tuple[Any, Allowlist, dict[str, StorageRef]]:
     try:
         zf = zipfile.ZipFile(p)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, struct.error) as e:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        ValueError,
+        EOFError,
+        struct.error,
+        NotImplementedError,
+    ) as e:
         raise FormatError(
             f"{p}: the checkpoint's zip directory is damaged ({e}): the file is truncated or corrupt",
             path=p,

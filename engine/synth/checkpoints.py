@@ -179,9 +179,10 @@ _SGM = {
     "clip_l": "conditioner.embedders.0.transformer.",
     "clip_g": "conditioner.embedders.1.model.",
 }
-register("sdxl_checkpoint", "checkpoint", "sdxl", _SGM, naming="sgm")(_sdxl(U.SDXL))
+# Without a v_pred / edm_vpred marker an SDXL file is eps (ComfyUI supported_models.SDXL.model_type).
+register("sdxl_checkpoint", "checkpoint", "sdxl", _SGM, prediction="eps", naming="sgm")(_sdxl(U.SDXL))
 # diffusers/stable-diffusion-xl-1.0-inpainting-0.1 unet/config.json: in_channels 9.
-register("sdxl_inpaint", "checkpoint", "sdxl", _SGM, variant="inpaint", naming="sgm")(
+register("sdxl_inpaint", "checkpoint", "sdxl", _SGM, variant="inpaint", prediction="eps", naming="sgm")(
     _sdxl(U.SDXL.with_(in_channels=9))
 )
 
@@ -191,6 +192,7 @@ register("sdxl_inpaint", "checkpoint", "sdxl", _SGM, variant="inpaint", naming="
     "checkpoint",
     "sdxl_refiner",
     {"unet": DM, "vae": "first_stage_model.", "clip_g": "conditioner.embedders.0.model."},
+    prediction="eps",
     naming="sgm",
 )
 def _refiner(p: Parts, clip_g_full: bool = True) -> None:
@@ -271,6 +273,6 @@ for _name, _arch, _build, _cfg, _comp, _variant in (
         _arch,
         {_comp: ""},
         variant=_variant,
-        prediction="flow" if _comp == "transformer" else ("v" if _arch == "svd" else None),
+        prediction="flow" if _comp == "transformer" else {"svd": "v", "sd2": None}.get(_arch, "eps"),
         naming="ldm" if _comp == "unet" else "bfl",
     )(_dm(_build, _cfg, _comp))

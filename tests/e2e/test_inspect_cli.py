@@ -97,3 +97,20 @@ def test_text_output_on_an_ascii_console(cli):
     r = cli("inspect", str(data_file("weights/taef2_encoder.pth")), env={"PYTHONIOENCODING": "ascii"})
     assert r.returncode == 0, r.stderr
     assert "vae_approx" in r.stdout and "3 image channels ? 32 latent channels" in r.stdout
+
+
+def test_a_reader_bug_is_reported_without_a_traceback(cli, tmp_path):
+    import zipfile
+
+    path = tmp_path / "odd.pt"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+    raw = bytearray(path.read_bytes())
+    for sig, off in ((b"PK\x01\x02", 6), (b"PK\x03\x04", 4)):
+        at = raw.find(sig) + off
+        raw[at : at + 2] = (64).to_bytes(2, "little")  # zip "version needed": 6.4, which zipfile refuses
+    path.write_bytes(bytes(raw))
+    r = cli("inspect", str(path))
+    assert r.returncode == 3
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "odd.pt" in r.stdout and "error" in r.stdout

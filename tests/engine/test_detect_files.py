@@ -376,3 +376,60 @@ def test_lora_object_has_exactly_the_design_fields():
     assert list(j["lora"]) == ["format", "algos", "rank", "alpha", "targets", "base"]
     assert j["lora"]["rank"] == 8 and j["lora"]["alpha"] == 8.0
     assert any("350 modules" in e["reason"] for e in j["evidence"])
+
+
+def test_gguf_t5_text_encoder(tmp_path):
+    from engine.formats.gguf import write_sparse_gguf
+
+    rows = [("token_embd.weight", "Q8_0", (32128, 4096)), ("enc.output_norm.weight", "F32", (4096,))]
+    for i in range(24):
+        for n in ("attn_q", "attn_k", "attn_v", "attn_o"):
+            rows.append((f"enc.blk.{i}.{n}.weight", "Q8_0", (4096, 4096)))
+    path = tmp_path / "t5-v1_1-xxl-encoder-Q8_0.gguf"
+    write_sparse_gguf(path, {"general.architecture": "t5encoder"}, rows)
+    d = detect_file(path)
+    assert (d.kind, list(d.components), d.error["type"]) == ("text_encoder", ["t5xxl"], "unsupported")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux /proc/self/io")
+@pytest.mark.parametrize("name", ["sd1_checkpoint", "sd2_checkpoint", "sdxl_checkpoint"])
+def test_sparse_pickled_checkpoints_detect_from_their_pickle_alone(tmp_path, name):
+    path = synth.write_ckpt(name, tmp_path / f"{name}.ckpt")
+    want = synth.info(name)
+    detect_file(path)  # warm
+    before = _rchar()
+    d = detect_file(path)
+    read = _rchar() - before
+    assert (d.format, d.kind, d.architecture, d.error) == ("torch-zip", "checkpoint", want.architecture, None)
+    assert set(want.components) <= set(d.components)
+    total = sum(c.bytes for c in d.components.values())
+    assert total > 2_000_000_000 and read < total // 1000  # GBs of tensors, a few hundred KB read
+
+
+def test_tiny_and_binary_junk(tmp_path):
+    tiny = tmp_path / "cut.safetensors"
+    tiny.write_bytes(b"\x10\x27\x00\x00")
+    assert "truncated" in detect_file(tiny).error["message"]
+    junk = tmp_path / "random.bin"
+    junk.write_bytes(bytes(range(200, 256)) * 4)
+    assert "no format Loadout knows" in detect_file(junk).error["message"]
+    lfs = tmp_path / "model.safetensors"
+    lfs.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n")
+    assert "git lfs pull" in detect_file(lfs).error["message"]
+
+
+def test_a_zip_the_reader_cannot_handle_is_reported_not_raised(tmp_path):
+    # A zip whose member claims a newer zip version: Python's zipfile raises NotImplementedError.
+    import zipfile
+
+    path = tmp_path / "odd.pt"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+    raw = bytearray(path.read_bytes())
+    cd = raw.rfind(b"PK\x01\x02")
+    raw[cd + 6 : cd + 8] = (64).to_bytes(2, "little")  # "version needed to extract": 6.4
+    lh = raw.find(b"PK\x03\x04")
+    raw[lh + 4 : lh + 6] = (64).to_bytes(2, "little")
+    path.write_bytes(bytes(raw))
+    d = detect_file(path)
+    assert d.error is not None and d.error["type"] in ("format", "error")

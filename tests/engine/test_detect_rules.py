@@ -98,7 +98,7 @@ def test_prediction_only_where_the_header_says_it():
     assert det(unet(1024)).prediction is None  # SD2 512-base (eps) and 768-v share the layout
     assert det(unet(1024, in_ch=9)).prediction == "eps"
     sdxl = unet(2048, adm=2816)
-    assert det(sdxl).prediction is None
+    assert det(sdxl).prediction == "eps"  # no v_pred / edm_vpred marker: SDXL's default
     assert det({**sdxl, "v_pred": (0,), "ztsnr": (0,)}).prediction == "v"
     assert det({**sdxl, "edm_vpred.sigma_max": (), "edm_vpred.sigma_min": ()}).prediction == "v"
     stated = det(unet(1024), {"modelspec.prediction_type": "v"})
