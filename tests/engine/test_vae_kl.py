@@ -128,6 +128,7 @@ def sd_layout():
     return m, z, decode(m, z, tiled=False)
 
 
+@pytest.mark.slow
 def test_tiled_decode_matches_full(sd_layout):
     m, z, full = sd_layout
     info, seen = RunInfo(), []

@@ -32,6 +32,7 @@ def test_taef2_real_weights_layout(taef2_crop):
     assert len(gns) == 6  # three decoder and three encoder Blocks at latent resolution
 
 
+@pytest.mark.slow
 def test_taef2_round_trip_full_and_tiled(taef2_crop):
     vae, x = taef2_crop
     z = encode(vae, x, tiled=False)
