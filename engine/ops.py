@@ -99,70 +99,44 @@ def _input_dtype(op: Castable, x: torch.Tensor) -> torch.Tensor:
     return x.to(op.compute_dtype) if op.compute_dtype is not None and x.dtype != op.compute_dtype else x
 
 
-class Linear(Castable, nn.Linear):
+class FromFile(Castable):
+    """Mixin for ops whose weights always come from a file: no random init at construction."""
+
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self._castable_init()
 
-    def reset_parameters(self) -> None:  # weights always come from a file
+    def reset_parameters(self) -> None:
         pass
 
+
+class Linear(FromFile, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _input_dtype(self, x)
         w, b = self.cast_params(x)
         return F.linear(x, w, b)
 
 
-class Conv1d(Castable, nn.Conv1d):
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self._castable_init()
-
-    def reset_parameters(self) -> None:
-        pass
-
+class _Conv(FromFile):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _input_dtype(self, x)
         w, b = self.cast_params(x)
         return self._conv_forward(x, w, b)
 
 
-class Conv2d(Castable, nn.Conv2d):
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self._castable_init()
-
-    def reset_parameters(self) -> None:
-        pass
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _input_dtype(self, x)
-        w, b = self.cast_params(x)
-        return self._conv_forward(x, w, b)
+class Conv1d(_Conv, nn.Conv1d):
+    pass
 
 
-class Conv3d(Castable, nn.Conv3d):
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self._castable_init()
-
-    def reset_parameters(self) -> None:
-        pass
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _input_dtype(self, x)
-        w, b = self.cast_params(x)
-        return self._conv_forward(x, w, b)
+class Conv2d(_Conv, nn.Conv2d):
+    pass
 
 
-class GroupNorm(Castable, nn.GroupNorm):
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self._castable_init()
+class Conv3d(_Conv, nn.Conv3d):
+    pass
 
-    def reset_parameters(self) -> None:
-        pass
 
+class GroupNorm(FromFile, nn.GroupNorm):
     def forward(
         self, x: torch.Tensor, stats: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> torch.Tensor:
@@ -222,14 +196,7 @@ def combine_moments(a, b):
     return mean, m2, n
 
 
-class LayerNorm(Castable, nn.LayerNorm):
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self._castable_init()
-
-    def reset_parameters(self) -> None:
-        pass
-
+class LayerNorm(FromFile, nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _input_dtype(self, x)
         w, b = self.cast_params(x)
@@ -252,14 +219,7 @@ class RMSNorm(Castable, nn.Module):
         return F.rms_norm(x, (x.shape[-1],), w, self.eps)
 
 
-class Embedding(Castable, nn.Embedding):
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self._castable_init()
-
-    def reset_parameters(self) -> None:
-        pass
-
+class Embedding(FromFile, nn.Embedding):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         check_cancelled()
         w = self.weight
