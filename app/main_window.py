@@ -12,7 +12,15 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QIcon, QKeySequence
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QGuiApplication,
+    QIcon,
+    QKeySequence,
+)
 from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QProgressBar, QToolBar, QWidget
 
 from app import settings as app_settings
@@ -81,6 +89,10 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Loadout")
         self.setWindowIcon(app_icon())
         self.resize(1500, 920)
+        screen = QGuiApplication.primaryScreen()
+        if screen is not None:  # never open larger than the screen (a laptop, a 1280×800 VM)
+            avail = screen.availableGeometry()
+            self.resize(min(1500, avail.width()), min(920, avail.height()))
         self.setAcceptDrops(True)
         self.setDockNestingEnabled(True)
         self.options = options or DeviceOptions()

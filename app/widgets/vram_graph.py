@@ -53,6 +53,8 @@ class VramGraph(QWidget):
         pg.setConfigOptions(antialias=False)
         self.plot = pg.PlotWidget(background=None)
         self.plot.setLabel("left", "GiB")
+        # pyqtgraph rescales small ranges with an SI prefix ("GiB (x0.001)"): meaningless for binary units.
+        self.plot.getAxis("left").enableAutoSIPrefix(False)
         self.plot.setLabel("bottom", "seconds")
         self.plot.showGrid(x=True, y=True, alpha=0.2)
         self.plot.setMouseEnabled(x=True, y=True)
