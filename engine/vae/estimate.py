@@ -100,6 +100,14 @@ def _spec(kind: str, latent_channels: int, weight_bytes: int | None) -> VaeSpec:
     return VaeSpec(k, latent_channels, wb)  # SD-family width 128
 
 
+def _estimate(direction, px, kind, latent_channels, dtype, tile, weight_bytes) -> int:
+    spec = _spec(kind, latent_channels, weight_bytes)
+    esize = DTYPE_BYTES[dtype]
+    if tile is None:
+        return full_bytes(spec, direction, px, esize)
+    return tiled_bytes(spec, direction, px, tile, esize)
+
+
 def estimate_decode_bytes(
     width: int,
     height: int,
@@ -113,12 +121,7 @@ def estimate_decode_bytes(
 ) -> int:
     """Predicted peak bytes of decoding a width x height image (full, or with `tile`-px tiles whose
     states are spilled to disk); `weight_bytes` from the VAE's header when known."""
-    spec = _spec(kind, latent_channels, weight_bytes)
-    esize = DTYPE_BYTES[dtype]
-    px = width * height * batch
-    if tile is None:
-        return full_bytes(spec, "decode", px, esize)
-    return tiled_bytes(spec, "decode", px, tile, esize)
+    return _estimate("decode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes)
 
 
 def estimate_encode_bytes(
@@ -133,9 +136,4 @@ def estimate_encode_bytes(
     weight_bytes: int | None = None,
 ) -> int:
     """As estimate_decode_bytes, for encoding a width x height image."""
-    spec = _spec(kind, latent_channels, weight_bytes)
-    esize = DTYPE_BYTES[dtype]
-    px = width * height * batch
-    if tile is None:
-        return full_bytes(spec, "encode", px, esize)
-    return tiled_bytes(spec, "encode", px, tile, esize)
+    return _estimate("encode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes)
