@@ -204,6 +204,9 @@ class LoraStackPanel(QWidget):
                 self.base_box.addItem(f"{e.name} ({e.architecture or '?'})", e.path)
         if cur:
             self.set_base(cur)
+        elif self.base_box.currentIndex() < 0 and self.base_box.count():
+            # With a placeholder text Qt leaves the box on "no checkpoint" even once items exist.
+            self.base_box.setCurrentIndex(0)
 
     def set_base(self, path: str) -> None:
         i = self.base_box.findData(path)
