@@ -38,6 +38,7 @@ from app.engine_facade import (
     UnloadAll,
 )
 from app.excepthooks import CrashReporter, ErrorInfo
+from app.models.library_model import ENTRY_ROLE
 from app.widgets.inspector import InspectorPanel
 from app.widgets.library import LibraryPanel
 from app.widgets.loaded import LoadedPanel
@@ -179,9 +180,14 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(ins, dec)
         ins.raise_()
         self.splitDockWidget(loaded, graph, Qt.Orientation.Horizontal)
-        self.resizeDocks([lib, ins, stk], [640, 460, 400], Qt.Orientation.Horizontal)
-        self.resizeDocks([lib, loaded], [540, 330], Qt.Orientation.Vertical)
-        self.resizeDocks([loaded, graph], [700, 800], Qt.Orientation.Horizontal)
+        # Shares of the window, not pixels: the library's columns need the most room, on a 1280-px
+        # laptop screen as on a 2560-px one.
+        w, h = self.width(), self.height()
+        self.resizeDocks(
+            [lib, ins, stk], [int(w * 0.44), int(w * 0.29), int(w * 0.27)], Qt.Orientation.Horizontal
+        )
+        self.resizeDocks([lib, loaded], [int(h * 0.6), int(h * 0.4)], Qt.Orientation.Vertical)
+        self.resizeDocks([loaded, graph], [int(w * 0.47), int(w * 0.53)], Qt.Orientation.Horizontal)
 
     def _build_toolbar(self) -> None:
         tb = QToolBar("Main", self)
@@ -574,6 +580,11 @@ class MainWindow(QMainWindow):
         elif added:
             self.statusBar().showMessage(f"{len(added)} file(s) added to the library", 4000)
         target = self.select_after_scan
+        if not target and self.library.current_entry() is None and lib.entries:
+            # Nothing chosen yet: show the first file (sorted as the user sees it) so the Inspector
+            # explains something on first sight instead of an empty pane.
+            first = self.library.proxy.index(0, 0).data(ENTRY_ROLE)
+            target = first.path if first is not None else None
         if target and any(e.path == target for e in lib.entries):
             self.select_after_scan = None
             self.library.select_path(target)

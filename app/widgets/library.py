@@ -106,7 +106,9 @@ class LibraryPanel(QWidget):
         self._refill(self.arch_box, sorted({e.architecture for e in self.model.entries if e.architecture}))
         if added:
             self.view.resizeColumnsToContents()
-            self.view.setColumnWidth(0, min(self.view.columnWidth(0), 300))
+            self.view.setColumnWidth(
+                0, min(self.view.columnWidth(0), 250)
+            )  # long names elide; keep Size in view
         self._update_empty()
         return added
 

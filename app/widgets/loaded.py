@@ -55,12 +55,13 @@ class LoadedPanel(QWidget):
         self.free_button.clicked.connect(self._on_free_clicked)
         self.empty = QLabel("Nothing loaded. Select a checkpoint or VAE in the library and press Load.")
         self.empty.setStyleSheet("color: gray")
+        self.empty.setWordWrap(True)  # its own row, wrapping: the panel must fit beside the graph on a laptop
         legend = QLabel(" ".join(f"<span style='color:{c.name()}'>■</span> {t}" for t, c in TIER_COLORS.items())
                         + " <span style='color:#e84393'>□</span> patched")  # fmt: skip
         self.layer_map = LayerMap()
         row = QHBoxLayout()
-        row.addWidget(self.empty, 1)
         row.addWidget(legend)
+        row.addStretch(1)
         row.addWidget(self.unload_button)
         row.addWidget(self.free_spin)
         row.addWidget(self.free_button)
@@ -68,6 +69,7 @@ class LoadedPanel(QWidget):
         tl = QVBoxLayout(top)
         tl.setContentsMargins(0, 0, 0, 0)
         tl.addWidget(self.table)
+        tl.addWidget(self.empty)
         tl.addLayout(row)
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(top)

@@ -16,7 +16,9 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
     QLabel,
+    QMenu,
     QPushButton,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -92,25 +94,27 @@ class VramGraph(QWidget):
         self.follow_button = QPushButton("Follow")
         self.follow_button.setToolTip("Scroll with the newest samples again after panning or zooming")
         self.follow_button.clicked.connect(self._on_follow_clicked)
-        csv_button = QPushButton("CSV…")
-        png_button = QPushButton("PNG…")
-        csv_button.clicked.connect(lambda: self._ask_export("csv"))
-        png_button.clicked.connect(lambda: self._ask_export("png"))
+        export = QToolButton(text="Export")
+        export.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        menu = QMenu(export)
+        menu.addAction("Samples as CSV…", lambda: self._ask_export("csv"))
+        menu.addAction("Graph as PNG…", lambda: self._ask_export("png"))
+        export.setMenu(menu)
         self.info = QLabel("")
         self.info.setStyleSheet("color: gray")
         bar = QHBoxLayout()
-        bar.addWidget(QLabel("Window"))
+        self.window_box.setToolTip("How many seconds the graph shows")
         bar.addWidget(self.window_box)
         bar.addWidget(self.pause_box)
         bar.addWidget(self.device_box)
         bar.addWidget(self.follow_button)
         bar.addStretch(1)
-        bar.addWidget(self.info)
-        bar.addWidget(csv_button)
-        bar.addWidget(png_button)
+        bar.addWidget(export)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(bar)
+        self.info.setWordWrap(True)  # a line of its own: in the bar it set the dock's minimum width
+        lay.addWidget(self.info)
         lay.addWidget(self.plot, 1)
 
     # -- data in --------------------------------------------------------------------------------------
