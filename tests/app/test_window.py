@@ -126,6 +126,24 @@ def test_paths_from_the_command_line_and_drops_are_kept(qtbot, tmp_path):
     w.close()
 
 
+def test_default_layout_fits_a_1280_by_800_laptop_screen(qtbot):
+    """Every dock's minimum width adds up: a panel that insists on its width pushes the window off a
+    laptop screen and clips the LoRA stack (it did: 1523 px)."""
+    w = MainWindow(restore_layout=False)
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitExposed(w)
+    hint = w.minimumSizeHint()
+    assert hint.width() <= 1280 and hint.height() <= 800 - 60, hint  # 60 px: title bar and a panel
+    w.resize(1280, 740)
+    qtbot.wait(50)
+    for key, dock in w.docks.items():
+        if dock.isVisible():
+            g = dock.geometry()
+            assert g.right() < w.width() and g.bottom() < w.height(), (key, g)
+    w.close()
+
+
 @pytest.fixture
 def reporter(qtbot):
     r = CrashReporter()
