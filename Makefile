@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 PIPC   := $(PIP) install -c constraints.txt
 STAMP  := $(VENV)/.loadout-installed
 
-.PHONY: run test test-engine bench lint format sysdeps setup clean demo package install-desktop
+.PHONY: run test test-engine bench lint format sysdeps setup clean demo package install-desktop screenshots
 
 setup: $(STAMP) sysdeps
 
@@ -47,6 +47,12 @@ format: setup
 
 demo: setup
 	$(VENV)/bin/loadout demo $(or $(DIR),demo-library)
+
+# The README's screenshots, taken from a scripted session of the real window on a demo library
+# (Qt's offscreen platform when there is no display; SHOTS=DIR writes elsewhere).
+screenshots: setup
+	@if [ -n "$$DISPLAY" ]; then $(PY) packaging/screenshots.py $(SHOTS); \
+	else QT_QPA_PLATFORM=offscreen $(PY) packaging/screenshots.py $(SHOTS); fi
 
 # A one-folder app in dist/Loadout (PyInstaller; minutes, and ~1-2 GB with torch). Not part of `make test`.
 package: setup
