@@ -20,7 +20,13 @@ def _e(x) -> str:
 
 
 def chips(words, bg: str = "#cfe3ff") -> str:
-    return "".join(CHIP.format(bg=bg, text=_e(w)) for w in words)
+    """Words as chips. A chip never breaks across lines (its spaces are non-breaking), and kohya's
+    A1111-style escapes (`\\(umamusume\\)`, written so the prompt parser reads literal brackets) are
+    shown as the plain text a user would type."""
+    return "".join(
+        CHIP.format(bg=bg, text=_e(str(w).replace("\\(", "(").replace("\\)", ")")).replace(" ", "&nbsp;"))
+        for w in words
+    )
 
 
 def trigger_words(entry) -> list[str]:
@@ -61,6 +67,8 @@ def render(entry, sha256: str | None = None) -> str:
     if entry.preview:
         out.append(f"<p><img src='{_e(entry.preview)}' width='128'></p>")
     comps = d.get("components") or {}
+    if set(comps) == {"other"} and d.get("lora"):
+        comps = {}  # an adapter's tensors are not a model component: the LoRA section says what it targets
     if comps:
         out.append("<h3>Components</h3><table cellspacing='0' cellpadding='3'>"
                    "<tr><th align='left'>name</th><th align='right'>tensors</th><th align='right'>params</th>"

@@ -126,3 +126,20 @@ def test_dropped_folder_joins_the_saved_library(qtbot, files, tmp_path):
     assert settings.library_folders() == [files["dir"]]
     _wait_rows(qtbot, w, 4)
     w.close()
+
+
+def test_a_real_lycoris_file_reads_as_a_user_would_type_its_tags(qtbot):
+    """The real LoKr from LyCORIS: kohya escapes brackets in tags (`\\(umamusume\\)`) for A1111's prompt
+    parser; the Inspector shows the words, chips don't break mid-tag, and an adapter's tensors are not
+    listed as a model component called "other"."""
+    from loadout_test_support import data_file
+
+    path = str(data_file("weights/smart_falcon_8_lokr.safetensors"))
+    w = MainWindow(paths=[path], restore_layout=False)
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitUntil(lambda: w.inspector.entry is not None, timeout=30_000)
+    text = w.inspector.text()
+    assert "(umamusume)" in text and "\\(umamusume" not in text
+    assert "lokr" in text and "Components" not in text
+    w.close()
