@@ -25,18 +25,6 @@ from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QProgressBar, QT
 
 from app import settings as app_settings
 from app.bridge import EngineClient, Job
-from app.engine_facade import (
-    Bake,
-    DetectDevices,
-    HashFiles,
-    Load,
-    LoraCoverage,
-    Pin,
-    Scan,
-    SetLoras,
-    Unload,
-    UnloadAll,
-)
 from app.excepthooks import CrashReporter, ErrorInfo
 from app.widgets.inspector import InspectorPanel
 from app.widgets.library import LibraryPanel
@@ -48,6 +36,18 @@ from engine import memory
 from engine.cli._common import human_bytes
 from engine.devices import DeviceOptions
 from engine.jobs import Progress
+from engine.requests import (
+    Bake,
+    DetectDevices,
+    HashFiles,
+    Load,
+    LoraCoverage,
+    Pin,
+    Scan,
+    SetLoras,
+    Unload,
+    UnloadAll,
+)
 
 log = logging.getLogger("loadout.app")
 # Icons live in the repository's top-level resources/ (a PyInstaller build puts them beside the code).
