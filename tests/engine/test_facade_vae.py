@@ -60,6 +60,7 @@ def test_decode_places_the_vae_in_the_ledger_and_it_stays_loaded(engine, files):
     assert row.device_bytes == row.full_bytes > 0  # fully placed, and still there after the decode
     c = engine.components[(row.path, "vae")]
     assert c.measured_tiers() == c.tier_bytes()
+    assert all(i.begin >= 0 for u in c.units for i in u.infos.values())  # read by offset, not via the mmap
     kinds = [ev.kind for ev in engine.events]
     assert kinds.index("Loaded") < kinds.index("DecodeStarted") < kinds.index("DecodeFinished")
     # a second decode reuses the loaded VAE: nothing is copied again
