@@ -171,30 +171,37 @@ class Engine:
     # -- residency --------------------------------------------------------------------------------------
 
     def _components_of(self, path: str, names: tuple[str, ...]):
+        """The file's components (those named, or every one detection found), built once and reused —
+        a VAE an earlier decode built stands for the file's `vae`, so it is never held twice."""
+        from .decoding import is_runnable
         from .model import build_components
 
         path = os.path.abspath(path)
         if not path.endswith((".safetensors", ".sft")):
             raise FormatError(f"{os.path.basename(path)}: only .safetensors files can be loaded for now.")
         have = {n: c for (p, n), c in self.components.items() if p == path}
+        runnable = next((c for c in have.values() if is_runnable(c)), None)
+        if runnable is not None:
+            have.setdefault("vae", runnable)
         if names and all(n in have for n in names):
             return [have[n] for n in names]
-        if not names and have:
-            return list(have.values())
-        built = build_components(path, _prefixes(path), report=self.report)
-        if not built:
+        prefixes = _prefixes(path)
+        todo = {n: p for n, p in prefixes.items() if n not in have}
+        if todo:
+            built = build_components(path, todo, report=self.report)
+            if "vae" in built:
+                built["vae"] = self._runnable_or(built["vae"], path)
+            for n, c in built.items():
+                self.components[(path, n)] = have[n] = c
+        if not have:
             raise FormatError(
                 f"{os.path.basename(path)}: no loadable component (UNet, text encoder, VAE) found."
             )
-        if "vae" in built and (path, "vae") not in self.components:
-            built["vae"] = self._runnable_or(built["vae"], path)
-        for n, c in built.items():
-            self.components.setdefault((path, n), c)
-        wanted = names or tuple(built)
-        missing = [n for n in wanted if (path, n) not in self.components]
+        wanted = names or tuple(prefixes)
+        missing = [n for n in wanted if n not in have]
         if missing:
             raise FormatError(f"{os.path.basename(path)} has no component {', '.join(missing)}.")
-        return [self.components[(path, n)] for n in wanted]
+        return list(dict.fromkeys(have[n] for n in wanted))
 
     def _runnable_or(self, generic, path: str):
         """The VAE with its own forward (so a later decode reuses these very weights), else the

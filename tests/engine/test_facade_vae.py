@@ -163,3 +163,11 @@ def test_a_short_budget_evicts_another_model_to_place_the_vae(files):
         assert snap.device_bytes <= 1.5 * one
     finally:
         e.close()
+
+
+def test_loading_a_checkpoint_after_decoding_with_it_reuses_the_decode_vae(engine, files):
+    engine.run(Decode(files["ckpt_vae"], files["latent"], mode="full"))
+    comp = engine.components[(os.path.abspath(files["ckpt_vae"]), "vae")]
+    snap = engine.load(files["ckpt_vae"]).snapshot
+    assert [c.name for c in snap.components] == ["vae"]  # one entry: not a second copy of the same weights
+    assert engine.components == {(os.path.abspath(files["ckpt_vae"]), "vae"): comp}
