@@ -171,3 +171,19 @@ def test_loading_a_checkpoint_after_decoding_with_it_reuses_the_decode_vae(engin
     snap = engine.load(files["ckpt_vae"]).snapshot
     assert [c.name for c in snap.components] == ["vae"]  # one entry: not a second copy of the same weights
     assert engine.components == {(os.path.abspath(files["ckpt_vae"]), "vae"): comp}
+
+
+def test_a_torch_pickle_taesd_goes_through_the_ledger_too(engine, files, tmp_path):
+    import torch
+    from vae_fixtures import small_taesd
+
+    sd = small_taesd("taesd", 4).state_dict()
+    pth = tmp_path / "taesd_decoder.pth"
+    torch.save({k.removeprefix("decoder."): v for k, v in sd.items() if k.startswith("decoder.")}, pth)
+    res = engine.run(Decode(str(pth), files["latent"], mode="full"))
+    assert (res.width, res.height) == (128, 128)
+    row = engine.snapshot().get("taesd_decoder")
+    c = engine.components[(str(pth), "taesd_decoder")]
+    assert row.device_bytes == row.full_bytes == c.measured_tiers()["device"] > 0  # copied from its views
+    engine.unload(str(pth), "taesd_decoder")
+    assert engine.snapshot().components == () and c.measured_tiers()["device"] == 0
