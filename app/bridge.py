@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.engine_facade import DetectDevices, Engine, HashFiles, LoraCoverage, Scan
 from app.excepthooks import ErrorInfo
 from engine.errors import Cancelled, EngineError
+from engine.facade import Engine
 from engine.jobs import CancelToken, Progress
+from engine.requests import DetectDevices, HashFiles, LoraCoverage, Scan
 
 log = logging.getLogger("loadout.bridge")
 # Header and file reads that never touch torch or the device run in a second thread, so a scan or a

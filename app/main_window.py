@@ -25,18 +25,6 @@ from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QProgressBar, QT
 
 from app import settings as app_settings
 from app.bridge import EngineClient, Job
-from app.engine_facade import (
-    Bake,
-    DetectDevices,
-    HashFiles,
-    Load,
-    LoraCoverage,
-    Pin,
-    Scan,
-    SetLoras,
-    Unload,
-    UnloadAll,
-)
 from app.excepthooks import CrashReporter, ErrorInfo
 from app.models.library_model import ENTRY_ROLE
 from app.widgets.inspector import InspectorPanel
@@ -49,6 +37,19 @@ from engine import memory
 from engine.cli._common import human_bytes
 from engine.devices import DeviceOptions
 from engine.jobs import Progress
+from engine.requests import (
+    Bake,
+    Configure,
+    DetectDevices,
+    HashFiles,
+    Load,
+    LoraCoverage,
+    Pin,
+    Scan,
+    SetLoras,
+    Unload,
+    UnloadAll,
+)
 
 log = logging.getLogger("loadout.app")
 # Icons live in the repository's top-level resources/ (a PyInstaller build puts them beside the code).
@@ -73,7 +74,8 @@ def _job_text(job: Job) -> str:
     labels = {"DetectDevices": "Detecting devices", "Scan": "Scanning the library", "HashFiles": "Hashing",
               "Load": f"Loading {name}", "Unload": f"Unloading {getattr(r, 'component', '')}",
               "UnloadAll": "Unloading everything", "Pin": "Pinning", "LoraCoverage": f"Coverage of {name}",
-              "SetLoras": "Applying LoRAs", "Bake": "Baking", "Decode": "Decoding", "Encode": "Encoding"}  # fmt: skip
+              "SetLoras": "Applying LoRAs", "Bake": "Baking", "Decode": "Decoding", "Encode": "Encoding",
+              "Configure": "Applying device options"}  # fmt: skip
     return labels.get(job.name, job.name)
 
 
@@ -430,17 +432,41 @@ class MainWindow(QMainWindow):
     def _on_settings_triggered(self) -> None:
         from app.settings_dialog import SettingsDialog
 
-        dlg = SettingsDialog(self)
+        snap = self.client.engine.snapshot()
+        dlg = SettingsDialog(self, options=self.options, loaded=len(snap.components) if snap else 0)
         dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dlg.accepted.connect(lambda: self._apply_settings(dlg))
+        self.settings_dialog = dlg
         dlg.open()
 
     def _apply_settings(self, dlg) -> None:
+        """Apply what Settings saved, now: the sample rate, the library folders (rescanned) and the
+        device options (the engine re-detects and rebuilds its budget; see engine.facade.configure)."""
         self.sample_timer.setInterval(round(1000 / app_settings.sample_rate_hz()))
-        added = [p for p in dlg.folders() if p not in self.paths]
-        if added:
-            self.add_paths(added, persist=False, select_first=False)
-        self.notify("Settings saved. Device options take effect the next time Loadout starts.")
+        folders = [os.path.abspath(p) for p in dlg.folders()]
+        removed = [p for p in self.paths if os.path.isdir(p) and p not in folders]
+        if removed:
+            self.paths = [p for p in self.paths if p not in removed]
+            self.library.remove_under(removed)
+        if removed or any(p not in self.paths for p in folders):
+            self.add_paths(folders, persist=False, select_first=False)  # a rescan; the cache keeps it quick
+        options = dlg.device_options()
+        if options != self.options:
+            self.options = options
+            self.submit(Configure(options))
+        else:
+            self.notify("Settings saved.")
+
+    def _on_configured(self, result) -> None:
+        self._on_devices_detected(result.report)
+        self.loaded.set_snapshot(result.snapshot)
+        self._forget_patches()
+        text = "Device options applied"
+        if result.unloaded:
+            text += f"; unloaded {', '.join(result.unloaded)}"
+        if result.evicted_bytes:
+            text += f"; {human_bytes(result.evicted_bytes)} offloaded to fit the new budget"
+        self.notify(text + ".")
 
     @Slot()
     def _on_panels_triggered(self) -> None:
@@ -459,7 +485,11 @@ class MainWindow(QMainWindow):
             f"Device: {d.name} ({d.torch_device})" if d.kind != "cpu" else f"Device: CPU ({d.name})"
         )
         self.device_label.setToolTip("\n".join(f"{x.torch_device}: {x.name}" for x in report.devices))
-        self.state_label.setText(f"VRAM state: {report.vram_state.value}")
+        cap = report.vram_budget_bytes
+        self.state_label.setText(
+            f"VRAM state: {report.vram_state.value}"
+            + (f" · cap {human_bytes(cap)}" if cap is not None else "")
+        )
         self.state_label.setToolTip(
             f"CPU state {report.cpu_state.value}. Reserved {human_bytes(report.reserve_bytes)}, minimum "
             f"inference memory {human_bytes(report.min_inference_bytes)}; VAE on {report.vae_device}"
@@ -529,6 +559,8 @@ class MainWindow(QMainWindow):
                 self.notify(f"{result.message}: {human_bytes(result.bytes)} released.")
             if name in ("Unload", "UnloadAll"):
                 self._forget_patches()
+        elif name == "Configure":
+            self._on_configured(result)
         elif name == "LoraCoverage":
             self.stack.set_coverage(result.lora, result.base, result.coverage)
         elif name == "SetLoras":

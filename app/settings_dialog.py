@@ -1,7 +1,11 @@
-"""Settings: device options (applied at the next start, as the command-line flags), library folders,
-and the memory graph's sample rate. Saved with app.settings (QSettings under LOADOUT_CONFIG_DIR)."""
+"""Settings: device options, library folders and the memory graph's sample rate — applied when the user
+presses Save (the window sends the engine a Configure request) and saved with app.settings (QSettings
+under LOADOUT_CONFIG_DIR) for the next start. Options that change where components are placed unload
+them: the dialog says how many first and lets the user cancel."""
 
 from __future__ import annotations
+
+from dataclasses import fields, replace
 
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -14,12 +18,15 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QListWidget,
+    QMessageBox,
     QPushButton,
     QVBoxLayout,
     QWidget,
 )
 
 from app import settings as S
+from engine.devices import DeviceOptions
+from engine.requests import unloads_components
 
 VRAM_MODES = (("auto", ""), ("--lowvram", "lowvram"), ("--novram", "novram"), ("--highvram", "highvram"),
               ("--gpu-only", "gpu_only"), ("--cpu", "cpu"))  # fmt: skip
@@ -44,23 +51,37 @@ def saved_device_options() -> dict:
     return out
 
 
+MODE_FLAGS = tuple(key for _, key in VRAM_MODES if key)
+
+
 class SettingsDialog(QDialog):
-    def __init__(self, parent: QWidget | None = None) -> None:
+    """`options` are the device options in effect (the command line's flags with the saved ones);
+    `loaded` is how many components are loaded now (Save warns before options unload them)."""
+
+    def __init__(
+        self, parent: QWidget | None = None, *, options: DeviceOptions | None = None, loaded: int = 0
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Loadout settings")
-        s = S.settings()
-        dev = QGroupBox("Device (takes effect at the next start)")
+        self.options = options or DeviceOptions(**saved_device_options())
+        self.loaded = loaded
+        self.confirm: QMessageBox | None = None
+        o = self.options
+        dev = QGroupBox("Device (applied when you press Save)")
         form = QFormLayout(dev)
         self.mode = QComboBox()
         for label, key in VRAM_MODES:
             self.mode.addItem(label, key)
-        self.mode.setCurrentIndex(max(0, self.mode.findData(s.value("device/mode", ""))))
+        mode = next((k for k in MODE_FLAGS if getattr(o, k)), "")
+        self.mode.setCurrentIndex(max(0, self.mode.findData(mode)))
         self.reserve = QDoubleSpinBox(suffix=" GiB", maximum=512, singleStep=0.1, specialValueText="default")
-        self.budget = QDoubleSpinBox(suffix=" GiB", maximum=4096, singleStep=0.5, specialValueText="no cap")
-        self.reserve.setValue(float(s.value("device/reserve_vram_gb", 0) or 0))
-        self.budget.setValue(float(s.value("device/vram_budget_gb", 0) or 0))
+        self.budget = QDoubleSpinBox(
+            suffix=" GiB", maximum=4096, singleStep=0.5, decimals=3, specialValueText="no cap"
+        )
+        self.reserve.setValue(o.reserve_vram_gb or 0)
+        self.budget.setValue(o.vram_budget_gb or 0)
         self.cpu_vae = QCheckBox("Run the VAE on the CPU (--cpu-vae)")
-        self.cpu_vae.setChecked(str(s.value("device/cpu_vae", "false")).lower() == "true")
+        self.cpu_vae.setChecked(o.cpu_vae)
         form.addRow("VRAM mode", self.mode)
         form.addRow("Reserve VRAM", self.reserve)
         form.addRow("VRAM budget", self.budget)
@@ -103,7 +124,50 @@ class SettingsDialog(QDialog):
         if d and d not in self.folders():
             self.list.addItem(d)
 
+    def device_options(self) -> DeviceOptions:
+        """The options in effect with the dialog's device fields (mode, reserve, budget, --cpu-vae)."""
+        kw: dict = dict.fromkeys(MODE_FLAGS, False)
+        mode = self.mode.currentData()
+        if mode:
+            kw[mode] = True
+        kw["reserve_vram_gb"] = self.reserve.value() or None
+        kw["vram_budget_gb"] = self.budget.value() or None
+        kw["cpu_vae"] = self.cpu_vae.isChecked()
+        names = {f.name for f in fields(DeviceOptions)}
+        return replace(self.options, **{k: v for k, v in kw.items() if k in names})
+
+    def unloads(self) -> bool:
+        """Whether Save would unload the loaded components (the device or placement rules change)."""
+        return self.loaded > 0 and unloads_components(self.options, self.device_options())
+
     def _on_save(self) -> None:
+        if not self.unloads():
+            self._save()
+            return
+        n = self.loaded
+        self.confirm = QMessageBox(
+            QMessageBox.Icon.Warning,
+            "Apply device options",
+            f"Applying these options unloads {n} loaded component{'s' if n != 1 else ''}.",
+            QMessageBox.StandardButton.Ok | QMessageBox.StandardButton.Cancel,
+            self,
+        )
+        self.confirm.setInformativeText(
+            "They were placed for the old device rules; load them again afterwards. Budget and reserve "
+            "changes alone keep them loaded."
+        )
+        self.confirm.button(QMessageBox.StandardButton.Ok).setText("Apply and unload")
+        self.confirm.finished.connect(self._on_confirm_finished)
+        self.confirm.open()
+
+    def _on_confirm_finished(self, result: int) -> None:
+        box, self.confirm = self.confirm, None
+        if box is not None:
+            box.deleteLater()
+        if box is not None and box.standardButton(box.clickedButton()) == QMessageBox.StandardButton.Ok:
+            self._save()
+
+    def _save(self) -> None:
         s = S.settings()
         s.setValue("device/mode", self.mode.currentData())
         s.setValue("device/reserve_vram_gb", self.reserve.value())

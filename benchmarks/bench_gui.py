@@ -100,10 +100,9 @@ def main() -> None:
     from PySide6.QtWidgets import QApplication
 
     from app import refcount_guard
-    from app.decode_adapter import Decode
-    from app.engine_facade import Load, Unload
     from app.main_window import MainWindow
     from engine import memory
+    from engine.requests import Decode, Load, Unload
 
     os.environ.setdefault("LOADOUT_CONFIG_DIR", tempfile.mkdtemp(prefix="loadout-bench-cfg-"))
     os.environ.setdefault("LOADOUT_CACHE_DIR", tempfile.mkdtemp(prefix="loadout-bench-cache-"))

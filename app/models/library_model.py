@@ -43,6 +43,10 @@ def lora_base(e) -> str:
     return base
 
 
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
 class LibraryModel(QAbstractTableModel):
     """Rows are engine.catalog.LibraryEntry objects (frozen); hashes found later are kept beside."""
 
@@ -80,6 +84,17 @@ class LibraryModel(QAbstractTableModel):
                 self._thumbs.pop(e.path, None)
                 self.dataChanged.emit(self.index(i, 0), self.index(i, len(COLUMNS) - 1))
         return added
+
+    def remove_under(self, roots: list[str]) -> int:
+        """Drop the entries inside any of `roots` (library folders the user removed); returns how many."""
+        keep = [e for e in self.entries if not any(_inside(e.path, r) for r in roots)]
+        n = len(self.entries) - len(keep)
+        if n:
+            self.beginResetModel()
+            self.entries = keep
+            self._row = {e.path: i for i, e in enumerate(keep)}
+            self.endResetModel()
+        return n
 
     def set_hash(self, path: str, sha256: str) -> None:
         self.hashes[path] = sha256

@@ -112,6 +112,11 @@ class LibraryPanel(QWidget):
         self._update_empty()
         return added
 
+    def remove_under(self, roots: list[str]) -> int:
+        n = self.model.remove_under(roots)
+        self._update_empty()
+        return n
+
     def _refill(self, box: QComboBox, values: list[str]) -> None:
         have = {box.itemData(i) for i in range(box.count())}
         for v in values:

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine_facade import StackItem
+from engine.requests import StackItem
 
 ROLE = Qt.ItemDataRole.UserRole
 

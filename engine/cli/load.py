@@ -27,10 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..detect import detect_file
-    from ..devices import detect_devices
     from ..errors import EngineError
-    from ..model import build_components
-    from ..residency import Residency
+    from ..facade import Engine
 
     det = detect_file(args.model)  # header-only and torch-free: bad input is refused before torch loads
     if det.error is not None:
@@ -38,32 +36,31 @@ def run(args: argparse.Namespace) -> int:
             print_json({"model": args.model, "error": det.error})
         print_error(det.error.get("message", f"{args.model}: cannot be read"))
         return EXIT_BAD_INPUT
-    prefixes = {n: c.prefix for n, c in det.components.items() if n != "other"}
+    names = [n for n in det.components if n != "other"]
     if args.component:
-        missing = set(args.component) - set(prefixes)
+        missing = set(args.component) - set(names)
         if missing:
-            has = ", ".join(prefixes) or "none"
+            has = ", ".join(names) or "none"
             print_error(f"no component {', '.join(sorted(missing))} in this file (it has {has})")
             return EXIT_USAGE
-        prefixes = {n: prefixes[n] for n in args.component}
+        names = list(args.component)
+    events = []
+    engine = Engine(on_event=events.append)  # the same facade the window's Load button uses
     try:
-        report = detect_devices(options_from_args(args))
+        engine.detect(options_from_args(args))
     except EngineError as e:
         print_error(e.message)
         return EXIT_USAGE
     try:
-        comps = build_components(args.model, prefixes, report=report)
+        engine.load(args.model, tuple(names))
     except EngineError as e:
         if args.json:
             print_json({"model": args.model, "error": e.to_json()})
         print_error(e.message)
         return EXIT_BAD_INPUT
-    m = Residency.from_report(report)
-    events = []
-    m.subscribe(events.append)
-    m.load(list(comps.values()))
     if args.unload_bytes:
-        m.unload(next(iter(comps.values())), args.unload_bytes)
+        engine.unload(args.model, names[0], args.unload_bytes)
+    m = engine.residency
     snap = m.snapshot()
     out = {
         "device": m.device,
@@ -86,5 +83,6 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"  {e.kind:<18} {e.component:<8} {human_bytes(e.bytes_moved):>10} in {e.duration_s * 1000:.1f} ms"
             )
-    m.unload_all()
+    engine.unload_all()
+    engine.close()
     return EXIT_OK

@@ -66,6 +66,12 @@ def _tensor_dtype(info: TensorInfo, storage: str | None):
 class Component:
     """A component built from the file's header, its parameters bound to the mmap (disk tier)."""
 
+    @staticmethod
+    def _in_file(info: TensorInfo) -> bool:
+        """Whether a move off the disk tier reads this tensor from the file by offset (a ModuleComponent
+        copies from the bound tensor where it cannot say where the tensor lies in the file)."""
+        return True
+
     def __init__(
         self,
         name: str,
@@ -201,9 +207,9 @@ class Component:
         for (attr, info), off in zip(u.infos.items(), offsets, strict=True):
             dt = _tensor_dtype(info, self.storage_dtype)
             dst = transfer.view_in(block, off, dt, info.shape)
-            if u.tier == "disk" and dt == torch_dtype(info.dtype):
+            if u.tier == "disk" and self._in_file(info) and dt == torch_dtype(info.dtype):
                 transfer.read_into(self._fd, self.data_start + info.begin, dst)
-            elif u.tier == "disk":
+            elif u.tier == "disk" and self._in_file(info):
                 tmp = torch.empty(info.shape, dtype=torch_dtype(info.dtype))
                 transfer.read_into(self._fd, self.data_start + info.begin, tmp)
                 dst.copy_(tmp)
@@ -227,9 +233,15 @@ class Component:
         for attr, info in u.infos.items():
             dt = _tensor_dtype(info, self.storage_dtype)
             dst = torch.empty(info.shape, dtype=dt, device=self.device)
-            if u.tier == "disk" and dt == torch_dtype(info.dtype) and copier is not None and copier.cuda:
+            if (
+                u.tier == "disk"
+                and self._in_file(info)
+                and dt == torch_dtype(info.dtype)
+                and copier is not None
+                and copier.cuda
+            ):
                 copier.from_file(self._fd, self.data_start + info.begin, dst)
-            elif u.tier == "disk":
+            elif u.tier == "disk" and self._in_file(info):
                 tmp = torch.empty(info.shape, dtype=torch_dtype(info.dtype))
                 transfer.read_into(self._fd, self.data_start + info.begin, tmp)
                 dst.copy_(tmp.to(dt))

@@ -125,6 +125,19 @@ class Unloading:
             freed += self.unload(c, token=token)
         return freed
 
+    def rebudget(self, policy, *, token: CancelToken | None = None) -> int:
+        """Adopt a new policy (a changed reserve or --vram-budget) keeping what is loaded, then evict by
+        policy whatever no longer fits: device bytes above the new cap, or the shortfall when free
+        memory is now below the minimum inference memory. Returns the bytes freed."""
+        self.policy = policy
+        over = 0
+        if policy.vram_budget is not None:
+            over = self._held(self.device, "device") - policy.vram_budget
+        over = max(over, policy.min_inference - self.probe())
+        freed = self.free(over, token=token) if over > 0 else 0
+        self._refresh()
+        return freed
+
     def after_job(self) -> None:
         """Call when a job ends: with disable_smart_memory everything is unloaded (ComfyUI's flag)."""
         if self.policy.disable_smart_memory:

@@ -68,7 +68,10 @@ def test_stop_during_a_decode_cancels_it_and_state_stays_consistent(qtbot, windo
     cancelled = []
     w.client.job_cancelled.connect(lambda job: cancelled.append(job.name))
     progressed = []
-    w.client.job_progress.connect(lambda job, p: progressed.append(p.done) if job.name == "Decode" else None)
+    # the VAE's load through the ledger reports progress too: wait for the tiles themselves
+    w.client.job_progress.connect(
+        lambda job, p: progressed.append(p.done) if job.name == "Decode" and p.stage == "VAE decode" else None
+    )
     dec.run_button.click()
     qtbot.waitUntil(lambda: any(d >= 1 for d in progressed), timeout=60_000)
     assert w.stop_action.isEnabled()

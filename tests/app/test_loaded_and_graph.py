@@ -6,7 +6,7 @@ from __future__ import annotations
 import psutil
 from app_test_support import wait_job
 
-from app.engine_facade import Load
+from engine.requests import Load
 
 
 def _rss() -> int:

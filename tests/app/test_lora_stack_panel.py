@@ -8,7 +8,7 @@ from pathlib import Path
 
 from app_test_support import drop, wait_job
 
-from app.engine_facade import Load, SetLoras, StackItem
+from engine.requests import Load, SetLoras, StackItem
 
 
 def _jobs(window):

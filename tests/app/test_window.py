@@ -74,7 +74,7 @@ def test_status_bar_shows_device_state_and_memory(qtbot):
     assert w.sample_timer.isActive()
     if not torch.cuda.is_available():
         assert w.device_label.text().startswith("Device: CPU")
-        assert w.state_label.text() == "VRAM state: DISABLED"
+        assert w.state_label.text() == "VRAM state: DISABLED · cap 1.0 GiB"  # --vram-budget shown
         assert w.memory_label.text().startswith("RAM free")
     assert "weight budget" in w.memory_label.text() and "GiB" in w.memory_label.text()
     # The budget respects --vram-budget 1: at most 1.0 GiB.

@@ -1,4 +1,4 @@
-"""A thin adapter between engine.patcher and loaded components (the engine has no `set_loras` yet).
+"""The facade's LoRA stack over loaded components: engine.patcher's plans set as on-the-fly patches.
 
 LoRAs are applied *on the fly*: every castable op of a loaded component gets the patcher's
 `weight_function` for its key (engine.ops runs it inside forward), so stored tensors are never
@@ -14,8 +14,9 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from engine.errors import FormatError
-from engine.jobs import Progress
+from .errors import FormatError
+from .jobs import Progress
+from .requests import Baked
 
 
 @dataclass
@@ -27,15 +28,15 @@ class StackState:
 
 
 def _entries(stack):
-    from engine.patcher import LoraEntry
+    from .patcher import LoraEntry
 
     return [LoraEntry(i.file, i.strength_model, i.strength_clip, i.enabled, n) for n, i in enumerate(stack)]
 
 
 def _patcher_for(path: str):
     """A ModelPatcher keyed by the checkpoint's own key names; shapes come from the header (no data)."""
-    from engine.formats.safetensors import read_header
-    from engine.patcher import ModelPatcher
+    from .formats.safetensors import read_header
+    from .patcher import ModelPatcher
 
     header = read_header(path)
     return ModelPatcher(dict(header.tensors))
@@ -84,7 +85,7 @@ def apply_stack(engine, base: str, comps: dict, stack, token, report) -> ApplySu
             restored.append(key)
     report(Progress("Preparing patches", len(units), len(units)))
     if engine.on_event is not None:
-        from engine.residency import Event
+        from .residency import Event
 
         for comp in sorted(set(before) | set(state.patched)):
             n = len(state.patched.get(comp, ()))
@@ -101,30 +102,28 @@ def patched_units(engine, base: str) -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in state.patched.items()} if state else {}
 
 
-def bake(req, token, report):
+def bake(base: str, stack, out: str, token, report) -> Baked:
     """Merge the stack into a new .safetensors file (atomic; never over an input)."""
-    from engine.formats.safetensors import SafetensorsFile, save_tensors
-    from engine.patcher import ModelPatcher
+    from .formats.safetensors import SafetensorsFile, save_tensors
+    from .patcher import ModelPatcher
 
-    out = os.path.abspath(req.out)
+    out = os.path.abspath(out)
     if not out.endswith(".safetensors"):
         raise FormatError("Bake writes a .safetensors file: choose a name ending in .safetensors.")
-    inputs = [req.base] + [i.file for i in req.stack]
+    inputs = [base] + [i.file for i in stack]
     if any(os.path.exists(out) and os.path.samefile(out, p) for p in inputs):
         raise FormatError(f"{os.path.basename(out)} is one of the inputs: choose another file.")
-    f = SafetensorsFile(req.base)
+    f = SafetensorsFile(base)
     patcher = ModelPatcher({k: f.tensor(k) for k in f.header.tensors})
-    rep = patcher.apply(_entries([i for i in req.stack if i.enabled]), token=token, report=report)
+    rep = patcher.apply(_entries([i for i in stack if i.enabled]), token=token, report=report)
     meta = dict(f.header.metadata)
     meta["loadout.bake"] = json.dumps(
         {
-            "base": os.path.basename(req.base),
-            "loras": [[os.path.basename(i.file), i.strength_model, i.strength_clip] for i in req.stack],
+            "base": os.path.basename(base),
+            "loras": [[os.path.basename(i.file), i.strength_model, i.strength_clip] for i in stack],
             "patched_keys": len(rep.patched),
         }
     )
     token.raise_if_cancelled()
     save_tensors(out, patcher.weights, meta)
-    from app.engine_facade import Baked
-
     return Baked(out, os.path.getsize(out))

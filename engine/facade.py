@@ -1,0 +1,304 @@
+"""The Engine facade the app and the CLI use (DESIGN.md's `engine` row): detect, configure, scan, load,
+unload, set_loras, decode, encode, plan — each long call takes `token` and `report`.
+
+Plain Python, no Qt. One instance lives in the engine thread and owns every torch object; the window
+sends frozen requests (engine.requests) that `run(request, token, report)` hands to the method of the
+same meaning. Only `snapshot()` may be read from other threads (the residency ledger is locked).
+Torch is imported by the calls, never by importing this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from . import requests as rq
+from .errors import EngineError, FormatError
+from .jobs import CancelToken, Progress, Report, no_report
+
+log = logging.getLogger("loadout.engine")
+
+
+def _prefixes(path: str) -> dict[str, str]:
+    """name -> key prefix of every component detection found. engine.model.build_components skips an
+    empty prefix (a standalone VAE or text encoder file has one), so the facade passes them itself."""
+    from .detect import detect_file
+
+    det = detect_file(path)
+    if det.error is not None and not det.components:
+        raise FormatError(f"{os.path.basename(path)}: {det.error.get('message', 'cannot be read')}")
+    return {n: c.prefix for n, c in det.components.items() if n != "other"}
+
+
+# request type name -> how run() calls the facade
+_DISPATCH: dict[str, Callable] = {
+    "DetectDevices": lambda e, r, t, p: e.detect(r.options, token=t, report=p),
+    "Configure": lambda e, r, t, p: e.configure(r.options, token=t, report=p),
+    "Scan": lambda e, r, t, p: e.scan(r.paths, token=t, report=p),
+    "HashFiles": lambda e, r, t, p: e.hash_files(r.items, token=t, report=p),
+    "Load": lambda e, r, t, p: e.load(r.path, r.components, token=t, report=p),
+    "Unload": lambda e, r, t, p: e.unload(r.path, r.component, r.nbytes, token=t),
+    "UnloadAll": lambda e, r, t, p: e.unload_all(token=t),
+    "Pin": lambda e, r, t, p: e.pin(r.path, r.component, r.pinned),
+    "LoraCoverage": lambda e, r, t, p: e.lora_coverage(r.lora, r.base),
+    "SetLoras": lambda e, r, t, p: e.set_loras(r.base, r.stack, token=t, report=p),
+    "Bake": lambda e, r, t, p: e.bake(r.base, r.stack, r.out, token=t, report=p),
+    "Decode": lambda e, r, t, p: e.decode(r, token=t, report=p),
+    "Encode": lambda e, r, t, p: e.encode(r, token=t, report=p),
+    "PlanRequest": lambda e, r, t, p: e.plan(r.model, r.loras, r.decode),
+}
+
+
+class Engine:
+    """Owns the device report, the residency manager, loaded components and their patchers."""
+
+    def __init__(self, on_event: Callable[[object], None] | None = None) -> None:
+        self.on_event = on_event
+        self.report = None  # engine.devices.DeviceReport once detected
+        self.residency = None
+        self.components: dict[tuple[str, str], object] = {}  # (path, name) -> engine.model.Component
+        self.patchers: dict[str, object] = {}  # base path -> StackState over its loaded components
+        self._unsubscribe: list[Callable[[], None]] = []
+
+    def run(self, request, token: CancelToken | None = None, report: Report = no_report):
+        """Do what a frozen request (engine.requests) asks; the bridge's one entry point."""
+        call = _DISPATCH.get(type(request).__name__)
+        if call is None:
+            raise TypeError(f"the engine does not know the request {type(request).__name__}")
+        return call(self, request, token or CancelToken(), report)
+
+    def snapshot(self):
+        """The residency ledger now (thread-safe); None before devices are detected."""
+        r = self.residency
+        return r.snapshot() if r is not None else None
+
+    def close(self) -> None:
+        """Drop every component and stop feeding the sampler (the engine thread calls this last)."""
+        for fn in self._unsubscribe:
+            fn()
+        self._unsubscribe.clear()
+        self.patchers.clear()
+        self.components.clear()
+        self.residency = None
+
+    def need_residency(self):
+        if self.residency is None:
+            raise EngineError("The device is not ready yet: wait for device detection to finish.")
+        return self.residency
+
+    # -- devices ----------------------------------------------------------------------------------------
+
+    def detect(self, options=None, *, token: CancelToken | None = None, report: Report = no_report):
+        """Import torch, detect devices with `options` and start an empty residency ledger for the
+        selected device (anything loaded before is dropped)."""
+        token = token or CancelToken()
+        token.raise_if_cancelled()
+        report(Progress("Loading torch"))
+        import torch  # noqa: F401  (seconds on a cold disk: in the engine thread, never the GUI's)
+
+        token.raise_if_cancelled()
+        report(Progress("Detecting devices"))
+        from .devices import DeviceOptions, detect_devices
+
+        rep = detect_devices(options or DeviceOptions())
+        self.close()
+        self._adopt(rep, new_ledger=True)
+        return rep
+
+    def _adopt(self, rep, *, new_ledger: bool) -> None:
+        from . import memory
+        from .residency import Residency
+
+        memory.configure(memory.target_for(rep.selected))  # the GUI's sampler may now ask torch/NVML
+        self.report = rep
+        if not new_ledger:
+            return
+        self.residency = Residency.from_report(rep)
+        self._unsubscribe.append(self.residency.register_with_sampler())
+        if self.on_event is not None:
+            self._unsubscribe.append(self.residency.subscribe(self.on_event))
+
+    def configure(self, options, *, token: CancelToken | None = None, report: Report = no_report):
+        """Apply device options now. A change of device, VRAM mode, --cpu-vae or dtype flags unloads
+        every component first (they were placed for the old rules); a change of reserve or budget
+        keeps them and evicts, by policy, what no longer fits the new budget."""
+        if self.residency is None or self.report is None:
+            rep = self.detect(options, token=token, report=report)
+            return rq.Configured(rep, self.residency.snapshot())
+        from .devices import detect_devices
+        from .residency import Policy
+
+        report(Progress("Applying device options"))
+        rep = detect_devices(options)
+        old = self.report
+        res = self.residency
+        moved = rq.unloads_components(old.options, rep.options) or (
+            rep.selected.torch_device != old.selected.torch_device
+        )
+        if moved:
+            names = tuple(c.name for c in res.snapshot().components)
+            res.unload_all()  # quick (every module back onto its file); not cancellable half-way
+            self.close()
+            self._adopt(rep, new_ledger=True)
+            return rq.Configured(rep, self.residency.snapshot(), names, 0)
+        self._adopt(rep, new_ledger=False)
+        evicted = res.rebudget(Policy.from_report(rep), token=token)
+        return rq.Configured(rep, res.snapshot(), (), evicted)
+
+    # -- library ----------------------------------------------------------------------------------------
+
+    def scan(self, paths, *, token: CancelToken | None = None, report: Report = no_report):
+        from .catalog import scan
+
+        return scan(list(paths), token=token or CancelToken(), report=report)
+
+    def hash_files(self, items, *, token: CancelToken | None = None, report: Report = no_report):
+        """SHA-256 of (path, size, mtime_ns) items the scan saw without a cached hash."""
+        from .catalog import LibraryCache, hash_missing
+
+        cache = LibraryCache()
+        try:
+            run = hash_missing(items, cache, token or CancelToken(), report)
+        finally:
+            cache.close()
+        return rq.HashResult(
+            tuple((p, h.sha256) for p, h in run.hashed.items()),
+            tuple(run.skipped.items()),
+            tuple(run.failed.items()),
+        )
+
+    # -- residency --------------------------------------------------------------------------------------
+
+    def _components_of(self, path: str, names: tuple[str, ...]):
+        """The file's components (those named, or every one detection found), built once and reused —
+        a VAE an earlier decode built stands for the file's `vae`, so it is never held twice."""
+        from .decoding import is_runnable
+        from .model import build_components
+
+        path = os.path.abspath(path)
+        if not path.endswith((".safetensors", ".sft")):
+            raise FormatError(f"{os.path.basename(path)}: only .safetensors files can be loaded for now.")
+        have = {n: c for (p, n), c in self.components.items() if p == path}
+        runnable = next((c for c in have.values() if is_runnable(c)), None)
+        if runnable is not None:
+            have.setdefault("vae", runnable)
+        if names and all(n in have for n in names):
+            return [have[n] for n in names]
+        prefixes = _prefixes(path)
+        todo = {n: p for n, p in prefixes.items() if n not in have}
+        if todo:
+            built = build_components(path, todo, report=self.report)
+            if "vae" in built:
+                built["vae"] = self._runnable_or(built["vae"], path)
+            for n, c in built.items():
+                self.components[(path, n)] = have[n] = c
+        if not have:
+            raise FormatError(
+                f"{os.path.basename(path)}: no loadable component (UNet, text encoder, VAE) found."
+            )
+        wanted = names or tuple(prefixes)
+        missing = [n for n in wanted if n not in have]
+        if missing:
+            raise FormatError(f"{os.path.basename(path)} has no component {', '.join(missing)}.")
+        return list(dict.fromkeys(have[n] for n in wanted))
+
+    def _runnable_or(self, generic, path: str):
+        """The VAE with its own forward (so a later decode reuses these very weights), else the
+        header-built component (a VAE layout engine.vae cannot run is still loadable and inspectable)."""
+        from .decoding import runnable_vae
+
+        try:
+            c = runnable_vae(path, self.report, pair=False)
+        except EngineError as e:
+            log.info("%s: its VAE loads as plain tensors (%s)", os.path.basename(path), e.message)
+            return generic
+        return c if c.name == "vae" else generic
+
+    def load(self, path: str, components=(), *, token: CancelToken | None = None, report: Report = no_report):
+        """Load the file's components (all that detection found, or those named) under the budget."""
+        res = self.need_residency()
+        comps = self._components_of(path, tuple(components))
+        before = res.snapshot()
+        snap = res.load(comps, token=token or CancelToken(), report=report)
+        added = snap.total("device_bytes") - before.total("device_bytes")
+        return rq.LedgerResult(snap, added, f"Loaded {', '.join(c.name for c in comps)}")
+
+    def _find(self, path: str, name: str):
+        c = self.components.get((os.path.abspath(path), name))
+        if c is None:
+            raise FormatError(f"{name} of {os.path.basename(path)} is not loaded.")
+        return c
+
+    def unload(self, path: str, component: str, nbytes: int | None = None, *, token=None):
+        """Unload a component (nbytes None), or free that many of its device bytes."""
+        res = self.need_residency()
+        c = self._find(path, component)
+        freed = res.unload(c, nbytes, token=token)
+        if nbytes is None:
+            self.components.pop((os.path.abspath(path), component), None)
+            self.patchers.pop(os.path.abspath(path), None)
+        what = "Unloaded" if nbytes is None else "Freed"
+        return rq.LedgerResult(res.snapshot(), freed, f"{what} {component}")
+
+    def unload_all(self, *, token=None):
+        res = self.need_residency()
+        freed = res.unload_all(token=token)
+        self.components.clear()
+        self.patchers.clear()
+        return rq.LedgerResult(res.snapshot(), freed, "Unloaded everything")
+
+    def pin(self, path: str, component: str, pinned: bool = True):
+        res = self.need_residency()
+        res.pin(self._find(path, component), pinned)
+        return rq.LedgerResult(res.snapshot(), 0, ("Pinned " if pinned else "Unpinned ") + component)
+
+    # -- LoRA -------------------------------------------------------------------------------------------
+
+    def lora_coverage(self, lora: str, base: str):
+        """DESIGN.md's coverage JSON of `lora` on `base` (headers only)."""
+        from .formats import open_index
+        from .lora.coverage import coverage
+
+        lo, ba = open_index(lora), open_index(base)
+        cov = coverage(lo, {k: tuple(v.shape) for k, v in ba.tensors.items()}, lora_path=lora, base_path=base)
+        return rq.CoverageResult(lora, base, cov.to_json())
+
+    def set_loras(self, base: str, stack, *, token: CancelToken | None = None, report: Report = no_report):
+        """Patch the loaded components of `base` on the fly as `stack` says (all or nothing)."""
+        from .stacking import apply_stack, patched_units
+
+        base = os.path.abspath(base)
+        comps = {n: c for (p, n), c in self.components.items() if p == base}
+        if not comps:
+            raise FormatError(f"Load {os.path.basename(base)} first: LoRAs are applied to a loaded model.")
+        covs = tuple(self.lora_coverage(i.file, base) for i in stack)
+        rep = apply_stack(self, base, comps, stack, token or CancelToken(), report)
+        return rq.LorasApplied(
+            base, tuple(stack), len(rep.patched), len(rep.restored), rep.unchanged, covs,
+            patched_units(self, base),
+        )  # fmt: skip
+
+    def bake(self, base: str, stack, out: str, *, token=None, report: Report = no_report):
+        from .stacking import bake
+
+        return bake(base, stack, out, token or CancelToken(), report)
+
+    # -- VAE and planning -------------------------------------------------------------------------------
+
+    def decode(self, req: rq.Decode, *, token: CancelToken | None = None, report: Report = no_report):
+        """Decode a latent file: the VAE is placed through the ledger and stays loaded afterwards."""
+        from .decoding import decode
+
+        return decode(self, req, token or CancelToken(), report)
+
+    def encode(self, req: rq.Encode, *, token: CancelToken | None = None, report: Report = no_report):
+        from .decoding import encode
+
+        return encode(self, req, token or CancelToken(), report)
+
+    def plan(self, model: str, loras=(), decode: tuple[int, int] | None = None):
+        """Will it fit? (DESIGN.md's plan JSON), for the detected device."""
+        from .plan import make_plan
+
+        return make_plan(model, loras=tuple(loras), decode=decode, report=self.report)

@@ -1,0 +1,193 @@
+"""The engine facade's requests and results: frozen dataclasses, so they can cross threads (the GUI
+sends requests through queued signals and reads results in its own thread).
+
+Torch-free and cheap to import: the GUI thread imports these before torch has loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+# -- requests ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DetectDevices:
+    options: object  # engine.devices.DeviceOptions
+
+
+@dataclass(frozen=True)
+class Scan:
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HashFiles:
+    items: tuple[tuple[str, int, int], ...]  # (path, size, mtime_ns) as the scan saw them
+
+
+@dataclass(frozen=True)
+class Load:
+    path: str
+    components: tuple[str, ...] = ()  # empty: every component detection found
+
+
+@dataclass(frozen=True)
+class Unload:
+    path: str
+    component: str
+    nbytes: int | None = None  # None: unload completely; else free this many device bytes
+
+
+@dataclass(frozen=True)
+class UnloadAll:
+    pass
+
+
+@dataclass(frozen=True)
+class Pin:
+    path: str
+    component: str
+    pinned: bool
+
+
+@dataclass(frozen=True)
+class LoraCoverage:
+    lora: str
+    base: str
+
+
+@dataclass(frozen=True)
+class StackItem:
+    file: str
+    strength_model: float = 1.0
+    strength_clip: float = 1.0
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class SetLoras:
+    base: str
+    stack: tuple[StackItem, ...]
+
+
+@dataclass(frozen=True)
+class Bake:
+    base: str
+    stack: tuple[StackItem, ...]
+    out: str
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    model: str
+    loras: tuple[str, ...] = ()
+    decode: tuple[int, int] | None = None
+
+
+# -- results ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HashResult:
+    hashed: tuple[tuple[str, str], ...]  # (path, sha256)
+    skipped: tuple[tuple[str, str], ...]
+    failed: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class LedgerResult:
+    """What a residency request did, with the ledger after it."""
+
+    snapshot: object  # engine.residency.LedgerSnapshot (frozen)
+    bytes: int = 0
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class CoverageResult:
+    lora: str
+    base: str
+    coverage: dict  # DESIGN.md's LoRA coverage JSON
+
+
+@dataclass(frozen=True)
+class LorasApplied:
+    base: str
+    stack: tuple[StackItem, ...]
+    patched: int
+    restored: int
+    unchanged: int
+    coverages: tuple[CoverageResult, ...] = field(default=())
+    patched_units: dict = field(default_factory=dict)  # component -> frozenset of module paths (read-only)
+
+
+@dataclass(frozen=True)
+class Baked:
+    out: str
+    bytes: int
+
+
+# -- device options, decode and encode ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Configure:
+    """Apply device options now: detect devices again and rebuild the residency budget. Components
+    stay loaded when only the budget changes (--reserve-vram, --vram-budget, --disable-smart-memory);
+    anything that changes where or how they are placed unloads them first (see `unloads_components`)."""
+
+    options: object  # engine.devices.DeviceOptions
+
+
+@dataclass(frozen=True)
+class Decode:
+    vae: str
+    latent: str
+    mode: str = "auto"  # auto | full | tiled
+    tile: int = 512  # output pixels (tiled mode)
+    overlap: int = 64
+
+
+@dataclass(frozen=True)
+class Encode:
+    vae: str
+    image: str
+    out: str
+    mode: str = "auto"
+    tile: int = 512
+    overlap: int = 64
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    width: int
+    height: int
+    rgb: bytes  # height * width * 3, row-major
+    info: dict  # engine.vae RunInfo JSON: mode, tiles, tile_px, estimate_bytes, ... and "vae_component"
+    seconds: float
+    source: str  # the latent (decode) or the written latent file (encode)
+
+
+@dataclass(frozen=True)
+class Configured:
+    """What Configure did: the new device report, the ledger after it and what was unloaded/evicted."""
+
+    report: object  # engine.devices.DeviceReport
+    snapshot: object  # engine.residency.LedgerSnapshot
+    unloaded: tuple[str, ...] = ()
+    evicted_bytes: int = 0
+
+
+# Options that only change the budget: the components may stay where they are.
+BUDGET_ONLY_OPTIONS = frozenset(
+    {"reserve_vram_gb", "vram_budget_gb", "inference_memory_gb", "disable_smart_memory"}
+)
+
+
+def unloads_components(old, new) -> bool:
+    """Whether moving from DeviceOptions `old` to `new` changes where or in which dtype components are
+    placed (device, VRAM mode, --cpu-vae, dtype flags): then Configure unloads everything first."""
+    return any(
+        getattr(old, f.name) != getattr(new, f.name) for f in fields(new) if f.name not in BUDGET_ONLY_OPTIONS
+    )
