@@ -99,7 +99,6 @@ def _line(**kw) -> None:
 def main() -> None:
     from PySide6.QtWidgets import QApplication
 
-    from app import refcount_guard
     from app.decode_adapter import Decode
     from app.engine_facade import Load, Unload
     from app.main_window import MainWindow
@@ -108,7 +107,6 @@ def main() -> None:
     os.environ.setdefault("LOADOUT_CONFIG_DIR", tempfile.mkdtemp(prefix="loadout-bench-cfg-"))
     os.environ.setdefault("LOADOUT_CACHE_DIR", tempfile.mkdtemp(prefix="loadout-bench-cache-"))
     app = QApplication.instance() or QApplication([])
-    refcount_guard.install(app)
     d = Path(tempfile.mkdtemp(prefix="loadout-bench-"))
     files = _files(d)
     w = MainWindow(restore_layout=False)
