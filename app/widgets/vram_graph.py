@@ -92,6 +92,9 @@ class VramGraph(QWidget):
             axis = self.plot.getAxis(side)
             axis.setTickPen(_grid_pen(self))
             axis.setStyle(tickAlpha=255, maxTickLevel=1)  # opaque major and minor lines, no third level
+            # Axes sit above the plot's ViewBox in pyqtgraph: an opaque grid would hide a curve lying on a
+            # grid line (device total at 12 GiB). Behind the (transparent) ViewBox, the data is drawn over it.
+            axis.setZValue(-200)
         self.plot.setMouseEnabled(x=True, y=True)
         # Draw only what is in view, at most a few points per pixel: the cost stays flat as history grows.
         self.plot.setClipToView(True)
