@@ -238,11 +238,11 @@ class VramGraph(QWidget):
 
     def redraw_interval_s(self) -> float:
         """Seconds between redraws while following: the time the view takes to scroll SCROLL_STEP_PX,
-        between one tick and MAX_REDRAW_INTERVAL_S. Panned or zoomed by hand: every tick (it is cheap
-        to be responsive there, and the view no longer scrolls)."""
+        between one tick and MAX_REDRAW_INTERVAL_S. Panned or zoomed by hand the view stands still and
+        new samples land at its edge, if in view at all: the longest interval."""
         tick = REDRAW_TICK_MS / 1000
         if not self.follow:
-            return tick
+            return MAX_REDRAW_INTERVAL_S
         span = self.window_s or (float(self.history.t[-1]) if len(self.history) else 0.0)
         width = max(1, self.plot.getViewBox().width())
         return min(MAX_REDRAW_INTERVAL_S, max(tick, span * SCROLL_STEP_PX / width))
@@ -397,7 +397,7 @@ class VramGraph(QWidget):
     def _on_range_changed_manually(self, *_):
         if self.follow:
             self.follow = False
-            self._dirty = True  # the next tick hands pyqtgraph the whole history, to pan through
+            self.redraw()  # hand pyqtgraph the whole history at once, to pan and zoom through
 
     def _ask_export(self, fmt: str) -> None:
         path, _ = QFileDialog.getSaveFileName(self, f"Export the graph as {fmt.upper()}", f"loadout-memory.{fmt}",

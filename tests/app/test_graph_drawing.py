@@ -119,9 +119,8 @@ def test_pan_stops_following_and_hands_over_the_whole_history(qtbot, graph):
     handed = lambda: g.curves["ram"].getOriginalDataset()[0]  # noqa: E731 - what the graph gave pyqtgraph
     assert handed()[0] > 5  # following: only the window was handed over
     g.plot.getViewBox().sigRangeChangedManually.emit([True, False])  # as a mouse drag does
-    assert not g.follow
-    g.redraw(force=True)
-    assert handed()[0] == 0.0
+    assert not g.follow and handed()[0] == 0.0  # at once, not at the next tick
+    assert g.redraw_interval_s() == 1.0  # the view stands still: redrawn once a second at most
     g.follow_button.click()
     assert g.follow and handed()[0] > 5
 
