@@ -146,3 +146,12 @@ def test_history_trims_to_capacity_and_keeps_order_and_maxima():
     # maxima are over what is kept once compaction has dropped the old samples
     assert h.line_max["ram"] <= 30 - 13 and h.line_max["used"] == 22 and h.line_max["allocated"] == 0.0
     assert h.stack_max >= 0.5
+
+
+def test_startup_objects_are_frozen_once_devices_are_detected(window):
+    """torch and the window's objects leave the collector's reach: a full collection in the engine
+    thread then no longer holds the GIL for ~0.2 s (the window's worst stall while decoding)."""
+    import gc
+
+    assert window.report is not None
+    assert gc.get_freeze_count() > 10_000
