@@ -6,6 +6,7 @@ changed, and never while paused, hidden (a closed or background dock tab) or min
 from __future__ import annotations
 
 import csv
+import math
 import time
 
 import numpy as np
@@ -335,10 +336,14 @@ class VramGraph(QWidget):
             item.setData(xs, ys, connect="pairs", skipFiniteCheck=True)
 
     def _ymax(self) -> float:
-        """The highest value any shown line or the stacked bands reached in the kept history (GiB)."""
+        """The highest value any shown line or the stacked bands reached in the kept history (GiB),
+        rounded up to an eighth of its power of two: while memory climbs (a load) the y range, the
+        left axis and the event markers change every ~12 %, not at every redraw."""
         h = self.history
         shown = ["ram", "reserved"] + (["total", "used"] if self.device_box.isChecked() else [])
-        return max(0.01, h.stack_max, *(h.line_max[k] for k in shown))
+        v = max(0.01, h.stack_max, *(h.line_max[k] for k in shown))
+        step = 2.0 ** (math.floor(math.log2(v)) - 3)
+        return math.ceil(v / step) * step
 
     def _set_ranges(self, right: float, ymax: float) -> None:
         left = max(0.0, right - self.window_s) if self.window_s else 0.0

@@ -72,6 +72,10 @@ def test_plotted_data_equals_the_samples_kept(qtbot, graph):
     np.testing.assert_allclose(_curve_at(g.area_items["unet"], t), unet, atol=1e-12)
     np.testing.assert_allclose(_curve_at(g.area_items["vae"], t), unet + vae, atol=1e-12)
     assert g.area_top_bytes("vae") == 160 << 20 and g.area_top_bytes("unet") == 0
+    # the y range starts at 0 and shows everything, with the event markers' row above it
+    bottom, top = g.plot.getViewBox().viewRange()[1]
+    highest = max(np.nanmax(g.lines[k]) for k in ("used", "total", "ram", "reserved"))
+    assert bottom == 0 and highest < top < 1.25 * highest
 
 
 def test_redraws_are_throttled_and_follow_the_newest_sample(qtbot, graph):
