@@ -5,6 +5,7 @@ Everything engine-side goes through app.bridge.EngineClient; the GUI thread neve
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -77,6 +78,20 @@ def _job_text(job: Job) -> str:
               "SetLoras": "Applying LoRAs", "Bake": "Baking", "Decode": "Decoding", "Encode": "Encoding",
               "Configure": "Applying device options"}  # fmt: skip
     return labels.get(job.name, job.name)
+
+
+_frozen = False
+
+
+def _freeze_startup_objects() -> None:
+    """Once torch is imported (first device detection), move the ~200k objects of startup out of the
+    collector's reach: a full collection (Python's own, or one the engine asks for) then scans only
+    what came after — a few ms instead of ~0.2 s with the GIL held, while the window cannot paint or
+    react. Once per process: later objects stay collectable (cyclic garbage of frozen ones would not)."""
+    global _frozen
+    if not _frozen:
+        _frozen = True
+        gc.freeze()
 
 
 class MainWindow(QMainWindow):
@@ -479,6 +494,7 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_devices_detected(self, report) -> None:
         self.report = report
+        _freeze_startup_objects()
         d = report.selected
         log.info("device %s (%s), VRAM state %s", d.torch_device, d.name, report.vram_state.value)
         self.device_label.setText(

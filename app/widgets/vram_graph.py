@@ -1,15 +1,18 @@
 """The live memory graph (pyqtgraph): device used/total, torch allocated/reserved, this process's RAM,
 loaded components as stacked areas, and event markers with labels on hover. Fed with MemorySamples
-by the window's GUI-thread timer; redraws are throttled and skipped while paused or hidden."""
+by the window's GUI-thread timer (~10/s); drawing runs on its own slower timer, only when something
+changed, and never while paused, hidden (a closed or background dock tab) or minimised."""
 
 from __future__ import annotations
 
 import csv
+import math
 import time
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QColor, QHideEvent, QPalette, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -23,14 +26,43 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-GIB = 1024**3
+from app.widgets.graph_history import GIB, LINES, SampleHistory
+
 WINDOWS = (("30 s", 30.0), ("2 min", 120.0), ("10 min", 600.0), ("All", 0.0))
 MAX_SAMPLES = 20 * 60 * 30  # 30 minutes at 20 samples/s
-REDRAW_MIN_S = 0.25  # at most 4 redraws a second: samples still arrive at ~10/s
+# Drawing is throttled to what the eye can see: samples arrive at ~10/s, but a redraw happens only when
+# the view would scroll by SCROLL_STEP_PX (the 2-minute window on a 700 px plot: every ~0.5 s), and
+# never more often than 4 times or less often than once a second. Each redraw costs ~5-10 ms of the
+# GUI thread (pyqtgraph setData + repaint), so this keeps the graph near 1 % of one core.
+REDRAW_TICK_MS = 250
+MAX_REDRAW_INTERVAL_S = 1.0
+SCROLL_STEP_PX = 3.0
+Y_HEADROOM = 1.06  # the top of the y range over the highest value (markers sit at 1.02)
 AREA_COLORS = ("#6c5ce7", "#00b894", "#fdcb6e", "#e17055", "#0984e3", "#d63031", "#a29bfe", "#55efc4")
 EVENT_COLORS = {"Loaded": "#27ae60", "PartiallyOffloaded": "#e67e22", "Moved": "#2980b9", "Evicted": "#c0392b",
                 "Unloaded": "#7f8c8d", "Patched": "#e84393", "Unpatched": "#b2bec3",
                 "DecodeStarted": "#8e44ad", "DecodeFinished": "#8e44ad", "Cancelled": "#2d3436"}  # fmt: skip
+
+
+def runs_compressed(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop the inner points of runs of equal values: the polyline is the same (a flat segment), but
+    memory curves are mostly flat, so pyqtgraph draws tens of points instead of thousands — its area
+    fills are split into a fillPath call per 50 points, which dominated the graph's paint time."""
+    if len(y) <= 2:
+        return x, y
+    keep = np.ones(len(y), dtype=bool)
+    keep[1:-1] = (y[1:-1] != y[:-2]) | (y[1:-1] != y[2:])  # NaN never equals: unknown points stay
+    return x[keep], y[keep]
+
+
+def _grid_pen(widget: QWidget) -> pg.QtGui.QPen:
+    """An opaque grid colour, 20 % of the text colour over the background. pyqtgraph's own grid
+    (alpha=0.2) draws translucent lines, which Qt's raster engine blends slowly: it was most of the
+    graph's cost (≈4 ms of a 7 ms repaint at 800×330, measured with QPicture playback)."""
+    pal = widget.palette()
+    fg, bg = pal.color(QPalette.ColorRole.WindowText), pal.color(QPalette.ColorRole.Window)
+    mix = QColor(*(round(0.8 * b + 0.2 * f) for f, b in zip(fg.getRgb()[:3], bg.getRgb()[:3], strict=True)))
+    return pg.mkPen(mix)
 
 
 class VramGraph(QWidget):
@@ -39,18 +71,18 @@ class VramGraph(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.t0: float | None = None
-        self.t: list[float] = []
-        self.lines: dict[str, list[float]] = {
-            k: [] for k in ("used", "total", "allocated", "reserved", "ram")
-        }
-        self.areas: dict[str, list[float]] = {}  # component label -> device bytes per sample (0 when absent)
+        self.history = SampleHistory(MAX_SAMPLES)
         self.events: list[tuple[float, str, str]] = []  # (t, kind, label)
         self.device_label = "Device"
         self.paused = False
         self.follow = True
         self.window_s = 120.0
-        self._last_draw = 0.0
         self.draws = 0
+        self._last_draw = 0.0  # time.monotonic() of the last redraw
+        self._dirty = False
+        self._markers_drawn = (0, 0.0)  # (events drawn, their height): redo the scatter only on change
+        self._y_top = 0.0
+        self._info_text = ""
 
         pg.setConfigOptions(antialias=False)
         self.plot = pg.PlotWidget(background=None)
@@ -58,11 +90,21 @@ class VramGraph(QWidget):
         # pyqtgraph rescales small ranges with an SI prefix ("GiB (x0.001)"): meaningless for binary units.
         self.plot.getAxis("left").enableAutoSIPrefix(False)
         self.plot.setLabel("bottom", "seconds")
-        self.plot.showGrid(x=True, y=True, alpha=0.2)
+        self.plot.showGrid(x=True, y=True, alpha=1.0)
+        for side in ("left", "bottom"):
+            axis = self.plot.getAxis(side)
+            axis.setTickPen(_grid_pen(self))
+            axis.setStyle(tickAlpha=255, maxTickLevel=1)  # opaque major and minor lines, no third level
+            # Axes sit above the plot's ViewBox in pyqtgraph: an opaque grid would hide a curve lying on a
+            # grid line (device total at 12 GiB). Behind the (transparent) ViewBox, the data is drawn over it.
+            axis.setZValue(-200)
         self.plot.setMouseEnabled(x=True, y=True)
         # Draw only what is in view, at most a few points per pixel: the cost stays flat as history grows.
         self.plot.setClipToView(True)
         self.plot.setDownsampling(auto=True, mode="peak")
+        # The y range comes from running maxima kept with the samples (see _set_ranges): pyqtgraph's
+        # auto-range would scan every item's data on every redraw.
+        self.plot.disableAutoRange()
         self.legend = self.plot.addLegend(offset=(8, 8), labelTextSize="8pt")
         vb = self.plot.getViewBox()
         vb.sigRangeChangedManually.connect(self._on_range_changed_manually)
@@ -76,7 +118,12 @@ class VramGraph(QWidget):
         self.area_items: dict[str, pg.PlotDataItem] = {}
         self.markers = pg.ScatterPlotItem(size=9, hoverable=True, tip=self._tip, hoverSize=13)
         self.plot.addItem(self.markers)
-        self.marker_lines: list[pg.InfiniteLine] = []
+        # One dotted-line item per event kind, each event a vertical segment from 0 up to its marker:
+        # a handful of items however many events a session has (one InfiniteLine each cost ~0.2 ms a frame).
+        self.marker_lines: dict[str, pg.PlotCurveItem] = {}
+        self.redraw_timer = QTimer(self)
+        self.redraw_timer.setInterval(REDRAW_TICK_MS)
+        self.redraw_timer.timeout.connect(self._on_redraw_timer)
 
         self.window_box = QComboBox()
         for label, s in WINDOWS:
@@ -117,38 +164,45 @@ class VramGraph(QWidget):
         lay.addWidget(self.info)
         lay.addWidget(self.plot, 1)
 
+    # -- what is kept (views of the history, in GiB) -----------------------------------------------------
+
+    @property
+    def t(self) -> np.ndarray:
+        """Sample times in seconds since the first sample."""
+        return self.history.t
+
+    @property
+    def lines(self) -> dict[str, np.ndarray]:
+        return self.history.lines
+
+    @property
+    def areas(self) -> dict[str, np.ndarray]:
+        return self.history.areas
+
     # -- data in --------------------------------------------------------------------------------------
 
     def add_sample(self, s) -> None:
-        """Append one engine.memory.MemorySample (frozen) and redraw if due."""
+        """Append one engine.memory.MemorySample (frozen); it is drawn at the next redraw tick."""
         if self.t0 is None:
             self.t0 = s.monotonic
+            if not self._device_box_touched:
+                self.device_box.blockSignals(True)
+                self.device_box.setChecked(not s.device_is_ram)
+                self.device_box.blockSignals(False)
+                self._apply_device_lines()
         self.device_label = s.device_label
-        if self.t0 == s.monotonic and not self._device_box_touched:
-            self.device_box.blockSignals(True)
-            self.device_box.setChecked(not s.device_is_ram)
-            self.device_box.blockSignals(False)
-            self._apply_device_lines()
-        self.t.append(s.monotonic - self.t0)
-        L = self.lines
-        L["used"].append(s.device_used / GIB)
-        L["total"].append(s.device_total / GIB)
-        L["allocated"].append((s.torch_allocated or 0) / GIB if s.torch_allocated is not None else np.nan)
-        L["reserved"].append((s.torch_reserved or 0) / GIB if s.torch_reserved is not None else np.nan)
-        L["ram"].append(s.process_rss / GIB)
-        n = len(self.t)
-        present = {c.name: c.device_bytes / GIB for c in s.residency}
-        for label in present:
-            if label not in self.areas:
-                self.areas[label] = [0.0] * (n - 1)
-        for label, col in self.areas.items():
-            col.append(present.get(label, 0.0))
-        if n > MAX_SAMPLES:
-            cut = n - MAX_SAMPLES
-            del self.t[:cut]
-            for col in (*L.values(), *self.areas.values()):
-                del col[:cut]
-        self.redraw()
+        nan = np.nan
+        values = {
+            "used": s.device_used / GIB,
+            "total": s.device_total / GIB,
+            "allocated": s.torch_allocated / GIB if s.torch_allocated is not None else nan,
+            "reserved": s.torch_reserved / GIB if s.torch_reserved is not None else nan,
+            "ram": s.process_rss / GIB,
+        }
+        self.history.append(
+            s.monotonic - self.t0, values, {c.name: c.device_bytes / GIB for c in s.residency}
+        )
+        self._dirty = True
 
     def add_event(self, event) -> None:
         """A residency / patch / decode event: a marker at its time with a hover label."""
@@ -162,65 +216,156 @@ class VramGraph(QWidget):
         if event.duration_s:
             label += f" · {event.duration_s * 1000:.0f} ms"
         self.events.append((t, event.kind, label))
-        color = EVENT_COLORS.get(event.kind, "#2d3436")
-        line = pg.InfiniteLine(pos=t, angle=90, pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DotLine))
-        self.plot.addItem(line)
-        self.marker_lines.append(line)
-        self.redraw(force=True)
+        self._dirty = True  # drawn with the next tick: a burst of events is one redraw, not one each
 
     # -- drawing ---------------------------------------------------------------------------------------
 
+    def should_draw(self) -> bool:
+        """Whether drawing would be seen: not paused, shown (an open, front dock tab), not minimised."""
+        win = self.window()
+        return not self.paused and self.isVisible() and not (win is not None and win.isMinimized())
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        self.redraw_timer.start()
+        if self._dirty:  # catch up at once with what arrived while hidden
+            self.redraw()
+
+    def hideEvent(self, event: QHideEvent) -> None:
+        super().hideEvent(event)
+        self.redraw_timer.stop()
+
+    @Slot()
+    def _on_redraw_timer(self) -> None:
+        due = time.monotonic() - self._last_draw >= self.redraw_interval_s() - 0.01
+        if self._dirty and due and self.should_draw():
+            self.redraw()
+
+    def redraw_interval_s(self) -> float:
+        """Seconds between redraws while following: the time the view takes to scroll SCROLL_STEP_PX,
+        between one tick and MAX_REDRAW_INTERVAL_S. Panned or zoomed by hand the view stands still and
+        new samples land at its edge, if in view at all: the longest interval."""
+        tick = REDRAW_TICK_MS / 1000
+        if not self.follow:
+            return MAX_REDRAW_INTERVAL_S
+        span = self.window_s or (float(self.history.t[-1]) if len(self.history) else 0.0)
+        width = max(1, self.plot.getViewBox().width())
+        return min(MAX_REDRAW_INTERVAL_S, max(tick, span * SCROLL_STEP_PX / width))
+
     def redraw(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if self.paused or not self.t or (not force and now - self._last_draw < REDRAW_MIN_S):
+        """Draw what is kept now, unless paused; `force` draws even while hidden (export, controls)."""
+        if self.paused or not len(self.history) or not (force or self.should_draw()):
             return
-        if not self.isVisible() and not force:
-            return
-        self._last_draw = now
+        self._dirty = False
+        self._last_draw = time.monotonic()
         self.draws += 1
-        x = np.asarray(self.t)
+        h = self.history
+        x = h.t
+        lo = 0
+        if self.follow and self.window_s:
+            # Following: hand pyqtgraph only the samples in view (and one before, so the lines reach the edge).
+            lo = max(0, int(np.searchsorted(x, x[-1] - self.window_s * 1.02)) - 1)
+        xs = x[lo:]
+        # Following a window, the data handed over is already clipped, and small: pyqtgraph's own
+        # clip-to-view and downsampling would only redo every curve again when the range moves.
+        decimate = not (self.follow and self.window_s) or len(xs) > 4 * self.plot.getViewBox().width()
+        self._draw_lines(xs, lo, decimate)
+        self._draw_areas(xs, lo, decimate)
+        ymax = self._ymax()
+        if self.events and self._markers_drawn != (len(self.events), ymax):
+            self._markers_drawn = (len(self.events), ymax)
+            self._draw_events(ymax * 1.02)
+        if self.follow:
+            self._set_ranges(float(x[-1]), ymax)
+        last = {k: float(h.line(k)[-1]) for k in ("used", "total", "ram")}
+        text = (f"{self.device_label}: {last['used']:.2f} of {last['total']:.2f} GiB · "
+                f"RAM {last['ram']:.2f} GiB")  # fmt: skip
+        if text != self._info_text:
+            self._info_text = text
+            self.info.setText(text)
+
+    def _draw_lines(self, xs: np.ndarray, lo: int, decimate: bool) -> None:
+        h = self.history
         for k, c in self.curves.items():
-            y = np.asarray(self.lines[k], dtype=float)
-            c.setData(x, y, connect="finite")
-        base = np.zeros_like(x)
-        for i, (label, col) in enumerate(self.areas.items()):
-            top = base + np.asarray(col)
+            if not c.isVisible():  # device lines switched off: set when switched on (a forced redraw)
+                continue
+            c.setClipToView(decimate)
+            c.setDownsampling(auto=decimate)
+            y = h.line(k)[lo:]
+            if k in ("allocated", "reserved") and h.line_max[k] == 0.0 and not np.isfinite(y).any():
+                if c.xData is not None and len(c.xData):  # unknown here (no torch allocator): nothing to draw
+                    c.setData([], [])
+            elif k in ("allocated", "reserved"):
+                c.setData(*runs_compressed(xs, y), connect="finite")
+            else:
+                c.setData(*runs_compressed(xs, y), connect="all", skipFiniteCheck=True)
+
+    def _draw_areas(self, xs: np.ndarray, lo: int, decimate: bool) -> None:
+        """Stacked bands, bottom-up in the order components first appeared; items are made once."""
+        base = np.zeros(len(xs))
+        for i, (label, col) in enumerate(self.history.areas.items()):
+            top = base + col[lo:]
             item = self.area_items.get(label)
             if item is None:
                 color = pg.mkColor(AREA_COLORS[i % len(AREA_COLORS)])
                 fill = pg.mkColor(color)
                 fill.setAlpha(110)
                 item = self.area_items[label] = pg.PlotDataItem(
-                    pen=pg.mkPen(color, width=1), brush=fill, name=label
+                    pen=pg.mkPen(color, width=1), brush=fill, name=label, fillLevel=0.0
                 )
+                item.setZValue(-10 - i)  # earlier components in front, stacked bottom-up
                 self.plot.addItem(item)
-            item.setData(x, top)
-            item.setFillLevel(0.0)
-            item.setZValue(-10 - i)  # earlier components in front, stacked bottom-up
+            item.setClipToView(decimate)
+            item.setDownsampling(auto=decimate)
+            item.setData(*runs_compressed(xs, top), connect="all", skipFiniteCheck=True)
             base = top
-        if self.events:
-            shown = ["ram", "reserved"] + (["total", "used"] if self.device_box.isChecked() else [])
-            vals = np.concatenate([np.asarray(self.lines[k], dtype=float) for k in shown] + [base])
-            vals = vals[np.isfinite(vals)]
-            ymax = max(float(vals.max()) if len(vals) else 0.0, 0.01)
-            self.markers.setData(
-                [e[0] for e in self.events], [ymax * 1.02] * len(self.events),
-                brush=[pg.mkBrush(EVENT_COLORS.get(e[1], "#2d3436")) for e in self.events],
-                data=[e[2] for e in self.events],
-            )  # fmt: skip
-        if self.follow:
-            right = x[-1]
-            left = max(0.0, right - self.window_s) if self.window_s else 0.0
-            self.plot.setXRange(left, max(right, left + 1), padding=0.01)
-            self.plot.enableAutoRange(axis="y")
-        last = self.lines
-        self.info.setText(f"{self.device_label}: {last['used'][-1]:.2f} of {last['total'][-1]:.2f} GiB · "
-                          f"RAM {last['ram'][-1]:.2f} GiB")  # fmt: skip
+
+    def _draw_events(self, y: float) -> None:
+        """The hoverable markers at height `y` and, per kind, dotted lines from 0 up to them."""
+        ev = self.events
+        self.markers.setData([e[0] for e in ev], [y] * len(ev), data=[e[2] for e in ev],
+                             brush=[pg.mkBrush(EVENT_COLORS.get(e[1], "#2d3436")) for e in ev])  # fmt: skip
+        by_kind: dict[str, list[float]] = {}
+        for t, kind, _ in ev:
+            by_kind.setdefault(kind, []).append(t)
+        for kind, ts in by_kind.items():
+            item = self.marker_lines.get(kind)
+            if item is None:
+                pen = pg.mkPen(EVENT_COLORS.get(kind, "#2d3436"), width=1, style=Qt.PenStyle.DotLine)
+                item = self.marker_lines[kind] = pg.PlotCurveItem(pen=pen)
+                item.setZValue(-1)
+                self.plot.addItem(item)
+            xs = np.repeat(np.asarray(ts), 2)
+            ys = np.tile([0.0, y], len(ts))
+            item.setData(xs, ys, connect="pairs", skipFiniteCheck=True)
+
+    def _ymax(self) -> float:
+        """The highest value any shown line or the stacked bands reached in the kept history (GiB),
+        rounded up to an eighth of its power of two: while memory climbs (a load) the y range, the
+        left axis and the event markers change every ~12 %, not at every redraw."""
+        h = self.history
+        shown = ["ram", "reserved"] + (["total", "used"] if self.device_box.isChecked() else [])
+        v = max(0.01, h.stack_max, *(h.line_max[k] for k in shown))
+        step = 2.0 ** (math.floor(math.log2(v)) - 3)
+        return math.ceil(v / step) * step
+
+    def _set_ranges(self, right: float, ymax: float) -> None:
+        left = max(0.0, right - self.window_s) if self.window_s else 0.0
+        vb = self.plot.getViewBox()
+        top = ymax * Y_HEADROOM
+        if top != self._y_top:
+            self._y_top = top
+            vb.setRange(xRange=(left, max(right, left + 1)), yRange=(0.0, top), padding=0.0)
+        else:
+            vb.setXRange(left, max(right, left + 1), padding=0.0)
+        # Apply the new range to the view transform now: left to pyqtgraph's prepare-for-paint, the
+        # transform change lands during the paint and schedules a second full repaint of the plot.
+        vb.updateMatrix()
 
     def area_top_bytes(self, label: str) -> float:
         """The newest height of `label`'s band in bytes (tests compare it with the ledger)."""
-        col = self.areas.get(label)
-        return col[-1] * GIB if col else 0.0
+        col = self.history.areas.get(label)
+        return float(col[-1]) * GIB if col is not None and len(col) else 0.0
 
     @staticmethod
     def _tip(x, y, data) -> str:
@@ -254,11 +399,14 @@ class VramGraph(QWidget):
     @Slot()
     def _on_follow_clicked(self) -> None:
         self.follow = True
+        self._y_top = 0.0  # the user may have zoomed y: set it again
         self.redraw(force=True)
 
     @Slot(object)
     def _on_range_changed_manually(self, *_):
-        self.follow = False
+        if self.follow:
+            self.follow = False
+            self.redraw()  # hand pyqtgraph the whole history at once, to pan and zoom through
 
     def _ask_export(self, fmt: str) -> None:
         path, _ = QFileDialog.getSaveFileName(self, f"Export the graph as {fmt.upper()}", f"loadout-memory.{fmt}",
@@ -268,18 +416,15 @@ class VramGraph(QWidget):
 
     def export_csv(self, path: str) -> None:
         """Every sample kept: time and each line and component band, in bytes."""
-        comps = list(self.areas)
+        h = self.history
+        areas = h.areas
+        cols = [np.rint(h.line(k) * GIB) for k in LINES] + [np.rint(a * GIB) for a in areas.values()]
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["t_s", "device_used", "device_total", "torch_allocated", "torch_reserved", "process_rss",
-                        *comps])  # fmt: skip
-            for i, t in enumerate(self.t):
-                row = [f"{t:.3f}"]
-                for k in ("used", "total", "allocated", "reserved", "ram"):
-                    v = self.lines[k][i]
-                    row.append("" if v != v else int(round(v * GIB)))
-                row += [int(round(self.areas[c][i] * GIB)) for c in comps]
-                w.writerow(row)
+                        *areas])  # fmt: skip
+            for i, t in enumerate(h.t.tolist()):
+                w.writerow([f"{t:.3f}", *("" if v != v else int(v) for v in (c[i] for c in cols))])
             for t, kind, label in self.events:
                 w.writerow([f"# event {t:.3f}", kind, label])
         self.exported.emit(path)

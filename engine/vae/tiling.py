@@ -107,13 +107,16 @@ class DiskStore(TileStore):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def release_memory() -> None:
+def release_memory(collect: bool = True) -> None:
     """Hand freed memory back to the OS: glibc keeps freed heap pages (its mmap threshold rises after
     big frees, so later tensors land on the heap), which would make RSS grow tile after tile and stay
-    up after a cancelled decode. malloc_trim(0) returns them; a no-op elsewhere."""
+    up after a cancelled decode. malloc_trim(0) returns them; a no-op elsewhere. `collect` first runs
+    a full gc.collect(), which holds the GIL (~0.3 s with torch and the Qt app loaded): per attempt,
+    not per tile, or the window freezes while a decode runs."""
     import gc
 
-    gc.collect()
+    if collect:
+        gc.collect()
     global _libc
     if _libc is None:
         try:
@@ -243,7 +246,7 @@ def run_tiled(
                     _blend_into(out, wsum, x.float(), t, scale, blend, latent_hw)
                 del x, stack
                 if x_whole.device.type == "cpu":
-                    release_memory()  # tiles differ in size: without this the heap fragments and grows
+                    release_memory(collect=False)  # tiles differ in size: else the heap fragments, grows
                 done += 1
                 report(Progress(stage, done, total, f"pass {p + 1}/{len(segs)}, tile {i + 1}/{len(tiles)}"))
             if not last:
