@@ -105,7 +105,14 @@ class VramGraph(QWidget):
         # The y range comes from running maxima kept with the samples (see _set_ranges): pyqtgraph's
         # auto-range would scan every item's data on every redraw.
         self.plot.disableAutoRange()
-        self.legend = self.plot.addLegend(offset=(8, 8), labelTextSize="8pt")
+        # An opaque box (cheap to paint, unlike a translucent one) in the window's own colours: the curves
+        # under the top-left corner are the oldest samples, and the labels stay readable over them.
+        pal = self.palette()
+        self.legend = self.plot.addLegend(
+            offset=(8, 8), labelTextSize="8pt", labelTextColor=pal.text().color(),
+            brush=pg.mkBrush(pal.base().color()), pen=pg.mkPen(pal.mid().color()),
+        )  # fmt: skip
+        self.legend.setColumnCount(3)  # a wide, low box: it covers less of the curves than a tall one
         vb = self.plot.getViewBox()
         vb.sigRangeChangedManually.connect(self._on_range_changed_manually)
         self.curves = {
@@ -137,6 +144,7 @@ class VramGraph(QWidget):
                                    "machine's RAM, whose use is mostly other programs)")  # fmt: skip
         self.device_box.setChecked(True)
         self._device_box_touched = False
+        self._device_is_ram = False  # set from the first sample: then torch lines leave the legend
         self.device_box.toggled.connect(self._on_device_lines_toggled)
         self.follow_button = QPushButton("Follow")
         self.follow_button.setToolTip("Scroll with the newest samples again after panning or zooming")
@@ -185,11 +193,12 @@ class VramGraph(QWidget):
         """Append one engine.memory.MemorySample (frozen); it is drawn at the next redraw tick."""
         if self.t0 is None:
             self.t0 = s.monotonic
+            self._device_is_ram = bool(s.device_is_ram)
             if not self._device_box_touched:
                 self.device_box.blockSignals(True)
                 self.device_box.setChecked(not s.device_is_ram)
                 self.device_box.blockSignals(False)
-                self._apply_device_lines()
+            self._apply_device_lines()
         self.device_label = s.device_label
         nan = np.nan
         values = {
@@ -383,6 +392,22 @@ class VramGraph(QWidget):
         on = self.device_box.isChecked()
         for k in ("used", "total"):
             self.curves[k].setVisible(on)
+        self._rebuild_legend()
+
+    def _rebuild_legend(self) -> None:
+        """List only what is drawn: hidden device lines would keep an entry with a crossed-out eye (it
+        reads as a broken icon), and torch's allocated/reserved have no values when the device is the
+        machine's RAM. Rebuilt whole, as pyqtgraph leaves a hole where an entry is removed."""
+        self.legend.clear()
+        names = {"total": "device total", "used": "device used", "reserved": "torch reserved",
+                 "allocated": "torch allocated", "ram": "process RAM"}  # fmt: skip
+        for k, curve in self.curves.items():
+            if k in ("reserved", "allocated") and self._device_is_ram:
+                continue
+            if curve.isVisible():
+                self.legend.addItem(curve, names[k])
+        for label, item in self.area_items.items():
+            self.legend.addItem(item, label)
 
     @Slot(bool)
     def _on_device_lines_toggled(self, _on: bool) -> None:

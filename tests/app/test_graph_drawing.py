@@ -159,3 +159,22 @@ def test_startup_objects_are_frozen_once_devices_are_detected(window):
 
     assert window.report is not None
     assert gc.get_freeze_count() > 10_000
+
+
+def _legend(g: VramGraph) -> list[str]:
+    return [label.text for _, label in g.legend.items]
+
+
+def test_legend_lists_only_what_is_drawn(graph):
+    """On a RAM device the device lines start hidden and torch's counters have no values: neither is
+    listed (a hidden curve's entry shows pyqtgraph's crossed-out eye). Components join as they load."""
+    graph.show()
+    graph.add_sample(_sample(0.0, GIB))
+    assert _legend(graph) == ["process RAM"]
+    graph.device_box.setChecked(True)
+    assert _legend(graph) == ["device total", "device used", "process RAM"]
+    graph.add_sample(_sample(0.1, GIB, {"unet": 2 * GIB}))
+    graph.redraw(force=True)
+    assert _legend(graph)[-1] == "unet"
+    graph.device_box.setChecked(False)
+    assert _legend(graph) == ["process RAM", "unet"]
