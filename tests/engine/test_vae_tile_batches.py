@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 from vae_fixtures import psnr, small_kl, small_taesd
 
-from engine import ops
 from engine.vae import decode, encode
 from engine.vae.run import RunInfo
 from engine.vae.tiling import batch_tiles, plan_tiles
