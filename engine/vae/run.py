@@ -329,8 +329,9 @@ def _pass(
         store = DiskStore(device) if use_disk else TileStore(device)
         info.mode, info.tile_px, info.overlap_px, info.tiles = "tiled", tile_l * f, overlap_l * f, len(tiles)
         # Tiles smaller than the budget allows run in batches no larger than one such tile: as fast as
-        # big tiles, and no more memory than the default tiling.
-        batch_px = default_tile_px(device, vae, budget, direction)[0] ** 2
+        # big tiles, and no more memory than the default tiling. Not after an out-of-memory: the retry
+        # has halved the tiles to use less memory, and batches would undo that.
+        batch_px = 0 if info.oom_retries else default_tile_px(device, vae, budget, direction)[0] ** 2
         info.store = "disk" if use_disk else ("host" if device.type == "cuda" else "ram")
         if direction == "decode":
             h = vae.decode_head(xin)
