@@ -296,7 +296,9 @@ def batch_tiles(tiles: list[Tile], px_scale: int, batch_px: int) -> list[list[in
     for (h, w), idx in groups.items():
         k = max(1, batch_px // (h * w * px_scale * px_scale))
         out += [idx[j : j + k] for j in range(0, len(idx), k)]
-    return out
+    # The batch holding the last tile runs last: a pass's final progress report names the last tile,
+    # as it did one tile at a time (a GUI that drops reports between frames still sees it).
+    return sorted(out, key=max)
 
 
 def _blend_into(out, wsum, y, t: Tile, scale, blend, latent_hw):

@@ -22,6 +22,7 @@ def test_batches_group_equal_tiles_within_the_pixel_cap():
         (h, w) = sizes.pop()
         assert len(b) == 1 or len(b) * h * w * 64 <= 512 * 512
     assert len(batches) < len(tiles) / 4
+    assert batches[-1][-1] == len(tiles) - 1  # the last report of a pass names the last tile
     assert batch_tiles(tiles, 8, 0) == [[i] for i in range(len(tiles))]  # no cap given: one at a time
 
 
