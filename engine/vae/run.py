@@ -5,6 +5,7 @@ GPU out-of-memory, fp32 re-runs when fp16/bf16 overflow, progress per tile, canc
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -14,7 +15,7 @@ from .. import ops
 from ..errors import FormatError, OutOfMemory
 from ..jobs import CancelToken, Progress, Report, no_report
 from . import estimate
-from .tiling import DiskStore, NonFinite, TileStore, plan_tiles, release_memory, run_tiled
+from .tiling import DiskStore, NonFinite, TileStore, batch_tiles, plan_tiles, release_memory, run_tiled
 
 MIN_TILE_PX = 128
 
@@ -332,6 +333,9 @@ def _pass(
         # big tiles, and no more memory than the default tiling. Not after an out-of-memory: the retry
         # has halved the tiles to use less memory, and batches would undo that.
         batch_px = 0 if info.oom_retries else default_tile_px(device, vae, budget, direction)[0] ** 2
+        per_batch = max(len(b) for b in batch_tiles(tiles, f, batch_px))
+        if per_batch > 1:  # say so: memory is that of the batch (<= the budget's tile), not of one tile
+            info.notes.append(f"ran up to {per_batch} tiles at a time (at most {math.isqrt(batch_px)}² px)")
         info.store = "disk" if use_disk else ("host" if device.type == "cuda" else "ram")
         if direction == "decode":
             h = vae.decode_head(xin)
