@@ -1,12 +1,14 @@
-"""VAE decode: tiled vs full — time, peak memory (fresh process each), PSNR, estimate vs measured; and
-the real TAEF2 round trip of the full 2048x768 reference image, full and tiled.
+"""VAE decode: tiled vs full — time, peak memory (fresh process each), PSNR, estimate vs measured; the
+real TAEF2 round trip of the full 2048x768 reference image, full and tiled; and the window's Decode
+panel case: the demo TAESD decoder on the demo latent (512^2) at 128-px tiles, vs its full decode.
 
 Each line printed is one JSON measurement {"name", "ours_s", "baseline", "baseline_s", "ratio", ...}.
 The AutoencoderKL has the SD VAE layout (ch_mult 1,2,4,4; 2/3 res blocks; 32 groups) with random
 deterministic weights at base width `--ch` (128 = the real SD VAE; the default 32 keeps the run short
 on a shared CPU — activations scale with ch, FLOPs with ch^2). Threads: 2.
 
-    python benchmarks/bench_vae.py [--ch 32] [--size 1024] [--big 2048] [--skip-taef2]
+    python benchmarks/bench_vae.py [--ch 32] [--size 1024] [--big 2048] [--skip-taef2] [--skip-kl]
+                                   [--skip-small-tiles]
 """
 
 from __future__ import annotations
@@ -162,6 +164,57 @@ def taef2_bench() -> None:
     )
 
 
+def small_tiles_bench(reps: int = 2) -> None:
+    """The demo pair as the window decodes it: 128-px tiles with 64 px of overlap, batched (as now,
+    best of `reps`) and one tile at a time (as before batching, once), against the full decode."""
+    import torch
+
+    torch.set_num_threads(2)
+    from vae_fixtures import psnr
+
+    import engine.vae.tiling as tiling
+    from engine.catalog import demo_preview
+    from engine.formats.latent import read_latent
+    from engine.vae import decode, load_vae
+    from engine.vae.run import RunInfo
+
+    with tempfile.TemporaryDirectory() as d:
+        demo_preview.write_decoder(f"{d}/taesd_preview_decoder_demo.safetensors")
+        demo_preview.write_latent(f"{d}/demo.latent")
+        vae = load_vae(f"{d}/taesd_preview_decoder_demo.safetensors")
+        z = read_latent(f"{d}/demo.latent")
+
+    def best(reps: int = reps, **kw) -> tuple[float, torch.Tensor]:
+        times, out = [], None
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            out = decode(vae, z, **kw)
+            times.append(time.perf_counter() - t0)
+        return min(times), out
+
+    t_full, full = best(tiled=False)
+    real = tiling.batch_tiles
+    for overlap in (64,):
+        info = RunInfo()
+        t_tiled, tiled = best(tiled=True, tile=128, overlap=overlap, info=info)
+        tiling.batch_tiles = lambda tiles, s, px: real(tiles, s, 0)
+        try:
+            t_single, _ = best(1, tiled=True, tile=128, overlap=overlap)
+        finally:
+            tiling.batch_tiles = real
+        emit(
+            name=f"taesd_demo_decode_512_tiles_128_overlap_{overlap}",
+            ours_s=t_tiled,
+            baseline="full decode",
+            baseline_s=t_full,
+            ratio=t_tiled / t_full,
+            tiles=info.tiles,
+            one_tile_at_a_time_s=t_single,
+            batched_speedup=t_single / t_tiled,
+            psnr_tiled_vs_full_db=round(psnr(full, tiled), 2),
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ch", type=int, default=32)
@@ -171,11 +224,14 @@ def main() -> None:
     ap.add_argument("--overlap", type=int, default=64)
     ap.add_argument("--skip-taef2", action="store_true")
     ap.add_argument("--skip-kl", action="store_true")
+    ap.add_argument("--skip-small-tiles", action="store_true")
     a = ap.parse_args()
     if not a.skip_kl:
         kl_bench(a.ch, a.size, a.big, a.tile, a.overlap)
     if not a.skip_taef2:
         taef2_bench()
+    if not a.skip_small_tiles:
+        small_tiles_bench()
 
 
 if __name__ == "__main__":

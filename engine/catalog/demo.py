@@ -1,7 +1,9 @@
 """`write_demo(dir)`: a small library a new user (and the window's tests and screenshots) can open at
 once, laid out as a ComfyUI install. Big models are header-faithful sparse files (real keys and shapes,
 a hole for the data: gigabytes that cost a few hundred KB of disk); the files that must really run are
-small dense ones with random deterministic weights. See DEMO_README for the list.
+small dense ones: LoRAs with random deterministic weights, and a TAESD-architecture decoder/encoder pair
+with hand-set weights (SD1's latent preview, see demo_preview) plus a latent and a photo it decodes and
+encodes meaningfully. See DEMO_README for the list.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from ..formats.atomic import atomic_output
 from ..jobs import CancelToken, Progress, Report, no_report
+from . import demo_preview as PV
 from . import demo_weights as W
 
 # (relative path, synth layout name, synth options, what it is)
@@ -32,22 +35,30 @@ DEMO_README = """\
 
 Written by `loadout demo`. Open this folder in Loadout (or `loadout scan {dir}`).
 Nothing here is a trained model: the big files are *header-faithful sparse* files (every real key and
-shape, zeros on read, a few hundred KB on disk), the small ones hold random deterministic weights in
-real formats, so loading, patching and decoding run for real and show real memory costs.
+shape, zeros on read, a few hundred KB on disk); the LoRAs and the embedding hold random deterministic
+weights in real formats, so loading, patching and decoding run for real and show real memory costs.
+The TAESD pair has the real TAESD architecture (same keys and shapes) with weights set by hand so that
+it computes SD1's *latent preview*: each latent pixel mapped to RGB with the SD1.5 latent→RGB factors
+(the ones ComfyUI uses for its fast "latent2rgb" previews), upsampled ×8 bilinearly; the encoder is
+its inverse (8×8 average, pseudo-inverse of the colour map). `input/demo_sd1.latent` was made from a
+drawn landscape by inverting that decoder, so decoding it shows the landscape — blurry, as a preview is.
 
 | file | what it is |
 |---|---|
 {rows}
-| models/vae_approx/taesd_decoder.safetensors | TAESD decoder (4-channel latents), dense, random weights |
+| models/vae_approx/taesd_preview_decoder_demo.safetensors | TAESD decoder architecture, hand-set weights: SD1 latent preview (latent→RGB factors, bilinear ×8), dense |
+| models/vae_approx/taesd_preview_encoder_demo.safetensors | its encoder (8×8 average, inverse colour map), dense; loaded with the decoder |
 | models/loras/demo_style_sd1.safetensors | kohya LoRA for SD1, rank 2, UNet + CLIP-L (264 modules), dense |
 | models/loras/demo_detail_sd1_loha.safetensors | LyCORIS LoHa for SD1, rank 2, attention only, dense |
 | models/embeddings/demo_embedding_sdxl.safetensors | textual-inversion embedding for SDXL (`clip_l`/`clip_g`, 4 vectors), dense |
-| input/demo_sd1.latent | a 64×64 4-channel latent (512×512 image) in ComfyUI's .latent format |
+| input/demo_sd1.latent | a 64×64 4-channel SD1 latent (512×512 image) in ComfyUI's .latent format: a drawn landscape, inverted through the preview decoder |
+| input/demo_photo.png | the landscape itself (512×512), to try encoding |
 
 Previews (`NAME.preview.png`, `NAME.png`) and notes (`NAME.civitai.info`, `NAME.json`) sit beside
 some files, as Civitai helpers and A1111 write them. Try:
 
-    loadout decode --vae models/vae_approx/taesd_decoder.safetensors --latent input/demo_sd1.latent --out demo.png
+    loadout decode --vae models/vae_approx/taesd_preview_decoder_demo.safetensors --latent input/demo_sd1.latent --out demo.png
+    loadout encode --vae models/vae_approx/taesd_preview_encoder_demo.safetensors --image input/demo_photo.png --out photo.latent
     loadout lora inspect models/loras/demo_style_sd1.safetensors --base models/checkpoints/sd15_demo.safetensors
 """
 
@@ -83,17 +94,6 @@ def _json(path: Path, obj: dict) -> None:
         f.write(json.dumps(obj, indent=2).encode())
 
 
-def _latent(path: Path) -> None:
-    """A smooth deterministic 4×64×64 latent: low-frequency waves, so tiles and seams are easy to see."""
-    import torch
-
-    from ..formats.latent import write_latent
-
-    y, x = torch.meshgrid(torch.linspace(0, 1, 64), torch.linspace(0, 1, 64), indexing="ij")
-    chans = [torch.sin(6.28 * (x * (c + 1) + y * (2 - c % 2))) * (1.5 - 0.2 * c) for c in range(4)]
-    write_latent(path, torch.stack(chans)[None].float())
-
-
 def write_demo(
     dest: str | os.PathLike, *, token: CancelToken | None = None, report: Report = no_report
 ) -> list[DemoFile]:
@@ -107,13 +107,16 @@ def write_demo(
     for rel, name, opts, what in SPARSE_MODELS:
         steps.append((rel, what, lambda p, n=name, o=opts: synth.write(n, p, **o)))
     steps += [
-        ("models/vae_approx/taesd_decoder.safetensors", "TAESD decoder, dense random",
-         lambda p: synth.write("taesd_decoder", p, dense=True, seed=7)),
+        ("models/vae_approx/taesd_preview_decoder_demo.safetensors",
+         "TAESD decoder, hand-set weights: SD1 latent preview", PV.write_decoder),
+        ("models/vae_approx/taesd_preview_encoder_demo.safetensors",
+         "TAESD encoder, hand-set weights: inverse of the preview", PV.write_encoder),
         ("models/loras/demo_style_sd1.safetensors", "kohya LoRA, SD1, dense", lambda p: W.write_kohya_lora(p)),
         ("models/loras/demo_detail_sd1_loha.safetensors", "LyCORIS LoHa, SD1, dense", lambda p: W.write_loha(p)),
         ("models/embeddings/demo_embedding_sdxl.safetensors", "textual-inversion embedding, SDXL, dense",
          lambda p: synth.write("embedding_sdxl", p, dense=True, seed=8)),
-        ("input/demo_sd1.latent", "SD1 latent 64×64", _latent),
+        ("input/demo_photo.png", "a drawn landscape 512×512", PV.write_photo),
+        ("input/demo_sd1.latent", "SD1 latent 64×64 of the landscape", PV.write_latent),
     ]  # fmt: skip
     out = []
     for i, (rel, what, make) in enumerate(steps):

@@ -7,11 +7,12 @@ import sys
 from ._common import EXIT_OK, human_bytes, print_json
 
 NAME = "demo"
-HELP = "write a small demo library (sparse SD1/SDXL/Flux checkpoints, LoRAs, a TAESD VAE, a latent)"
+HELP = "write a small demo library (sparse SD1/SDXL/Flux checkpoints, LoRAs, a preview TAESD, a latent)"
 DESCRIPTION = (
     "Write a demo library in ComfyUI layout into DIR: header-faithful sparse checkpoints (real keys and "
-    "shapes, a few hundred KB on disk each), small dense LoRAs and a TAESD decoder with random weights, "
-    "a latent to decode, previews and notes. DIR/README.md lists every file."
+    "shapes, a few hundred KB on disk each), small dense LoRAs, a TAESD decoder/encoder pair with hand-set "
+    "weights that compute SD1's latent preview (no trained weights ship with Loadout), a latent of a drawn "
+    "picture to decode, the picture to encode, previews and notes. DIR/README.md lists every file."
 )
 
 

@@ -107,16 +107,21 @@ class DiskStore(TileStore):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def release_memory(collect: bool = True) -> None:
-    """Hand freed memory back to the OS: glibc keeps freed heap pages (its mmap threshold rises after
-    big frees, so later tensors land on the heap), which would make RSS grow tile after tile and stay
-    up after a cancelled decode. malloc_trim(0) returns them; a no-op elsewhere. `collect` first runs
-    a full gc.collect(), which holds the GIL (~0.3 s with torch and the Qt app loaded): per attempt,
-    not per tile, or the window freezes while a decode runs."""
+def release_memory() -> None:
+    """Hand freed memory back to the OS after a run (done, failed or cancelled): collect reference
+    cycles (an exception's traceback holds tensors), then trim the heap."""
     import gc
 
-    if collect:
-        gc.collect()
+    gc.collect()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """glibc keeps freed heap pages (its mmap threshold rises after big frees, so later tensors land on
+    the heap), which would make RSS grow tile after tile; malloc_trim(0) returns them (a few ms; a no-op
+    off glibc). No gc.collect here: a tile's tensors are freed by reference counting, and a full
+    collection costs 0.1-0.3 s in a process as big as the window's -- per tile, most of a small-tile
+    decode's time."""
     global _libc
     if _libc is None:
         try:
@@ -212,9 +217,11 @@ def run_tiled(
     report: Report = no_report,
     stage: str = "VAE decode",
     check_finite: bool = False,
+    batch_px: int = 0,
 ) -> torch.Tensor:
     """Run `steps` over `tiles` of `x_whole` (at `in_scale` pixels per latent unit) in lock-step
-    through every GroupNorm, and assemble the cores (feathered over `blend` output pixels)."""
+    through every GroupNorm, and assemble the cores (feathered over `blend` output pixels). Tiles of
+    the same size run together as one batch of up to `batch_px` output pixels (0: one at a time)."""
     segs = _segments(steps)
     n, dev = x_whole.shape[0], x_whole.device
     hh, ww = latent_hw[0] * out_scale, latent_hw[1] * out_scale
@@ -223,32 +230,41 @@ def run_tiled(
     total, done = len(segs) * len(tiles), 0
     stats = None
     start_scale = in_scale
+    batches = batch_tiles(tiles, max(in_scale, out_scale), batch_px)
     try:
         for p, seg in enumerate(segs):
             last = p == len(segs) - 1
             acc = None
-            for i, t in enumerate(tiles):
+            for b, batch in enumerate(batches):
                 if token is not None:
                     token.raise_if_cancelled()
                 if p == 0:
-                    py0, py1, px0, px1 = t.pad
-                    x = x_whole[:, :, py0 * in_scale : py1 * in_scale, px0 * in_scale : px1 * in_scale]
+                    x = torch.cat([_crop(x_whole, tiles[i], in_scale) for i in batch])
                     stack: list[torch.Tensor] = []
                 else:
-                    x, *stack = store.get(i)
-                x, scale = _run_steps(seg, x, stack, start_scale, stats)
+                    x, *stack = store.get(b)
+                bstats = None if stats is None else tuple(v.repeat(len(batch), 1) for v in stats)
+                x, scale = _run_steps(seg, x, stack, start_scale, bstats)
                 if not last:
                     groups = segs[p + 1][0][1].num_groups
-                    ys, xs = _core_slices(t, scale)
-                    acc = ops.combine_moments(acc, ops.group_moments(x[:, :, ys, xs], groups))
-                    store.put(i, [x, *stack])
+                    for j, i in enumerate(batch):
+                        ys, xs = _core_slices(tiles[i], scale)
+                        xj = x[j * n : (j + 1) * n, :, ys, xs]
+                        acc = ops.combine_moments(acc, ops.group_moments(xj, groups))
+                    store.put(b, [x, *stack])
                 else:
-                    _blend_into(out, wsum, x.float(), t, scale, blend, latent_hw)
+                    for j, i in enumerate(batch):
+                        _blend_into(
+                            out, wsum, x[j * n : (j + 1) * n].float(), tiles[i], scale, blend, latent_hw
+                        )
                 del x, stack
                 if x_whole.device.type == "cpu":
-                    release_memory(collect=False)  # tiles differ in size: else the heap fragments, grows
-                done += 1
-                report(Progress(stage, done, total, f"pass {p + 1}/{len(segs)}, tile {i + 1}/{len(tiles)}"))
+                    trim_heap()  # tiles differ in size: without this the heap fragments and grows
+                for i in batch:
+                    done += 1
+                    report(
+                        Progress(stage, done, total, f"pass {p + 1}/{len(segs)}, tile {i + 1}/{len(tiles)}")
+                    )
             if not last:
                 mean, m2, cnt = acc
                 stats = (mean, m2 / cnt)
@@ -260,6 +276,29 @@ def run_tiled(
         store.close()
     out /= wsum
     return out
+
+
+def _crop(x_whole: torch.Tensor, t: Tile, in_scale: int) -> torch.Tensor:
+    py0, py1, px0, px1 = t.pad
+    return x_whole[:, :, py0 * in_scale : py1 * in_scale, px0 * in_scale : px1 * in_scale]
+
+
+def batch_tiles(tiles: list[Tile], px_scale: int, batch_px: int) -> list[list[int]]:
+    """Tile indices grouped into batches of equal computed size, each at most `batch_px` image pixels
+    (always at least one tile). Small tiles run as few large ops instead of many small ones: per op
+    overhead and, on a busy CPU, the thread pool's barriers dominate ops on 16x16 latents."""
+    if batch_px <= 0:
+        return [[i] for i in range(len(tiles))]
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, t in enumerate(tiles):
+        groups.setdefault((t.pad[1] - t.pad[0], t.pad[3] - t.pad[2]), []).append(i)
+    out = []
+    for (h, w), idx in groups.items():
+        k = max(1, batch_px // (h * w * px_scale * px_scale))
+        out += [idx[j : j + k] for j in range(0, len(idx), k)]
+    # The batch holding the last tile runs last: a pass's final progress report names the last tile,
+    # as it did one tile at a time (a GUI that drops reports between frames still sees it).
+    return sorted(out, key=max)
 
 
 def _blend_into(out, wsum, y, t: Tile, scale, blend, latent_hw):

@@ -94,7 +94,7 @@ def test_demo_then_scan(cli, env, tmp_path):
     assert s.returncode == 0, s.stderr
     kinds = sorted(e["kind"] for e in json.loads(s.stdout))
     assert kinds == sorted(["checkpoint", "checkpoint", "diffusion_model", "text_encoder", "text_encoder",
-                            "vae", "vae", "vae_approx", "lora", "lora", "embedding"])  # fmt: skip
+                            "vae", "vae", "vae_approx", "vae_approx", "lora", "lora", "embedding"])  # fmt: skip
 
 
 def test_an_unsupported_real_model_is_listed_without_failing_the_scan(cli, comfy, env):
