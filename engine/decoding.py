@@ -185,12 +185,15 @@ def decode(engine, req: Decode, token, report) -> DecodeResult:
 
 
 def encode(engine, req: Encode, token, report) -> DecodeResult:
-    """Encode an image to a .latent file; the result shows the image that was encoded."""
+    """Encode an image to a .latent file. The result shows the latent decoded back when the VAE has a
+    decoder (a TAESD *_encoder file brings its *_decoder sibling): the round trip is what a model will
+    really get from this image; without a decoder it shows the image that was encoded."""
     import numpy as np
     import torch
     from PIL import Image
 
     from .formats.latent import write_latent
+    from .vae import decode as vae_decode
     from .vae import encode as vae_encode
     from .vae.run import RunInfo
 
@@ -211,6 +214,12 @@ def encode(engine, req: Encode, token, report) -> DecodeResult:
                      **_mode_kw(req))  # fmt: skip
     token.raise_if_cancelled()
     write_latent(req.out, lat)
+    shown = "image"
+    if hasattr(comp.module, "decoder"):
+        x = vae_decode(comp.module, lat, device=device, dtype=dtype, token=token, report=report,
+                       **_mode_kw(req))  # fmt: skip
+        shown = "round trip"
     w, h, rgb = _rgb(x)
-    out = {**info.to_json(), "latent_shape": list(lat.shape), "out": req.out, "vae_component": comp.name}
+    out = {**info.to_json(), "latent_shape": list(lat.shape), "out": req.out, "vae_component": comp.name,
+           "shown": shown}  # fmt: skip
     return DecodeResult(w, h, rgb, out, time.perf_counter() - t0, req.out)

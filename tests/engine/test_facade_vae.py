@@ -53,7 +53,7 @@ def _direct(vae_path: str, latent_path: str):
 
 def test_decode_places_the_vae_in_the_ledger_and_it_stays_loaded(engine, files):
     res = engine.run(Decode(files["vae"], files["latent"], mode="full"))
-    assert (res.width, res.height) == (128, 128) and res.info["vae_component"] == "vae"
+    assert (res.width, res.height) == (256, 256) and res.info["vae_component"] == "vae"
     assert res.rgb == _direct(files["vae"], files["latent"])  # the ledger's copy decodes the same pixels
     row = engine.snapshot().get("vae")
     assert row is not None and row.path == os.path.abspath(files["vae"])
@@ -181,9 +181,34 @@ def test_a_torch_pickle_taesd_goes_through_the_ledger_too(engine, files, tmp_pat
     pth = tmp_path / "taesd_decoder.pth"
     torch.save({k.removeprefix("decoder."): v for k, v in sd.items() if k.startswith("decoder.")}, pth)
     res = engine.run(Decode(str(pth), files["latent"], mode="full"))
-    assert (res.width, res.height) == (128, 128)
+    assert (res.width, res.height) == (256, 256)
     row = engine.snapshot().get("taesd_decoder")
     c = engine.components[(str(pth), "taesd_decoder")]
     assert row.device_bytes == row.full_bytes == c.measured_tiers()["device"] > 0  # copied from its views
     engine.unload(str(pth), "taesd_decoder")
     assert engine.snapshot().components == () and c.measured_tiers()["device"] == 0
+
+
+def test_encode_shows_the_round_trip_a_model_would_get(engine, tmp_path):
+    """The demo's preview encoder brings its decoder: the result is the latent decoded back, close to the
+    photo (the pair inverts the SD1 preview colour map), and says so."""
+    import numpy as np
+    from PIL import Image
+
+    from engine.catalog import demo_preview as PV
+
+    d = tmp_path / "vae_approx"
+    d.mkdir()
+    PV.write_decoder(d / "taesd_preview_decoder_demo.safetensors")
+    enc = d / "taesd_preview_encoder_demo.safetensors"
+    PV.write_encoder(enc)
+    PV.write_photo(tmp_path / "photo.png")
+    small = tmp_path / "small.png"
+    Image.open(tmp_path / "photo.png").convert("RGB").resize((256, 256), Image.Resampling.BOX).save(small)
+    res = engine.run(Encode(str(enc), str(small), str(tmp_path / "x.latent"), mode="full"))
+    assert res.info["shown"] == "round trip" and (res.width, res.height) == (256, 256)
+    got = np.frombuffer(res.rgb, np.uint8).reshape(256, 256, 3).astype(np.float64)
+    want = np.asarray(Image.open(small), dtype=np.float64)
+    explained = 1 - ((got - want) ** 2).mean() / want.var()
+    assert explained > 0.8, explained  # the image itself would be shown as 1.0; a blank one as < 0
+    assert not np.array_equal(got, want)  # decoded, not the input passed through
