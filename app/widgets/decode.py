@@ -11,6 +11,7 @@ import time
 from PySide6.QtCore import QRectF, Qt, Signal, Slot
 from PySide6.QtGui import QBrush, QColor, QImage, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -99,6 +100,10 @@ class DecodePanel(QWidget):
         self.save_button = QPushButton("Save…")
         self.save_button.setEnabled(False)
         fit, one = QPushButton("Fit"), QPushButton("100 %")
+        self.tiles_box = QCheckBox("Tiles")
+        self.tiles_box.setChecked(True)
+        self.tiles_box.setToolTip("Outline the tiles over the image (to look for seams at their borders)")
+        self.tiles_box.toggled.connect(self._on_tiles_toggled)
         self.scene = QGraphicsScene(self)
         self.view = ZoomView(self.scene)
         self.pixmap_item = QGraphicsPixmapItem()
@@ -143,6 +148,7 @@ class DecodePanel(QWidget):
         tools = QHBoxLayout()
         tools.addWidget(fit)
         tools.addWidget(one)
+        tools.addWidget(self.tiles_box)
         tools.addStretch(1)
         tools.addWidget(self.save_button)
         lay = QVBoxLayout(self)
@@ -302,10 +308,16 @@ class DecodePanel(QWidget):
         for y0, y1, x0, x1 in self.tiles:
             it = QGraphicsRectItem(QRectF(x0, y0, x1 - x0, y1 - y0))
             it.setPen(QPen(QColor("#74b9ff"), 0))
+            it.setVisible(self.tiles_box.isChecked())
             self.scene.addItem(it)
             self.tile_items.append(it)
         self.scene.setSceneRect(0, 0, w, h)
         self.fit()
+
+    @Slot(bool)
+    def _on_tiles_toggled(self, on: bool) -> None:
+        for it in self.tile_items:
+            it.setVisible(on)
 
     def on_progress(self, job, p) -> None:
         if job.id != self.job_id:

@@ -46,6 +46,10 @@ def test_decode_a_dropped_latent_shows_estimate_tiles_result_and_saves(qtbot, wi
     assert (res.width, res.height) == (256, 256) and len(res.rgb) == 256 * 256 * 3
     assert res.info["mode"] == "tiled" and res.info["tiles"] == len(dec.tile_items) > 1
     assert dec.tiles_done == len(dec.tile_items)  # every tile was drawn as finished
+    dec.tiles_box.setChecked(False)  # the outlines can be hidden to look at the picture alone
+    assert not any(it.isVisible() for it in dec.tile_items)
+    dec.tiles_box.setChecked(True)
+    assert all(it.isVisible() for it in dec.tile_items)
     assert any(kind == "DecodeFinished" for _, kind, _ in w.graph.events)
     dec.view.resetTransform()
     dec.view.scale(2, 2)
