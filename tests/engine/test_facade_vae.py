@@ -53,7 +53,7 @@ def _direct(vae_path: str, latent_path: str):
 
 def test_decode_places_the_vae_in_the_ledger_and_it_stays_loaded(engine, files):
     res = engine.run(Decode(files["vae"], files["latent"], mode="full"))
-    assert (res.width, res.height) == (256, 256) and res.info["vae_component"] == "vae"
+    assert (res.width, res.height) == (128, 128) and res.info["vae_component"] == "vae"
     assert res.rgb == _direct(files["vae"], files["latent"])  # the ledger's copy decodes the same pixels
     row = engine.snapshot().get("vae")
     assert row is not None and row.path == os.path.abspath(files["vae"])
@@ -181,7 +181,7 @@ def test_a_torch_pickle_taesd_goes_through_the_ledger_too(engine, files, tmp_pat
     pth = tmp_path / "taesd_decoder.pth"
     torch.save({k.removeprefix("decoder."): v for k, v in sd.items() if k.startswith("decoder.")}, pth)
     res = engine.run(Decode(str(pth), files["latent"], mode="full"))
-    assert (res.width, res.height) == (256, 256)
+    assert (res.width, res.height) == (128, 128)
     row = engine.snapshot().get("taesd_decoder")
     c = engine.components[(str(pth), "taesd_decoder")]
     assert row.device_bytes == row.full_bytes == c.measured_tiers()["device"] > 0  # copied from its views
