@@ -72,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as e:
         print_error(e.message)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # `loadout scan --json | head`: the reader left. Not an error of ours, and no traceback; point
+        # stdout at devnull so the interpreter's final flush does not raise again (Python docs, "Note on
+        # SIGPIPE" in the signal module).
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a program killed by it
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -114,3 +114,22 @@ def test_a_reader_bug_is_reported_without_a_traceback(cli, tmp_path):
     assert r.returncode == 3
     assert "Traceback" not in r.stdout + r.stderr
     assert "odd.pt" in r.stdout and "error" in r.stdout
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`loadout inspect --json FILE | head -1`: the pipe closes before we write; exit as a killed-by-
+    SIGPIPE program would (141), with nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    from loadout_test_support import ROOT
+
+    f = synth.write("sd1_checkpoint", tmp_path / "sd15.safetensors")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.Popen([sys.executable, "-m", "app.launch", "inspect", "--json", str(f)], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)  # fmt: skip
+    p.stdout.close()  # the reader is gone before the first byte
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and err.strip() == "", err
