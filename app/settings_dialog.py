@@ -20,16 +20,22 @@ from PySide6.QtWidgets import (
     QListWidget,
     QMessageBox,
     QPushButton,
+    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
 from app import settings as S
-from engine.devices import DeviceOptions
+from engine.devices import DTYPE_CHOICES, WEIGHT_DTYPE_CHOICES, DeviceOptions
 from engine.requests import unloads_components
 
-VRAM_MODES = (("auto", ""), ("--lowvram", "lowvram"), ("--novram", "novram"), ("--highvram", "highvram"),
-              ("--gpu-only", "gpu_only"), ("--cpu", "cpu"))  # fmt: skip
+VRAM_MODES = (("auto", ""), ("--lowvram", "lowvram"), ("--novram", "novram"), ("--normalvram", "normalvram"),
+              ("--highvram", "highvram"), ("--gpu-only", "gpu_only"), ("--cpu", "cpu"))  # fmt: skip
+# The dtype flags: (DeviceOptions field, label, choices); "auto" is None (the device rules decide).
+DTYPE_FIELDS = (("force_dtype", "Compute dtype", DTYPE_CHOICES),
+                ("unet_dtype", "Diffusion model weights", WEIGHT_DTYPE_CHOICES),
+                ("text_encoder_dtype", "Text encoder weights", WEIGHT_DTYPE_CHOICES),
+                ("vae_dtype", "VAE dtype", DTYPE_CHOICES))  # fmt: skip
 
 
 def saved_device_options() -> dict:
@@ -46,8 +52,19 @@ def saved_device_options() -> dict:
                 out[key] = float(v)
         except (TypeError, ValueError):
             pass
-    if str(s.value("device/cpu_vae", "false")).lower() == "true":
-        out["cpu_vae"] = True
+    for key in ("cpu_vae", "disable_smart_memory"):
+        if str(s.value(f"device/{key}", "false")).lower() == "true":
+            out[key] = True
+    for key, _, choices in DTYPE_FIELDS:
+        v = s.value(f"device/{key}", "")
+        if v in choices:
+            out[key] = str(v)
+    try:
+        index = int(s.value("device/device_index", -1))
+    except (TypeError, ValueError):
+        index = -1
+    if index >= 0:
+        out["device_index"] = index
     return out
 
 
@@ -82,10 +99,27 @@ class SettingsDialog(QDialog):
         self.budget.setValue(o.vram_budget_gb or 0)
         self.cpu_vae = QCheckBox("Run the VAE on the CPU (--cpu-vae)")
         self.cpu_vae.setChecked(o.cpu_vae)
+        self.smart = QCheckBox("Unload models eagerly (--disable-smart-memory)")
+        self.smart.setChecked(o.disable_smart_memory)
+        self.device_index = QSpinBox(minimum=-1, maximum=63, specialValueText="default")
+        self.device_index.setToolTip("Which GPU (--device N); default: the first")
+        self.device_index.setValue(-1 if o.device_index is None else o.device_index)
+        self.dtypes: dict[str, QComboBox] = {}
+        for key, _, choices in DTYPE_FIELDS:
+            box = QComboBox()
+            box.addItem("auto", None)
+            for c in choices:
+                box.addItem(c, c)
+            box.setCurrentIndex(max(0, box.findData(getattr(o, key))))
+            self.dtypes[key] = box
         form.addRow("VRAM mode", self.mode)
         form.addRow("Reserve VRAM", self.reserve)
         form.addRow("VRAM budget", self.budget)
+        form.addRow("GPU", self.device_index)
+        for key, label, _ in DTYPE_FIELDS:
+            form.addRow(label, self.dtypes[key])
         form.addRow(self.cpu_vae)
+        form.addRow(self.smart)
 
         lib = QGroupBox("Library folders")
         ll = QVBoxLayout(lib)
@@ -125,7 +159,7 @@ class SettingsDialog(QDialog):
             self.list.addItem(d)
 
     def device_options(self) -> DeviceOptions:
-        """The options in effect with the dialog's device fields (mode, reserve, budget, --cpu-vae)."""
+        """The options in effect with the dialog's device fields (every device flag of the command line)."""
         kw: dict = dict.fromkeys(MODE_FLAGS, False)
         mode = self.mode.currentData()
         if mode:
@@ -133,6 +167,10 @@ class SettingsDialog(QDialog):
         kw["reserve_vram_gb"] = self.reserve.value() or None
         kw["vram_budget_gb"] = self.budget.value() or None
         kw["cpu_vae"] = self.cpu_vae.isChecked()
+        kw["disable_smart_memory"] = self.smart.isChecked()
+        kw["device_index"] = None if self.device_index.value() < 0 else self.device_index.value()
+        for key, box in self.dtypes.items():
+            kw[key] = box.currentData()
         names = {f.name for f in fields(DeviceOptions)}
         return replace(self.options, **{k: v for k, v in kw.items() if k in names})
 
@@ -173,6 +211,10 @@ class SettingsDialog(QDialog):
         s.setValue("device/reserve_vram_gb", self.reserve.value())
         s.setValue("device/vram_budget_gb", self.budget.value())
         s.setValue("device/cpu_vae", self.cpu_vae.isChecked())
+        s.setValue("device/disable_smart_memory", self.smart.isChecked())
+        s.setValue("device/device_index", self.device_index.value())
+        for key, box in self.dtypes.items():
+            s.setValue(f"device/{key}", box.currentData() or "")
         s.setValue("graph/sample_hz", self.rate.value())
         s.setValue("library/folders", self.folders())
         s.sync()

@@ -116,3 +116,33 @@ def test_library_folder_changes_rescan(qtbot, window, files, tmp_path):
                     timeout=30_000)  # fmt: skip
     assert w.library.model.row_of(files["ckpt"]) is None
     assert str(extra) in w.paths and os.path.dirname(files["ckpt"]) not in w.paths
+
+
+def test_every_device_flag_of_the_command_line_is_in_settings_and_persists(qtbot, window):
+    """Dtype flags, the GPU index, --normalvram and --disable-smart-memory are settable from the window
+    (not only from the command line), reach the engine on Save and come back in the next dialog."""
+    from app.settings_dialog import saved_device_options
+
+    w = window
+    dlg, save = _open(qtbot, w)
+    dlg.dtypes["vae_dtype"].setCurrentIndex(dlg.dtypes["vae_dtype"].findData("fp16"))
+    dlg.dtypes["unet_dtype"].setCurrentIndex(dlg.dtypes["unet_dtype"].findData("fp8_e4m3fn"))
+    dlg.smart.setChecked(True)
+    dlg.mode.setCurrentIndex(dlg.mode.findData("normalvram"))
+    save.click()  # nothing loaded: no warning
+    done = wait_job(qtbot, w, "Configure")
+    o = w.client.engine.report.options  # what the engine detected devices with
+    assert (o.vae_dtype, o.unet_dtype, o.disable_smart_memory, o.normalvram) == (
+        "fp16",
+        "fp8_e4m3fn",
+        True,
+        True,
+    )
+    assert done.report is w.client.engine.report
+    saved = saved_device_options()
+    assert saved["vae_dtype"] == "fp16" and saved["unet_dtype"] == "fp8_e4m3fn"
+    assert saved["disable_smart_memory"] and saved["normalvram"] and "device_index" not in saved
+    dlg2, _ = _open(qtbot, w)
+    assert dlg2.dtypes["vae_dtype"].currentData() == "fp16" and dlg2.smart.isChecked()
+    assert dlg2.dtypes["force_dtype"].currentData() is None and dlg2.device_index.value() == -1
+    dlg2.reject()
