@@ -46,6 +46,25 @@ def input_kind(path: str) -> str | None:
     return None
 
 
+def suits(path: str, need: str) -> bool:
+    """Whether the VAE file can take this input: a TAESD-family *_encoder file cannot decode, a
+    *_decoder file cannot encode (their headers hold one half; the names say which, as madebyollin's
+    taesd_decoder/taesd_encoder files and ComfyUI's vae_approx folder use them)."""
+    name = os.path.basename(path).lower()
+    return "decoder" not in name if need == "image" else "encoder" not in name
+
+
+def holds_weights(path: str) -> bool:
+    """False for a header-faithful sparse file (the demo's big models): its data region is a hole, so it
+    would decode to nothing. Real files occupy their size on disk."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    blocks = getattr(st, "st_blocks", None)
+    return blocks is None or blocks * 512 >= st.st_size // 2
+
+
 class ZoomView(QGraphicsView):
     """Wheel zooms about the cursor; drag pans."""
 
@@ -176,7 +195,26 @@ class DecodePanel(QWidget):
                 self.vae_box.setItemData(self.vae_box.count() - 1, e, Qt.ItemDataRole.UserRole + 1)
         if cur:
             self.vae_box.setCurrentIndex(self.vae_box.findData(cur))
+        self.pick_vae()
         self._on_inputs_changed()
+
+    def pick_vae(self) -> None:
+        """Keep the chosen VAE if it can take the input; else choose one that can (one that holds its
+        weights first, then a full VAE before a TAESD approximation). Without this the box showed no
+        choice at all until the user picked one."""
+        need = input_kind(self.input_edit.text().strip()) or "latent"
+        cur = self.vae_box.currentData()
+        if cur and suits(cur, need):
+            return
+        paths = [self.vae_box.itemData(i) for i in range(self.vae_box.count())]
+        fit = [p for p in paths if suits(p, need)]
+        if fit:
+            best = max(fit, key=lambda p: (holds_weights(p), not self._is_approx(p)))
+            self.vae_box.setCurrentIndex(self.vae_box.findData(best))
+
+    def _is_approx(self, path: str) -> bool:
+        e = self.vae_box.itemData(self.vae_box.findData(path), Qt.ItemDataRole.UserRole + 1)
+        return e is not None and e.kind == "vae_approx"
 
     def set_vae(self, path: str) -> bool:
         i = self.vae_box.findData(os.path.abspath(path))
@@ -191,6 +229,7 @@ class DecodePanel(QWidget):
                               "image (.png, .jpg, .webp): Decode cannot use it.", "warning")  # fmt: skip
             return False
         self.input_edit.setText(os.path.abspath(path))
+        self.pick_vae()
         return True
 
     def dragEnterEvent(self, e) -> None:
@@ -356,7 +395,9 @@ class DecodePanel(QWidget):
         mode = f"{info.get('mode')}" + (
             f", {info.get('tiles')} tiles of {info.get('tile_px')} px" if info.get("mode") == "tiled" else ""
         )
-        self.eta.setText(f"done in {result.seconds:.2f} s ({mode})")
+        wrote = f" · wrote {os.path.basename(result.source)}" if info.get("out") else ""  # an encode's latent
+        self.eta.setText(f"done in {result.seconds:.2f} s ({mode}){wrote}")
+        self.eta.setToolTip(result.source)
         self.progress.setRange(0, 1)
         self.progress.setValue(1)
         self.save_button.setEnabled(True)

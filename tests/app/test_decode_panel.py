@@ -99,3 +99,37 @@ def test_stop_during_a_decode_cancels_it_and_state_stays_consistent(qtbot, windo
 def test_a_file_that_is_no_latent_or_image_is_refused_with_a_message(qtbot, window, files):
     assert not window.decode.set_input(files["txt"])
     assert "neither a latent" in window.messages.text
+
+
+def test_a_dropped_photo_picks_an_encoder_and_shows_the_round_trip(qtbot, window, tmp_path):
+    """With the demo's preview pair and a sparse (header-only) VAE in the library, a dropped latent gets
+    the decoder and a dropped photo the encoder, without the user choosing; encoding writes the latent
+    beside the photo and shows it decoded back."""
+    from PIL import Image
+
+    from engine import synth
+    from engine.catalog import demo_preview as PV
+
+    d = tmp_path / "vae_approx"
+    d.mkdir()
+    dec_file, enc_file = (
+        d / "taesd_preview_decoder_demo.safetensors",
+        d / "taesd_preview_encoder_demo.safetensors",
+    )
+    PV.write_decoder(dec_file)
+    PV.write_encoder(enc_file)
+    sparse = synth.write("sd_vae", tmp_path / "sparse_vae.safetensors")  # header-faithful: a hole for data
+    PV.write_photo(tmp_path / "big.png")
+    photo = tmp_path / "photo.png"
+    Image.open(tmp_path / "big.png").convert("RGB").resize((128, 128), Image.Resampling.BOX).save(photo)
+    PV.write_latent(tmp_path / "scene.latent")
+    w, dec = window, window.decode
+    _library(qtbot, w, [str(sparse), str(dec_file), str(enc_file)])
+    drop(w, [str(tmp_path / "scene.latent")])
+    assert dec.vae_box.currentData() == str(dec_file)  # holds weights, can decode; the sparse VAE cannot
+    drop(w, [str(photo)])
+    assert dec.vae_box.currentData() == str(enc_file) and dec.run_button.text() == "Encode"
+    dec.run_button.click()
+    res = wait_job(qtbot, w, "Encode")
+    assert res.info["shown"] == "round trip" and (res.width, res.height) == (128, 128)
+    assert (tmp_path / "photo.latent").is_file() and "wrote photo.latent" in dec.eta.text()
