@@ -156,8 +156,10 @@ class FirstRunDialog(QDialog):
 
     def _accept_demo(self) -> None:
         """Write the demo library in a worker thread (it imports torch for its small dense files) while the
-        dialog stays responsive, then accept; an existing demo library is reused."""
-        if (self.demo_path / "README.md").is_file():
+        dialog stays responsive, then accept; an existing demo library of this version is reused (an older one is written again)."""
+        from engine.catalog.demo import demo_is_current
+
+        if demo_is_current(self.demo_path):
             self.choice = "demo"
             self.accept()
             return

@@ -316,6 +316,18 @@ class MainWindow(QMainWindow):
         paths = maybe_first_run(self, app_settings.settings())
         if paths:
             self.add_paths([str(p) for p in paths])
+            self._offer_demo_latent(paths)
+
+    def _offer_demo_latent(self, paths) -> None:
+        """Opening the demo library: its latent goes into Decode (the VAE is chosen as the library
+        fills), so the first Decode press shows a picture."""
+        from engine.catalog.demo import DEMO_LATENT
+
+        for p in paths:
+            latent = os.path.join(str(p), DEMO_LATENT)
+            if os.path.isfile(latent) and hasattr(self.decode, "set_input"):
+                self.decode.set_input(latent)
+                return
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.sample_timer.stop()

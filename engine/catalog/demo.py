@@ -18,6 +18,17 @@ from ..jobs import CancelToken, Progress, Report, no_report
 from . import demo_preview as PV
 from . import demo_weights as W
 
+DEMO_LATENT = "input/demo_sd1.latent"  # what the window puts in Decode when it opens the demo
+# A demo written before this file existed decoded to black: one without it is written again.
+DEMO_CURRENT = "models/vae_approx/taesd_preview_decoder_demo.safetensors"
+
+
+def demo_is_current(root: str | os.PathLike) -> bool:
+    """Whether `root` holds a demo library of this version (reused rather than written again)."""
+    r = Path(root)
+    return (r / "README.md").is_file() and (r / DEMO_CURRENT).is_file() and (r / DEMO_LATENT).is_file()
+
+
 # (relative path, synth layout name, synth options, what it is)
 SPARSE_MODELS = [
     ("models/checkpoints/sd15_demo.safetensors", "sd1_checkpoint", {}, "SD 1.5 single-file checkpoint"),

@@ -133,3 +133,22 @@ def test_a_dropped_photo_picks_an_encoder_and_shows_the_round_trip(qtbot, window
     res = wait_job(qtbot, w, "Encode")
     assert res.info["shown"] == "round trip" and (res.width, res.height) == (128, 128)
     assert (tmp_path / "photo.latent").is_file() and "wrote photo.latent" in dec.eta.text()
+
+
+def test_opening_the_demo_library_puts_its_latent_in_decode(qtbot, window, tmp_path):
+    """First run's demo library: one press of Decode shows the picture (the latent is set, and the
+    preview decoder is chosen as the scan finds it)."""
+    from engine.catalog import demo_preview as PV
+    from engine.catalog.demo import DEMO_CURRENT, DEMO_LATENT
+
+    demo = tmp_path / "demo-library"
+    (demo / DEMO_CURRENT).parent.mkdir(parents=True)
+    (demo / DEMO_LATENT).parent.mkdir(parents=True)
+    PV.write_decoder(demo / DEMO_CURRENT)
+    PV.write_latent(demo / DEMO_LATENT)
+    w, dec = window, window.decode
+    w.add_paths([str(demo)], select_first=False)
+    w._offer_demo_latent([demo])
+    assert dec.input_edit.text() == str(demo / DEMO_LATENT)
+    qtbot.waitUntil(lambda: dec.vae_box.currentData() == str(demo / DEMO_CURRENT), timeout=30_000)
+    assert dec.run_button.text() == "Decode" and dec.run_button.isEnabled()

@@ -171,9 +171,12 @@ def test_demo_failure_is_shown_and_the_user_can_start_empty(qtbot, tmp_path, no_
 
 
 def test_existing_demo_is_reused(qtbot, tmp_path, no_leaks):
+    from engine.catalog.demo import DEMO_CURRENT, DEMO_LATENT
+
     target = tmp_path / "demo"
-    target.mkdir()
-    (target / "README.md").write_text("# demo\n")
+    for rel in ("README.md", DEMO_CURRENT, DEMO_LATENT):
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        (target / rel).write_text("x")
 
     def must_not_write(path):
         raise AssertionError("rewrote the demo")
@@ -189,3 +192,16 @@ def test_demo_dir_follows_xdg_data_home(tmp_path, monkeypatch):
         pytest.skip("XDG_DATA_HOME is a Linux convention")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert demo_dir() == tmp_path / "xdg" / "loadout" / "demo-library"
+
+
+def test_an_older_demo_is_written_again(qtbot, tmp_path, no_leaks):
+    """A demo library from before the preview decoder (its TAESD decoded to black) is replaced."""
+    target = tmp_path / "demo"
+    target.mkdir()
+    (target / "README.md").write_text("# demo\n")
+    written = []
+    dlg = FirstRunDialog([], demo_path=target, demo_writer=written.append)
+    qtbot.mouseClick(_button(dlg, "Open the demo library"), Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: dlg.choice == "demo", timeout=10_000)
+    assert written == [target]
+    _close(dlg)
