@@ -220,7 +220,12 @@ class Engine:
         res = self.need_residency()
         comps = self._components_of(path, tuple(components))
         before = res.snapshot()
-        snap = res.load(comps, token=token or CancelToken(), report=report)
+        try:
+            snap = res.load(comps, token=token or CancelToken(), report=report)
+        finally:
+            from .vae.tiling import trim_heap
+
+            trim_heap()  # the read buffers of a load (or of a cancelled one) go back to the OS, not RSS
         added = snap.total("device_bytes") - before.total("device_bytes")
         return rq.LedgerResult(snap, added, f"Loaded {', '.join(c.name for c in comps)}")
 
