@@ -223,7 +223,7 @@ class Engine:
         try:
             snap = res.load(comps, token=token or CancelToken(), report=report)
         finally:
-            from .vae.tiling import trim_heap
+            from .memory import trim_heap
 
             trim_heap()  # the read buffers of a load (or of a cancelled one) go back to the OS, not RSS
         added = snap.total("device_bytes") - before.total("device_bytes")

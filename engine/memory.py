@@ -304,3 +304,37 @@ def target_for(device) -> MemoryTarget:
     if device.kind == "cpu":
         return CPU_TARGET
     return MemoryTarget(device.kind, device.index, device.name, device.uuid)
+
+
+# -- handing freed memory back to the OS ------------------------------------------------------------
+
+
+def release_memory() -> None:
+    """Hand freed memory back to the OS after a run (done, failed or cancelled): collect reference
+    cycles (an exception's traceback holds tensors), then trim the heap."""
+    import gc
+
+    gc.collect()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """glibc keeps freed heap pages (its mmap threshold rises after big frees, so later tensors land on
+    the heap), which would make RSS grow tile after tile (and a load's read buffers stay counted); malloc_trim(0) returns them (a few ms; a no-op
+    off glibc). No gc.collect here: a tile's tensors are freed by reference counting, and a full
+    collection costs 0.1-0.3 s in a process as big as the window's -- per tile, most of a small-tile
+    decode's time."""
+    global _libc
+    if _libc is None:
+        try:
+            import ctypes
+
+            _libc = ctypes.CDLL("libc.so.6")
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+_libc = None

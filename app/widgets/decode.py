@@ -56,13 +56,13 @@ def suits(path: str, need: str) -> bool:
 
 def holds_weights(path: str) -> bool:
     """False for a header-faithful sparse file (the demo's big models): its data region is a hole, so it
-    would decode to nothing. Real files occupy their size on disk."""
+    would decode to nothing. The library's own test (it skips hashing such files) decides."""
+    from engine.catalog.hashing import is_sparse
+
     try:
-        st = os.stat(path)
+        return not is_sparse(os.stat(path))
     except OSError:
         return False
-    blocks = getattr(st, "st_blocks", None)
-    return blocks is None or blocks * 512 >= st.st_size // 2
 
 
 class ZoomView(QGraphicsView):

@@ -399,13 +399,11 @@ class VramGraph(QWidget):
         reads as a broken icon), and torch's allocated/reserved have no values when the device is the
         machine's RAM. Rebuilt whole, as pyqtgraph leaves a hole where an entry is removed."""
         self.legend.clear()
-        names = {"total": "device total", "used": "device used", "reserved": "torch reserved",
-                 "allocated": "torch allocated", "ram": "process RAM"}  # fmt: skip
         for k, curve in self.curves.items():
             if k in ("reserved", "allocated") and self._device_is_ram:
                 continue
             if curve.isVisible():
-                self.legend.addItem(curve, names[k])
+                self.legend.addItem(curve, curve.name())
         for label, item in self.area_items.items():
             self.legend.addItem(item, label)
 

@@ -14,8 +14,9 @@ from torch import nn
 from .. import ops
 from ..errors import FormatError, OutOfMemory
 from ..jobs import CancelToken, Progress, Report, no_report
+from ..memory import release_memory
 from . import estimate
-from .tiling import DiskStore, NonFinite, TileStore, batch_tiles, plan_tiles, release_memory, run_tiled
+from .tiling import DiskStore, NonFinite, TileStore, batch_tiles, plan_tiles, run_tiled
 
 MIN_TILE_PX = 128
 

@@ -28,8 +28,8 @@ def test_load_unload_dense_component_moves_table_graph_and_ram(qtbot, window, fi
     # them), and hashing reads the file in the background. So: let the hash finish, warm up with one
     # load and unload (as a benchmark warms up), collect, hand the heap back, and wait for RSS to hold
     # still before the baseline. Then the line must move by this load alone.
+    from engine.memory import release_memory
     from engine.requests import UnloadAll
-    from engine.vae.tiling import release_memory
 
     qtbot.waitUntil(lambda: w.library.model.sha256(w.library.current_entry()) is not None, timeout=60_000)
     w.submit(Load(files["vae"]))

@@ -113,7 +113,7 @@ def _rss() -> int:
 
 
 def test_a_decode_cancelled_mid_tiles_leaves_the_ledger_truthful_and_frees_its_memory(engine, files):
-    from engine.vae.tiling import release_memory
+    from engine.memory import release_memory
 
     req = Decode(files["taesd"], files["latent"], mode="tiled", tile=64, overlap=16)
     full = engine.run(Decode(files["taesd"], files["latent"], mode="full"))  # warm: the VAE is loaded
