@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -256,6 +257,13 @@ def _attempt_released(*a):
     """One attempt; whatever happens (done, cancelled, failed) its memory goes back to the OS."""
     try:
         return _attempt(*a)
+    except BaseException as e:
+        # While the exception propagates, its traceback's finished frames still hold this attempt's
+        # activations, so a release now would free nothing and they would be freed later, after the
+        # heap was trimmed (RSS then stays up by a full-resolution tensor once glibc's mmap threshold
+        # has risen). Clear those frames' locals; the traceback keeps its files and lines for the log.
+        traceback.clear_frames(e.__traceback__)
+        raise
     finally:
         _free(a[6])
 
