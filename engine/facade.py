@@ -31,22 +31,23 @@ def _prefixes(path: str) -> dict[str, str]:
     return {n: c.prefix for n, c in det.components.items() if n != "other"}
 
 
-# request type name -> how run() calls the facade
-_DISPATCH: dict[str, Callable] = {
-    "DetectDevices": lambda e, r, t, p: e.detect(r.options, token=t, report=p),
-    "Configure": lambda e, r, t, p: e.configure(r.options, token=t, report=p),
-    "Scan": lambda e, r, t, p: e.scan(r.paths, token=t, report=p),
-    "HashFiles": lambda e, r, t, p: e.hash_files(r.items, token=t, report=p),
-    "Load": lambda e, r, t, p: e.load(r.path, r.components, token=t, report=p),
-    "Unload": lambda e, r, t, p: e.unload(r.path, r.component, r.nbytes, token=t),
-    "UnloadAll": lambda e, r, t, p: e.unload_all(token=t),
-    "Pin": lambda e, r, t, p: e.pin(r.path, r.component, r.pinned),
-    "LoraCoverage": lambda e, r, t, p: e.lora_coverage(r.lora, r.base),
-    "SetLoras": lambda e, r, t, p: e.set_loras(r.base, r.stack, token=t, report=p),
-    "Bake": lambda e, r, t, p: e.bake(r.base, r.stack, r.out, token=t, report=p),
-    "Decode": lambda e, r, t, p: e.decode(r, token=t, report=p),
-    "Encode": lambda e, r, t, p: e.encode(r, token=t, report=p),
-    "PlanRequest": lambda e, r, t, p: e.plan(r.model, r.loras, r.decode),
+# request type -> how run() calls the facade (keyed by the class itself: a renamed or look-alike class
+# can never be routed by accident)
+_HANDLERS: dict[type, Callable] = {
+    rq.DetectDevices: lambda e, r, t, p: e.detect(r.options, token=t, report=p),
+    rq.Configure: lambda e, r, t, p: e.configure(r.options, token=t, report=p),
+    rq.Scan: lambda e, r, t, p: e.scan(r.paths, token=t, report=p),
+    rq.HashFiles: lambda e, r, t, p: e.hash_files(r.items, token=t, report=p),
+    rq.Load: lambda e, r, t, p: e.load(r.path, r.components, token=t, report=p),
+    rq.Unload: lambda e, r, t, p: e.unload(r.path, r.component, r.nbytes, token=t),
+    rq.UnloadAll: lambda e, r, t, p: e.unload_all(token=t),
+    rq.Pin: lambda e, r, t, p: e.pin(r.path, r.component, r.pinned),
+    rq.LoraCoverage: lambda e, r, t, p: e.lora_coverage(r.lora, r.base),
+    rq.SetLoras: lambda e, r, t, p: e.set_loras(r.base, r.stack, token=t, report=p),
+    rq.Bake: lambda e, r, t, p: e.bake(r.base, r.stack, r.out, token=t, report=p),
+    rq.Decode: lambda e, r, t, p: e.decode(r, token=t, report=p),
+    rq.Encode: lambda e, r, t, p: e.encode(r, token=t, report=p),
+    rq.PlanRequest: lambda e, r, t, p: e.plan(r.model, r.loras, r.decode),
 }
 
 
@@ -63,9 +64,9 @@ class Engine:
 
     def run(self, request, token: CancelToken | None = None, report: Report = no_report):
         """Do what a frozen request (engine.requests) asks; the bridge's one entry point."""
-        call = _DISPATCH.get(type(request).__name__)
+        call = _HANDLERS.get(type(request))
         if call is None:
-            raise TypeError(f"the engine does not know the request {type(request).__name__}")
+            raise TypeError(f"the engine does not know the request {request!r}")
         return call(self, request, token or CancelToken(), report)
 
     def snapshot(self):
