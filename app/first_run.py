@@ -32,8 +32,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.cli._common import human_bytes
 from engine.discover import Install, find_installs
+from engine.formatting import human_bytes
 
 KEY_CHOICE = "first_run/choice"  # "scan" | "demo" | "none"
 KEY_PATHS = "first_run/paths"

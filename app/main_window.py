@@ -35,8 +35,8 @@ from app.widgets.lora_stack import LoraStackPanel
 from app.widgets.messages import MessageBar
 from app.widgets.vram_graph import VramGraph
 from engine import memory
-from engine.cli._common import human_bytes
 from engine.devices import DeviceOptions
+from engine.formatting import human_bytes
 from engine.jobs import Progress
 from engine.requests import (
     Bake,

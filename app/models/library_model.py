@@ -8,7 +8,7 @@ import os
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
 from PySide6.QtGui import QColor, QIcon, QPixmap
 
-from engine.cli._common import human_bytes
+from engine.formatting import human_bytes
 
 COLUMNS = ("Name", "Kind", "Architecture", "Size", "Params", "Dtype", "Hash", "LoRA base")
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.cli._common import human_bytes
+from engine.formatting import human_bytes
 from engine.requests import Decode, Encode
 
 LATENT_SUFFIXES = (".latent", ".safetensors")

@@ -9,7 +9,7 @@ import os
 from PySide6.QtWidgets import QTextBrowser, QVBoxLayout, QWidget
 
 from app.models.library_model import human_params, lora_base
-from engine.cli._common import human_bytes
+from engine.formatting import human_bytes
 
 CHIP = ("<span style='background-color:{bg}; color:#111; padding:2px 6px; border-radius:8px;'>"
         "&nbsp;{text}&nbsp;</span>&nbsp; ")  # fmt: skip

@@ -9,7 +9,7 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
-from engine.cli._common import human_bytes
+from engine.formatting import human_bytes
 
 TIER_COLORS = {"device": QColor("#2e86de"), "ram": QColor("#f39c12"), "disk": QColor("#95a5a6")}
 PATCH_COLOR = QColor("#e84393")

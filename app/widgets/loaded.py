@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.widgets.layer_map import TIER_COLORS, LayerMap
-from engine.cli._common import human_bytes
+from engine.formatting import human_bytes
 
 COLUMNS = ("Component", "File", "Device", "On device", "In RAM", "Resident", "Keep in VRAM")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from ..formatting import human_bytes  # noqa: F401  (the sub-commands import it from here)
+
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_BAD_INPUT = 3
@@ -27,14 +29,3 @@ def _default(o):
 
 def print_error(msg: str) -> None:
     print(f"loadout: {msg}", file=sys.stderr)
-
-
-def human_bytes(n: float | None) -> str:
-    """1536 -> '1.5 KiB'. Sizes are binary, as ComfyUI's 'GB' flags are."""
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
