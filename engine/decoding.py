@@ -12,12 +12,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from types import MappingProxyType
 
 from .errors import FormatError
 from .events import DecodeFinished, DecodeStarted, EventLog, JobCancelled, Tiling, TilingChanged
 from .loaded import LoadedModels
-from .requests import Decode, DecodeResult, Encode
+from .requests import Decode, DecodeResult, Encode, frozen
 
 
 @dataclass(frozen=True)
@@ -181,7 +180,7 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     out = {**info.to_json(), "vae_component": comp.name, "device": str(device)}
     parts.events.emit(DecodeFinished(comp.name, len(rgb), dt, tiling=ran[0], dtype=info.dtype, device=str(device),
                                      fp32_rerun=info.fp32_rerun, oom_retries=info.oom_retries))  # fmt: skip
-    return DecodeResult(w, h, rgb, MappingProxyType(out), dt, req.latent)
+    return DecodeResult(w, h, rgb, frozen(out), dt, req.latent)
 
 
 def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
@@ -224,4 +223,4 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
     w, h, rgb = _rgb(x)
     out = {**info.to_json(), "latent_shape": list(lat.shape), "out": req.out, "vae_component": comp.name,
            "shown": shown}  # fmt: skip
-    return DecodeResult(w, h, rgb, MappingProxyType(out), time.perf_counter() - t0, req.out)
+    return DecodeResult(w, h, rgb, frozen(out), time.perf_counter() - t0, req.out)

@@ -299,7 +299,7 @@ class Engine:
 
         lo, ba = open_index(lora), open_index(base)
         cov = coverage(lo, {k: tuple(v.shape) for k, v in ba.tensors.items()}, lora_path=lora, base_path=base)
-        return rq.CoverageResult(lora, base, cov.to_json())
+        return rq.CoverageResult(lora, base, rq.frozen(cov.to_json()))
 
     def set_loras(self, base: str, stack, *, token: CancelToken | None = None, report: Report = no_report):
         """Patch the loaded components of `base` on the fly as `stack` says (all or nothing)."""
