@@ -331,8 +331,10 @@ class Residency(Unloading):
             token.raise_if_cancelled()
         try:
             return self._move(c, u, tier)
-        except Exception as e:  # torch.OutOfMemoryError without importing torch here
-            if type(e).__name__ == "OutOfMemoryError":
+        except Exception as e:
+            import torch  # loaded already: a unit was just being moved
+
+            if isinstance(e, torch.OutOfMemoryError):
                 self._empty_cache()
                 raise _DeviceFull() from e
             raise

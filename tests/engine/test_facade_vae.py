@@ -104,7 +104,7 @@ def test_encode_writes_a_latent_and_keeps_the_vae_loaded(engine, files, tmp_path
     Image.new("RGB", (64, 48), (200, 30, 90)).save(img)
     out = tmp_path / "out.latent"
     res = engine.run(Encode(files["vae"], str(img), str(out), mode="full"))
-    assert res.info["latent_shape"] == [1, 4, 6, 8] and tuple(read_latent(out).shape) == (1, 4, 6, 8)
+    assert tuple(res.info["latent_shape"]) == (1, 4, 6, 8) and tuple(read_latent(out).shape) == (1, 4, 6, 8)
     assert engine.snapshot().get("vae").device_bytes > 0
 
 
