@@ -30,7 +30,7 @@ def error_detection(path: str, size: int | None, error: dict) -> dict:
     """A Detection JSON object for a file that could not be detected."""
     return {
         "path": path, "file_bytes": size, "format": None, "kind": "unknown", "architecture": None,
-        "variant": None, "prediction": None, "components": {}, "lora": None, "metadata": {},
+        "also": [], "variant": None, "prediction": None, "components": {}, "lora": None, "metadata": {},
         "evidence": [], "error": error,
     }  # fmt: skip
 

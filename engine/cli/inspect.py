@@ -71,9 +71,11 @@ def format_text(d) -> str:
     if d.error:
         lines.append(f"  error         {d.error['type']}: {d.error['message']}")
     if d.kind != "unknown" or not d.error:
+        also = getattr(d, "also", ())
         for label, value in (
             ("kind", d.kind),
             ("architecture", d.architecture),
+            *((("also", ", ".join(also)),) if also else ()),
             ("variant", d.variant),
             ("prediction", d.prediction),
         ):

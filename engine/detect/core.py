@@ -288,6 +288,7 @@ def _diffusion(ix: KeyIndex, base: dict, b: Backbone, encoders: list[Part], vaes
         **base,
         kind=kind,
         architecture=b.architecture,
+        also=tuple(b.also) if b.architecture else (),
         variant=b.variant if b.architecture else None,
         prediction=prediction,
         components=build_components(ix, claims, rest="other"),

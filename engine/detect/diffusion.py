@@ -24,11 +24,12 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, unets
+from . import dits, unets, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
 PROBES = (
+    wan.wan,
     dits.mmdit,
     dits.flux,
     dits.auraflow,

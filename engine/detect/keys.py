@@ -91,12 +91,54 @@ class KeyIndex:
             out.setdefault(".".join(parts[-3:]), []).append(k)
         return out
 
+    @cached_property
+    def by_pattern(self) -> dict[str, list[str]]:
+        """Keys grouped by their name with every numeric segment written `#` (`blocks.#.attn.q.weight`):
+        built in one pass, so rules about repeated blocks look at a few dozen groups, not every key."""
+        out: dict[str, list[str]] = {}
+        sub = _NUMERIC_SEGMENT.sub
+        for k in self.tensors:
+            out.setdefault(sub("#", k), []).append(k)
+        return out
+
+    def locate(self, suffix: str) -> dict[str, str]:
+        """{prefix: key} for every prefix P (empty or ending in '.') under which P + `suffix` is a key, `#` in
+        `suffix` standing for any block number. The key kept is the lowest-numbered (`blocks.0` before
+        `blocks.12`), so a shard holding blocks 20-29 answers as well as the whole model. Memoised."""
+        memo = self._located
+        if suffix in memo:
+            return memo[suffix]
+        norm = _NUMERIC_SEGMENT.sub("#", suffix)
+        want = suffix.split(".")
+        n = len(want)
+        found: dict[str, str] = {}
+        for pat, keys in self.by_pattern.items():
+            if pat != norm and not pat.endswith("." + norm):
+                continue
+            for k in keys:
+                segs = k.split(".")
+                if all(w == s or (w == "#" and s.isdigit()) for w, s in zip(want, segs[-n:], strict=False)):
+                    prefix = ".".join(segs[:-n]) + "." if len(segs) > n else ""
+                    old = found.get(prefix)
+                    if old is None or (len(k), k) < (len(old), old):
+                        found[prefix] = k
+        memo[suffix] = found
+        return found
+
+    @cached_property
+    def _located(self) -> dict[str, dict[str, str]]:
+        return {}
+
     def first_match(self, pattern: str) -> str | None:
         """The first key (in natural block order) matching a regular expression."""
         rx = re.compile(pattern)
         tail = _literal_tail(pattern)
         hits = [k for k in self.tensors if k.endswith(tail) and rx.fullmatch(k)]
         return min(hits, key=_natural) if hits else None
+
+
+# A numeric segment of a dotted key (`blocks.12.` or a leading `3.`): a block index or a Sequential slot.
+_NUMERIC_SEGMENT = re.compile(r"(?:(?<=\.)|^)\d+(?=\.|$)")
 
 
 def _literal_tail(pattern: str) -> str:

@@ -67,6 +67,7 @@ class Detection:
     format: str | None
     kind: str = "unknown"
     architecture: str | None = None
+    also: tuple[str, ...] = ()  # other families that use this very layout (a VAE or backbone they share)
     variant: str | None = None
     prediction: str | None = None
     components: dict[str, Component] = field(default_factory=dict)
@@ -92,6 +93,7 @@ class Detection:
             "format": self.format,
             "kind": self.kind,
             "architecture": self.architecture,
+            "also": list(self.also),
             "variant": self.variant,
             "prediction": self.prediction,
             "components": {k: v.to_json() for k, v in self.components.items()},

@@ -377,7 +377,7 @@ def test_no_tensors_is_a_format_error():
 def test_json_has_exactly_the_design_fields():
     j = det(unet(768)).to_json()
     assert list(j) == [
-        "path", "file_bytes", "format", "kind", "architecture", "variant", "prediction",
+        "path", "file_bytes", "format", "kind", "architecture", "also", "variant", "prediction",
         "components", "lora", "metadata", "summary", "evidence", "error",
     ]  # fmt: skip
     assert set(j["components"]["unet"]) == {"prefix", "tensors", "params", "bytes", "dtype"}
