@@ -24,14 +24,14 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, unets, wan
+from . import dits, flux, unets, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
 PROBES = (
     wan.wan,
     dits.mmdit,
-    dits.flux,
+    flux.flux,
     dits.auraflow,
     dits.hunyuan,
     dits.pixart,
