@@ -24,12 +24,17 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, flux, unets, wan
+from . import dits, flux, image_dits, nextdit, unets, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
 PROBES = (
     wan.wan,
+    image_dits.qwen_image,
+    image_dits.krea2,
+    image_dits.hidream,
+    image_dits.sana,
+    nextdit.nextdit,
     dits.mmdit,
     flux.flux,
     dits.auraflow,
