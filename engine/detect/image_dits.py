@@ -162,6 +162,8 @@ def sana(ix: KeyIndex) -> Backbone | None:
         v.because(
             b, names[0], "hidden 2240 in part of the blocks: Sana 1.6B (20 blocks) or Sana 1.5 4.8B (60)"
         )
+    else:
+        v.because(b, names[2], f"hidden {hidden} with {len(nums)} blocks → Sana {size.upper()}")
     task = "normal"
     if v.has("time_embed.guidance_embedder.linear_1.weight"):
         task = "sprint"
