@@ -24,7 +24,7 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, flux, image_dits, nextdit, unets, wan
+from . import dits, flux, hunyuan, image_dits, nextdit, unets, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
@@ -35,6 +35,7 @@ PROBES = (
     image_dits.hidream,
     image_dits.sana,
     nextdit.nextdit,
+    hunyuan.hunyuan,
     dits.mmdit,
     flux.flux,
     dits.auraflow,

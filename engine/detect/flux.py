@@ -217,6 +217,10 @@ def _flux1(v: View, b: Backbone, naming: str, own_key: str | None) -> Backbone:
         why = "no input or guidance embedding in this file (a shard?): dev or schnell, and the variant, cannot be told"
         b.because(v.ix, v.prefix + img_in, why)
         b.also = ["flux1_schnell"]
+        if _hidden(v) == 3072:
+            b.also.append("hunyuan_video")
+            why = "HunyuanVideo's double and single blocks have this layout at this width too"
+            b.because(v.ix, v.prefix + img_in, why)
         return b
     if v.has(guidance):
         b.architecture = "flux1_dev"

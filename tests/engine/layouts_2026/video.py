@@ -117,3 +117,127 @@ def wan_diffusers_config(c: WanConfig, layers: int | None = None) -> dict:
     if c.vace_layers:
         cfg.update(vace_layers=list(c.vace_layers), vace_in_channels=c.vace_in)
     return cfg
+
+
+# --- HunyuanVideo 1.0 / 1.5, HunyuanImage 2.1 ----------------------------------------------------------
+# ComfyUI naming: comfy/ldm/hunyuan_video/model.py (HunyuanVideo: PatchEmbed img_in.proj, MLPEmbedder
+# time_in / vector_in / guidance_in / time_r_in, TokenRefiner txt_in with input_embedder, t_embedder,
+# c_embedder and individual_token_refiner.blocks.N {norm1, self_attn.qkv/proj, norm2, mlp.0/2,
+# adaLN_modulation.1}, FLUX DoubleStreamBlock / SingleStreamBlock, ByT5Mapper byt5_in, MLPProj vision_in,
+# cond_type_embedding, LastLayer). Tencent naming (Tencent/HunyuanVideo `hyvideo/modules/models.py`):
+# img_attn_qkv, img_attn_{q,k}_norm, img_mod.linear, img_mlp.fc1/fc2, single_blocks.N.{q,k}_norm /
+# modulation.linear, time_in.mlp.0/2, refiner self_attn_qkv / mlp.fc1 — the names diffusers'
+# convert_hunyuan_video_transformer_to_diffusers reads.
+@dataclass(frozen=True)
+class HunyuanConfig:
+    hidden: int = 3072
+    double: int = 20
+    single: int = 40
+    in_channels: int = 16
+    out_channels: int = 16
+    patch: tuple[int, ...] = (1, 2, 2)
+    text: int = 4096
+    vector: int | None = 768
+    guidance: bool = True
+    byt5: bool = False
+    vision: int | None = None
+    cond_type: bool = False
+
+    def with_(self, **kw) -> HunyuanConfig:
+        return replace(self, **kw)
+
+
+HUNYUAN_VIDEO = HunyuanConfig()
+HUNYUAN_VIDEO_I2V = HunyuanConfig(in_channels=33)
+HUNYUAN_VIDEO15 = HunyuanConfig(
+    hidden=2048, double=54, single=0, in_channels=65, out_channels=32, patch=(1, 1, 1), text=3584,
+    vector=None, guidance=False, byt5=True, vision=1152, cond_type=True,
+)  # fmt: skip
+HUNYUAN_IMAGE21 = HunyuanConfig(
+    hidden=3584, double=20, single=40, in_channels=64, out_channels=64, patch=(1, 1), text=3584,
+    vector=None, guidance=False, byt5=True,
+)  # fmt: skip
+
+
+def _mlp_embedder(r: Rows, k: str, h: int, inp: int, tencent: bool) -> None:
+    a, b = ("mlp.0", "mlp.2") if tencent else ("in_layer", "out_layer")
+    r.lin(f"{k}.{a}", h, inp)
+    r.lin(f"{k}.{b}", h, h)
+
+
+def hunyuan(c: HunyuanConfig, naming: str = "comfy") -> Rows:
+    t = naming == "tencent"
+    r = Rows()
+    h, mlp = c.hidden, 4 * c.hidden
+    r.conv("img_in.proj", h, c.in_channels, c.patch)
+    _mlp_embedder(r, "time_in", h, 256, t)
+    if c.guidance:
+        _mlp_embedder(r, "guidance_in", h, 256, t)
+    if c.vector:
+        r.lin("vector_in.in_layer", h, c.vector)
+        r.lin("vector_in.out_layer", h, h)
+    r.lin("txt_in.input_embedder", h, c.text)
+    _mlp_embedder(r, "txt_in.t_embedder", h, 256, t)
+    if t:
+        r.lin("txt_in.c_embedder.linear_1", h, c.text)
+        r.lin("txt_in.c_embedder.linear_2", h, h)
+    else:
+        _mlp_embedder(r, "txt_in.c_embedder", h, c.text, False)
+    for n in range(2):
+        k = f"txt_in.individual_token_refiner.blocks.{n}"
+        r.norm(f"{k}.norm1", h)
+        r.lin(f"{k}.self_attn_qkv" if t else f"{k}.self_attn.qkv", 3 * h, h)
+        r.lin(f"{k}.self_attn_proj" if t else f"{k}.self_attn.proj", h, h)
+        r.norm(f"{k}.norm2", h)
+        r.lin(f"{k}.mlp.fc1" if t else f"{k}.mlp.0", mlp, h)
+        r.lin(f"{k}.mlp.fc2" if t else f"{k}.mlp.2", h, mlp)
+        r.lin(f"{k}.adaLN_modulation.1", 2 * h, h)
+    for i in range(c.double):
+        for s in ("img", "txt"):
+            k = f"double_blocks.{i}.{s}"
+            if t:
+                r.lin(f"{k}_mod.linear", 6 * h, h)
+                r.lin(f"{k}_attn_qkv", 3 * h, h)
+                r.t(f"{k}_attn_q_norm.weight", (128,))
+                r.t(f"{k}_attn_k_norm.weight", (128,))
+                r.lin(f"{k}_attn_proj", h, h)
+                r.lin(f"{k}_mlp.fc1", mlp, h)
+                r.lin(f"{k}_mlp.fc2", h, mlp)
+            else:
+                r.lin(f"{k}_mod.lin", 6 * h, h)
+                r.lin(f"{k}_attn.qkv", 3 * h, h)
+                r.t(f"{k}_attn.norm.query_norm.scale", (128,))
+                r.t(f"{k}_attn.norm.key_norm.scale", (128,))
+                r.lin(f"{k}_attn.proj", h, h)
+                r.lin(f"{k}_mlp.0", mlp, h)
+                r.lin(f"{k}_mlp.2", h, mlp)
+    for i in range(c.single):
+        k = f"single_blocks.{i}"
+        r.lin(f"{k}.linear1", 3 * h + mlp, h)
+        r.lin(f"{k}.linear2", h, h + mlp)
+        if t:
+            r.t(f"{k}.q_norm.weight", (128,))
+            r.t(f"{k}.k_norm.weight", (128,))
+            r.lin(f"{k}.modulation.linear", 3 * h, h)
+        else:
+            r.t(f"{k}.norm.query_norm.scale", (128,))
+            r.t(f"{k}.norm.key_norm.scale", (128,))
+            r.lin(f"{k}.modulation.lin", 3 * h, h)
+    patch_area = 1
+    for p in c.patch[-2:]:
+        patch_area *= p
+    r.lin("final_layer.linear", c.out_channels * patch_area, h)
+    r.lin("final_layer.adaLN_modulation.1", 2 * h, h)
+    if c.byt5:
+        r.norm("byt5_in.layernorm", 1472)
+        r.lin("byt5_in.fc1", 2048, 1472)
+        r.lin("byt5_in.fc2", 2048, 2048)
+        r.lin("byt5_in.fc3", h, 2048)
+    if c.vision:
+        r.norm("vision_in.proj.0", c.vision)
+        r.lin("vision_in.proj.1", c.vision, c.vision)
+        r.lin("vision_in.proj.3", h, c.vision)
+        r.norm("vision_in.proj.4", h)
+    if c.cond_type:
+        r.t("cond_type_embedding.weight", (3, h))
+    return r

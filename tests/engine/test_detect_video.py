@@ -1,0 +1,105 @@
+"""HunyuanVideo 1.0 / 1.5, HunyuanImage 2.1, LTX-Video, LTX-2, Mochi and Cosmos Predict2 (Anima) detection
+in the original namings (layouts_2026.video) and diffusers naming (the real classes on the meta device)."""
+
+from __future__ import annotations
+
+import pytest
+from layouts_2026 import video as V
+from layouts_2026.common import assert_same, blocks_only, converted, detect, meta_shapes, shard
+
+HUNYUAN = [
+    (V.HUNYUAN_VIDEO, "hunyuan_video", "t2v"),
+    (V.HUNYUAN_VIDEO_I2V, "hunyuan_video", "i2v"),
+    (V.HUNYUAN_VIDEO15, "hunyuan_video15", "normal"),
+    (V.HUNYUAN_IMAGE21, "hunyuan_image21", "normal"),
+]
+
+
+@pytest.mark.parametrize("cfg, arch, var", HUNYUAN)
+@pytest.mark.parametrize("naming", ["comfy", "tencent"])
+def test_hunyuan_original_namings(cfg, arch, var, naming):
+    for prefix in ("", "model.diffusion_model."):
+        d = detect(V.hunyuan(cfg, naming).under(prefix))
+        assert (d.kind, d.architecture, d.variant, d.prediction) == ("diffusion_model", arch, var, "flow")
+        assert set(d.components) == {"transformer"}
+
+
+@pytest.mark.parametrize("cfg, arch, var", HUNYUAN)
+@pytest.mark.parametrize("naming", ["comfy", "tencent"])
+def test_hunyuan_shards_without_the_stem(cfg, arch, var, naming):
+    rows = V.hunyuan(cfg, naming)
+    late = (
+        blocks_only(rows, "double_blocks.", 19, 21)
+        if cfg.double > 19
+        else blocks_only(rows, "double_blocks.", 2, 5)
+    )
+    d = detect(late)
+    assert (d.kind, d.architecture) == ("diffusion_model", arch)
+    early = detect(blocks_only(rows, "double_blocks.", 2, 5))
+    if arch == "hunyuan_video" and naming == "comfy":
+        # FLUX.1's blocks have this very layout at 3072: an early shard names both, never a guess
+        assert (early.architecture, early.also) == ("flux1_dev", ("flux1_schnell", "hunyuan_video"))
+    else:
+        assert early.architecture == arch
+
+
+def test_the_token_replace_i2v_release_is_reported_as_the_t2v_layout_it_is():
+    d = detect(V.hunyuan(V.HUNYUAN_VIDEO))
+    assert any("token-replace HunyuanVideo-I2V shares this layout" in e.reason for e in d.evidence)
+
+
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+sfu = pytest.importorskip("diffusers.loaders.single_file_utils")
+
+
+def test_hunyuan_video_tencent_naming_converts_to_the_real_class():
+    small = V.HUNYUAN_VIDEO.with_(double=2, single=3)
+    ref = meta_shapes(diffusers.HunyuanVideoTransformer3DModel, num_layers=2, num_single_layers=3)
+    assert_same(
+        converted(sfu.convert_hunyuan_video_transformer_to_diffusers, V.hunyuan(small, "tencent")), ref
+    )
+
+
+@pytest.mark.parametrize(
+    "cfg, cls, kw, arch, var",
+    [
+        (V.HUNYUAN_VIDEO, "HunyuanVideoTransformer3DModel", {}, "hunyuan_video", "t2v"),
+        (
+            V.HUNYUAN_VIDEO_I2V,
+            "HunyuanVideoTransformer3DModel",
+            {"in_channels": 33, "image_condition_type": "latent_concat"},
+            "hunyuan_video",
+            "i2v",
+        ),
+        (V.HUNYUAN_VIDEO15, "HunyuanVideo15Transformer3DModel", {}, "hunyuan_video15", "normal"),
+        (
+            V.HUNYUAN_IMAGE21,
+            "HunyuanImageTransformer2DModel",
+            {"text_embed_2_dim": 1472},
+            "hunyuan_image21",
+            "normal",
+        ),
+    ],
+)
+def test_hunyuan_diffusers_naming_and_parameter_counts(cfg, cls, kw, arch, var):
+    ref = meta_shapes(getattr(diffusers, cls), **kw)
+    d = detect(ref)
+    assert (d.kind, d.architecture, d.variant) == ("diffusion_model", arch, var)
+    # ComfyUI's naming holds exactly the parameters of the real model, block for block
+    assert V.hunyuan(cfg).params() == d.params
+    container = "single_transformer_blocks." if cfg.single else "transformer_blocks."
+    assert (
+        detect(
+            blocks_only(ref, container, 1, 3)
+            if arch != "hunyuan_video"
+            else blocks_only(ref, container, 38, 40)
+        ).architecture
+        == arch
+    )
+    assert (
+        detect(
+            shard(ref, lambda k: not k.startswith(("transformer_blocks.", "single_transformer_blocks.")))
+        ).architecture
+        == arch
+    )
