@@ -24,7 +24,7 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, flux, hunyuan, image_dits, nextdit, unets, wan
+from . import dits, flux, hunyuan, image_dits, nextdit, unets, video_dits, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
@@ -35,6 +35,9 @@ PROBES = (
     image_dits.hidream,
     image_dits.sana,
     nextdit.nextdit,
+    video_dits.ltx,
+    video_dits.mochi,
+    video_dits.cosmos,
     hunyuan.hunyuan,
     dits.mmdit,
     flux.flux,

@@ -42,9 +42,13 @@ _STEMS = (
 )
 # (double-block key giving the hidden size at dim 1, the naming's single-block key)
 _BLOCKS = (
-    ("double_blocks.#.img_attn_qkv.weight", "single_blocks.#.modulation.linear.weight"),  # Tencent
-    ("double_blocks.#.img_mod.lin.weight", "single_blocks.#.modulation.lin.weight"),  # ComfyUI
-    ("transformer_blocks.#.norm1_context.linear.weight", "single_transformer_blocks.#.norm.linear.weight"),
+    ("double_blocks.#.img_attn_qkv.weight", "single_blocks.#.modulation.linear.weight", ()),  # Tencent
+    ("double_blocks.#.img_mod.lin.weight", "single_blocks.#.modulation.lin.weight", ()),  # ComfyUI
+    (
+        "transformer_blocks.#.norm1_context.linear.weight",
+        "single_transformer_blocks.#.norm.linear.weight",
+        ("transformer_blocks.#.attn.add_q_proj.weight",),  # (Mochi's joint blocks say attn1)
+    ),
 )
 
 
@@ -102,8 +106,8 @@ def _hv1_task(v: View, b: Backbone, patch: str, channels: int) -> str | None:
 def _blocks_only(ix: KeyIndex) -> Backbone | None:
     """A shard without the stem: Tencent's naming is Hunyuan's own; in the FLUX-like namings the width
     tells (2048, 3584), or at 3072 a block number FLUX.1 does not have."""
-    for double, single in _BLOCKS:
-        v = find_view(ix, double) or find_view(ix, single)
+    for double, single, beside in _BLOCKS:
+        v = find_view(ix, double, *beside) or find_view(ix, single)
         if v is None:
             continue
         if v.has("img_in.weight") or v.has("x_embedder.weight") or v.has("vector_in.in_layer.weight"):

@@ -103,3 +103,89 @@ def test_hunyuan_diffusers_naming_and_parameter_counts(cfg, cls, kw, arch, var):
         ).architecture
         == arch
     )
+
+
+LTX_13B = dict(num_attention_heads=32, attention_head_dim=128, cross_attention_dim=4096, num_layers=4)
+
+
+@pytest.mark.parametrize(
+    "cls, kw, arch, var",
+    [
+        ("LTXVideoTransformer3DModel", {"num_layers": 4}, "ltxv", "normal-2b"),
+        ("LTXVideoTransformer3DModel", LTX_13B, "ltxv", "normal-13b"),
+        ("LTX2VideoTransformer3DModel", {"num_layers": 3}, "ltx2", "normal"),
+    ],
+)
+def test_ltx_both_namings_and_shards(cls, kw, arch, var):
+    ref = meta_shapes(getattr(diffusers, cls), **kw)
+    original = V.ltx_original(ref, ltx2=arch == "ltx2")
+    convert = (
+        sfu.convert_ltx2_transformer_to_diffusers
+        if arch == "ltx2"
+        else sfu.convert_ltx_transformer_checkpoint_to_diffusers
+    )
+    assert_same(converted(convert, dict(original)), ref)
+    for rows in (ref, original):
+        d = detect(rows)
+        assert (d.kind, d.architecture, d.variant, d.prediction) == ("diffusion_model", arch, var, "flow")
+    assert detect(blocks_only(ref, "transformer_blocks.", 1, 3)).architecture == arch
+    # Lightricks' all-in-one files keep the VAE beside the transformer: that is a checkpoint
+    assert (
+        detect({**original, "vae.decoder.conv_in.conv.weight": (1024, 128, 3, 3, 3)})
+        .components["transformer"]
+        .prefix
+        == "model.diffusion_model."
+    )
+
+
+def test_full_size_ltx2_is_19b():
+    d = detect(meta_shapes(diffusers.LTX2VideoTransformer3DModel))
+    assert d.architecture == "ltx2" and abs(d.params - 18.9e9) < 0.1e9
+
+
+def test_mochi_both_namings():
+    ref = meta_shapes(diffusers.MochiTransformer3DModel)
+    assert_same(converted(sfu.convert_mochi_transformer_checkpoint_to_diffusers, V.mochi_original()), ref)
+    for rows in (
+        ref,
+        V.mochi_original().under("model.diffusion_model."),
+        blocks_only(ref, "transformer_blocks.", 20, 30),
+        blocks_only(V.mochi_original(), "blocks.", 40, 48),
+    ):
+        d = detect(rows)
+        assert (d.kind, d.architecture, d.variant) == ("diffusion_model", "mochi", "normal"), d.evidence
+
+
+@pytest.mark.parametrize(
+    "cfg, var",
+    [(V.COSMOS2_2B_T2I, "t2i-2b"), (V.COSMOS2_14B_V2W, "i2v-14b"), (V.ANIMA, "anima-2b")],
+)
+def test_cosmos_predict2_and_anima(cfg, var):
+    small = cfg.with_(layers=3)
+    ref = meta_shapes(diffusers.CosmosTransformer3DModel, **V.cosmos_diffusers_config(small))
+    original = V.cosmos_original(small)
+    net = {k: s for k, s in original.items() if ".llm_adapter." not in k}
+    assert_same(converted(sfu.convert_cosmos_transformer_checkpoint_to_diffusers, net), ref)
+    for prefix_swap in ("net.", "model.diffusion_model.", ""):
+        rows = {prefix_swap + k.removeprefix("net."): s for k, s in original.items()}
+        d = detect(rows)
+        assert (d.kind, d.architecture, d.variant, d.prediction) == (
+            "diffusion_model",
+            "cosmos_predict2",
+            var,
+            "flow",
+        )
+        assert set(d.components) == {"transformer"}
+    if cfg.anima:
+        # diffusers keeps Anima's adapter in its own folder: the transformer alone is Predict2 2B's layout
+        assert detect(ref).variant == "t2i-2b"
+        assert any("Anima's transformer alone" in e.reason for e in detect(ref).evidence)
+    else:
+        assert detect(ref).variant == var
+    assert detect(blocks_only(ref, "transformer_blocks.", 1, 3)).variant == var.split("-")[1]
+
+
+def test_cosmos_1_0_is_named_but_has_no_architecture_id():
+    d = detect(meta_shapes(diffusers.CosmosTransformer3DModel, num_layers=2))  # the defaults: Cosmos 1.0 7B
+    assert (d.kind, d.architecture) == ("diffusion_model", None)
+    assert any("Cosmos 1.0" in e.reason for e in d.evidence)

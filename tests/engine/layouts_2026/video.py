@@ -241,3 +241,157 @@ def hunyuan(c: HunyuanConfig, naming: str = "comfy") -> Rows:
     if c.cond_type:
         r.t("cond_type_embedding.weight", (3, h))
     return r
+
+
+# --- LTX-Video / LTX-2 (original naming) -------------------------------------------------------------
+# Lightricks/LTX-Video and Lightricks/LTX-2 keep diffusers' module tree under other names; these are the
+# renames diffusers' convert_ltx_transformer_checkpoint_to_diffusers / convert_ltx2_transformer_to_diffusers
+# undo (patchify_proj, adaln_single, q_norm / k_norm; audio_patchify_proj, audio_adaln_single,
+# av_ca_*_adaln_single, scale_shift_table_a2v_ca_*). Applied to the real diffusers classes' keys, they
+# give the original layout of any config.
+_LTX_NAMES = (
+    ("proj_in", "patchify_proj"),
+    ("time_embed", "adaln_single"),
+    ("norm_q", "q_norm"),
+    ("norm_k", "k_norm"),
+)
+_LTX2_NAMES = (
+    ("audio_proj_in", "audio_patchify_proj"),
+    ("audio_time_embed", "audio_adaln_single"),
+    ("av_cross_attn_video_scale_shift", "av_ca_video_scale_shift_adaln_single"),
+    ("av_cross_attn_video_a2v_gate", "av_ca_a2v_gate_adaln_single"),
+    ("av_cross_attn_audio_scale_shift", "av_ca_audio_scale_shift_adaln_single"),
+    ("av_cross_attn_audio_v2a_gate", "av_ca_v2a_gate_adaln_single"),
+    ("video_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_video"),
+    ("audio_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_audio"),
+)
+
+
+def ltx_original(diffusers_shapes: dict, ltx2: bool = False) -> Rows:
+    r = Rows()
+    for k, s in diffusers_shapes.items():
+        segs = k.split(".")
+        for new, old in (_LTX2_NAMES if ltx2 else ()) + _LTX_NAMES:
+            segs = [old if seg == new else seg for seg in segs]
+        r.t("model.diffusion_model." + ".".join(segs), s)
+    return r
+
+
+# --- Mochi 1 (original naming) -------------------------------------------------------------------------
+# genmoai/mochi `src/genmo/mochi_preview/dit/joint_model/asymm_models_joint.py` (AsymmDiTJoint,
+# AsymmetricJointBlock, AsymmetricAttention, AttentionPool t5_y_embedder, t5_yproj): 48 blocks, visual
+# 3072 wide, text 1536, 24 heads of 128, MLP ratios 4 (SwiGLU), the last block without a text output.
+def mochi_original(layers: int = 48) -> Rows:
+    r = Rows()
+    x, y = 3072, 1536
+    r.conv("x_embedder.proj", x, 12, (2, 2))
+    r.lin("t_embedder.mlp.0", x, 256)
+    r.lin("t_embedder.mlp.2", x, x)
+    r.lin("t5_y_embedder.to_kv", 2 * 4096, 4096)
+    r.lin("t5_y_embedder.to_q", 4096, 4096)
+    r.lin("t5_y_embedder.to_out", x, 4096)
+    r.lin("t5_yproj", y, 4096)
+    for i in range(layers):
+        k, last = f"blocks.{i}", i == layers - 1
+        r.lin(f"{k}.mod_x", 4 * x, x)
+        r.lin(f"{k}.mod_y", y if last else 4 * y, x)
+        r.lin(f"{k}.attn.qkv_x", 3 * x, x, False)
+        r.lin(f"{k}.attn.qkv_y", 3 * x, y, False)
+        for n in ("q_norm_x", "k_norm_x", "q_norm_y", "k_norm_y"):
+            r.t(f"{k}.attn.{n}.weight", (128,))
+        r.lin(f"{k}.attn.proj_x", x, x)
+        if not last:
+            r.lin(f"{k}.attn.proj_y", y, x)
+        r.lin(f"{k}.mlp_x.w1", 2 * 8192, x, False)
+        r.lin(f"{k}.mlp_x.w2", x, 8192, False)
+        if not last:
+            r.lin(f"{k}.mlp_y.w1", 2 * 4096, y, False)
+            r.lin(f"{k}.mlp_y.w2", y, 4096, False)
+    r.lin("final_layer.mod", 2 * x, x)
+    r.lin("final_layer.linear", 48, x)
+    r.t("pos_frequencies", (3, 24, 64))
+    return r
+
+
+# --- Cosmos Predict2 / Anima (original naming) ----------------------------------------------------------
+# nvidia-cosmos/cosmos-predict2 `cosmos_predict2/models/text2image_dit.py` (MiniTrainDIT, Block with
+# self_attn / cross_attn / mlp and adaln_modulation_* LoRA pairs, FinalLayer), the COSMOS_2_0 names
+# diffusers' converter reads, under NVIDIA's `net.` prefix; Anima adds `llm_adapter` (diffusers
+# AnimaTextConditioner: embed, 6 blocks of self / cross attention over 1024-wide Qwen3 0.6B states, mlp,
+# out_proj, norm). 2B: 2048 wide (16 heads), 28 blocks; 14B: 5120 (40 heads), 36 blocks; text 1024.
+@dataclass(frozen=True)
+class CosmosConfig:
+    dim: int = 2048
+    layers: int = 28
+    in_channels: int = 16  # 17 for Video2World
+    anima: bool = False
+
+    def with_(self, **kw) -> CosmosConfig:
+        return replace(self, **kw)
+
+
+COSMOS2_2B_T2I = CosmosConfig()
+COSMOS2_14B_V2W = CosmosConfig(dim=5120, layers=36, in_channels=17)
+ANIMA = CosmosConfig(anima=True)
+
+
+def cosmos_original(c: CosmosConfig, prefix: str = "net.") -> Rows:
+    r = Rows()
+    d = c.dim
+    r.lin("x_embedder.proj.1", d, (c.in_channels + 1) * 4, False)
+    r.lin("t_embedder.1.linear_1", d, d, False)
+    r.lin("t_embedder.1.linear_2", 3 * d, d, False)
+    r.t("t_embedding_norm.weight", (d,))
+    for i in range(c.layers):
+        k = f"blocks.{i}"
+        for a, kv in (("self_attn", d), ("cross_attn", 1024)):
+            r.lin(f"{k}.{a}.q_proj", d, d, False)
+            r.lin(f"{k}.{a}.k_proj", d, kv, False)
+            r.lin(f"{k}.{a}.v_proj", d, kv, False)
+            r.lin(f"{k}.{a}.output_proj", d, d, False)
+            r.t(f"{k}.{a}.q_norm.weight", (128,))
+            r.t(f"{k}.{a}.k_norm.weight", (128,))
+        r.lin(f"{k}.mlp.layer1", 4 * d, d, False)
+        r.lin(f"{k}.mlp.layer2", d, 4 * d, False)
+        for m in ("self_attn", "cross_attn", "mlp"):
+            r.lin(f"{k}.adaln_modulation_{m}.1", 256, d, False)
+            r.lin(f"{k}.adaln_modulation_{m}.2", 3 * d, 256, False)
+    r.lin("final_layer.adaln_modulation.1", 256, d, False)
+    r.lin("final_layer.adaln_modulation.2", 2 * d, 256, False)
+    r.lin("final_layer.linear", 16 * 4, d, False)
+    if c.anima:
+        a = "llm_adapter"
+        r.t(f"{a}.embed.weight", (32128, 1024))
+        for n in range(6):
+            k = f"{a}.blocks.{n}"
+            for part in ("self_attn", "cross_attn"):
+                r.t(f"{k}.norm_{part}.weight", (1024,))
+                for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                    r.lin(f"{k}.{part}.{p}", 1024, 1024, False)
+                r.t(f"{k}.{part}.q_norm.weight", (64,))
+                r.t(f"{k}.{part}.k_norm.weight", (64,))
+            r.t(f"{k}.norm_mlp.weight", (1024,))
+            r.lin(f"{k}.mlp.0", 4096, 1024)
+            r.lin(f"{k}.mlp.2", 1024, 4096)
+        r.lin(f"{a}.out_proj", 1024, 1024)
+        r.t(f"{a}.norm.weight", (1024,))
+    return r.under(prefix)
+
+
+def cosmos_diffusers_config(c: CosmosConfig, layers: int | None = None) -> dict:
+    """CosmosTransformer3DModel arguments of a Predict2 release (diffusers' Cosmos 2.0 configs)."""
+    return dict(
+        in_channels=c.in_channels,
+        out_channels=16,
+        num_attention_heads=c.dim // 128,
+        attention_head_dim=128,
+        num_layers=layers or c.layers,
+        mlp_ratio=4.0,
+        text_embed_dim=1024,
+        adaln_lora_dim=256,
+        max_size=(128, 240, 240),
+        patch_size=(1, 2, 2),
+        rope_scale=(1.0, 4.0, 4.0),
+        concat_padding_mask=True,
+        extra_pos_embed_type=None,
+    )
