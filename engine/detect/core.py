@@ -12,6 +12,7 @@ from .keys import KeyIndex, as_key_index
 from .meta import metadata_architecture, metadata_prediction, summarize
 from .parts import Part, container_of, find_clip_vision, find_taesd, find_text_encoders, find_vaes
 from .result import COMPONENT_ORDER, Component, Detection, Evidence
+from .video_vaes import find_video_vaes
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +194,13 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
 
     backbone = find_backbone(ix)
     encoders = find_text_encoders(ix)
-    vaes = [v for v in find_vaes(ix) if backbone is None or v.prefix != backbone.prefix]
+    video = find_video_vaes(ix)
+    vaes = video + [v for v in find_vaes(ix) if v.prefix not in {p.prefix for p in video}]
+    vaes = [v for v in vaes if backbone is None or v.prefix != backbone.prefix]
     if backbone is not None:
         return _diffusion(ix, base, backbone, encoders, vaes)
     if vaes:
-        return _single(ix, base, "vae", vaes, _vae_arch(vaes[0]))
+        return _single(ix, base, "vae", vaes, _vae_arch(vaes[0]), vaes[0].also)
     taesd = find_taesd(ix)
     if taesd:
         z = taesd[0].channels
@@ -224,11 +227,15 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
 
 
 def _vae_arch(v: Part) -> str | None:
+    if v.architecture is not None:  # video VAEs name their family (video_vaes.py)
+        return v.architecture
     # 4 channels: SD1, SD2 and SDXL VAEs share one layout; 16: SD3 and FLUX.1 do — only 32 is one family.
     return "flux2" if v.channels == 32 else None
 
 
-def _single(ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | None) -> Detection:
+def _single(
+    ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | None, also: tuple[str, ...] = ()
+) -> Detection:
     """A file that is one kind of part (a VAE, text encoders, a tiny autoencoder)."""
     by_comp: dict[str, list[str]] = defaultdict(list)
     for p in parts:
@@ -247,7 +254,12 @@ def _single(ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | 
         claims += [("loss.", "other"), ("model_ema.", "other")]
     ev = tuple(e for p in parts for e in p.evidence)
     return Detection(
-        **base, kind=kind, architecture=arch, components=build_components(ix, claims), evidence=ev
+        **base,
+        kind=kind,
+        architecture=arch,
+        also=also if arch else (),
+        components=build_components(ix, claims),
+        evidence=ev,
     )
 
 

@@ -4,6 +4,7 @@ in the original namings (layouts_2026.video) and diffusers naming (the real clas
 from __future__ import annotations
 
 import pytest
+from layouts_2026 import parts as P
 from layouts_2026 import video as V
 from layouts_2026.common import assert_same, blocks_only, converted, detect, meta_shapes, shard
 
@@ -129,12 +130,14 @@ def test_ltx_both_namings_and_shards(cls, kw, arch, var):
         d = detect(rows)
         assert (d.kind, d.architecture, d.variant, d.prediction) == ("diffusion_model", arch, var, "flow")
     assert detect(blocks_only(ref, "transformer_blocks.", 1, 3)).architecture == arch
-    # Lightricks' all-in-one files keep the VAE beside the transformer: that is a checkpoint
-    assert (
-        detect({**original, "vae.decoder.conv_in.conv.weight": (1024, 128, 3, 3, 3)})
-        .components["transformer"]
-        .prefix
-        == "model.diffusion_model."
+    # Lightricks' all-in-one files keep their VAE under `vae.` beside the transformer: a checkpoint
+    vae = meta_shapes(diffusers.AutoencoderKLLTX2Video if arch == "ltx2" else diffusers.AutoencoderKLLTXVideo)
+    stages = P.LTX2_STAGES if arch == "ltx2" else P.LTXV090_STAGES
+    d = detect({**original, **P.ltx_vae_original(vae, stages, ltx2=arch == "ltx2")})
+    assert (d.kind, d.architecture, set(d.components)) == ("checkpoint", arch, {"transformer", "vae"})
+    assert (d.components["transformer"].prefix, d.components["vae"].prefix) == (
+        "model.diffusion_model.",
+        "vae.",
     )
 
 
