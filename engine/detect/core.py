@@ -12,6 +12,7 @@ from .keys import KeyIndex, as_key_index
 from .meta import metadata_architecture, metadata_prediction, summarize
 from .parts import Part, container_of, find_clip_vision, find_taesd, find_text_encoders, find_vaes
 from .result import COMPONENT_ORDER, Component, Detection, Evidence
+from .text_encoders import find_llm_encoders, find_umt5
 from .video_vaes import find_video_vaes
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
         )
 
     backbone = find_backbone(ix)
-    encoders = find_text_encoders(ix)
+    encoders = _encoders(ix)
     video = find_video_vaes(ix)
     vaes = video + [v for v in find_vaes(ix) if v.prefix not in {p.prefix for p in video}]
     vaes = [v for v in vaes if backbone is None or v.prefix != backbone.prefix]
@@ -205,6 +206,9 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
     if taesd:
         z = taesd[0].channels
         return _single(ix, base, "vae_approx", taesd, "flux2" if z == 32 else None)
+    if any(e.component not in _CLIP_AND_T5 for e in encoders):
+        # a decoder LLM or umT5: a multimodal LLM's vision tower is part of the text encoder, not CLIP vision
+        return _single(ix, base, "text_encoder", encoders, None)
     vision = find_clip_vision(ix)
     if vision:
         claims = [
@@ -224,6 +228,17 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
         why = "a ComfyUI latent, not a model (decode it with `loadout decode`)"
         ev = (Evidence("latent_tensor", ix.shape("latent_tensor"), why),)
     return Detection(**base, kind="unknown", components=build_components(ix, []), evidence=ev)
+
+
+_CLIP_AND_T5 = ("clip_l", "clip_g", "clip_h", "t5xxl", "other")
+
+
+def _encoders(ix: KeyIndex) -> list[Part]:
+    """CLIP / T5 encoders (parts.py), decoder LLMs and umT5 (text_encoders.py); umT5 replaces the plain T5
+    reading of the same keys."""
+    newer = find_llm_encoders(ix) + find_umt5(ix)
+    taken = {p.prefix for p in newer}
+    return [p for p in find_text_encoders(ix) if p.prefix not in taken] + newer
 
 
 def _vae_arch(v: Part) -> str | None:

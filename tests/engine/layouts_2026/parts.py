@@ -223,3 +223,24 @@ def ltx_vae_original(diffusers_shapes: dict[str, tuple[int, ...]], stages: dict,
             rest = rest.replace("conv_shortcut.conv.", "conv_shortcut.").replace("norm3.", "norm3.norm.")
         r.t(f"vae.{side}.{rest}", s)
     return r
+
+
+# --- umT5-XXL in Wan's own naming ------------------------------------------------------------------------
+# Wan-Video/Wan2.1 `wan/modules/t5.py` (T5Encoder with token_embedding, blocks.N = T5SelfAttention {norm1,
+# attn.{q,k,v,o}, norm2, ffn.{gate.0, fc1, fc2}, pos_embedding.embedding}, norm; umt5_xxl: vocabulary 256384,
+# dim 4096, FFN 10240, 64 heads, 24 layers, 32 buckets, shared_pos False).
+def umt5_wan(layers: int = 24) -> Rows:
+    r = Rows()
+    r.t("token_embedding.weight", (256384, 4096))
+    for i in range(layers):
+        k = f"blocks.{i}"
+        r.t(f"{k}.norm1.weight", (4096,))
+        for p in ("q", "k", "v", "o"):
+            r.lin(f"{k}.attn.{p}", 4096, 4096, False)
+        r.t(f"{k}.norm2.weight", (4096,))
+        r.lin(f"{k}.ffn.gate.0", 10240, 4096, False)
+        r.lin(f"{k}.ffn.fc1", 10240, 4096, False)
+        r.lin(f"{k}.ffn.fc2", 4096, 10240, False)
+        r.t(f"{k}.pos_embedding.embedding.weight", (32, 64))
+    r.t("norm.weight", (4096,))
+    return r
