@@ -13,6 +13,7 @@ from .meta import metadata_architecture, metadata_prediction, summarize
 from .parts import Part, container_of, find_clip_vision, find_taesd, find_text_encoders, find_vaes
 from .result import COMPONENT_ORDER, Component, Detection, Evidence
 from .text_encoders import find_llm_encoders, find_umt5
+from .unknown_dit import unknown_transformer
 from .video_vaes import find_video_vaes
 
 log = logging.getLogger(__name__)
@@ -223,6 +224,9 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
     up = kinds.upscaler(ix)
     if up is not None:
         return Detection(**base, kind="upscaler", components=build_components(ix, []), evidence=tuple(up))
+    dit = unknown_transformer(ix)  # a denoiser no rule knows: architecture null, with what its keys show
+    if dit is not None:
+        return _diffusion(ix, base, dit, [], [])
     ev: tuple[Evidence, ...] = ()
     if ix.has("latent_tensor"):  # ComfyUI's .latent: a safetensors file with one latent in it
         why = "a ComfyUI latent, not a model (decode it with `loadout decode`)"

@@ -118,6 +118,8 @@ def flux(ix: KeyIndex) -> Backbone | None:
         return _flux1(v, b, naming, None)
     own, own_key = _own_modulation(v, naming, anchor)
     bias, bias_key = _biased(v, naming, anchor)
+    if (own or bias) and not _plain_mlp(v, hidden):
+        return None  # FLUX.1-style blocks with a gated MLP (Ovis-Image...): another model, no guess
     if own:
         return _flux1(v, b, naming, own_key)
     if bias:
@@ -146,6 +148,19 @@ def _hidden(v: View) -> int | None:
         if d is not None:
             return d
     return None
+
+
+def _plain_mlp(v: View, hidden: int | None) -> bool:
+    """FLUX.1 and Chroma blocks have a plain GELU MLP four times the width (flux util.py mlp_ratio 4)."""
+    for key in (
+        "double_blocks.#.img_mlp.0.weight",
+        "transformer_blocks.#.ff.net.0.proj.weight",
+        "single_transformer_blocks.#.proj_mlp.weight",
+    ):
+        width = v.dim(key, 0)
+        if width is not None and hidden:
+            return width == 4 * hidden
+    return True
 
 
 def _own_modulation(v: View, naming: str, anchor: str) -> tuple[bool, str]:
