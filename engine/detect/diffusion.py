@@ -28,7 +28,12 @@ from . import dits, flux, hunyuan, image_dits, nextdit, unets, video_dits, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
+# UNets first: their keys are definitive and cheap to test, so the many SD1 / SDXL files of a library scan
+# skip the transformer rules. Among transformers, families whose blocks another family shares come before
+# it (HunyuanVideo's stem before FLUX's blocks).
 PROBES = (
+    unets.ldm_unet,
+    unets.diffusers_unet,
     wan.wan,
     image_dits.qwen_image,
     image_dits.krea2,
@@ -45,8 +50,6 @@ PROBES = (
     dits.hunyuan,
     dits.pixart,
     dits.cascade,
-    unets.ldm_unet,
-    unets.diffusers_unet,
 )
 
 

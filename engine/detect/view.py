@@ -41,17 +41,8 @@ class View:
 
     def numbers(self, suffix: str) -> list[int]:
         """The block numbers present for a per-block suffix with one `#` (`blocks.#.attn.q.weight`)."""
-        full = (self.prefix + suffix).split(".")
-        pos = full.index("#")
-        pattern = ".".join("#" if (s == "#" or s.isdigit()) else s for s in full)
-        out = set()
-        for k in self.ix.by_pattern.get(pattern, ()):
-            segs = k.split(".")
-            if len(segs) == len(full) and all(
-                a == b or (a == "#" and b.isdigit()) for a, b in zip(full, segs, strict=True)
-            ):
-                out.add(int(segs[pos]))
-        return sorted(out)
+        pos = len(self.prefix.split(".")) - 1 + suffix.split(".").index("#")
+        return sorted({int(k.split(".")[pos]) for p, k in self.ix.matches(suffix) if p == self.prefix})
 
     def blocks(self, suffix: str) -> str:
         """How many blocks the file holds, for evidence: "40 blocks", or "blocks 8-15 (part of a sharded
