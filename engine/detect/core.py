@@ -195,7 +195,7 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
         )
 
     backbone = find_backbone(ix)
-    encoders = _encoders(ix)
+    encoders = find_encoders(ix)
     video = find_video_vaes(ix)
     vaes = video + [v for v in find_vaes(ix) if v.prefix not in {p.prefix for p in video}]
     vaes = [v for v in vaes if backbone is None or v.prefix != backbone.prefix]
@@ -237,7 +237,7 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
 _CLIP_AND_T5 = ("clip_l", "clip_g", "clip_h", "t5xxl", "other")
 
 
-def _encoders(ix: KeyIndex) -> list[Part]:
+def find_encoders(ix: KeyIndex) -> list[Part]:
     """CLIP / T5 encoders (parts.py), decoder LLMs and umT5 (text_encoders.py); umT5 replaces the plain T5
     reading of the same keys."""
     newer = find_llm_encoders(ix) + find_umt5(ix)

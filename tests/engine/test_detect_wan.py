@@ -56,6 +56,7 @@ def test_full_size_releases_detect_with_their_parameter_counts():
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 sfu = pytest.importorskip("diffusers.loaders.single_file_utils")
+transformers = pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("cfg, arch, var, also", CASES[:7] + CASES[9:11])
@@ -104,3 +105,42 @@ def test_an_unknown_wan_size_is_wan_without_a_size():
     d = detect(V.wan_original(V.WanConfig(dim=2048, ffn=8192, layers=4)))
     assert d.architecture == "wan21" and d.variant == "t2v"
     assert any("no known Wan release has this size" in e.reason for e in d.evidence)
+
+
+def test_a_wan_diffusers_pipeline_folder_names_its_umt5_text_encoder(tmp_path):
+    import json
+
+    from engine.detect import detect_file
+    from engine.formats.safetensors import write_sparse
+
+    root = tmp_path / "Wan2.1-T2V-1.3B-Diffusers"
+    index = {
+        "_class_name": "WanPipeline",
+        "transformer": ["diffusers", "WanTransformer3DModel"],
+        "text_encoder": ["transformers", "UMT5EncoderModel"],
+        "vae": ["diffusers", "AutoencoderKLWan"],
+    }
+    for sub in ("transformer", "text_encoder", "vae"):
+        (root / sub).mkdir(parents=True)
+    (root / "model_index.json").write_text(json.dumps(index))
+    umt5 = transformers.UMT5Config(
+        vocab_size=256384,
+        d_model=4096,
+        d_kv=64,
+        d_ff=10240,
+        num_layers=2,
+        num_heads=64,
+        feed_forward_proj="gated-gelu",
+    )
+    layouts = {
+        "transformer/diffusion_pytorch_model.safetensors": meta_shapes(
+            diffusers.WanTransformer3DModel, **V.wan_diffusers_config(V.WAN21_T2V_1_3B, layers=3)
+        ),
+        "text_encoder/model.safetensors": meta_shapes(transformers.UMT5EncoderModel, umt5),
+        "vae/diffusion_pytorch_model.safetensors": meta_shapes(diffusers.AutoencoderKLWan),
+    }
+    for rel, rows in layouts.items():
+        write_sparse(root / rel, [(k, "BF16", s) for k, s in rows.items()])
+    d = detect_file(root)
+    assert (d.kind, d.architecture, d.variant, d.format) == ("checkpoint", "wan21", "t2v-1.3b", "diffusers")
+    assert set(d.components) == {"transformer", "umt5_xxl", "vae"}
