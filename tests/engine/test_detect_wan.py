@@ -144,3 +144,11 @@ def test_a_wan_diffusers_pipeline_folder_names_its_umt5_text_encoder(tmp_path):
     d = detect_file(root)
     assert (d.kind, d.architecture, d.variant, d.format) == ("checkpoint", "wan21", "t2v-1.3b", "diffusers")
     assert set(d.components) == {"transformer", "umt5_xxl", "vae"}
+
+
+def test_wan22_animate_and_s2v_markers():
+    d = detect(meta_shapes(diffusers.WanAnimateTransformer3DModel, num_layers=2))
+    assert (d.architecture, d.variant) == ("wan22", "animate-14b")
+    rows = V.wan_original(V.WAN21_T2V_14B.with_(layers=3))
+    rows.lin("casual_audio_encoder.encoder.final_linear", 5120, 1024)
+    assert (detect(rows).architecture, detect(rows).variant) == ("wan22", "s2v-14b")
