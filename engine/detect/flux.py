@@ -72,6 +72,9 @@ def _find(ix: KeyIndex) -> tuple[View, str, str] | None:
             )
         ):
             return None
+        head = _head_dim(v)
+        if "#" in anchor and head is not None and head != 128:
+            return None  # FLUX's heads are 128 wide; SD3's joint blocks (64) are another family
         if naming == "diffusers":
             if v.has("pos_embed.proj.weight") or v.has("transformer_blocks.#.img_mod.1.weight"):
                 return None  # SD3's MMDiT / Qwen-Image: joint blocks of another family
@@ -147,6 +150,22 @@ def _hidden(v: View) -> int | None:
         d = v.dim(suffix, i)
         if d is not None:
             return d
+    return None
+
+
+def _head_dim(v: View) -> int | None:
+    """The width of the per-head QK-norm scale, in whichever naming the blocks use."""
+    for key in (
+        "double_blocks.#.img_attn.norm.key_norm.scale",
+        "double_blocks.#.img_attn.norm.key_norm.weight",
+        "single_blocks.#.norm.key_norm.scale",
+        "single_blocks.#.norm.key_norm.weight",
+        "transformer_blocks.#.attn.norm_added_k.weight",
+        "single_transformer_blocks.#.attn.norm_k.weight",
+    ):
+        width = v.dim(key, 0)
+        if width is not None:
+            return width
     return None
 
 

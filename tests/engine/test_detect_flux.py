@@ -108,3 +108,10 @@ def test_full_size_flux2_dev_and_klein():
         d = detect(ref)
         assert (d.architecture, d.variant) == ("flux2", var)
         assert abs(d.params - params) / params < 0.1, d.params
+
+
+def test_a_shard_of_sd3_joint_blocks_is_not_taken_for_flux():
+    # SD3.5's diffusers blocks carry the same names as FLUX.1's, with 64-wide heads
+    ref = meta_shapes(diffusers.SD3Transformer2DModel, num_layers=6, qk_norm="rms_norm")
+    d = detect(blocks_only(ref, "transformer_blocks.", 2, 5))
+    assert d.architecture is None and not (d.architecture or "").startswith("flux")
