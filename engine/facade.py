@@ -48,6 +48,9 @@ _HANDLERS: dict[type, Callable] = {
     rq.Decode: lambda e, r, t, p: e.decode(r, token=t, report=p),
     rq.Encode: lambda e, r, t, p: e.encode(r, token=t, report=p),
     rq.PlanRequest: lambda e, r, t, p: e.plan(r.model, r.loras, r.decode),
+    rq.FindLibraries: lambda e, r, t, p: e.find_libraries(),
+    rq.WriteDemo: lambda e, r, t, p: e.write_demo(r.folder, token=t, report=p),
+    rq.EstimateDecode: lambda e, r, t, p: e.estimate_decode(r),
 }
 
 
@@ -308,3 +311,25 @@ class Engine:
         from .plan import make_plan
 
         return make_plan(model, loras=tuple(loras), decode=decode, report=self.report)
+
+    # -- the window's background work (it never touches the disk from the GUI thread) ------------------
+
+    def find_libraries(self):
+        """First run: the installs of the user's other tools (engine.discover; seconds at most)."""
+        from .discover import find_installs
+
+        return tuple(find_installs())
+
+    def write_demo(self, folder: str, *, token: CancelToken | None = None, report: Report = no_report):
+        from .catalog.demo import write_demo
+
+        try:
+            return tuple(write_demo(folder, token=token or CancelToken(), report=report))
+        except OSError as e:  # a folder the user cannot write: say which and why
+            raise EngineError(f"{e.filename or folder}: {e.strerror or e}", path=folder) from e
+
+    def estimate_decode(self, req: rq.EstimateDecode):
+        """A decode's or encode's memory before it runs (headers only; engine.preflight)."""
+        from .preflight import estimate
+
+        return estimate(req)

@@ -85,6 +85,32 @@ class PlanRequest:
     decode: tuple[int, int] | None = None
 
 
+# The window's background work: found, written or read off the GUI thread (the window never scans the
+# disk, writes files or reads headers itself).
+
+
+@dataclass(frozen=True)
+class FindLibraries:
+    """First run: the model libraries of the user's other tools (engine.discover); a tuple of Install."""
+
+
+@dataclass(frozen=True)
+class WriteDemo:
+    """Write the demo library into `folder` (engine.catalog.demo; its small dense files need torch)."""
+
+    folder: str
+
+
+@dataclass(frozen=True)
+class EstimateDecode:
+    """'Will it fit?' before a decode of `source` (an image there means an encode), from headers alone:
+    the input's size and the VAE's kind and weight bytes. Answered by a DecodeEstimate."""
+
+    vae: str
+    source: str  # a latent file, or an image to encode
+    tile: int = 512  # output pixels, for the tiled figure
+
+
 # -- results ---------------------------------------------------------------------------------------
 
 
@@ -167,6 +193,18 @@ class DecodeResult:
     info: dict  # engine.vae RunInfo JSON: mode, tiles, tile_px, estimate_bytes, ... and "vae_component"
     seconds: float
     source: str  # the latent (decode) or the written latent file (encode)
+
+
+@dataclass(frozen=True)
+class DecodeEstimate:
+    """Predicted peak bytes of running an EstimateDecode whole and in tiles (engine.vae.estimate)."""
+
+    direction: str  # decode | encode
+    width: int  # output pixels
+    height: int
+    full_bytes: int
+    tiled_bytes: int
+    tile: int
 
 
 @dataclass(frozen=True)
