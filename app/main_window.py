@@ -27,6 +27,7 @@ from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QProgressBar, QT
 from app import settings as app_settings
 from app.bridge import EngineClient, Job
 from app.excepthooks import CrashReporter, ErrorInfo
+from app.first_run import FirstRun
 from app.models.library_model import ENTRY_ROLE
 from app.widgets.inspector import InspectorPanel
 from app.widgets.library import LibraryPanel
@@ -142,6 +143,10 @@ class MainWindow(QMainWindow):
         self.stack = LoraStackPanel()
         self.graph = VramGraph()
         self.decode = self._make_decode_panel()
+        self.first_run = FirstRun(self, self.client)
+        self.first_run.chosen.connect(self.add_paths)
+        if hasattr(self.decode, "set_input"):
+            self.first_run.demo_latent.connect(self.decode.set_input)
         self.docks: dict[str, QDockWidget] = {}
         self._build_docks()
         self._build_toolbar()
@@ -303,31 +308,9 @@ class MainWindow(QMainWindow):
         saved = [p for p in app_settings.library_folders() if os.path.exists(p) and p not in self.paths]
         self.add_paths(saved, persist=False, select_first=False)
         if self.offer_first_run and not self.paths:
-            QTimer.singleShot(0, self._on_first_run)
+            self.first_run.start()  # looks for the user's libraries in the IO thread, then asks
 
     offer_first_run = False  # set by app.main.run() only: tests and `loadout FILE` never see the dialog
-
-    @Slot()
-    def _on_first_run(self) -> None:
-        """First start with no library: offer the installs found on this machine, or the demo library
-        (asked once; the answer is remembered in the settings file)."""
-        from app.first_run import maybe_first_run
-
-        paths = maybe_first_run(self, app_settings.settings())
-        if paths:
-            self.add_paths([str(p) for p in paths])
-            self._offer_demo_latent(paths)
-
-    def _offer_demo_latent(self, paths) -> None:
-        """Opening the demo library: its latent goes into Decode (the VAE is chosen as the library
-        fills), so the first Decode press shows a picture."""
-        from engine.catalog.demo import DEMO_LATENT
-
-        for p in paths:
-            latent = os.path.join(str(p), DEMO_LATENT)
-            if os.path.isfile(latent) and hasattr(self.decode, "set_input"):
-                self.decode.set_input(latent)
-                return
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.sample_timer.stop()

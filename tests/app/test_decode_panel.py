@@ -147,8 +147,7 @@ def test_opening_the_demo_library_puts_its_latent_in_decode(qtbot, window, tmp_p
     PV.write_decoder(demo / DEMO_CURRENT)
     PV.write_latent(demo / DEMO_LATENT)
     w, dec = window, window.decode
-    w.add_paths([str(demo)], select_first=False)
-    w._offer_demo_latent([demo])
+    w.first_run.open_chosen([demo])  # what the first-run dialog's "Open the demo library" leads to
     assert dec.input_edit.text() == str(demo / DEMO_LATENT)
     qtbot.waitUntil(lambda: dec.vae_box.currentData() == str(demo / DEMO_CURRENT), timeout=30_000)
     assert dec.run_button.text() == "Decode" and dec.run_button.isEnabled()

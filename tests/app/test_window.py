@@ -1,5 +1,6 @@
 """The first window: it appears before torch is imported, shows the detected device, VRAM state and
-free memory, stops its engine thread on close, keeps paths, and turns unhandled errors into dialogs."""
+free memory, looks for the user's libraries off the GUI thread on a first start, stops its engine thread on
+close, keeps paths, and turns unhandled errors into dialogs."""
 
 from __future__ import annotations
 
@@ -142,6 +143,52 @@ def test_default_layout_fits_a_1280_by_800_laptop_screen(qtbot):
             g = dock.geometry()
             assert g.right() < w.width() and g.bottom() < w.height(), (key, g)
     w.close()
+
+
+def test_the_window_looks_for_libraries_off_the_gui_thread(qtbot, monkeypatch):
+    """First start with no library: the search (engine.discover, seconds on a big disk) runs in the
+    engine client's IO thread while the window stays responsive; then the question is asked."""
+    from PySide6.QtCore import QSettings, QThread, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.first_run import FirstRunDialog, first_run_done
+    from engine import discover
+
+    seen = []
+
+    def find_installs(**_kw):
+        seen.append((threading.get_ident(), QThread.currentThread().objectName()))
+        return []
+
+    monkeypatch.setattr(discover, "find_installs", find_installs)
+    w = MainWindow(restore_layout=False)
+    qtbot.addWidget(w)
+    w.offer_first_run = True
+
+    def answer_start_empty(tries=3000):
+        dlg = QApplication.activeModalWidget()
+        if not isinstance(dlg, FirstRunDialog):
+            if tries:  # the dialog comes once the search is done
+                QTimer.singleShot(20, lambda: answer_start_empty(tries - 1))
+            return
+        assert "No ComfyUI" in dlg.message.text()  # nothing found: the demo is offered
+        (start_empty,) = [b for b in dlg.buttons.buttons() if b.text() == "Start empty"]
+        qtbot.mouseClick(start_empty, Qt.MouseButton.LeftButton)
+
+    QTimer.singleShot(0, answer_start_empty)
+    w.start()
+    qtbot.waitUntil(
+        lambda: first_run_done(QSettings(str(_ini()), QSettings.Format.IniFormat)), timeout=60_000
+    )
+    # searched once, in the client's IO thread (never the GUI thread); then the dialog asked
+    assert seen == [(seen[0][0], "loadout-io")] and seen[0][0] != threading.get_ident()
+    w.close()
+
+
+def _ini() -> Path:
+    from app.settings import config_dir
+
+    return config_dir() / "loadout.ini"
 
 
 @pytest.fixture
