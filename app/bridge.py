@@ -44,10 +44,6 @@ class Job:
     request: object
     started: float
 
-    @property
-    def name(self) -> str:  # the window still routes results by it, until its panels take them
-        return type(self.request).__name__
-
 
 @dataclass(frozen=True)
 class _Callbacks:
@@ -163,17 +159,6 @@ class EngineClient(QObject):
     @property
     def busy(self) -> bool:
         return bool(self.jobs)
-
-    @property
-    def engine(self) -> Engine:
-        """The facade, for the window's reads that have not moved to snapshot() yet."""
-        return self._worker.engine
-
-    @property
-    def current(self) -> Job | None:
-        """The oldest unfinished job (an engine-thread job first: that is the one the user waits for)."""
-        eng = [j for j in self.jobs.values() if not isinstance(j.request, IO_REQUESTS + PEEK_REQUESTS)]
-        return next(iter(eng or self.jobs.values()), None)
 
     def snapshot(self):
         """The residency ledger now (a frozen snapshot, read under its lock; None before devices are

@@ -1,6 +1,7 @@
 """The Decode panel: a VAE and a latent (or an image to encode), full / tiled / auto, tile size and
 overlap, the memory estimate before running, progress with ETA, the tiles drawn over the canvas as
-they finish, the result with zoom, save. Estimates are header-only and torch-free (GUI thread)."""
+they finish, the result with zoom, save. Estimates are header-only and torch-free (GUI thread); the
+panel sends its own decode or encode request and shows the result."""
 
 from __future__ import annotations
 
@@ -84,12 +85,11 @@ class ZoomView(QGraphicsView):
 
 
 class DecodePanel(QWidget):
-    run_requested = Signal(object)  # Decode | Encode
     message = Signal(str, str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.window_ = None
+        self.client = None  # app.bridge.EngineClient, once attached
         self.job_id: int | None = None
         self.started = 0.0
         self.tiles: list[tuple[int, int, int, int]] = []
@@ -179,12 +179,14 @@ class DecodePanel(QWidget):
         lay.addLayout(tools)
         self._on_inputs_changed()
 
-    # -- wiring with the window ----------------------------------------------------------------------
+    # -- wiring ---------------------------------------------------------------------------------------
 
-    def connect_window(self, window) -> None:
-        self.window_ = window
-        self.run_requested.connect(lambda req: setattr(self, "job_id", window.submit(req)))
-        self.message.connect(window.notify)
+    def attach(self, client) -> None:
+        """Send this panel's requests through `client`; follow its decode events and tile progress."""
+        self.client = client
+        client.event.connect(self.on_event)
+        client.job_progress.connect(self.on_progress)
+        self._on_inputs_changed()
 
     def set_library(self, entries) -> None:
         cur = self.vae_box.currentData()
@@ -328,7 +330,7 @@ class DecodePanel(QWidget):
         self.progress.setRange(0, 0)
         self.eta.setText("")
         self.run_button.setEnabled(False)
-        self.run_requested.emit(req)
+        self.job_id = self.client.submit(req, self._on_done, self._on_failed, on_cancelled=self._on_cancelled)
 
     def on_event(self, event) -> None:
         if event.kind == "DecodeStarted":
@@ -377,9 +379,7 @@ class DecodePanel(QWidget):
             else:
                 it.setBrush(QBrush(QColor(116, 185, 255, 40 + 120 * ps // max(pt, 1))))
 
-    def on_finished(self, job, result) -> None:
-        if job.id != self.job_id:
-            return
+    def _on_done(self, result) -> None:
         self.job_id = None
         self.result = result
         img = QImage(
@@ -403,25 +403,24 @@ class DecodePanel(QWidget):
         self.save_button.setEnabled(True)
         self._on_inputs_changed()
 
-    def on_failed(self, job, info) -> None:
-        if job.id == self.job_id:
-            self.job_id = None
-            self.eta.setText("failed")
-            self.progress.setRange(0, 1)
-            self.progress.setValue(0)
-            self._on_inputs_changed()
+    def _on_failed(self, info) -> None:
+        self.job_id = None
+        self.eta.setText("failed")
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self._on_inputs_changed()
+        self.client.report_error(info)  # the user hears why, as of any failed job
 
-    def on_cancelled(self, job) -> None:
-        if job.id == self.job_id:
-            self.job_id = None
-            self.eta.setText(
-                f"stopped after {self.tiles_done} of {len(self.tiles)} tiles" if self.tiles else "stopped"
-            )
-            self.progress.setRange(0, 1)
-            self.progress.setValue(0)
-            for it in self.tile_items[self.tiles_done :]:
-                it.setBrush(QBrush(Qt.BrushStyle.NoBrush))
-            self._on_inputs_changed()
+    def _on_cancelled(self) -> None:
+        self.job_id = None
+        self.eta.setText(
+            f"stopped after {self.tiles_done} of {len(self.tiles)} tiles" if self.tiles else "stopped"
+        )
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        for it in self.tile_items[self.tiles_done :]:
+            it.setBrush(QBrush(Qt.BrushStyle.NoBrush))
+        self._on_inputs_changed()
 
     @Slot()
     def fit(self) -> None:

@@ -1,10 +1,11 @@
 """The engine client as a submitter uses it: each request's outcome reaches that submitter's callbacks, in
 the GUI thread; a failure nobody takes reaches the user's one error path; a cancellation is no failure;
-a callback of a widget deleted meanwhile is skipped."""
+a callback of a widget deleted meanwhile is skipped. And a panel handles its own results, no window."""
 
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 from PySide6.QtCore import QCoreApplication, QObject, QThread
@@ -104,3 +105,18 @@ def test_a_callback_of_a_deleted_widget_is_skipped(qtbot, client, files):
     shiboken6.delete(gone)  # a dialog closed while its job ran
     with qtbot.waitSignal(client.idle, timeout=30_000):
         pass  # no RuntimeError from calling into a deleted C++ object (the excepthook would fail the test)
+
+
+def test_the_lora_stack_handles_its_own_coverage_result(qtbot, client, files):
+    """No window: the panel sends its request and shows the answer itself."""
+    from app.widgets.lora_stack import LoraStackPanel
+
+    stack = LoraStackPanel()
+    qtbot.addWidget(stack)
+    stack.attach(client)
+    base = SimpleNamespace(path=files["ckpt"], kind="checkpoint", error=None, name="sd15", architecture="sd1")
+    stack.on_library_changed([base])
+    assert stack.base() == files["ckpt"]
+    stack.add(files["lora"])
+    qtbot.waitUntil(lambda: stack.row_widget(0).badge.text() == "264/264 keys", timeout=30_000)
+    assert stack.total.text().startswith("coverage 264/264 modules")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from app_test_support import drop, wait_job
 
+from engine.requests import Decode, Encode
+
 
 @pytest.fixture(scope="module")
 def decode_files(tmp_path_factory, files):
@@ -25,7 +27,7 @@ def decode_files(tmp_path_factory, files):
 
 
 def _library(qtbot, w, paths):
-    w.add_paths(paths, select_first=False)
+    w.library.add_paths(paths, select_first=False)
     qtbot.waitUntil(lambda: all(w.decode.vae_box.findData(p) >= 0 for p in paths), timeout=30_000)
 
 
@@ -42,7 +44,7 @@ def test_decode_a_dropped_latent_shows_estimate_tiles_result_and_saves(qtbot, wi
     dec.tile_spin.setValue(128)
     dec.overlap_spin.setValue(32)
     dec.run_button.click()
-    res = wait_job(qtbot, w, "Decode")
+    res = wait_job(qtbot, w, Decode)
     assert (res.width, res.height) == (256, 256) and len(res.rgb) == 256 * 256 * 3
     assert res.info["mode"] == "tiled" and res.info["tiles"] == len(dec.tile_items) > 1
     assert dec.tiles_done == len(dec.tile_items)  # every tile was drawn as finished
@@ -70,17 +72,19 @@ def test_stop_during_a_decode_cancels_it_and_state_stays_consistent(qtbot, windo
     dec.tile_spin.setValue(128)
     dec.overlap_spin.setValue(32)
     cancelled = []
-    w.client.job_cancelled.connect(lambda job: cancelled.append(job.name))
+    w.client.job_cancelled.connect(lambda job: cancelled.append(type(job.request)))
     progressed = []
     # the VAE's load through the ledger reports progress too: wait for the tiles themselves
     w.client.job_progress.connect(
-        lambda job, p: progressed.append(p.done) if job.name == "Decode" and p.stage == "VAE decode" else None
+        lambda job, p: (
+            progressed.append(p.done) if isinstance(job.request, Decode) and p.stage == "VAE decode" else None
+        )
     )
     dec.run_button.click()
     qtbot.waitUntil(lambda: any(d >= 1 for d in progressed), timeout=60_000)
     assert w.stop_action.isEnabled()
     w.stop_action.trigger()
-    qtbot.waitUntil(lambda: "Decode" in cancelled, timeout=60_000)
+    qtbot.waitUntil(lambda: Decode in cancelled, timeout=60_000)
     assert dec.job_id is None and dec.run_button.isEnabled()
     assert "stopped" in dec.eta.text() and "stopped" in w.messages.text
     assert dec.tiles_done < len(dec.tile_items)
@@ -92,7 +96,7 @@ def test_stop_during_a_decode_cancels_it_and_state_stays_consistent(qtbot, windo
     dec.set_input(decode_files["small"])
     dec.mode_box.setCurrentIndex(dec.mode_box.findData("full"))
     dec.run_button.click()
-    res = wait_job(qtbot, w, "Decode")
+    res = wait_job(qtbot, w, Decode)
     assert res.info["mode"] == "full" and (res.width, res.height) == (256, 256)
 
 
@@ -130,7 +134,7 @@ def test_a_dropped_photo_picks_an_encoder_and_shows_the_round_trip(qtbot, window
     drop(w, [str(photo)])
     assert dec.vae_box.currentData() == str(enc_file) and dec.run_button.text() == "Encode"
     dec.run_button.click()
-    res = wait_job(qtbot, w, "Encode")
+    res = wait_job(qtbot, w, Encode)
     assert res.info["shown"] == "round trip" and (res.width, res.height) == (128, 128)
     assert (tmp_path / "photo.latent").is_file() and "wrote photo.latent" in dec.eta.text()
 
