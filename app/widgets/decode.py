@@ -1,13 +1,14 @@
 """The Decode panel: a VAE and a latent (or an image to encode), full / tiled / auto, tile size and
 overlap, the memory estimate before running, progress with ETA, the tiles drawn over the canvas as
-they finish, the result with zoom, save. Estimates are header-only and torch-free (GUI thread); the
-panel sends its own decode or encode request and shows the result."""
+they finish, the result with zoom, save. The panel sends its own requests: the estimate (header reads,
+answered by a background thread of the engine client) and the decode or encode itself."""
 
 from __future__ import annotations
 
 import os
 import re
 import time
+from functools import partial
 
 from PySide6.QtCore import QRectF, Qt, Signal, Slot
 from PySide6.QtGui import QBrush, QColor, QImage, QPainter, QPen, QPixmap
@@ -31,7 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.formatting import human_bytes
-from engine.requests import Decode, Encode
+from engine.requests import Decode, DecodeEstimate, Encode, EstimateDecode
 
 LATENT_SUFFIXES = (".latent", ".safetensors")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -91,6 +92,8 @@ class DecodePanel(QWidget):
         super().__init__(parent)
         self.client = None  # app.bridge.EngineClient, once attached
         self.job_id: int | None = None
+        self._estimate: DecodeEstimate | str | None = None  # the engine's answer, or why it has none
+        self._estimates = 0  # estimates asked for: an answer to an older one is dropped
         self.started = 0.0
         self.tiles: list[tuple[int, int, int, int]] = []
         self.tiles_done = 0
@@ -256,51 +259,51 @@ class DecodePanel(QWidget):
             return Encode(vae, src, out, mode, tile, overlap)
         return Decode(vae, src, mode, tile, overlap)
 
-    def estimate_text(self) -> str:
-        """'will it fit?' from the headers: the VAE's kind and weight bytes, the latent's shape."""
-        from engine.vae import estimate_decode_bytes, estimate_encode_bytes
-
+    def ask_estimate(self) -> None:
+        """Ask the engine for the inputs' estimate (header reads, off the GUI thread)."""
         req = self.request()
-        if req is None:
+        self._estimates += 1
+        self._estimate = None
+        if req is None or self.client is None:
+            self.estimate.setText(self.estimate_text())
+            return
+        source = req.latent if isinstance(req, Decode) else req.image
+        n = self._estimates
+        self.client.submit(EstimateDecode(req.vae, source, self.tile_spin.value()),
+                           partial(self._on_estimated, n), partial(self._on_estimate_failed, n))  # fmt: skip
+
+    def _on_estimated(self, n: int, est: DecodeEstimate) -> None:
+        if n == self._estimates:
+            self._estimate = est
+            self.estimate.setText(self.estimate_text())
+
+    def _on_estimate_failed(self, n: int, info) -> None:
+        if n == self._estimates:  # a bad input is reported here, before anything runs
+            self._estimate = info.message
+            self.estimate.setText(self.estimate_text())
+
+    def estimate_text(self) -> str:
+        """'will it fit?': the engine's estimate for the inputs against the free memory now."""
+        est = self._estimate
+        if self.request() is None:
             return "Choose a VAE and a latent (or an image to encode)."
-        e = self.vae_box.currentData(Qt.ItemDataRole.UserRole + 1)
-        comps = (e.detection.get("components") or {}) if e else {}
-        wbytes = sum(int(c.get("bytes") or 0) for c in comps.values()) or None
-        kind = "taesd" if e is not None and e.kind == "vae_approx" else "kl"
-        try:
-            if isinstance(req, Decode):
-                from engine.formats.latent import latent_info
-
-                li = latent_info(req.latent)
-                b, ch, h, w = li.shape[0], li.shape[1], li.shape[-2], li.shape[-1]
-                W, H, fn, what = w * 8, h * 8, estimate_decode_bytes, "decode"
-            else:
-                from PIL import Image
-
-                with Image.open(req.image) as im:
-                    W, H = im.size
-                b, ch, fn, what = 1, 4, estimate_encode_bytes, "encode"
-                if not os.path.isfile(req.image):
-                    raise FileNotFoundError(req.image)
-        except Exception as ex:  # a bad input is reported here, before anything runs
-            return f"<span style='color:#c0392b'>{os.path.basename(self.input_edit.text())}: {ex}</span>"
-        full = fn(W, H, kind=kind, latent_channels=ch, batch=b, weight_bytes=wbytes)
-        tiled = fn(
-            W, H, kind=kind, latent_channels=ch, batch=b, weight_bytes=wbytes, tile=self.tile_spin.value()
-        )
+        if est is None:
+            return self.estimate.text()  # the answer is on its way: keep what is shown
+        if isinstance(est, str):
+            return f"<span style='color:#c0392b'>{os.path.basename(self.input_edit.text())}: {est}</span>"
         free = self.free_bytes
         verdict = ""
         if free is not None:
             mode = self.mode_box.currentData()
-            need = tiled if mode == "tiled" else full
-            if mode == "auto" and full > free:
+            need = est.tiled_bytes if mode == "tiled" else est.full_bytes
+            if mode == "auto" and est.full_bytes > free:
                 verdict = f" · <b>will tile</b> ({human_bytes(free)} free)"
             elif need > free:
                 verdict = f" · <b style='color:#c0392b'>will not fit</b> in {human_bytes(free)} free"
             else:
                 verdict = f" · <b style='color:#27ae60'>fits</b> ({human_bytes(free)} free)"
-        return (f"{W}×{H} {what}: full ≈ {human_bytes(full)}, tiled at {self.tile_spin.value()} px ≈ "
-                f"{human_bytes(tiled)}{verdict}")  # fmt: skip
+        return (f"{est.width}×{est.height} {est.direction}: full ≈ {human_bytes(est.full_bytes)}, tiled at "
+                f"{est.tile} px ≈ {human_bytes(est.tiled_bytes)}{verdict}")  # fmt: skip
 
     def set_free_bytes(self, free: int) -> None:
         changed = self.free_bytes is None or abs(free - self.free_bytes) > 64 * 2**20
@@ -316,7 +319,7 @@ class DecodePanel(QWidget):
         tiled = self.mode_box.currentData() == "tiled"
         self.tile_spin.setEnabled(tiled)
         self.overlap_spin.setEnabled(tiled)
-        self.estimate.setText(self.estimate_text())
+        self.ask_estimate()
 
     # -- running ---------------------------------------------------------------------------------------------
 

@@ -120,3 +120,23 @@ def test_the_lora_stack_handles_its_own_coverage_result(qtbot, client, files):
     stack.add(files["lora"])
     qtbot.waitUntil(lambda: stack.row_widget(0).badge.text() == "264/264 keys", timeout=30_000)
     assert stack.total.text().startswith("coverage 264/264 modules")
+
+
+def test_the_decode_panel_asks_the_engine_for_its_estimate(qtbot, client, files, tmp_path):
+    """The estimate's header reads run in the client's peek thread; the panel shows the answer."""
+    import torch
+
+    from app.widgets.decode import DecodePanel
+    from engine.formats.latent import write_latent
+
+    latent = tmp_path / "small.latent"
+    write_latent(latent, torch.zeros(1, 4, 16, 16))
+    dec = DecodePanel()
+    qtbot.addWidget(dec)
+    dec.attach(client)
+    dec.vae_box.addItem("vae", files["vae"])
+    dec.set_input(str(latent))
+    qtbot.waitUntil(lambda: dec.estimate.text().startswith("128×128 decode: full ≈"), timeout=30_000)
+    dec.set_input(str(tmp_path / "missing.latent"))
+    qtbot.waitUntil(lambda: "missing.latent:" in dec.estimate.text(), timeout=30_000)
+    assert "c0392b" in dec.estimate.text()  # shown in red in the panel, not as an error message

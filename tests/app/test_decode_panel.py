@@ -37,6 +37,7 @@ def test_decode_a_dropped_latent_shows_estimate_tiles_result_and_saves(qtbot, wi
     assert dec.set_vae(decode_files["taesd"])
     drop(w, [decode_files["small"]])  # a latent dropped on the window becomes Decode's input
     assert dec.input_edit.text() == decode_files["small"]
+    qtbot.waitUntil(lambda: "decode: full" in dec.estimate.text(), timeout=10_000)  # read off the GUI thread
     assert (
         dec.estimate.text().startswith("256×256 decode: full ≈") and "tiled at 512 px" in dec.estimate.text()
     )
