@@ -11,8 +11,8 @@ from app_test_support import drop, wait_job
 def decode_files(tmp_path_factory, files):
     import torch
 
-    from engine import synth
     from engine.formats.latent import write_latent
+    from tests.support import synth
 
     d = tmp_path_factory.mktemp("decode")
     taesd = synth.write("taesd_decoder", d / "taesd_decoder.safetensors", dense=True, seed=7)
@@ -107,8 +107,8 @@ def test_a_dropped_photo_picks_an_encoder_and_shows_the_round_trip(qtbot, window
     beside the photo and shows it decoded back."""
     from PIL import Image
 
-    from engine import synth
     from engine.catalog import demo_preview as PV
+    from tests.support import synth
 
     d = tmp_path / "vae_approx"
     d.mkdir()

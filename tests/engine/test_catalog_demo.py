@@ -56,8 +56,8 @@ def test_demo_library_is_detected_as_described(demo, tmp_path):
 def test_demo_layouts_are_the_fixture_layouts_and_only_those_the_demo_writes():
     """The committed layout data is what the fixtures' layout builder (checked against diffusers,
     transformers and real files) makes today. After a layout fix, write it again with
-    `python -m engine.synth demo-layouts engine/catalog/demo_layouts.json.gz`."""
-    from engine.synth.demo_data import encode
+    `python -m tests.support.synth demo-layouts engine/catalog/demo_layouts.json.gz`."""
+    from tests.support.synth.demo_data import encode
 
     committed = files("engine.catalog").joinpath(demo_layouts.DATA).read_bytes()
     assert gzip.decompress(committed) == gzip.decompress(encode()), "demo_layouts.json.gz is stale"

@@ -1,4 +1,4 @@
-"""`python -m engine.synth list` / `write NAME PATH [--dtype F16] [--prefix P] [--ckpt] [--dense]` /
+"""`python -m tests.support.synth list` / `write NAME PATH [--dtype F16] [--prefix P] [--ckpt] [--dense]` /
 `diffusers NAME DIR` / `demo-layouts PATH`: the generator from a shell, for making fixtures and demo files
 by hand, and for writing the demo library's layout data again (engine/catalog/demo_layouts.json.gz)."""
 
@@ -12,7 +12,7 @@ from . import DIFFUSERS_PIPELINES, info, layout, names, nbytes, write, write_ckp
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.synth", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m tests.support.synth", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="every layout with its kind, architecture and size")
     w = sub.add_parser("write", help="write one layout as a sparse file")

@@ -1,6 +1,6 @@
 """The demo library's layouts as data: the product's `loadout demo` writes its sparse and hand-set files
 from engine/catalog/demo_layouts.json.gz, generated here once and committed, so it does not need (or
-ship) these generators. `python -m engine.synth demo-layouts PATH` writes the file again;
+ship) these generators. `python -m tests.support.synth demo-layouts PATH` writes the file again;
 tests/engine/test_catalog_demo.py checks the committed one still equals `encode()`.
 """
 
