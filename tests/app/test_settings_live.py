@@ -49,13 +49,10 @@ def test_a_new_vram_budget_applies_now_and_the_status_bar_says_so(qtbot, window)
     assert engine_of(w).report is done.report
     assert engine_of(w).residency.policy.vram_budget == int(1.5 * GIB)
     assert engine_of(w).residency.budget() <= 1.5 * GIB
-    assert (
-        w.device_status.state_label.text() != before and "cap 1.5 GiB" in w.device_status.state_label.text()
-    )
-    assert w.device_status.report is done.report and w.device_status.report.budget_bytes(2**50) == int(
-        1.5 * GIB
-    )  # the label's figure
-    assert w.device_status.timer.interval() == 200  # 5 samples a second, live
+    st = w.device_status  # the status bar's device side
+    assert st.state_label.text() != before and "cap 1.5 GiB" in st.state_label.text()
+    assert st.report is done.report and st.report.budget_bytes(2**50) == int(1.5 * GIB)  # the label's figure
+    assert st.timer.interval() == 200  # 5 samples a second, live
     assert "Device options applied" in w.messages.text
 
 

@@ -18,8 +18,8 @@ def files(tmp_path_factory):
     import torch
     from PIL import Image
 
-    from engine import synth
     from engine.formats.latent import write_latent
+    from tests.support import synth
 
     d = tmp_path_factory.mktemp("window_work")
     latent = d / "small.latent"

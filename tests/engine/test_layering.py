@@ -56,3 +56,36 @@ def test_light_engine_modules_do_not_import_torch():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "clean", f"imported at module level: {r.stdout.strip()}"
+
+
+def test_no_import_cycle_between_engine_packages():
+    """Importing engine.model.x counts as importing engine.model; imports inside functions and under
+    TYPE_CHECKING count too (grimp sees every import statement)."""
+    import collections
+
+    grimp = pytest.importorskip("grimp")
+    g = grimp.build_graph("engine", include_external_packages=False)
+
+    def top(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    adj = collections.defaultdict(set)
+    for m in g.modules:
+        for i in g.find_modules_directly_imported_by(m):
+            if top(m) != top(i) and top(i) != "engine":  # the root package only carries __version__
+                adj[top(m)].add(top(i))
+
+    def reaches(a: str, b: str) -> bool:
+        seen, todo = set(), [a]
+        while todo:
+            x = todo.pop()
+            for y in adj[x]:
+                if y == b:
+                    return True
+                if y not in seen:
+                    seen.add(y)
+                    todo.append(y)
+        return False
+
+    cycles = sorted({tuple(sorted((a, b))) for a in list(adj) for b in adj[a] if reaches(b, a)})
+    assert not cycles, f"import cycles between engine packages: {cycles}"
