@@ -403,7 +403,7 @@ class MainWindow(QMainWindow):
         if entry is None:
             return
         if entry.error:
-            self.notify(f"{entry.name} cannot be loaded: {entry.error.get('message')}", "error")
+            self.notify(f"{entry.name} cannot be loaded: {entry.error.message}", "error")
         elif entry.kind == "lora":
             self.stack.add(entry.path)
             self.docks["stack"].raise_()
@@ -629,10 +629,10 @@ class MainWindow(QMainWindow):
                     self.notify(
                         f"{e.name} is a {e.kind}, not a LoRA: it was not added to the stack.", "warning"
                     )
-        bad = [e for e in lib.entries if e.error and e.error.get("type") != "unsupported"]
+        bad = [e for e in lib.entries if e.error and e.error.type != "unsupported"]
         for e in bad[:1]:
             more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-            self.notify(f"{e.name}: {e.error.get('message')}{more}", "error")
+            self.notify(f"{e.name}: {e.error.message}{more}", "error")
         if not lib.entries and not bad:
             roots = ", ".join(os.path.basename(r.path) for r in lib.roots)
             self.notify(f"No model files found in {roots}. Loadout reads .safetensors, .ckpt, .pt, .pth, .bin "

@@ -261,8 +261,8 @@ class DecodePanel(QWidget):
         if req is None:
             return "Choose a VAE and a latent (or an image to encode)."
         e = self.vae_box.currentData(Qt.ItemDataRole.UserRole + 1)
-        comps = (e.detection.get("components") or {}) if e else {}
-        wbytes = sum(int(c.get("bytes") or 0) for c in comps.values()) or None
+        comps = e.detection.components if e else {}
+        wbytes = sum(c.bytes for c in comps.values()) or None
         kind = "taesd" if e is not None and e.kind == "vae_approx" else "kl"
         try:
             if isinstance(req, Decode):
