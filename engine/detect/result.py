@@ -114,8 +114,10 @@ class Evidence:
     @classmethod
     def from_json(cls, d: Any) -> Evidence:
         key, shape, reason = _EVIDENCE.values(d)
-        if shape is not None and not {type(n) for n in shape} <= _INT:
-            raise ValueError("evidence.shape: not a list of integers")
+        if shape is not None:
+            if not {type(n) for n in shape} <= _INT:
+                raise ValueError("evidence.shape: not a list of integers")
+            shape = tuple(shape)
         return cls(key, shape, reason)
 
 
@@ -233,12 +235,15 @@ class Summary:
     @classmethod
     def from_json(cls, d: Any) -> Summary:
         if d is None:
-            return cls()
+            return _NO_SUMMARY
         if type(d) is not dict or not d.keys() <= set(_SUMMARY_PARTS):
             raise ValueError("summary: expected an object with training / modelspec / other")
         if not all(type(v) is dict and v for v in d.values()):
             raise ValueError("summary: each part is a non-empty object (to_json leaves empty ones out)")
         return cls(**d)
+
+
+_NO_SUMMARY = Summary()  # immutable, so one instance serves every file without metadata
 
 
 @dataclass(frozen=True)
@@ -258,21 +263,29 @@ class Detection:
     components: Mapping[str, Component] = field(default_factory=lambda: _EMPTY)
     lora: LoraFacts | None = None
     metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
-    summary: Summary = field(default_factory=Summary)
+    summary: Summary = _NO_SUMMARY
     evidence: tuple[Evidence, ...] = ()
     error: Failure | None = None
 
     def __post_init__(self) -> None:
+        # Cheap when given frozen parts (from_json, dataclasses.replace): a warm library scan builds
+        # one Detection per cached file.
         if type(self.components) is not MappingProxyType:
             object.__setattr__(self, "components", MappingProxyType(dict(self.components)))
-        object.__setattr__(self, "metadata", _frozen_mapping(self.metadata))
+        if type(self.metadata) is not MappingProxyType:
+            object.__setattr__(self, "metadata", freeze(self.metadata))
         if type(self.evidence) is not tuple:
             object.__setattr__(self, "evidence", tuple(self.evidence))
         # The typed parts only: a dict here is a caller still speaking JSON (fail now, not at to_json()).
-        for name, cls in (("lora", LoraFacts), ("summary", Summary), ("error", Failure)):
-            v = getattr(self, name)
-            if not (isinstance(v, cls) or (v is None and name != "summary")):
-                raise TypeError(f"Detection.{name} must be a {cls.__name__}, not {type(v).__name__}")
+        if not (
+            isinstance(self.summary, Summary)
+            and (self.lora is None or isinstance(self.lora, LoraFacts))
+            and (self.error is None or isinstance(self.error, Failure))
+        ):
+            for name, cls in (("lora", LoraFacts), ("summary", Summary), ("error", Failure)):
+                v = getattr(self, name)
+                if not (isinstance(v, cls) or (v is None and name != "summary")):
+                    raise TypeError(f"Detection.{name} must be a {cls.__name__}, not {type(v).__name__}")
 
     def __reduce__(self):  # for worker processes: MappingProxyType does not pickle, plain dicts do
         return (
@@ -316,9 +329,9 @@ class Detection:
          evidence, error) = _DETECTION.values(d)  # fmt: skip
         return cls(
             path, file_bytes, fmt, kind, arch, variant, prediction,
-            {k: Component.from_json(v) for k, v in components.items()},
+            MappingProxyType({k: Component.from_json(v) for k, v in components.items()}),
             None if lora is None else LoraFacts.from_json(lora),
-            metadata,
+            freeze(metadata),
             Summary.from_json(summary),
             tuple(Evidence.from_json(e) for e in evidence),
             None if error is None else Failure.from_json(error),
