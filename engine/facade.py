@@ -31,7 +31,7 @@ def _prefixes(f) -> dict[str, str]:
 
     det = detect_index(index_of_header(f.header, f.path), path=f.path)
     if det.error is not None and not det.components:
-        raise FormatError(f"{os.path.basename(f.path)}: {det.error.get('message', 'cannot be read')}")
+        raise FormatError(f"{os.path.basename(f.path)}: {det.error.message}")
     return {n: c.prefix for n, c in det.components.items() if n != "other"}
 
 

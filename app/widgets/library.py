@@ -149,10 +149,10 @@ class LibraryPanel(QWidget):
         added = self.merge(lib.entries)
         self.hide_progress()
         self.entries_changed.emit(self.model.entries)
-        bad = [e for e in lib.entries if e.error and e.error.get("type") != "unsupported"]
+        bad = [e for e in lib.entries if e.error and e.error.type != "unsupported"]
         for e in bad[:1]:
             more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-            self.message.emit(f"{e.name}: {e.error.get('message')}{more}", "error")
+            self.message.emit(f"{e.name}: {e.error.message}{more}", "error")
         if not lib.entries and not bad:
             roots = ", ".join(os.path.basename(r.path) for r in lib.roots)
             self.message.emit(f"No model files found in {roots}. Loadout reads .safetensors, .ckpt, .pt, .pth, "
@@ -267,7 +267,7 @@ class LibraryPanel(QWidget):
         if entry is None:
             return
         if entry.error:
-            self.message.emit(f"{entry.name} cannot be loaded: {entry.error.get('message')}", "error")
+            self.message.emit(f"{entry.name} cannot be loaded: {entry.error.message}", "error")
         elif entry.kind == "lora":
             self.lora_opened.emit(entry.path)
         elif entry.kind not in LOADABLE:

@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     det = detect_file(args.model)  # header-only and torch-free: bad input is refused before torch loads
     if det.error is not None:
         if args.json:
-            print_json({"model": args.model, "error": det.error})
-        print_error(det.error.get("message", f"{args.model}: cannot be read"))
+            print_json({"model": args.model, "error": det.error.to_json()})
+        print_error(det.error.message)
         return EXIT_BAD_INPUT
     names = [n for n in det.components if n != "other"]
     if args.component:

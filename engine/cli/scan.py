@@ -64,8 +64,10 @@ class _StderrProgress:
 
 def _problem_json(p) -> dict:
     from ..catalog import error_detection
+    from ..detect import Failure
 
-    d = error_detection(p.path, None, {"type": p.type, "message": p.message})
+    d = error_detection(p.path, None, Failure(p.type, p.message)).to_json()
+    del d["summary"]  # a problem (a missing or unreadable folder) is no file: its object never had one
     d["library"] = {"problem": True}
     return d
 
@@ -87,15 +89,14 @@ def _add_hashes(lib, cache, report) -> tuple[object, dict]:
 def _print_human(lib, notes: dict) -> None:
     rows = []
     for e in lib.entries:
-        det = e.detection
+        lora = e.detection.lora
         arch = e.architecture or "-"
-        lora = det.get("lora") or {}
-        if lora.get("algos"):
-            arch += f" ({','.join(lora['algos'])})"
+        if lora and lora.algos:
+            arch += f" ({','.join(lora.algos)})"
         rel = os.path.relpath(e.path, e.root)
         flag = ""
         if e.error:
-            flag = f"  ! {e.error.get('type')}: {e.error.get('message')}"
+            flag = f"  ! {e.error.type}: {e.error.message}"
         elif e.kind_mismatch:
             flag = f"  (in a {e.declared_kind} folder)"
         if e.path in notes:

@@ -9,7 +9,7 @@ import os
 
 from ..errors import EngineError, FormatError
 from .core import detect_index
-from .result import Detection, Evidence
+from .result import Detection, Evidence, Failure
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +75,14 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
             d = _check_values(p, d)
         return d
     except EngineError as e:
-        return Detection(path=p, file_bytes=size, format=fmt, error=e.to_json())
+        return Detection(path=p, file_bytes=size, format=fmt, error=Failure(e.type, e.message))
     except OSError as e:
         msg = f"cannot read the file ({e.strerror or e})"
-        return Detection(path=p, file_bytes=size, format=fmt, error={"type": "format", "message": msg})
+        return Detection(path=p, file_bytes=size, format=fmt, error=Failure("format", msg))
     except Exception as e:  # a reader bug: one odd file must not end a library scan; logged with its stack
         log.debug("detecting %s failed", p, exc_info=True)  # no stack on a user's console
         msg = f"Loadout could not read this file ({type(e).__name__}: {e}); please report it"
-        return Detection(path=p, file_bytes=size, format=fmt, error={"type": "error", "message": msg})
+        return Detection(path=p, file_bytes=size, format=fmt, error=Failure("error", msg))
 
 
 def _check_values(path: str, d: Detection) -> Detection:

@@ -12,6 +12,7 @@ import pytest
 
 from engine.catalog import LibraryCache, demo_layouts, scan
 from engine.catalog.demo import SPARSE_MODELS, write_demo
+from engine.detect import Detection
 from engine.formats.latent import read_latent
 from engine.formats.safetensors import SafetensorsFile
 
@@ -27,6 +28,10 @@ def test_demo_library_is_detected_as_described(demo, tmp_path):
     root, files = demo
     with LibraryCache(tmp_path / "c.sqlite3") as cache:
         lib = scan([root], cache=cache)
+        again = scan([root], cache=cache)  # every detection read back from its cache row
+    assert [e.detection for e in again.entries] == [e.detection for e in lib.entries]
+    assert all(e.from_cache for e in again.entries)
+    assert all(Detection.from_json(e.detection.to_json()) == e.detection for e in lib.entries)
     got = {os.path.relpath(e.path, root): (e.kind, e.architecture) for e in lib.entries}
     assert got == {
         "models/checkpoints/sd15_demo.safetensors": ("checkpoint", "sd1"),
@@ -44,9 +49,9 @@ def test_demo_library_is_detected_as_described(demo, tmp_path):
     }
     assert lib.bad == [] and not any(e.kind_mismatch for e in lib.entries)
     e = {x.name: x for x in lib.entries}
-    style = e["demo_style_sd1.safetensors"].detection["lora"]
-    assert (style["algos"], style["rank"], sorted(style["targets"])) == (["lora"], 2, ["clip_l", "unet"])
-    assert e["demo_detail_sd1_loha.safetensors"].detection["lora"]["algos"] == ["loha"]
+    style = e["demo_style_sd1.safetensors"].detection.lora
+    assert (style.algos, style.rank, sorted(style.targets)) == (("lora",), 2, ["clip_l", "unet"])
+    assert e["demo_detail_sd1_loha.safetensors"].detection.lora.algos == ("loha",)
     assert e["demo_style_sd1.safetensors"].notes["trained_words"] == ["demo style", "soft light"]
     assert e["demo_detail_sd1_loha.safetensors"].notes["preferred_weight"] == 0.8
     assert all(e[n].preview for n in ("sd15_demo.safetensors", "sdxl_base_demo.safetensors"))
