@@ -1,0 +1,16 @@
+"""Text for people, shared by the command line and the window: one way to write a size or a duration.
+
+Torch-free and cheap to import (the GUI thread imports it before torch has loaded)."""
+
+from __future__ import annotations
+
+
+def human_bytes(n: float | None) -> str:
+    """1536 -> '1.5 KiB'. Sizes are binary, as ComfyUI's 'GB' flags are."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
