@@ -35,10 +35,17 @@ class OutOfMemory(EngineError):
     type = "oom"
 
 
-class Cancelled(EngineError):
-    """The user interrupted a job; state was left consistent."""
+class Cancelled(Exception):
+    """The user interrupted a job; state was left consistent. Not an EngineError: a cancellation is
+    not a failure, so `except EngineError` never catches it — every caller that reports failures lets
+    it through to the one place that says "stopped" (the bridge's `cancelled` signal, exit code 130)."""
 
     type = "cancelled"
 
-    def __init__(self, message: str = "Cancelled by the user.", **kw):
-        super().__init__(message, **kw)
+    def __init__(self, message: str = "Cancelled by the user.", *, path: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+    def to_json(self) -> dict:
+        return {"type": self.type, "message": self.message}

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
-from ..errors import EngineError
+from ..errors import Cancelled, EngineError
 from ..jobs import CancelToken, Progress, Report
 from .walk import Found
 
@@ -46,6 +46,8 @@ def detect_one(detector: Detector, path: str, size: int) -> tuple[dict, bool]:
     try:
         det = detector(path)
         return (det.to_json() if hasattr(det, "to_json") else dict(det)), True
+    except Cancelled:  # the scan stops (what was read is kept); never an error entry in the cache
+        raise
     except EngineError as e:
         return error_detection(path, size, e.to_json()), True
     except Exception as e:  # a bug in detection must not hide the rest of the library; not cached
