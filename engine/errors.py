@@ -35,6 +35,14 @@ class OutOfMemory(EngineError):
     type = "oom"
 
 
+class InvalidRequest(EngineError):
+    """What was asked cannot be done as asked, whatever the files hold: an option names something that
+    is not there (--device 3 on a one-GPU machine, a component the file lacks) or an output would
+    overwrite an input. The command line's usage error (exit 2)."""
+
+    type = "usage"
+
+
 class Cancelled(Exception):
     """The user interrupted a job; state was left consistent. Not an EngineError: a cancellation is
     not a failure, so `except EngineError` never catches it — every caller that reports failures lets

@@ -101,7 +101,6 @@ def _load_base(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import EngineError
     from ..formats.safetensors import save_tensors
     from ..jobs import Progress
     from ..patcher import LoraEntry, ModelPatcher
@@ -120,41 +119,35 @@ def run(args: argparse.Namespace) -> int:
             if _same_file(args.out, p):
                 print_error(f"--out {args.out} is one of the inputs ({p}); choose another file")
                 return EXIT_USAGE
-    try:
-        weights, base_meta = _load_base(args.base)
-        patcher = ModelPatcher(weights)
-        stack = [LoraEntry(f, sm, sc) for f, sm, sc in specs]
-        summary = []
-        for f, sm, sc in specs:
-            cov = patcher.coverage(f)
-            summary.append(
-                {
-                    "file": os.path.basename(f),
-                    "sha256": _sha256(f),
-                    "strength_model": sm,
-                    "strength_clip": sc,
-                    "modules": cov.modules,
-                    "mapped": cov.mapped,
-                }
-            )
-            if not args.json:
-                print(f"{f}: {cov.mapped}/{cov.modules} modules placed", file=sys.stderr)
-
-        def report(p: Progress) -> None:
-            if not args.json and p.total and (p.done == p.total or p.done % 100 == 0):
-                print(
-                    f"\r{p.stage} {p.done}/{p.total}", end="\n" if p.done == p.total else "", file=sys.stderr
-                )
-
-        rep = patcher.apply(stack, report=report)
-        meta = dict(base_meta)
-        meta["loadout.bake"] = json.dumps(
-            {"base": os.path.basename(args.base), "loras": summary, "patched_keys": len(rep.patched)}
+    weights, base_meta = _load_base(args.base)
+    patcher = ModelPatcher(weights)
+    stack = [LoraEntry(f, sm, sc) for f, sm, sc in specs]
+    summary = []
+    for f, sm, sc in specs:
+        cov = patcher.coverage(f)
+        summary.append(
+            {
+                "file": os.path.basename(f),
+                "sha256": _sha256(f),
+                "strength_model": sm,
+                "strength_clip": sc,
+                "modules": cov.modules,
+                "mapped": cov.mapped,
+            }
         )
-        save_tensors(args.out, patcher.weights, meta)
-    except EngineError as e:
-        print_error(e.message)
-        return EXIT_BAD_INPUT
+        if not args.json:
+            print(f"{f}: {cov.mapped}/{cov.modules} modules placed", file=sys.stderr)
+
+    def report(p: Progress) -> None:
+        if not args.json and p.total and (p.done == p.total or p.done % 100 == 0):
+            print(f"\r{p.stage} {p.done}/{p.total}", end="\n" if p.done == p.total else "", file=sys.stderr)
+
+    rep = patcher.apply(stack, report=report)
+    meta = dict(base_meta)
+    meta["loadout.bake"] = json.dumps(
+        {"base": os.path.basename(args.base), "loras": summary, "patched_keys": len(rep.patched)}
+    )
+    save_tensors(args.out, patcher.weights, meta)
     result = {"out": args.out, "base": args.base, "loras": summary, "patched_keys": len(rep.patched)}
     if args.json:
         print_json(result)

@@ -46,18 +46,13 @@ def run(args: argparse.Namespace) -> int:
         names = list(args.component)
     events = []
     engine = Engine(on_event=events.append)  # the same facade the window's Load button uses
-    try:
-        engine.detect(options_from_args(args))
-    except EngineError as e:
-        print_error(e.message)
-        return EXIT_USAGE
+    engine.detect(options_from_args(args))
     try:
         engine.load(args.model, tuple(names))
-    except EngineError as e:
+    except EngineError as e:  # reported here in JSON; main() prints it and picks the exit code
         if args.json:
             print_json({"model": args.model, "error": e.to_json()})
-        print_error(e.message)
-        return EXIT_BAD_INPUT
+        raise
     if args.unload_bytes:
         engine.unload(args.model, names[0], args.unload_bytes)
     m = engine.residency

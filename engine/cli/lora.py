@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import EXIT_BAD_INPUT, EXIT_OK, print_error, print_json
+from ._common import EXIT_OK, exit_code, print_json
 
 NAME = "lora"
 HELP = "LoRA tools: 'inspect' shows which base weights a LoRA reaches (coverage) before applying it"
@@ -45,11 +45,10 @@ def run(args: argparse.Namespace) -> int:
             base_path=args.base,
         )
     except EngineError as e:
-        if args.json:
-            print_json({"lora": args.lora, "base": args.base, "error": e.to_json()})
-        else:
-            print_error(e.message)
-        return EXIT_BAD_INPUT
+        if not args.json:
+            raise  # main() prints it and picks the exit code
+        print_json({"lora": args.lora, "base": args.base, "error": e.to_json()})
+        return exit_code(e)
     if args.json:
         print_json(cov.to_json())
         return EXIT_OK

@@ -46,18 +46,13 @@ def run(args: argparse.Namespace) -> int:
             print_json({"model": args.model, "error": det.error})
         print_error(det.error.get("message", f"{args.model}: cannot be read"))
         return EXIT_BAD_INPUT
-    try:
-        report = detect_devices(options_from_args(args))
-    except EngineError as e:
-        print_error(e.message)
-        return EXIT_USAGE
+    report = detect_devices(options_from_args(args))
     try:
         plan = make_plan(args.model, loras=tuple(args.lora), decode=decode, vram_gb=args.vram, report=report)
-    except EngineError as e:
+    except EngineError as e:  # reported here in JSON; main() prints it and picks the exit code
         if args.json:
             print_json({"model": args.model, "error": e.to_json()})
-        print_error(e.message)
-        return EXIT_BAD_INPUT
+        raise
     if args.json:
         print_json(plan)
     else:
