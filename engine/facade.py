@@ -286,7 +286,8 @@ class Engine:
         )  # fmt: skip
 
     def bake(self, base: str, stack, out: str, *, token=None, report: Report = no_report):
-        from .stacking import bake
+        """Merge the stack into a new .safetensors checkpoint (engine.bake; no device needed)."""
+        from .bake import bake
 
         return bake(base, stack, out, token or CancelToken(), report)
 

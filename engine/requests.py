@@ -126,6 +126,8 @@ class LorasApplied:
 class Baked:
     out: str
     bytes: int
+    patched_keys: int = 0
+    loras: tuple[dict, ...] = ()  # per merged LoRA: file, sha256, strength_model/clip, modules, mapped
 
 
 # -- device options, decode and encode ------------------------------------------------------------------
