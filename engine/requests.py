@@ -158,7 +158,8 @@ class Encode:
     out: str
     mode: str = "auto"
     tile: int = 512
-    overlap: int = 64
+    overlap: int | None = None  # None: the VAE's own (its receptive field: 128 px for SD and TAESD encoders)
+    round_trip: bool = True  # also decode the latent back for DecodeResult.rgb (the window shows it)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class DecodeResult:
     info: dict  # engine.vae RunInfo JSON: mode, tiles, tile_px, estimate_bytes, ... and "vae_component"
     seconds: float
     source: str  # the latent (decode) or the written latent file (encode)
+    images: tuple[bytes, ...] = ()  # a batch: every image, as rgb (rgb is the first); () for one image
 
 
 @dataclass(frozen=True)
