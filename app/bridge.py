@@ -17,12 +17,12 @@ from app.excepthooks import ErrorInfo
 from engine.errors import Cancelled, EngineError
 from engine.facade import Engine
 from engine.jobs import CancelToken, Progress
-from engine.requests import DetectDevices, HashFiles, LoraCoverage, Scan
+from engine.requests import DetectDevices, HashFiles, Inspect, LoraCoverage, Scan
 
 log = logging.getLogger("loadout.bridge")
 # Header and file reads that never touch torch or the device run in a second thread, so a scan or a
 # coverage report never waits behind a long load or decode (and hashing never blocks a load).
-IO_REQUESTS = (Scan, HashFiles, LoraCoverage)
+IO_REQUESTS = (Scan, HashFiles, LoraCoverage, Inspect)
 PROGRESS_INTERVAL_S = 0.05  # at most ~20 progress signals a second per job: the GUI never floods
 
 

@@ -22,6 +22,14 @@ class Scan:
 
 
 @dataclass(frozen=True)
+class Inspect:
+    """One Detection per file from its header alone (torch-free, so it may run before torch loads)."""
+
+    paths: tuple[str, ...]
+    read_values: bool = False  # also read the few weight values SD2's v-prediction check needs
+
+
+@dataclass(frozen=True)
 class HashFiles:
     items: tuple[tuple[str, int, int], ...]  # (path, size, mtime_ns) as the scan saw them
 
@@ -83,6 +91,7 @@ class PlanRequest:
     model: str
     loras: tuple[str, ...] = ()
     decode: tuple[int, int] | None = None
+    vram_gb: float | None = None  # a hypothetical device of this size (GiB); None: the detected one
 
 
 # -- results ---------------------------------------------------------------------------------------
@@ -93,6 +102,7 @@ class HashResult:
     hashed: tuple[tuple[str, str], ...]  # (path, sha256)
     skipped: tuple[tuple[str, str], ...]
     failed: tuple[tuple[str, str], ...]
+    old_hashes: tuple[tuple[str, str], ...] = ()  # (path, A1111's old "model hash") of the hashed files
 
 
 @dataclass(frozen=True)

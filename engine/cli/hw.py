@@ -23,11 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import memory
-    from ..devices import detect_devices
+    from ..facade import Engine
 
-    report = detect_devices(options_from_args(args))  # --device 3 on a one-GPU machine: InvalidRequest
-    sampler = memory.MemorySampler(memory.target_for(report.selected))
-    now = sampler.sample()
+    report = Engine().detect(options_from_args(args))  # --device 3 on a one-GPU machine: InvalidRequest
+    now = memory.sample()  # the process-wide sampler, which detection pointed at the selected device
     budget = report.budget_bytes(now.device_free)
     if args.json:
         out = report.to_json()
