@@ -57,3 +57,9 @@ class Cancelled(Exception):
 
     def to_json(self) -> dict:
         return {"type": self.type, "message": self.message}
+
+
+def from_json(error: dict) -> EngineError:
+    """The exception an `error` object (a Detection's, `to_json()`'s) describes; its type picks the kind."""
+    kinds = {k.type: k for k in (FormatError, UnsupportedModel, OutOfMemory, InvalidRequest)}
+    return kinds.get(error.get("type"), EngineError)(error.get("message") or "the file cannot be read")

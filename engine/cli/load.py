@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..devices import add_device_arguments, options_from_args
-from ._common import EXIT_BAD_INPUT, EXIT_OK, human_bytes, print_error, print_json
+from ._common import EXIT_OK, human_bytes, print_json
 
 NAME = "load"
 HELP = "load a model's components under the memory budget and show where every byte went"
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import EngineError, InvalidRequest
+    from ..errors import EngineError, InvalidRequest, from_json
     from ..facade import Engine
     from ..requests import Inspect, Load, Unload
 
@@ -36,8 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if det.error is not None:
         if args.json:
             print_json({"model": args.model, "error": det.error})
-        print_error(det.error.get("message", f"{args.model}: cannot be read"))
-        return EXIT_BAD_INPUT
+        raise from_json(det.error)  # main() prints it and picks the exit code (3: a bad file)
     names = [n for n in det.components if n != "other"]
     if args.component:
         missing = set(args.component) - set(names)

@@ -48,3 +48,12 @@ def test_a_cancel_inside_a_detector_stops_the_scan_instead_of_becoming_an_error_
         with pytest.raises(Cancelled, match="Scan stopped"):
             scan([tmp_path / "models"], cache=cache, detector=detector, workers=1)
         assert cache.all() == []
+
+
+def test_an_error_object_becomes_its_exception_again():
+    from engine.errors import InvalidRequest, from_json
+
+    for kind in (FormatError, UnsupportedModel, OutOfMemory, InvalidRequest):
+        e = from_json(kind("msg").to_json())
+        assert type(e) is kind and e.message == "msg"
+    assert type(from_json({"type": "error", "message": "a bug"})) is EngineError
