@@ -25,8 +25,8 @@ TICK_MS = 10
 def _files(d: Path) -> dict:
     import torch
 
-    from engine import synth
     from engine.formats.latent import write_latent
+    from tests.support import synth
 
     vae = synth.write("sd_vae", d / "vae.safetensors", dense=True, max_dense_bytes=200 << 20)
     taesd = synth.write("taesd_decoder", d / "taesd_decoder.safetensors", dense=True, seed=7)

@@ -42,7 +42,10 @@ INFERENCE_FLOOR = int(0.8 * GiB)
 AUTO_LOWVRAM_AT_OR_BELOW = 4096 * MiB
 
 
-class VRAMState(Enum):
+class VRAMState(str, Enum):
+    """How the residency manager spends device memory (ComfyUI's states). A str enum: its value is its
+    name, so it reads and prints as ComfyUI's flag words do."""
+
     DISABLED = "DISABLED"
     NO_VRAM = "NO_VRAM"
     LOW_VRAM = "LOW_VRAM"
@@ -51,7 +54,7 @@ class VRAMState(Enum):
     SHARED = "SHARED"
 
 
-class CPUState(Enum):
+class CPUState(str, Enum):
     GPU = "GPU"
     CPU = "CPU"
     MPS = "MPS"

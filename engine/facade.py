@@ -12,22 +12,26 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from types import MappingProxyType
 
 from . import requests as rq
 from .errors import EngineError, FormatError
+from .events import EventLog, Unpatched
 from .jobs import CancelToken, Progress, Report, no_report
+from .loaded import LoadedModels
 
 log = logging.getLogger("loadout.engine")
 
 
-def _prefixes(path: str) -> dict[str, str]:
-    """name -> key prefix of every component detection found. engine.model.build_components skips an
-    empty prefix (a standalone VAE or text encoder file has one), so the facade passes them itself."""
-    from .detect import detect_file
+def _prefixes(f) -> dict[str, str]:
+    """name -> key prefix of every component detection finds in an open SafetensorsFile (from the
+    header already read: detection never reads it again). The `other` bucket is not a component."""
+    from .detect.core import detect_index
+    from .formats.index import index_of_header
 
-    det = detect_file(path)
+    det = detect_index(index_of_header(f.header, f.path), path=f.path)
     if det.error is not None and not det.components:
-        raise FormatError(f"{os.path.basename(path)}: {det.error.get('message', 'cannot be read')}")
+        raise FormatError(f"{os.path.basename(f.path)}: {det.error.get('message', 'cannot be read')}")
     return {n: c.prefix for n, c in det.components.items() if n != "other"}
 
 
@@ -52,23 +56,44 @@ _HANDLERS: dict[type, Callable] = {
 }
 
 
+# Jobs that run models: with --disable-smart-memory everything is unloaded after them, as ComfyUI
+# unloads its models after each prompt under that flag.
+_USES_MODELS = (rq.Decode, rq.Encode)
+
+
 class Engine:
-    """Owns the device report, the residency manager, loaded components and their patchers."""
+    """Owns the device report, the residency manager, the registry of loaded models and the event log.
+    Every piece of loaded state lives in `loaded` (engine.loaded); every byte's place in `residency`."""
 
     def __init__(self, on_event: Callable[[object], None] | None = None) -> None:
-        self.on_event = on_event
         self.report = None  # engine.devices.DeviceReport once detected
         self.residency = None
-        self.components: dict[tuple[str, str], object] = {}  # (path, name) -> engine.model.Component
-        self.patchers: dict[str, object] = {}  # base path -> StackState over its loaded components
+        self.loaded = LoadedModels()
+        self.event_log = EventLog()
         self._unsubscribe: list[Callable[[], None]] = []
+        if on_event is not None:
+            self.event_log.subscribe(on_event)
+
+    @property
+    def components(self) -> dict[tuple[str, str], object]:
+        """(path, name) -> component of everything loaded (a copy of the registry's view)."""
+        return self.loaded.as_dict()
 
     def run(self, request, token: CancelToken | None = None, report: Report = no_report):
         """Do what a frozen request (engine.requests) asks; the bridge's one entry point."""
         call = _HANDLERS.get(type(request))
         if call is None:
             raise TypeError(f"the engine does not know the request {request!r}")
-        return call(self, request, token or CancelToken(), report)
+        try:
+            return call(self, request, token or CancelToken(), report)
+        finally:
+            if isinstance(request, _USES_MODELS):
+                self.after_job()
+
+    def after_job(self) -> None:
+        """--disable-smart-memory: unload everything once a job that ran models ends."""
+        if self.residency is not None and self.residency.policy.disable_smart_memory:
+            self.unload_all()
 
     def snapshot(self):
         """The residency ledger now (thread-safe); None before devices are detected."""
@@ -80,8 +105,7 @@ class Engine:
         for fn in self._unsubscribe:
             fn()
         self._unsubscribe.clear()
-        self.patchers.clear()
-        self.components.clear()
+        self.loaded.clear()
         self.residency = None
 
     def need_residency(self):
@@ -116,10 +140,8 @@ class Engine:
         self.report = rep
         if not new_ledger:
             return
-        self.residency = Residency.from_report(rep)
+        self.residency = Residency.from_report(rep, events=self.event_log)
         self._unsubscribe.append(self.residency.register_with_sampler())
-        if self.on_event is not None:
-            self._unsubscribe.append(self.residency.subscribe(self.on_event))
 
     def configure(self, options, *, token: CancelToken | None = None, report: Report = no_report):
         """Apply device options now. A change of device, VRAM mode, --cpu-vae or dtype flags unloads
@@ -181,27 +203,30 @@ class Engine:
 
     def _components_of(self, path: str, names: tuple[str, ...]):
         """The file's components (those named, or every one detection found), built once and reused —
-        a VAE an earlier decode built stands for the file's `vae`, so it is never held twice."""
-        from .decoding import is_runnable
-        from .model import build_components
-
+        a VAE an earlier decode built stands for the file's `vae`, so it is never held twice. The
+        header is read once here and handed to detection, the component build and the VAE's."""
         path = os.path.abspath(path)
         if not path.endswith((".safetensors", ".sft")):
             raise FormatError(f"{os.path.basename(path)}: only .safetensors files can be loaded for now.")
-        have = {n: c for (p, n), c in self.components.items() if p == path}
-        runnable = next((c for c in have.values() if is_runnable(c)), None)
+        have = self.loaded.of_file(path)
+        runnable = self.loaded.runnable_vae(path)
         if runnable is not None:
             have.setdefault("vae", runnable)
         if names and all(n in have for n in names):
             return [have[n] for n in names]
-        prefixes = _prefixes(path)
+        from .formats.safetensors import SafetensorsFile
+        from .model import build_components
+
+        f = SafetensorsFile(path)
+        prefixes = _prefixes(f)
         todo = {n: p for n, p in prefixes.items() if n not in have}
         if todo:
-            built = build_components(path, todo, report=self.report)
+            built = build_components(f, todo, report=self.report)
             if "vae" in built:
-                built["vae"] = self._runnable_or(built["vae"], path)
+                built["vae"] = self._runnable_or(built["vae"], f)
             for n, c in built.items():
-                self.components[(path, n)] = have[n] = c
+                self.loaded.add(path, n, c)
+                have[n] = c
         if not have:
             raise FormatError(
                 f"{os.path.basename(path)}: no loadable component (UNet, text encoder, VAE) found."
@@ -212,15 +237,15 @@ class Engine:
             raise FormatError(f"{os.path.basename(path)} has no component {', '.join(missing)}.")
         return list(dict.fromkeys(have[n] for n in wanted))
 
-    def _runnable_or(self, generic, path: str):
+    def _runnable_or(self, generic, f):
         """The VAE with its own forward (so a later decode reuses these very weights), else the
         header-built component (a VAE layout engine.vae cannot run is still loadable and inspectable)."""
         from .decoding import runnable_vae
 
         try:
-            c = runnable_vae(path, self.report, pair=False)
+            c = runnable_vae(f.path, self.report, pair=False, header=f.header)
         except EngineError as e:
-            log.info("%s: its VAE loads as plain tensors (%s)", os.path.basename(path), e.message)
+            log.info("%s: its VAE loads as plain tensors (%s)", os.path.basename(f.path), e.message)
             return generic
         return c if c.name == "vae" else generic
 
@@ -239,27 +264,33 @@ class Engine:
         return rq.LedgerResult(snap, added, f"Loaded {', '.join(c.name for c in comps)}")
 
     def _find(self, path: str, name: str):
-        c = self.components.get((os.path.abspath(path), name))
+        c = self.loaded.get(path, name)
         if c is None:
             raise FormatError(f"{name} of {os.path.basename(path)} is not loaded.")
         return c
 
     def unload(self, path: str, component: str, nbytes: int | None = None, *, token=None):
-        """Unload a component (nbytes None), or free that many of its device bytes."""
+        """Unload a component (nbytes None), or free that many of its device bytes. A full unload takes
+        the component's LoRA patches with it (an Unpatched event says how many); the stack stays
+        applied to the file's other components."""
         res = self.need_residency()
         c = self._find(path, component)
         freed = res.unload(c, nbytes, token=token)
         if nbytes is None:
-            self.components.pop((os.path.abspath(path), component), None)
-            self.patchers.pop(os.path.abspath(path), None)
+            self._forget(path, component)
         what = "Unloaded" if nbytes is None else "Freed"
         return rq.LedgerResult(res.snapshot(), freed, f"{what} {component}")
+
+    def _forget(self, path: str, component: str) -> None:
+        _, patched = self.loaded.remove(path, component)
+        if patched:
+            self.event_log.emit(Unpatched(component, base=os.path.abspath(path), modules=patched))
 
     def unload_all(self, *, token=None):
         res = self.need_residency()
         freed = res.unload_all(token=token)
-        self.components.clear()
-        self.patchers.clear()
+        for (base, name), n in self.loaded.clear().items():
+            self.event_log.emit(Unpatched(name, base=base, modules=n))
         return rq.LedgerResult(res.snapshot(), freed, "Unloaded everything")
 
     def pin(self, path: str, component: str, pinned: bool = True):
@@ -276,21 +307,20 @@ class Engine:
 
         lo, ba = open_index(lora), open_index(base)
         cov = coverage(lo, {k: tuple(v.shape) for k, v in ba.tensors.items()}, lora_path=lora, base_path=base)
-        return rq.CoverageResult(lora, base, cov.to_json())
+        return rq.CoverageResult(lora, base, rq.frozen(cov.to_json()))
 
     def set_loras(self, base: str, stack, *, token: CancelToken | None = None, report: Report = no_report):
         """Patch the loaded components of `base` on the fly as `stack` says (all or nothing)."""
-        from .stacking import apply_stack, patched_units
+        from .stacking import apply_stack
 
         base = os.path.abspath(base)
-        comps = {n: c for (p, n), c in self.components.items() if p == base}
-        if not comps:
+        if not self.loaded.of_file(base):
             raise FormatError(f"Load {os.path.basename(base)} first: LoRAs are applied to a loaded model.")
         covs = tuple(self.lora_coverage(i.file, base) for i in stack)
-        rep = apply_stack(self, base, comps, stack, token or CancelToken(), report)
+        rep = apply_stack(self.loaded, self.event_log, base, stack, token or CancelToken(), report)
         return rq.LorasApplied(
             base, tuple(stack), len(rep.patched), len(rep.restored), rep.unchanged, covs,
-            patched_units(self, base),
+            MappingProxyType(self.loaded.patched_units(base)),
         )  # fmt: skip
 
     def bake(self, base: str, stack, out: str, *, token=None, report: Report = no_report):
@@ -305,12 +335,17 @@ class Engine:
         """Decode a latent file: the VAE is placed through the ledger and stays loaded afterwards."""
         from .decoding import decode
 
-        return decode(self, req, token or CancelToken(), report)
+        return decode(self._parts(), req, token or CancelToken(), report)
 
     def encode(self, req: rq.Encode, *, token: CancelToken | None = None, report: Report = no_report):
         from .decoding import encode
 
-        return encode(self, req, token or CancelToken(), report)
+        return encode(self._parts(), req, token or CancelToken(), report)
+
+    def _parts(self):
+        from .decoding import Parts
+
+        return Parts(self.loaded, self.need_residency(), self.report, self.event_log)
 
     def plan(self, model: str, loras=(), decode: tuple[int, int] | None = None, vram_gb: float | None = None):
         """Will it fit? (DESIGN.md's plan JSON), for the detected device or one of `vram_gb` GiB."""

@@ -36,13 +36,28 @@ class CancelToken:
 
 
 @dataclass(frozen=True)
+class TileDone:
+    """A tile of a tiled decode or encode finished a pass: pass `pass_index` of `passes` (1-based),
+    tile `index` (0-based, in the order of the tiling's rectangles) of `count`, covering `rect`
+    (y0, y1, x0, x1 in image pixels)."""
+
+    pass_index: int
+    passes: int
+    index: int
+    count: int
+    rect: tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
 class Progress:
-    """One step of a long job: `done` of `total` units of `stage` (total 0 = unknown)."""
+    """One step of a long job: `done` of `total` units of `stage` (total 0 = unknown); `detail` is
+    for people, `tile` for code (set by tiled VAE passes)."""
 
     stage: str
     done: int = 0
     total: int = 0
     detail: str = ""
+    tile: TileDone | None = None
 
     @property
     def fraction(self) -> float | None:

@@ -338,3 +338,19 @@ def trim_heap() -> None:
 
 
 _libc = None
+
+
+def default_probe(device: str) -> Callable[[], int]:
+    """Free bytes on `device` now: torch.cuda.mem_get_info on CUDA, available RAM on the CPU."""
+    if device.startswith("cuda"):
+
+        def cuda_free() -> int:
+            import torch
+
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+        return cuda_free
+    import psutil
+
+    return lambda: int(psutil.virtual_memory().available)

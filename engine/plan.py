@@ -20,8 +20,6 @@ import math
 import os
 from dataclasses import dataclass
 
-from .formats.dtypes import DTYPES
-
 GIB = 1024**3
 TILES = tuple(range(1024, 127, -64))  # output pixels: engine.vae tiles in 64-px steps, 128 px at least
 TILE_OVERLAP = 64  # engine.vae: twice the 32-px context a tile needs on each side
@@ -36,38 +34,27 @@ class ComponentFacts:
     must_place: int  # bytes of plain tensors (no castable op) that cannot stream on an accelerator
     largest_weight_numel: int
     castable_sizes: tuple[int, ...] = ()
-
-
-def resident_prefix(sizes, budget: int) -> tuple[int, int]:
-    """The manager's partial-load rule: smallest modules first while they fit. -> (bytes, count)."""
-    placed = count = 0
-    for s in sorted(sizes):
-        if placed + s > budget:
-            break
-        placed += s
-        count += 1
-    return placed, count
+    unit_must: tuple[bool, ...] = ()  # per module: a plain tensor, which cannot stream (engine.residency)
 
 
 def component_facts(path: str, prefix: str, name: str, storage: str | None) -> ComponentFacts:
     """Module sizes of one component from the safetensors header (at `storage`, None = file dtypes)."""
-    from collections import Counter
-
+    from .formats.dtypes import dominant_float_dtype
     from .formats.safetensors import read_header
     from .model.tree import module_specs
 
     h = read_header(path)
     rel = [(k[len(prefix) :], i) for k, i in h.tensors.items() if k.startswith(prefix)]
     specs = module_specs(rel)
-    counts = Counter(i.dtype for _, i in rel if i.dtype.startswith(("F", "BF")))
-    file_dtype = DTYPES[counts.most_common(1)[0][0]][1] if counts else "float32"
-    sizes, plain, largest, castable = [], 0, 0, []
+    file_dtype = dominant_float_dtype(i.dtype for _, i in rel)
+    sizes, plain, largest, castable, must = [], 0, 0, [], []
     for s in specs:
         n = sum(
             i.numel * _ITEM[storage] if storage and i.dtype.startswith(("F", "BF")) else i.nbytes
             for i in s.tensors.values()
         )
         sizes.append(n)
+        must.append(s.kind == "plain")
         if s.kind == "plain":
             plain += n
         else:
@@ -75,7 +62,7 @@ def component_facts(path: str, prefix: str, name: str, storage: str | None) -> C
         w = s.tensors.get("weight")
         if w is not None and s.kind in ("linear", "conv1d", "conv2d", "conv3d"):
             largest = max(largest, w.numel)
-    return ComponentFacts(name, file_dtype, tuple(sizes), plain, largest, tuple(castable))
+    return ComponentFacts(name, file_dtype, tuple(sizes), plain, largest, tuple(castable), tuple(must))
 
 
 def _file_dtype(path: str, prefix: str) -> str:
@@ -108,6 +95,7 @@ def make_plan(
     from .devices import DeviceInfo, budget_bytes, detect_devices, reserve_bytes_for
     from .errors import FormatError, UnsupportedModel
     from .model.dtypes import overrides_from_options, place, role_of
+    from .residency.placement import place_modules
 
     report = report or detect_devices()
     det = detect_file(model)
@@ -172,17 +160,14 @@ def make_plan(
                 tes[n] = {"bytes": b, "device": tp.device, "storage_dtype": tp.storage_dtype or tf.file_dtype}
                 if tp.device == device:
                     te_peak += min(b, budget)
-        if report.vram_state.value == "HIGH_VRAM" or total_b <= budget:
-            resident, count, mode = total_b, len(f.unit_sizes), "full"
-        elif report.vram_state.value == "NO_VRAM":
-            resident, count, mode = must, 0, "partial"
+        # the manager's own rule (engine.residency.placement), on the header's module sizes
+        pl = place_modules(f.unit_sizes, f.unit_must if info.is_accelerator else [False] * len(f.unit_sizes),
+                           budget, report.vram_state)  # fmt: skip
+        if pl.short is not None:
+            resident, count = must, len(f.unit_sizes) - len(f.castable_sizes)
         else:
-            if must:  # on an accelerator plain tensors go first, then the smallest modules
-                resident, count = resident_prefix(f.castable_sizes, budget - must)
-                resident, count = resident + must, count + len(f.unit_sizes) - len(f.castable_sizes)
-            else:
-                resident, count = resident_prefix(f.unit_sizes, budget)
-            mode = "partial"
+            resident, count = pl.device_bytes, len(pl.chosen)
+        mode = "full" if count == len(f.unit_sizes) else "partial"
         steps.append(
             {
                 "step": "load",
@@ -211,7 +196,8 @@ def make_plan(
             mode = "full" if peak <= budget and resident == total_b else "partial"
             res2 = resident
             if peak > budget:
-                res2, _ = resident_prefix(f.unit_sizes, max(0, budget - lora_b - work))
+                res2 = place_modules(f.unit_sizes, f.unit_must, max(0, budget - lora_b - work),
+                                     report.vram_state).device_bytes  # fmt: skip
                 peak = res2 + lora_b + work
             steps.append(
                 {

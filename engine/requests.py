@@ -7,6 +7,18 @@ Torch-free and cheap to import: the GUI thread imports these before torch has lo
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+
+
+def frozen(value):
+    """A read-only copy of JSON-like data (dicts become read-only mappings, lists tuples), so a
+    result handed to another thread cannot be changed under the reader."""
+    if isinstance(value, dict):
+        return MappingProxyType({k: frozen(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(v) for v in value)
+    return value
+
 
 # -- requests ------------------------------------------------------------------------------------------
 
@@ -118,7 +130,7 @@ class LedgerResult:
 class CoverageResult:
     lora: str
     base: str
-    coverage: dict  # DESIGN.md's LoRA coverage JSON
+    coverage: MappingProxyType  # DESIGN.md's LoRA coverage JSON, read-only (see `frozen`)
 
 
 @dataclass(frozen=True)
@@ -129,7 +141,9 @@ class LorasApplied:
     restored: int
     unchanged: int
     coverages: tuple[CoverageResult, ...] = field(default=())
-    patched_units: dict = field(default_factory=dict)  # component -> frozenset of module paths (read-only)
+    patched_units: MappingProxyType = field(
+        default_factory=lambda: MappingProxyType({})
+    )  # component -> frozenset
 
 
 @dataclass(frozen=True)
@@ -177,7 +191,9 @@ class DecodeResult:
     width: int
     height: int
     rgb: bytes  # height * width * 3, row-major
-    info: dict  # engine.vae RunInfo JSON: mode, tiles, tile_px, estimate_bytes, ... and "vae_component"
+    info: (
+        MappingProxyType  # engine.vae RunInfo JSON (read-only): mode, tiles, tile_px, ... and "vae_component"
+    )
     seconds: float
     source: str  # the latent (decode) or the written latent file (encode)
     images: tuple[bytes, ...] = ()  # a batch: every image, as rgb (rgb is the first); () for one image

@@ -9,19 +9,12 @@ engine.bake (the patcher's baked path). Runs in the engine thread only.
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from .events import EventLog, Patched, Unpatched
 from .jobs import Progress
-
-
-@dataclass
-class StackState:
-    """What is applied to one base now: the patcher and the patched module paths per component."""
-
-    patcher: object
-    patched: dict[str, set[str]] = field(default_factory=dict)  # component -> unit paths
+from .loaded import LoadedModels, StackState
 
 
 def _entries(stack):
@@ -46,11 +39,14 @@ class ApplySummary:
     unchanged: int
 
 
-def apply_stack(engine, base: str, comps: dict, stack, token, report) -> ApplySummary:
-    """Set on-the-fly patches on every op of `comps` as the stack asks; all-or-nothing on cancel."""
-    state = engine.patchers.get(base)
+def apply_stack(loaded: LoadedModels, events: EventLog, base: str, stack, token, report) -> ApplySummary:
+    """Set on-the-fly patches on every op of `base`'s loaded components as the stack asks;
+    all-or-nothing on cancel. Emits Patched / Unpatched for each component whose patches changed."""
+    comps = loaded.of_file(base)
+    state = loaded.stack(base)
     if state is None:
-        state = engine.patchers[base] = StackState(_patcher_for(base))
+        state = StackState(_patcher_for(base))
+        loaded.set_stack(base, state)
     patcher = state.patcher
     entries = _entries(stack)
     t0 = time.perf_counter()
@@ -81,19 +77,12 @@ def apply_stack(engine, base: str, comps: dict, stack, token, report) -> ApplySu
         elif had:
             restored.append(key)
     report(Progress("Preparing patches", len(units), len(units)))
-    if engine.on_event is not None:
-        from .residency import Event
-
-        for comp in sorted(set(before) | set(state.patched)):
-            n = len(state.patched.get(comp, ()))
-            kind = "Patched" if n else "Unpatched"
-            engine.on_event(
-                Event(kind, comp, 0, time.perf_counter() - t0, detail={"modules": n, "base": base})
-            )
+    dt = time.perf_counter() - t0
+    for comp in sorted(set(before) | set(state.patched)):
+        n = len(state.patched.get(comp, ()))
+        if n:
+            events.emit(Patched(comp, 0, dt, base=base, modules=n))
+        elif before.get(comp):
+            events.emit(Unpatched(comp, 0, dt, base=base, modules=len(before[comp])))
     patcher.stack = tuple(entries)
     return ApplySummary(patched, restored, 0)
-
-
-def patched_units(engine, base: str) -> dict[str, frozenset[str]]:
-    state = engine.patchers.get(os.path.abspath(base))
-    return {k: frozenset(v) for k, v in state.patched.items()} if state else {}

@@ -5,7 +5,6 @@ they finish, the result with zoom, save. Estimates are header-only and torch-fre
 from __future__ import annotations
 
 import os
-import re
 import time
 
 from PySide6.QtCore import QRectF, Qt, Signal, Slot
@@ -29,12 +28,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.events import EventKind
 from engine.formatting import human_bytes
 from engine.requests import Decode, Encode
 
 LATENT_SUFFIXES = (".latent", ".safetensors")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
-_TILE = re.compile(r"pass (\d+)/(\d+), tile (\d+)/(\d+)")
 
 
 def input_kind(path: str) -> str | None:
@@ -331,10 +330,15 @@ class DecodePanel(QWidget):
         self.run_requested.emit(req)
 
     def on_event(self, event) -> None:
-        if event.kind == "DecodeStarted":
-            self.tiles = [tuple(t) for t in event.detail.get("tiles") or []]
-            shape = event.detail.get("latent") or [1, 4, 64, 64]
+        """The engine's own tiling: outline the tiles it will run (and again if a retry changes them)."""
+        if event.kind == EventKind.DECODE_STARTED:
+            self.tiles, self.tiles_done = list(event.tiling.rects), 0
+            shape = event.latent_shape or (1, 4, 64, 64)
             self._canvas(shape[-1] * 8, shape[-2] * 8)
+        elif event.kind == EventKind.TILING_CHANGED and self.job_id is not None:
+            self.tiles, self.tiles_done = list(event.tiling.rects), 0
+            r = self.scene.sceneRect()
+            self._canvas(int(r.width()), int(r.height()))
 
     def _canvas(self, w: int, h: int) -> None:
         """A dark canvas of the output size with every tile outlined (filled as it finishes)."""
@@ -367,15 +371,15 @@ class DecodePanel(QWidget):
             el = time.monotonic() - self.started
             frac = p.done / p.total
             self.eta.setText(f"{el:.1f} s" + (f" · ETA {el / frac - el:.1f} s" if 0 < frac < 1 else ""))
-        m = _TILE.search(p.detail or "")
-        if m and self.tile_items:
-            ps, pt, ti = int(m.group(1)), int(m.group(2)), int(m.group(3))
-            it = self.tile_items[min(ti, len(self.tile_items)) - 1]
-            if ps == pt:  # the last pass writes the tile's pixels: it is finished
+        t = p.tile
+        if t is not None and t.count == len(self.tile_items) and 0 <= t.index < t.count:
+            it = self.tile_items[t.index]
+            if t.pass_index == t.passes:  # the last pass writes the tile's pixels: it is finished
                 it.setBrush(QBrush(QColor(46, 204, 113, 120)))
-                self.tiles_done = max(self.tiles_done, ti)
+                # reports are throttled (some never arrive): count finished tiles from `done`
+                self.tiles_done = max(self.tiles_done, p.done - (t.passes - 1) * t.count)
             else:
-                it.setBrush(QBrush(QColor(116, 185, 255, 40 + 120 * ps // max(pt, 1))))
+                it.setBrush(QBrush(QColor(116, 185, 255, 40 + 120 * t.pass_index // max(t.passes, 1))))
 
     def on_finished(self, job, result) -> None:
         if job.id != self.job_id:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 
 from ..errors import Cancelled, EngineError, InvalidRequest, OutOfMemory
 from ..formatting import human_bytes  # noqa: F401  (the sub-commands import it from here)
@@ -43,6 +44,8 @@ def _default(o):
         return o.to_json()
     if isinstance(o, (set, frozenset, tuple)):
         return list(o)
+    if isinstance(o, Mapping):  # read-only payloads (MappingProxyType)
+        return dict(o)
     return str(o)
 
 

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     snap = done.snapshot
     out = {
         "device": m.device,
-        "vram_state": m.policy.vram_state,
+        "vram_state": m.policy.vram_state.value,
         "budget_bytes": m.budget(),
         "ledger": snap.to_json()["components"],
         "events": [e.to_json() for e in events],
@@ -65,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
     else:
-        print(f"device {m.device} ({m.policy.vram_state}), budget left {human_bytes(out['budget_bytes'])}")
+        print(
+            f"device {m.device} ({m.policy.vram_state.value}), budget left {human_bytes(out['budget_bytes'])}"
+        )
         print(f"  {'component':<10} {'device':>10} {'RAM':>10} {'disk':>10}  resident")
         for c in snap.components:
             print(

@@ -59,3 +59,16 @@ def dtype_name(torch_dt) -> str:
         if v == s:
             return k
     raise ValueError(f"no safetensors dtype for {torch_dt}")
+
+
+def dominant_float_dtype(dtypes) -> str:
+    """The torch name of the floating-point dtype most tensors have ('float32' when none is): the
+    dtype a component is said to be stored in. `dtypes` are safetensors names (F16, BF16, ...), one
+    per tensor."""
+    counts: dict[str, int] = {}
+    for d in dtypes:
+        if d.startswith(("F", "BF")):
+            counts[d] = counts.get(d, 0) + 1
+    if not counts:
+        return "float32"
+    return DTYPES[max(counts, key=counts.__getitem__)][1] or "float32"

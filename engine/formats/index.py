@@ -73,7 +73,11 @@ class ModelIndex:
 def _from_safetensors(path: str) -> ModelIndex:
     from .safetensors import read_header
 
-    h = read_header(path)
+    return index_of_header(read_header(path), path)
+
+
+def index_of_header(h, path: str) -> ModelIndex:
+    """The index of a safetensors file whose header has been read already (no second read)."""
     make, start = IndexedTensor._make, h.data_start
     tensors = {n: make((n, t.dtype, t.shape, t.end - t.begin, start + t.begin)) for n, t in h.tensors.items()}
     return ModelIndex(path, "safetensors", h.file_size, h.data_size, tensors, dict(h.metadata))

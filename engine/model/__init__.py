@@ -11,14 +11,20 @@ __all__ = ["TIERS", "Component", "Placement", "Unit", "build_components", "compu
 def build_components(
     path, prefixes: dict[str, str] | None = None, *, device: str = "cpu", report=None, **place_kw
 ) -> dict[str, Component]:
-    """One Component per (name -> key prefix) — by default the prefixes engine.detect finds (its
+    """`path`: a file name or an open SafetensorsFile (its header already read). One Component per
+    (name -> key prefix) — by default the prefixes engine.detect finds (its
     `other` bucket is skipped) — with the device and dtypes the placement rules choose. `report` (an
     engine.devices.DeviceReport) supplies the device, its dtype facts, VRAM state and the user's
     dtype / --cpu-vae flags; `place_kw` overrides everything."""
-    if prefixes is None:
-        from ..detect import detect_file
+    from ..formats.safetensors import SafetensorsFile
 
-        det = detect_file(path)
+    f = path if isinstance(path, SafetensorsFile) else SafetensorsFile(path)
+    path = f.path
+    if prefixes is None:
+        from ..detect.core import detect_index
+        from ..formats.index import index_of_header
+
+        det = detect_index(index_of_header(f.header, path), path=path)
         if det.error is not None and not det.components:
             from ..errors import FormatError
 
@@ -32,21 +38,16 @@ def build_components(
         if info.is_accelerator:  # the text-encoder rule compares free device and CPU memory
             import psutil
 
-            from ..residency.manager import default_probe
+            from ..memory import default_probe
 
             place_kw.setdefault("free_device", default_probe(device)())
             place_kw.setdefault("free_cpu", int(psutil.virtual_memory().available))
-    from collections import Counter
+    from ..formats.dtypes import dominant_float_dtype
 
-    from ..formats.dtypes import DTYPES
-    from ..formats.safetensors import SafetensorsFile
-
-    f = SafetensorsFile(path)
     out = {}
     for name, prefix in prefixes.items():
         infos = [i for k, i in f.header.tensors.items() if k.startswith(prefix)]
-        counts = Counter(i.dtype for i in infos if i.dtype.startswith(("F", "BF")))
-        file_dtype = DTYPES[counts.most_common(1)[0][0]][1] if counts else "float32"
+        file_dtype = dominant_float_dtype(i.dtype for i in infos)
         size = sum(i.nbytes for i in infos)
         kw = dict(place_kw)
         if report is not None:

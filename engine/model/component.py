@@ -17,13 +17,26 @@ import os
 import time
 import weakref
 from dataclasses import dataclass, field
+from enum import Enum
 
 from ..formats.dtypes import torch_dtype
 from ..formats.safetensors import SafetensorsFile, TensorInfo
 from . import transfer
 from .tree import ModuleSpec, build_tree, module_specs
 
-TIERS = ("device", "ram", "disk")
+
+class Tier(str, Enum):
+    """Where a module's tensors are: on the component's device, offloaded to RAM, or on the file's mmap."""
+
+    DEVICE = "device"
+    RAM = "ram"
+    DISK = "disk"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TIERS = (Tier.DEVICE, Tier.RAM, Tier.DISK)
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "float64": 8}
 
 

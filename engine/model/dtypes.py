@@ -107,7 +107,7 @@ def place(
                 on_gpu = free_device > 0.5 * free_cpu and size_bytes * 1.2 < free_device
             dev = device if on_gpu else "cpu"
     st = storage or _storage_rule(role, file_dtype, dev, info)
-    cp = compute or _compute_rule(role, st, dev, info)
+    cp = compute or compute_rule(role, st, dev, info)
     return Placement(dev, None if st == file_dtype else st, cp)
 
 
@@ -127,7 +127,7 @@ def _storage_rule(role: str, file_dtype: str, dev: str, info=None) -> str:
     return file_dtype
 
 
-def _compute_rule(role: str, storage: str, dev: str, info=None) -> str:
+def compute_rule(role: str, storage: str, dev: str, info=None) -> str:
     if computes(dev, storage, info):
         return storage
     for cand in ("float16", "bfloat16") if role != "vae" else ("bfloat16",):

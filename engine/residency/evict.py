@@ -6,9 +6,9 @@ from __future__ import annotations
 import bisect
 import time
 
+from ..events import Evicted, Moved, PartiallyOffloaded, Tiers, Unloaded
 from ..jobs import CancelToken, no_report
 from ..model.component import Component, Unit
-from .events import Event
 from .ledger import LedgerSnapshot
 
 
@@ -37,7 +37,7 @@ class Unloading:
         for _key, _e, c in cands:
             if freed >= amount:
                 break
-            freed += self._offload(c, amount - freed, "Evicted", keep, token)
+            freed += self._offload(c, amount - freed, Evicted, keep, token)
         if freed:
             self._empty_cache()
         return freed
@@ -67,21 +67,31 @@ class Unloading:
             chosen += [u for u in on if _must_place(c, u)]
         return chosen
 
-    def _offload(self, c: Component, amount: int | None, kind: str, keep: set, token) -> int:
+    def _offload(self, c: Component, amount: int | None, kind: type, keep: set, token) -> int:
         t0 = time.perf_counter()
         freed = moved = 0
+        targets: set[str] = set()
         try:
             for u in self._pick(c, amount):
                 n = u.nbytes_now
                 tier = self._offload_tier(c, c.unit_bytes(u, "ram"), keep | {id(c)})
+                targets.add(tier)
                 moved += self._step(c, u, tier, token)
                 freed += n
         finally:
             self._refresh()
-            t = c.tier_bytes()
-            self.events.emit(
-                Event(kind, c.name, freed, time.perf_counter() - t0, detail={"requested": amount, **t})
-            )
+            tiers = Tiers.of(c.tier_bytes())
+            dur = time.perf_counter() - t0
+            if kind is Evicted:
+                self.events.emit(
+                    Evicted(
+                        c.name, freed, dur, target="+".join(sorted(targets)), requested=amount, tiers=tiers
+                    )
+                )
+            else:
+                self.events.emit(
+                    PartiallyOffloaded(c.name, freed, dur, device=c.device, requested=amount, tiers=tiers)
+                )
         return freed
 
     def unload(
@@ -97,7 +107,7 @@ class Unloading:
         key = id(c)
         if nbytes is not None:
             e.want_full = False
-            freed = self._offload(c, int(nbytes), "PartiallyOffloaded", set(), token)
+            freed = self._offload(c, int(nbytes), PartiallyOffloaded, set(), token)
         else:
             t0 = time.perf_counter()
             before = c.tier_bytes()
@@ -112,7 +122,7 @@ class Unloading:
                         self._entries.pop(key, None)
                 self._refresh()
             freed = before["device"] + before["ram"]
-            self.events.emit(Event("Unloaded", c.name, freed, time.perf_counter() - t0, detail=before))
+            self.events.emit(Unloaded(c.name, freed, time.perf_counter() - t0, tiers=Tiers.of(before)))
         self._empty_cache()
         if self.policy.auto_top_up:
             self.top_up(exclude={key}, token=token)
@@ -169,7 +179,7 @@ class Unloading:
         """Explicit control: put the whole component on `where` now — "cpu" (runs on the CPU, weights in
         RAM), the manager's device (loaded there, by policy if it does not all fit), "ram" (kept for
         this device but offloaded to RAM) or "disk" (back on the mmap, still registered)."""
-        from ..model.dtypes import _compute_rule, role_of
+        from ..model.dtypes import compute_rule, role_of  # the placement rule for a new device
 
         e = self._register(component)
         c = component
@@ -186,28 +196,20 @@ class Unloading:
                     if u.tier == "device":
                         self._step(c, u, "disk", token)
                 c.device = where
-                c.compute_dtype = _compute_rule(role_of(c.name), c.storage_dtype or _file_dtype(c), where)
+                c.compute_dtype = compute_rule(role_of(c.name), c.storage_dtype or _file_dtype(c), where)
                 c.apply_dtypes()
             self.load([c], token=token)
         self._refresh()
         after = c.tier_bytes()
         moved = sum(abs(after[k] - before[k]) for k in after)
         self.events.emit(
-            Event(
-                "Moved",
-                c.name,
-                moved,
-                time.perf_counter() - t0,
-                detail={"to": where, "from": before["device_name"], **after},
-            )
-        )
+            Moved(c.name, moved, time.perf_counter() - t0, source=before["device_name"], target=where,
+                  tiers=Tiers.of(after))
+        )  # fmt: skip
         return self.snapshot()
 
 
 def _file_dtype(c: Component) -> str:
-    from collections import Counter
+    from ..formats.dtypes import dominant_float_dtype
 
-    from ..formats.dtypes import DTYPES
-
-    counts = Counter(i.dtype for u in c.units for i in u.infos.values() if i.dtype.startswith(("F", "BF")))
-    return DTYPES[counts.most_common(1)[0][0]][1] if counts else "float32"
+    return dominant_float_dtype(i.dtype for u in c.units for i in u.infos.values())

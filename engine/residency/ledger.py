@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..devices import VRAMState
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -16,7 +18,7 @@ class Policy:
     counted once, inside it, as in engine.devices.budget_bytes — and pinned host memory capped at 40% of
     RAM (its Windows figure, the floor of its Linux rule)."""
 
-    vram_state: str = "NORMAL_VRAM"  # DISABLED | NO_VRAM | LOW_VRAM | NORMAL_VRAM | HIGH_VRAM | SHARED
+    vram_state: VRAMState = VRAMState.NORMAL_VRAM
     reserve_bytes: int = 400 * MIB
     min_inference_bytes: int | None = None  # None: 0.8 GiB + reserve_bytes
     vram_budget: int | None = None  # --vram-budget: a cap on device bytes held by components
@@ -32,7 +34,7 @@ class Policy:
         --disable-smart-memory); keywords override."""
         o = report.options
         base = dict(
-            vram_state=report.vram_state.value,
+            vram_state=report.vram_state,
             reserve_bytes=report.reserve_bytes,
             min_inference_bytes=report.min_inference_bytes,
             vram_budget=report.vram_budget_bytes,
@@ -40,6 +42,9 @@ class Policy:
         )
         base.update(kw)
         return cls(**base)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "vram_state", VRAMState(self.vram_state))  # "NO_VRAM" is accepted too
 
     @property
     def min_inference(self) -> int:

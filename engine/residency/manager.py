@@ -13,30 +13,17 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from ..devices import VRAMState
 from ..errors import Cancelled, OutOfMemory
+from ..events import EventLog, Evicted, JobCancelled, Loaded, PartiallyOffloaded, Tiers, Unloaded
 from ..jobs import CancelToken, Progress, Report, no_report
+from ..memory import default_probe
 from ..model.component import Component, Unit
-from .events import Event, EventLog
 from .evict import Unloading, _must_place
 from .ledger import ComponentState, LedgerSnapshot, Policy
+from .placement import place_modules
 
 Probe = Callable[[], int]
-
-
-def default_probe(device: str) -> Probe:
-    """Free bytes on `device` now: torch.cuda.mem_get_info on CUDA, available RAM on the CPU."""
-    if device.startswith("cuda"):
-
-        def cuda_free() -> int:
-            import torch
-
-            free, _ = torch.cuda.mem_get_info(torch.device(device))
-            return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-
-        return cuda_free
-    import psutil
-
-    return lambda: int(psutil.virtual_memory().available)
 
 
 @dataclass(eq=False)
@@ -66,7 +53,9 @@ class Residency(Unloading):
 
         self.device = device
         self.probe = probe or default_probe(device)
-        self.policy = policy or Policy(vram_state="DISABLED" if device == "cpu" else "NORMAL_VRAM")
+        self.policy = policy or Policy(
+            vram_state=VRAMState.DISABLED if device == "cpu" else VRAMState.NORMAL_VRAM
+        )
         self.events = events or EventLog()
         self._entries: dict[int, _Entry] = {}
         self._lock = threading.RLock()
@@ -91,9 +80,12 @@ class Residency(Unloading):
             return [c for e in self._entries.values() if (c := e.ref()) is not None]
 
     @classmethod
-    def from_report(cls, report, **policy_kw) -> Residency:
-        """A manager for the device engine.devices selected, with its policy (keywords override)."""
-        return cls(report.selected.torch_device, policy=Policy.from_report(report, **policy_kw))
+    def from_report(cls, report, *, events: EventLog | None = None, **policy_kw) -> Residency:
+        """A manager for the device engine.devices selected, with its policy (keywords override);
+        `events`: the log its events go to (the engine's own)."""
+        return cls(
+            report.selected.torch_device, policy=Policy.from_report(report, **policy_kw), events=events
+        )
 
     def register_with_sampler(self) -> Callable[[], None]:
         """Feed engine.memory.sample()'s per-model residency from this ledger; returns the remover."""
@@ -141,7 +133,7 @@ class Residency(Unloading):
             rows = tuple(r for r in old.components if r.key != key)
             self._snapshot = LedgerSnapshot(time.time(), old.device, rows)
         if e is not None:
-            self.events.emit(Event("Unloaded", name, 0, 0.0, detail={"collected": True}))
+            self.events.emit(Unloaded(name, collected=True))
             self._empty_cache()
 
     def _refresh(self) -> None:
@@ -232,8 +224,13 @@ class Residency(Unloading):
                 freed += n
                 self._refresh()
                 self.events.emit(
-                    Event(
-                        "Evicted", c.name, n, time.perf_counter() - t0, detail={"from": "ram", "to": "disk"}
+                    Evicted(
+                        c.name,
+                        n,
+                        time.perf_counter() - t0,
+                        source="ram",
+                        target="disk",
+                        tiers=Tiers.of(c.tier_bytes()),
                     )
                 )
             if freed >= amount:
@@ -284,36 +281,17 @@ class Residency(Unloading):
     def _fill(self, c, budget, keep, token, report, done, total, quiet=False) -> int:
         """Place c's units on its device within `budget` (None: no limit); returns device bytes added."""
         t0 = time.perf_counter()
-        state = self.policy.vram_state
-        rest = sorted(
-            (u for u in c.units if u.tier != "device"),
-            key=lambda u: (not _must_place(c, u), c.unit_bytes(u, "device")),
-        )
+        rest = [u for u in c.units if u.tier != "device"]
+        sizes = [c.unit_bytes(u, "device") for u in rest]
+        p = place_modules(sizes, [_must_place(c, u) for u in rest], budget, self.policy.vram_state)
+        if p.short is not None:  # decided before anything moves, so an OOM leaves the ledger as it was
+            raise OutOfMemory(
+                f"{c.name}: {p.short[0]:,} bytes of tensors that must stay on the device do not fit in "
+                f"the {p.short[1]:,} bytes left; free memory or raise --vram-budget."
+            )
+        chosen = [rest[i] for i in p.chosen]
+        offloaded: list[Unit] = [rest[i] for i in p.offloaded]
         placed = moved = 0
-        offloaded: list[Unit] = []
-        chosen: list[Unit] = []
-        room = budget
-        for u in rest:  # decide first (smallest first while they fit), so nothing moves before an OOM
-            size = c.unit_bytes(u, "device")
-            if room is None or state == "HIGH_VRAM":
-                fits = True
-            elif _must_place(c, u):  # plain tensors cannot stream: they go with the component or not at all
-                if size > room:
-                    raise OutOfMemory(
-                        f"{c.name}: {size:,} bytes of tensors that must stay on the device do not fit in "
-                        f"the {room:,} bytes left; free memory or raise --vram-budget."
-                    )
-                fits = True
-            elif state == "NO_VRAM":
-                fits = False
-            else:
-                fits = size <= room
-            if fits:
-                chosen.append(u)
-                if room is not None:
-                    room -= size
-            else:
-                offloaded.append(u)
         # then move in file order: sequential reads keep the kernel's readahead working on a cold file
         chosen.sort(key=lambda u: min(i.begin for i in u.infos.values()))
         full = False
@@ -339,9 +317,9 @@ class Residency(Unloading):
         self._refresh()
         dur = time.perf_counter() - t0
         t = c.tier_bytes()
-        kind = "Loaded" if not any(u.tier != "device" for u in c.units) else "PartiallyOffloaded"
+        kind = Loaded if not any(u.tier != "device" for u in c.units) else PartiallyOffloaded
         if moved or not quiet:  # a top-up that found nothing to do is not an event
-            self.events.emit(Event(kind, c.name, moved, dur, detail={"device": c.device, **t}))
+            self.events.emit(kind(c.name, moved, dur, device=c.device, tiers=Tiers.of(t)))
         return placed
 
     def _step(self, c: Component, u: Unit, tier: str, token: CancelToken | None) -> int:
@@ -349,12 +327,14 @@ class Residency(Unloading):
         if token is not None and token.cancelled:
             self._refresh()
             t = c.tier_bytes()
-            self.events.emit(Event("Cancelled", c.name, 0, 0.0, detail={"at": u.path, **t}))
+            self.events.emit(JobCancelled(c.name, at=u.path, tiers=Tiers.of(t)))
             token.raise_if_cancelled()
         try:
             return self._move(c, u, tier)
-        except Exception as e:  # torch.OutOfMemoryError without importing torch here
-            if type(e).__name__ == "OutOfMemoryError":
+        except Exception as e:
+            import torch  # loaded already: a unit was just being moved
+
+            if isinstance(e, torch.OutOfMemoryError):
                 self._empty_cache()
                 raise _DeviceFull() from e
             raise

@@ -23,17 +23,18 @@ PREFIXES = ("first_stage_model.", "vae.")
 TAESD_NAMES = ("taesdxl", "taesd3", "taesd", "taef1", "taef2")
 
 
-def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """All tensors of a safetensors or torch file, as zero-copy views where the format allows."""
+def read_state_dict(path: str | os.PathLike, header=None) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors or torch file, as zero-copy views where the format allows
+    (`header`: the file's safetensors header when the caller has already read it)."""
     from ..formats import sniff
     from ..formats.safetensors import SafetensorsFile
 
     p = os.fspath(path)
     if not os.path.isfile(p):
         raise FormatError(f"{p}: no such file", path=p)
-    kind = sniff(p)
+    kind = "safetensors" if header is not None else sniff(p)
     if kind == "safetensors":
-        f = SafetensorsFile(p)
+        f = SafetensorsFile(p, header)
         return {k: f.tensor(k) for k in f.header.tensors}
     if kind in ("torch-zip", "pickle"):
         from ..formats.pickles import load_state_dict
@@ -186,11 +187,11 @@ def _taesd_name(path: str, channels: int) -> str:
     return {4: "taesd", 16: "taef1", 32: "taef2"}.get(channels, "taesd")
 
 
-def load_vae(path: str | os.PathLike, *, pair: bool = True) -> nn.Module:
+def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.Module:
     """The VAE in `path` (AutoencoderKL or TAESD family). For a TAESD `*_encoder`/`*_decoder` file the
     sibling half is loaded too when present (`pair`), so one path gives both directions."""
     p = os.fspath(path)
-    sd = vae_component(read_state_dict(p))
+    sd = vae_component(read_state_dict(p, header))
     taesd = _taesd_part(sd)
     if taesd is not None:
         if pair:

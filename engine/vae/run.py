@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -14,12 +15,12 @@ from torch import nn
 
 from .. import ops
 from ..errors import FormatError, OutOfMemory
+from ..events import Tiling
 from ..jobs import CancelToken, Progress, Report, no_report
 from ..memory import release_memory
-from . import estimate
+from . import choice, estimate
+from .choice import MIN_TILE_PX  # noqa: F401  (re-exported for callers of the run)
 from .tiling import DiskStore, NonFinite, TileStore, batch_tiles, plan_tiles, run_tiled
-
-MIN_TILE_PX = 128
 
 
 @dataclass
@@ -101,18 +102,22 @@ def _precast(mods, device, dtype, budget) -> list[tuple[nn.Module, str, nn.Param
     return todo
 
 
+def job_of(
+    vae: nn.Module, x: torch.Tensor, direction: str, device: torch.device, dtype: torch.dtype
+) -> choice.Job:
+    f = vae.downscale
+    lat_hw = (x.shape[2], x.shape[3]) if direction == "decode" else (x.shape[2] // f, x.shape[3] // f)
+    esize = torch.empty((), dtype=dtype).element_size()
+    return choice.Job(_spec(vae), direction, lat_hw, x.shape[0], f, esize, device.type == "cuda")
+
+
 def default_tile_px(
     device: torch.device, vae: nn.Module, budget: int | None = None, direction: str = "decode"
 ) -> tuple[int, int]:
-    """Tile and overlap in output pixels: as big as a quarter of the budget allows, in 64-px steps;
-    the overlap gives each tile the context its receptive field needs (see estimate.CONTEXT_PX)."""
-    spec = _spec(vae)
-    overlap = spec.context_px(direction) * 2
+    """Tile and overlap in output pixels for a float32 pass (see engine.vae.choice.default_tile_px)."""
     budget = budget if budget is not None else memory_budget(device)
-    tile = 1024 if device.type == "cuda" else 512
-    while tile > MIN_TILE_PX and estimate.tile_bytes(spec, tile, 4, direction) > budget / 4:
-        tile -= 64
-    return tile, min(overlap, tile // 2)
+    job = choice.Job(_spec(vae), direction, (1, 1), 1, vae.downscale, 4, device.type == "cuda")
+    return choice.default_tile_px(job, budget)
 
 
 def decode(
@@ -129,15 +134,20 @@ def decode(
     token: CancelToken | None = None,
     report: Report = no_report,
     info: RunInfo | None = None,
+    tiling: Tiling | None = None,
+    on_tiling: Callable[[Tiling, str], None] | None = None,
 ) -> torch.Tensor:
     """VAE-space latent (N, C, h, w) -> image (N, 3, 8h, 8w) in [0, 1], float32 on the CPU.
-    `tiled=None` decides from the estimate against `budget`; tile/overlap are output pixels."""
+    `tiled=None` decides from the estimate against `budget`; tile/overlap are output pixels. A
+    `tiling` chosen beforehand (engine.vae.choice) is run as it is; `on_tiling(new, reason)` hears of
+    every change an out-of-memory retry makes to it."""
     if not hasattr(vae, "decoder"):
         raise FormatError("this VAE file holds no decoder (a TAESD encoder?): give the decoder file")
     _check_latent(vae, latent)
     return _run(
-        vae, latent, "decode", tile, overlap, tiled, device, dtype, budget, disk_store, token, report, info
-    )
+        vae, latent, "decode", tile, overlap, tiled, device, dtype, budget, disk_store, token, report, info,
+        tiling, on_tiling,
+    )  # fmt: skip
 
 
 def encode(
@@ -154,6 +164,8 @@ def encode(
     token: CancelToken | None = None,
     report: Report = no_report,
     info: RunInfo | None = None,
+    tiling: Tiling | None = None,
+    on_tiling: Callable[[Tiling, str], None] | None = None,
 ) -> torch.Tensor:
     """Image (N, 3, H, W) in [0, 1] -> VAE-space latent (N, C, H/8, W/8); H and W are cropped to
     multiples of 8 (as ComfyUI does)."""
@@ -169,8 +181,9 @@ def encode(
     lo, hi = vae.image_range
     x = image * (hi - lo) + lo
     return _run(
-        vae, x, "encode", tile, overlap, tiled, device, dtype, budget, disk_store, token, report, info
-    )
+        vae, x, "encode", tile, overlap, tiled, device, dtype, budget, disk_store, token, report, info,
+        tiling, on_tiling,
+    )  # fmt: skip
 
 
 def _check_latent(vae, latent):
@@ -183,63 +196,60 @@ def _check_latent(vae, latent):
         )
 
 
-def _run(vae, x, direction, tile, overlap, tiled, device, dtype, budget, disk_store, token, report, info):
+def _run(
+    vae,
+    x,
+    direction,
+    tile,
+    overlap,
+    tiled,
+    device,
+    dtype,
+    budget,
+    disk_store,
+    token,
+    report,
+    info,
+    tiling,
+    on_tiling,
+):
     info = info if info is not None else RunInfo()
     device = torch.device(device) if device is not None else _weights_device(vae)
-    spec = _spec(vae)
-    f = vae.downscale
-    lat_hw = (x.shape[2], x.shape[3]) if direction == "decode" else (x.shape[2] // f, x.shape[3] // f)
-    px = lat_hw[0] * lat_hw[1] * f * f * x.shape[0]
+    job = job_of(vae, x, direction, device, dtype)
     budget = budget if budget is not None else memory_budget(device)
     info.budget_bytes = budget
-    esize = torch.empty((), dtype=dtype).element_size()
-    info.estimate_bytes = estimate.full_bytes(spec, direction, px, esize)
-    if tiled is None:  # the runtime and the weights are already resident: compare what a pass adds
-        tiled = estimate.activation_bytes(spec, direction, px, esize) > budget or tile is not None
-    if tiled:
-        d_tile, d_overlap = default_tile_px(device, vae, budget, direction)
-        tile = tile or d_tile
-        overlap = d_overlap if overlap is None else overlap
+    info.estimate_bytes = estimate.full_bytes(job.spec, direction, job.pixels, job.esize)
+    if tiling is None:
+        mode = {None: "auto", False: "full", True: "tiled"}[tiled]
+        tiling = choice.choose(job, budget, mode, tile, overlap)
     info.dtype = _dtype_name(dtype)
-    attempt_tile = tile
     while True:
         try:
-            return _attempt_released(
-                vae,
-                x,
-                direction,
-                bool(tiled),
-                attempt_tile,
-                overlap,
-                device,
-                dtype,
-                budget,
-                disk_store,
-                token,
-                report,
-                info,
-                lat_hw,
-            )
+            return _attempt_released(vae, x, direction, tiling, device, dtype, budget, disk_store, token, report,
+                                     info, job.lat_hw)  # fmt: skip
         except torch.OutOfMemoryError as e:
             _free(device)
-            if device.type != "cuda":
+            if not can_retry_after_oom(device):
                 raise OutOfMemory(f"out of memory during the VAE {direction}: {e}") from e
             # After a GPU OOM: tile, then halve the tiles, down to the minimum.
-            if not tiled:
-                tiled, (attempt_tile, overlap) = (
-                    True,
-                    default_tile_px(device, vae, memory_budget(device), direction),
-                )
-            elif attempt_tile // 2 >= MIN_TILE_PX:
-                attempt_tile //= 2
-                overlap = min(overlap, attempt_tile // 2)
-            else:
+            nxt = choice.retry(job, tiling, memory_budget(device))
+            if nxt is None:
                 raise OutOfMemory(
-                    f"the VAE {direction} does not fit even with {attempt_tile}-px tiles; free memory "
+                    f"the VAE {direction} does not fit even with {tiling.tile_px}-px tiles; free memory "
                     "or use --device cpu"
                 ) from e
+            tiling = nxt
             info.oom_retries += 1
-            info.notes.append(f"out of memory; retrying with {attempt_tile}-px tiles")
+            reason = f"out of memory; retrying with {tiling.tile_px}-px tiles"
+            info.notes.append(reason)
+            if on_tiling is not None:
+                on_tiling(tiling, reason)
+
+
+def can_retry_after_oom(device: torch.device) -> bool:
+    """A GPU raises a catchable out-of-memory; on a CPU the OS kills the process first, so the memory
+    estimate decides there and a torch error is final."""
+    return device.type == "cuda"
 
 
 def _weights_device(vae) -> torch.device:
@@ -265,30 +275,15 @@ def _attempt_released(*a):
         traceback.clear_frames(e.__traceback__)
         raise
     finally:
-        _free(a[6])
+        _free(a[4])
 
 
-def _attempt(
-    vae, x, direction, tiled, tile, overlap, device, dtype, budget, disk_store, token, report, info, lat_hw
-):
+def _attempt(vae, x, direction, tiling, device, dtype, budget, disk_store, token, report, info, lat_hw):
     stage = f"VAE {direction}"
+    args = (vae, x, direction, tiling, device)
+    tail = (budget, disk_store, token, report, info, lat_hw)
     try:
-        out = _pass(
-            vae,
-            x,
-            direction,
-            tiled,
-            tile,
-            overlap,
-            device,
-            dtype,
-            budget,
-            disk_store,
-            token,
-            report,
-            info,
-            lat_hw,
-        )
+        out = _pass(*args, dtype, *tail)
         if dtype != torch.float32 and not torch.isfinite(out).all():
             raise NonFinite("non-finite output")
     except NonFinite:
@@ -297,95 +292,53 @@ def _attempt(
         info.fp32_rerun = True
         info.notes.append(f"{_dtype_name(dtype)} overflowed; re-ran the {direction} in float32")
         report(Progress(stage, 0, 0, "re-running in float32"))
-        out = _pass(
-            vae,
-            x,
-            direction,
-            tiled,
-            tile,
-            overlap,
-            device,
-            torch.float32,
-            budget,
-            disk_store,
-            token,
-            report,
-            info,
-            lat_hw,
-        )
+        out = _pass(*args, torch.float32, *tail)
     return out
 
 
-def _pass(
-    vae, x, direction, tiled, tile, overlap, device, dtype, budget, disk_store, token, report, info, lat_hw
-):
+def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, report, info, lat_hw):
     f = vae.downscale
     stage = f"VAE {direction}"
     with _compute(vae, device, dtype, budget), ops.cancel_scope(token), torch.inference_mode():
         xin = x.to(device=device, dtype=dtype)
-        if not tiled:
+        if not tiling.tiled:
             info.mode, info.tiles = "full", 1
             report(Progress(stage, 0, 1))
             out = vae.decode(xin) if direction == "decode" else vae.encode(xin)
             report(Progress(stage, 1, 1))
             return _finish(vae, out, direction)
-        tile_l, overlap_l = max(1, tile // f), max(0, overlap // f)
-        tiles = plan_tiles(lat_hw[0], lat_hw[1], tile_l, overlap_l)
+        tiles = plan_tiles(lat_hw[0], lat_hw[1], tiling.tile_px // f, tiling.overlap_px // f)
         spec = _spec(vae)
         esize = torch.empty((), dtype=dtype).element_size()
         n = x.shape[0]
         ram_store = estimate.store_bytes(spec, direction, lat_hw[0] * lat_hw[1] * f * f * n, esize)
         use_disk = disk_store if disk_store is not None else (device.type == "cpu" and ram_store > budget / 2)
         store = DiskStore(device) if use_disk else TileStore(device)
-        info.mode, info.tile_px, info.overlap_px, info.tiles = "tiled", tile_l * f, overlap_l * f, len(tiles)
-        # Tiles smaller than the budget allows run in batches no larger than one such tile: as fast as
-        # big tiles, and no more memory than the default tiling. Not after an out-of-memory: the retry
-        # has halved the tiles to use less memory, and batches would undo that.
-        batch_px = 0 if info.oom_retries else default_tile_px(device, vae, budget, direction)[0] ** 2
+        info.mode, info.tile_px, info.overlap_px, info.tiles = (
+            "tiled",
+            tiling.tile_px,
+            tiling.overlap_px,
+            len(tiles),
+        )
+        batch_px = tiling.batch_px
         per_batch = max(len(b) for b in batch_tiles(tiles, f, batch_px))
         if per_batch > 1:  # say so: memory is that of the batch (<= the budget's tile), not of one tile
             info.notes.append(f"ran up to {per_batch} tiles at a time (at most {math.isqrt(batch_px)}² px)")
         info.store = "disk" if use_disk else ("host" if device.type == "cuda" else "ram")
+        common = dict(
+            tiles=tiles, latent_hw=lat_hw, store=store, token=token, report=report, stage=stage,
+            check_finite=dtype != torch.float32, batch_px=batch_px,
+        )  # fmt: skip
         if direction == "decode":
             h = vae.decode_head(xin)
             _guard(h, dtype)
             del xin
-            y = run_tiled(
-                h,
-                vae.decode_steps(),
-                tiles,
-                in_scale=1,
-                out_scale=f,
-                out_channels=3,
-                latent_hw=lat_hw,
-                store=store,
-                blend=min(overlap_l * f // 2, 32),
-                token=token,
-                report=report,
-                stage=stage,
-                check_finite=dtype != torch.float32,
-                batch_px=batch_px,
-            )
+            y = run_tiled(h, vae.decode_steps(), in_scale=1, out_scale=f, out_channels=3,
+                          blend=min(tiling.overlap_px // 2, 32), **common)  # fmt: skip
             del h
             return _finish(vae, vae.decode_tail(y), direction)
-        steps = vae.encode_steps()
-        ch = _encode_channels(vae)
-        y = run_tiled(
-            xin,
-            steps,
-            tiles,
-            in_scale=f,
-            out_scale=1,
-            out_channels=ch,
-            latent_hw=lat_hw,
-            store=store,
-            blend=0,
-            token=token,
-            report=report,
-            stage=stage,
-            check_finite=dtype != torch.float32,
-            batch_px=batch_px,
-        )
+        y = run_tiled(xin, vae.encode_steps(), in_scale=f, out_scale=1, out_channels=_encode_channels(vae),
+                      blend=0, **common)  # fmt: skip
         del xin
         _guard(y, dtype)
         return _finish(vae, vae.encode_tail(y.to(dtype)), direction)

@@ -14,45 +14,18 @@ narrow linear feather at the core borders hides whatever remains.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from .. import ops
-from ..jobs import CancelToken, Progress, Report, no_report
+from ..jobs import CancelToken, Progress, Report, TileDone, no_report
 from ..memory import trim_heap
-
-
-@dataclass(frozen=True)
-class Tile:
-    core: tuple[int, int, int, int]  # y0, y1, x0, x1 in latent units: the part this tile owns
-    pad: tuple[int, int, int, int]  # the box it computes: core plus context, clipped to the image
-
-
-def _splits(n: int, core: int) -> list[tuple[int, int]]:
-    k = max(1, math.ceil(n / max(1, core)))
-    edges = [round(i * n / k) for i in range(k + 1)]
-    return [(edges[i], edges[i + 1]) for i in range(k)]
-
-
-def plan_tiles(h: int, w: int, tile: int, overlap: int) -> list[Tile]:
-    """Tiles over an h x w latent: `tile` and `overlap` in latent units, as ComfyUI's tiled node
-    (tiles of `tile` stepping by `tile - overlap`); each core gets overlap / 2 of context per side."""
-    tile = max(1, tile)
-    ctx = max(0, min(overlap, tile // 2) // 2)  # an overlap beyond half the tile only costs time
-    core = max(1, tile - 2 * ctx)
-    tiles = []
-    for y0, y1 in _splits(h, core):
-        for x0, x1 in _splits(w, core):
-            pad = (max(0, y0 - ctx), min(h, y1 + ctx), max(0, x0 - ctx), min(w, x1 + ctx))
-            tiles.append(Tile((y0, y1, x0, x1), pad))
-    return tiles
+from .choice import Tile, plan_tiles  # noqa: F401  (plan_tiles: the tiles run_tiled is given)
 
 
 class TileStore:
@@ -200,7 +173,8 @@ def run_tiled(
     total, done = len(segs) * len(tiles), 0
     stats = None
     start_scale = in_scale
-    batches = batch_tiles(tiles, max(in_scale, out_scale), batch_px)
+    px = max(in_scale, out_scale)  # image pixels per latent unit, either way
+    batches = batch_tiles(tiles, px, batch_px)
     try:
         for p, seg in enumerate(segs):
             last = p == len(segs) - 1
@@ -232,8 +206,12 @@ def run_tiled(
                     trim_heap()  # tiles differ in size: without this the heap fragments and grows
                 for i in batch:
                     done += 1
+                    rect = tuple(v * px for v in tiles[i].core)
+                    tile = TileDone(p + 1, len(segs), i, len(tiles), rect)
                     report(
-                        Progress(stage, done, total, f"pass {p + 1}/{len(segs)}, tile {i + 1}/{len(tiles)}")
+                        Progress(
+                            stage, done, total, f"pass {p + 1}/{len(segs)}, tile {i + 1}/{len(tiles)}", tile
+                        )
                     )
             if not last:
                 mean, m2, cnt = acc

@@ -11,8 +11,8 @@ from app_test_support import drop, wait_job
 def decode_files(tmp_path_factory, files):
     import torch
 
-    from engine import synth
     from engine.formats.latent import write_latent
+    from tests.support import synth
 
     d = tmp_path_factory.mktemp("decode")
     taesd = synth.write("taesd_decoder", d / "taesd_decoder.safetensors", dense=True, seed=7)
@@ -107,8 +107,8 @@ def test_a_dropped_photo_picks_an_encoder_and_shows_the_round_trip(qtbot, window
     beside the photo and shows it decoded back."""
     from PIL import Image
 
-    from engine import synth
     from engine.catalog import demo_preview as PV
+    from tests.support import synth
 
     d = tmp_path / "vae_approx"
     d.mkdir()
@@ -152,3 +152,26 @@ def test_opening_the_demo_library_puts_its_latent_in_decode(qtbot, window, tmp_p
     assert dec.input_edit.text() == str(demo / DEMO_LATENT)
     qtbot.waitUntil(lambda: dec.vae_box.currentData() == str(demo / DEMO_CURRENT), timeout=30_000)
     assert dec.run_button.text() == "Decode" and dec.run_button.isEnabled()
+
+
+def test_the_outline_is_the_engines_tiling_also_after_an_out_of_memory_retry(qtbot, window):
+    """The panel draws the tiles the engine announces (DecodeStarted), not a guess of its own, and
+    redraws them when a retry changes the tiling (TilingChanged): before, it computed its own tiles at
+    4 bytes per element (wrong on an fp16 device) and kept them after a retry."""
+    from engine.events import DecodeStarted, Tiling, TilingChanged
+    from engine.jobs import Progress, TileDone
+
+    dec = window.decode
+    first = Tiling("tiled", 256, 64, ((0, 256, 0, 256), (0, 256, 256, 512)), 0)
+    dec.job_id = 99  # as while a decode of ours runs
+    dec.on_event(DecodeStarted("vae", latent_shape=(1, 4, 32, 64), tiling=first))
+    rects = lambda: [tuple(int(v) for v in (r.top(), r.bottom(), r.left(), r.right()))  # noqa: E731
+                     for r in (it.rect() for it in dec.tile_items)]  # fmt: skip
+    assert rects() == [(y0, y1, x0, x1) for y0, y1, x0, x1 in first.rects]
+    retry = Tiling("tiled", 128, 32, tuple((0, 256, x, x + 128) for x in range(0, 512, 128)), 0)
+    dec.on_event(TilingChanged("vae", tiling=retry, reason="out of memory"))
+    assert rects() == list(retry.rects) and dec.tiles_done == 0
+    job = type("J", (), {"id": 99})()
+    dec.on_progress(job, Progress("VAE decode", 4, 4, "", TileDone(1, 1, 3, 4, retry.rects[3])))
+    assert dec.tiles_done == 4
+    dec.job_id = None

@@ -81,7 +81,7 @@ def test_a_checkpoint_dropped_on_the_stack_is_refused_with_a_message(qtbot, wind
 
 
 def test_bake_writes_a_new_checkpoint_that_joins_the_library(qtbot, window, files, tmp_path):
-    from engine import synth
+    from tests.support import synth
 
     w = window
     base = synth.write("sd1_checkpoint", tmp_path / "small.safetensors", dense=False)

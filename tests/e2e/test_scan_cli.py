@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from engine import synth
 from engine.catalog.demo_weights import write_kohya_lora
+from tests.support import synth
 
 
 @pytest.fixture

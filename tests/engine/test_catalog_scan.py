@@ -9,11 +9,11 @@ import struct
 import pytest
 
 import engine.detect
-from engine import synth
 from engine.catalog import LibraryCache, scan
 from engine.catalog.demo_weights import write_kohya_lora
 from engine.errors import Cancelled
 from engine.jobs import CancelToken
+from tests.support import synth
 
 
 @pytest.fixture

@@ -45,8 +45,8 @@ def test_a_device_that_is_not_there_is_a_usage_error_for_every_command(cli, tmp_
     """`--device 99` was 2 for hw, plan and load but 3 for decode and encode."""
     import torch
 
-    from engine import synth
     from engine.formats.latent import write_latent
+    from tests.support import synth
 
     vae = synth.write("taesd_decoder", tmp_path / "taesd_decoder.safetensors")
     write_latent(tmp_path / "z.latent", torch.zeros(1, 4, 8, 8))

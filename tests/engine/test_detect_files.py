@@ -12,10 +12,10 @@ import struct
 import pytest
 from loadout_test_support import data_file
 
-from engine import synth
 from engine.detect import detect_file
 from engine.formats import read_header
 from engine.formats.safetensors import write_sparse
+from tests.support import synth
 
 
 def _manifest_rows(name: str, *, optional: bool = False):

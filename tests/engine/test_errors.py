@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import synth
 from engine.catalog import LibraryCache, scan
 from engine.errors import Cancelled, EngineError, FormatError, OutOfMemory, UnsupportedModel
+from tests.support import synth
 
 
 def test_cancelled_is_not_an_engine_error():

@@ -99,8 +99,8 @@ def test_set_loras_patches_loaded_components_on_the_fly_and_reverts(engine, file
 
 
 def test_bake_writes_a_new_file_and_refuses_to_overwrite_an_input(engine, files, tmp_path):
-    from engine import synth
     from engine.formats.safetensors import read_header
+    from tests.support import synth
 
     hdr = read_header(files["sd1"])
     rows = [(k, "F16", tuple(i.shape)) for k, i in hdr.tensors.items() if k.startswith("cond_stage_model.")]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 import engine.detect.file
-from engine import synth
 from engine.errors import Cancelled
 from engine.facade import Engine
 from engine.jobs import CancelToken
 from engine.requests import Inspect
+from tests.support import synth
 
 
 def test_one_detection_per_path_in_order_and_a_bad_file_has_an_error(tmp_path, shared_data):

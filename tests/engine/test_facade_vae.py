@@ -104,7 +104,7 @@ def test_encode_writes_a_latent_and_keeps_the_vae_loaded(engine, files, tmp_path
     Image.new("RGB", (64, 48), (200, 30, 90)).save(img)
     out = tmp_path / "out.latent"
     res = engine.run(Encode(files["vae"], str(img), str(out), mode="full"))
-    assert res.info["latent_shape"] == [1, 4, 6, 8] and tuple(read_latent(out).shape) == (1, 4, 6, 8)
+    assert tuple(res.info["latent_shape"]) == (1, 4, 6, 8) and tuple(read_latent(out).shape) == (1, 4, 6, 8)
     assert engine.snapshot().get("vae").device_bytes > 0
 
 
@@ -130,8 +130,8 @@ def test_a_decode_cancelled_mid_tiles_leaves_the_ledger_truthful_and_frees_its_m
 
     with pytest.raises(Cancelled):
         engine.run(req, token=token, report=report)
-    started = next(ev for ev in engine.events if ev.kind == "DecodeStarted" and ev.detail["mode"] == "tiled")
-    assert 2 <= max(p.done for p in seen if p.stage == "VAE decode") < len(started.detail["tiles"])
+    started = next(ev for ev in engine.events if ev.kind == "DecodeStarted" and ev.requested_mode == "tiled")
+    assert 2 <= max(p.done for p in seen if p.stage == "VAE decode") < len(started.tiling.rects)
     assert any(ev.kind == "Cancelled" for ev in engine.events)
     after = engine.snapshot()
     row = after.get("taesd_decoder")

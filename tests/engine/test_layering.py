@@ -58,6 +58,39 @@ def test_light_engine_modules_do_not_import_torch():
     assert r.stdout.strip() == "clean", f"imported at module level: {r.stdout.strip()}"
 
 
+def test_no_import_cycle_between_engine_packages():
+    """Importing engine.model.x counts as importing engine.model; imports inside functions and under
+    TYPE_CHECKING count too (grimp sees every import statement)."""
+    import collections
+
+    grimp = pytest.importorskip("grimp")
+    g = grimp.build_graph("engine", include_external_packages=False)
+
+    def top(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    adj = collections.defaultdict(set)
+    for m in g.modules:
+        for i in g.find_modules_directly_imported_by(m):
+            if top(m) != top(i) and top(i) != "engine":  # the root package only carries __version__
+                adj[top(m)].add(top(i))
+
+    def reaches(a: str, b: str) -> bool:
+        seen, todo = set(), [a]
+        while todo:
+            x = todo.pop()
+            for y in adj[x]:
+                if y == b:
+                    return True
+                if y not in seen:
+                    seen.add(y)
+                    todo.append(y)
+        return False
+
+    cycles = sorted({tuple(sorted((a, b))) for a in list(adj) for b in adj[a] if reaches(b, a)})
+    assert not cycles, f"import cycles between engine packages: {cycles}"
+
+
 def test_header_only_commands_never_import_torch(tmp_path):
     """`loadout inspect`, `lora inspect` and `scan` run through the Engine facade and stay torch-free
     (they answer before torch could load), on safetensors, torch-zip and legacy pickle files alike."""
@@ -66,7 +99,7 @@ def test_header_only_commands_never_import_torch(tmp_path):
     import torch
     from loadout_test_support import data_file
 
-    from engine import synth
+    from tests.support import synth
 
     lokr = data_file("weights/smart_falcon_8_lokr.safetensors")
     pth = data_file("weights/taef2_decoder.pth")  # a torch zip

@@ -172,7 +172,7 @@ def test_a_collected_component_leaves_the_ledger(ckpt):
     del a
     gc.collect()
     assert m.snapshot().components == ()
-    assert [(e.kind, e.detail.get("collected")) for e in events] == [("Unloaded", True)]
+    assert [(e.kind, e.collected) for e in events] == [("Unloaded", True)]
     assert m.unload("a") == 0
 
 
@@ -265,7 +265,7 @@ def test_explicit_move(ckpt):
 
 
 def test_events_log_is_bounded_and_a_bad_subscriber_is_harmless(ckpt):
-    from engine.residency import EventLog
+    from engine.events import EventLog
 
     a, _, _ = comps(ckpt)
     log = EventLog(maxlen=3)

@@ -1,0 +1,107 @@
+"""The one place a decode's or encode's tiling is decided: full or tiled, which tiles, how many at a
+time — from the memory estimate, the real compute dtype, the batch and the budget. Pure and
+torch-free: the run executes what this returns (engine.vae.run), the Decode panel outlines exactly
+those tiles (they travel in DecodeStarted), and an out-of-memory retry asks `retry` for the next one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..events import Tiling
+from . import estimate
+
+MIN_TILE_PX = 128
+
+
+@dataclass(frozen=True)
+class Tile:
+    core: tuple[int, int, int, int]  # y0, y1, x0, x1 in latent units: the part this tile owns
+    pad: tuple[int, int, int, int]  # the box it computes: core plus context, clipped to the image
+
+
+def _splits(n: int, core: int) -> list[tuple[int, int]]:
+    k = max(1, math.ceil(n / max(1, core)))
+    edges = [round(i * n / k) for i in range(k + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(k)]
+
+
+def plan_tiles(h: int, w: int, tile: int, overlap: int) -> list[Tile]:
+    """Tiles over an h x w latent: `tile` and `overlap` in latent units, as ComfyUI's tiled node
+    (tiles of `tile` stepping by `tile - overlap`); each core gets overlap / 2 of context per side."""
+    tile = max(1, tile)
+    ctx = max(0, min(overlap, tile // 2) // 2)  # an overlap beyond half the tile only costs time
+    core = max(1, tile - 2 * ctx)
+    tiles = []
+    for y0, y1 in _splits(h, core):
+        for x0, x1 in _splits(w, core):
+            pad = (max(0, y0 - ctx), min(h, y1 + ctx), max(0, x0 - ctx), min(w, x1 + ctx))
+            tiles.append(Tile((y0, y1, x0, x1), pad))
+    return tiles
+
+
+@dataclass(frozen=True)
+class Job:
+    """What is to be run: `lat_hw` latent rows and columns, `batch` images, `downscale` pixels per
+    latent unit, `esize` bytes per element of the compute dtype, on a CUDA device or not."""
+
+    spec: estimate.VaeSpec
+    direction: str  # "decode" | "encode"
+    lat_hw: tuple[int, int]
+    batch: int
+    downscale: int
+    esize: int
+    cuda: bool
+
+    @property
+    def pixels(self) -> int:
+        return self.lat_hw[0] * self.lat_hw[1] * self.downscale**2 * self.batch
+
+
+def default_tile_px(job: Job, budget: int) -> tuple[int, int]:
+    """Tile and overlap in output pixels: as big as a quarter of the budget allows, in 64-px steps;
+    the overlap gives each tile the context its receptive field needs (see estimate.CONTEXT_PX)."""
+    overlap = job.spec.context_px(job.direction) * 2
+    tile = 1024 if job.cuda else 512
+    while tile > MIN_TILE_PX and estimate.tile_bytes(job.spec, tile, job.esize, job.direction) > budget / 4:
+        tile -= 64
+    return tile, min(overlap, tile // 2)
+
+
+def tiled(job: Job, tile_px: int, overlap_px: int, batch_px: int) -> Tiling:
+    """The tiling of `job` with tiles of `tile_px` and `overlap_px` (output pixels, rounded to whole
+    latent units as the run uses them)."""
+    f = job.downscale
+    tile_l, overlap_l = max(1, tile_px // f), max(0, overlap_px // f)
+    rects = tuple(tuple(v * f for v in t.core) for t in plan_tiles(*job.lat_hw, tile_l, overlap_l))
+    return Tiling("tiled", tile_l * f, overlap_l * f, rects, batch_px)
+
+
+def choose(
+    job: Job, budget: int, mode: str = "auto", tile: int | None = None, overlap: int | None = None
+) -> Tiling:
+    """`mode` auto: full when a full pass's activations fit `budget` (the runtime and the weights are
+    already resident), else tiled; `full` and `tiled` as asked. Tiles smaller than the budget allows
+    run in batches no larger than one budget-sized tile: as fast as big tiles, and no more memory."""
+    if mode == "full":
+        return Tiling("full")
+    full_fits = estimate.activation_bytes(job.spec, job.direction, job.pixels, job.esize) <= budget
+    if mode == "auto" and tile is None and full_fits:
+        return Tiling("full")
+    d_tile, d_overlap = default_tile_px(job, budget)
+    tile = tile or d_tile
+    overlap = d_overlap if overlap is None else overlap
+    return tiled(job, tile, overlap, d_tile**2)
+
+
+def retry(job: Job, previous: Tiling, budget: int) -> Tiling | None:
+    """The tiling after an out-of-memory with `previous`: tiles (the default for what is free now)
+    after a full pass, else half the tile size down to MIN_TILE_PX; None when nothing smaller is left.
+    Never batched: the retry must really use less memory."""
+    if not previous.tiled:
+        return tiled(job, *default_tile_px(job, budget), 0)
+    if previous.tile_px // 2 < MIN_TILE_PX:
+        return None
+    t = previous.tile_px // 2
+    return tiled(job, t, min(previous.overlap_px, t // 2), 0)
