@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 from ..detect.result import Detection, Failure
-from ..errors import EngineError
+from ..errors import Cancelled, EngineError
 from ..jobs import CancelToken, Progress, Report
 from .walk import Found
 
@@ -42,6 +42,8 @@ def detect_one(detector: Detector, path: str, size: int) -> tuple[Detection, boo
     """(detection, cacheable). Errors become the entry's `error`; one bad file never stops a scan."""
     try:
         return detector(path), True
+    except Cancelled:  # the scan stops (what was read is kept); never an error entry in the cache
+        raise
     except EngineError as e:
         return error_detection(path, size, Failure(e.type, e.message)), True
     except Exception as e:  # a bug in detection must not hide the rest of the library; not cached

@@ -30,18 +30,11 @@ def add_arguments(parser) -> None:
     )
 
 
-def _detect(path: str, read_values: bool):
-    from ..detect import Detection, Failure, detect_file
-
-    try:
-        return detect_file(path, read_values=read_values)
-    except Exception as e:  # a bug in detection must still yield an answer, not a traceback
-        msg = f"detection failed unexpectedly ({type(e).__name__}: {e}); please report this file"
-        return Detection(path=path, file_bytes=None, format=None, error=Failure("error", msg))
-
-
 def run(args) -> int:
-    results = [_detect(p, args.read_values) for p in args.files]
+    from ..facade import Engine
+    from ..requests import Inspect
+
+    results = Engine().run(Inspect(tuple(args.files), args.read_values))  # header-only, torch-free
     if args.json:
         print_json(results[0].to_json() if len(results) == 1 else [r.to_json() for r in results])
     else:
