@@ -171,10 +171,6 @@ def test_the_cli_writes_what_the_engine_decodes(files, tmp_path, capsys):
         assert cli[k] == res.info[k], k
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine.decoding returns only the first image of a batch; DecodeResult.images must carry all",
-)
 def test_a_batch_latent_decodes_to_one_png_per_image(cli, files):
     from PIL import Image
 
