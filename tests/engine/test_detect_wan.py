@@ -45,6 +45,18 @@ def test_wan_original_naming(cfg, arch, var, also, prefix):
         assert any("cannot tell them apart" in e.reason for e in d.evidence)
 
 
+def test_also_survives_the_json_cache_and_worker_processes():
+    import pickle
+
+    from engine.detect import Detection
+
+    d = detect(V.wan_original(_small(V.WAN21_T2V_14B)))
+    assert d.also == ("wan22",)
+    assert Detection.from_json(d.to_json()) == d
+    assert pickle.loads(pickle.dumps(d)) == d
+    assert d.to_json()["also"] == ["wan22"] and list(d.to_json())[4:6] == ["architecture", "also"]
+
+
 def test_full_size_releases_detect_with_their_parameter_counts():
     for cfg, params in ((V.WAN21_T2V_1_3B, 1.42e9), (V.WAN21_T2V_14B, 14.29e9), (V.WAN22_TI2V_5B, 5.0e9)):
         rows = V.wan_original(cfg)
