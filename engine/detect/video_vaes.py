@@ -160,7 +160,7 @@ def _mochi(ix: KeyIndex) -> list[Part]:
                     p,
                     "mochi",
                     12,
-                    ix_key(ix, p, suffix),
+                    _key(ix, p, suffix),
                     "Mochi's asymmetric video VAE (genmo naming) → 12 latent channels",
                 )
             )
@@ -180,7 +180,7 @@ def _mochi(ix: KeyIndex) -> list[Part]:
     return out
 
 
-def ix_key(ix: KeyIndex, prefix: str, suffix: str) -> str:
+def _key(ix: KeyIndex, prefix: str, suffix: str) -> str:
     for k in (prefix + "decoder." + suffix, prefix + "encoder." + suffix, prefix + suffix):
         if ix.has(k):
             return k

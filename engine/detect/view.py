@@ -74,12 +74,6 @@ def find_view(ix: KeyIndex, suffix: str, *also: str) -> View | None:
     return View(ix, min(cands, key=len))
 
 
-def billions(params: float) -> str:
-    """A parameter count as release names write it: 1.3b, 14b, 0.6b."""
-    b = params / 1e9
-    return f"{b:.1f}b".replace(".0b", "b") if b < 10 else f"{round(b)}b"
-
-
 def variant(task: str | None, size: str | None) -> str | None:
     """The variant string of the README's contract: `<task>-<size>`, a part the header cannot tell left out."""
     parts = [p for p in (task, size) if p]
