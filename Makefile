@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 PIPC   := $(PIP) install -c constraints.txt
 STAMP  := $(VENV)/.loadout-installed
 
-.PHONY: run test test-engine bench lint format sysdeps setup clean demo package install-desktop screenshots
+.PHONY: run test test-engine bench bench-check bench-full bench-baseline lint format sysdeps setup clean demo package install-desktop screenshots
 
 setup: $(STAMP) sysdeps
 
@@ -33,8 +33,25 @@ test: setup
 test-engine: setup
 	$(PY) -m pytest tests/engine
 
+# Benchmarks (timings: never part of `make test`). `bench` runs the default set once and writes
+# benchmarks/results/latest.jsonl; `bench-check` takes each figure's best of ROUNDS runs and compares it
+# with benchmarks/baseline.jsonl (more than 20 % worse, or a missed goal: exit 1); `bench-full` adds the
+# VAE at width 128, the 2048^2 tiled decode and the TAEF2 round trip; `bench-baseline` makes the last
+# check's best figures the baseline (commit it on its own, saying why).
+ROUNDS ?= 3
+
 bench: setup
-	@for b in benchmarks/bench_*.py; do echo "# $$b" >&2; $(PY) $$b || exit 1; done
+	$(PY) benchmarks/check.py --rounds 1 --no-compare
+
+bench-check: setup
+	$(PY) benchmarks/check.py --rounds $(ROUNDS)
+
+bench-full: setup
+	$(PY) benchmarks/check.py --rounds $(ROUNDS) --full
+
+bench-baseline:
+	cp benchmarks/results/best.jsonl benchmarks/baseline.jsonl
+	@echo "benchmarks/baseline.jsonl updated: commit it on its own, with the reason and the machine's state"
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -2,7 +2,7 @@
 from the file (what `loadout decode` does): the first call pays for copying the VAE into the ledger, later
 calls reuse it. Also what a live budget change (Configure) costs against a plain device detection.
 
-Each line printed is one JSON measurement {"name", "ours_s", "baseline", "baseline_s", "ratio", ...}.
+Each measurement is one JSON line (benchmarks/_record.py), with its ratio against the baseline.
 The VAE has the SD layout at base width --ch (32 keeps the run short on a shared CPU). Threads: 2.
 
     python benchmarks/bench_facade.py [--ch 32] [--size 256] [--repeat 3]
@@ -11,7 +11,6 @@ The VAE has the SD layout at base width --ch (32 keeps the run short on a shared
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -22,9 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "engine"))
 
-
-def emit(**kw) -> None:
-    print(json.dumps(kw), flush=True)
+from _record import record  # noqa: E402
 
 
 def best(fn, repeat: int) -> float:
@@ -71,13 +68,13 @@ def main() -> None:
     engine.decode(Decode(vae, str(lat), mode="full"))
     first = time.perf_counter() - t0
     row = engine.snapshot().get("vae")
-    emit(name="facade_decode_first_call_places_vae", ours_s=round(first, 4),
-         baseline="engine.vae.decode straight from the file (load_vae + decode)", baseline_s=round(base, 4),
-         ratio=round(first / base, 3), ledger_bytes=row.device_bytes, size_px=a.size, ch=a.ch)  # fmt: skip
+    record("facade_decode_first_call_places_vae", first, "s",
+           baseline="engine.vae.decode straight from the file (load_vae + decode)", baseline_value=base,
+           ledger_bytes=row.device_bytes, size_px=a.size, ch=a.ch)  # fmt: skip
     again = best(lambda: engine.decode(Decode(vae, str(lat), mode="full")), a.repeat)
-    emit(name="facade_decode_vae_resident", ours_s=round(again, 4),
-         baseline="engine.vae.decode straight from the file (load_vae + decode)", baseline_s=round(base, 4),
-         ratio=round(again / base, 3), size_px=a.size, ch=a.ch)  # fmt: skip
+    record("facade_decode_vae_resident", again, "s",
+           baseline="engine.vae.decode straight from the file (load_vae + decode)", baseline_value=base,
+           size_px=a.size, ch=a.ch)  # fmt: skip
 
     det = best(lambda: detect_devices(DeviceOptions()), a.repeat)
     n = [0]
@@ -87,9 +84,9 @@ def main() -> None:
         engine.configure(DeviceOptions(vram_budget_gb=1.0 + n[0] / 100))
 
     conf = best(configure, a.repeat)
-    emit(name="configure_budget_change_keeps_models", ours_s=round(conf, 4),
-         baseline="detect_devices (what a restart would redo, without torch import)", baseline_s=round(det, 4),
-         ratio=round(conf / det, 3) if det else None, loaded=len(engine.snapshot().components))  # fmt: skip
+    record("configure_budget_change_keeps_models", conf, "s",
+           baseline="detect_devices (what a restart would redo, without torch import)", baseline_value=det,
+           loaded=len(engine.snapshot().components))  # fmt: skip
     engine.close()
 
 

@@ -9,7 +9,6 @@ measurement.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -18,6 +17,8 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _record import record  # noqa: E402
 
 TICK_MS = 10
 
@@ -93,10 +94,6 @@ def _run_for(app, seconds: float, until=None) -> float:
     return time.perf_counter() - t0
 
 
-def _line(**kw) -> None:
-    print(json.dumps(kw), flush=True)
-
-
 def main() -> None:
     from PySide6.QtWidgets import QApplication
 
@@ -133,9 +130,8 @@ def main() -> None:
     busy_s = time.perf_counter() - t0
     probe.stop()
     worst, p99 = probe.worst(), probe.p99()
-    _line(name="event_loop_worst_delay_during_load_and_decode", ours_s=round(worst, 4),
-          baseline="idle window event loop (5 s)", baseline_s=round(idle_worst, 4),
-          ratio=round(worst / idle_worst, 2) if idle_worst else None, p99_s=round(p99, 4),
+    record("event_loop_worst_delay_during_load_and_decode", worst, "s",
+           baseline="idle window event loop (5 s)", baseline_value=idle_worst, p99_s=round(p99, 4),
           baseline_p99_s=round(idle_p99, 4), ticks=len(probe.delays), baseline_ticks=idle_n,
           engine_busy_s=round(busy_s, 2), tick_ms=TICK_MS)  # fmt: skip
 
@@ -165,16 +161,16 @@ def main() -> None:
     draws0 = w.graph.draws
     ours, samples = measure(True)
     draws = w.graph.draws - draws0
-    _line(name="graph_cpu_per_second_at_10hz", ours_s=round(ours, 5),
-          baseline="event loop with a 10 Hz timer taking memory.sample() only", baseline_s=round(base, 5),
-          ratio=round(ours / base, 2) if base else None, graph_only_cpu_s_per_s=round(ours - base, 5),
+    record("graph_cpu_per_second_at_10hz", ours, "s/s",
+           baseline="event loop with a 10 Hz timer taking memory.sample() only", baseline_value=base,
+           graph_only_cpu_s_per_s=round(ours - base, 5),
           samples=samples, redraws=draws, points_kept=len(w.graph.t), dock="visible")  # fmt: skip
     w.docks["graph"].hide()  # a closed dock (or a background tab): samples are kept, nothing is drawn
     draws0 = w.graph.draws
     hidden, samples = measure(True)
-    _line(name="graph_cpu_per_second_at_10hz_dock_hidden", ours_s=round(hidden, 5),
-          baseline="event loop with a 10 Hz timer taking memory.sample() only", baseline_s=round(base, 5),
-          ratio=round(hidden / base, 2) if base else None, graph_only_cpu_s_per_s=round(hidden - base, 5),
+    record("graph_cpu_per_second_at_10hz_dock_hidden", hidden, "s/s",
+           baseline="event loop with a 10 Hz timer taking memory.sample() only", baseline_value=base,
+           graph_only_cpu_s_per_s=round(hidden - base, 5),
           samples=samples, redraws=w.graph.draws - draws0, points_kept=len(w.graph.t), dock="hidden")  # fmt: skip
     w.docks["graph"].show()
     w.close()

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _record import record
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("LOADOUT_TEST_DATA") or ROOT.parent / "shared" / "data")
@@ -48,16 +50,17 @@ def _layout(name: str, fallback_keys: int) -> tuple[list[tuple[str, str, tuple[i
 
 
 def _line(name: str, ours: tuple[float, float], baseline: str, base: tuple[float, float], **extra) -> None:
-    rec = {
-        "name": name,
-        "ours_s": ours[0],
-        "baseline": baseline,
-        "baseline_s": base[0],
-        "ratio": ours[0] / base[0],
-    }
-    rec |= {"ours_cpu_s": ours[1], "baseline_cpu_s": base[1], "cpu_ratio": ours[1] / base[1]}
-    rec.update(extra)
-    print(json.dumps(rec), flush=True)
+    record(
+        name,
+        ours[0],
+        "s",
+        baseline=baseline,
+        baseline_value=base[0],
+        ours_cpu_s=ours[1],
+        baseline_cpu_s=base[1],
+        cpu_ratio=ours[1] / base[1],
+        **extra,
+    )
 
 
 def bench_safetensors(tmp: Path, reps: int) -> None:

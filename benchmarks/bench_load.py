@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _record import record  # noqa: E402
+
 MANIFEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "manifests" / "sd15_ldm_single_file.json"
 PREFIXES = {
     "unet": "model.diffusion_model.",
@@ -109,11 +111,6 @@ def ours(path: Path, budget: int | None = None):
     return t_build, t_load, m, comps
 
 
-def line(**kw) -> None:
-    kw["ratio"] = round(kw["ours_s"] / kw["baseline_s"], 3) if kw.get("baseline_s") else None
-    print(json.dumps(kw), flush=True)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gb", type=float, default=None, help="write only this many GB of the layout")
@@ -158,26 +155,32 @@ def main() -> None:
             del m, comps
             gc.collect()
         common = dict(baseline="load_file + copy", bytes=size, rounds=a.repeat)
-        line(
-            name="load_cold",
-            ours_s=round(best["o_cold"], 4),
-            baseline_s=round(best["b_cold"], 4),
+        # The issue's goals: every load at most as slow as load_file + copy (issue 14).
+        record(
+            "load_cold",
+            best["o_cold"],
+            "s",
+            baseline_value=best["b_cold"],
+            goal=1.0,
             ours_gb_s=round(gb / best["o_cold"], 3),
             **common,
         )
-        line(
-            name="load_warm",
-            ours_s=round(best["o_warm"], 4),
-            baseline_s=round(best["b_warm"], 4),
+        record(
+            "load_warm",
+            best["o_warm"],
+            "s",
+            baseline_value=best["b_warm"],
+            goal=1.0,
             ours_gb_s=round(gb / best["o_warm"], 3),
             build_s=round(best["build"], 4),
             **common,
         )
-        line(
-            name="unload",
-            ours_s=round(best["o_free"], 4),
+        record(
+            "unload",
+            best["o_free"],
+            "s",
             baseline="del tensors + gc",
-            baseline_s=round(best["b_free"], 4),
+            baseline_value=best["b_free"],
             bytes_freed=freed,
             rounds=a.repeat,
         )
@@ -192,11 +195,15 @@ def main() -> None:
         t = time.perf_counter()
         sd = load_file(str(path))
         t_map = time.perf_counter() - t
-        line(
-            name="build_disk_tier",
-            ours_s=round(t_disk, 4),
+        # judged by its own time: the issue asks for the zero-copy disk tier within 50 ms
+        record(
+            "build_disk_tier",
+            t_disk,
+            "s",
             baseline="load_file alone (maps, no copy)",
-            baseline_s=round(t_map, 4),
+            baseline_value=t_map,
+            judged="value",
+            goal=0.05,
             bytes_resident=0,
             modules=sum(len(c.units) for c in comps.values()),
         )
@@ -208,11 +215,13 @@ def main() -> None:
         resident = {k for c in comps.values() for u in c.units if u.tier == "device" for k in u.keys.values()}
         b_part, params = baseline(path, resident)
         del params
-        line(
-            name="partial_load_50pct",
-            ours_s=round(build + o_part, 4),
+        record(
+            "partial_load_50pct",
+            build + o_part,
+            "s",
             baseline="load_file + copy of the same resident modules (warm)",
-            baseline_s=round(b_part, 4),
+            baseline_value=b_part,
+            goal=1.0,
             budget=size // 2,
             resident=snap.device_bytes,
             streamed=sum(c.disk_bytes for c in snap.components),

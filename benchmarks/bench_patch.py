@@ -31,6 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _record import record  # noqa: E402
+
 from engine.lora.adapter import adapter_from_tensors  # noqa: E402
 from engine.lora.keymap import KeyMap  # noqa: E402
 from engine.patcher import LoraEntry, ModelPatcher  # noqa: E402
@@ -74,19 +76,7 @@ def timed(fn):
 
 
 def line(name, ours, baseline_name, baseline, **extra):
-    print(
-        json.dumps(
-            {
-                "name": name,
-                "ours_s": round(ours, 6),
-                "baseline": baseline_name,
-                "baseline_s": round(baseline, 6),
-                "ratio": float(f"{ours / baseline:.4g}") if baseline else None,
-                **extra,
-            }
-        ),
-        flush=True,
-    )
+    record(name, ours, "s", baseline=baseline_name, baseline_value=baseline, **extra)
 
 
 def bare_loop(weights, tensors, keys, factor):

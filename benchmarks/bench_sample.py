@@ -8,7 +8,6 @@ second, so `cpu_share_at_20hz` is the fraction of one core that costs.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402
+from _record import record  # noqa: E402
 
 from engine.memory import MemorySampler  # noqa: E402
 
@@ -43,9 +43,8 @@ BARE = "psutil.virtual_memory+Process.memory_info"
 
 
 def emit(name: str, ours: float, base: float, *, baseline: str, **extra) -> None:
-    line = {"name": name, "ours_s": ours, "baseline": baseline, "baseline_s": base, "ratio": ours / base}
-    line.update(cpu_share_at_20hz=round(ours * 20, 6), calls=CALLS, repeats=REPEATS, **extra)
-    print(json.dumps(line), flush=True)
+    record(name, ours, "s", baseline=baseline, baseline_value=base, cpu_share_at_20hz=round(ours * 20, 6),
+           calls=CALLS, repeats=REPEATS, **extra)  # fmt: skip
 
 
 def main() -> None:

@@ -1,0 +1,163 @@
+"""The benchmark regression check (benchmarks/check.py) as pure logic on small JSONL files: no
+benchmark runs, no timing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    """benchmarks/ is a folder of scripts, not a package: load a module by path, under a private name."""
+    spec = importlib.util.spec_from_file_location(f"loadout_bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+check = _load("check")  # puts benchmarks/ on sys.path for its own `_record` import
+_record = _load("_record")
+
+
+def line(name, ratio=None, *, value=1.0, judged=None, goal=None, better="lower", **extra):
+    judged = judged or ("ratio" if ratio is not None else "value")
+    return {"name": name, "value": value, "unit": "s", "ratio": ratio, "judged": judged, "goal": goal,
+            "better": better, "machine": {"cpus": 2, "torch": "2.13.0"}, **extra}  # fmt: skip
+
+
+def write(path: Path, lines: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def report(latest: list[dict], baseline: list[dict]) -> check.Report:
+    return check.compare(check.best_of(latest), check.best_of(baseline))
+
+
+def row(rep: check.Report, name: str) -> check.Row:
+    return next(r for r in rep.rows if r.name == name)
+
+
+def test_a_regression_over_20_percent_is_flagged_and_19_is_not():
+    rep = report([line("a", 1.21), line("b", 1.19)], [line("a", 1.0), line("b", 1.0)])
+    assert row(rep, "a").regressed and not row(rep, "b").regressed
+    assert row(rep, "a").change == pytest.approx(0.21)
+    assert [r.name for r in rep.regressions] == ["a"] and not rep.ok
+
+
+def test_a_better_figure_is_no_regression():
+    rep = report([line("a", 0.5)], [line("a", 1.0)])
+    assert row(rep, "a").change == pytest.approx(-0.5) and rep.ok
+
+
+def test_a_missed_goal_is_flagged_even_without_a_baseline():
+    rep = report([line("load_warm", 1.2, goal=1.0), line("load_cold", 0.9, goal=1.0)], [])
+    assert [r.name for r in rep.missed_goals] == ["load_warm"]
+    assert not rep.ok
+
+
+def test_higher_is_better_turns_both_checks_around():
+    base = [line("psnr", value=50.0, goal=40.0, better="higher")]
+    rep = report([line("psnr", value=39.0, goal=40.0, better="higher")], base)
+    r = row(rep, "psnr")
+    assert r.judged == "value" and r.change == pytest.approx(0.22)
+    assert r.regressed and r.missed_goal
+    rep = report([line("psnr", value=41.0, goal=40.0, better="higher")], base)
+    assert not row(rep, "psnr").regressed and not row(rep, "psnr").missed_goal and rep.ok
+    rep = report([line("psnr", value=60.0, goal=40.0, better="higher")], base)
+    assert row(rep, "psnr").change == pytest.approx(-0.2) and rep.ok
+
+
+def test_a_figure_missing_from_the_baseline_is_new_not_a_failure():
+    rep = report([line("a", 1.0), line("fresh", 5.0)], [line("a", 1.0)])
+    r = row(rep, "fresh")
+    assert r.new and r.then is None and r.change is None and not r.regressed
+    assert rep.ok
+    assert "new" in check.format_report(rep, Path("baseline.jsonl"), "best of 1")
+
+
+def test_a_figure_gone_from_this_run_is_listed_not_failed():
+    rep = report([line("a", 1.0)], [line("a", 1.0), line("cuda_only", 1.0)])
+    assert rep.not_measured == ("cuda_only",) and rep.ok
+
+
+def test_a_judged_value_is_compared_instead_of_the_ratio():
+    base = [line("disk", ratio=2.0, value=0.04, judged="value", goal=0.05)]
+    rep = report([line("disk", ratio=9.0, value=0.045, judged="value", goal=0.05)], base)
+    assert not row(rep, "disk").regressed and not row(rep, "disk").missed_goal  # ratio ignored
+    rep = report([line("disk", ratio=2.0, value=0.06, judged="value", goal=0.05)], base)
+    assert row(rep, "disk").regressed and row(rep, "disk").missed_goal
+
+
+def test_best_of_rounds_follows_each_figures_direction():
+    lines = [
+        line("t", 1.3, round=1),
+        line("t", 1.1, round=2),
+        line("t", 1.2, round=3),
+        line("q", value=38.0, better="higher", round=1),
+        line("q", value=42.0, better="higher", round=2),
+        line("none", None, value=None, round=1),
+    ]
+    best = check.best_of(lines)
+    assert best["t"]["round"] == 2 and best["q"]["round"] == 2 and best["none"]["round"] == 1
+
+
+def test_a_zero_baseline_figure_is_not_compared():
+    rep = report([line("a", 0.5)], [line("a", 0.0)])
+    assert row(rep, "a").change is None and rep.ok
+
+
+def test_a_failed_benchmark_fails_the_check():
+    rep = check.compare({}, {}, failed_benches=("bench_gui.py",))
+    assert not rep.ok
+
+
+def test_main_compares_files_prints_the_flags_and_the_table_and_exits_nonzero(tmp_path, capsys):
+    latest = write(tmp_path / "latest.jsonl", [line("a", 1.3, round=1), line("a", 1.25, round=2),
+                                               line("b", 1.0, goal=0.5), line("c", 1.0)])  # fmt: skip
+    baseline = write(tmp_path / "baseline.jsonl", [line("a", 1.0), line("b", 1.0), line("c", 1.0)])
+    best = tmp_path / "best.jsonl"
+    argv = ["--rounds", "0", "--latest", str(latest), "--baseline", str(baseline), "--best", str(best)]
+    assert check.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSED    a: ratio 1.25 vs baseline 1 (+25% worse" in out
+    assert "MISSED GOAL  b: ratio 1, goal <= 0.5" in out
+    assert "1 regressed > 20%, 1 missed goals" in out and out.rstrip().endswith("FAIL")
+    assert [json.loads(s)["ratio"] for s in best.read_text().splitlines()] == [1.25, 1.0, 1.0]
+    # the best lines, made the baseline, pass (the goal miss aside)
+    write(latest, [line("a", 1.25), line("c", 1.0)])
+    assert check.main(argv[:-2] + ["--baseline", str(best), "--best", str(tmp_path / "b2.jsonl")]) == 0
+
+
+def test_main_without_a_baseline_still_checks_goals(tmp_path, capsys):
+    latest = write(tmp_path / "latest.jsonl", [line("a", 1.0, goal=1.0)])
+    argv = ["--rounds", "0", "--latest", str(latest), "--baseline", str(tmp_path / "none.jsonl"),
+            "--best", str(tmp_path / "best.jsonl")]  # fmt: skip
+    assert check.main(argv) == 0
+    assert "no baseline" in capsys.readouterr().out
+
+
+def test_record_writes_the_line_format_and_appends_to_the_results_file(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "results" / "latest.jsonl"
+    monkeypatch.setenv(_record.OUT_ENV, str(out))
+    monkeypatch.setenv(_record.ROUND_ENV, "2")
+    _record.record("x", 2.0, "s", baseline="bare", baseline_value=4.0, goal=1.0, files=3)
+    _record.record("psnr", 41.234, "dB", judged="value", goal=40.0, better="higher")
+    printed = [json.loads(s) for s in capsys.readouterr().out.splitlines()]
+    written = check.read_lines(out)
+    assert printed == written
+    x, p = written
+    assert x["ratio"] == 0.5 and x["judged"] == "ratio" and x["goal_met"] is True and x["files"] == 3
+    assert x["round"] == 2 and x["machine"]["cpus"] and "torch" in x["machine"]
+    assert p["ratio"] is None and p["judged"] == "value" and p["goal_met"] is True
+    with pytest.raises(ValueError):
+        _record.record("bad", 1.0, "s", better="faster")
+    with pytest.raises(ValueError):
+        _record.record("bad", 1.0, "s", name_clash=1, ratio_x=2, goal_met=True)
