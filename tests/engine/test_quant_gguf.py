@@ -1,0 +1,199 @@
+"""GGUF tensors dequantized in torch: bit for bit what llama.cpp's gguf-py computes in numpy, for every
+ggml type ComfyUI-GGUF loads, read back from files gguf-py wrote."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.errors import FormatError, UnsupportedModel
+from engine.formats.gguf import read_gguf
+from engine.quant import SUPPORTED, QuantSpec, block_layout, check_supported, dequantize
+
+gguf = pytest.importorskip("gguf")  # llama.cpp's gguf-py: the test-only reference
+np = pytest.importorskip("numpy")
+T = gguf.GGMLQuantizationType
+
+# Byte offsets of each block's ggml_half scales (ggml-common.h), set to finite random halves in
+# random blocks: random bytes there would be NaN or inf about 1 time in 32.
+HALVES = {
+    "Q8_0": (0,),
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
+FLOAT_SHAPES = [(7, 13), (3,), (2, 3, 5), (1, 1)]
+
+
+def _shapes(name: str) -> list[tuple[int, ...]]:
+    block, _ = block_layout(name)
+    if block == 1:
+        return FLOAT_SHAPES
+    # rows are whole blocks; the row count (and other dims) need not be anything in particular
+    return [(block,), (7, block * 3), (2, 3, block * 2), (5, block)]
+
+
+def _random_bytes(name: str, shape, rng) -> np.ndarray:
+    """Valid random data of `shape` as the file stores it (byte shape, uint8): random quants, random
+    finite scales (normal, subnormal and zero halves), random float values for the float types."""
+    block, size = block_layout(name)
+    if block == 1:
+        x = (rng.standard_normal(shape) * 3).astype(np.float32)
+        return gguf.quants.quantize(x, T[name]).view(np.uint8) if name != "F32" else x.view(np.uint8)
+    n = int(np.prod(shape, dtype=np.int64)) // block
+    raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+    scales = (rng.standard_normal((n, len(HALVES[name]))) * 0.05).astype(np.float16)
+    scales[::7] = np.float16(3e-6)  # subnormal
+    scales[::11] = np.float16(-0.0)
+    for i, off in enumerate(HALVES[name]):
+        raw[:, off : off + 2] = scales[:, i : i + 1].view(np.uint8)
+    if shape[-1] % block:  # rows that are not whole blocks (a conv weight): flat bytes
+        return raw.reshape(-1)
+    return raw.reshape(*shape[:-1], shape[-1] // block * size)
+
+
+def _quantized_bytes(name: str, shape, rng) -> np.ndarray | None:
+    """Real float data quantized by gguf-py (None where it has no numpy quantizer for the type)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    try:
+        q = gguf.quants.quantize(x, T[name])
+    except NotImplementedError:
+        return None
+    return q.view(np.uint8) if name != "F32" else x.view(np.uint8)
+
+
+def _write(path, tensors: dict[str, tuple[np.ndarray, str]]) -> None:
+    w = gguf.GGUFWriter(str(path), arch="loadout-test")
+    for key, (raw, name) in tensors.items():
+        w.add_tensor(key, raw, raw_dtype=T[name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _read(path) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
+    """name -> (ggml type, torch-order shape, the raw bytes) via our header reader."""
+    out = {}
+    for t in read_gguf(path).tensors.values():
+        raw = np.fromfile(path, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+        out[t.name] = (t.ggml_type, t.shape, raw)
+    return out
+
+
+def _reference(raw: np.ndarray, name: str, shape) -> torch.Tensor:
+    _, size = block_layout(name)
+    ref = gguf.quants.dequantize(raw.reshape(*shape[:-1], -1), T[name])
+    assert ref.dtype == np.float32 and tuple(ref.shape) == tuple(shape)
+    return torch.from_numpy(np.ascontiguousarray(ref))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_bit_exact_against_gguf_numpy(tmp_path, name):
+    rng = np.random.default_rng(sum(map(ord, name)))
+    tensors = {}
+    for i, shape in enumerate(_shapes(name)):
+        tensors[f"random.{i}"] = (_random_bytes(name, shape, rng), name)
+        q = _quantized_bytes(name, shape, rng)
+        if q is not None:
+            tensors[f"quantized.{i}"] = (q, name)
+    path = tmp_path / f"{name}.gguf"
+    _write(path, tensors)
+    read = _read(path)
+    assert set(read) == set(tensors)
+    for key, (ggml_type, shape, raw) in read.items():
+        assert ggml_type == name
+        ref = _reference(raw, name, shape)
+        ours = dequantize(torch.from_numpy(raw), name, shape)
+        assert ours.dtype == torch.float32 and ours.shape == ref.shape, key
+        assert torch.equal(ours, ref), key
+        assert torch.equal(_bits(ours), _bits(ref)), key  # signed zeros too
+
+
+def test_the_reference_reader_sees_the_same_bytes(tmp_path):
+    rng = np.random.default_rng(1)
+    _write(tmp_path / "m.gguf", {"w": (_random_bytes("Q4_K", (3, 512), rng), "Q4_K")})
+    ours = _read(tmp_path / "m.gguf")["w"][2]
+    (ref,) = gguf.GGUFReader(str(tmp_path / "m.gguf")).tensors
+    assert np.array_equal(ours, np.asarray(ref.data).reshape(-1))
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_1", "Q3_K", "Q6_K", "BF16", "F16", "F32"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_other_dtypes_round_the_float32_values_once(name, dtype):
+    rng = np.random.default_rng(2)
+    shape = _shapes(name)[1]
+    raw = torch.from_numpy(_random_bytes(name, shape, rng).reshape(-1))
+    exact = dequantize(raw, name, shape)
+    assert torch.equal(dequantize(raw, name, shape, dtype), exact.to(dtype))
+
+
+def test_a_big_tensor_is_decoded_in_chunks_with_the_same_result(monkeypatch):
+    from engine.quant import kernels
+
+    rng = np.random.default_rng(3)
+    raw = torch.from_numpy(_random_bytes("Q5_K", (37, 512), rng).reshape(-1))
+    whole = dequantize(raw, "Q5_K", (37, 512))
+    monkeypatch.setitem(kernels.CHUNK_ELEMENTS, "cpu", 3 * 256)  # 3 blocks a pass, a ragged last one
+    assert torch.equal(dequantize(raw, "Q5_K", (37, 512)), whole)
+
+
+def test_blocks_at_any_offset_and_in_any_shape():
+    rng = np.random.default_rng(4)
+    raw = _random_bytes("Q8_0", (4, 64), rng).reshape(-1)
+    padded = torch.from_numpy(np.concatenate([np.zeros(3, np.uint8), raw]))[3:]  # odd storage offset
+    assert torch.equal(
+        dequantize(padded, "Q8_0", (4, 64)), dequantize(torch.from_numpy(raw), "Q8_0", (4, 64))
+    )
+    f16 = torch.from_numpy(
+        np.concatenate([np.zeros(1, np.uint8), _random_bytes("F16", (3, 5), rng).reshape(-1)])
+    )
+    assert dequantize(f16[1:], "F16", (3, 5)).shape == (3, 5)
+    # the byte shape does not matter, only the logical one: ComfyUI-GGUF stores some conv weights
+    # reshaped and records the original shape (comfy.gguf.orig_shape.*)
+    as_rows = torch.from_numpy(raw.reshape(4, -1))
+    assert dequantize(as_rows, "Q8_0", (8, 4, 2, 4)).shape == (8, 4, 2, 4)
+
+
+@pytest.mark.parametrize("name", ["IQ2_XXS", "TQ1_0", "Q8_1", "IQ4_NL", "MXFP4", "I8", 16, 9999])
+def test_unsupported_types_are_named(name):
+    label = {16: "IQ2_XXS", 9999: "ggml type 9999"}.get(name, name)
+    for call in (
+        lambda: check_supported(name),
+        lambda: QuantSpec(name, (256,)),
+        lambda: dequantize(torch.zeros(66, dtype=torch.uint8), name, (256,)),
+    ):
+        with pytest.raises(UnsupportedModel, match=label) as e:
+            call()
+        assert "Q8_0" in e.value.message  # says what would load
+
+
+def test_sizes_that_do_not_fit_are_format_errors():
+    with pytest.raises(FormatError, match="whole blocks"):
+        QuantSpec("Q4_0", (3, 100))
+    with pytest.raises(FormatError, match="corrupt"):
+        dequantize(torch.zeros(17, dtype=torch.uint8), "Q4_0", (32,))
+    with pytest.raises(TypeError):
+        dequantize(torch.zeros(18, dtype=torch.int8), "Q4_0", (32,))
+    assert QuantSpec("Q4_K", [3, 512]).nbytes == 3 * 2 * 144
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_cuda_decodes_the_same_bits(name):
+    rng = np.random.default_rng(5)
+    shape = _shapes(name)[1]
+    raw = torch.from_numpy(_random_bytes(name, shape, rng).reshape(-1))
+    cpu = dequantize(raw, name, shape)
+    gpu = dequantize(raw.cuda(), name, shape)
+    assert gpu.device.type == "cuda" and torch.equal(_bits(gpu.cpu()), _bits(cpu))
