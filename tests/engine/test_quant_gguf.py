@@ -1,11 +1,14 @@
 """GGUF tensors dequantized in torch: bit for bit what llama.cpp's gguf-py computes in numpy, for every
-ggml type ComfyUI-GGUF loads, read back from files gguf-py wrote."""
+ggml type ComfyUI-GGUF loads, read back from files gguf-py wrote; and castable ops that hold the
+quantized bytes and dequantize them per forward, before any LoRA patch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
+from engine import ops
 from engine.errors import FormatError, UnsupportedModel
 from engine.formats.gguf import read_gguf
 from engine.quant import SUPPORTED, QuantSpec, block_layout, check_supported, dequantize
@@ -186,6 +189,66 @@ def test_sizes_that_do_not_fit_are_format_errors():
     with pytest.raises(TypeError):
         dequantize(torch.zeros(18, dtype=torch.int8), "Q4_0", (32,))
     assert QuantSpec("Q4_K", [3, 512]).nbytes == 3 * 2 * 144
+
+
+# -- castable ops holding quantized weights ------------------------------------------------------
+
+
+def _quantized_op(make, name, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    raw = torch.from_numpy(_random_bytes(name, shape, rng).reshape(-1))
+    spec = QuantSpec(name, shape)
+    op = make()
+    ops.hold_quantized(op, "weight", raw, spec)
+    return op, dequantize(raw, name, shape)
+
+
+def test_linear_with_a_quantized_weight_matches_the_float_weight():
+    op, w = _quantized_op(lambda: ops.Linear(512, 24, device="meta"), "Q4_K", (24, 512))
+    op.bias = nn.Parameter(torch.randn(24), requires_grad=False)
+    x = torch.randn(3, 512)
+    assert torch.equal(op(x), nn.functional.linear(x, w, op.bias))
+    assert op.weight.dtype == torch.uint8 and op.weight.numel() == 24 * 2 * 144  # holds the blocks
+    assert ops.module_bytes(op) == 24 * 2 * 144 + 24 * 4  # what the ledger counts
+    op.compute_dtype = torch.bfloat16
+    ref = nn.functional.linear(x.bfloat16(), w.bfloat16(), op.bias.bfloat16())
+    assert torch.equal(op(x), ref)
+
+
+def test_conv_and_embedding_hold_quantized_weights():
+    conv, w = _quantized_op(
+        lambda: ops.Conv2d(4, 8, 3, padding=1, bias=False, device="meta"), "Q8_0", (8, 4, 3, 3)
+    )
+    x = torch.randn(2, 4, 6, 6)
+    assert torch.equal(conv(x), nn.functional.conv2d(x, w, padding=1))
+    emb, w = _quantized_op(lambda: ops.Embedding(12, 256, device="meta"), "Q6_K", (12, 256), 1)
+    ids = torch.tensor([[0, 11, 3]])
+    assert torch.equal(emb(ids), w[ids])
+
+
+def test_a_lora_patch_applies_after_dequantization():
+    op, w = _quantized_op(lambda: ops.Linear(256, 16, bias=False, device="meta"), "Q5_0", (16, 256), 3)
+    delta = torch.randn(16, 256) * 0.01
+    seen = []
+
+    def patch(weight):
+        seen.append((weight.dtype, tuple(weight.shape)))
+        return weight + delta
+
+    op.weight_functions.append(patch)
+    op.compute_dtype = torch.float16
+    x = torch.randn(2, 256)
+    out = op(x)
+    assert seen == [(torch.float32, (16, 256))]  # the exact dequantized values, logical shape
+    assert torch.equal(out, nn.functional.linear(x.half(), (w + delta).half()))
+    op.weight_functions.clear()  # unpatched again: the stored blocks were never touched
+    assert torch.equal(op(x), nn.functional.linear(x.half(), w.half()))
+
+
+def test_hold_quantized_checks_the_bytes():
+    op = ops.Linear(32, 2, device="meta")
+    with pytest.raises(ValueError):
+        ops.hold_quantized(op, "weight", torch.zeros(35, dtype=torch.uint8), QuantSpec("Q8_0", (2, 32)))
 
 
 @pytest.mark.cuda
