@@ -22,13 +22,14 @@ from ..errors import FormatError, UnsupportedModel
 from ..formats.gguf import GGML_TYPES
 
 __all__ = [
+    "BLOCK_TYPES",
     "FLOAT_TYPES",
     "SUPPORTED",
     "QuantSpec",
     "block_layout",
     "check_supported",
     "dequantize",
-    "is_quantized_type",
+    "is_block_type",
 ]
 
 # ggml type name -> (elements per block, bytes per block), from the header reader's table (gguf-py
@@ -36,7 +37,8 @@ __all__ = [
 _BY_NAME: dict[str, tuple[int, int]] = {name: (blk, size) for name, blk, size in GGML_TYPES.values()}
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
-SUPPORTED = (*FLOAT_TYPES, "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED = (*FLOAT_TYPES, *BLOCK_TYPES)
 
 
 def _name(ggml_type: str | int) -> str:
@@ -57,9 +59,10 @@ def check_supported(ggml_type: str | int) -> str:
     return name
 
 
-def is_quantized_type(ggml_type: str | int) -> bool:
-    """Whether tensors of this type are held as raw blocks (everything but F32 / F16 / BF16)."""
-    return _name(ggml_type) not in FLOAT_TYPES
+def is_block_type(dtype: str) -> bool:
+    """Whether a tensor of this dtype name (safetensors or ggml) is held as raw ggml blocks: one of
+    the supported quantized types. (ggml's F32 / F16 / BF16 / I8 … share safetensors' names.)"""
+    return dtype in BLOCK_TYPES
 
 
 def block_layout(ggml_type: str | int) -> tuple[int, int]:

@@ -260,3 +260,109 @@ def test_cuda_decodes_the_same_bits(name):
     cpu = dequantize(raw, name, shape)
     gpu = dequantize(raw.cuda(), name, shape)
     assert gpu.device.type == "cuda" and torch.equal(_bits(gpu.cpu()), _bits(cpu))
+
+
+# -- a GGUF file as components: quantized bytes in the ledger, dequantized per op ----------------
+
+
+def _gguf_model(path, rng) -> dict[str, torch.Tensor]:
+    """A small GGUF model (ComfyUI-GGUF's choices: 2-D weights quantized, 1-D and small ones F32,
+    a conv weight reshaped to whole blocks with its original shape recorded). Returns the float
+    tensors a loader must produce (dequantized in float32)."""
+    w = gguf.GGUFWriter(str(path), arch="flux")
+    expect = {}
+
+    def add(key, raw, name, shape, stored=None):
+        w.add_tensor(key, raw if stored is None else raw.reshape(stored), raw_dtype=T[name])
+        expect[key] = dequantize(torch.from_numpy(raw.reshape(-1).copy()), name, shape)
+
+    add("blocks.0.attn.qkv.weight", _random_bytes("Q4_K", (96, 256), rng), "Q4_K", (96, 256))
+    add("blocks.0.attn.qkv.bias", _random_bytes("F32", (96,), rng), "F32", (96,))
+    add("blocks.0.mlp.0.weight", _random_bytes("Q8_0", (64, 96), rng), "Q8_0", (64, 96))
+    add("blocks.0.norm.weight", _random_bytes("F16", (96,), rng), "F16", (96,))
+    add("blocks.0.norm.bias", _random_bytes("BF16", (96,), rng), "BF16", (96,))
+    conv = _random_bytes("Q6_K", (16, 4, 4, 4), rng)  # 1,024 elements: rows of 4 are not blocks
+    add("proj.weight", conv, "Q6_K", (16, 4, 4, 4), stored=(4, 210))  # 4 rows of one block
+    w.add_array("comfy.gguf.orig_shape.proj.weight", [16, 4, 4, 4])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return expect
+
+
+def test_orig_shape_is_the_tensor_shape(tmp_path):
+    from engine.formats import open_index
+
+    _gguf_model(tmp_path / "m.gguf", np.random.default_rng(6))
+    h = read_gguf(tmp_path / "m.gguf")
+    assert h.tensors["proj.weight"].dims == (256, 4) and h.tensors["proj.weight"].shape == (16, 4, 4, 4)
+    assert open_index(tmp_path / "m.gguf").tensors["proj.weight"].shape == (16, 4, 4, 4)
+
+
+def test_bad_orig_shape_is_a_format_error(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "b.gguf"), arch="flux")
+    w.add_tensor("w", np.zeros((2, 32), np.float32))
+    w.add_array("comfy.gguf.orig_shape.w", [3, 32])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(FormatError, match="orig_shape"):
+        read_gguf(tmp_path / "b.gguf")
+
+
+def test_a_gguf_component_keeps_its_bytes_quantized(tmp_path):
+    from engine.model import build_components
+
+    path = tmp_path / "m.gguf"
+    expect = _gguf_model(path, np.random.default_rng(7))
+    (c,) = build_components(path, {"transformer": ""}).values()
+    file_bytes = sum(t.nbytes for t in read_gguf(path).tensors.values())
+    assert c.file_bytes == file_bytes < sum(t.numel() * 2 for t in expect.values())
+    assert c.tier_bytes() == {"device": 0, "ram": 0, "disk": file_bytes} == c.measured_tiers()
+    qkv = c.module.get_submodule("blocks.0.attn")
+    # every tier holds the blocks, never a dequantized copy: a copy in RAM (the CPU's device tier),
+    # then the mmap again
+    for tier in ("device", "disk"):
+        for u in c.units:
+            c.move_unit(u, tier)
+        assert c.tier_bytes()[tier] == file_bytes == c.measured_tiers()[tier]
+        x = torch.randn(2, 256)
+        w = expect["blocks.0.attn.qkv.weight"]
+        assert qkv.qkv.weight.dtype == torch.uint8
+        assert torch.equal(qkv.qkv(x), nn.functional.linear(x, w, expect["blocks.0.attn.qkv.bias"]))
+    conv = c.module.get_submodule("proj")
+    assert isinstance(conv, ops.Conv2d) and conv.quantized["weight"].shape == (16, 4, 4, 4)
+    y = torch.randn(1, 4, 5, 5)
+    assert torch.equal(conv(y), nn.functional.conv2d(y, expect["proj.weight"]))
+    norm = c.module.get_submodule("blocks.0.norm")
+    assert norm.weight.dtype == torch.float16 and not norm.quantized  # floats stay plain tensors
+
+
+@pytest.mark.cuda
+def test_a_gguf_component_on_cuda_moves_its_blocks(tmp_path):
+    from engine.model import build_components
+
+    path = tmp_path / "m.gguf"
+    expect = _gguf_model(path, np.random.default_rng(8))
+    built = build_components(path, {"transformer": ""}, device="cuda", storage="float32", compute="float32")
+    (c,) = built.values()
+    file_bytes = sum(t.nbytes for t in read_gguf(path).tensors.values())
+    for tier in ("ram", "device"):
+        for u in c.units:
+            c.move_unit(u, tier)
+        assert c.tier_bytes()[tier] == c.measured_tiers()[tier] == file_bytes
+    x = torch.randn(2, 256, device="cuda")
+    w, b = expect["blocks.0.attn.qkv.weight"].cuda(), expect["blocks.0.attn.qkv.bias"].cuda()
+    assert torch.equal(c.module.get_submodule("blocks.0.attn.qkv")(x), nn.functional.linear(x, w, b))
+
+
+def test_unsupported_types_in_a_file_name_the_tensor(tmp_path):
+    from engine.formats.gguf import write_sparse_gguf
+    from engine.model import build_components
+
+    path = tmp_path / "iq.gguf"
+    write_sparse_gguf(path, {"general.architecture": "flux"}, [("blocks.0.w.weight", "IQ2_XXS", (8, 256))])
+    with pytest.raises(UnsupportedModel, match=r"blocks\.0\.w\.weight.*IQ2_XXS"):
+        build_components(path, {"transformer": ""})
