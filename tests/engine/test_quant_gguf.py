@@ -366,3 +366,30 @@ def test_unsupported_types_in_a_file_name_the_tensor(tmp_path):
     write_sparse_gguf(path, {"general.architecture": "flux"}, [("blocks.0.w.weight", "IQ2_XXS", (8, 256))])
     with pytest.raises(UnsupportedModel, match=r"blocks\.0\.w\.weight.*IQ2_XXS"):
         build_components(path, {"transformer": ""})
+
+
+def test_loadout_load_puts_the_quantized_bytes_in_the_ledger(cli, tmp_path):
+    """`loadout load flux1-dev-Q4_K.gguf` as a user runs it: a header-faithful FLUX.1-dev transformer
+    in ComfyUI-GGUF's layout (bare keys; 2-D weights Q4_K or Q8_0, the rest F32), its data a hole."""
+    import json
+
+    from loadout_test_support import data_file
+
+    from engine.formats.gguf import write_sparse_gguf
+
+    manifest = json.loads(data_file("manifests/flux1_dev_bfl_all_in_one.json").read_text())["tensors"]
+    pre, rows, bf16 = "model.diffusion_model.", [], 0
+    for k, v in manifest.items():
+        if k.startswith(pre):
+            s = tuple(v["shape"])
+            q = "F32" if len(s) == 1 else "Q4_K" if s[-1] % 256 == 0 else "Q8_0" if s[-1] % 32 == 0 else "F32"
+            rows.append((k[len(pre) :], q, s))
+            bf16 += 2 * int(np.prod(s))
+    path = tmp_path / "flux1-dev-Q4_K.gguf"
+    write_sparse_gguf(path, {"general.architecture": "flux", "general.quantization_version": 2}, rows)
+    quantized = sum(t.nbytes for t in read_gguf(path).tensors.values())
+    r = cli("load", str(path), "--vram-budget", "0.05", "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)["ledger"]
+    assert row["name"] == "transformer" and row["full_bytes"] == quantized < bf16 / 3
+    assert row["device_bytes"] > 0 and row["device_bytes"] + row["disk_bytes"] == quantized
