@@ -60,7 +60,7 @@ class Castable:
     offload: bool = False
     compute_dtype: torch.dtype | None = None
     non_blocking: bool = False
-    # attr -> how to dequantize that parameter's raw bytes; set by hold_quantized
+    # attr -> how to dequantize that parameter's raw bytes; set by hold_quantized or engine.model.tree
     quantized: Mapping[str, QuantSpec] = types.MappingProxyType({})
 
     def _castable_init(self) -> None:
