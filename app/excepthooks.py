@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 from PySide6.QtWidgets import QMessageBox, QWidget
 
+from engine.errors import Cancelled
+
 log = logging.getLogger("loadout.app")
 
 
@@ -104,6 +106,9 @@ def _sys_hook(exc_type, exc, tb) -> None:
     if issubclass(exc_type, KeyboardInterrupt):
         sys.__excepthook__(exc_type, exc, tb)
         return
+    if issubclass(exc_type, Cancelled):  # a stop the user asked for that nobody caught: not a crash
+        log.info("cancelled outside a job: %s", exc)
+        return
     log.error("unhandled exception", exc_info=(exc_type, exc, tb))
     _deliver(exc.with_traceback(tb) if exc is not None else exc_type())
 
@@ -112,6 +117,9 @@ def _thread_hook(args: threading.ExceptHookArgs) -> None:
     if args.exc_type is SystemExit:
         return
     name = args.thread.name if args.thread else "?"
+    if issubclass(args.exc_type, Cancelled):  # a stop the user asked for, not a crash
+        log.info("cancelled in thread %s: %s", name, args.exc_value)
+        return
     log.error(
         "unhandled exception in thread %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback)
     )

@@ -2,25 +2,20 @@
 is scanned, or the demo library when none is found; the answer is remembered in the app's settings and
 the question is never asked again unless `reset_first_run` clears it (or the settings file is removed).
 
-Hook (main window, once it is shown, when it starts with no library folders):
-
-    from app.first_run import maybe_first_run
-    paths = maybe_first_run(window, app_settings.settings())
-    if paths:
-        window.add_paths([str(p) for p in paths])   # persisted as library folders, scanned as usual
-
-`maybe_first_run` returns None when the question was already answered (or library folders are already
-saved), else the chosen folders (an empty list when the user declined).
+The window, shown with no library folders, starts a `FirstRun`: when `first_run_due`, it submits
+FindLibraries (the search runs in the engine client's IO thread, never the GUI's), hands what was found to
+`ask_first_run` and emits the chosen folders for the library (nothing when the user declined). The demo
+library is written by a WriteDemo request, in the engine thread.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import QObject, QSettings, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
@@ -32,8 +27,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.discover import Install, find_installs
+from app import settings as app_settings
 from engine.formatting import human_bytes
+from engine.requests import FindLibraries, WriteDemo
+
+if TYPE_CHECKING:
+    from engine.discover import Install
 
 KEY_CHOICE = "first_run/choice"  # "scan" | "demo" | "none"
 KEY_PATHS = "first_run/paths"
@@ -47,29 +46,24 @@ def demo_dir() -> Path:
     return Path(platformdirs.user_data_dir("loadout", appauthor=False)) / "demo-library"
 
 
-def _write_demo(path: Path) -> None:
-    from engine.catalog.demo import write_demo
-
-    write_demo(path)
-
-
 class FirstRunDialog(QDialog):
-    """ "Scan these folders?" with one checkbox per install found, or the demo library when none was."""
+    """ "Scan these folders?" with one checkbox per install found, or the demo library when none was
+    (written through `client`, an app.bridge.EngineClient; only the demo needs one)."""
 
     def __init__(
         self,
         installs: list[Install],
         parent: QWidget | None = None,
         *,
+        client=None,
         demo_path: Path | None = None,
-        demo_writer: Callable[[Path], None] = _write_demo,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Welcome to Loadout")
         self.setMinimumWidth(620)
         self.installs = list(installs)
         self.demo_path = demo_path or demo_dir()
-        self._demo_writer = demo_writer
+        self.client = client
         self.choice = "none"
         self.error: str | None = None
         self.boxes: list[QCheckBox] = []
@@ -155,8 +149,9 @@ class FirstRunDialog(QDialog):
             self.accept()
 
     def _accept_demo(self) -> None:
-        """Write the demo library in a worker thread (it imports torch for its small dense files) while the
-        dialog stays responsive, then accept; an existing demo library of this version is reused (an older one is written again)."""
+        """Have the engine write the demo library (it imports torch for its small dense files) while the
+        dialog stays responsive, then accept; an existing demo library of this version is reused (an
+        older one is written again)."""
         from engine.catalog.demo import demo_is_current
 
         if demo_is_current(self.demo_path):
@@ -166,36 +161,17 @@ class FirstRunDialog(QDialog):
         for b in self.buttons.buttons():
             b.setEnabled(False)
         self.status.setText(f"Writing the demo library to {self.demo_path}…")
-        result: dict[str, BaseException | None] = {}
+        self.client.submit(WriteDemo(str(self.demo_path)), self._on_demo_written, self._on_demo_failed)
 
-        def work() -> None:
-            try:
-                self._demo_writer(self.demo_path)
-                result["error"] = None
-            except BaseException as e:  # reported in the dialog, never lost in the thread
-                result["error"] = e
+    def _on_demo_written(self, _files) -> None:
+        self.choice = "demo"
+        self.accept()
 
-        thread = threading.Thread(target=work, name="loadout-demo", daemon=True)
-        thread.start()
-        timer = QTimer(self)
-        timer.setInterval(50)
-
-        def poll() -> None:
-            if thread.is_alive():
-                return
-            timer.stop()
-            err = result.get("error")
-            if err is None:
-                self.choice = "demo"
-                self.accept()
-            else:
-                self.error = str(err)
-                self.status.setText(f"Could not write the demo library: {err}")
-                for b in self.buttons.buttons():
-                    b.setEnabled(True)
-
-        timer.timeout.connect(poll)
-        timer.start()
+    def _on_demo_failed(self, info) -> None:
+        self.error = info.message
+        self.status.setText(f"Could not write the demo library: {info.message}")
+        for b in self.buttons.buttons():
+            b.setEnabled(True)
 
 
 def first_run_done(settings: QSettings) -> bool:
@@ -214,22 +190,28 @@ def remember(settings: QSettings, choice: str, paths: list[Path]) -> None:
     settings.sync()
 
 
-def maybe_first_run(
+def first_run_due(settings: QSettings) -> bool:
+    """Whether to ask: not answered yet and no library folders saved (an existing user is never asked,
+    and that is remembered as the answer "none")."""
+    if first_run_done(settings):
+        return False
+    if settings.value(KEY_FOLDERS, []):
+        remember(settings, "none", [])
+        return False
+    return True
+
+
+def ask_first_run(
     parent: QWidget | None,
     settings: QSettings,
+    installs: list[Install],
     *,
-    find: Callable[[], list[Install]] = find_installs,
+    client=None,
     demo_path: Path | None = None,
-) -> list[Path] | None:
-    """On the first start, ask (modal) which found libraries to scan, or offer the demo; remember the
-    answer. None when already answered or when library folders are already saved (an existing user)."""
-    if first_run_done(settings):
-        return None
-    saved = settings.value(KEY_FOLDERS, [])
-    if saved:
-        remember(settings, "none", [])
-        return None
-    dlg = FirstRunDialog(find(), parent, demo_path=demo_path)
+) -> list[Path]:
+    """Ask (modal) which of the found libraries to scan, or offer the demo; remember the answer and
+    return the chosen folders (empty when declined)."""
+    dlg = FirstRunDialog(installs, parent, client=client, demo_path=demo_path)
     dlg.setWindowModality(Qt.WindowModality.ApplicationModal)
     try:
         dlg.exec()
@@ -238,3 +220,39 @@ def maybe_first_run(
         return paths
     finally:
         dlg.deleteLater()
+
+
+class FirstRun(QObject):
+    """The first start's question, once the window is up: look for libraries off the GUI thread, ask."""
+
+    chosen = Signal(list)  # the folders (str) the user chose, for the library
+    demo_latent = Signal(str)  # the demo library's latent, for Decode
+
+    def __init__(self, window: QWidget, client) -> None:
+        super().__init__(window)
+        self.window = window
+        self.client = client
+
+    def start(self) -> None:
+        if first_run_due(app_settings.settings()):
+            self.client.submit(FindLibraries(), self._on_found)
+
+    def _on_found(self, installs) -> None:
+        # The dialog runs its own event loop: not inside the client's delivery of this job's result.
+        QTimer.singleShot(0, partial(self._ask, list(installs)))
+
+    def _ask(self, installs: list[Install]) -> None:
+        paths = ask_first_run(self.window, app_settings.settings(), installs, client=self.client)
+        if paths:
+            self.open_chosen(paths)
+
+    def open_chosen(self, paths) -> None:
+        """Hand the chosen folders to the library; opening the demo library also puts its latent in Decode
+        (the VAE is chosen as the library fills), so the first Decode press shows a picture."""
+        from engine.catalog.demo import DEMO_LATENT
+
+        self.chosen.emit([str(p) for p in paths])
+        latents = [os.path.join(p, DEMO_LATENT) for p in map(str, paths)]
+        latent = next((p for p in latents if os.path.isfile(p)), None)
+        if latent is not None:
+            self.demo_latent.emit(latent)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import synth  # noqa: E402
 from engine.detect import detect_file  # noqa: E402
+from tests.support import synth  # noqa: E402
 
 
 def _best(fn, repeat: int = 7) -> float:

@@ -25,8 +25,8 @@ TICK_MS = 10
 def _files(d: Path) -> dict:
     import torch
 
-    from engine import synth
     from engine.formats.latent import write_latent
+    from tests.support import synth
 
     vae = synth.write("sd_vae", d / "vae.safetensors", dense=True, max_dense_bytes=200 << 20)
     taesd = synth.write("taesd_decoder", d / "taesd_decoder.safetensors", dense=True, seed=7)
@@ -112,7 +112,7 @@ def main() -> None:
     w = MainWindow(restore_layout=False)
     w.show()
     w.start()
-    _run_for(app, 0, until=lambda: w.report is not None)
+    _run_for(app, 0, until=lambda: w.device_status.report is not None)
     probe = LatenessProbe()
 
     # 1) event-loop lateness: idle baseline, then while the engine loads and decodes
@@ -121,15 +121,15 @@ def main() -> None:
     probe.stop()
     idle_worst, idle_p99, idle_n = probe.worst(), probe.p99(), len(probe.delays)
 
-    done: list[str] = []
-    w.client.finished.connect(lambda job, _r: done.append(job.name))
+    done: list[type] = []
+    w.client.finished.connect(lambda job, _r: done.append(type(job.request)))
     probe.start()
     t0 = time.perf_counter()
-    w.submit(Load(files["vae"]))
-    w.submit(Decode(files["vae"], files["latent"], "tiled", 128, 32))
-    w.submit(Decode(files["taesd"], files["latent"], "full"))
-    w.submit(Unload(files["vae"], "vae"))
-    _run_for(app, 0, until=lambda: len([n for n in done if n in ("Load", "Decode", "Unload")]) >= 4)
+    w.client.submit(Load(files["vae"]))
+    w.client.submit(Decode(files["vae"], files["latent"], "tiled", 128, 32))
+    w.client.submit(Decode(files["taesd"], files["latent"], "full"))
+    w.client.submit(Unload(files["vae"], "vae"))
+    _run_for(app, 0, until=lambda: len([k for k in done if k in (Load, Decode, Unload)]) >= 4)
     busy_s = time.perf_counter() - t0
     probe.stop()
     worst, p99 = probe.worst(), probe.p99()
@@ -140,7 +140,7 @@ def main() -> None:
           engine_busy_s=round(busy_s, 2), tick_ms=TICK_MS)  # fmt: skip
 
     # 2) the graph's CPU cost: GUI-thread CPU per wall second, graph fed at 10 Hz vs sample only
-    w.sample_timer.stop()
+    w.device_status.timer.stop()
     from PySide6.QtCore import QTimer
 
     def measure(feed_graph: bool, seconds: float = 10.0) -> tuple[float, int]:

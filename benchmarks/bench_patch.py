@@ -1,6 +1,6 @@
 """Patching an SDXL UNet's attention and feed-forward layers with a rank-32 LoRA.
 
-Weights: random fp16 tensors with the real SDXL shapes (from ../shared/data/manifests, or engine.synth
+Weights: random fp16 tensors with the real SDXL shapes (from ../shared/data/manifests, or tests.support.synth
 when the manifest is absent) for every `transformer_blocks.*.attn1/attn2.to_q/k/v/out.0` and
 `ff.net.0.proj/ff.net.2` weight — 700 tensors, 4.07 GiB fp16; `--fraction` keeps an evenly spread part of
 them (default 0.07: 5 of the 70 blocks, ~0.3 GiB: the machine this was written on is shared). LoRA A: rank 32, alpha 16, on
@@ -50,7 +50,7 @@ def sdxl_shapes() -> dict[str, tuple[int, ...]]:
     if manifest.exists():
         t = json.loads(manifest.read_text())["tensors"]
         return {k: tuple(v["shape"]) for k, v in t.items()}
-    from engine import synth
+    from tests.support import synth
 
     return {k: tuple(s) for k, _, s in synth.layout("sdxl_checkpoint")}
 

@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import synth  # noqa: E402
 from engine.catalog import LibraryCache, scan  # noqa: E402
 from engine.catalog.demo_weights import sd1_lora_modules  # noqa: E402
 from engine.catalog.parallel import usable_cpus  # noqa: E402
 from engine.formats.safetensors import write_sparse  # noqa: E402
+from tests.support import synth  # noqa: E402
 
 N_FILES = 1000
 # (folder, synth layout or "lora", share of the library)

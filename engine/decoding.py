@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from .errors import FormatError
+from .errors import Cancelled, FormatError
 from .events import DecodeFinished, DecodeStarted, EventLog, JobCancelled, Tiling, TilingChanged
 from .loaded import LoadedModels
 from .requests import Decode, DecodeResult, Encode, frozen
@@ -131,14 +131,20 @@ def choose_tiling(vae, x, direction: str, req, device, dtype) -> tuple[Tiling, i
     job = run.job_of(vae, x, direction, device, dtype)
     if req.mode == "tiled":
         return choice.choose(job, budget, "tiled", req.tile, req.overlap), budget
-    return choice.choose(job, budget, req.mode), budget
+    # auto: the asked overlap applies should the estimate choose tiles (None: the VAE's own)
+    return choice.choose(job, budget, req.mode, None, req.overlap), budget
 
 
-def _rgb(img) -> tuple[int, int, bytes]:
+def _rgb(img, i: int = 0) -> tuple[int, int, bytes]:
     import torch
 
-    x = (img[0].clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous()
+    x = (img[i].clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous()
     return x.shape[1], x.shape[0], x.numpy().tobytes()
+
+
+def _batch(img) -> tuple[bytes, ...]:
+    """Every image of a batch as rgb (empty for a single image: DecodeResult.rgb holds it)."""
+    return tuple(_rgb(img, i)[2] for i in range(img.shape[0])) if img.shape[0] > 1 else ()
 
 
 def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
@@ -172,7 +178,7 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     try:
         img = vae_decode(vae, latent, device=device, dtype=dtype, budget=budget, token=token, report=report,
                          info=info, tiling=tiling, on_tiling=retiled)  # fmt: skip
-    except BaseException:
+    except Cancelled:
         parts.events.emit(JobCancelled(comp.name, 0, time.perf_counter() - t0, at="decode"))
         raise
     w, h, rgb = _rgb(img)
@@ -180,7 +186,7 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     out = {**info.to_json(), "vae_component": comp.name, "device": str(device)}
     parts.events.emit(DecodeFinished(comp.name, len(rgb), dt, tiling=ran[0], dtype=info.dtype, device=str(device),
                                      fp32_rerun=info.fp32_rerun, oom_retries=info.oom_retries))  # fmt: skip
-    return DecodeResult(w, h, rgb, frozen(out), dt, req.latent)
+    return DecodeResult(w, h, rgb, frozen(out), dt, req.latent, _batch(img))
 
 
 def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
@@ -215,12 +221,12 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
     token.raise_if_cancelled()
     write_latent(req.out, lat)
     shown = "image"
-    if hasattr(comp.module, "decoder"):
+    if req.round_trip and hasattr(comp.module, "decoder"):
         back, budget = choose_tiling(comp.module, lat, "decode", req, device, dtype)
         x = vae_decode(comp.module, lat, device=device, dtype=dtype, budget=budget, token=token, report=report,
                        tiling=back)  # fmt: skip
         shown = "round trip"
     w, h, rgb = _rgb(x)
     out = {**info.to_json(), "latent_shape": list(lat.shape), "out": req.out, "vae_component": comp.name,
-           "shown": shown}  # fmt: skip
+           "shown": shown, "device": str(device)}  # fmt: skip
     return DecodeResult(w, h, rgb, frozen(out), time.perf_counter() - t0, req.out)

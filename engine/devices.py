@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 from . import device_rules as rules
-from .errors import EngineError
+from .errors import InvalidRequest
 
 GiB = 1024**3
 MiB = 1024**2
@@ -285,7 +285,7 @@ def select_device(facts: HardwareFacts, options: DeviceOptions) -> DeviceInfo:
     device of the preferred kind."""
     if options.cpu or not facts.accelerators:
         if options.device_index not in (None, 0) and not options.cpu:
-            raise EngineError(f"--device {options.device_index}: no GPU was found, only the CPU.")
+            raise InvalidRequest(f"--device {options.device_index}: no GPU was found, only the CPU.")
         return facts.cpu
     for kind in _KIND_ORDER:
         same = [d for d in facts.accelerators if d.kind == kind]
@@ -295,7 +295,7 @@ def select_device(facts: HardwareFacts, options: DeviceOptions) -> DeviceInfo:
                 if d.index == want:
                     return d
             have = ", ".join(d.torch_device for d in same)
-            raise EngineError(f"--device {want}: there is no such {kind} device; found {have}.")
+            raise InvalidRequest(f"--device {want}: there is no such {kind} device; found {have}.")
     return facts.accelerators[0]
 
 

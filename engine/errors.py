@@ -35,10 +35,31 @@ class OutOfMemory(EngineError):
     type = "oom"
 
 
-class Cancelled(EngineError):
-    """The user interrupted a job; state was left consistent."""
+class InvalidRequest(EngineError):
+    """What was asked cannot be done as asked, whatever the files hold: an option names something that
+    is not there (--device 3 on a one-GPU machine, a component the file lacks) or an output would
+    overwrite an input. The command line's usage error (exit 2)."""
+
+    type = "usage"
+
+
+class Cancelled(Exception):
+    """The user interrupted a job; state was left consistent. Not an EngineError: a cancellation is
+    not a failure, so `except EngineError` never catches it — every caller that reports failures lets
+    it through to the one place that says "stopped" (the bridge's `cancelled` signal, exit code 130)."""
 
     type = "cancelled"
 
-    def __init__(self, message: str = "Cancelled by the user.", **kw):
-        super().__init__(message, **kw)
+    def __init__(self, message: str = "Cancelled by the user.", *, path: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+    def to_json(self) -> dict:
+        return {"type": self.type, "message": self.message}
+
+
+def from_json(error: dict) -> EngineError:
+    """The exception an `error` object (a Detection's, `to_json()`'s) describes; its type picks the kind."""
+    kinds = {k.type: k for k in (FormatError, UnsupportedModel, OutOfMemory, InvalidRequest)}
+    return kinds.get(error.get("type"), EngineError)(error.get("message") or "the file cannot be read")

@@ -31,7 +31,7 @@ def _prefixes(f) -> dict[str, str]:
 
     det = detect_index(f.index(), path=f.path)
     if det.error is not None and not det.components:
-        raise FormatError(f"{os.path.basename(f.path)}: {det.error.get('message', 'cannot be read')}")
+        raise FormatError(f"{os.path.basename(f.path)}: {det.error.message}")
     return {n: c.prefix for n, c in det.components.items() if n != "other"}
 
 
@@ -41,6 +41,7 @@ _HANDLERS: dict[type, Callable] = {
     rq.DetectDevices: lambda e, r, t, p: e.detect(r.options, token=t, report=p),
     rq.Configure: lambda e, r, t, p: e.configure(r.options, token=t, report=p),
     rq.Scan: lambda e, r, t, p: e.scan(r.paths, token=t, report=p),
+    rq.Inspect: lambda e, r, t, p: e.inspect(r.paths, r.read_values, token=t, report=p),
     rq.HashFiles: lambda e, r, t, p: e.hash_files(r.items, token=t, report=p),
     rq.Load: lambda e, r, t, p: e.load(r.path, r.components, token=t, report=p),
     rq.Unload: lambda e, r, t, p: e.unload(r.path, r.component, r.nbytes, token=t),
@@ -51,7 +52,10 @@ _HANDLERS: dict[type, Callable] = {
     rq.Bake: lambda e, r, t, p: e.bake(r.base, r.stack, r.out, token=t, report=p),
     rq.Decode: lambda e, r, t, p: e.decode(r, token=t, report=p),
     rq.Encode: lambda e, r, t, p: e.encode(r, token=t, report=p),
-    rq.PlanRequest: lambda e, r, t, p: e.plan(r.model, r.loras, r.decode),
+    rq.PlanRequest: lambda e, r, t, p: e.plan(r.model, r.loras, r.decode, r.vram_gb),
+    rq.FindLibraries: lambda e, r, t, p: e.find_libraries(),
+    rq.WriteDemo: lambda e, r, t, p: e.write_demo(r.folder, token=t, report=p),
+    rq.EstimateDecode: lambda e, r, t, p: e.estimate_decode(r),
 }
 
 
@@ -176,6 +180,12 @@ class Engine:
 
         return scan(list(paths), token=token or CancelToken(), report=report)
 
+    def inspect(self, paths, read_values: bool = False, *, token=None, report: Report = no_report):
+        """One Detection per path from its header alone (never torch); an unreadable file's has `error`."""
+        from .detect.file import detect_files
+
+        return detect_files(paths, read_values=read_values, token=token or CancelToken(), report=report)
+
     def hash_files(self, items, *, token: CancelToken | None = None, report: Report = no_report):
         """SHA-256 of (path, size, mtime_ns) items the scan saw without a cached hash."""
         from .catalog import LibraryCache, hash_missing
@@ -189,6 +199,7 @@ class Engine:
             tuple((p, h.sha256) for p, h in run.hashed.items()),
             tuple(run.skipped.items()),
             tuple(run.failed.items()),
+            tuple((p, h.old_hash) for p, h in run.hashed.items()),
         )
 
     # -- residency --------------------------------------------------------------------------------------
@@ -318,7 +329,8 @@ class Engine:
         )  # fmt: skip
 
     def bake(self, base: str, stack, out: str, *, token=None, report: Report = no_report):
-        from .stacking import bake
+        """Merge the stack into a new .safetensors checkpoint (engine.bake; no device needed)."""
+        from .bake import bake
 
         return bake(base, stack, out, token or CancelToken(), report)
 
@@ -340,8 +352,30 @@ class Engine:
 
         return Parts(self.loaded, self.need_residency(), self.report, self.event_log)
 
-    def plan(self, model: str, loras=(), decode: tuple[int, int] | None = None):
-        """Will it fit? (DESIGN.md's plan JSON), for the detected device."""
+    def plan(self, model: str, loras=(), decode: tuple[int, int] | None = None, vram_gb: float | None = None):
+        """Will it fit? (DESIGN.md's plan JSON), for the detected device or one of `vram_gb` GiB."""
         from .plan import make_plan
 
-        return make_plan(model, loras=tuple(loras), decode=decode, report=self.report)
+        return make_plan(model, loras=tuple(loras), decode=decode, vram_gb=vram_gb, report=self.report)
+
+    # -- the window's background work (it never touches the disk from the GUI thread) ------------------
+
+    def find_libraries(self):
+        """First run: the installs of the user's other tools (engine.discover; seconds at most)."""
+        from .discover import find_installs
+
+        return tuple(find_installs())
+
+    def write_demo(self, folder: str, *, token: CancelToken | None = None, report: Report = no_report):
+        from .catalog.demo import write_demo
+
+        try:
+            return tuple(write_demo(folder, token=token or CancelToken(), report=report))
+        except OSError as e:  # a folder the user cannot write: say which and why
+            raise EngineError(f"{e.filename or folder}: {e.strerror or e}", path=folder) from e
+
+    def estimate_decode(self, req: rq.EstimateDecode):
+        """A decode's or encode's memory before it runs (headers only; engine.preflight)."""
+        from .preflight import estimate
+
+        return estimate(req)

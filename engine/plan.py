@@ -100,8 +100,8 @@ def make_plan(
     report = report or detect_devices()
     det = detect_file(model)
     if det.error is not None:
-        cls = UnsupportedModel if det.error.get("type") == "unsupported" else FormatError
-        raise cls(det.error.get("message", f"{model}: cannot be read"))
+        cls = UnsupportedModel if det.error.type == "unsupported" else FormatError
+        raise cls(det.error.message)
     if not str(model).endswith(".safetensors"):
         raise UnsupportedModel(f"{model}: plans are made for .safetensors files for now")
     info = report.selected

@@ -34,6 +34,14 @@ class Scan:
 
 
 @dataclass(frozen=True)
+class Inspect:
+    """One Detection per file from its header alone (torch-free, so it may run before torch loads)."""
+
+    paths: tuple[str, ...]
+    read_values: bool = False  # also read the few weight values SD2's v-prediction check needs
+
+
+@dataclass(frozen=True)
 class HashFiles:
     items: tuple[tuple[str, int, int], ...]  # (path, size, mtime_ns) as the scan saw them
 
@@ -95,6 +103,33 @@ class PlanRequest:
     model: str
     loras: tuple[str, ...] = ()
     decode: tuple[int, int] | None = None
+    vram_gb: float | None = None  # a hypothetical device of this size (GiB); None: the detected one
+
+
+# The window's background work: found, written or read off the GUI thread (the window never scans the
+# disk, writes files or reads headers itself).
+
+
+@dataclass(frozen=True)
+class FindLibraries:
+    """First run: the model libraries of the user's other tools (engine.discover); a tuple of Install."""
+
+
+@dataclass(frozen=True)
+class WriteDemo:
+    """Write the demo library into `folder` (engine.catalog.demo; its small dense files need torch)."""
+
+    folder: str
+
+
+@dataclass(frozen=True)
+class EstimateDecode:
+    """'Will it fit?' before a decode of `source` (an image there means an encode), from headers alone:
+    the input's size and the VAE's kind and weight bytes. Answered by a DecodeEstimate."""
+
+    vae: str
+    source: str  # a latent file, or an image to encode
+    tile: int = 512  # output pixels, for the tiled figure
 
 
 # -- results ---------------------------------------------------------------------------------------
@@ -105,6 +140,7 @@ class HashResult:
     hashed: tuple[tuple[str, str], ...]  # (path, sha256)
     skipped: tuple[tuple[str, str], ...]
     failed: tuple[tuple[str, str], ...]
+    old_hashes: tuple[tuple[str, str], ...] = ()  # (path, A1111's old "model hash") of the hashed files
 
 
 @dataclass(frozen=True)
@@ -140,6 +176,8 @@ class LorasApplied:
 class Baked:
     out: str
     bytes: int
+    patched_keys: int = 0
+    loras: tuple[dict, ...] = ()  # per merged LoRA: file, sha256, strength_model/clip, modules, mapped
 
 
 # -- device options, decode and encode ------------------------------------------------------------------
@@ -170,7 +208,8 @@ class Encode:
     out: str
     mode: str = "auto"
     tile: int = 512
-    overlap: int = 64
+    overlap: int | None = None  # None: the VAE's own (its receptive field: 128 px for SD and TAESD encoders)
+    round_trip: bool = True  # also decode the latent back for DecodeResult.rgb (the window shows it)
 
 
 @dataclass(frozen=True)
@@ -183,6 +222,19 @@ class DecodeResult:
     )
     seconds: float
     source: str  # the latent (decode) or the written latent file (encode)
+    images: tuple[bytes, ...] = ()  # a batch: every image, as rgb (rgb is the first); () for one image
+
+
+@dataclass(frozen=True)
+class DecodeEstimate:
+    """Predicted peak bytes of running an EstimateDecode whole and in tiles (engine.vae.estimate)."""
+
+    direction: str  # decode | encode
+    width: int  # output pixels
+    height: int
+    full_bytes: int
+    tiled_bytes: int
+    tile: int
 
 
 @dataclass(frozen=True)

@@ -3,22 +3,18 @@
 LoRAs are applied *on the fly*: every castable op of a loaded component gets the patcher's
 `weight_function` for its key (engine.ops runs it inside forward), so stored tensors are never
 rewritten — wherever the residency manager moves a module (device, RAM, the mmap), its patch goes
-with it, and revert is exact by construction (the functions are dropped). Baking to a file uses the
-patcher's baked path instead. Runs in the engine thread only.
+with it, and revert is exact by construction (the functions are dropped). Baking to a file is
+engine.bake (the patcher's baked path). Runs in the engine thread only.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 
-from .errors import FormatError
 from .events import EventLog, Patched, Unpatched
 from .jobs import Progress
 from .loaded import LoadedModels, StackState
-from .requests import Baked
 
 
 def _entries(stack):
@@ -90,30 +86,3 @@ def apply_stack(loaded: LoadedModels, events: EventLog, base: str, stack, token,
             events.emit(Unpatched(comp, 0, dt, base=base, modules=len(before[comp])))
     patcher.stack = tuple(entries)
     return ApplySummary(patched, restored, 0)
-
-
-def bake(base: str, stack, out: str, token, report) -> Baked:
-    """Merge the stack into a new .safetensors file (atomic; never over an input)."""
-    from .formats.safetensors import SafetensorsFile, save_tensors
-    from .patcher import ModelPatcher
-
-    out = os.path.abspath(out)
-    if not out.endswith(".safetensors"):
-        raise FormatError("Bake writes a .safetensors file: choose a name ending in .safetensors.")
-    inputs = [base] + [i.file for i in stack]
-    if any(os.path.exists(out) and os.path.samefile(out, p) for p in inputs):
-        raise FormatError(f"{os.path.basename(out)} is one of the inputs: choose another file.")
-    f = SafetensorsFile(base)
-    patcher = ModelPatcher({k: f.tensor(k) for k in f.header.tensors})
-    rep = patcher.apply(_entries([i for i in stack if i.enabled]), token=token, report=report)
-    meta = dict(f.header.metadata)
-    meta["loadout.bake"] = json.dumps(
-        {
-            "base": os.path.basename(base),
-            "loras": [[os.path.basename(i.file), i.strength_model, i.strength_clip] for i in stack],
-            "patched_keys": len(rep.patched),
-        }
-    )
-    token.raise_if_cancelled()
-    save_tensors(out, patcher.weights, meta)
-    return Baked(out, os.path.getsize(out))

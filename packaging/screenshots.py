@@ -44,21 +44,21 @@ def _settle(app, seconds: float) -> None:
 
 
 class Jobs:
-    """Counts finished/failed jobs by name so the script can wait for the one it started."""
+    """Counts finished/failed jobs by request type so the script can wait for the one it started."""
 
     def __init__(self, window) -> None:
-        self.done: list[str] = []
-        self.failed: list[tuple[str, str]] = []
-        window.client.finished.connect(lambda job, _r: self.done.append(job.name))
-        window.client.failed.connect(lambda job, info: self.failed.append((job.name, info.message)))
+        self.done: list[type] = []
+        self.failed: list[tuple[object, str]] = []
+        window.client.finished.connect(lambda job, _r: self.done.append(type(job.request)))
+        window.client.job_failed.connect(lambda job, info: self.failed.append((job.request, info.message)))
 
-    def wait(self, app, name: str, n: int = 1) -> None:
+    def wait(self, app, kind: type, n: int = 1) -> None:
         def ok() -> bool:
             if self.failed:
                 raise RuntimeError(f"a job failed: {self.failed}")
-            return self.done.count(name) >= n
+            return self.done.count(kind) >= n
 
-        _wait(app, ok, f"{n} × {name}")
+        _wait(app, ok, f"{n} × {kind.__name__}")
 
 
 def main(argv: list[str]) -> int:
@@ -76,6 +76,7 @@ def main(argv: list[str]) -> int:
 
     from app.main_window import MainWindow
     from engine.devices import DeviceOptions
+    from engine.requests import Decode, HashFiles, Load, LoraCoverage, SetLoras
 
     app = QApplication.instance() or QApplication(["loadout"])
     w = MainWindow(DeviceOptions(vram_budget_gb=BUDGET_GB), restore_layout=False)
@@ -83,10 +84,10 @@ def main(argv: list[str]) -> int:
     w.show()
     w.start()
     jobs = Jobs(w)
-    _wait(app, lambda: w.report is not None, "device detection")
-    w.add_paths([str(demo / "models"), str(demo / "input")], persist=False, select_first=False)
+    _wait(app, lambda: w.device_status.report is not None, "device detection")
+    w.library.add_paths([str(demo / "models"), str(demo / "input")], persist=False, select_first=False)
     _wait(app, lambda: len(w.library.model.entries) >= 10, "the library scan")
-    jobs.wait(app, "HashFiles")
+    jobs.wait(app, HashFiles)
     _settle(app, 0.5)
 
     def shot(name: str, widget=None) -> None:
@@ -101,7 +102,7 @@ def main(argv: list[str]) -> int:
 
     # 2) Load it under a budget smaller than the UNet: partly offloaded, the layer map shows where
     w.load_action.trigger()
-    jobs.wait(app, "Load")
+    jobs.wait(app, Load)
     rows = [r for r in range(w.loaded.table.rowCount()) if w.loaded.table.item(r, 0).text() == "unet"]
     if rows:
         w.loaded.table.selectRow(rows[0])
@@ -112,10 +113,10 @@ def main(argv: list[str]) -> int:
     for p in loras:
         w.stack.add(str(p))
     w.docks["stack"].raise_()
-    n_cov = jobs.done.count("LoraCoverage")
-    _wait(app, lambda: jobs.done.count("LoraCoverage") >= n_cov + len(loras), "coverage reports", 120)
+    n_cov = jobs.done.count(LoraCoverage)
+    _wait(app, lambda: jobs.done.count(LoraCoverage) >= n_cov + len(loras), "coverage reports", 120)
     w.stack.apply_button.click()
-    jobs.wait(app, "SetLoras")
+    jobs.wait(app, SetLoras)
     shot("lora-stack")
 
     # 4) a tiled decode of the demo latent with the demo decoder, tiles drawn as they finish
@@ -133,7 +134,7 @@ def main(argv: list[str]) -> int:
         dec.tile_spin.setValue(256)
         dec.overlap_spin.setValue(64)
         dec.run_button.click()
-        jobs.wait(app, "Decode")
+        jobs.wait(app, Decode)
         shot("decode")
     # 5) the memory graph after the loads, the patch and the decode
     _settle(app, 1.5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import fnmatch
 import os
 import shutil
 import subprocess
@@ -101,6 +102,50 @@ def test_excluded_packages_are_not_used_by_the_app():
     used = _top_level_imports(ROOT / "engine") | _top_level_imports(ROOT / "app")
     assert excludes & used == set()
     assert {"diffusers", "transformers", "hypothesis", "pytest"} <= excludes
+
+
+def test_no_fixture_generator_ships():
+    """The test-fixture generators live in tests/support/synth: the engine and the app hold no such
+    package (collect_submodules('engine') would bundle it), import none (checked above, with `tests`
+    among the excludes), and the spec names none."""
+    product = [
+        p for top in ("engine", "app") for p in (ROOT / top).rglob("*") if "__pycache__" not in p.parts
+    ]
+    assert [p for p in product if p.stem in ("synth", "fixtures") or "synth" in p.parts] == []
+    spec = SPEC.read_text(encoding="utf-8")
+    assert "tests" in _spec_list("EXCLUDES") and "engine.synth" not in spec and "engine/synth" not in spec
+    assert (ROOT / "tests" / "support" / "synth" / "__init__.py").is_file()
+
+
+def _package_data() -> dict[str, list[str]]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    return doc["tool"]["setuptools"].get("package-data", {})
+
+
+def test_engine_data_files_ship_with_pip_and_pyinstaller():
+    """A data file the engine reads (the demo library's layouts) is package data for pip and is collected
+    by the spec, or the installed and the bundled app would miss it at run time."""
+    data = [
+        p
+        for p in (ROOT / "engine").rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    ]
+    assert any(p.name == "demo_layouts.json.gz" for p in data)
+    globs = _package_data()
+    for p in data:
+        pkg = ".".join(p.parent.relative_to(ROOT).parts)
+        assert any(fnmatch.fnmatch(p.name, g) for g in globs.get(pkg, []) + globs.get("*", [])), p
+    analysis = next(
+        n
+        for n in ast.walk(_spec_tree())
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Analysis"
+    )
+    datas = next(ast.unparse(k.value) for k in analysis.keywords if k.arg == "datas")
+    assert "collect_data_files('engine')" in datas
 
 
 def test_macos_document_types_cover_the_same_suffixes():

@@ -26,19 +26,19 @@ def human_params(n: int | None) -> str:
 
 
 def entry_params(e) -> int:
-    return sum(int(c.get("params") or 0) for c in (e.detection.get("components") or {}).values())
+    return e.detection.params
 
 
 def entry_dtype(e) -> str:
-    dts = [c.get("dtype") for c in (e.detection.get("components") or {}).values() if c.get("dtype")]
+    dts = [c.dtype for c in e.detection.components.values() if c.dtype]
     return "/".join(sorted(set(dts), key=dts.index)) if dts else ""
 
 
 def lora_base(e) -> str:
-    lora = e.detection.get("lora") or {}
-    base = lora.get("base") or ""
-    algos = lora.get("algos") or []
-    if base and algos and algos != ["lora"]:
+    lora = e.detection.lora
+    base = (lora and lora.base) or ""
+    algos = lora.algos if lora else ()
+    if base and algos and algos != ("lora",):
         return f"{base} ({', '.join(a.upper() if len(a) <= 4 else a for a in algos)})"
     return base
 
@@ -167,7 +167,7 @@ class LibraryModel(QAbstractTableModel):
             if col == "Params":
                 return human_params(v)
             if col == "Kind" and e.error:
-                t = e.error.get("type")
+                t = e.error.type
                 return f"{v} ({'unsupported' if t == 'unsupported' else 'unreadable'})"
             if col == "Kind" and e.kind_mismatch:
                 return f"{v} ⚠"
@@ -176,14 +176,14 @@ class LibraryModel(QAbstractTableModel):
             return self._thumb(e)
         if role == Qt.ItemDataRole.ToolTipRole:
             if e.error:
-                return e.error.get("message")
+                return e.error.message
             if col == "Kind" and e.kind_mismatch:
                 return f"The folder says {e.declared_kind} but the file is a {e.kind}."
             if col == "Hash":
                 h = self.sha256(e)
                 return f"SHA-256 {h}" if h else "not hashed yet"
             return e.path if col == "Name" else None
-        if role == Qt.ItemDataRole.ForegroundRole and e.error and e.error.get("type") != "unsupported":
+        if role == Qt.ItemDataRole.ForegroundRole and e.error and e.error.type != "unsupported":
             return QColor("#c0392b")
         if role == Qt.ItemDataRole.TextAlignmentRole and col in ("Size", "Params"):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)

@@ -1,11 +1,13 @@
 """The Decode panel: a VAE and a latent (or an image to encode), full / tiled / auto, tile size and
 overlap, the memory estimate before running, progress with ETA, the tiles drawn over the canvas as
-they finish, the result with zoom, save. Estimates are header-only and torch-free (GUI thread)."""
+they finish, the result with zoom, save. The panel sends its own requests: the estimate (header reads,
+answered by a background thread of the engine client) and the decode or encode itself."""
 
 from __future__ import annotations
 
 import os
 import time
+from functools import partial
 
 from PySide6.QtCore import QRectF, Qt, Signal, Slot
 from PySide6.QtGui import QBrush, QColor, QImage, QPainter, QPen, QPixmap
@@ -30,7 +32,7 @@ from PySide6.QtWidgets import (
 
 from engine.events import EventKind
 from engine.formatting import human_bytes
-from engine.requests import Decode, Encode
+from engine.requests import Decode, DecodeEstimate, Encode, EstimateDecode
 
 LATENT_SUFFIXES = (".latent", ".safetensors")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -83,13 +85,14 @@ class ZoomView(QGraphicsView):
 
 
 class DecodePanel(QWidget):
-    run_requested = Signal(object)  # Decode | Encode
     message = Signal(str, str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.window_ = None
+        self.client = None  # app.bridge.EngineClient, once attached
         self.job_id: int | None = None
+        self._estimate: DecodeEstimate | str | None = None  # the engine's answer, or why it has none
+        self._estimates = 0  # estimates asked for: an answer to an older one is dropped
         self.started = 0.0
         self.tiles: list[tuple[int, int, int, int]] = []
         self.tiles_done = 0
@@ -178,12 +181,14 @@ class DecodePanel(QWidget):
         lay.addLayout(tools)
         self._on_inputs_changed()
 
-    # -- wiring with the window ----------------------------------------------------------------------
+    # -- wiring ---------------------------------------------------------------------------------------
 
-    def connect_window(self, window) -> None:
-        self.window_ = window
-        self.run_requested.connect(lambda req: setattr(self, "job_id", window.submit(req)))
-        self.message.connect(window.notify)
+    def attach(self, client) -> None:
+        """Send this panel's requests through `client`; follow its decode events and tile progress."""
+        self.client = client
+        client.event.connect(self.on_event)
+        client.job_progress.connect(self.on_progress)
+        self._on_inputs_changed()
 
     def set_library(self, entries) -> None:
         cur = self.vae_box.currentData()
@@ -253,51 +258,51 @@ class DecodePanel(QWidget):
             return Encode(vae, src, out, mode, tile, overlap)
         return Decode(vae, src, mode, tile, overlap)
 
-    def estimate_text(self) -> str:
-        """'will it fit?' from the headers: the VAE's kind and weight bytes, the latent's shape."""
-        from engine.vae import estimate_decode_bytes, estimate_encode_bytes
-
+    def ask_estimate(self) -> None:
+        """Ask the engine for the inputs' estimate (header reads, off the GUI thread)."""
         req = self.request()
-        if req is None:
+        self._estimates += 1
+        self._estimate = None
+        if req is None or self.client is None:
+            self.estimate.setText(self.estimate_text())
+            return
+        source = req.latent if isinstance(req, Decode) else req.image
+        n = self._estimates
+        self.client.submit(EstimateDecode(req.vae, source, self.tile_spin.value()),
+                           partial(self._on_estimated, n), partial(self._on_estimate_failed, n))  # fmt: skip
+
+    def _on_estimated(self, n: int, est: DecodeEstimate) -> None:
+        if n == self._estimates:
+            self._estimate = est
+            self.estimate.setText(self.estimate_text())
+
+    def _on_estimate_failed(self, n: int, info) -> None:
+        if n == self._estimates:  # a bad input is reported here, before anything runs
+            self._estimate = info.message
+            self.estimate.setText(self.estimate_text())
+
+    def estimate_text(self) -> str:
+        """'will it fit?': the engine's estimate for the inputs against the free memory now."""
+        est = self._estimate
+        if self.request() is None:
             return "Choose a VAE and a latent (or an image to encode)."
-        e = self.vae_box.currentData(Qt.ItemDataRole.UserRole + 1)
-        comps = (e.detection.get("components") or {}) if e else {}
-        wbytes = sum(int(c.get("bytes") or 0) for c in comps.values()) or None
-        kind = "taesd" if e is not None and e.kind == "vae_approx" else "kl"
-        try:
-            if isinstance(req, Decode):
-                from engine.formats.latent import latent_info
-
-                li = latent_info(req.latent)
-                b, ch, h, w = li.shape[0], li.shape[1], li.shape[-2], li.shape[-1]
-                W, H, fn, what = w * 8, h * 8, estimate_decode_bytes, "decode"
-            else:
-                from PIL import Image
-
-                with Image.open(req.image) as im:
-                    W, H = im.size
-                b, ch, fn, what = 1, 4, estimate_encode_bytes, "encode"
-                if not os.path.isfile(req.image):
-                    raise FileNotFoundError(req.image)
-        except Exception as ex:  # a bad input is reported here, before anything runs
-            return f"<span style='color:#c0392b'>{os.path.basename(self.input_edit.text())}: {ex}</span>"
-        full = fn(W, H, kind=kind, latent_channels=ch, batch=b, weight_bytes=wbytes)
-        tiled = fn(
-            W, H, kind=kind, latent_channels=ch, batch=b, weight_bytes=wbytes, tile=self.tile_spin.value()
-        )
+        if est is None:
+            return self.estimate.text()  # the answer is on its way: keep what is shown
+        if isinstance(est, str):
+            return f"<span style='color:#c0392b'>{os.path.basename(self.input_edit.text())}: {est}</span>"
         free = self.free_bytes
         verdict = ""
         if free is not None:
             mode = self.mode_box.currentData()
-            need = tiled if mode == "tiled" else full
-            if mode == "auto" and full > free:
+            need = est.tiled_bytes if mode == "tiled" else est.full_bytes
+            if mode == "auto" and est.full_bytes > free:
                 verdict = f" · <b>will tile</b> ({human_bytes(free)} free)"
             elif need > free:
                 verdict = f" · <b style='color:#c0392b'>will not fit</b> in {human_bytes(free)} free"
             else:
                 verdict = f" · <b style='color:#27ae60'>fits</b> ({human_bytes(free)} free)"
-        return (f"{W}×{H} {what}: full ≈ {human_bytes(full)}, tiled at {self.tile_spin.value()} px ≈ "
-                f"{human_bytes(tiled)}{verdict}")  # fmt: skip
+        return (f"{est.width}×{est.height} {est.direction}: full ≈ {human_bytes(est.full_bytes)}, tiled at "
+                f"{est.tile} px ≈ {human_bytes(est.tiled_bytes)}{verdict}")  # fmt: skip
 
     def set_free_bytes(self, free: int) -> None:
         changed = self.free_bytes is None or abs(free - self.free_bytes) > 64 * 2**20
@@ -313,7 +318,7 @@ class DecodePanel(QWidget):
         tiled = self.mode_box.currentData() == "tiled"
         self.tile_spin.setEnabled(tiled)
         self.overlap_spin.setEnabled(tiled)
-        self.estimate.setText(self.estimate_text())
+        self.ask_estimate()
 
     # -- running ---------------------------------------------------------------------------------------------
 
@@ -327,7 +332,7 @@ class DecodePanel(QWidget):
         self.progress.setRange(0, 0)
         self.eta.setText("")
         self.run_button.setEnabled(False)
-        self.run_requested.emit(req)
+        self.job_id = self.client.submit(req, self._on_done, self._on_failed, on_cancelled=self._on_cancelled)
 
     def on_event(self, event) -> None:
         """The engine's own tiling: outline the tiles it will run (and again if a retry changes them)."""
@@ -381,9 +386,7 @@ class DecodePanel(QWidget):
             else:
                 it.setBrush(QBrush(QColor(116, 185, 255, 40 + 120 * t.pass_index // max(t.passes, 1))))
 
-    def on_finished(self, job, result) -> None:
-        if job.id != self.job_id:
-            return
+    def _on_done(self, result) -> None:
         self.job_id = None
         self.result = result
         img = QImage(
@@ -407,25 +410,24 @@ class DecodePanel(QWidget):
         self.save_button.setEnabled(True)
         self._on_inputs_changed()
 
-    def on_failed(self, job, info) -> None:
-        if job.id == self.job_id:
-            self.job_id = None
-            self.eta.setText("failed")
-            self.progress.setRange(0, 1)
-            self.progress.setValue(0)
-            self._on_inputs_changed()
+    def _on_failed(self, info) -> None:
+        self.job_id = None
+        self.eta.setText("failed")
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self._on_inputs_changed()
+        self.client.report_error(info)  # the user hears why, as of any failed job
 
-    def on_cancelled(self, job) -> None:
-        if job.id == self.job_id:
-            self.job_id = None
-            self.eta.setText(
-                f"stopped after {self.tiles_done} of {len(self.tiles)} tiles" if self.tiles else "stopped"
-            )
-            self.progress.setRange(0, 1)
-            self.progress.setValue(0)
-            for it in self.tile_items[self.tiles_done :]:
-                it.setBrush(QBrush(Qt.BrushStyle.NoBrush))
-            self._on_inputs_changed()
+    def _on_cancelled(self) -> None:
+        self.job_id = None
+        self.eta.setText(
+            f"stopped after {self.tiles_done} of {len(self.tiles)} tiles" if self.tiles else "stopped"
+        )
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        for it in self.tile_items[self.tiles_done :]:
+            it.setBrush(QBrush(Qt.BrushStyle.NoBrush))
+        self._on_inputs_changed()
 
     @Slot()
     def fit(self) -> None:

@@ -9,6 +9,7 @@ import os
 from PySide6.QtWidgets import QTextBrowser, QVBoxLayout, QWidget
 
 from app.models.library_model import human_params, lora_base
+from engine.detect.result import thaw
 from engine.formatting import human_bytes
 
 CHIP = ("<span style='background-color:{bg}; color:#111; padding:2px 6px; border-radius:8px;'>"
@@ -30,11 +31,10 @@ def chips(words, bg: str = "#cfe3ff") -> str:
 
 
 def trigger_words(entry) -> list[str]:
-    det = entry.detection
     words: list[str] = []
     notes = entry.notes or {}
     words += notes.get("trained_words") or []
-    ms = ((det.get("summary") or {}).get("modelspec") or {}).get("trigger_phrase")
+    ms = entry.detection.summary.modelspec.get("trigger_phrase")
     if ms:
         words += [w.strip() for w in ms.split(",") if w.strip()]
     return list(dict.fromkeys(words))
@@ -44,30 +44,30 @@ def render(entry, sha256: str | None = None) -> str:
     """The inspector's HTML for one LibraryEntry."""
     d = entry.detection
     out = [f"<h2 style='margin-bottom:2px'>{_e(entry.name)}</h2>"]
-    facts = [d.get("kind") or "unknown"]
-    if d.get("architecture"):
-        facts.append(f"<b>{_e(d['architecture'])}</b>")
-    for k in ("variant", "prediction"):
-        if d.get(k) and d.get(k) != "normal":
-            facts.append(f"{k} {_e(d[k])}")
-    params = sum(int(c.get("params") or 0) for c in (d.get("components") or {}).values())
+    facts = [d.kind or "unknown"]
+    if d.architecture:
+        facts.append(f"<b>{_e(d.architecture)}</b>")
+    for k, v in (("variant", d.variant), ("prediction", d.prediction)):
+        if v and v != "normal":
+            facts.append(f"{k} {_e(v)}")
+    params = d.params
     facts.append(human_bytes(entry.size))
     if params:
         facts.append(f"{human_params(params)} params")
-    facts.append(_e(d.get("format") or "?"))
+    facts.append(_e(d.format or "?"))
     out.append("<p>" + " · ".join(facts) + "</p>")
     out.append(f"<p style='color:gray'>{_e(entry.path)}</p>")
-    err = d.get("error")
+    err = d.error
     if err:
-        color = "#b7791f" if err.get("type") == "unsupported" else "#c0392b"
-        out.append(f"<p style='color:{color}'><b>{_e(err.get('type'))}:</b> {_e(err.get('message'))}</p>")
+        color = "#b7791f" if err.type == "unsupported" else "#c0392b"
+        out.append(f"<p style='color:{color}'><b>{_e(err.type)}:</b> {_e(err.message)}</p>")
     if entry.kind_mismatch:
         out.append(f"<p style='color:#b7791f'>The folder says <b>{_e(entry.declared_kind)}</b>, "
                    f"the header says <b>{_e(entry.kind)}</b>.</p>")  # fmt: skip
     if entry.preview:
         out.append(f"<p><img src='{_e(entry.preview)}' width='128'></p>")
-    comps = d.get("components") or {}
-    if set(comps) == {"other"} and d.get("lora"):
+    comps = d.components
+    if set(comps) == {"other"} and d.lora:
         comps = {}  # an adapter's tensors are not a model component: the LoRA section says what it targets
     if comps:
         out.append("<h3>Components</h3><table cellspacing='0' cellpadding='3'>"
@@ -75,51 +75,49 @@ def render(entry, sha256: str | None = None) -> str:
                    "<th align='right'>bytes</th><th align='left'>dtype</th><th align='left'>prefix</th></tr>")  # fmt: skip
         for name, c in comps.items():
             out.append(
-                f"<tr><td><b>{_e(name)}</b></td><td align='right'>{c.get('tensors')}</td>"
-                f"<td align='right'>{human_params(c.get('params'))}</td>"
-                f"<td align='right'>{human_bytes(c.get('bytes') or 0)}</td><td>{_e(c.get('dtype') or '')}</td>"
-                f"<td><code>{_e(c.get('prefix') or '')}</code></td></tr>"
+                f"<tr><td><b>{_e(name)}</b></td><td align='right'>{c.tensors}</td>"
+                f"<td align='right'>{human_params(c.params)}</td>"
+                f"<td align='right'>{human_bytes(c.bytes)}</td><td>{_e(c.dtype or '')}</td>"
+                f"<td><code>{_e(c.prefix)}</code></td></tr>"
             )
         out.append("</table>")
-    lora = d.get("lora")
+    lora = d.lora
     if lora:
         out.append("<h3>LoRA</h3><p>")
-        out.append(f"format <b>{_e(lora.get('format'))}</b> · algorithms {_e(', '.join(lora.get('algos') or []))}"
-                   f" · rank {_e(lora.get('rank'))} · alpha {_e(lora.get('alpha'))}"
+        out.append(f"format <b>{_e(lora.format)}</b> · algorithms {_e(', '.join(lora.algos))}"
+                   f" · rank {_e(lora.rank)} · alpha {_e(lora.alpha)}"
                    f" · base <b>{_e(lora_base(entry) or 'unknown')}</b>"
-                   f" · targets {_e(', '.join(lora.get('targets') or []))}"
-                   + (f" · {lora['modules']} modules" if lora.get("modules") else ""))  # fmt: skip
+                   f" · targets {_e(', '.join(lora.targets))}")  # fmt: skip
         out.append("</p>")
     words = trigger_words(entry)
     if words:
         out.append("<h3>Trigger words</h3><p>" + chips(words, "#ffe2a8") + "</p>")
-    summary = d.get("summary") or {}
-    training = summary.get("training") or {}
-    tags = training.get("top_tags") or []
+    summary = d.summary
+    tags = summary.training.get("top_tags") or ()
     if tags:
         out.append("<h3>Training tags</h3><p>" + chips(f"{t} · {n}" for t, n in tags) + "</p>")
     rows = []
     for section in ("modelspec", "training", "other"):
-        for k, v in (summary.get(section) or {}).items():
+        for k, v in getattr(summary, section).items():
             if k == "top_tags":
                 continue
-            rows.append(f"<tr><td style='color:gray'>{_e(k)}</td><td>{_e(v)}</td></tr>")
+            rows.append(f"<tr><td style='color:gray'>{_e(k)}</td><td>{_e(thaw(v))}</td></tr>")
     notes = entry.notes or {}
     for k in ("model_name", "version_name", "base_model", "description", "preferred_weight", "notes"):
         if notes.get(k) not in (None, ""):
             rows.append(f"<tr><td style='color:gray'>{_e(k)} (notes)</td><td>{_e(notes[k])}</td></tr>")
     if rows:
         out.append("<h3>Metadata</h3><table cellpadding='2'>" + "".join(rows) + "</table>")
-    raw = d.get("metadata") or {}
+    raw = d.metadata
     if raw:
         out.append(f"<p style='color:gray'>{len(raw)} raw metadata keys in the header.</p>")
-    ev = d.get("evidence") or []
+    ev = d.evidence
     if ev:
         out.append("<h3>Evidence</h3><ul>")
         for x in ev:
-            shape = f" {list(x['shape'])}" if x.get("shape") else ""
-            key = f"<code>{_e(x.get('key'))}</code>{_e(shape)} → " if x.get("key") else ""
-            out.append(f"<li>{key}{_e(x.get('reason'))}</li>")
+            shape = f" {list(x.shape)}" if x.shape else ""
+            key = f"<code>{_e(x.key)}</code>{_e(shape)} → " if x.key else ""
+            out.append(f"<li>{key}{_e(x.reason)}</li>")
         out.append("</ul>")
     if sha256:
         out.append(f"<p style='color:gray'>SHA-256 {_e(sha256)} (AutoV2 {_e(sha256[:10])})</p>")

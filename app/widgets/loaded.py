@@ -1,9 +1,11 @@
 """The Loaded panel: the residency ledger live (device / RAM bytes, % resident, pinned, unload, free
-N MB) and the layer map of the selected component."""
+N MB) and the layer map of the selected component. It sends its own Load / Unload / Pin requests and
+shows their results; between them it follows the ledger through the client's snapshot()."""
 
 from __future__ import annotations
 
 import os
+import time
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QColor
@@ -23,18 +25,22 @@ from PySide6.QtWidgets import (
 
 from app.widgets.layer_map import TIER_COLORS, LayerMap
 from engine.formatting import human_bytes
+from engine.requests import Load, Pin, Unload, UnloadAll
 
 COLUMNS = ("Component", "File", "Device", "On device", "In RAM", "Resident", "Keep in VRAM")
+REFRESH_S = 0.5  # while a job runs, the table follows the ledger at most twice a second
 
 
 class LoadedPanel(QWidget):
-    unload_requested = Signal(str, str)  # path, component
-    free_requested = Signal(str, str, int)  # path, component, bytes
-    pin_requested = Signal(str, str, bool)
+    message = Signal(str, str)  # text, level
+    patches_dropped = Signal(str)  # a base path none of whose components is loaded any more
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.client = None  # app.bridge.EngineClient, once attached
         self.snapshot = None
+        self._dirty = False
+        self._last_refresh = 0.0
         self.patched: dict[tuple[str, str], frozenset[str]] = {}
         self._filling = False
         self.table = QTableWidget(0, len(COLUMNS))
@@ -79,6 +85,81 @@ class LoadedPanel(QWidget):
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addWidget(split)
         self._update_buttons()
+
+    # -- requests and results ----------------------------------------------------------------------------
+
+    def attach(self, client) -> None:
+        """Send this panel's requests through `client`; an engine event marks the table stale."""
+        self.client = client
+        client.event.connect(self._on_engine_event)
+        client.job_cancelled.connect(self._on_job_cancelled)
+
+    def load(self, path: str) -> None:
+        self.client.submit(Load(path), self._on_loaded)
+
+    def unload(self, path: str, name: str, nbytes: int | None = None) -> None:
+        self.client.submit(Unload(path, name, nbytes), self._on_unloaded)
+
+    def unload_all(self) -> None:
+        self.client.submit(UnloadAll(), self._on_unloaded_all)
+
+    def unload_selected(self) -> bool:
+        key = self.selected()
+        if key is not None:
+            self.unload(*key)
+        return key is not None
+
+    def _on_loaded(self, result) -> None:
+        self.set_snapshot(result.snapshot)
+        self.message.emit(f"{result.message}: {human_bytes(result.bytes)} placed on the device.", "info")
+
+    def _on_unloaded(self, result) -> None:
+        self.set_snapshot(result.snapshot)
+        self.message.emit(f"{result.message}: {human_bytes(result.bytes)} released.", "info")
+        self.forget_patches()
+
+    def _on_unloaded_all(self, result) -> None:
+        self.set_snapshot(result.snapshot)
+        self.forget_patches()
+
+    @Slot(object)
+    def on_configured(self, result) -> None:
+        """New device options were applied: the ledger after them (maybe emptied, maybe offloaded)."""
+        self.set_snapshot(result.snapshot)
+        self.forget_patches()
+
+    def forget_patches(self) -> None:
+        """Drop the patch marks of bases that are no longer loaded (patches_dropped tells the stack)."""
+        snap = self.client.snapshot()
+        loaded = {c.path for c in snap.components} if snap else set()
+        for base in {k[0] for k in self.patched}:
+            if base not in loaded:
+                self.set_patched(base, {})
+                self.patches_dropped.emit(base)
+
+    def refresh(self) -> None:
+        snap = self.client.snapshot()
+        if snap is not None and snap is not self.snapshot:
+            self.set_snapshot(snap)
+
+    @Slot(object)
+    def on_sample(self, _sample) -> None:
+        """The sampler's tick: follow the ledger after an event, and while a job runs."""
+        now = time.monotonic()
+        if self._dirty or (self.client.busy and now - self._last_refresh >= REFRESH_S):
+            self._dirty = False
+            self._last_refresh = now
+            self.refresh()
+
+    @Slot(object)
+    def _on_engine_event(self, _event) -> None:
+        self._dirty = True
+
+    @Slot(object)
+    def _on_job_cancelled(self, _job) -> None:
+        self.refresh()
+
+    # -- contents ----------------------------------------------------------------------------------------
 
     def set_snapshot(self, snap) -> None:
         """Show a LedgerSnapshot (frozen), keeping the selected row."""
@@ -158,19 +239,20 @@ class LoadedPanel(QWidget):
 
     @Slot()
     def _on_unload_clicked(self) -> None:
-        key = self.selected()
-        if key:
-            self.unload_requested.emit(*key)
+        self.unload_selected()
 
     @Slot()
     def _on_free_clicked(self) -> None:
         key = self.selected()
         if key:
-            self.free_requested.emit(key[0], key[1], self.free_spin.value() * 1024 * 1024)
+            self.unload(key[0], key[1], self.free_spin.value() * 1024 * 1024)
 
     @Slot(QTableWidgetItem)
     def _on_item_changed(self, it: QTableWidgetItem) -> None:
         if self._filling or it.column() != 6:
             return
         path, name = it.data(Qt.ItemDataRole.UserRole)
-        self.pin_requested.emit(path, name, it.checkState() == Qt.CheckState.Checked)
+        self.client.submit(Pin(path, name, it.checkState() == Qt.CheckState.Checked), self._on_pinned)
+
+    def _on_pinned(self, result) -> None:
+        self.set_snapshot(result.snapshot)

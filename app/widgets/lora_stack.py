@@ -1,11 +1,13 @@
 """The LoRA stack editor: add by drop or from the library, reorder by drag, enable, strengths for the
 model and the text encoder (slider + spin box), the coverage badge with the unmatched list on click,
-apply / revert, bake to a new file. It only edits a list and emits requests; the window sends them."""
+apply / revert, bake to a new file. It sends its own coverage, apply and bake requests through the
+engine client and shows their results; the window only hears what other panels need (patches, a bake)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import replace
+from functools import partial
 
 from PySide6.QtCore import QSize, Qt, Signal, Slot
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
@@ -26,7 +28,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.requests import StackItem
+from engine.formatting import human_bytes
+from engine.requests import Bake, LoraCoverage, SetLoras, StackItem
 
 ROLE = Qt.ItemDataRole.UserRole
 
@@ -146,22 +149,24 @@ class StackList(QListWidget):
 
 
 class LoraStackPanel(QWidget):
-    coverage_requested = Signal(str, str)  # lora, base
-    apply_requested = Signal(str, tuple)  # base, tuple[StackItem]
-    bake_requested = Signal(str, tuple, str)  # base, stack, out
-    files_dropped = Signal(list)
-    message = Signal(str)
+    message = Signal(str, str)  # text, level
+    files_to_scan = Signal(list)  # dropped files the library does not know yet
+    patches_changed = Signal(str, object)  # base, {component: module paths patched} (for the layer map)
+    baked = Signal(str)  # the new checkpoint (it joins the library)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.client = None  # app.bridge.EngineClient, once attached
         self.coverages: dict[tuple[str, str], dict] = {}
+        self.library: dict[str, object] = {}  # path -> LibraryEntry, as the library knows them
+        self._dropped: set[str] = set()  # dropped files waiting for the library's scan
         self.applied: tuple[StackItem, ...] | None = None
         self.base_box = QComboBox()
         self.base_box.setToolTip("The model the stack applies to")
         self.base_box.setPlaceholderText("no checkpoint in the library")
         self.base_box.currentIndexChanged.connect(self._on_base_changed)
         self.list = StackList()
-        self.list.files_dropped.connect(self.files_dropped)
+        self.list.files_dropped.connect(self._on_files_dropped)
         self.list.model().rowsMoved.connect(self._on_rows_moved)
         self.hint = QLabel("Drop LoRA files here, or right-click a LoRA in the library → Add to LoRA stack.")
         self.hint.setWordWrap(True)
@@ -195,6 +200,35 @@ class LoraStackPanel(QWidget):
 
     # -- contents -------------------------------------------------------------------------------------
 
+    @Slot(list)
+    def on_library_changed(self, entries) -> None:
+        """The library merged a scan: new bases to offer, and dropped files it now knows."""
+        self.library = {e.path: e for e in entries}
+        self.set_bases(entries)
+        for p in [p for p in self._dropped if p in self.library]:
+            self._dropped.discard(p)
+            self._add_dropped(self.library[p])
+
+    @Slot(list)
+    def _on_files_dropped(self, paths: list[str]) -> None:
+        todo = []
+        for p in map(os.path.abspath, paths):
+            if p in self.library:
+                self._add_dropped(self.library[p])
+            else:
+                todo.append(p)
+        if todo:  # unknown files join the library first; once scanned, the LoRAs among them join the stack
+            self._dropped.update(todo)
+            self.files_to_scan.emit(todo)
+
+    def _add_dropped(self, e) -> None:
+        if e.kind == "lora":
+            self.add(e.path)
+        else:
+            self.message.emit(
+                f"{e.name} is a {e.kind}, not a LoRA: it was not added to the stack.", "warning"
+            )
+
     def set_bases(self, entries) -> None:
         """Offer checkpoints / diffusion models of the library as bases (keeps the current one)."""
         cur = self.base()
@@ -219,11 +253,11 @@ class LoraStackPanel(QWidget):
     def add(self, path: str, strength_model: float = 1.0, strength_clip: float = 1.0) -> bool:
         path = os.path.abspath(path)
         if path in [it.file for it in self.stack()]:
-            self.message.emit(f"{os.path.basename(path)} is already in the stack")
+            self.message.emit(f"{os.path.basename(path)} is already in the stack", "info")
             return False
         self._add_item(StackItem(path, strength_model, strength_clip, True))
         if self.base():
-            self.coverage_requested.emit(path, self.base())
+            self.request_coverage(path, self.base())
         self._update()
         return True
 
@@ -267,6 +301,48 @@ class LoraStackPanel(QWidget):
             self._add_item(s)
         self._update()
 
+    # -- requests and results ----------------------------------------------------------------------------
+
+    def attach(self, client) -> None:
+        self.client = client
+
+    def request_coverage(self, lora: str, base: str) -> None:
+        if self.client is not None:
+            self.client.submit(
+                LoraCoverage(lora, base), self._on_coverage, partial(self._on_coverage_failed, lora)
+            )
+
+    def apply(self, base: str, stack: tuple[StackItem, ...]) -> None:
+        """Patch the loaded `base` with `stack` (an empty stack reverts)."""
+        self.client.submit(SetLoras(base, stack), self._on_applied)
+
+    def bake(self, base: str, stack: tuple[StackItem, ...], out: str) -> None:
+        self.client.submit(Bake(base, stack, out), self._on_baked)
+
+    def _on_coverage(self, result) -> None:
+        self.set_coverage(result.lora, result.base, result.coverage)
+
+    def _on_coverage_failed(self, lora: str, info) -> None:
+        self.set_coverage_error(lora, info.message)
+        self.client.report_error(info)
+
+    def _on_applied(self, result) -> None:
+        for c in result.coverages:
+            self.set_coverage(c.lora, c.base, c.coverage)
+        self.set_applied(result.stack, result.patched)
+        self.patches_changed.emit(result.base, result.patched_units)
+
+    def _on_baked(self, result) -> None:
+        name = os.path.basename(result.out)
+        self.message.emit(f"Baked {name} ({human_bytes(result.bytes)}); it joins the library.", "info")
+        self.baked.emit(result.out)
+
+    @Slot(str)
+    def on_base_unloaded(self, base: str) -> None:
+        """Nothing of `base` is loaded any more: its patches went with it."""
+        if self.base() == base:
+            self.set_applied((), 0)
+
     # -- coverage ---------------------------------------------------------------------------------------
 
     def set_coverage(self, lora: str, base: str, cov: dict) -> None:
@@ -297,7 +373,7 @@ class LoraStackPanel(QWidget):
     def show_unmatched(self, lora: str) -> QMessageBox | None:
         cov = self.coverages.get((lora, self.base()))
         if cov is None:
-            self.message.emit("Coverage is not known yet: choose a base model.")
+            self.message.emit("Coverage is not known yet: choose a base model.", "info")
             return None
         miss = self.unmatched(lora)
         box = QMessageBox(QMessageBox.Icon.Information, "Coverage",
@@ -343,7 +419,7 @@ class LoraStackPanel(QWidget):
             if cov is not None:
                 w.set_coverage(cov)
             elif base:
-                self.coverage_requested.emit(w.item.file, base)
+                self.request_coverage(w.item.file, base)
         self._update()
 
     @Slot()
@@ -366,12 +442,12 @@ class LoraStackPanel(QWidget):
     @Slot()
     def _on_apply_clicked(self) -> None:
         if self.base():
-            self.apply_requested.emit(self.base(), self.stack())
+            self.apply(self.base(), self.stack())
 
     @Slot()
     def _on_revert_clicked(self) -> None:
         if self.base():
-            self.apply_requested.emit(self.base(), ())
+            self.apply(self.base(), ())
 
     @Slot()
     def _on_remove_clicked(self) -> None:
@@ -392,7 +468,7 @@ class LoraStackPanel(QWidget):
             self, "Bake into a new checkpoint", start, "safetensors (*.safetensors)"
         )
         if out:
-            self.bake_requested.emit(base, self.stack(), out)
+            self.bake(base, self.stack(), out)
 
     def set_applied(self, stack: tuple[StackItem, ...], patched: int) -> None:
         self.applied = stack if stack else None

@@ -1,6 +1,7 @@
 """The library cache: one SQLite file in the user's cache folder, keyed by (path, size, mtime_ns).
 
-A row holds a file's detection (JSON) and, once the background hasher has run, its hashes. WAL mode
+A row holds a file's detection (as its Detection JSON text: the cache is one of the two places that JSON
+is written, `--json` output the other) and, once the background hasher has run, its hashes. WAL mode
 lets the GUI thread read while the engine thread writes; every thread gets its own connection (sqlite3
 connections must not be shared between threads).
 """
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..detect.result import Detection
 from ..errors import EngineError
 
 log = logging.getLogger("loadout.catalog")
@@ -54,7 +56,7 @@ class CachedFile:
     size: int
     mtime_ns: int
     detector: str
-    detection: dict
+    detection: Detection | None  # None: the stored JSON is no Detection we can read; detect again
     sha256: str | None
     old_hash: str | None
 
@@ -130,7 +132,12 @@ class LibraryCache:
 
     @staticmethod
     def _row(r) -> CachedFile:
-        return CachedFile(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6])
+        try:
+            det = Detection.from_json(json.loads(r[4]))
+        except ValueError as e:  # JSONDecodeError included: a row of another version is detected again
+            log.debug("cached detection of %s unreadable (%s): detecting it again", r[0], e)
+            det = None
+        return CachedFile(r[0], r[1], r[2], r[3], det, r[5], r[6])
 
     _COLS = "path, size, mtime_ns, detector, detection, sha256, old_hash"
 
@@ -153,7 +160,7 @@ class LibraryCache:
         """Every cached file (what the GUI shows before a scan has finished)."""
         return [self._row(r) for r in self._conn().execute(f"SELECT {self._COLS} FROM files ORDER BY path")]
 
-    def put_detections(self, rows: Iterable[tuple[str, int, int, int, int, str, dict]]) -> None:
+    def put_detections(self, rows: Iterable[tuple[str, int, int, int, int, str, Detection]]) -> None:
         """Store (path, size, mtime_ns, dev, ino, detector, detection) rows in one transaction.
 
         Hashes survive when size and mtime are unchanged (a new detector version does not change the
@@ -181,7 +188,7 @@ class LibraryCache:
                          size = excluded.size, mtime_ns = excluded.mtime_ns, dev = excluded.dev,
                          ino = excluded.ino, detector = excluded.detector, detection = excluded.detection,
                          scanned_at = excluded.scanned_at""",
-                    (path, size, mtime_ns, dev, ino, detector, json.dumps(detection), now),
+                    (path, size, mtime_ns, dev, ino, detector, json.dumps(detection.to_json()), now),
                 )
             conn.execute("COMMIT")
         except BaseException:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..formats.atomic import atomic_output
+from ..formats.safetensors import write_sparse
 from ..jobs import CancelToken, Progress, Report, no_report
+from . import demo_layouts
 from . import demo_preview as PV
 from . import demo_weights as W
 
@@ -29,16 +31,16 @@ def demo_is_current(root: str | os.PathLike) -> bool:
     return (r / "README.md").is_file() and (r / DEMO_CURRENT).is_file() and (r / DEMO_LATENT).is_file()
 
 
-# (relative path, synth layout name, synth options, what it is)
+# (relative path, layout name in demo_layouts, what it is)
 SPARSE_MODELS = [
-    ("models/checkpoints/sd15_demo.safetensors", "sd1_checkpoint", {}, "SD 1.5 single-file checkpoint"),
-    ("models/checkpoints/sdxl_base_demo.safetensors", "sdxl_checkpoint", {}, "SDXL base single-file checkpoint"),
-    ("models/diffusion_models/flux1-dev_demo.safetensors", "flux1_dev_transformer", {"dtype": "BF16"},
+    ("models/checkpoints/sd15_demo.safetensors", "sd1_checkpoint", "SD 1.5 single-file checkpoint"),
+    ("models/checkpoints/sdxl_base_demo.safetensors", "sdxl_checkpoint", "SDXL base single-file checkpoint"),
+    ("models/diffusion_models/flux1-dev_demo.safetensors", "flux1_dev_transformer",
      "FLUX.1-dev transformer (BF16)"),
-    ("models/text_encoders/clip_l.safetensors", "clip_l", {}, "CLIP-L text encoder"),
-    ("models/text_encoders/t5xxl_fp16.safetensors", "t5xxl", {}, "T5-XXL text encoder"),
-    ("models/vae/ae_demo.safetensors", "flux1_vae", {}, "FLUX.1 VAE (16-channel latent)"),
-    ("models/vae/sdxl_vae_demo.safetensors", "sd_vae", {}, "SD/SDXL VAE (4-channel latent)"),
+    ("models/text_encoders/clip_l.safetensors", "clip_l", "CLIP-L text encoder"),
+    ("models/text_encoders/t5xxl_fp16.safetensors", "t5xxl", "T5-XXL text encoder"),
+    ("models/vae/ae_demo.safetensors", "flux1_vae", "FLUX.1 VAE (16-channel latent)"),
+    ("models/vae/sdxl_vae_demo.safetensors", "sd_vae", "SD/SDXL VAE (4-channel latent)"),
 ]  # fmt: skip
 
 DEMO_README = """\
@@ -109,14 +111,12 @@ def write_demo(
     dest: str | os.PathLike, *, token: CancelToken | None = None, report: Report = no_report
 ) -> list[DemoFile]:
     """Write the demo library into `dest` (created if needed; existing demo files are replaced)."""
-    from .. import synth
-
     token = token or CancelToken()
     root = Path(dest)
     root.mkdir(parents=True, exist_ok=True)
     steps: list[tuple[str, str, object]] = []
-    for rel, name, opts, what in SPARSE_MODELS:
-        steps.append((rel, what, lambda p, n=name, o=opts: synth.write(n, p, **o)))
+    for rel, name, what in SPARSE_MODELS:
+        steps.append((rel, what, lambda p, n=name: write_sparse(p, demo_layouts.rows(n))))
     steps += [
         ("models/vae_approx/taesd_preview_decoder_demo.safetensors",
          "TAESD decoder, hand-set weights: SD1 latent preview", PV.write_decoder),
@@ -125,7 +125,7 @@ def write_demo(
         ("models/loras/demo_style_sd1.safetensors", "kohya LoRA, SD1, dense", lambda p: W.write_kohya_lora(p)),
         ("models/loras/demo_detail_sd1_loha.safetensors", "LyCORIS LoHa, SD1, dense", lambda p: W.write_loha(p)),
         ("models/embeddings/demo_embedding_sdxl.safetensors", "textual-inversion embedding, SDXL, dense",
-         lambda p: synth.write("embedding_sdxl", p, dense=True, seed=8)),
+         lambda p: W.write_embedding(p)),
         ("input/demo_photo.png", "a drawn landscape 512×512", PV.write_photo),
         ("input/demo_sd1.latent", "SD1 latent 64×64 of the landscape", PV.write_latent),
     ]  # fmt: skip
@@ -140,7 +140,7 @@ def write_demo(
         disk = st.st_blocks * 512 if hasattr(st, "st_blocks") else None
         out.append(DemoFile(str(p), what, st.st_size, disk))
     _sidecars(root)
-    rows = "\n".join(f"| {rel} | {what}, sparse |" for rel, _, _, what in SPARSE_MODELS)
+    rows = "\n".join(f"| {rel} | {what}, sparse |" for rel, _, what in SPARSE_MODELS)
     with atomic_output(root / "README.md") as f:
         f.write(DEMO_README.replace("{rows}", rows).replace("{dir}", str(root)).encode())
     report(Progress("Writing the demo library", len(steps), len(steps), "done"))

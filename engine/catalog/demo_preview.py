@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import os
 
+from . import demo_layouts
+
 # ComfyUI comfy/latent_formats.py, class SD15: rows = latent channels, columns = R, G, B (no bias).
 SD15_LATENT_RGB = (
     (0.3512, 0.2297, 0.3227),
@@ -71,12 +73,11 @@ def decoder_tensors() -> dict:
     """State dict of the preview decoder, keys and shapes exactly those of `taesd_decoder.pth`."""
     import torch
 
-    from .. import synth
     from ..formats.dtypes import torch_dtype
 
     a, a0 = _colour_map()
     sd = {}
-    for name, dtype, shape in synth.layout("taesd_decoder"):
+    for name, dtype, shape in demo_layouts.rows("taesd_decoder"):
         sd[name] = torch.zeros(shape, dtype=torch_dtype(dtype))
     for k in range(3):
         sd["1.weight"][k, :, 1, 1] = a[k]
@@ -91,13 +92,12 @@ def encoder_tensors() -> dict:
     """State dict of the matching encoder (keys and shapes of `taesd_encoder.pth`)."""
     import torch
 
-    from .. import synth
     from ..formats.dtypes import torch_dtype
 
     a, a0 = _colour_map()
     p = torch.linalg.pinv(a)  # (4, 3)
     sd = {}
-    for name, dtype, shape in synth.layout("taesd_encoder"):
+    for name, dtype, shape in demo_layouts.rows("taesd_encoder"):
         sd[name] = torch.zeros(shape, dtype=torch_dtype(dtype))
     for k in range(3):
         sd["0.weight"][k, k, 1, 1] = 1.0

@@ -1,6 +1,6 @@
-"""Small dense LoRA files in real formats for the demo library: a kohya LoRA and a LyCORIS LoHa for
-SD1 — random but deterministic values, real key names and shapes. (The demo's TAESD decoder comes
-from engine.synth's `taesd_decoder` layout.)
+"""Small dense files in real formats for the demo library: a kohya LoRA and a LyCORIS LoHa for SD1 and
+a textual-inversion embedding for SDXL — random but deterministic values, real key names and shapes.
+(The embedding's and the TAESD pair's keys and shapes come from demo_layouts.)
 
 Facts used (learned from the projects, not copied):
 * kohya sd-scripts LoRA for SD1: modules of the diffusers UNet's Transformer2DModel blocks (proj_in /
@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+
+from . import demo_layouts
 
 SD1_CONTEXT = 768
 CLIP_L_WIDTH, CLIP_L_LAYERS = 768, 12
@@ -106,3 +108,19 @@ def write_loha(path: str | Path, *, rank: int = 2, alpha: float = 1.0, seed: int
     args = {"algo": "loha", "preset": "attn-only"}
     meta = _kohya_metadata(Path(path).stem, "lycoris.kohya", rank, alpha, args, {"fine detail": 30})
     return save_tensors(path, t, meta)
+
+
+def write_embedding(path: str | Path, *, seed: int = 8) -> Path:
+    """The SDXL textual-inversion embedding (`clip_g`, `clip_l`, 4 vectors each): normal values scaled by
+    1/sqrt(fan-in), like an initialised layer, drawn in file order from one seeded generator."""
+    import torch
+
+    from ..formats.dtypes import torch_dtype
+    from ..formats.safetensors import save_tensors
+
+    g = torch.Generator().manual_seed(seed)
+    t: dict = {}
+    for key, dt, shape in demo_layouts.rows("embedding_sdxl"):
+        fan_in = math.prod(shape[1:]) if len(shape) > 1 else 1
+        t[key] = (torch.randn(shape, generator=g) * (1.0 / math.sqrt(fan_in))).to(torch_dtype(dt))
+    return save_tensors(path, t)

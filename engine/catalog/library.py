@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..detect.result import Detection, Failure
 from ..jobs import CancelToken, Progress, Report, no_report
 from .cache import LibraryCache
 from .hashing import autov2
@@ -35,7 +36,7 @@ DETECTABLE_KINDS = {
 
 @dataclass(frozen=True)
 class LibraryEntry:
-    """One model of the library. `detection` is the Detection JSON object of DESIGN.md (read-only)."""
+    """One model of the library with its (immutable) Detection; to_json() is its DESIGN.md JSON object."""
 
     path: str
     root: str
@@ -43,7 +44,7 @@ class LibraryEntry:
     is_dir: bool
     size: int
     mtime_ns: int
-    detection: dict
+    detection: Detection
     sha256: str | None
     old_hash: str | None
     preview: str | None
@@ -55,16 +56,16 @@ class LibraryEntry:
         return os.path.basename(os.path.normpath(self.path))
 
     @property
-    def kind(self) -> str | None:
-        return self.detection.get("kind")
+    def kind(self) -> str:
+        return self.detection.kind
 
     @property
     def architecture(self) -> str | None:
-        return self.detection.get("architecture")
+        return self.detection.architecture
 
     @property
-    def error(self) -> dict | None:
-        return self.detection.get("error")
+    def error(self) -> Failure | None:
+        return self.detection.error
 
     @property
     def autov2(self) -> str | None:
@@ -76,7 +77,7 @@ class LibraryEntry:
         return (
             self.declared_kind in DETECTABLE_KINDS
             and self.kind in DETECTABLE_KINDS
-            and (not self.error or self.error.get("type") == "unsupported")  # a GGUF still has a kind
+            and (not self.error or self.error.type == "unsupported")  # a GGUF still has a kind
             and self.declared_kind != self.kind
         )
 
@@ -88,7 +89,7 @@ class LibraryEntry:
         return None if not (listed and self.sha256) else listed == self.sha256
 
     def to_json(self) -> dict:
-        d = dict(self.detection)
+        d = self.detection.to_json()
         d["library"] = {
             "root": self.root,
             "declared_kind": self.declared_kind,
@@ -119,7 +120,7 @@ class Library:
     @property
     def bad(self) -> list[LibraryEntry]:
         """Entries that are not usable models: corrupt, truncated, not a model (not 'unsupported')."""
-        return [e for e in self.entries if e.error and e.error.get("type") != "unsupported"]
+        return [e for e in self.entries if e.error and e.error.type != "unsupported"]
 
     def to_json(self) -> dict:
         return {
@@ -191,9 +192,14 @@ def scan(
         todo = [
             f
             for f in found
-            if not ((c := cached.get(f.path)) and c.matches(f.size, f.mtime_ns) and c.detector == det_id)
+            if not (
+                (c := cached.get(f.path))
+                and c.matches(f.size, f.mtime_ns)
+                and c.detector == det_id
+                and c.detection is not None
+            )
         ]
-        fresh: dict[str, dict] = {}
+        fresh: dict[str, Detection] = {}
         pending: list[tuple] = []
         n_workers = auto_workers(len(todo), detector) if workers is None else workers
         try:

@@ -2,7 +2,7 @@
 
 Header parsing and detection are pure Python, so threads would queue on the GIL; worker processes
 (spawned, never forked: the GUI has threads, and a fork copies their locks) parse in parallel and send
-back Detection JSON. Workers import engine.detect only (no torch, no Qt). Results arrive in completion
+back Detection objects (pickled). Workers import engine.detect only (no torch, no Qt). Results arrive in completion
 order; the caller stores them as they come, so a cancel keeps everything finished so far.
 """
 
@@ -15,24 +15,21 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
-from ..errors import EngineError
+from ..detect.result import Detection, Failure
+from ..errors import Cancelled, EngineError
 from ..jobs import CancelToken, Progress, Report
 from .walk import Found
 
 log = logging.getLogger("loadout.catalog")
 
-Detector = Callable[[str], object]  # path -> Detection (with .to_json()) or its JSON dict
+Detector = Callable[[str], Detection]
 MIN_FILES_FOR_WORKERS = 128  # below this, starting processes costs more than it saves
 CHUNK = 16
 
 
-def error_detection(path: str, size: int | None, error: dict) -> dict:
-    """A Detection JSON object for a file that could not be detected."""
-    return {
-        "path": path, "file_bytes": size, "format": None, "kind": "unknown", "architecture": None,
-        "variant": None, "prediction": None, "components": {}, "lora": None, "metadata": {},
-        "evidence": [], "error": error,
-    }  # fmt: skip
+def error_detection(path: str, size: int | None, error: Failure) -> Detection:
+    """The Detection of a file that could not be detected."""
+    return Detection(path=path, file_bytes=size, format=None, error=error)
 
 
 def default_detector(path: str):
@@ -41,22 +38,23 @@ def default_detector(path: str):
     return detect.detect_file(path)
 
 
-def detect_one(detector: Detector, path: str, size: int) -> tuple[dict, bool]:
-    """(detection JSON, cacheable). Errors become the entry's `error`; one bad file never stops a scan."""
+def detect_one(detector: Detector, path: str, size: int) -> tuple[Detection, bool]:
+    """(detection, cacheable). Errors become the entry's `error`; one bad file never stops a scan."""
     try:
-        det = detector(path)
-        return (det.to_json() if hasattr(det, "to_json") else dict(det)), True
+        return detector(path), True
+    except Cancelled:  # the scan stops (what was read is kept); never an error entry in the cache
+        raise
     except EngineError as e:
-        return error_detection(path, size, e.to_json()), True
+        return error_detection(path, size, Failure(e.type, e.message)), True
     except Exception as e:  # a bug in detection must not hide the rest of the library; not cached
         log.exception("detection failed on %s", path)
         msg = (
             f"Loadout could not inspect this file ({type(e).__name__}: {e}); this is a bug, please report it"
         )
-        return error_detection(path, size, {"type": "internal", "message": msg}), False
+        return error_detection(path, size, Failure("internal", msg)), False
 
 
-def _detect_chunk(items: list[tuple[str, int]]) -> list[tuple[str, dict, bool]]:
+def _detect_chunk(items: list[tuple[str, int]]) -> list[tuple[str, Detection, bool]]:
     """Worker side: detect a few files with the default detector."""
     return [(p, *detect_one(default_detector, p, size)) for p, size in items]
 
@@ -81,8 +79,8 @@ def auto_workers(n_files: int, detector: Detector) -> int:
 
 def detect_many(
     todo: list[Found], detector: Detector, token: CancelToken, report: Report, workers: int
-) -> Iterator[tuple[Found, dict, bool]]:
-    """Yield (found, detection JSON, cacheable) for every file of `todo`, reporting Progress."""
+) -> Iterator[tuple[Found, Detection, bool]]:
+    """Yield (found, detection, cacheable) for every file of `todo`, reporting Progress."""
     n = len(todo)
     if workers <= 1 or n == 0:
         for i, f in enumerate(todo):

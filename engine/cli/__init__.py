@@ -10,8 +10,7 @@ import importlib
 import pkgutil
 import sys
 
-from ..errors import Cancelled, EngineError, OutOfMemory
-from ._common import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_OOM, EXIT_USAGE, print_error
+from ._common import EXIT_USAGE, exit_code, print_error
 
 
 def _command_modules():
@@ -60,18 +59,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return int(args._run(args) or 0)
-    except KeyboardInterrupt:
-        print_error("Interrupted.")
-        return EXIT_CANCELLED
-    except Cancelled as e:
-        print_error(e.message)
-        return EXIT_CANCELLED
-    except OutOfMemory as e:
-        print_error(e.message)
-        return EXIT_OOM
-    except EngineError as e:
-        print_error(e.message)
-        return EXIT_BAD_INPUT
     except BrokenPipeError:
         # `loadout scan --json | head`: the reader left. Not an error of ours, and no traceback; point
         # stdout at devnull so the interpreter's final flush does not raise again (Python docs, "Note on
@@ -80,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a program killed by it
+    except BaseException as e:
+        code = exit_code(e)
+        if code is None:  # a bug: its traceback is the report
+            raise
+        print_error(getattr(e, "message", "Interrupted."))
+        return code
 
 
 if __name__ == "__main__":  # pragma: no cover

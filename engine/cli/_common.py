@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Mapping
 
+from ..errors import Cancelled, EngineError, InvalidRequest, OutOfMemory
 from ..formatting import human_bytes  # noqa: F401  (the sub-commands import it from here)
 
 EXIT_OK = 0
@@ -13,6 +14,24 @@ EXIT_USAGE = 2
 EXIT_BAD_INPUT = 3
 EXIT_OOM = 4
 EXIT_CANCELLED = 130
+
+# DESIGN.md's exit codes by exception type: the one mapping, applied by engine.cli.main to whatever a
+# sub-command raises (sub-commands let errors through; the most specific class in the MRO wins).
+EXIT_CODES: dict[type[BaseException], int] = {
+    EngineError: EXIT_BAD_INPUT,  # FormatError, UnsupportedModel and any other reported failure
+    InvalidRequest: EXIT_USAGE,
+    OutOfMemory: EXIT_OOM,
+    Cancelled: EXIT_CANCELLED,
+    KeyboardInterrupt: EXIT_CANCELLED,
+}
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The exit code for `exc`, or None for an exception that is not ours to map (a bug)."""
+    for cls in type(exc).__mro__:
+        if cls in EXIT_CODES:
+            return EXIT_CODES[cls]
+    return None
 
 
 def print_json(obj) -> None:

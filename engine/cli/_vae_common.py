@@ -1,11 +1,12 @@
-"""Shared by `loadout decode` and `loadout encode`: tile options, device/dtype choice, progress."""
+"""Shared by `loadout decode` and `loadout encode`, two clients of the engine's Decode and Encode
+requests: the tile options and how they become request fields, progress on stderr, the engine they
+run in, and the PNG written from a DecodeResult. The device, the dtype and the tiles are the engine's
+choice (engine.decoding), the same as the window's."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def add_tile_arguments(parser: argparse.ArgumentParser, *, no_tile: bool) -> None:
@@ -40,21 +41,61 @@ def _px0(text: str) -> int:
     return v
 
 
-def device_and_dtype(args):
-    """The torch device and compute dtype from the shared device flags (--cpu, --cpu-vae, --device N,
-    --vae-dtype, --force-*). Default: the selected device, fp32 on a CPU, bf16/fp16 on a GPU that
-    computes well in it."""
-    import torch
+def tiling(args: argparse.Namespace) -> dict:
+    """The Decode / Encode request's mode, tile and overlap from the flags; an unset flag is left to the
+    request (the VAE's own overlap, the estimate's tile)."""
+    kw: dict = {"mode": "full" if getattr(args, "no_tile", False) else "tiled" if args.tile else "auto"}
+    if args.tile:
+        kw["tile"] = args.tile
+    if args.overlap is not None:
+        kw["overlap"] = args.overlap  # auto mode: the overlap should the estimate choose tiles
+    return kw
 
-    from ..devices import detect_devices, options_from_args
 
-    report = detect_devices(options_from_args(args))
-    device = torch.device(report.vae_device)
-    name = args.vae_dtype or args.force_dtype
-    if name is None:
-        sel = report.selected
-        name = "fp32" if device.type == "cpu" else ("bf16" if sel.bf16 else "fp16" if sel.fp16 else "fp32")
-    return device, getattr(torch, DTYPES[name])
+def engine_for(args: argparse.Namespace):
+    """An Engine with devices detected from the device flags (--cpu, --cpu-vae, --device N, --vae-dtype,
+    --force-*), as the window's settings do; returns (engine, device report)."""
+    from ..devices import options_from_args
+    from ..facade import Engine
+
+    engine = Engine()
+    return engine, engine.detect(options_from_args(args))
+
+
+# Keys of a DecodeResult's info that the engine adds for the window; the CLI prints engine.vae's
+# RunInfo fields as it always has.
+ENGINE_ONLY_INFO = ("vae_component", "device", "latent_shape", "out", "shown")
+
+
+def run_info(info) -> dict:
+    return {k: v for k, v in info.items() if k not in ENGINE_ONLY_INFO}
+
+
+def write_pngs(result, out: str, batch: int) -> list[str]:
+    """The decoded image(s) as PNG, each written atomically; a batch becomes NAME_0.png, NAME_1.png, ..."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    from ..errors import EngineError
+    from ..formats.atomic import atomic_output
+
+    images = result.images or (result.rgb,)
+    if len(images) != batch:
+        raise EngineError(
+            f"the latent holds a batch of {batch} images but the engine returned {len(images)}: "
+            "this build decodes single-image latents only"
+        )
+    target = Path(out)
+    paths = (
+        [target]
+        if batch == 1
+        else [target.with_name(f"{target.stem}_{i}{target.suffix}") for i in range(batch)]
+    )
+    for rgb, p in zip(images, paths, strict=True):
+        with atomic_output(p) as f:
+            Image.frombytes("RGB", (result.width, result.height), rgb).save(f, format="PNG")
+    return [str(p) for p in paths]
 
 
 class StderrProgress:

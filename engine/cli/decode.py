@@ -1,4 +1,5 @@
-"""`loadout decode`: a latent (.latent or .safetensors) through a VAE to a PNG, tiled when needed."""
+"""`loadout decode`: a latent (.latent or .safetensors) through a VAE to a PNG, tiled when needed — a
+client of the engine's Decode request, so the device, dtype and tiles are chosen as in the window."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 
 from ..devices import add_device_arguments
 from ._common import EXIT_OK, human_bytes, print_json
-from ._vae_common import StderrProgress, add_tile_arguments, device_and_dtype
+from ._vae_common import StderrProgress, add_tile_arguments, engine_for, run_info, tiling, write_pngs
 
 NAME = "decode"
 HELP = "VAE decode a latent to a PNG (full or tiled)"
@@ -28,58 +29,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
+    from ..formats.latent import latent_info
+    from ..requests import Decode
 
-    from ..formats.latent import read_latent
-    from ..vae import load_vae
-    from ..vae.images import save_png
-    from ..vae.run import RunInfo, decode
-
-    latent = read_latent(args.latent)
-    if latent.dim() == 5:
-        from ..errors import UnsupportedModel
-
-        raise UnsupportedModel(f"{args.latent}: a video (5-D) latent; only image latents decode here")
-    vae = load_vae(args.vae)
-    device, dtype = device_and_dtype(args)
-    tiled = False if args.no_tile else (True if args.tile else None)
-    info = RunInfo()
-    t0 = time.perf_counter()
-    image = decode(
-        vae,
-        latent,
-        tile=args.tile,
-        overlap=args.overlap,
-        tiled=tiled,
-        device=device,
-        dtype=dtype,
-        report=StderrProgress(args.quiet),
-        info=info,
-    )
-    seconds = time.perf_counter() - t0
-    paths = save_png(image, args.out)
+    shape = latent_info(args.latent).shape  # header only: a bad latent is refused before torch loads
+    engine, _ = engine_for(args)
+    try:
+        res = engine.run(Decode(args.vae, args.latent, **tiling(args)), report=StderrProgress(args.quiet))
+        paths = write_pngs(res, args.out, shape[0])
+    finally:
+        engine.close()
+    info = run_info(res.info)
+    device = res.info["device"]
     result = {
         "vae": args.vae,
         "latent": args.latent,
         "outputs": paths,
-        "size": [image.shape[3], image.shape[2]],
-        "device": str(device),
-        "seconds": round(seconds, 3),
-        **info.to_json(),
+        "size": [res.width, res.height],
+        "device": device,
+        "seconds": round(res.seconds, 3),
+        **info,
     }
     if args.json:
         print_json(result)
     else:
         how = (
-            f"{info.tiles} tiles of {info.tile_px} px (overlap {info.overlap_px})"
-            if info.mode == "tiled"
+            f"{info['tiles']} tiles of {info['tile_px']} px (overlap {info['overlap_px']})"
+            if info["mode"] == "tiled"
             else "full"
         )
         print(
-            f"decoded {tuple(latent.shape)} -> {image.shape[3]}x{image.shape[2]} on {device} ({info.dtype}, "
-            f"{how}) in {seconds:.1f} s; estimate {human_bytes(info.estimate_bytes)} for a full decode"
+            f"decoded {tuple(shape)} -> {res.width}x{res.height} on {device} ({info['dtype']}, "
+            f"{how}) in {res.seconds:.1f} s; estimate {human_bytes(info['estimate_bytes'])} for a full decode"
         )
-        for n in info.notes:
+        for n in info["notes"]:
             print(f"  note: {n}")
         for p in paths:
             print(f"  wrote {p}")

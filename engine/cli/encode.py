@@ -1,4 +1,5 @@
-"""`loadout encode`: an image (PNG/JPEG) through a VAE encoder to a ComfyUI .latent."""
+"""`loadout encode`: an image (PNG/JPEG) through a VAE encoder to a ComfyUI .latent — a client of the
+engine's Encode request, so the device, dtype and tiles are chosen as in the window."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 
 from ..devices import add_device_arguments
 from ._common import EXIT_OK, print_json
-from ._vae_common import StderrProgress, add_tile_arguments, device_and_dtype
+from ._vae_common import StderrProgress, add_tile_arguments, engine_for, run_info, tiling
 
 NAME = "encode"
 HELP = "VAE encode an image to a .latent (full or tiled)"
@@ -29,45 +30,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
+    from ..requests import Encode
 
-    from ..formats.latent import write_latent
-    from ..vae import load_vae
-    from ..vae.images import load_image
-    from ..vae.run import RunInfo, encode
-
-    image = load_image(args.image)
-    vae = load_vae(args.vae)
-    device, dtype = device_and_dtype(args)
-    info = RunInfo()
-    t0 = time.perf_counter()
-    latent = encode(
-        vae,
-        image,
-        tile=args.tile,
-        overlap=args.overlap,
-        tiled=True if args.tile else None,
-        device=device,
-        dtype=dtype,
-        report=StderrProgress(args.quiet),
-        info=info,
-    )
-    seconds = time.perf_counter() - t0
-    write_latent(args.out, latent.contiguous())
+    engine, report = engine_for(args)
+    req = Encode(args.vae, args.image, args.out, round_trip=False, **tiling(args))
+    try:
+        res = engine.run(req, report=StderrProgress(args.quiet))  # writes the .latent atomically
+    finally:
+        engine.close()
+    info = run_info(res.info)
+    device = res.info.get("device", report.vae_device)
+    w, h = _image_size(args.image)
     result = {
         "vae": args.vae,
         "image": args.image,
         "output": args.out,
-        "latent_shape": list(latent.shape),
-        "device": str(device),
-        "seconds": round(seconds, 3),
-        **info.to_json(),
+        "latent_shape": res.info["latent_shape"],
+        "device": device,
+        "seconds": round(res.seconds, 3),
+        **info,
     }
     if args.json:
         print_json(result)
     else:
         print(
-            f"encoded {image.shape[3]}x{image.shape[2]} -> latent {tuple(latent.shape)} on {device} "
-            f"({info.dtype}, {info.mode}) in {seconds:.1f} s; wrote {args.out}"
+            f"encoded {w}x{h} -> latent {tuple(res.info['latent_shape'])} on {device} "
+            f"({info['dtype']}, {info['mode']}) in {res.seconds:.1f} s; wrote {args.out}"
         )
     return EXIT_OK
+
+
+def _image_size(path: str) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return im.size

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..devices import add_device_arguments, options_from_args
-from ._common import EXIT_OK, EXIT_USAGE, human_bytes, print_error, print_json
+from ._common import EXIT_OK, human_bytes, print_json
 
 NAME = "hw"
 HELP = "devices, VRAM state, dtype support and memory now"
@@ -23,16 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import memory
-    from ..devices import detect_devices
-    from ..errors import EngineError
+    from ..facade import Engine
 
-    try:
-        report = detect_devices(options_from_args(args))
-    except EngineError as e:  # e.g. --device 3 on a one-GPU machine: a usage problem
-        print_error(e.message)
-        return EXIT_USAGE
-    sampler = memory.MemorySampler(memory.target_for(report.selected))
-    now = sampler.sample()
+    report = Engine().detect(options_from_args(args))  # --device 3 on a one-GPU machine: InvalidRequest
+    now = memory.sample()  # the process-wide sampler, which detection pointed at the selected device
     budget = report.budget_bytes(now.device_free)
     if args.json:
         out = report.to_json()

@@ -30,18 +30,11 @@ def add_arguments(parser) -> None:
     )
 
 
-def _detect(path: str, read_values: bool):
-    from ..detect import Detection, detect_file
-
-    try:
-        return detect_file(path, read_values=read_values)
-    except Exception as e:  # a bug in detection must still yield an answer, not a traceback
-        msg = f"detection failed unexpectedly ({type(e).__name__}: {e}); please report this file"
-        return Detection(path=path, file_bytes=None, format=None, error={"type": "error", "message": msg})
-
-
 def run(args) -> int:
-    results = [_detect(p, args.read_values) for p in args.files]
+    from ..facade import Engine
+    from ..requests import Inspect
+
+    results = Engine().run(Inspect(tuple(args.files), args.read_values))  # header-only, torch-free
     if args.json:
         print_json(results[0].to_json() if len(results) == 1 else [r.to_json() for r in results])
     else:
@@ -69,7 +62,7 @@ def format_text(d) -> str:
         f"{os.path.basename(d.path) or d.path}  ({human_bytes(d.file_bytes)}, {d.format or 'unknown format'})"
     ]
     if d.error:
-        lines.append(f"  error         {d.error['type']}: {d.error['message']}")
+        lines.append(f"  error         {d.error.type}: {d.error.message}")
     if d.kind != "unknown" or not d.error:
         for label, value in (
             ("kind", d.kind),
@@ -89,15 +82,15 @@ def format_text(d) -> str:
     if d.lora:
         lr = d.lora
         facts = [
-            f"format {lr.get('format') or '?'}",
-            "algos " + ", ".join(lr.get("algos") or []) if lr.get("algos") else None,
-            f"rank {lr['rank']}" if lr.get("rank") is not None else None,
-            f"alpha {lr['alpha']:g}" if isinstance(lr.get("alpha"), (int, float)) else None,
-            "targets " + ", ".join(lr.get("targets") or []) if lr.get("targets") else None,
-            f"base {lr.get('base') or '?'}",
+            f"format {lr.format or '?'}",
+            "algos " + ", ".join(lr.algos) if lr.algos else None,
+            f"rank {lr.rank}" if lr.rank is not None else None,
+            f"alpha {lr.alpha:g}" if isinstance(lr.alpha, (int, float)) else None,
+            "targets " + ", ".join(lr.targets) if lr.targets else None,
+            f"base {lr.base or '?'}",
         ]
         lines.append("  LoRA          " + " · ".join(f for f in facts if f))
-    lines += _summary_lines(d.summary or {})
+    lines += _summary_lines(d.summary)
     if d.evidence:
         lines.append("  evidence")
         for e in d.evidence:
@@ -108,9 +101,11 @@ def format_text(d) -> str:
     return "\n".join(lines)
 
 
-def _summary_lines(s: dict) -> list[str]:
+def _summary_lines(s) -> list[str]:
+    from ..detect.result import thaw  # nested values print as the JSON-like lists / dicts they came from
+
     out = []
-    t = s.get("training")
+    t = s.training
     if t:
         net = t.get("network_module")
         bits = [
@@ -118,7 +113,7 @@ def _summary_lines(s: dict) -> list[str]:
             f"network {net}" if net else None,
             f"dim {t['network_dim']}" if "network_dim" in t else None,
             f"alpha {t['network_alpha']:g}" if isinstance(t.get("network_alpha"), (int, float)) else None,
-            "args " + ", ".join(f"{k}={v}" for k, v in t["network_args"].items())
+            "args " + ", ".join(f"{k}={thaw(v)}" for k, v in t["network_args"].items())
             if t.get("network_args")
             else None,
             f"resolution {t['resolution']}" if t.get("resolution") else None,
@@ -131,9 +126,9 @@ def _summary_lines(s: dict) -> list[str]:
             out.append("  top tags      " + ", ".join(f"{tag} ({n})" for tag, n in t["top_tags"]))
         if t.get("comment"):
             out.append(f"  comment       {t['comment']}")
-    spec = s.get("modelspec") or {}
+    spec = s.modelspec
     if spec:
         out.append("  modelspec     " + " · ".join(f"{k.replace('_', ' ')}: {v}" for k, v in spec.items()))
-    for k, v in list((s.get("other") or {}).items())[:10]:
+    for k, v in list(s.other.items())[:10]:
         out.append(f"  {k[:13]:<13} {v}")
     return out

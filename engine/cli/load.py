@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..devices import add_device_arguments, options_from_args
-from ._common import EXIT_BAD_INPUT, EXIT_OK, EXIT_USAGE, human_bytes, print_error, print_json
+from ._common import EXIT_OK, human_bytes, print_json
 
 NAME = "load"
 HELP = "load a model's components under the memory budget and show where every byte went"
@@ -26,42 +26,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..detect import detect_file
-    from ..errors import EngineError
+    from ..errors import EngineError, InvalidRequest, from_json
     from ..facade import Engine
+    from ..requests import Inspect, Load, Unload
 
-    det = detect_file(args.model)  # header-only and torch-free: bad input is refused before torch loads
+    events = []
+    engine = Engine(on_event=events.append)  # the same facade the window's Load button uses
+    (det,) = engine.run(Inspect((args.model,)))  # header-only and torch-free: refused before torch loads
     if det.error is not None:
         if args.json:
-            print_json({"model": args.model, "error": det.error})
-        print_error(det.error.get("message", f"{args.model}: cannot be read"))
-        return EXIT_BAD_INPUT
+            print_json({"model": args.model, "error": det.error.to_json()})
+        raise from_json(det.error.to_json())  # main() prints it and picks the exit code (3: a bad file)
     names = [n for n in det.components if n != "other"]
     if args.component:
         missing = set(args.component) - set(names)
         if missing:
             has = ", ".join(names) or "none"
-            print_error(f"no component {', '.join(sorted(missing))} in this file (it has {has})")
-            return EXIT_USAGE
+            raise InvalidRequest(f"no component {', '.join(sorted(missing))} in this file (it has {has})")
         names = list(args.component)
-    events = []
-    engine = Engine(on_event=events.append)  # the same facade the window's Load button uses
+    engine.detect(options_from_args(args))
     try:
-        engine.detect(options_from_args(args))
-    except EngineError as e:
-        print_error(e.message)
-        return EXIT_USAGE
-    try:
-        engine.load(args.model, tuple(names))
-    except EngineError as e:
+        done = engine.run(Load(args.model, tuple(names)))
+    except EngineError as e:  # reported here in JSON; main() prints it and picks the exit code
         if args.json:
             print_json({"model": args.model, "error": e.to_json()})
-        print_error(e.message)
-        return EXIT_BAD_INPUT
+        raise
     if args.unload_bytes:
-        engine.unload(args.model, names[0], args.unload_bytes)
+        done = engine.run(Unload(args.model, names[0], args.unload_bytes))
     m = engine.residency
-    snap = m.snapshot()
+    snap = done.snapshot
     out = {
         "device": m.device,
         "vram_state": m.policy.vram_state.value,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import EXIT_BAD_INPUT, EXIT_OK, print_error, print_json
+from ._common import EXIT_OK, exit_code, print_json
 
 NAME = "lora"
 HELP = "LoRA tools: 'inspect' shows which base weights a LoRA reaches (coverage) before applying it"
@@ -23,49 +23,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ins.add_argument("--all", action="store_true", help="list every unmatched module (default: the first 20)")
 
 
-def _index(path: str):
-    try:
-        from ..formats import open_index
-    except ImportError:  # pragma: no cover - the formats branch provides it
-        from ..formats.safetensors import read_header as open_index
-    return open_index(path)
-
-
 def run(args: argparse.Namespace) -> int:
     from ..errors import EngineError
-    from ..lora.coverage import coverage
+    from ..facade import Engine
+    from ..requests import LoraCoverage
 
     try:
-        lora = _index(args.lora)
-        base = _index(args.base)
-        cov = coverage(
-            lora,
-            {k: tuple(v.shape) for k, v in base.tensors.items()},
-            lora_path=args.lora,
-            base_path=args.base,
-        )
+        cov = Engine().run(LoraCoverage(args.lora, args.base)).coverage  # DESIGN.md's coverage JSON
     except EngineError as e:
-        if args.json:
-            print_json({"lora": args.lora, "base": args.base, "error": e.to_json()})
-        else:
-            print_error(e.message)
-        return EXIT_BAD_INPUT
+        if not args.json:
+            raise  # main() prints it and picks the exit code
+        print_json({"lora": args.lora, "base": args.base, "error": e.to_json()})
+        return exit_code(e)
     if args.json:
-        print_json(cov.to_json())
+        print_json(cov)
         return EXIT_OK
-    pct = 100.0 * cov.mapped / cov.modules if cov.modules else 0.0
+    pct = 100.0 * cov["mapped"] / cov["modules"] if cov["modules"] else 0.0
     print(f"{args.lora}")
-    print(f"  format {cov.format}, algorithms {', '.join(cov.algos)}")
-    print(f"  on {args.base}: {cov.mapped}/{cov.modules} modules mapped ({pct:.1f}%)")
-    for name, t in cov.targets.items():
-        print(f"  {name:<12} {t.mapped}/{t.modules}")
+    print(f"  format {cov['format']}, algorithms {', '.join(cov['algos'])}")
+    print(f"  on {args.base}: {cov['mapped']}/{cov['modules']} modules mapped ({pct:.1f}%)")
+    for name, t in cov["targets"].items():
+        print(f"  {name:<12} {t['mapped']}/{t['modules']}")
         limit = None if args.all else 20
-        for m in t.unmatched[:limit]:
+        for m in t["unmatched"][:limit]:
             print(f"    unmatched: {m}")
-        if limit is not None and len(t.unmatched) > limit:
-            print(f"    … and {len(t.unmatched) - limit} more unmatched (--all lists them)")
-        for sm in t.shape_mismatch:
+        if limit is not None and len(t["unmatched"]) > limit:
+            print(f"    … and {len(t['unmatched']) - limit} more unmatched (--all lists them)")
+        for sm in t["shape_mismatch"]:
             print(f"    shape mismatch: {sm['module']} {sm['lora_shape']} vs {sm['key']} {sm['base_shape']}")
-        for u in t.unsupported:
+        for u in t.get("unsupported", ()):
             print(f"    unsupported algorithm {u['algo']}: {u['module']}")
     return EXIT_OK

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..devices import add_device_arguments, options_from_args
-from ._common import EXIT_BAD_INPUT, EXIT_OK, EXIT_USAGE, human_bytes, print_error, print_json
+from ._common import EXIT_OK, human_bytes, print_json
 
 NAME = "plan"
 HELP = "will it fit? predicted peak memory of load, patch and decode, and the mode that fits"
@@ -26,38 +26,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..devices import detect_devices
-    from ..errors import EngineError
-    from ..plan import make_plan, parse_size
+    from ..errors import EngineError, InvalidRequest, from_json
+    from ..facade import Engine
+    from ..plan import parse_size
+    from ..requests import Inspect, PlanRequest
 
     try:
         decode = parse_size(args.decode) if args.decode else None
     except ValueError as e:
-        print_error(str(e))
-        return EXIT_USAGE
+        raise InvalidRequest(str(e)) from None
     if args.vram is not None and not args.vram > 0:
-        print_error("--vram must be a positive number of GiB")
-        return EXIT_USAGE
-    from ..detect import detect_file
-
-    det = detect_file(args.model)  # header-only and torch-free: a bad file is refused before torch loads
+        raise InvalidRequest("--vram must be a positive number of GiB")
+    engine = Engine()
+    (det,) = engine.run(Inspect((args.model,)))  # header-only and torch-free: a bad file is refused first
     if det.error is not None:
         if args.json:
-            print_json({"model": args.model, "error": det.error})
-        print_error(det.error.get("message", f"{args.model}: cannot be read"))
-        return EXIT_BAD_INPUT
+            print_json({"model": args.model, "error": det.error.to_json()})
+        raise from_json(det.error.to_json())  # main() prints it and picks the exit code (3: a bad file)
+    engine.detect(options_from_args(args))
     try:
-        report = detect_devices(options_from_args(args))
-    except EngineError as e:
-        print_error(e.message)
-        return EXIT_USAGE
-    try:
-        plan = make_plan(args.model, loras=tuple(args.lora), decode=decode, vram_gb=args.vram, report=report)
-    except EngineError as e:
+        plan = engine.run(PlanRequest(args.model, tuple(args.lora), decode, args.vram))
+    except EngineError as e:  # reported here in JSON; main() prints it and picks the exit code
         if args.json:
             print_json({"model": args.model, "error": e.to_json()})
-        print_error(e.message)
-        return EXIT_BAD_INPUT
+        raise
     if args.json:
         print_json(plan)
     else:

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from ..jobs import Progress
+from ..jobs import Progress, no_report
 from ._common import EXIT_BAD_INPUT, EXIT_OK, human_bytes, print_error, print_json
 
 NAME = "scan"
@@ -64,38 +64,35 @@ class _StderrProgress:
 
 def _problem_json(p) -> dict:
     from ..catalog import error_detection
+    from ..detect import Failure
 
-    d = error_detection(p.path, None, {"type": p.type, "message": p.message})
+    d = error_detection(p.path, None, Failure(p.type, p.message)).to_json()
+    del d["summary"]  # a problem (a missing or unreadable folder) is no file: its object never had one
     d["library"] = {"problem": True}
     return d
 
 
-def _add_hashes(lib, cache, report) -> tuple[object, dict]:
-    from ..catalog import hash_missing
-
-    todo = [(e.path, e.size, e.mtime_ns) for e in lib.entries if not e.sha256 and not e.is_dir]
-    run = hash_missing(todo, cache, report=report)
+def _with_hashes(lib, done) -> object:
+    """The library with the hashes a HashFiles request computed."""
+    sha, old = dict(done.hashed), dict(done.old_hashes)
     entries = tuple(
-        dataclasses.replace(e, sha256=run.hashed[e.path].sha256, old_hash=run.hashed[e.path].old_hash)
-        if e.path in run.hashed
-        else e
+        dataclasses.replace(e, sha256=sha[e.path], old_hash=old.get(e.path)) if e.path in sha else e
         for e in lib.entries
     )
-    return dataclasses.replace(lib, entries=entries), {**run.skipped, **run.failed}
+    return dataclasses.replace(lib, entries=entries)
 
 
 def _print_human(lib, notes: dict) -> None:
     rows = []
     for e in lib.entries:
-        det = e.detection
+        lora = e.detection.lora
         arch = e.architecture or "-"
-        lora = det.get("lora") or {}
-        if lora.get("algos"):
-            arch += f" ({','.join(lora['algos'])})"
+        if lora and lora.algos:
+            arch += f" ({','.join(lora.algos)})"
         rel = os.path.relpath(e.path, e.root)
         flag = ""
         if e.error:
-            flag = f"  ! {e.error.get('type')}: {e.error.get('message')}"
+            flag = f"  ! {e.error.type}: {e.error.message}"
         elif e.kind_mismatch:
             flag = f"  (in a {e.declared_kind} folder)"
         if e.path in notes:
@@ -127,19 +124,20 @@ def _print_human(lib, notes: dict) -> None:
 
 
 def run(args) -> int:
-    from ..catalog import LibraryCache, resolve_roots, scan
+    from ..facade import Engine
+    from ..requests import HashFiles, Scan
 
     missing = [p for p in args.paths if not os.path.exists(p)]
     for p in missing:
         print_error(f"{p}: no such file or folder")
-    roots = resolve_roots([p for p in args.paths if p not in missing])
-    with LibraryCache() as cache:
-        lib = scan(
-            roots=roots, cache=cache, report=_StderrProgress() if sys.stderr.isatty() else lambda p: None
-        )
-        hash_notes: dict = {}
-        if args.hash:
-            lib, hash_notes = _add_hashes(lib, cache, _StderrProgress())
+    engine = Engine()  # the window's library runs the same two requests
+    report = _StderrProgress() if sys.stderr.isatty() else no_report
+    lib = engine.run(Scan(tuple(p for p in args.paths if p not in missing)), report=report)
+    hash_notes: dict = {}
+    if args.hash:
+        todo = tuple((e.path, e.size, e.mtime_ns) for e in lib.entries if not e.sha256 and not e.is_dir)
+        done = engine.run(HashFiles(todo), report=_StderrProgress())
+        lib, hash_notes = _with_hashes(lib, done), {**dict(done.skipped), **dict(done.failed)}
     if args.json:
         out = [e.to_json() for e in lib.entries] + [_problem_json(p) for p in lib.problems]
         print_json(out)

@@ -9,7 +9,7 @@ from pathlib import Path as _Path
 from .core import build_components, detect_index
 from .file import detect_file
 from .keys import KeyIndex, TensorMeta, as_key_index, index_from_shapes
-from .result import KINDS, Component, Detection, Evidence
+from .result import KINDS, Component, Detection, Evidence, Failure, LoraFacts, Summary
 
 
 def _rules_version() -> str:
@@ -33,6 +33,9 @@ __all__ = [
     "Detection",
     "Component",
     "Evidence",
+    "Failure",
+    "LoraFacts",
+    "Summary",
     "KINDS",
     "KeyIndex",
     "TensorMeta",

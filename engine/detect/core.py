@@ -12,7 +12,7 @@ from .diffusion import Backbone, find_backbone
 from .keys import KeyIndex, as_key_index
 from .meta import metadata_architecture, metadata_prediction, summarize
 from .parts import Part, container_of, find_clip_vision, find_taesd, find_text_encoders, find_vaes
-from .result import COMPONENT_ORDER, Component, Detection, Evidence
+from .result import COMPONENT_ORDER, Component, Detection, Evidence, Failure, LoraFacts
 
 log = logging.getLogger(__name__)
 
@@ -87,29 +87,17 @@ def _common_prefix(keys: list[str]) -> str:
     return cut[: cut.rfind(".") + 1] if "." in cut else ""
 
 
-def _lora_facts(ix: KeyIndex) -> dict | None:
-    """LoRA facts from engine.lora (the owner of LoRA naming); None until that module is present."""
+def _lora_facts(ix: KeyIndex):
+    """LoRA facts (an engine.lora LoraInfo) from engine.lora, the owner of LoRA naming; None when absent."""
     try:
         from ..lora import describe_lora
     except ImportError:
         return None
     try:
-        info = describe_lora(ix)
+        return describe_lora(ix)
     except Exception:  # a bug there must not cost the user the rest of the detection
         log.debug("describe_lora failed on %s", ix.path or "an index", exc_info=True)
         return None
-    if info is None:
-        return None
-    if hasattr(info, "to_json"):
-        facts = info.to_json()
-    else:
-        import dataclasses
-
-        facts = dataclasses.asdict(info) if dataclasses.is_dataclass(info) else dict(info)
-    return facts
-
-
-LORA_FIELDS = ("format", "algos", "rank", "alpha", "targets", "base")  # Detection.lora in DESIGN.md
 
 
 def detect_index(index, *, path: str = "") -> Detection:
@@ -121,20 +109,18 @@ def detect_index(index, *, path: str = "") -> Detection:
         "path": path or ix.path,
         "file_bytes": ix.file_size,
         "format": ix.format,
-        "metadata": dict(ix.metadata),
+        "metadata": ix.metadata,  # frozen (copied) by Detection
         "summary": summarize(ix.metadata),
     }
     if not ix.tensors:
-        return Detection(
-            **base, error={"type": "format", "message": "the file holds no tensors: not a model"}
-        )
+        return Detection(**base, error=Failure("format", "the file holds no tensors: not a model"))
     d = _classify(ix, base)
     if d.variant is None and d.kind not in ("unknown", "checkpoint", "diffusion_model"):
         d = _replace(d, variant="normal")
     quant = _quantized(ix)
     if quant and d.error is None:
         key, what = quant
-        d = _replace(d, error={"type": "unsupported", "message": f"{what}: Loadout cannot load these yet"})
+        d = _replace(d, error=Failure("unsupported", f"{what}: Loadout cannot load these yet"))
         d = _replace(d, evidence=d.evidence + (Evidence(key, ix.shape(key), what),))
     if ix.format == "gguf" and d.error is None:
         d = _gguf_types(ix, d)
@@ -150,7 +136,7 @@ def _gguf_types(ix: KeyIndex, d: Detection) -> Detection:
 
     if d.kind == "text_encoder":
         msg = "a GGUF text encoder (llama.cpp key names): Loadout cannot load these yet"
-        return _replace(d, error={"type": "unsupported", "message": msg})
+        return _replace(d, error=Failure("unsupported", msg))
     for key, t in ix.tensors.items():
         if t.dtype not in SUPPORTED and t.dtype not in DTYPES:
             try:
@@ -158,7 +144,7 @@ def _gguf_types(ix: KeyIndex, d: Detection) -> Detection:
             except UnsupportedModel as e:
                 msg = f"{key}: {e.message}"
                 ev = Evidence(key, ix.shape(key), f"GGUF type {t.dtype}")
-                return _replace(d, error={"type": "unsupported", "message": msg}, evidence=d.evidence + (ev,))
+                return _replace(d, error=Failure("unsupported", msg), evidence=d.evidence + (ev,))
     return d
 
 
@@ -171,18 +157,19 @@ def _replace(d: Detection, **kw) -> Detection:
 def _classify(ix: KeyIndex, base: dict) -> Detection:
     lora_ev = kinds.lora_evidence(ix)
     if lora_ev is not None:
-        facts = _lora_facts(ix)
-        arch = facts.get("base") if facts else None
+        info = _lora_facts(ix)
+        arch = info.base if info else None
         ev = [lora_ev]
-        if facts:
-            algos = ", ".join(facts.get("algos") or []) or "?"
-            targets = ", ".join(facts.get("targets") or []) or "?"
-            modules = f"{facts['modules']} modules of " if facts.get("modules") else ""
+        facts = None
+        if info:
+            algos = ", ".join(info.algos) or "?"
+            targets = ", ".join(info.targets) or "?"
+            modules = f"{info.modules} modules of " if info.modules else ""
             why = (
                 f"{algos} adapters on {modules}{targets}: module names and shapes → base {arch or 'unknown'}"
             )
             ev.append(Evidence("", None, why))
-            facts = {k: facts.get(k) for k in LORA_FIELDS}
+            facts = LoraFacts(info.format, info.algos, info.rank, info.alpha, info.targets, info.base)
         return Detection(
             **base,
             kind="lora",

@@ -8,8 +8,9 @@ import logging
 import os
 
 from ..errors import EngineError, FormatError
+from ..jobs import CancelToken, Progress, Report, no_report
 from .core import detect_index
-from .result import Detection, Evidence
+from .result import Detection, Evidence, Failure
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +76,36 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
             d = _check_values(p, d)
         return d
     except EngineError as e:
-        return Detection(path=p, file_bytes=size, format=fmt, error=e.to_json())
+        return Detection(path=p, file_bytes=size, format=fmt, error=Failure(e.type, e.message))
     except OSError as e:
         msg = f"cannot read the file ({e.strerror or e})"
-        return Detection(path=p, file_bytes=size, format=fmt, error={"type": "format", "message": msg})
+        return Detection(path=p, file_bytes=size, format=fmt, error=Failure("format", msg))
     except Exception as e:  # a reader bug: one odd file must not end a library scan; logged with its stack
         log.debug("detecting %s failed", p, exc_info=True)  # no stack on a user's console
         msg = f"Loadout could not read this file ({type(e).__name__}: {e}); please report it"
-        return Detection(path=p, file_bytes=size, format=fmt, error={"type": "error", "message": msg})
+        return Detection(path=p, file_bytes=size, format=fmt, error=Failure("error", msg))
+
+
+def detect_files(
+    paths, *, read_values: bool = False, token: CancelToken | None = None, report: Report = no_report
+) -> tuple[Detection, ...]:
+    """detect_file for each path, in order, with a cancel check and a Progress between files. Even a
+    bug in detection yields an answer for its file (with `error`), never a traceback."""
+    token = token or CancelToken()
+    out = []
+    for i, p in enumerate(paths):
+        token.raise_if_cancelled()
+        report(Progress("Reading headers", i, len(paths), os.path.basename(os.fspath(p))))
+        try:
+            out.append(detect_file(p, read_values=read_values))
+        except Exception as e:  # detect_file reports its own failures; this is a bug outside its guard
+            log.debug("detecting %s failed", p, exc_info=True)  # no stack on a user's console
+            msg = f"detection failed unexpectedly ({type(e).__name__}: {e}); please report this file"
+            out.append(
+                Detection(path=os.fspath(p), file_bytes=None, format=None, error=Failure("error", msg))
+            )
+    report(Progress("Reading headers", len(paths), len(paths), "done"))
+    return tuple(out)
 
 
 def _check_values(path: str, d: Detection) -> Detection:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
+
+from .result import Summary
 
 MODELSPEC_FIELDS = (
     "title",
@@ -94,17 +97,18 @@ def modelspec_summary(md: dict[str, str]) -> dict | None:
     return out or None
 
 
-def summarize(md: dict[str, str]) -> dict | None:
-    """{'training': kohya facts, 'modelspec': card fields, 'other': remaining short strings} or None."""
+def summarize(md: Mapping[str, str]) -> Summary:
+    """Summary(training=kohya facts, modelspec=card fields, other=remaining short strings); parts the
+    metadata says nothing of stay empty."""
     if not md:
-        return None
+        return Summary()
     other = {
         k: v
         for k, v in md.items()
         if not k.startswith(("ss_", "sshs_", "modelspec.")) and isinstance(v, str) and len(v) <= _LONG
     }
     out = {"training": training_summary(md), "modelspec": modelspec_summary(md), "other": other or None}
-    return {k: v for k, v in out.items() if v} or None
+    return Summary(**{k: v for k, v in out.items() if v})
 
 
 PREDICTION_WORDS = {

@@ -29,7 +29,7 @@ def build_components(
         if det.error is not None and not det.components:
             from ..errors import FormatError
 
-            raise FormatError(f"{path}: {det.error.get('message', 'cannot be read')}")
+            raise FormatError(f"{path}: {det.error.message}")
         prefixes = {n: c.prefix for n, c in det.components.items() if n != "other"}
     info = None
     if report is not None:

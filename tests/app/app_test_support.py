@@ -15,12 +15,12 @@ def drop(widget, paths):
     widget.dropEvent(ev)
 
 
-def wait_job(qtbot, window, name: str, timeout: int = 60_000):
-    """Wait for the next finished job called `name`; returns its result."""
+def wait_job(qtbot, window, kind: type, timeout: int = 60_000):
+    """Wait for the next finished job whose request is a `kind` (engine.requests); returns its result."""
     got = []
 
     def on_finished(job, result):
-        if job.name == name:
+        if isinstance(job.request, kind):
             got.append(result)
 
     window.client.finished.connect(on_finished)
@@ -29,3 +29,9 @@ def wait_job(qtbot, window, name: str, timeout: int = 60_000):
     finally:
         window.client.finished.disconnect(on_finished)
     return got[0]
+
+
+def engine_of(window):
+    """The window's engine facade, for tests that look inside it (the app itself reads only the ledger,
+    through client.snapshot())."""
+    return window.client._worker.engine

@@ -79,8 +79,8 @@ def _safe_running(c) -> bool:
 def files(tmp_path_factory):
     """Small real files: a header-faithful SD1 checkpoint (sparse), a dense SD VAE (~160 MB, loads for
     real), a kohya LoRA, a latent, a corrupt .safetensors and a text file."""
-    from engine import synth
     from engine.catalog import demo_weights as W
+    from tests.support import synth
 
     d = tmp_path_factory.mktemp("lib")
     (d / "checkpoints").mkdir()

@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 from app_test_support import drop, wait_job
 
+from engine.requests import Decode, Encode
+
 
 @pytest.fixture(scope="module")
 def decode_files(tmp_path_factory, files):
     import torch
 
-    from engine import synth
     from engine.formats.latent import write_latent
+    from tests.support import synth
 
     d = tmp_path_factory.mktemp("decode")
     taesd = synth.write("taesd_decoder", d / "taesd_decoder.safetensors", dense=True, seed=7)
@@ -25,7 +27,7 @@ def decode_files(tmp_path_factory, files):
 
 
 def _library(qtbot, w, paths):
-    w.add_paths(paths, select_first=False)
+    w.library.add_paths(paths, select_first=False)
     qtbot.waitUntil(lambda: all(w.decode.vae_box.findData(p) >= 0 for p in paths), timeout=30_000)
 
 
@@ -35,6 +37,7 @@ def test_decode_a_dropped_latent_shows_estimate_tiles_result_and_saves(qtbot, wi
     assert dec.set_vae(decode_files["taesd"])
     drop(w, [decode_files["small"]])  # a latent dropped on the window becomes Decode's input
     assert dec.input_edit.text() == decode_files["small"]
+    qtbot.waitUntil(lambda: "decode: full" in dec.estimate.text(), timeout=10_000)  # read off the GUI thread
     assert (
         dec.estimate.text().startswith("256×256 decode: full ≈") and "tiled at 512 px" in dec.estimate.text()
     )
@@ -42,7 +45,7 @@ def test_decode_a_dropped_latent_shows_estimate_tiles_result_and_saves(qtbot, wi
     dec.tile_spin.setValue(128)
     dec.overlap_spin.setValue(32)
     dec.run_button.click()
-    res = wait_job(qtbot, w, "Decode")
+    res = wait_job(qtbot, w, Decode)
     assert (res.width, res.height) == (256, 256) and len(res.rgb) == 256 * 256 * 3
     assert res.info["mode"] == "tiled" and res.info["tiles"] == len(dec.tile_items) > 1
     assert dec.tiles_done == len(dec.tile_items)  # every tile was drawn as finished
@@ -70,17 +73,19 @@ def test_stop_during_a_decode_cancels_it_and_state_stays_consistent(qtbot, windo
     dec.tile_spin.setValue(128)
     dec.overlap_spin.setValue(32)
     cancelled = []
-    w.client.job_cancelled.connect(lambda job: cancelled.append(job.name))
+    w.client.job_cancelled.connect(lambda job: cancelled.append(type(job.request)))
     progressed = []
     # the VAE's load through the ledger reports progress too: wait for the tiles themselves
     w.client.job_progress.connect(
-        lambda job, p: progressed.append(p.done) if job.name == "Decode" and p.stage == "VAE decode" else None
+        lambda job, p: (
+            progressed.append(p.done) if isinstance(job.request, Decode) and p.stage == "VAE decode" else None
+        )
     )
     dec.run_button.click()
     qtbot.waitUntil(lambda: any(d >= 1 for d in progressed), timeout=60_000)
     assert w.stop_action.isEnabled()
     w.stop_action.trigger()
-    qtbot.waitUntil(lambda: "Decode" in cancelled, timeout=60_000)
+    qtbot.waitUntil(lambda: Decode in cancelled, timeout=60_000)
     assert dec.job_id is None and dec.run_button.isEnabled()
     assert "stopped" in dec.eta.text() and "stopped" in w.messages.text
     assert dec.tiles_done < len(dec.tile_items)
@@ -92,7 +97,7 @@ def test_stop_during_a_decode_cancels_it_and_state_stays_consistent(qtbot, windo
     dec.set_input(decode_files["small"])
     dec.mode_box.setCurrentIndex(dec.mode_box.findData("full"))
     dec.run_button.click()
-    res = wait_job(qtbot, w, "Decode")
+    res = wait_job(qtbot, w, Decode)
     assert res.info["mode"] == "full" and (res.width, res.height) == (256, 256)
 
 
@@ -107,8 +112,8 @@ def test_a_dropped_photo_picks_an_encoder_and_shows_the_round_trip(qtbot, window
     beside the photo and shows it decoded back."""
     from PIL import Image
 
-    from engine import synth
     from engine.catalog import demo_preview as PV
+    from tests.support import synth
 
     d = tmp_path / "vae_approx"
     d.mkdir()
@@ -130,7 +135,7 @@ def test_a_dropped_photo_picks_an_encoder_and_shows_the_round_trip(qtbot, window
     drop(w, [str(photo)])
     assert dec.vae_box.currentData() == str(enc_file) and dec.run_button.text() == "Encode"
     dec.run_button.click()
-    res = wait_job(qtbot, w, "Encode")
+    res = wait_job(qtbot, w, Encode)
     assert res.info["shown"] == "round trip" and (res.width, res.height) == (128, 128)
     assert (tmp_path / "photo.latent").is_file() and "wrote photo.latent" in dec.eta.text()
 
@@ -147,8 +152,7 @@ def test_opening_the_demo_library_puts_its_latent_in_decode(qtbot, window, tmp_p
     PV.write_decoder(demo / DEMO_CURRENT)
     PV.write_latent(demo / DEMO_LATENT)
     w, dec = window, window.decode
-    w.add_paths([str(demo)], select_first=False)
-    w._offer_demo_latent([demo])
+    w.first_run.open_chosen([demo])  # what the first-run dialog's "Open the demo library" leads to
     assert dec.input_edit.text() == str(demo / DEMO_LATENT)
     qtbot.waitUntil(lambda: dec.vae_box.currentData() == str(demo / DEMO_CURRENT), timeout=30_000)
     assert dec.run_button.text() == "Decode" and dec.run_button.isEnabled()

@@ -1,5 +1,6 @@
-"""The first-run dialog driven as a user would: tick, accept, decline, the demo library; the answer is
-remembered in the INI settings under LOADOUT_CONFIG_DIR and the question is not asked twice."""
+"""The first-run dialog driven as a user would: tick, accept, decline, the demo library (written by the
+engine thread); the answer is remembered in the INI settings under LOADOUT_CONFIG_DIR and the question
+is not asked twice. The window's search for libraries runs off the GUI thread."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ import pytest
 from PySide6.QtCore import QEvent, QSettings, Qt, QTimer
 from PySide6.QtWidgets import QApplication, QDialog, QPushButton, QWidget
 
+from app.bridge import EngineClient
 from app.first_run import (
     KEY_CHOICE,
     KEY_PATHS,
     FirstRunDialog,
+    ask_first_run,
     demo_dir,
     first_run_done,
-    maybe_first_run,
+    first_run_due,
     reset_first_run,
 )
 from engine.discover import find_installs
+from engine.requests import WriteDemo
 
 
 def _file(path: Path, size: int) -> None:
@@ -62,6 +66,29 @@ def no_leaks(qapp):
     assert not left, f"leaked widgets: {left}"
 
 
+@pytest.fixture
+def client():
+    c = EngineClient()
+    yield c
+    c.shutdown()
+
+
+class Answering:
+    """Stands in for the engine client where a test only needs to see what was asked: every request
+    is answered at once (or refused, when `refuse`)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.sent: list = []
+        self.refuse = refuse
+
+    def submit(self, request, on_done=None, on_failed=None, **_):
+        if self.refuse:
+            raise AssertionError(f"sent {request!r}")
+        self.sent.append(request)
+        if on_done is not None:
+            on_done(())
+
+
 def _button(dlg, text: str) -> QPushButton:
     (b,) = [b for b in dlg.buttons.buttons() if b.text() == text]
     return b
@@ -100,26 +127,23 @@ def test_decline_is_remembered_and_not_asked_again(qtbot, installs, settings, no
         assert isinstance(dlg, FirstRunDialog)
         qtbot.mouseClick(_button(dlg, "Not now"), Qt.MouseButton.LeftButton)
 
+    assert first_run_due(settings)
     QTimer.singleShot(0, answer_not_now)
-    assert maybe_first_run(None, settings, find=lambda: installs) == []
+    assert ask_first_run(None, settings, installs) == []
     assert settings.value(KEY_CHOICE) == "none" and first_run_done(settings)
-
-    def must_not_run():
-        raise AssertionError("asked again")
-
-    assert maybe_first_run(None, settings, find=must_not_run) is None
+    assert not first_run_due(settings)  # not asked again
     reset_first_run(settings)
     assert not first_run_done(settings)
 
 
-def test_accept_through_maybe_first_run_saves_the_folders(qtbot, installs, settings, no_leaks):
+def test_accept_through_ask_first_run_saves_the_folders(qtbot, installs, settings, no_leaks):
     def answer_scan():
         dlg = QApplication.activeModalWidget()
         qtbot.mouseClick(_button(dlg, "Scan selected"), Qt.MouseButton.LeftButton)
 
     window = QWidget()  # stands in for the main window: the dialog must not stay behind as its child
     QTimer.singleShot(0, answer_scan)
-    paths = maybe_first_run(window, settings, find=lambda: installs)
+    paths = ask_first_run(window, settings, installs)
     QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
     assert window.findChildren(QDialog) == []
     window.deleteLater()
@@ -132,13 +156,13 @@ def test_accept_through_maybe_first_run_saves_the_folders(qtbot, installs, setti
 
 def test_existing_library_folders_skip_the_question(settings, no_leaks):
     settings.setValue("library/folders", ["/somewhere/models"])
-    assert maybe_first_run(None, settings, find=lambda: pytest.fail("must not look")) is None
+    assert not first_run_due(settings)  # so the window never looks for libraries
     assert settings.value(KEY_CHOICE) == "none"
 
 
-def test_none_found_offers_the_demo_and_writes_it(qtbot, tmp_path, no_leaks):
+def test_none_found_offers_the_demo_and_writes_it(qtbot, tmp_path, client, no_leaks):
     target = tmp_path / "data" / "demo-library"
-    dlg = FirstRunDialog([], demo_path=target)
+    dlg = FirstRunDialog([], demo_path=target, client=client)
     dlg.show()
     assert "No ComfyUI" in dlg.message.text() and not dlg.boxes
     with qtbot.waitSignal(dlg.accepted, timeout=120_000):
@@ -150,16 +174,11 @@ def test_none_found_offers_the_demo_and_writes_it(qtbot, tmp_path, no_leaks):
     _close(dlg)
 
 
-def test_demo_failure_is_shown_and_the_user_can_start_empty(qtbot, tmp_path, no_leaks):
+def test_demo_failure_is_shown_and_the_user_can_start_empty(qtbot, tmp_path, client, no_leaks):
     blocker = tmp_path / "file-not-folder"
     blocker.write_text("x")  # a file where the demo folder would go: writing it fails for real
 
-    def write_into_file(path: Path) -> None:
-        from engine.catalog.demo import write_demo
-
-        write_demo(path)
-
-    dlg = FirstRunDialog([], demo_path=blocker / "demo", demo_writer=write_into_file)
+    dlg = FirstRunDialog([], demo_path=blocker / "demo", client=client)
     dlg.show()
     qtbot.mouseClick(_button(dlg, "Open the demo library"), Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: dlg.error is not None, timeout=60_000)
@@ -178,10 +197,7 @@ def test_existing_demo_is_reused(qtbot, tmp_path, no_leaks):
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
         (target / rel).write_text("x")
 
-    def must_not_write(path):
-        raise AssertionError("rewrote the demo")
-
-    dlg = FirstRunDialog([], demo_path=target, demo_writer=must_not_write)
+    dlg = FirstRunDialog([], demo_path=target, client=Answering(refuse=True))  # it must not rewrite the demo
     qtbot.mouseClick(_button(dlg, "Open the demo library"), Qt.MouseButton.LeftButton)
     assert dlg.choice == "demo"
     _close(dlg)
@@ -199,9 +215,9 @@ def test_an_older_demo_is_written_again(qtbot, tmp_path, no_leaks):
     target = tmp_path / "demo"
     target.mkdir()
     (target / "README.md").write_text("# demo\n")
-    written = []
-    dlg = FirstRunDialog([], demo_path=target, demo_writer=written.append)
+    written = Answering()
+    dlg = FirstRunDialog([], demo_path=target, client=written)
     qtbot.mouseClick(_button(dlg, "Open the demo library"), Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: dlg.choice == "demo", timeout=10_000)
-    assert written == [target]
+    assert written.sent == [WriteDemo(str(target))]
     _close(dlg)

@@ -157,7 +157,7 @@ def test_startup_objects_are_frozen_once_devices_are_detected(window):
     thread then no longer holds the GIL for ~0.2 s (the window's worst stall while decoding)."""
     import gc
 
-    assert window.report is not None
+    assert window.device_status.report is not None
     assert gc.get_freeze_count() > 10_000
 
 

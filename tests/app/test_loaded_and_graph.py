@@ -6,7 +6,7 @@ from __future__ import annotations
 import psutil
 from app_test_support import wait_job
 
-from engine.requests import Load
+from engine.requests import Load, Pin, Unload
 
 
 def _rss() -> int:
@@ -21,7 +21,7 @@ def _settle(qtbot, window, n=3):
 
 def test_load_unload_dense_component_moves_table_graph_and_ram(qtbot, window, files):
     w = window
-    w.add_paths([files["vae"]])
+    w.library.add_paths([files["vae"]])
     qtbot.waitUntil(lambda: w.library.current_entry() is not None, timeout=30_000)
     # The RAM line is the whole process: anything else freed during the load offsets it. Earlier tests
     # leave ~50 MB that a first load in this process sometimes frees (it passes alone, not always after
@@ -32,10 +32,10 @@ def test_load_unload_dense_component_moves_table_graph_and_ram(qtbot, window, fi
     from engine.requests import UnloadAll
 
     qtbot.waitUntil(lambda: w.library.model.sha256(w.library.current_entry()) is not None, timeout=60_000)
-    w.submit(Load(files["vae"]))
-    wait_job(qtbot, w, "Load")
-    w.submit(UnloadAll())
-    wait_job(qtbot, w, "UnloadAll")
+    w.client.submit(Load(files["vae"]))
+    wait_job(qtbot, w, Load)
+    w.client.submit(UnloadAll())
+    wait_job(qtbot, w, UnloadAll)
     prev = -1
     for _ in range(20):
         release_memory()
@@ -47,7 +47,7 @@ def test_load_unload_dense_component_moves_table_graph_and_ram(qtbot, window, fi
     _settle(qtbot, w)
     rss0 = _rss()
     w.load_action.trigger()  # Load the selected library file, as the toolbar button does
-    snap = wait_job(qtbot, w, "Load").snapshot
+    snap = wait_job(qtbot, w, Load).snapshot
     c = snap.components[0]
     assert c.name == "vae" and c.device_bytes == c.full_bytes > 100 * 2**20
     rows = w.loaded.row_texts()
@@ -65,7 +65,7 @@ def test_load_unload_dense_component_moves_table_graph_and_ram(qtbot, window, fi
     # Free 64 MB: partially offloaded (to the file on a CPU device), shown as such
     w.loaded.free_spin.setValue(64)
     w.loaded.free_button.click()
-    part = wait_job(qtbot, w, "Unload").snapshot.components[0]
+    part = wait_job(qtbot, w, Unload).snapshot.components[0]
     assert part.device_bytes <= c.device_bytes - 64 * 2**20 and part.resident < 1
     assert w.loaded.row_texts()[0][5] != "100 %"
     assert w.loaded.layer_map.counts()["device"] == part.device_bytes
@@ -74,10 +74,10 @@ def test_load_unload_dense_component_moves_table_graph_and_ram(qtbot, window, fi
     from PySide6.QtCore import Qt
 
     w.loaded.table.item(0, 6).setCheckState(Qt.CheckState.Checked)
-    assert wait_job(qtbot, w, "Pin").snapshot.components[0].pinned
+    assert wait_job(qtbot, w, Pin).snapshot.components[0].pinned
 
     w.unload_action.trigger()  # the selected component
-    after = wait_job(qtbot, w, "Unload").snapshot
+    after = wait_job(qtbot, w, Unload).snapshot
     assert after.components == () and w.loaded.table.rowCount() == 0
     _settle(qtbot, w)
     assert w.graph.area_top_bytes("vae") == 0
@@ -106,9 +106,9 @@ def test_graph_exports_csv_and_png_and_pauses(qtbot, window, tmp_path):
 
 
 def test_load_error_is_a_message_and_the_app_keeps_working(qtbot, window, files):
-    window.submit(Load(files["bad"]))
+    window.client.submit(Load(files["bad"]))
     qtbot.waitUntil(lambda: window.messages.shown, timeout=30_000)
     assert "broken.safetensors" in window.messages.text
     assert not window.reporter.dialogs  # an expected error: no dialog
-    window.submit(Load(files["lora"]))  # a LoRA has no loadable component: also a message
+    window.client.submit(Load(files["lora"]))  # a LoRA has no loadable component: also a message
     qtbot.waitUntil(lambda: "style.safetensors" in window.messages.text, timeout=30_000)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from app_test_support import drop, wait_job
 
-from engine.requests import Load, SetLoras, StackItem
+from engine.requests import Bake, Load, LoraCoverage, SetLoras, StackItem
 
 
 def _jobs(window):
@@ -19,14 +19,14 @@ def _jobs(window):
 
 def test_stack_edits_send_the_right_requests_and_show_coverage(qtbot, window, files, tmp_path):
     w = window
-    w.add_paths([files["dir"]], select_first=False)
+    w.library.add_paths([files["dir"]], select_first=False)
     qtbot.waitUntil(lambda: w.library.model.row_of(files["lora"]) is not None, timeout=30_000)
     w.library.select_path(files["ckpt"])  # choosing a checkpoint makes it the stack's base
     assert w.stack.base() == files["ckpt"]
     sent = _jobs(w)
     e = w.library.model.entries[w.library.model.row_of(files["lora"])]
     w.library.add_to_stack_requested.emit(e)  # context menu → Add to LoRA stack
-    cov = wait_job(qtbot, w, "LoraCoverage")
+    cov = wait_job(qtbot, w, LoraCoverage)
     assert cov.coverage["mapped"] == cov.coverage["modules"] == 264
     row = w.stack.row_widget(0)
     qtbot.waitUntil(lambda: row.badge.text() == "264/264 keys", timeout=5000)
@@ -55,10 +55,10 @@ def test_stack_edits_send_the_right_requests_and_show_coverage(qtbot, window, fi
     assert isinstance(sent[-1], SetLoras) and sent[-1].stack == w.stack.stack()
 
     # load the text encoder (header-faithful, 235 MiB) and apply: patches land on the fly
-    w.submit(Load(files["ckpt"], ("clip_l",)))
-    wait_job(qtbot, w, "Load")
+    w.client.submit(Load(files["ckpt"], ("clip_l",)))
+    wait_job(qtbot, w, Load)
     w.stack.apply_button.click()
-    res = wait_job(qtbot, w, "SetLoras")
+    res = wait_job(qtbot, w, SetLoras)
     assert res.stack == w.stack.stack() and res.patched > 0
     assert set(res.patched_units) == {"unet", "clip_l"}
     assert w.stack.state.text().startswith("Applied: 1 LoRA(s)")
@@ -67,21 +67,21 @@ def test_stack_edits_send_the_right_requests_and_show_coverage(qtbot, window, fi
     assert len(w.loaded.layer_map.patched) == len(res.patched_units["clip_l"]) > 0
 
     w.stack.revert_button.click()
-    res = wait_job(qtbot, w, "SetLoras")
+    res = wait_job(qtbot, w, SetLoras)
     assert res.stack == () and res.patched == 0 and res.restored > 0
     assert w.loaded.layer_map.patched == frozenset()
 
 
 def test_a_checkpoint_dropped_on_the_stack_is_refused_with_a_message(qtbot, window, files):
     w = window
-    w.add_paths([files["ckpt"]], select_first=False)
+    w.library.add_paths([files["ckpt"]], select_first=False)
     qtbot.waitUntil(lambda: w.library.model.row_of(files["ckpt"]) is not None, timeout=30_000)
     drop(w.stack.list, [files["ckpt"]])
     assert "not a LoRA" in w.messages.text and w.stack.stack() == ()
 
 
 def test_bake_writes_a_new_checkpoint_that_joins_the_library(qtbot, window, files, tmp_path):
-    from engine import synth
+    from tests.support import synth
 
     w = window
     base = synth.write("sd1_checkpoint", tmp_path / "small.safetensors", dense=False)
@@ -92,8 +92,8 @@ def test_bake_writes_a_new_checkpoint_that_joins_the_library(qtbot, window, file
     rows = [(k, "F16", tuple(i.shape)) for k, i in hdr.tensors.items() if k.startswith("cond_stage_model.")]
     dense = synth.write(rows, tmp_path / "te_only.safetensors", dense=True, max_dense_bytes=300 << 20)
     out = tmp_path / "baked.safetensors"
-    w.stack.bake_requested.emit(str(dense), (StackItem(files["lora"], 1.0, 0.7),), str(out))
-    res = wait_job(qtbot, w, "Bake", timeout=120_000)
+    w.stack.bake(str(dense), (StackItem(files["lora"], 1.0, 0.7),), str(out))
+    res = wait_job(qtbot, w, Bake, timeout=120_000)
     assert res.out == str(out) and out.exists() and res.bytes == out.stat().st_size
     meta = read_header(out).metadata
     assert "loadout.bake" in meta and "style.safetensors" in meta["loadout.bake"]

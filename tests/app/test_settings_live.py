@@ -5,9 +5,9 @@ components", with Cancel) and then unload them; the sample rate and library fold
 from __future__ import annotations
 
 import pytest
-from app_test_support import wait_job
+from app_test_support import engine_of, wait_job
 
-from engine.requests import Load
+from engine.requests import Configure, Load
 
 GIB = 1024**3
 
@@ -38,32 +38,33 @@ def _open(qtbot, w):
 
 def test_a_new_vram_budget_applies_now_and_the_status_bar_says_so(qtbot, window):
     w = window
-    before = w.state_label.text()
-    assert w.client.engine.report.vram_budget_bytes is None
+    before = w.device_status.state_label.text()
+    assert engine_of(w).report.vram_budget_bytes is None
     dlg, save = _open(qtbot, w)
     dlg.budget.setValue(1.5)
     dlg.rate.setValue(5)
     save.click()
-    done = wait_job(qtbot, w, "Configure")
+    done = wait_job(qtbot, w, Configure)
     assert done.report.vram_budget_bytes == int(1.5 * GIB) and done.unloaded == ()
-    assert w.client.engine.report is done.report
-    assert w.client.engine.residency.policy.vram_budget == int(1.5 * GIB)
-    assert w.client.engine.residency.budget() <= 1.5 * GIB
-    assert w.state_label.text() != before and "cap 1.5 GiB" in w.state_label.text()
-    assert w.report is done.report and w.report.budget_bytes(2**50) == int(1.5 * GIB)  # the label's figure
-    assert w.sample_timer.interval() == 200  # 5 samples a second, live
+    assert engine_of(w).report is done.report
+    assert engine_of(w).residency.policy.vram_budget == int(1.5 * GIB)
+    assert engine_of(w).residency.budget() <= 1.5 * GIB
+    st = w.device_status  # the status bar's device side
+    assert st.state_label.text() != before and "cap 1.5 GiB" in st.state_label.text()
+    assert st.report is done.report and st.report.budget_bytes(2**50) == int(1.5 * GIB)  # the label's figure
+    assert st.timer.interval() == 200  # 5 samples a second, live
     assert "Device options applied" in w.messages.text
 
 
 def test_a_smaller_budget_keeps_loaded_models_and_offloads_what_no_longer_fits(qtbot, window, small_vae):
     w = window
-    w.submit(Load(small_vae))
-    full = wait_job(qtbot, w, "Load").snapshot.get("vae").device_bytes
+    w.client.submit(Load(small_vae))
+    full = wait_job(qtbot, w, Load).snapshot.get("vae").device_bytes
     dlg, save = _open(qtbot, w)
     dlg.budget.setValue(round(full / 2 / GIB, 3))  # about half the VAE
     save.click()  # a budget change: no warning, nothing unloaded
     assert dlg.confirm is None
-    done = wait_job(qtbot, w, "Configure")
+    done = wait_job(qtbot, w, Configure)
     row = done.snapshot.get("vae")
     assert done.unloaded == () and row is not None and 0 < row.device_bytes < full
     assert done.evicted_bytes >= full - row.device_bytes
@@ -75,10 +76,10 @@ def test_options_that_move_components_warn_first_and_cancel_keeps_them(qtbot, wi
     from PySide6.QtWidgets import QMessageBox
 
     w = window
-    w.submit(Load(small_vae))
-    wait_job(qtbot, w, "Load")
+    w.client.submit(Load(small_vae))
+    wait_job(qtbot, w, Load)
     sent = []
-    w.client.job_started.connect(lambda job: sent.append(job.name))
+    w.client.job_started.connect(lambda job: sent.append(type(job.request)))
     dlg, save = _open(qtbot, w)
     dlg.cpu_vae.setChecked(True)
     save.click()
@@ -87,15 +88,15 @@ def test_options_that_move_components_warn_first_and_cancel_keeps_them(qtbot, wi
     assert box.text() == "Applying these options unloads 1 loaded component."
     box.button(QMessageBox.StandardButton.Cancel).click()
     qtbot.waitUntil(lambda: dlg.confirm is None, timeout=5000)
-    assert dlg.isVisible() and "Configure" not in sent  # still editing; nothing applied
+    assert dlg.isVisible() and Configure not in sent  # still editing; nothing applied
 
     save.click()
     dlg.confirm.button(QMessageBox.StandardButton.Ok).click()
-    done = wait_job(qtbot, w, "Configure")
+    done = wait_job(qtbot, w, Configure)
     assert done.unloaded == ("vae",) and done.snapshot.components == ()
-    assert done.report.options.cpu_vae and w.options.cpu_vae
+    assert done.report.options.cpu_vae and w.device_status.options.cpu_vae
     assert w.loaded.table.rowCount() == 0 and "unloaded vae" in w.messages.text
-    assert "VAE on cpu" in w.state_label.toolTip()
+    assert "VAE on cpu" in w.device_status.state_label.toolTip()
 
 
 def test_library_folder_changes_rescan(qtbot, window, files, tmp_path):
@@ -106,7 +107,7 @@ def test_library_folder_changes_rescan(qtbot, window, files, tmp_path):
     extra = tmp_path / "more"
     extra.mkdir()
     shutil.copy(files["lora"], extra / "extra_lora.safetensors")
-    w.add_paths([os.path.dirname(files["ckpt"])], select_first=False)
+    w.library.add_paths([os.path.dirname(files["ckpt"])], select_first=False)
     qtbot.waitUntil(lambda: w.library.model.row_of(files["ckpt"]) is not None, timeout=30_000)
     dlg, save = _open(qtbot, w)
     dlg.list.clear()
@@ -115,7 +116,7 @@ def test_library_folder_changes_rescan(qtbot, window, files, tmp_path):
     qtbot.waitUntil(lambda: w.library.model.row_of(str(extra / "extra_lora.safetensors")) is not None,
                     timeout=30_000)  # fmt: skip
     assert w.library.model.row_of(files["ckpt"]) is None
-    assert str(extra) in w.paths and os.path.dirname(files["ckpt"]) not in w.paths
+    assert str(extra) in w.library.roots.paths and os.path.dirname(files["ckpt"]) not in w.library.roots.paths
 
 
 def test_every_device_flag_of_the_command_line_is_in_settings_and_persists(qtbot, window):
@@ -130,15 +131,15 @@ def test_every_device_flag_of_the_command_line_is_in_settings_and_persists(qtbot
     dlg.smart.setChecked(True)
     dlg.mode.setCurrentIndex(dlg.mode.findData("normalvram"))
     save.click()  # nothing loaded: no warning
-    done = wait_job(qtbot, w, "Configure")
-    o = w.client.engine.report.options  # what the engine detected devices with
+    done = wait_job(qtbot, w, Configure)
+    o = engine_of(w).report.options  # what the engine detected devices with
     assert (o.vae_dtype, o.unet_dtype, o.disable_smart_memory, o.normalvram) == (
         "fp16",
         "fp8_e4m3fn",
         True,
         True,
     )
-    assert done.report is w.client.engine.report
+    assert done.report is engine_of(w).report
     saved = saved_device_options()
     assert saved["vae_dtype"] == "fp16" and saved["unet_dtype"] == "fp8_e4m3fn"
     assert saved["disable_smart_memory"] and saved["normalvram"] and "device_index" not in saved

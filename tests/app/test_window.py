@@ -1,5 +1,6 @@
 """The first window: it appears before torch is imported, shows the detected device, VRAM state and
-free memory, stops its engine thread on close, keeps paths, and turns unhandled errors into dialogs."""
+free memory, looks for the user's libraries off the GUI thread on a first start, stops its engine thread on
+close, keeps paths, and turns unhandled errors into dialogs."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ state = {
     "visible": w.isVisible(),
     "exposed": bool(w.windowHandle() and w.windowHandle().isExposed()),
     "title": w.windowTitle(),
-    "status_at_show": w.device_label.text(),
+    "status_at_show": w.device_status.device_label.text(),
 }
 app = QApplication.instance()
 def done(report):
@@ -41,7 +42,8 @@ def done(report):
 w.client.devices_detected.connect(done)
 QTimer.singleShot(120_000, app.quit)  # a hang fails the test instead of blocking it
 app.exec()
-state.update(device=w.device_label.text(), vram=w.state_label.text(), memory=w.memory_label.text(),
+st = w.device_status
+state.update(device=st.device_label.text(), vram=st.state_label.text(), memory=st.memory_label.text(),
              torch_after="torch" in sys.modules, engine_running=w.client.running)
 print(json.dumps(state))
 """
@@ -71,16 +73,17 @@ def test_status_bar_shows_device_state_and_memory(qtbot):
     w.show()
     with qtbot.waitSignal(w.client.devices_detected, timeout=60_000):
         w.start()
-    assert w.sample_timer.isActive()
+    st = w.device_status  # the status bar's device, VRAM state and memory
+    assert st.timer.isActive()
     if not torch.cuda.is_available():
-        assert w.device_label.text().startswith("Device: CPU")
-        assert w.state_label.text() == "VRAM state: DISABLED · cap 1.0 GiB"  # --vram-budget shown
-        assert w.memory_label.text().startswith("RAM free")
-    assert "weight budget" in w.memory_label.text() and "GiB" in w.memory_label.text()
+        assert st.device_label.text().startswith("Device: CPU")
+        assert st.state_label.text() == "VRAM state: DISABLED · cap 1.0 GiB"  # --vram-budget shown
+        assert st.memory_label.text().startswith("RAM free")
+    assert "weight budget" in st.memory_label.text() and "GiB" in st.memory_label.text()
     # The budget respects --vram-budget 1: at most 1.0 GiB.
-    budget = w.report.budget_bytes(10**13)
+    budget = st.report.budget_bytes(10**13)
     assert budget == 1024**3
-    first = w.memory_label.toolTip()
+    first = st.memory_label.toolTip()
     assert "Process RSS" in first
     w.close()
     assert not w.client.running
@@ -105,7 +108,7 @@ def test_detection_failure_is_an_expected_error_dialog(qtbot):
     info = blocker.args[0]
     assert isinstance(info, ErrorInfo) and info.expected and "--device 7" in info.message
     qtbot.waitUntil(lambda: bool(w.reporter.dialogs), timeout=5000)
-    assert w.device_label.text() == "Device detection failed"
+    assert w.device_status.device_label.text() == "Device detection failed"
     assert "--device 7" in w.reporter.dialogs[0].text()
     w.close()
     assert not w.client.running
@@ -122,7 +125,7 @@ def test_paths_from_the_command_line_and_drops_are_kept(qtbot, tmp_path):
     ev = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
                     Qt.KeyboardModifier.NoModifier)  # fmt: skip
     w.dropEvent(ev)
-    assert w.paths == [str(a), str(b)]  # no duplicates, order kept
+    assert w.library.roots.paths == [str(a), str(b)]  # no duplicates, order kept
     w.close()
 
 
@@ -142,6 +145,52 @@ def test_default_layout_fits_a_1280_by_800_laptop_screen(qtbot):
             g = dock.geometry()
             assert g.right() < w.width() and g.bottom() < w.height(), (key, g)
     w.close()
+
+
+def test_the_window_looks_for_libraries_off_the_gui_thread(qtbot, monkeypatch):
+    """First start with no library: the search (engine.discover, seconds on a big disk) runs in the
+    engine client's IO thread while the window stays responsive; then the question is asked."""
+    from PySide6.QtCore import QSettings, QThread, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.first_run import FirstRunDialog, first_run_done
+    from engine import discover
+
+    seen = []
+
+    def find_installs(**_kw):
+        seen.append((threading.get_ident(), QThread.currentThread().objectName()))
+        return []
+
+    monkeypatch.setattr(discover, "find_installs", find_installs)
+    w = MainWindow(restore_layout=False)
+    qtbot.addWidget(w)
+    w.offer_first_run = True
+
+    def answer_start_empty(tries=3000):
+        dlg = QApplication.activeModalWidget()
+        if not isinstance(dlg, FirstRunDialog):
+            if tries:  # the dialog comes once the search is done
+                QTimer.singleShot(20, lambda: answer_start_empty(tries - 1))
+            return
+        assert "No ComfyUI" in dlg.message.text()  # nothing found: the demo is offered
+        (start_empty,) = [b for b in dlg.buttons.buttons() if b.text() == "Start empty"]
+        qtbot.mouseClick(start_empty, Qt.MouseButton.LeftButton)
+
+    QTimer.singleShot(0, answer_start_empty)
+    w.start()
+    qtbot.waitUntil(
+        lambda: first_run_done(QSettings(str(_ini()), QSettings.Format.IniFormat)), timeout=60_000
+    )
+    # searched once, in the client's IO thread (never the GUI thread); then the dialog asked
+    assert seen == [(seen[0][0], "loadout-io")] and seen[0][0] != threading.get_ident()
+    w.close()
+
+
+def _ini() -> Path:
+    from app.settings import config_dir
+
+    return config_dir() / "loadout.ini"
 
 
 @pytest.fixture

@@ -147,3 +147,38 @@ def test_taef2_round_trip_via_cli(cli, files, shared_data):
     a = torch.from_numpy(np.asarray(Image.open(files / "crop.png"), dtype=np.float64)) / 255
     b = torch.from_numpy(np.asarray(Image.open(files / "t.png"), dtype=np.float64)) / 255
     assert 10 * torch.log10(1 / ((a - b) ** 2).mean()) > 28
+
+
+def test_the_cli_writes_what_the_engine_decodes(files, tmp_path, capsys):
+    """`loadout decode` is a client of the window's Decode request: same pixels, same run facts."""
+    from PIL import Image
+
+    from engine.cli import main
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.requests import Decode
+
+    out = tmp_path / "cli.png"
+    args = ["--vae", str(files / "model.safetensors"), "--latent", str(files / "z.latent"), "--out", str(out)]
+    assert main(["decode", *args, "--tile", "64", "--overlap", "16", "--json", "--cpu"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    engine = Engine()
+    engine.detect(DeviceOptions(cpu=True))
+    res = engine.run(Decode(str(files / "model.safetensors"), str(files / "z.latent"), "tiled", 64, 16))
+    engine.close()
+    assert Image.open(out).tobytes() == res.rgb and cli["size"] == [res.width, res.height]
+    for k in ("mode", "tiles", "tile_px", "overlap_px", "dtype", "estimate_bytes", "device"):
+        assert cli[k] == res.info[k], k
+
+
+def test_a_batch_latent_decodes_to_one_png_per_image(cli, files):
+    from PIL import Image
+
+    write_latent(files / "batch.latent", torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(1)))
+    r = cli(
+        "decode", "--vae", str(files / "model.safetensors"), "--latent", str(files / "batch.latent"),
+        "--out", str(files / "batch.png"), "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["outputs"] == [str(files / "batch_0.png"), str(files / "batch_1.png")]
+    assert Image.open(files / "batch_1.png").size == (64, 64)

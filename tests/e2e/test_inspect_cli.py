@@ -6,7 +6,7 @@ import json
 
 from loadout_test_support import data_file
 
-from engine import synth
+from tests.support import synth
 
 
 def test_one_file_json_is_an_object(cli):

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from engine import synth
 from engine.catalog.demo_weights import write_kohya_lora
+from tests.support import synth
 
 
 @pytest.fixture
@@ -58,6 +58,8 @@ def test_scan_hash_computes_sha256_and_autov2_but_not_for_sparse_fixtures(cli, c
     # cached: a plain scan now shows the hash without reading the file again
     plain = json.loads(cli("scan", str(comfy), "--json", env=env).stdout)
     assert [e["library"]["autov2"] for e in plain if e["kind"] == "lora"] == [want[:10]]
+    old_hash = out["style.safetensors"]["model_hash_old"]  # A1111's old hash, from the same read
+    assert old_hash and [e["library"]["model_hash_old"] for e in plain if e["kind"] == "lora"] == [old_hash]
 
 
 def test_a_bad_file_makes_the_scan_exit_3_and_the_rest_is_still_listed(cli, comfy, env):

@@ -36,7 +36,7 @@ print(json.dumps(state))
 
 
 def test_loadout_file_selects_it_and_shows_its_inspector(tmp_path):
-    from engine import synth
+    from tests.support import synth
 
     ckpt = synth.write("sdxl_checkpoint", tmp_path / "models" / "my_sdxl.safetensors")
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT),

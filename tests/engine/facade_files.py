@@ -19,9 +19,9 @@ def write_small_vae(path: Path, *, prefix: str = "", seed: int = 0, ch: int = 32
 def write_files(d: Path) -> dict[str, str]:
     import torch
 
-    from engine import synth
     from engine.catalog import demo_weights as W
     from engine.formats.latent import write_latent
+    from tests.support import synth
 
     g = torch.Generator().manual_seed(0)
     out = {

@@ -10,14 +10,19 @@ import pytest
 
 from engine.catalog import LibraryCache, cache_dir
 from engine.catalog.notes import read_notes
+from engine.detect import Detection
 from engine.errors import EngineError
+
+
+def _det(path: str, **kw) -> Detection:
+    return Detection(path, 1, "safetensors", **kw)
 
 
 def test_cache_lives_in_loadout_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "c"))
     assert cache_dir() == tmp_path / "c"
     with LibraryCache() as cache:
-        cache.put_detections([("/x/a.safetensors", 1, 2, 0, 0, "d", {"kind": "lora"})])
+        cache.put_detections([("/x/a.safetensors", 1, 2, 0, 0, "d", _det("/x/a.safetensors", kind="lora"))])
     assert (tmp_path / "c" / "library.sqlite3").exists()
     monkeypatch.delenv("LOADOUT_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -36,7 +41,16 @@ def test_gui_thread_reads_while_engine_thread_writes(tmp_path):
             try:
                 for batch in range(40):
                     rows = [
-                        (f"/lib/{batch}/{i}.safetensors", i, batch, 0, 0, "d", {"n": i}) for i in range(50)
+                        (
+                            f"/lib/{batch}/{i}.safetensors",
+                            i,
+                            batch,
+                            0,
+                            0,
+                            "d",
+                            _det(f"/lib/{batch}/{i}.safetensors"),
+                        )
+                        for i in range(50)
                     ]
                     cache.put_detections(rows)
             except Exception as e:  # surfaced below
@@ -67,7 +81,7 @@ def test_a_cache_of_another_schema_is_started_afresh(tmp_path):
     c.commit()
     c.close()
     with LibraryCache(p) as cache:
-        cache.put_detections([("/a", 1, 2, 0, 0, "d", {})])
+        cache.put_detections([("/a", 1, 2, 0, 0, "d", _det("/a"))])
         assert cache.get("/a").size == 1
 
 
@@ -119,7 +133,7 @@ def test_a_damaged_cache_file_is_set_aside_and_replaced(tmp_path):
     p = tmp_path / "c.sqlite3"
     p.write_bytes(b"this is not an SQLite database, just junk bytes " * 100)
     with LibraryCache(p) as cache:
-        cache.put_detections([("/a", 1, 2, 0, 0, "d", {})])
+        cache.put_detections([("/a", 1, 2, 0, 0, "d", _det("/a"))])
         assert cache.get("/a").size == 1
     assert (tmp_path / "c.sqlite3.damaged").read_bytes().startswith(b"this is not")
 
@@ -129,3 +143,25 @@ def test_an_unwritable_cache_location_is_an_engine_error(tmp_path):
     blocker.write_text("a file where the cache folder should be")
     with pytest.raises(EngineError, match="LOADOUT_CACHE_DIR"):
         LibraryCache(blocker / "sub" / "c.sqlite3").get("/a")
+
+
+def test_a_row_the_cache_cannot_read_back_is_detected_again_not_misread(tmp_path):
+    from engine.catalog import scan
+    from tests.support import synth
+
+    (tmp_path / "lib").mkdir()
+    p = str(synth.write("sd_vae", tmp_path / "lib" / "vae.safetensors"))
+    st = os.stat(p)
+    with LibraryCache(tmp_path / "c.sqlite3") as cache:
+        cache.put_detections(
+            [(p, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, "d", _det(p, kind="lora"))]
+        )
+        assert cache.get(p).detection == _det(p, kind="lora")  # stored and read back as it was
+        # the same row in a form this version did not write (here: a partial object)
+        cache._conn().execute("UPDATE files SET detection = ?", (json.dumps({"kind": "lora"}),))
+        assert cache.get(p).detection is None and cache.get(p).size == st.st_size
+        lib = scan([tmp_path / "lib"], cache=cache, detector_id="d")
+        (e,) = lib.entries
+        assert (lib.read, e.kind, e.from_cache) == (1, "vae", False)
+        assert cache.get(p).detection == e.detection
+        assert scan([tmp_path / "lib"], cache=cache, detector_id="d").entries[0].from_cache

@@ -4,12 +4,15 @@ to the drawn picture, full and tiled, and round-trips the demo photo)."""
 
 from __future__ import annotations
 
+import gzip
 import os
+from importlib.resources import files
 
 import pytest
 
-from engine.catalog import LibraryCache, scan
-from engine.catalog.demo import write_demo
+from engine.catalog import LibraryCache, demo_layouts, scan
+from engine.catalog.demo import SPARSE_MODELS, write_demo
+from engine.detect import Detection
 from engine.formats.latent import read_latent
 from engine.formats.safetensors import SafetensorsFile
 
@@ -25,6 +28,10 @@ def test_demo_library_is_detected_as_described(demo, tmp_path):
     root, files = demo
     with LibraryCache(tmp_path / "c.sqlite3") as cache:
         lib = scan([root], cache=cache)
+        again = scan([root], cache=cache)  # every detection read back from its cache row
+    assert [e.detection for e in again.entries] == [e.detection for e in lib.entries]
+    assert all(e.from_cache for e in again.entries)
+    assert all(Detection.from_json(e.detection.to_json()) == e.detection for e in lib.entries)
     got = {os.path.relpath(e.path, root): (e.kind, e.architecture) for e in lib.entries}
     assert got == {
         "models/checkpoints/sd15_demo.safetensors": ("checkpoint", "sd1"),
@@ -42,13 +49,26 @@ def test_demo_library_is_detected_as_described(demo, tmp_path):
     }
     assert lib.bad == [] and not any(e.kind_mismatch for e in lib.entries)
     e = {x.name: x for x in lib.entries}
-    style = e["demo_style_sd1.safetensors"].detection["lora"]
-    assert (style["algos"], style["rank"], sorted(style["targets"])) == (["lora"], 2, ["clip_l", "unet"])
-    assert e["demo_detail_sd1_loha.safetensors"].detection["lora"]["algos"] == ["loha"]
+    style = e["demo_style_sd1.safetensors"].detection.lora
+    assert (style.algos, style.rank, sorted(style.targets)) == (("lora",), 2, ["clip_l", "unet"])
+    assert e["demo_detail_sd1_loha.safetensors"].detection.lora.algos == ("loha",)
     assert e["demo_style_sd1.safetensors"].notes["trained_words"] == ["demo style", "soft light"]
     assert e["demo_detail_sd1_loha.safetensors"].notes["preferred_weight"] == 0.8
     assert all(e[n].preview for n in ("sd15_demo.safetensors", "sdxl_base_demo.safetensors"))
     assert (root / "README.md").read_text().count("models/") >= 10
+
+
+def test_demo_layouts_are_the_fixture_layouts_and_only_those_the_demo_writes():
+    """The committed layout data is what the fixtures' layout builder (checked against diffusers,
+    transformers and real files) makes today. After a layout fix, write it again with
+    `python -m tests.support.synth demo-layouts engine/catalog/demo_layouts.json.gz`."""
+    from tests.support.synth.demo_data import encode
+
+    committed = files("engine.catalog").joinpath(demo_layouts.DATA).read_bytes()
+    assert gzip.decompress(committed) == gzip.decompress(encode()), "demo_layouts.json.gz is stale"
+    used = {name for _, name, _ in SPARSE_MODELS} | {"taesd_decoder", "taesd_encoder", "embedding_sdxl"}
+    assert set(demo_layouts.names()) == used
+    assert len(committed) < 200_000
 
 
 def test_demo_library_is_a_few_mb_on_disk(demo):

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.catalog import BackgroundHasher, LibraryCache, hash_file, hash_missing, is_sparse
+from engine.detect import Detection
 from engine.errors import Cancelled
 from engine.jobs import CancelToken
 
@@ -81,7 +82,8 @@ def test_sparse_fixtures_are_recognised_and_not_hashed(tmp_path):
 
 def _row(cache, path):
     st = os.stat(path)
-    cache.put_detections([(path, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, "t", {"kind": "lora"})])
+    det = Detection(path, st.st_size, "safetensors", kind="lora")
+    cache.put_detections([(path, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, "t", det)])
     return path, st.st_size, st.st_mtime_ns
 
 

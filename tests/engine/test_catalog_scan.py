@@ -9,11 +9,11 @@ import struct
 import pytest
 
 import engine.detect
-from engine import synth
 from engine.catalog import LibraryCache, scan
 from engine.catalog.demo_weights import write_kohya_lora
 from engine.errors import Cancelled
 from engine.jobs import CancelToken
+from tests.support import synth
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_scan_detects_every_file_and_keeps_the_folder_hint(library, tmp_path):
     assert (e["sdxl.safetensors"].kind, e["sdxl.safetensors"].architecture) == ("checkpoint", "sdxl")
     assert e["sdvae.safetensors"].kind == "vae" and e["sdvae.safetensors"].declared_kind == "vae"
     lora = e["style.safetensors"]
-    assert lora.kind == "lora" and lora.detection["lora"]["base"] == "sd1" and lora.declared_kind == "lora"
+    assert lora.kind == "lora" and lora.detection.lora.base == "sd1" and lora.declared_kind == "lora"
     assert lora.preview.endswith("style.preview.png") and lora.notes["trained_words"] == ["demo style"]
     assert not any(x.kind_mismatch for x in lib.entries) and lib.bad == [] and lib.problems == ()
     j = lora.to_json()
@@ -115,7 +115,7 @@ def test_bad_files_are_reported_in_the_result_not_fatal(library, tmp_path):
     e = by_name(lib)
     assert len(lib.entries) == 6
     assert {x.name for x in lib.bad} == {"notes.ckpt", "truncated.safetensors"}
-    assert "truncated" in e["truncated.safetensors"].error["message"]
+    assert "truncated" in e["truncated.safetensors"].error.message
     assert e["sd15.safetensors"].error is None
 
 
@@ -188,9 +188,7 @@ def test_a1111_layout_with_a_linked_real_lycoris_file(shared_data, tmp_path):
         "bad-hands.safetensors": ("embedding", "embedding", got["bad-hands.safetensors"][2]),
     }
     falcon = by_name(lib)["falcon.safetensors"]
-    assert falcon.detection["lora"]["algos"] == ["lokr"] and falcon.path.endswith(
-        "LyCORIS/falcon.safetensors"
-    )
+    assert falcon.detection.lora.algos == ("lokr",) and falcon.path.endswith("LyCORIS/falcon.safetensors")
 
 
 def test_worker_processes_give_the_same_library_and_cancel_cleanly(tmp_path):

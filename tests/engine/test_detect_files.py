@@ -12,10 +12,10 @@ import struct
 import pytest
 from loadout_test_support import data_file
 
-from engine import synth
 from engine.detect import detect_file
 from engine.formats import read_header
 from engine.formats.safetensors import write_sparse
+from tests.support import synth
 
 
 def _manifest_rows(name: str, *, optional: bool = False):
@@ -104,10 +104,10 @@ def test_synth_options_ema_v_pred_and_bf16(tmp_path):
 def test_real_lokr_lora():
     d = detect_file(data_file("weights/smart_falcon_8_lokr.safetensors"))
     assert (d.kind, d.architecture, d.error) == ("lora", "sd1", None)
-    assert d.lora["algos"] == ["lokr"]
-    assert set(d.lora["targets"]) == {"unet", "clip_l"}
-    assert d.lora["base"] == "sd1"
-    t = d.summary["training"]
+    assert d.lora.algos == ("lokr",)
+    assert set(d.lora.targets) == {"unet", "clip_l"}
+    assert d.lora.base == "sd1"
+    t = d.summary.training
     assert t["network_module"] == "lycoris.kohya" and t["network_args"]["algo"] == "lokr"
     assert t["network_dim"] == 8 and t["epochs"] == 10 and t["steps"] == 3010
     assert t["top_tags"][0][0] == "smart falcon \\(umamusume\\)"
@@ -120,8 +120,8 @@ def test_sdxl_kohya_lora_key_dump(tmp_path):
     rows = [(k, dtypes[v["dtype"]], tuple(v["shape"])) for k, v in raw.items()]
     d = detect_file(write_sparse(tmp_path / "alien.safetensors", rows))
     assert (d.kind, d.architecture, d.error) == ("lora", "sdxl", None)
-    assert set(d.lora["targets"]) == {"unet", "clip_l", "clip_g"}
-    assert d.lora["rank"] == 32
+    assert set(d.lora.targets) == {"unet", "clip_l", "clip_g"}
+    assert d.lora.rank == 32
 
 
 @pytest.mark.parametrize(
@@ -189,16 +189,16 @@ def test_sd2_value_check_is_opt_in(tmp_path):
 
 def test_files_that_are_no_model(tmp_path):
     img = detect_file(data_file("images/reconstruction_example.jpg"))
-    assert img.error["type"] == "format" and "JPEG image" in img.error["message"]
+    assert img.error.type == "format" and "JPEG image" in img.error.message
     txt = tmp_path / "notes.safetensors"
     txt.write_text("these are my notes about models\n")
-    assert "text file" in detect_file(txt).error["message"]
+    assert "text file" in detect_file(txt).error.message
     empty = tmp_path / "empty.safetensors"
     empty.write_bytes(b"")
     e = detect_file(empty)
-    assert e.error["type"] == "format" and "empty" in e.error["message"] and e.file_bytes == 0
+    assert e.error.type == "format" and "empty" in e.error.message and e.file_bytes == 0
     missing = detect_file(tmp_path / "nope.safetensors")
-    assert missing.error["type"] == "format"
+    assert missing.error.type == "format"
 
 
 def test_truncated_download(tmp_path):
@@ -209,8 +209,8 @@ def test_truncated_download(tmp_path):
         f.seek(0)
         cut.write_bytes(f.read(8 + n + 1000))
     d = detect_file(cut)
-    assert d.error["type"] == "format" and "truncated" in d.error["message"]
-    assert d.kind == "unknown" and d.to_json()["error"] == d.error
+    assert d.error.type == "format" and "truncated" in d.error.message
+    assert d.kind == "unknown" and d.to_json()["error"] == d.error.to_json()
 
 
 def test_diffusers_pipeline_folder(tmp_path):
@@ -257,7 +257,7 @@ def test_single_component_folder(tmp_path):
     synth.write("flux1_vae_diffusers", folder / "diffusion_pytorch_model.safetensors")
     d = detect_file(folder)
     assert (d.kind, d.error) == ("vae", None)
-    assert detect_file(tmp_path / "vae" / "config.json").error["type"] == "format"
+    assert detect_file(tmp_path / "vae" / "config.json").error.type == "format"
 
 
 def test_pickled_embedding_and_ip_adapter(tmp_path):
@@ -346,7 +346,7 @@ def test_a_plain_folder_of_models_is_not_merged_into_one(tmp_path):
     synth.write("sd_vae", tmp_path / "a.safetensors")
     synth.write("clip_l", tmp_path / "b.safetensors")
     d = detect_file(tmp_path)
-    assert d.error["type"] == "format" and "loadout scan" in d.error["message"]
+    assert d.error.type == "format" and "loadout scan" in d.error.message
 
 
 _PIPELINE_COMPONENTS = {
@@ -388,7 +388,7 @@ def test_gguf_t5_text_encoder(tmp_path):
     path = tmp_path / "t5-v1_1-xxl-encoder-Q8_0.gguf"
     write_sparse_gguf(path, {"general.architecture": "t5encoder"}, rows)
     d = detect_file(path)
-    assert (d.kind, list(d.components), d.error["type"]) == ("text_encoder", ["t5xxl"], "unsupported")
+    assert (d.kind, list(d.components), d.error.type) == ("text_encoder", ["t5xxl"], "unsupported")
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs Linux /proc/self/io")
@@ -409,13 +409,13 @@ def test_sparse_pickled_checkpoints_detect_from_their_pickle_alone(tmp_path, nam
 def test_tiny_and_binary_junk(tmp_path):
     tiny = tmp_path / "cut.safetensors"
     tiny.write_bytes(b"\x10\x27\x00\x00")
-    assert "truncated" in detect_file(tiny).error["message"]
+    assert "truncated" in detect_file(tiny).error.message
     junk = tmp_path / "random.bin"
     junk.write_bytes(bytes(range(200, 256)) * 4)
-    assert "no format Loadout knows" in detect_file(junk).error["message"]
+    assert "no format Loadout knows" in detect_file(junk).error.message
     lfs = tmp_path / "model.safetensors"
     lfs.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n")
-    assert "git lfs pull" in detect_file(lfs).error["message"]
+    assert "git lfs pull" in detect_file(lfs).error.message
 
 
 def test_a_zip_the_reader_cannot_handle_is_reported_not_raised(tmp_path):
@@ -432,4 +432,4 @@ def test_a_zip_the_reader_cannot_handle_is_reported_not_raised(tmp_path):
     raw[lh + 4 : lh + 6] = (64).to_bytes(2, "little")
     path.write_bytes(bytes(raw))
     d = detect_file(path)
-    assert d.error is not None and d.error["type"] in ("format", "error")
+    assert d.error is not None and d.error.type in ("format", "error")

@@ -348,7 +348,7 @@ def test_lora_by_adapter_keys_and_its_facts():
         "lora_unet_down_blocks_0_attentions_0_proj_in.alpha": (),
     }
     d = det(k)
-    assert d.kind == "lora" and d.lora is not None and d.lora["rank"] == 4
+    assert d.kind == "lora" and d.lora is not None and d.lora.rank == 4
 
 
 def test_a_model_with_a_few_adapter_names_is_still_a_model():
@@ -359,12 +359,10 @@ def test_a_model_with_a_few_adapter_names_is_still_a_model():
 def test_quantized_models_are_named_and_marked_unsupported():
     scaled = {**flux(), "scaled_fp8": ("F8_E4M3", (0,))}
     d = det(scaled)
-    assert (d.kind, d.architecture, d.error["type"]) == ("diffusion_model", "flux1_dev", "unsupported")
+    assert (d.kind, d.architecture, d.error.type) == ("diffusion_model", "flux1_dev", "unsupported")
     nf4 = {**flux(MDM), f"{MDM}double_blocks.0.img_attn.qkv.weight.absmax": ("F32", (1024,))}
     d = det(nf4)
-    assert (
-        d.architecture == "flux1_dev" and d.error["type"] == "unsupported" and "4-bit" in d.error["message"]
-    )
+    assert d.architecture == "flux1_dev" and d.error.type == "unsupported" and "4-bit" in d.error.message
     g = det(flux(), format="gguf")
     # a GGUF of types engine.quant reads loads (one it cannot read: tests/e2e/test_scan_cli.py)
     assert g.architecture == "flux1_dev" and g.error is None
@@ -372,7 +370,7 @@ def test_quantized_models_are_named_and_marked_unsupported():
 
 def test_no_tensors_is_a_format_error():
     d = detect_index(index_from_shapes({}))
-    assert d.error["type"] == "format" and d.kind == "unknown"
+    assert d.error.type == "format" and d.kind == "unknown"
 
 
 def test_json_has_exactly_the_design_fields():
@@ -473,16 +471,16 @@ def test_metadata_summary():
         "notes": "hello",
     }
     s = det(unet(768), md).summary
-    assert s["modelspec"] == {
+    assert s.modelspec == {
         "title": "My Model",
         "architecture": "stable-diffusion-xl-v1-base",
         "trigger_phrase": "mystyle",
     }
-    t = s["training"]
+    t = s.training
     assert (t["network_dim"], t["network_alpha"], t["steps"]) == (16, 8.0, 1200)
-    assert t["top_tags"] == [["cat", 5], ["tree", 5], ["dog", 1]]
-    assert s["other"] == {"notes": "hello"}
-    assert det(unet(768)).summary is None
+    assert t["top_tags"] == (("cat", 5), ("tree", 5), ("dog", 1))
+    assert s.other == {"notes": "hello"}
+    assert not det(unet(768)).summary and det(unet(768)).to_json()["summary"] is None
 
 
 def test_comfyui_clip_save_with_two_encoders():

@@ -9,7 +9,7 @@ import pytest
 from facade_files import write_files
 
 from engine.devices import DeviceOptions
-from engine.errors import EngineError, FormatError
+from engine.errors import EngineError, FormatError, InvalidRequest
 from engine.facade import Engine
 from engine.requests import (
     Configure,
@@ -99,8 +99,8 @@ def test_set_loras_patches_loaded_components_on_the_fly_and_reverts(engine, file
 
 
 def test_bake_writes_a_new_file_and_refuses_to_overwrite_an_input(engine, files, tmp_path):
-    from engine import synth
     from engine.formats.safetensors import read_header
+    from tests.support import synth
 
     hdr = read_header(files["sd1"])
     rows = [(k, "F16", tuple(i.shape)) for k, i in hdr.tensors.items() if k.startswith("cond_stage_model.")]
@@ -109,7 +109,7 @@ def test_bake_writes_a_new_file_and_refuses_to_overwrite_an_input(engine, files,
     res = engine.bake(str(base), (StackItem(files["lora"]),), str(out))
     assert res.out == str(out) and res.bytes == out.stat().st_size
     assert "loadout.bake" in read_header(out).metadata
-    with pytest.raises(FormatError, match="one of the inputs"):
+    with pytest.raises(InvalidRequest, match="one of the inputs"):  # exit 2 in the CLI: a usage error
         engine.bake(str(base), (StackItem(files["lora"]),), str(base))
 
 

@@ -89,3 +89,36 @@ def test_no_import_cycle_between_engine_packages():
 
     cycles = sorted({tuple(sorted((a, b))) for a in list(adj) for b in adj[a] if reaches(b, a)})
     assert not cycles, f"import cycles between engine packages: {cycles}"
+
+
+def test_header_only_commands_never_import_torch(tmp_path):
+    """`loadout inspect`, `lora inspect` and `scan` run through the Engine facade and stay torch-free
+    (they answer before torch could load), on safetensors, torch-zip and legacy pickle files alike."""
+    import os
+
+    import torch
+    from loadout_test_support import data_file
+
+    from tests.support import synth
+
+    lokr = data_file("weights/smart_falcon_8_lokr.safetensors")
+    pth = data_file("weights/taef2_decoder.pth")  # a torch zip
+    base = synth.write("sd1_checkpoint", tmp_path / "models" / "sd15.safetensors")
+    ckpt = tmp_path / "legacy.ckpt"
+    torch.save({"state_dict": {"a": torch.zeros(2)}}, ckpt, _use_new_zipfile_serialization=False)
+    files = [str(p) for p in (lokr, pth, base, ckpt)]
+    code = (
+        "import contextlib, io, sys\n"
+        "from engine.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    codes = [main(['inspect', *{files!r}, '--json', '--read-values']),\n"
+        f"             main(['lora', 'inspect', {str(lokr)!r}, '--base', {str(base)!r}, '--json']),\n"
+        f"             main(['scan', {str(tmp_path / 'models')!r}, '--json'])]\n"
+        "print(codes, 'torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "LOADOUT_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[0, 0, 0] False", r.stdout + r.stderr

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 from lora_fixtures import manifest_entries
 
-from engine import synth
 from engine.formats.safetensors import read_header
 from engine.lora.coverage import coverage
 from engine.lora.keymap import KeyMap
 from engine.lora.naming import underscored
+from tests.support import synth
 
 
 def _shapes(rows):
@@ -78,7 +78,7 @@ def test_sdxl_kohya_dump_maps_fully_onto_sdxl_manifest():
     ],
 )
 def test_every_diffusers_unet_weight_reaches_the_ldm_weight_of_the_same_shape(ldm, diffusers):
-    # The diffusers layouts were converted by diffusers' own single-file code (engine.synth): an
+    # The diffusers layouts were converted by diffusers' own single-file code (tests.support.synth): an
     # independent check of our structural LDM <-> diffusers map, for kohya and diffusers names alike.
     base = _shapes(synth.layout(ldm))
     km = KeyMap(base)
@@ -299,7 +299,7 @@ def test_coverage_reports_unmatched_and_shape_mismatches():
     ],
 )
 def test_every_diffusers_transformer_weight_reaches_a_bfl_or_sai_weight_of_its_shape(ckpt, diffusers):
-    # engine.synth builds the diffusers layouts with diffusers' own converters: every diffusers-named
+    # tests.support.synth builds the diffusers layouts with diffusers' own converters: every diffusers-named
     # weight (as diffusers, PEFT, ai-toolkit and OneTrainer name LoRA modules) must land on a view of
     # the native checkpoint weight with exactly its shape — fused q/k/v and Flux linear1 included.
     km = KeyMap(_shapes(synth.layout(ckpt)))

@@ -7,6 +7,7 @@ import json
 import pytest
 from residency_files import SD15_MANIFEST
 
+from engine.errors import OutOfMemory
 from engine.formats.safetensors import write_sparse
 
 
@@ -59,3 +60,31 @@ def test_load_errors(cli, sd15, tmp_path):
     bad.write_bytes(b"\xff" * 7)
     r = cli("load", str(bad), "--json")
     assert r.returncode == 3 and "error" in json.loads(r.stdout) and "Traceback" not in r.stderr
+
+
+def _no_room(self, components, extra_memory=0, *, token=None, report=None):
+    """What Residency.load raises when tensors that must sit on the device do not fit (see _fill)."""
+    raise OutOfMemory(
+        "clip_l: 616 bytes of tensors that must stay on the device do not fit in the 0 bytes left"
+    )
+
+
+def test_load_out_of_memory_exits_4(sd15, capsys, monkeypatch):
+    """DESIGN.md: exit 4 on out of memory (`load` used to catch every EngineError itself and exit 3)."""
+    from engine.cli import main
+    from engine.residency import Residency
+
+    monkeypatch.setattr(Residency, "load", _no_room)
+    assert main(["load", str(sd15), "--component", "vae", "--json"]) == 4
+    out, err = capsys.readouterr()
+    assert json.loads(out)["error"]["type"] == "oom" and "do not fit" in err
+    assert main(["load", str(sd15), "--component", "vae"]) == 4
+
+
+@pytest.mark.cuda
+def test_load_that_cannot_fit_the_device_exits_4(cli, sd15):
+    """For real: CLIP-L's embeddings are plain tensors that must sit on the GPU; a zero budget has no
+    room for them."""
+    r = cli("load", str(sd15), "--component", "clip_l", "--vram-budget", "0", "--json")
+    assert r.returncode == 4, r.stderr
+    assert json.loads(r.stdout)["error"]["type"] == "oom" and "Traceback" not in r.stderr

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import synth
-from engine.synth import adapters as AD
-from engine.synth import unet as U
+from tests.support import synth
+from tests.support.synth import adapters as AD
+from tests.support.synth import unet as U
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from engine import synth
 from engine.formats import read_header
+from tests.support import synth
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")

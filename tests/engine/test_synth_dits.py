@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import synth
-from engine.synth import cascade as C
+from tests.support import synth
+from tests.support.synth import cascade as C
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -132,7 +132,7 @@ def pixart_native_to_diffusers(rows) -> dict:
 
 @pytest.mark.parametrize("arch,cfg", [("pixart_alpha", "PIXART_ALPHA"), ("pixart_sigma", "PIXART_SIGMA")])
 def test_pixart_layouts_match_diffusers(arch, cfg):
-    from engine.synth import pixart as PA
+    from tests.support.synth import pixart as PA
 
     c = getattr(PA, cfg)
     model = on_meta(
@@ -300,7 +300,7 @@ def test_svd_unet_matches_diffusers_in_both_namings():
     assert_same({_svd_native_to_diffusers(k, 2): tuple(s) for k, _, s in native}, ref)
     assert len(native) == len(ref)
     # the spatial half is the plain LDM UNet of the same config
-    from engine.synth import unet as U
+    from tests.support.synth import unet as U
 
     spatial = {
         k for k, _, _ in native if "time_stack" not in k and "time_mixer" not in k and "time_pos" not in k
@@ -309,8 +309,8 @@ def test_svd_unet_matches_diffusers_in_both_namings():
 
 
 def _ldm_rows(cfg):
-    from engine.synth import unet as U
-    from engine.synth._build import Builder
+    from tests.support.synth import unet as U
+    from tests.support.synth._build import Builder
 
     b = Builder()
     U.unet_ldm(b, cfg)

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from engine import synth
 from engine.formats import read_header
 from engine.formats.safetensors import SafetensorsFile
+from tests.support import synth
 
 
 def test_sparse_write_is_header_faithful(tmp_path):
@@ -109,7 +109,7 @@ def test_quantised_layouts_halve_the_linear_weights(tmp_path, quant):
 def test_crc_of_zeros_matches_zlib():
     import zlib
 
-    from engine.synth.ckpt import crc32_zeros
+    from tests.support.synth.ckpt import crc32_zeros
 
     for n in (0, 1, 3, 64, 1000, 65537, 1 << 20):
         assert crc32_zeros(n) == zlib.crc32(bytes(n))
@@ -168,7 +168,7 @@ def test_module_command_lists_and_writes(tmp_path):
 
     from loadout_test_support import ROOT
 
-    run = [sys.executable, "-m", "engine.synth"]
+    run = [sys.executable, "-m", "tests.support.synth"]
     out = subprocess.run([*run, "list"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0 and "sdxl_checkpoint" in out.stdout and "flux2_dev_transformer" in out.stdout
     target = tmp_path / "sd15.ckpt"

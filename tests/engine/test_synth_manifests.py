@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import synth
+from tests.support import synth
 
 # Optional keys in the manifests are switches of the layout; with every switch on the generator must
 # give the whole manifest, with every switch off exactly the keys the manifest requires.

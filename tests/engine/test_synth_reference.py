@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine import synth
-from engine.synth import flux as F
-from engine.synth import mmdit as M
-from engine.synth import text as T
-from engine.synth import unet as U
-from engine.synth import vae as V
+from tests.support import synth
+from tests.support.synth import flux as F
+from tests.support.synth import mmdit as M
+from tests.support.synth import text as T
+from tests.support.synth import unet as U
+from tests.support.synth import vae as V
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
@@ -272,7 +272,7 @@ def test_sd3_single_file_text_encoders_are_clip_with_projection_and_t5():
 
 @pytest.mark.parametrize("fam", ["taesd", "taesd3", "taef2"])
 def test_taesd_family_diffusers_naming_matches_autoencoder_tiny(fam):
-    from engine.synth.taesd import FAMILY
+    from tests.support.synth.taesd import FAMILY
 
     rows = synth.layout(f"{fam}_diffusers")
     if fam == "taef2":  # AutoencoderTiny has no pool branch; the rest of the layout must still agree

@@ -9,8 +9,8 @@ from engine.formats.safetensors import write_sparse
 from engine.vae import load_vae
 from engine.vae.autoencoder_kl import KLConfig
 
-synth = pytest.importorskip("engine.synth.vae")
-from engine.synth._build import Builder  # noqa: E402
+synth = pytest.importorskip("tests.support.synth.vae")
+from tests.support.synth._build import Builder  # noqa: E402
 
 
 @pytest.mark.parametrize("arch", ["SD", "SD3", "FLUX2"])

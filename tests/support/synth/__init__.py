@@ -2,7 +2,7 @@
 from its configuration, written as header-faithful sparse .safetensors (or small dense random ones),
 sparse pickled torch-zip checkpoints, or whole diffusers folders.
 
-    from engine import synth
+    from tests.support import synth
     rows = synth.layout("sdxl_checkpoint", dtype="F16")        # [(key, dtype, shape), ...]
     synth.write("sdxl_checkpoint", tmp / "sdxl.safetensors")   # 6.9 GB layout, a few hundred KB on disk
     synth.write("sdxl_unet", p, prefix="model.diffusion_model.", metadata=synth.modelspec("sdxl"))
@@ -10,11 +10,11 @@ sparse pickled torch-zip checkpoints, or whole diffusers folders.
     synth.write_diffusers("flux1_dev", tmp / "FLUX.1-dev")     # model_index.json + sharded components
     synth.info("sdxl_checkpoint").components                   # {"unet": "model.diffusion_model.", ...}
 
-Layout families (see `names()` / `python -m engine.synth list`): whole checkpoints (LDM SD1/SD2 and
+Layout families (see `names()` / `python -m tests.support.synth list`): whole checkpoints (LDM SD1/SD2 and
 variants, SGM SDXL / refiner, ComfyUI FLUX.1 all-in-one, SD3 / SD3.5), diffusion models alone (native
 and diffusers namings, any prefix), VAEs, TAESD-family approximations, text encoders, ControlNets,
 IP-Adapters, CLIP vision towers and textual-inversion embeddings. Optional keys of real files are
-layout options; the defaults follow the official releases (engine/synth/checkpoints.py says which).
+layout options; the defaults follow the official releases (tests/support/synth/checkpoints.py says which).
 Verification: tests/engine/test_synth_*.py (the three shared manifests exactly; diffusers /
 transformers models on the meta device and their single-file converters for everything else).
 
@@ -71,7 +71,7 @@ def layout(name: str, *, dtype: DTypeSpec = "F16", prefix: str = "", **options) 
     dtype: one safetensors dtype, or a mapping component -> dtype with "*" as the default (e.g.
     {"transformer": "BF16", "*": "F32"}); integer buffers keep their own dtype.
     prefix: prepended to every key (e.g. "model.diffusion_model." for a UNet cut out of a checkpoint).
-    options: per-layout switches for optional parts (see engine/synth/checkpoints.py).
+    options: per-layout switches for optional parts (see tests/support/synth/checkpoints.py).
     """
     return build(name, dtype, prefix, **options)
 
@@ -88,7 +88,7 @@ def info(name: str, *, prefix: str = "", **options) -> LayoutInfo:
 
 def nbytes(rows: list[Entry]) -> int:
     """Size of the data region these rows describe."""
-    from ..formats.dtypes import nbytes_for
+    from engine.formats.dtypes import nbytes_for
 
     return sum(nbytes_for(d, math.prod(s)) or 0 for _, d, s in rows)
 
@@ -107,7 +107,7 @@ def write(
     or dense with deterministic random values (`dense=True`, refused above max_dense_bytes)."""
     rows = layout(name, **kw) if isinstance(name, str) else list(name)
     if not dense:
-        from ..formats.safetensors import write_sparse
+        from engine.formats.safetensors import write_sparse
 
         return write_sparse(path, rows, metadata)
     size = nbytes(rows)
@@ -119,8 +119,8 @@ def write(
 def _write_dense(rows: list[Entry], path, metadata, seed: int) -> Path:
     import torch
 
-    from ..formats.dtypes import torch_dtype
-    from ..formats.safetensors import save_tensors
+    from engine.formats.dtypes import torch_dtype
+    from engine.formats.safetensors import save_tensors
 
     g = torch.Generator().manual_seed(seed)
     tensors = {}
@@ -146,7 +146,7 @@ def write_ckpt(
     extra: Mapping[str, int | str] | None = None,
     **kw,
 ) -> Path:
-    """Write a layout as a sparse pickled torch-zip checkpoint (.ckpt/.pt/.pth), see engine/synth/ckpt.py."""
+    """Write a layout as a sparse pickled torch-zip checkpoint (.ckpt/.pt/.pth), see tests/support/synth/ckpt.py."""
     from .ckpt import write_ckpt as _write
 
     rows = layout(name, **kw) if isinstance(name, str) else list(name)

@@ -1,16 +1,18 @@
-"""`python -m engine.synth list` / `write NAME PATH [--dtype F16] [--prefix P] [--ckpt] [--dense]` /
-`diffusers NAME DIR`: the generator from a shell, for making fixtures and demo files by hand."""
+"""`python -m tests.support.synth list` / `write NAME PATH [--dtype F16] [--prefix P] [--ckpt] [--dense]` /
+`diffusers NAME DIR` / `demo-layouts PATH`: the generator from a shell, for making fixtures and demo files
+by hand, and for writing the demo library's layout data again (engine/catalog/demo_layouts.json.gz)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from . import DIFFUSERS_PIPELINES, info, layout, names, nbytes, write, write_ckpt, write_diffusers
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.synth", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m tests.support.synth", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="every layout with its kind, architecture and size")
     w = sub.add_parser("write", help="write one layout as a sparse file")
@@ -25,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("diffusers", help="write a diffusers pipeline folder")
     d.add_argument("name", choices=sorted(DIFFUSERS_PIPELINES))
     d.add_argument("dir")
+    dl = sub.add_parser("demo-layouts", help="write the demo library's layout data (gzip'd JSON)")
+    dl.add_argument("path")
     args = ap.parse_args(argv)
     if args.cmd == "list":
         for n in names():
@@ -36,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
             write_ckpt(args.name, args.path, dtype=args.dtype, prefix=args.prefix)
         else:
             write(args.name, args.path, dtype=args.dtype, prefix=args.prefix, dense=args.dense)
+    elif args.cmd == "demo-layouts":
+        from .demo_data import encode
+
+        Path(args.path).write_bytes(encode())
     else:
         write_diffusers(args.name, args.dir)
     return 0

@@ -261,7 +261,7 @@ def write_ckpt(
 ) -> Path:
     """Write rows as a sparse torch-zip checkpoint. wrap="state_dict" nests the tensors as LDM/A1111
     .ckpt files do ({"global_step": …, "state_dict": {…}}); wrap=None writes a bare state dict (.pth)."""
-    from ..formats.atomic import atomic_output
+    from engine.formats.atomic import atomic_output
 
     bad = sorted({d for _, d, _ in rows} - set(STORAGE))
     if bad:

@@ -195,7 +195,7 @@ def write_a1111_pt(path, *, vectors: int = 4, dim: int = 768, name: str = "synth
     (modules/textual_inversion/textual_inversion.py save format), small and dense."""
     import torch
 
-    from ..formats.atomic import atomic_output
+    from engine.formats.atomic import atomic_output
 
     g = torch.Generator().manual_seed(seed)
     data = {

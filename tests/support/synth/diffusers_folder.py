@@ -243,9 +243,9 @@ PIPELINES: dict[str, tuple[str, str, dict[str, Component]]] = {
 
 
 def _write_weights(folder: Path, stem: str, rows: list[Entry], shard_bytes: int) -> list[Path]:
-    from ..formats.atomic import atomic_output
-    from ..formats.dtypes import nbytes_for
-    from ..formats.safetensors import write_sparse
+    from engine.formats.atomic import atomic_output
+    from engine.formats.dtypes import nbytes_for
+    from engine.formats.safetensors import write_sparse
 
     sizes = [nbytes_for(d, math.prod(s)) or 0 for _, d, s in rows]
     total = sum(sizes)
@@ -273,7 +273,7 @@ def write_diffusers(
     name: str, directory: str | os.PathLike, *, dtype: str = "F16", shard_bytes: int = 10 * 1024**3
 ) -> Path:
     """Write pipeline `name` (see PIPELINES) as a diffusers folder with sparse weight files."""
-    from ..formats.atomic import atomic_output
+    from engine.formats.atomic import atomic_output
 
     pipe_cls, sched_cls, comps = PIPELINES[name]
     root = Path(directory)

@@ -1,0 +1,42 @@
+"""The library's roots: the folders and files the user gave (the command line, drops, Settings, the first
+run, a bake), each once and in order; those added to stay are saved in the settings for the next start."""
+
+from __future__ import annotations
+
+import os
+
+from app import settings as app_settings
+
+
+class LibraryPaths:
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def add(self, paths, *, persist: bool) -> tuple[list[str], list[str]]:
+        """Add `paths` (made absolute); returns (those that exist, in order, new or not; those missing).
+        With `persist` the existing ones join the saved library folders."""
+        found, missing = [], []
+        for p in map(os.path.abspath, paths):
+            if not os.path.exists(p):
+                missing.append(p)
+                continue
+            if p not in self.paths:
+                self.paths.append(p)
+            found.append(p)
+        if persist and found:
+            saved = app_settings.library_folders()
+            app_settings.set_library_folders(saved + [p for p in found if p not in saved])
+        return found, missing
+
+    def saved(self) -> list[str]:
+        """The saved library folders that still exist and are not roots yet (the next start's library)."""
+        return [p for p in app_settings.library_folders() if os.path.exists(p) and p not in self.paths]
+
+    def keep_folders(self, folders: list[str]) -> list[str]:
+        """Settings' folder list was saved: drop the root folders not in it; returns those dropped."""
+        removed = [p for p in self.paths if os.path.isdir(p) and p not in folders]
+        self.paths = [p for p in self.paths if p not in removed]
+        return removed
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.paths

@@ -1,0 +1,48 @@
+"""'Will it fit?' for one decode or encode before it runs, from headers alone: the input's size (a
+latent's header, an image's header), the VAE's kind and weight bytes (its detection), then
+engine.vae.estimate's formulas. Torch-free, so the window's bridge answers it in a background thread."""
+
+from __future__ import annotations
+
+from .errors import EngineError, FormatError
+from .requests import DecodeEstimate, EstimateDecode
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+
+def _vae_facts(path: str) -> tuple[str, int | None]:
+    """('taesd' | 'kl', weight bytes or None) as the VAE's header says; an unreadable VAE counts as a
+    full KL VAE of the usual size (the estimate's defaults)."""
+    from .detect import detect_file
+
+    det = detect_file(path)
+    kind = "taesd" if det.kind == "vae_approx" else "kl"
+    return kind, sum(int(c.bytes or 0) for c in det.components.values()) or None
+
+
+def estimate(req: EstimateDecode) -> DecodeEstimate:
+    """The estimate for `req`; a missing or unreadable input is a FormatError whose message says why."""
+    from .vae import estimate_decode_bytes, estimate_encode_bytes
+
+    try:
+        if req.source.lower().endswith(IMAGE_SUFFIXES):
+            from PIL import Image
+
+            with Image.open(req.source) as im:  # the header only: no pixel is decoded
+                width, height = im.size
+            batch, channels, fn, direction = 1, 4, estimate_encode_bytes, "encode"
+        else:
+            from .formats.latent import latent_info
+
+            shape = latent_info(req.source).shape
+            batch, channels, h, w = shape[0], shape[1], shape[-2], shape[-1]
+            width, height, fn, direction = w * 8, h * 8, estimate_decode_bytes, "decode"
+    except EngineError:
+        raise
+    except (OSError, ValueError) as e:  # missing, unreadable, not an image
+        raise FormatError(str(e), path=req.source) from e
+    kind, weights = _vae_facts(req.vae)
+    kw = dict(kind=kind, latent_channels=channels, batch=batch, weight_bytes=weights)
+    full = fn(width, height, **kw)
+    tiled = fn(width, height, tile=req.tile, **kw)
+    return DecodeEstimate(direction, width, height, full, tiled, req.tile)

@@ -1,0 +1,59 @@
+"""The error kinds: a cancellation is not a failure (DESIGN.md's `errors` row), so no `except EngineError`
+can mistake one for the other, and code that reports failures lets a cancellation through."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.catalog import LibraryCache, scan
+from engine.errors import Cancelled, EngineError, FormatError, OutOfMemory, UnsupportedModel
+from tests.support import synth
+
+
+def test_cancelled_is_not_an_engine_error():
+    assert not issubclass(Cancelled, EngineError)
+    assert issubclass(Cancelled, Exception)  # a plain exception: `finally` and context managers still run
+    for kind in (FormatError, UnsupportedModel, OutOfMemory):
+        assert issubclass(kind, EngineError) and not issubclass(kind, Cancelled)
+
+
+def test_cancelled_speaks_to_the_user_like_the_engine_errors():
+    c = Cancelled()
+    assert c.message == str(c) == "Cancelled by the user." and c.path is None
+    assert c.to_json() == {"type": "cancelled", "message": "Cancelled by the user."}
+    assert Cancelled("Hashing stopped.", path="x").message == "Hashing stopped."
+
+
+def test_except_engine_error_lets_a_cancellation_through():
+    def job():
+        try:
+            raise Cancelled()
+        except EngineError:  # the pattern every failure report uses
+            return "reported as a failure"
+
+    with pytest.raises(Cancelled):
+        job()
+
+
+def test_a_cancel_inside_a_detector_stops_the_scan_instead_of_becoming_an_error_entry(tmp_path):
+    """catalog.parallel.detect_one turns a detector's errors into the file's `error` (and caches it);
+    a cancellation raised there must stop the scan and leave nothing cached for that file."""
+    lib = tmp_path / "models" / "loras"
+    synth.write("embedding_sd1", lib / "a.safetensors")
+
+    def detector(path):
+        raise Cancelled("Scan stopped.")
+
+    with LibraryCache(tmp_path / "c.sqlite3") as cache:
+        with pytest.raises(Cancelled, match="Scan stopped"):
+            scan([tmp_path / "models"], cache=cache, detector=detector, workers=1)
+        assert cache.all() == []
+
+
+def test_an_error_object_becomes_its_exception_again():
+    from engine.errors import InvalidRequest, from_json
+
+    for kind in (FormatError, UnsupportedModel, OutOfMemory, InvalidRequest):
+        e = from_json(kind("msg").to_json())
+        assert type(e) is kind and e.message == "msg"
+    assert type(from_json({"type": "error", "message": "a bug"})) is EngineError
