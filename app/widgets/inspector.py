@@ -47,6 +47,8 @@ def render(entry, sha256: str | None = None) -> str:
     facts = [d.kind or "unknown"]
     if d.architecture:
         facts.append(f"<b>{_e(d.architecture)}</b>")
+    if d.also:  # other families whose releases use this very layout
+        facts.append(f"also {_e(', '.join(d.also))}")
     for k, v in (("variant", d.variant), ("prediction", d.prediction)):
         if v and v != "normal":
             facts.append(f"{k} {_e(v)}")

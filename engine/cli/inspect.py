@@ -67,6 +67,7 @@ def format_text(d) -> str:
         for label, value in (
             ("kind", d.kind),
             ("architecture", d.architecture),
+            *((("also", ", ".join(d.also)),) if d.also else ()),
             ("variant", d.variant),
             ("prediction", d.prediction),
         ):

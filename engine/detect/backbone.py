@@ -22,6 +22,7 @@ class Backbone:
     variant: str | None = "normal"
     prediction: str | None = None
     evidence: list[Evidence] = field(default_factory=list)
+    also: list[str] = field(default_factory=list)  # other families whose releases share this layout
 
     def because(self, ix: KeyIndex, key: str, reason: str) -> None:
         self.evidence.append(Evidence(key, ix.shape(key), reason))

@@ -13,6 +13,9 @@ from .keys import KeyIndex, as_key_index
 from .meta import metadata_architecture, metadata_prediction, summarize
 from .parts import Part, container_of, find_clip_vision, find_taesd, find_text_encoders, find_vaes
 from .result import COMPONENT_ORDER, Component, Detection, Evidence, Failure, LoraFacts
+from .text_encoders import find_llm_encoders, find_umt5
+from .unknown_dit import unknown_transformer
+from .video_vaes import find_video_vaes
 
 log = logging.getLogger(__name__)
 
@@ -200,16 +203,21 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
         )
 
     backbone = find_backbone(ix)
-    encoders = find_text_encoders(ix)
-    vaes = [v for v in find_vaes(ix) if backbone is None or v.prefix != backbone.prefix]
+    encoders = find_encoders(ix)
+    video = find_video_vaes(ix)
+    vaes = video + [v for v in find_vaes(ix) if v.prefix not in {p.prefix for p in video}]
+    vaes = [v for v in vaes if backbone is None or v.prefix != backbone.prefix]
     if backbone is not None:
         return _diffusion(ix, base, backbone, encoders, vaes)
     if vaes:
-        return _single(ix, base, "vae", vaes, _vae_arch(vaes[0]))
+        return _single(ix, base, "vae", vaes, _vae_arch(vaes[0]), vaes[0].also)
     taesd = find_taesd(ix)
     if taesd:
         z = taesd[0].channels
         return _single(ix, base, "vae_approx", taesd, "flux2" if z == 32 else None)
+    if any(e.component not in _CLIP_AND_T5 for e in encoders):
+        # a decoder LLM or umT5: a multimodal LLM's vision tower is part of the text encoder, not CLIP vision
+        return _single(ix, base, "text_encoder", encoders, None)
     vision = find_clip_vision(ix)
     if vision:
         claims = [
@@ -224,6 +232,9 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
     up = kinds.upscaler(ix)
     if up is not None:
         return Detection(**base, kind="upscaler", components=build_components(ix, []), evidence=tuple(up))
+    dit = unknown_transformer(ix)  # a denoiser no rule knows: architecture null, with what its keys show
+    if dit is not None:
+        return _diffusion(ix, base, dit, [], [])
     ev: tuple[Evidence, ...] = ()
     if ix.has("latent_tensor"):  # ComfyUI's .latent: a safetensors file with one latent in it
         why = "a ComfyUI latent, not a model (decode it with `loadout decode`)"
@@ -231,12 +242,27 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
     return Detection(**base, kind="unknown", components=build_components(ix, []), evidence=ev)
 
 
+_CLIP_AND_T5 = ("clip_l", "clip_g", "clip_h", "t5xxl", "other")
+
+
+def find_encoders(ix: KeyIndex) -> list[Part]:
+    """CLIP / T5 encoders (parts.py), decoder LLMs and umT5 (text_encoders.py); umT5 replaces the plain T5
+    reading of the same keys."""
+    newer = find_llm_encoders(ix) + find_umt5(ix)
+    taken = {p.prefix for p in newer}
+    return [p for p in find_text_encoders(ix) if p.prefix not in taken] + newer
+
+
 def _vae_arch(v: Part) -> str | None:
+    if v.architecture is not None:  # video VAEs name their family (video_vaes.py)
+        return v.architecture
     # 4 channels: SD1, SD2 and SDXL VAEs share one layout; 16: SD3 and FLUX.1 do — only 32 is one family.
     return "flux2" if v.channels == 32 else None
 
 
-def _single(ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | None) -> Detection:
+def _single(
+    ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | None, also: tuple[str, ...] = ()
+) -> Detection:
     """A file that is one kind of part (a VAE, text encoders, a tiny autoencoder)."""
     by_comp: dict[str, list[str]] = defaultdict(list)
     for p in parts:
@@ -255,7 +281,12 @@ def _single(ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | 
         claims += [("loss.", "other"), ("model_ema.", "other")]
     ev = tuple(e for p in parts for e in p.evidence)
     return Detection(
-        **base, kind=kind, architecture=arch, components=build_components(ix, claims), evidence=ev
+        **base,
+        kind=kind,
+        architecture=arch,
+        also=also if arch else (),
+        components=build_components(ix, claims),
+        evidence=ev,
     )
 
 
@@ -296,6 +327,7 @@ def _diffusion(ix: KeyIndex, base: dict, b: Backbone, encoders: list[Part], vaes
         **base,
         kind=kind,
         architecture=b.architecture,
+        also=tuple(b.also) if b.architecture else (),
         variant=b.variant if b.architecture else None,
         prediction=prediction,
         components=build_components(ix, claims, rest="other"),

@@ -24,19 +24,32 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, unets
+from . import dits, flux, hunyuan, image_dits, nextdit, unets, video_dits, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
+# UNets first: their keys are definitive and cheap to test, so the many SD1 / SDXL files of a library scan
+# skip the transformer rules. Among transformers, families whose blocks another family shares come before
+# it (HunyuanVideo's stem before FLUX's blocks).
 PROBES = (
+    unets.ldm_unet,
+    unets.diffusers_unet,
+    wan.wan,
+    image_dits.qwen_image,
+    image_dits.krea2,
+    image_dits.hidream,
+    image_dits.sana,
+    nextdit.nextdit,
+    video_dits.ltx,
+    video_dits.mochi,
+    video_dits.cosmos,
+    hunyuan.hunyuan,
     dits.mmdit,
-    dits.flux,
+    flux.flux,
     dits.auraflow,
     dits.hunyuan,
     dits.pixart,
     dits.cascade,
-    unets.ldm_unet,
-    unets.diffusers_unet,
 )
 
 

@@ -1,5 +1,5 @@
-"""Transformer backbones (and Stable Cascade's UNets): MMDiT (SD3 / SD3.5), FLUX.1 / FLUX.2 / Chroma,
-AuraFlow, HunyuanDiT, PixArt, Stable Cascade. Facts and sources: see engine/detect/diffusion.py."""
+"""Transformer backbones (and Stable Cascade's UNets): MMDiT (SD3 / SD3.5), AuraFlow, HunyuanDiT, PixArt,
+Stable Cascade. Facts and sources: see engine/detect/diffusion.py. The FLUX family lives in flux.py."""
 
 from __future__ import annotations
 
@@ -39,72 +39,6 @@ def mmdit(ix: KeyIndex) -> Backbone | None:
         b.because(ix, embed, f"hidden size {hidden} (64 × 24) with {depth} joint blocks → SD3 Medium")
     else:
         b.because(ix, embed, f"hidden size {hidden} with {depth} joint blocks: no known SD3 release")
-    return b
-
-
-def flux(ix: KeyIndex) -> Backbone | None:
-    p = pick_prefix(ix, "double_blocks.0.img_attn.norm.key_norm.scale")
-    diffusers = False
-    if p is None:
-        p = pick_prefix(ix, "x_embedder.weight", ("single_transformer_blocks.0.proj_out.weight",))
-        p = (
-            p
-            if p is not None
-            else pick_prefix(ix, "x_embedder.weight", ("double_stream_modulation_img.linear.weight",))
-        )
-        diffusers = p is not None
-    if p is None:
-        return None
-    b = Backbone(p, "transformer", "flux", prediction="flow")
-    mod = p + (
-        "double_stream_modulation_img.linear.weight"
-        if diffusers
-        else "double_stream_modulation_img.lin.weight"
-    )
-    if ix.has(mod):
-        b.architecture = "flux2"
-        b.because(ix, mod, "modulation shared by all double blocks → FLUX.2")
-        return b
-    if ix.has(p + "distilled_guidance_layer.in_proj.weight"):
-        b.architecture = "chroma"
-        b.because(
-            ix,
-            p + "distilled_guidance_layer.in_proj.weight",
-            "distilled guidance layer → Chroma (a FLUX.1 derivative)",
-        )
-        return b
-    img_in = p + ("x_embedder.weight" if diffusers else "img_in.weight")
-    guidance = p + (
-        "time_text_embed.guidance_embedder.linear_1.weight" if diffusers else "guidance_in.in_layer.weight"
-    )
-    first = p + (
-        "transformer_blocks.0.attn.add_q_proj.weight"
-        if diffusers
-        else "double_blocks.0.img_attn.norm.key_norm.scale"
-    )
-    b.because(ix, first if ix.has(first) else img_in, "double-stream blocks with QK-norm → FLUX.1")
-    if ix.has(guidance):
-        b.architecture = "flux1_dev"
-        b.because(ix, guidance, "a guidance embedding (guidance-distilled) → FLUX.1 dev")
-    else:
-        b.architecture = "flux1_schnell"
-        b.because(ix, img_in, "no guidance embedding (timestep-distilled) → FLUX.1 schnell")
-    shape = ix.shape(img_in)
-    info = ix.tensors.get(img_in)
-    if shape and len(shape) == 2 and info is not None and info.dtype not in ("U8", "I8"):
-        patches = shape[1]
-        if patches == 384:
-            b.variant = "inpaint"
-            b.because(
-                ix,
-                img_in,
-                "384 = (16 latent + 16 masked-image + 64 mask) × 2×2 patches → FLUX.1 Fill (inpaint)",
-            )
-        elif patches == 128:
-            b.variant = "control"
-            b.because(ix, img_in, "128 = (16 latent + 16 control latent) × 2×2 patches → FLUX.1 Depth/Canny")
-        elif patches != 64:
-            b.variant = None
     return b
 
 

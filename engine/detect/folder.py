@@ -15,10 +15,9 @@ import os
 import re
 
 from ..errors import FormatError
-from .core import build_components, detect_index
+from .core import build_components, detect_index, find_encoders
 from .keys import KeyIndex, TensorMeta, as_key_index
 from .meta import PREDICTION_WORDS
-from .parts import find_text_encoders
 from .result import Detection, Evidence
 
 _BACKBONES = ("unet", "transformer", "prior", "decoder")
@@ -112,7 +111,7 @@ def detect_folder(path: str) -> Detection:
             claims.append((prefix, "vae"))
         elif name.startswith("text_encoder"):
             sub = KeyIndex({k[len(prefix) :]: t for k, t in ix.tensors.items() if k.startswith(prefix)})
-            found = find_text_encoders(sub)
+            found = find_encoders(sub)
             claims.append((prefix, found[0].component if found else "other"))
     prediction = d.prediction
     sched = os.path.join(path, "scheduler", "scheduler_config.json")

@@ -91,12 +91,79 @@ class KeyIndex:
             out.setdefault(".".join(parts[-3:]), []).append(k)
         return out
 
+    @cached_property
+    def _by_last(self) -> dict[str, list[str]]:
+        """Keys bucketed by their last segment and by their last two (`weight` / `norm1.weight`), built
+        from the three-segment buckets: far fewer of those than keys."""
+        out: dict[str, list[str]] = {}
+        for tail, keys in self._by_tail.items():
+            parts = tail.rsplit(".", 2)
+            out.setdefault(parts[-1], []).extend(keys)
+            if len(parts) > 1:
+                out.setdefault(parts[-2] + "." + parts[-1], []).extend(keys)
+        return out
+
+    @cached_property
+    def by_pattern(self) -> dict[str, list[str]]:
+        """Keys grouped by their name with every numeric segment written `#` (`blocks.#.attn.q.weight`):
+        built in one pass, so rules about repeated blocks look at a few dozen groups, not every key."""
+        out: dict[str, list[str]] = {}
+        sub = _NUMERIC_SEGMENT.sub
+        for k in self.tensors:
+            out.setdefault(sub("#", k), []).append(k)
+        return out
+
+    def matches(self, suffix: str) -> list[tuple[str, str]]:
+        """(prefix, key) for every key that is prefix + `suffix`, `#` in `suffix` standing for any block
+        number, so a shard holding blocks 20-29 answers as well as the whole model. Only the keys that
+        end like `suffix` are looked at (bucketed by their last segments); memoised per index."""
+        memo = self._matched
+        if suffix in memo:
+            return memo[suffix]
+        want = suffix.split(".")
+        n = len(want)
+        if n >= 3 and "#" not in want[-3:]:
+            pool = self._by_tail.get(".".join(want[-3:]), ())
+        elif n >= 2 and "#" not in want[-2:]:
+            pool = self._by_last.get(".".join(want[-2:]), ())
+        elif want[-1] != "#":
+            pool = self._by_last.get(want[-1], ())
+        else:
+            pool = self.tensors
+        out = []
+        for k in pool:
+            segs = k.split(".")
+            if len(segs) >= n and all(
+                w == s or (w == "#" and s.isdigit()) for w, s in zip(want, segs[-n:], strict=True)
+            ):
+                out.append((".".join(segs[:-n]) + "." if len(segs) > n else "", k))
+        memo[suffix] = out
+        return out
+
+    def locate(self, suffix: str) -> dict[str, str]:
+        """{prefix: key} for every prefix under which `suffix` matches (see `matches`), keeping the
+        lowest-numbered key (`blocks.0` before `blocks.12`)."""
+        found: dict[str, str] = {}
+        for prefix, k in self.matches(suffix):
+            old = found.get(prefix)
+            if old is None or (len(k), k) < (len(old), old):
+                found[prefix] = k
+        return found
+
+    @cached_property
+    def _matched(self) -> dict[str, list[tuple[str, str]]]:
+        return {}
+
     def first_match(self, pattern: str) -> str | None:
         """The first key (in natural block order) matching a regular expression."""
         rx = re.compile(pattern)
         tail = _literal_tail(pattern)
         hits = [k for k in self.tensors if k.endswith(tail) and rx.fullmatch(k)]
         return min(hits, key=_natural) if hits else None
+
+
+# A numeric segment of a dotted key (`blocks.12.` or a leading `3.`): a block index or a Sequential slot.
+_NUMERIC_SEGMENT = re.compile(r"(?:(?<=\.)|^)\d+(?=\.|$)")
 
 
 def _literal_tail(pattern: str) -> str:

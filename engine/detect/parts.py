@@ -50,6 +50,8 @@ class Part:
     what: str
     channels: int | None = None
     evidence: list[Evidence] = field(default_factory=list)
+    architecture: str | None = None  # set where the part alone names a family (video VAEs)
+    also: tuple[str, ...] = ()
 
 
 def _ev(ix: KeyIndex, key: str, reason: str) -> Evidence:
@@ -140,6 +142,8 @@ def find_vaes(ix: KeyIndex) -> list[Part]:
                 continue
             key = p + "decoder.conv_in.weight"
             shape = ix.shape(key)
+            if shape is not None and len(shape) == 5:
+                continue  # a 3-D (video) VAE: video_vaes.py
             z = shape[1] if shape and len(shape) == 4 else None
             part = Part(p, "vae", "AutoencoderKL", channels=z)
             if z is not None:

@@ -266,6 +266,9 @@ class Detection:
     summary: Summary = _NO_SUMMARY
     evidence: tuple[Evidence, ...] = ()
     error: Failure | None = None
+    # Other families that use this very layout (a VAE or a backbone they share). Last, so positional
+    # construction keeps working; to_json writes it after `architecture`.
+    also: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Cheap when given frozen parts (from_json, dataclasses.replace): a warm library scan builds
@@ -276,6 +279,8 @@ class Detection:
             object.__setattr__(self, "metadata", freeze(self.metadata))
         if type(self.evidence) is not tuple:
             object.__setattr__(self, "evidence", tuple(self.evidence))
+        if type(self.also) is not tuple:
+            object.__setattr__(self, "also", tuple(self.also))
         # The typed parts only: a dict here is a caller still speaking JSON (fail now, not at to_json()).
         if not (
             isinstance(self.summary, Summary)
@@ -292,7 +297,7 @@ class Detection:
             Detection,
             (self.path, self.file_bytes, self.format, self.kind, self.architecture, self.variant,
              self.prediction, dict(self.components), self.lora, thaw(self.metadata), self.summary,
-             self.evidence, self.error),
+             self.evidence, self.error, self.also),
         )  # fmt: skip
 
     @property
@@ -311,6 +316,7 @@ class Detection:
             "format": self.format,
             "kind": self.kind,
             "architecture": self.architecture,
+            "also": list(self.also),
             "variant": self.variant,
             "prediction": self.prediction,
             "components": {k: v.to_json() for k, v in self.components.items()},
@@ -325,8 +331,8 @@ class Detection:
     def from_json(cls, d: Any) -> Detection:
         """The Detection a to_json() object describes. ValueError when `d` is not one (a cache row of
         another version, a hand-edited file): the caller detects the file again."""
-        (path, file_bytes, fmt, kind, arch, variant, prediction, components, lora, metadata, summary,
-         evidence, error) = _DETECTION.values(d)  # fmt: skip
+        (path, file_bytes, fmt, kind, arch, also, variant, prediction, components, lora, metadata,
+         summary, evidence, error) = _DETECTION.values(d)  # fmt: skip
         return cls(
             path, file_bytes, fmt, kind, arch, variant, prediction,
             MappingProxyType({k: Component.from_json(v) for k, v in components.items()}),
@@ -335,11 +341,12 @@ class Detection:
             Summary.from_json(summary),
             tuple(Evidence.from_json(e) for e in evidence),
             None if error is None else Failure.from_json(error),
+            tuple(_names(also, "detection.also")),
         )  # fmt: skip
 
 
 _DETECTION = _Schema(
     "detection", path=_STR, file_bytes=_OPT_INT, format=_OPT_STR, kind=_STR, architecture=_OPT_STR,
-    variant=_OPT_STR, prediction=_OPT_STR, components=_DICT, lora=_OPT_DICT, metadata=_DICT,
+    also=_LIST, variant=_OPT_STR, prediction=_OPT_STR, components=_DICT, lora=_OPT_DICT, metadata=_DICT,
     summary=_OPT_DICT, evidence=_LIST, error=_OPT_DICT,
 )  # fmt: skip

@@ -24,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TEXT_ENCODERS = ("clip_l", "clip_g", "clip_h", "t5xxl", "text_encoder")
+# The component names detection gives the text encoders of the 2025-26 families (umt5_xxl, qwen25_vl_7b,
+# qwen3_4b, llama31_8b, mistral3_24b, gemma2_2b, ...): engine/detect/text_encoders.py.
+TEXT_ENCODER_FAMILIES = ("clip", "t5", "umt5", "qwen", "llama", "mistral", "gemma")
 DIFFUSION = ("unet", "transformer")
 GIB = 1024**3
 
@@ -40,7 +43,7 @@ class Placement:
 def role_of(component: str) -> str:
     if component in DIFFUSION:
         return "diffusion"
-    if component in TEXT_ENCODERS or component.startswith(("clip", "t5")):
+    if component in TEXT_ENCODERS or component.startswith(TEXT_ENCODER_FAMILIES):
         return "text_encoder"
     if component == "vae":
         return "vae"

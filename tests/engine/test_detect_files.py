@@ -71,8 +71,14 @@ def _expected_prediction(want) -> str | None:
     return want.prediction
 
 
-# FLUX.1 Depth and Canny both take a 128-wide img_in: the header cannot tell them apart.
-_KNOWN_VARIANT = {"flux1_depth_transformer": "control"}
+# FLUX.1 Depth and Canny both take a 128-wide img_in: the header cannot tell them apart. FLUX.1 Fill is
+# variant `fill` and FLUX.2 dev `dev-32b` (issue 16: variants carry the release line and size), whatever
+# the synth registry's older names for them.
+_KNOWN_VARIANT = {
+    "flux1_depth_transformer": "control",
+    "flux1_fill_transformer": "fill",
+    "flux2_dev_transformer": "dev-32b",
+}
 
 
 @pytest.mark.parametrize("name", synth.names())

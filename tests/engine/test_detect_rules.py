@@ -156,15 +156,24 @@ def test_mmdit_checkpoint_with_three_text_encoders():
 
 
 def flux(prefix="", *, guidance=True, img_in=64, flux2=False):
-    k = {
-        f"{prefix}img_in.weight": (3072, img_in),
-        f"{prefix}double_blocks.0.img_attn.norm.key_norm.scale": (128,),
-        f"{prefix}single_blocks.0.linear1.weight": (21504, 3072),
-    }
+    """The keys of one double and one single block as BFL's layers.py lays them out (FLUX.1: biased qkv and
+    a modulation per block; FLUX.2: neither, one shared modulation), plus the stem the rules read."""
+    h = 6144 if flux2 else 3072
+    k = {f"{prefix}img_in.weight": (h, 128 if flux2 else img_in)}
+    for s in ("img", "txt"):
+        k[f"{prefix}double_blocks.0.{s}_attn.qkv.weight"] = (3 * h, h)
+        k[f"{prefix}double_blocks.0.{s}_attn.norm.key_norm.scale"] = (128,)
+        if not flux2:
+            k[f"{prefix}double_blocks.0.{s}_attn.qkv.bias"] = (3 * h,)
+            k[f"{prefix}double_blocks.0.{s}_mod.lin.weight"] = (6 * h, h)
+    k[f"{prefix}single_blocks.0.linear1.weight"] = (21504, 3072)
+    k[f"{prefix}single_blocks.0.linear2.weight"] = (3072, 15360)
     if guidance:
-        k[f"{prefix}guidance_in.in_layer.weight"] = (3072, 256)
+        k[f"{prefix}guidance_in.in_layer.weight"] = (h, 256)
     if flux2:
         k[f"{prefix}double_stream_modulation_img.lin.weight"] = (36864, 6144)
+    else:
+        k[f"{prefix}single_blocks.0.modulation.lin.weight"] = (9216, 3072)
     return k
 
 
@@ -172,7 +181,7 @@ def test_flux_family():
     assert det(flux()).architecture == "flux1_dev"
     assert det(flux(guidance=False)).architecture == "flux1_schnell"
     assert det(flux(MDM)).components["transformer"].prefix == MDM
-    assert det(flux(img_in=384)).variant == "inpaint"
+    assert det(flux(img_in=384)).variant == "fill"
     assert det(flux(img_in=128)).variant == "control"  # Depth and Canny share the 128-wide img_in
     assert det(flux(flux2=True, guidance=False)).architecture == "flux2"
     # fp8 weights (plain, without scales) are still a FLUX.1 dev diffusion model, loadable
@@ -184,7 +193,11 @@ def test_flux_family():
 def test_diffusers_flux_naming():
     k = {
         "x_embedder.weight": (3072, 64),
+        "transformer_blocks.0.attn.to_q.weight": (3072, 3072),
         "transformer_blocks.0.attn.add_q_proj.weight": (3072, 3072),
+        "transformer_blocks.0.attn.norm_added_k.weight": (128,),
+        "transformer_blocks.0.norm1.linear.weight": (18432, 3072),
+        "transformer_blocks.0.ff.net.0.proj.weight": (12288, 3072),
         "single_transformer_blocks.0.proj_out.weight": (3072, 15360),
     }
     assert det(k).architecture == "flux1_schnell"
@@ -376,7 +389,7 @@ def test_no_tensors_is_a_format_error():
 def test_json_has_exactly_the_design_fields():
     j = det(unet(768)).to_json()
     assert list(j) == [
-        "path", "file_bytes", "format", "kind", "architecture", "variant", "prediction",
+        "path", "file_bytes", "format", "kind", "architecture", "also", "variant", "prediction",
         "components", "lora", "metadata", "summary", "evidence", "error",
     ]  # fmt: skip
     assert set(j["components"]["unet"]) == {"prefix", "tensors", "params", "bytes", "dtype"}

@@ -20,7 +20,7 @@ def test_one_detection_per_path_in_order_and_a_bad_file_has_an_error(tmp_path, s
     got = Engine().run(Inspect((str(lokr), str(junk), str(vae))))
     assert [d.path for d in got] == [str(lokr), str(junk), str(vae)]
     assert [d.kind for d in got] == ["lora", "unknown", "vae"]
-    assert got[0].lora["algos"] == ["lokr"] and got[1].error["type"] == "format" and got[2].error is None
+    assert list(got[0].lora.algos) == ["lokr"] and got[1].error.type == "format" and got[2].error is None
 
 
 def test_a_bug_in_detection_still_answers_for_that_file(tmp_path, monkeypatch):
@@ -29,7 +29,7 @@ def test_a_bug_in_detection_still_answers_for_that_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(engine.detect.file, "detect_file", broken)
     (d,) = Engine().run(Inspect((str(tmp_path / "x.safetensors"),)))
-    assert d.error["type"] == "error" and "RuntimeError: a bug" in d.error["message"]
+    assert d.error.type == "error" and "RuntimeError: a bug" in d.error.message
 
 
 def test_inspect_stops_between_files_when_cancelled(tmp_path):

@@ -64,3 +64,19 @@ def test_overrides_from_device_options():
     o = DeviceOptions(cpu_vae=True, unet_dtype="fp8_e4m3fn", force_dtype="fp32")
     assert overrides_from_options("vae", o) == {"cpu_vae": True, "compute": "float32", "storage": "float32"}
     assert overrides_from_options("unet", o)["storage"] == "float8_e4m3fn"
+
+
+def test_the_2026_text_encoders_are_placed_as_text_encoders():
+    from engine.model import role_of
+
+    for name in (
+        "umt5_xxl",
+        "qwen25_vl_7b",
+        "qwen3_4b",
+        "qwen3_vl_4b",
+        "llama31_8b",
+        "mistral3_24b",
+        "gemma2_2b",
+    ):
+        assert role_of(name) == "text_encoder", name
+    assert (role_of("transformer"), role_of("vae"), role_of("other")) == ("diffusion", "vae", "other")

@@ -1,0 +1,187 @@
+"""Video VAEs (3-D causal convolutions): Wan 2.1 (also Qwen-Image's), Wan 2.2, HunyuanVideo (and 1.5),
+LTX-Video, LTX-2 and Mochi, in original and diffusers naming. A VAE's architecture is the family that
+introduced its layout; `also` names the other families whose pipelines use a VAE of that very layout.
+
+Facts (cited, not copied):
+* Wan (Wan-Video/Wan2.1 `wan/modules/vae.py`, Wan2.2 `vae2_2.py`; diffusers AutoencoderKLWan and
+  convert_wan_vae_to_diffusers): RMS norms with a `gamma` (`decoder.middle.0.residual.0.gamma`, diffusers
+  `decoder.mid_block.resnets.0.norm1.gamma`), `decoder.conv1` / `conv_in` from z latent channels. Wan 2.1:
+  z 16, dim 96, RGB in (`encoder.conv1` 3 channels); Wan 2.2: z 48, dim 160 / decoder 256, 2x2-patchified
+  RGB (12 channels) and nested `upsamples.N.upsamples.M` (ComfyUI sd.py tells 2.2 by that key). Wan 2.2
+  A14B and Cosmos Predict2 load the Wan 2.1 VAE file itself (Wan2.2 `wan_t2v_A14B.py`: Wan2.1_VAE.pth);
+  Qwen-Image's VAE is its layout key for key (diffusers AutoencoderKLQwenImage builds the same state dict)
+  with its own weights, and Krea 2 and Anima decode with Qwen-Image's (diffusers krea2 / anima pipelines).
+  Qwen-Image-Layered's VAE takes RGBA: 4 image channels.
+* HunyuanVideo (diffusers AutoencoderKLHunyuanVideo; ComfyUI sd.py: a conv3d AutoencoderKL in LDM names,
+  `decoder.conv_in.conv.weight`): z 16, 4x temporal / 8x spatial; HunyuanVideo 1.5: z 32, 16x spatial
+  (ComfyUI sd.py; diffusers AutoencoderKLHunyuanVideo15).
+* LTX (Lightricks causal_video_autoencoder; diffusers convert_ltx_vae / convert_ltx2_vae): z 128
+  (`decoder.conv_in.conv` in-channels), `per_channel_statistics`. The decoder's sequence of blocks tells
+  the generation: LTX-Video's has up_blocks 0-8 (0.9.1+) or 0-9 (0.9.0), diffusers 4 up blocks; LTX-2's
+  has up_blocks 0-6, diffusers 3.
+* Mochi (genmoai/mochi `vae/models.py`, names ComfyUI sd.py tests: `blocks.2.blocks.3.stack.5.weight`
+  in the decoder, `layers.4.layers.1.attn_block.attn.qkv.weight` in the encoder; diffusers
+  AutoencoderKLMochi `decoder.block_in`, `decoder.conv_in` from 12 channels): z 12.
+"""
+
+from __future__ import annotations
+
+from .keys import KeyIndex
+from .parts import Part
+from .result import Evidence
+
+WAN21_ALSO = ("wan22", "qwen_image", "cosmos_predict2", "krea2")
+
+
+def _part(ix: KeyIndex, prefix: str, arch: str | None, z: int | None, key: str, why: str, also=()) -> Part:
+    return Part(
+        prefix,
+        "vae",
+        "video VAE",
+        channels=z,
+        architecture=arch,
+        also=tuple(also),
+        evidence=[Evidence(key, ix.shape(key), why)],
+    )
+
+
+def find_video_vaes(ix: KeyIndex) -> list[Part]:
+    parts = _wan(ix) + _conv_wrapped(ix) + _mochi(ix)
+    seen: set[str] = set()
+    return [p for p in parts if not (p.prefix in seen or seen.add(p.prefix))]
+
+
+def _wan(ix: KeyIndex) -> list[Part]:
+    out = []
+    for norm, conv_in, image_in in (
+        ("decoder.middle.0.residual.0.gamma", "decoder.conv1.weight", "encoder.conv1.weight"),
+        ("decoder.mid_block.resnets.0.norm1.gamma", "decoder.conv_in.weight", "encoder.conv_in.weight"),
+    ):
+        for p in ix.prefixes_for(norm):
+            shape = ix.shape(p + conv_in)
+            if shape is None or len(shape) != 5:
+                continue
+            z = shape[1]
+            image = ix.dim(p + image_in, 1)
+            key = p + conv_in
+            if z == 48:
+                why = "a Wan-style 3-D VAE decoding 48 latent channels → the Wan 2.2 VAE (TI2V 5B)"
+                out.append(_part(ix, p, "wan22", z, key, why))
+            elif z == 16:
+                why = "a Wan-style 3-D VAE decoding 16 latent channels → the Wan 2.1 VAE layout"
+                part = _part(ix, p, "wan21", z, key, why, WAN21_ALSO)
+                part.evidence.append(
+                    Evidence(
+                        "",
+                        None,
+                        "Wan 2.2 A14B and Cosmos Predict2 use the Wan 2.1 VAE file; Qwen-Image's VAE (also "
+                        "Krea 2's and Anima's) has this layout key for key with its own weights: the header "
+                        "cannot tell which file this is",
+                    )
+                )
+                if image == 4:
+                    key4 = p + image_in
+                    part.evidence.append(
+                        Evidence(key4, ix.shape(key4), "4 image channels (RGBA) → Qwen-Image-Layered's VAE")
+                    )
+                    part.also = ("qwen_image",)
+                out.append(part)
+            else:
+                out.append(
+                    _part(
+                        ix, p, None, z, key, f"a Wan-style 3-D VAE with {z} latent channels: no known release"
+                    )
+                )
+    return out
+
+
+def _conv_wrapped(ix: KeyIndex) -> list[Part]:
+    """Causal 3-D VAEs whose convolutions are wrapped (`conv_in.conv.weight`): HunyuanVideo, LTX."""
+    out = []
+    for p in ix.prefixes_for("decoder.conv_in.conv.weight"):
+        key = p + "decoder.conv_in.conv.weight"
+        shape = ix.shape(key)
+        if shape is None or len(shape) != 5:
+            continue
+        z = shape[1]
+        ltx_original = ix.has(p + "decoder.up_blocks.0.res_blocks.0.conv1.conv.weight")
+        if z == 128 or ltx_original:
+            out.append(_ltx(ix, p, z, key, ltx_original))
+        elif z == 16:
+            out.append(
+                _part(
+                    ix,
+                    p,
+                    "hunyuan_video",
+                    z,
+                    key,
+                    "a causal 3-D VAE decoding 16 latent channels → the HunyuanVideo VAE",
+                )
+            )
+        elif z == 32:
+            out.append(
+                _part(
+                    ix,
+                    p,
+                    "hunyuan_video15",
+                    z,
+                    key,
+                    "a causal 3-D VAE decoding 32 latent channels (16x spatial) → the HunyuanVideo 1.5 VAE",
+                )
+            )
+        else:
+            out.append(
+                _part(ix, p, None, z, key, f"a causal 3-D VAE with {z} latent channels: no known release")
+            )
+    return out
+
+
+def _ltx(ix: KeyIndex, p: str, z: int, key: str, original: bool) -> Part:
+    blocks = ix.count_blocks(p + "decoder.up_blocks.")
+    if original:
+        arch = "ltx2" if blocks == 7 else "ltxv" if blocks in (9, 10) else None
+        what = f"decoder up_blocks 0-{blocks - 1} (LTX's own naming)"
+    else:
+        arch = "ltx2" if blocks == 3 else "ltxv" if blocks == 4 else None
+        what = f"{blocks} decoder up blocks (diffusers naming)"
+    name = {"ltx2": "the LTX-2 VAE", "ltxv": "the LTX-Video VAE", None: "no known LTX release"}[arch]
+    return _part(ix, p, arch, z, key, f"a causal 3-D VAE decoding {z} latent channels, {what} → {name}")
+
+
+def _mochi(ix: KeyIndex) -> list[Part]:
+    out = []
+    for suffix in ("blocks.2.blocks.3.stack.5.weight", "layers.4.layers.1.attn_block.attn.qkv.weight"):
+        for p in ix.prefixes_for(suffix):
+            if p.endswith(("decoder.", "encoder.")):
+                p = p[: -len("decoder.")]
+            out.append(
+                _part(
+                    ix,
+                    p,
+                    "mochi",
+                    12,
+                    _key(ix, p, suffix),
+                    "Mochi's asymmetric video VAE (genmo naming) → 12 latent channels",
+                )
+            )
+    for p in ix.prefixes_for("decoder.block_in.resnets.0.conv1.conv.weight"):
+        key = p + "decoder.conv_in.weight"
+        z = ix.dim(key, 1)
+        out.append(
+            _part(
+                ix,
+                p,
+                "mochi" if z == 12 else None,
+                z,
+                key,
+                f"Mochi's video VAE (diffusers naming) decoding {z} latent channels",
+            )
+        )
+    return out
+
+
+def _key(ix: KeyIndex, prefix: str, suffix: str) -> str:
+    for k in (prefix + "decoder." + suffix, prefix + "encoder." + suffix, prefix + suffix):
+        if ix.has(k):
+            return k
+    return prefix + suffix

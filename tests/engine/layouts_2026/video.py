@@ -1,0 +1,397 @@
+"""Video transformers in their original codebases' naming (what ComfyUI's repackaged files keep)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .common import Rows
+
+
+# --- Wan 2.1 / 2.2 ----------------------------------------------------------------------------------
+# Wan-Video/Wan2.1 `wan/modules/model.py` (WanModel, WanAttentionBlock, WanI2VCrossAttention, Head,
+# MLPProj), `wan/modules/vace_model.py` (VaceWanModel); Wan2.2 `wan/modules/model.py` (no CLIP branch);
+# configs from `wan/configs/wan_*.py` of both repos. Fun markers: aigc-apps/VideoX-Fun
+# `videox_fun/models/wan_transformer3d.py` (control_adapter = SimpleAdapter of wan_camera_adapter.py,
+# ref_conv Conv2d(16, dim, 2, 2)).
+@dataclass(frozen=True)
+class WanConfig:
+    dim: int = 5120
+    ffn: int = 13824
+    layers: int = 40
+    in_dim: int = 16
+    out_dim: int = 16
+    text_dim: int = 4096
+    clip_image: bool = False  # Wan 2.1 i2v / flf2v: img_emb + k_img / v_img in every block
+    flf: bool = False
+    vace_layers: tuple[int, ...] = ()
+    vace_in: int = 96
+    camera: bool = False
+    ref_conv: bool = False
+
+    def with_(self, **kw) -> WanConfig:
+        return replace(self, **kw)
+
+
+WAN21_T2V_1_3B = WanConfig(dim=1536, ffn=8960, layers=30)
+WAN21_T2V_14B = WanConfig()
+WAN21_I2V_14B = WanConfig(in_dim=36, clip_image=True)
+WAN21_FLF2V_14B = WAN21_I2V_14B.with_(flf=True)
+WAN21_VACE_1_3B = WAN21_T2V_1_3B.with_(vace_layers=tuple(range(0, 30, 2)))
+WAN21_VACE_14B = WAN21_T2V_14B.with_(vace_layers=tuple(range(0, 40, 5)))
+WAN21_FUN_INP_1_3B = WAN21_T2V_1_3B.with_(in_dim=36, clip_image=True)
+WAN21_FUN_CONTROL_14B = WAN21_T2V_14B.with_(in_dim=48, clip_image=True)
+WAN21_FUN_CAMERA_1_3B = WAN21_FUN_INP_1_3B.with_(camera=True)
+WAN22_T2V_A14B = WAN21_T2V_14B  # each expert (high noise, low noise): the same config (wan_t2v_A14B.py)
+WAN22_I2V_A14B = WanConfig(in_dim=36)
+WAN22_TI2V_5B = WanConfig(dim=3072, ffn=14336, layers=30, in_dim=48, out_dim=48)
+WAN22_FUN_CAMERA_A14B = WAN22_I2V_A14B.with_(camera=True)
+
+
+def _wan_block(r: Rows, k: str, c: WanConfig, clip_image: bool) -> None:
+    d = c.dim
+    for a in ("self_attn", "cross_attn"):
+        for p in ("q", "k", "v", "o"):
+            r.lin(f"{k}.{a}.{p}", d, d)
+        r.norm(f"{k}.{a}.norm_q", d, bias=False)  # WanRMSNorm over the whole width (qk_norm)
+        r.norm(f"{k}.{a}.norm_k", d, bias=False)
+    if clip_image:
+        r.lin(f"{k}.cross_attn.k_img", d, d)
+        r.lin(f"{k}.cross_attn.v_img", d, d)
+        r.norm(f"{k}.cross_attn.norm_k_img", d, bias=False)
+    r.norm(f"{k}.norm3", d)  # the affine LayerNorm before cross-attention (cross_attn_norm)
+    r.lin(f"{k}.ffn.0", c.ffn, d)
+    r.lin(f"{k}.ffn.2", d, c.ffn)
+    r.t(f"{k}.modulation", (1, 6, d))
+
+
+def wan_original(c: WanConfig) -> Rows:
+    r = Rows()
+    d = c.dim
+    r.conv("patch_embedding", d, c.in_dim, (1, 2, 2))
+    r.lin("text_embedding.0", d, c.text_dim)
+    r.lin("text_embedding.2", d, d)
+    r.lin("time_embedding.0", d, 256)
+    r.lin("time_embedding.2", d, d)
+    r.lin("time_projection.1", 6 * d, d)
+    for i in range(c.layers):
+        _wan_block(r, f"blocks.{i}", c, c.clip_image)
+    r.lin("head.head", c.out_dim * 4, d)
+    r.t("head.modulation", (1, 2, d))
+    if c.clip_image:
+        r.norm("img_emb.proj.0", 1280)
+        r.lin("img_emb.proj.1", 1280, 1280)
+        r.lin("img_emb.proj.3", d, 1280)
+        r.norm("img_emb.proj.4", d)
+        if c.flf:
+            r.t("img_emb.emb_pos", (1, 2 * 257, 1280))  # two CLIP images of 257 tokens
+    if c.vace_layers:
+        r.conv("vace_patch_embedding", d, c.vace_in, (1, 2, 2))
+        for n, _ in enumerate(c.vace_layers):
+            _wan_block(r, f"vace_blocks.{n}", c, False)
+            if n == 0:
+                r.lin(f"vace_blocks.{n}.before_proj", d, d)
+            r.lin(f"vace_blocks.{n}.after_proj", d, d)
+    if c.camera:
+        r.conv("control_adapter.conv", d, 24 * 8 * 8, (2, 2))
+        r.conv("control_adapter.residual_blocks.0.conv1", d, d, (3, 3))
+        r.conv("control_adapter.residual_blocks.0.conv2", d, d, (3, 3))
+    if c.ref_conv:
+        r.conv("ref_conv", d, 16, (2, 2))
+    return r
+
+
+def wan_diffusers_config(c: WanConfig, layers: int | None = None) -> dict:
+    """WanTransformer3DModel / WanVACETransformer3DModel arguments for the same release."""
+    cfg = dict(
+        num_attention_heads=c.dim // 128,
+        attention_head_dim=128,
+        in_channels=c.in_dim,
+        out_channels=c.out_dim,
+        ffn_dim=c.ffn,
+        num_layers=layers or c.layers,
+    )
+    if c.clip_image:
+        cfg.update(image_dim=1280, added_kv_proj_dim=c.dim)
+        if c.flf:
+            cfg.update(pos_embed_seq_len=2 * 257)
+    if c.vace_layers:
+        cfg.update(vace_layers=list(c.vace_layers), vace_in_channels=c.vace_in)
+    return cfg
+
+
+# --- HunyuanVideo 1.0 / 1.5, HunyuanImage 2.1 ----------------------------------------------------------
+# ComfyUI naming: comfy/ldm/hunyuan_video/model.py (HunyuanVideo: PatchEmbed img_in.proj, MLPEmbedder
+# time_in / vector_in / guidance_in / time_r_in, TokenRefiner txt_in with input_embedder, t_embedder,
+# c_embedder and individual_token_refiner.blocks.N {norm1, self_attn.qkv/proj, norm2, mlp.0/2,
+# adaLN_modulation.1}, FLUX DoubleStreamBlock / SingleStreamBlock, ByT5Mapper byt5_in, MLPProj vision_in,
+# cond_type_embedding, LastLayer). Tencent naming (Tencent/HunyuanVideo `hyvideo/modules/models.py`):
+# img_attn_qkv, img_attn_{q,k}_norm, img_mod.linear, img_mlp.fc1/fc2, single_blocks.N.{q,k}_norm /
+# modulation.linear, time_in.mlp.0/2, refiner self_attn_qkv / mlp.fc1 — the names diffusers'
+# convert_hunyuan_video_transformer_to_diffusers reads.
+@dataclass(frozen=True)
+class HunyuanConfig:
+    hidden: int = 3072
+    double: int = 20
+    single: int = 40
+    in_channels: int = 16
+    out_channels: int = 16
+    patch: tuple[int, ...] = (1, 2, 2)
+    text: int = 4096
+    vector: int | None = 768
+    guidance: bool = True
+    byt5: bool = False
+    vision: int | None = None
+    cond_type: bool = False
+
+    def with_(self, **kw) -> HunyuanConfig:
+        return replace(self, **kw)
+
+
+HUNYUAN_VIDEO = HunyuanConfig()
+HUNYUAN_VIDEO_I2V = HunyuanConfig(in_channels=33)
+HUNYUAN_VIDEO15 = HunyuanConfig(
+    hidden=2048, double=54, single=0, in_channels=65, out_channels=32, patch=(1, 1, 1), text=3584,
+    vector=None, guidance=False, byt5=True, vision=1152, cond_type=True,
+)  # fmt: skip
+HUNYUAN_IMAGE21 = HunyuanConfig(
+    hidden=3584, double=20, single=40, in_channels=64, out_channels=64, patch=(1, 1), text=3584,
+    vector=None, guidance=False, byt5=True,
+)  # fmt: skip
+
+
+def _mlp_embedder(r: Rows, k: str, h: int, inp: int, tencent: bool) -> None:
+    a, b = ("mlp.0", "mlp.2") if tencent else ("in_layer", "out_layer")
+    r.lin(f"{k}.{a}", h, inp)
+    r.lin(f"{k}.{b}", h, h)
+
+
+def hunyuan(c: HunyuanConfig, naming: str = "comfy") -> Rows:
+    t = naming == "tencent"
+    r = Rows()
+    h, mlp = c.hidden, 4 * c.hidden
+    r.conv("img_in.proj", h, c.in_channels, c.patch)
+    _mlp_embedder(r, "time_in", h, 256, t)
+    if c.guidance:
+        _mlp_embedder(r, "guidance_in", h, 256, t)
+    if c.vector:
+        r.lin("vector_in.in_layer", h, c.vector)
+        r.lin("vector_in.out_layer", h, h)
+    r.lin("txt_in.input_embedder", h, c.text)
+    _mlp_embedder(r, "txt_in.t_embedder", h, 256, t)
+    if t:
+        r.lin("txt_in.c_embedder.linear_1", h, c.text)
+        r.lin("txt_in.c_embedder.linear_2", h, h)
+    else:
+        _mlp_embedder(r, "txt_in.c_embedder", h, c.text, False)
+    for n in range(2):
+        k = f"txt_in.individual_token_refiner.blocks.{n}"
+        r.norm(f"{k}.norm1", h)
+        r.lin(f"{k}.self_attn_qkv" if t else f"{k}.self_attn.qkv", 3 * h, h)
+        r.lin(f"{k}.self_attn_proj" if t else f"{k}.self_attn.proj", h, h)
+        r.norm(f"{k}.norm2", h)
+        r.lin(f"{k}.mlp.fc1" if t else f"{k}.mlp.0", mlp, h)
+        r.lin(f"{k}.mlp.fc2" if t else f"{k}.mlp.2", h, mlp)
+        r.lin(f"{k}.adaLN_modulation.1", 2 * h, h)
+    for i in range(c.double):
+        for s in ("img", "txt"):
+            k = f"double_blocks.{i}.{s}"
+            if t:
+                r.lin(f"{k}_mod.linear", 6 * h, h)
+                r.lin(f"{k}_attn_qkv", 3 * h, h)
+                r.t(f"{k}_attn_q_norm.weight", (128,))
+                r.t(f"{k}_attn_k_norm.weight", (128,))
+                r.lin(f"{k}_attn_proj", h, h)
+                r.lin(f"{k}_mlp.fc1", mlp, h)
+                r.lin(f"{k}_mlp.fc2", h, mlp)
+            else:
+                r.lin(f"{k}_mod.lin", 6 * h, h)
+                r.lin(f"{k}_attn.qkv", 3 * h, h)
+                r.t(f"{k}_attn.norm.query_norm.scale", (128,))
+                r.t(f"{k}_attn.norm.key_norm.scale", (128,))
+                r.lin(f"{k}_attn.proj", h, h)
+                r.lin(f"{k}_mlp.0", mlp, h)
+                r.lin(f"{k}_mlp.2", h, mlp)
+    for i in range(c.single):
+        k = f"single_blocks.{i}"
+        r.lin(f"{k}.linear1", 3 * h + mlp, h)
+        r.lin(f"{k}.linear2", h, h + mlp)
+        if t:
+            r.t(f"{k}.q_norm.weight", (128,))
+            r.t(f"{k}.k_norm.weight", (128,))
+            r.lin(f"{k}.modulation.linear", 3 * h, h)
+        else:
+            r.t(f"{k}.norm.query_norm.scale", (128,))
+            r.t(f"{k}.norm.key_norm.scale", (128,))
+            r.lin(f"{k}.modulation.lin", 3 * h, h)
+    patch_area = 1
+    for p in c.patch[-2:]:
+        patch_area *= p
+    r.lin("final_layer.linear", c.out_channels * patch_area, h)
+    r.lin("final_layer.adaLN_modulation.1", 2 * h, h)
+    if c.byt5:
+        r.norm("byt5_in.layernorm", 1472)
+        r.lin("byt5_in.fc1", 2048, 1472)
+        r.lin("byt5_in.fc2", 2048, 2048)
+        r.lin("byt5_in.fc3", h, 2048)
+    if c.vision:
+        r.norm("vision_in.proj.0", c.vision)
+        r.lin("vision_in.proj.1", c.vision, c.vision)
+        r.lin("vision_in.proj.3", h, c.vision)
+        r.norm("vision_in.proj.4", h)
+    if c.cond_type:
+        r.t("cond_type_embedding.weight", (3, h))
+    return r
+
+
+# --- LTX-Video / LTX-2 (original naming) -------------------------------------------------------------
+# Lightricks/LTX-Video and Lightricks/LTX-2 keep diffusers' module tree under other names; these are the
+# renames diffusers' convert_ltx_transformer_checkpoint_to_diffusers / convert_ltx2_transformer_to_diffusers
+# undo (patchify_proj, adaln_single, q_norm / k_norm; audio_patchify_proj, audio_adaln_single,
+# av_ca_*_adaln_single, scale_shift_table_a2v_ca_*). Applied to the real diffusers classes' keys, they
+# give the original layout of any config.
+_LTX_NAMES = (
+    ("proj_in", "patchify_proj"),
+    ("time_embed", "adaln_single"),
+    ("norm_q", "q_norm"),
+    ("norm_k", "k_norm"),
+)
+_LTX2_NAMES = (
+    ("audio_proj_in", "audio_patchify_proj"),
+    ("audio_time_embed", "audio_adaln_single"),
+    ("av_cross_attn_video_scale_shift", "av_ca_video_scale_shift_adaln_single"),
+    ("av_cross_attn_video_a2v_gate", "av_ca_a2v_gate_adaln_single"),
+    ("av_cross_attn_audio_scale_shift", "av_ca_audio_scale_shift_adaln_single"),
+    ("av_cross_attn_audio_v2a_gate", "av_ca_v2a_gate_adaln_single"),
+    ("video_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_video"),
+    ("audio_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_audio"),
+)
+
+
+def ltx_original(diffusers_shapes: dict, ltx2: bool = False) -> Rows:
+    r = Rows()
+    for k, s in diffusers_shapes.items():
+        segs = k.split(".")
+        for new, old in (_LTX2_NAMES if ltx2 else ()) + _LTX_NAMES:
+            segs = [old if seg == new else seg for seg in segs]
+        r.t("model.diffusion_model." + ".".join(segs), s)
+    return r
+
+
+# --- Mochi 1 (original naming) -------------------------------------------------------------------------
+# genmoai/mochi `src/genmo/mochi_preview/dit/joint_model/asymm_models_joint.py` (AsymmDiTJoint,
+# AsymmetricJointBlock, AsymmetricAttention, AttentionPool t5_y_embedder, t5_yproj): 48 blocks, visual
+# 3072 wide, text 1536, 24 heads of 128, MLP ratios 4 (SwiGLU), the last block without a text output.
+def mochi_original(layers: int = 48) -> Rows:
+    r = Rows()
+    x, y = 3072, 1536
+    r.conv("x_embedder.proj", x, 12, (2, 2))
+    r.lin("t_embedder.mlp.0", x, 256)
+    r.lin("t_embedder.mlp.2", x, x)
+    r.lin("t5_y_embedder.to_kv", 2 * 4096, 4096)
+    r.lin("t5_y_embedder.to_q", 4096, 4096)
+    r.lin("t5_y_embedder.to_out", x, 4096)
+    r.lin("t5_yproj", y, 4096)
+    for i in range(layers):
+        k, last = f"blocks.{i}", i == layers - 1
+        r.lin(f"{k}.mod_x", 4 * x, x)
+        r.lin(f"{k}.mod_y", y if last else 4 * y, x)
+        r.lin(f"{k}.attn.qkv_x", 3 * x, x, False)
+        r.lin(f"{k}.attn.qkv_y", 3 * x, y, False)
+        for n in ("q_norm_x", "k_norm_x", "q_norm_y", "k_norm_y"):
+            r.t(f"{k}.attn.{n}.weight", (128,))
+        r.lin(f"{k}.attn.proj_x", x, x)
+        if not last:
+            r.lin(f"{k}.attn.proj_y", y, x)
+        r.lin(f"{k}.mlp_x.w1", 2 * 8192, x, False)
+        r.lin(f"{k}.mlp_x.w2", x, 8192, False)
+        if not last:
+            r.lin(f"{k}.mlp_y.w1", 2 * 4096, y, False)
+            r.lin(f"{k}.mlp_y.w2", y, 4096, False)
+    r.lin("final_layer.mod", 2 * x, x)
+    r.lin("final_layer.linear", 48, x)
+    r.t("pos_frequencies", (3, 24, 64))
+    return r
+
+
+# --- Cosmos Predict2 / Anima (original naming) ----------------------------------------------------------
+# nvidia-cosmos/cosmos-predict2 `cosmos_predict2/models/text2image_dit.py` (MiniTrainDIT, Block with
+# self_attn / cross_attn / mlp and adaln_modulation_* LoRA pairs, FinalLayer), the COSMOS_2_0 names
+# diffusers' converter reads, under NVIDIA's `net.` prefix; Anima adds `llm_adapter` (diffusers
+# AnimaTextConditioner: embed, 6 blocks of self / cross attention over 1024-wide Qwen3 0.6B states, mlp,
+# out_proj, norm). 2B: 2048 wide (16 heads), 28 blocks; 14B: 5120 (40 heads), 36 blocks; text 1024.
+@dataclass(frozen=True)
+class CosmosConfig:
+    dim: int = 2048
+    layers: int = 28
+    in_channels: int = 16  # 17 for Video2World
+    anima: bool = False
+
+    def with_(self, **kw) -> CosmosConfig:
+        return replace(self, **kw)
+
+
+COSMOS2_2B_T2I = CosmosConfig()
+COSMOS2_14B_V2W = CosmosConfig(dim=5120, layers=36, in_channels=17)
+ANIMA = CosmosConfig(anima=True)
+
+
+def cosmos_original(c: CosmosConfig, prefix: str = "net.") -> Rows:
+    r = Rows()
+    d = c.dim
+    r.lin("x_embedder.proj.1", d, (c.in_channels + 1) * 4, False)
+    r.lin("t_embedder.1.linear_1", d, d, False)
+    r.lin("t_embedder.1.linear_2", 3 * d, d, False)
+    r.t("t_embedding_norm.weight", (d,))
+    for i in range(c.layers):
+        k = f"blocks.{i}"
+        for a, kv in (("self_attn", d), ("cross_attn", 1024)):
+            r.lin(f"{k}.{a}.q_proj", d, d, False)
+            r.lin(f"{k}.{a}.k_proj", d, kv, False)
+            r.lin(f"{k}.{a}.v_proj", d, kv, False)
+            r.lin(f"{k}.{a}.output_proj", d, d, False)
+            r.t(f"{k}.{a}.q_norm.weight", (128,))
+            r.t(f"{k}.{a}.k_norm.weight", (128,))
+        r.lin(f"{k}.mlp.layer1", 4 * d, d, False)
+        r.lin(f"{k}.mlp.layer2", d, 4 * d, False)
+        for m in ("self_attn", "cross_attn", "mlp"):
+            r.lin(f"{k}.adaln_modulation_{m}.1", 256, d, False)
+            r.lin(f"{k}.adaln_modulation_{m}.2", 3 * d, 256, False)
+    r.lin("final_layer.adaln_modulation.1", 256, d, False)
+    r.lin("final_layer.adaln_modulation.2", 2 * d, 256, False)
+    r.lin("final_layer.linear", 16 * 4, d, False)
+    if c.anima:
+        a = "llm_adapter"
+        r.t(f"{a}.embed.weight", (32128, 1024))
+        for n in range(6):
+            k = f"{a}.blocks.{n}"
+            for part in ("self_attn", "cross_attn"):
+                r.t(f"{k}.norm_{part}.weight", (1024,))
+                for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                    r.lin(f"{k}.{part}.{p}", 1024, 1024, False)
+                r.t(f"{k}.{part}.q_norm.weight", (64,))
+                r.t(f"{k}.{part}.k_norm.weight", (64,))
+            r.t(f"{k}.norm_mlp.weight", (1024,))
+            r.lin(f"{k}.mlp.0", 4096, 1024)
+            r.lin(f"{k}.mlp.2", 1024, 4096)
+        r.lin(f"{a}.out_proj", 1024, 1024)
+        r.t(f"{a}.norm.weight", (1024,))
+    return r.under(prefix)
+
+
+def cosmos_diffusers_config(c: CosmosConfig, layers: int | None = None) -> dict:
+    """CosmosTransformer3DModel arguments of a Predict2 release (diffusers' Cosmos 2.0 configs)."""
+    return dict(
+        in_channels=c.in_channels,
+        out_channels=16,
+        num_attention_heads=c.dim // 128,
+        attention_head_dim=128,
+        num_layers=layers or c.layers,
+        mlp_ratio=4.0,
+        text_embed_dim=1024,
+        adaln_lora_dim=256,
+        max_size=(128, 240, 240),
+        patch_size=(1, 2, 2),
+        rope_scale=(1.0, 4.0, 4.0),
+        concat_padding_mask=True,
+        extra_pos_embed_type=None,
+    )

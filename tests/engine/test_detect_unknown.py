@@ -1,0 +1,102 @@
+"""A layout nobody knows is never guessed: a denoiser of unknown structure is a diffusion_model with
+architecture null and the facts its keys show; a new size of a known block structure stays in its family."""
+
+from __future__ import annotations
+
+import pytest
+from layouts_2026.common import Rows, detect
+
+from engine.detect import KINDS
+
+
+def _mystery(blocks=30, hidden=3072, patch=(2, 2), timestep=True) -> Rows:
+    r = Rows()
+    r.conv("x_embedder.proj", hidden, 16, patch)
+    if timestep:
+        r.lin("t_embedder.mlp.0", hidden, 256)
+    for i in range(blocks):
+        r.lin(f"blocks.{i}.attn.qkv", 3 * hidden, hidden)
+        r.lin(f"blocks.{i}.attn.proj", hidden, hidden)
+        r.lin(f"blocks.{i}.mlp.fc1", 4 * hidden, hidden)
+        r.lin(f"blocks.{i}.mlp.fc2", hidden, 4 * hidden)
+    return r
+
+
+def test_an_unknown_denoiser_is_null_with_its_shape_in_the_evidence():
+    d = detect(_mystery().under("model.diffusion_model."))
+    assert (d.kind, d.architecture, d.variant, d.also) == ("diffusion_model", None, None, ())
+    assert [e.reason for e in d.evidence] == [
+        "transformer, 30 blocks, hidden 3072, patch 2×2: no known release"
+    ]
+    assert d.components["transformer"].prefix == "model.diffusion_model."
+
+
+def test_attention_blocks_without_a_timestep_are_no_denoiser():
+    assert detect(_mystery(timestep=False)).kind == "unknown"
+
+
+def _small_layouts() -> list[dict]:
+    from layouts_2026 import image as I
+    from layouts_2026 import parts as P
+    from layouts_2026 import video as V
+
+    return [
+        V.wan_original(V.WAN21_I2V_14B.with_(layers=3, flf=True)),
+        V.wan_original(V.WAN21_VACE_1_3B.with_(layers=4, vace_layers=(0, 2))),
+        V.hunyuan(V.HUNYUAN_VIDEO.with_(double=2, single=2), "tencent"),
+        V.hunyuan(V.HUNYUAN_VIDEO15.with_(double=2)),
+        V.mochi_original(3),
+        V.cosmos_original(V.ANIMA.with_(layers=2)),
+        I.flux_bfl(I.CHROMA.with_(depth=2, single=2)),
+        I.flux_bfl(I.FLUX2_KLEIN_4B.with_(depth=2, single=2)),
+        I.nextdit_original(I.Z_IMAGE.with_(layers=2)),
+        I.sana_original(I.SANA_600M.with_(layers=3)),
+        I.krea2_original(I.Krea2Config(layers=2)),
+        P.wan_vae_original("2.2"),
+        P.mochi_vae_decoder(),
+        P.umt5_wan(2),
+    ]
+
+
+def test_random_parts_of_2026_layouts_never_crash():
+    """Any subset of real keys, under any prefix, with shapes bent: an answer (maybe null), never a crash."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    layouts = _small_layouts()
+
+    @settings(max_examples=150)
+    @given(
+        st.integers(0, len(layouts) - 1),
+        st.randoms(use_true_random=False),
+        st.sampled_from(["", "model.diffusion_model.", "net.", "vae.", "text_encoders.x.transformer."]),
+    )
+    def check(which, rnd, prefix):
+        rows = layouts[which]
+        keys = rnd.sample(sorted(rows), k=rnd.randint(1, min(len(rows), 60)))
+        shapes = {}
+        for k in keys:
+            shape = list(rows[k])
+            if shape and rnd.random() < 0.2:
+                shape[rnd.randrange(len(shape))] = rnd.choice([1, 3, 7, 4096])
+            shapes[prefix + k] = tuple(shape)
+        d = detect(shapes)
+        assert d.kind in KINDS and d.to_json()["also"] == list(d.also)
+        assert sum(c.tensors for c in d.components.values()) == len(shapes)
+
+    check()
+
+
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+
+
+@pytest.mark.parametrize(
+    "cls", ["QwenImage21Transformer2DModel", "OvisImageTransformer2DModel", "Flux3Transformer2DModel"]
+)
+def test_structures_no_rule_knows_are_never_guessed(cls):
+    from layouts_2026.common import meta_shapes
+
+    d = detect(meta_shapes(getattr(diffusers, cls)))
+    assert (d.kind, d.architecture) == ("diffusion_model", None), d.evidence
+    assert "no known release" in d.evidence[0].reason
