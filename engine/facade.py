@@ -24,12 +24,12 @@ log = logging.getLogger("loadout.engine")
 
 
 def _prefixes(f) -> dict[str, str]:
-    """name -> key prefix of every component detection finds in an open SafetensorsFile (from the
-    header already read: detection never reads it again). The `other` bucket is not a component."""
+    """name -> key prefix of every component detection finds in an open SafetensorsFile or GGUFFile
+    (from the header already read: detection never reads it again). The `other` bucket is not a
+    component."""
     from .detect.core import detect_index
-    from .formats.index import index_of_header
 
-    det = detect_index(index_of_header(f.header, f.path), path=f.path)
+    det = detect_index(f.index(), path=f.path)
     if det.error is not None and not det.components:
         raise FormatError(f"{os.path.basename(f.path)}: {det.error.message}")
     return {n: c.prefix for n, c in det.components.items() if n != "other"}
@@ -209,18 +209,20 @@ class Engine:
         a VAE an earlier decode built stands for the file's `vae`, so it is never held twice. The
         header is read once here and handed to detection, the component build and the VAE's."""
         path = os.path.abspath(path)
-        if not path.endswith((".safetensors", ".sft")):
-            raise FormatError(f"{os.path.basename(path)}: only .safetensors files can be loaded for now.")
+        if not path.endswith((".safetensors", ".sft", ".gguf")):
+            raise FormatError(
+                f"{os.path.basename(path)}: only .safetensors and .gguf files can be loaded for now."
+            )
         have = self.loaded.of_file(path)
         runnable = self.loaded.runnable_vae(path)
         if runnable is not None:
             have.setdefault("vae", runnable)
         if names and all(n in have for n in names):
             return [have[n] for n in names]
-        from .formats.safetensors import SafetensorsFile
+        from .formats import open_weights
         from .model import build_components
 
-        f = SafetensorsFile(path)
+        f = open_weights(path)
         prefixes = _prefixes(f)
         todo = {n: p for n, p in prefixes.items() if n not in have}
         if todo:

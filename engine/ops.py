@@ -1,13 +1,16 @@
 """Castable layers: torch modules whose weights may live elsewhere, or in another dtype, than the
 computation, and may be patched on the fly.
 
-Each op behaves exactly like its torch.nn counterpart until one of three things is set:
+Each op behaves exactly like its torch.nn counterpart until one of four things is set:
   * `offload`: the weights stay where they are (RAM, or the mmap on disk) and are moved to the
     input's device for each forward — how partially loaded models run;
   * `compute_dtype`: the weights are cast for each forward (fp8 storage on a device that cannot
     compute in fp8, or an fp16 VAE run in fp32 by the NaN guard);
   * `weight_functions` / `bias_functions`: callables applied to the (moved) weight before the cast —
-    how a LoRA patches an offloaded module without baking it into the stored weight.
+    how a LoRA patches an offloaded module without baking it into the stored weight;
+  * `quantized` (`hold_quantized`): the parameter is a GGUF tensor's raw uint8 blocks — what the
+    module costs, moves between tiers and is counted by the ledger — and each forward dequantizes
+    the moved bytes (engine.quant) before the patches and the cast.
 
 The idea (keep weights where they are, cast them inside forward) is the one ComfyUI's ops.py uses;
 this is our own implementation. Every forward checks the cancel token of the surrounding
@@ -18,13 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+import types
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .jobs import CancelToken
+from .quant import QuantSpec
 
 WeightFunction = Callable[[torch.Tensor], torch.Tensor]
 
@@ -55,6 +60,8 @@ class Castable:
     offload: bool = False
     compute_dtype: torch.dtype | None = None
     non_blocking: bool = False
+    # attr -> how to dequantize that parameter's raw bytes; set by hold_quantized or engine.model.tree
+    quantized: Mapping[str, QuantSpec] = types.MappingProxyType({})
 
     def _castable_init(self) -> None:
         self.weight_functions: list[WeightFunction] = []
@@ -65,13 +72,14 @@ class Castable:
         return (
             self.offload
             or self.compute_dtype is not None
-            or bool(self.weight_functions or self.bias_functions)
+            or bool(self.weight_functions or self.bias_functions or self.quantized)
         )
 
     def cast_params(self, like: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Weight and bias ready for computing with `like` (device of the input; dtype compute_dtype
         or the input's). Patches run on the stored dtype, then the result is cast — so an on-the-fly
-        patch rounds exactly as a baked one would."""
+        patch rounds exactly as a baked one would. A quantized weight moves as its raw bytes and is
+        dequantized on the input's device."""
         check_cancelled()
         weight = getattr(self, "weight", None)
         bias = getattr(self, "bias", None)
@@ -79,20 +87,41 @@ class Castable:
             return weight, bias
         dtype = self.compute_dtype or like.dtype
         if not dtype.is_floating_point:
-            dtype = weight.dtype if weight is not None else torch.float32
+            dtype = _float_dtype(weight)
+        q = self.quantized
         return (
-            _prepare(weight, like.device, dtype, self.weight_functions, self.non_blocking),
-            _prepare(bias, like.device, dtype, self.bias_functions, self.non_blocking),
+            _prepare(weight, like.device, dtype, self.weight_functions, self.non_blocking, q.get("weight")),
+            _prepare(bias, like.device, dtype, self.bias_functions, self.non_blocking, q.get("bias")),
         )
 
 
-def _prepare(t, device, dtype, functions, non_blocking):
+def _float_dtype(t: torch.Tensor | None) -> torch.dtype:
+    return t.dtype if t is not None and t.is_floating_point() else torch.float32
+
+
+def _prepare(t, device, dtype, functions, non_blocking, spec: QuantSpec | None = None):
     if t is None:
         return None
     t = t.to(device=device, non_blocking=non_blocking)
+    if spec is not None:
+        # Patches get the exact float32 values (what the blocks mean), so a patched quantized weight
+        # is rounded once, to the compute dtype; unpatched, dequantize straight to it.
+        t = spec.dequantize(t, torch.float32 if functions else dtype)
     for fn in functions:
         t = fn(t)
     return t.to(dtype)
+
+
+def hold_quantized(op: Castable, attr: str, raw: torch.Tensor, spec: QuantSpec) -> None:
+    """Make `op.<attr>` a quantized tensor: the parameter becomes `raw`, the uint8 blocks (so the
+    module's bytes, its tier moves and the ledger count the quantized size), and `spec` tells forward
+    how to dequantize them (the logical shape is spec.shape, not raw's)."""
+    if raw.dtype != torch.uint8 or raw.numel() != spec.nbytes:
+        raise ValueError(
+            f"{spec.ggml_type} {spec.shape} is {spec.nbytes} uint8 bytes, not {raw.dtype} x {raw.numel()}"
+        )
+    op._parameters[attr] = nn.Parameter(raw, requires_grad=False)
+    op.quantized = types.MappingProxyType({**op.quantized, attr: spec})
 
 
 def _input_dtype(op: Castable, x: torch.Tensor) -> torch.Tensor:
@@ -224,8 +253,9 @@ class Embedding(FromFile, nn.Embedding):
         check_cancelled()
         w = self.weight
         if self.needs_cast:
-            dtype = self.compute_dtype or w.dtype
-            w = _prepare(w, ids.device, dtype, self.weight_functions, self.non_blocking)
+            dtype = self.compute_dtype or _float_dtype(w)
+            spec = self.quantized.get("weight")
+            w = _prepare(w, ids.device, dtype, self.weight_functions, self.non_blocking, spec)
         return F.embedding(
             ids, w, self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse
         )

@@ -6,6 +6,7 @@ import logging
 import math
 from collections import Counter, defaultdict
 
+from ..errors import UnsupportedModel
 from . import kinds
 from .diffusion import Backbone, find_backbone
 from .keys import KeyIndex, as_key_index
@@ -125,8 +126,28 @@ def detect_index(index, *, path: str = "") -> Detection:
         d = _replace(d, error=Failure("unsupported", f"{what}: Loadout cannot load these yet"))
         d = _replace(d, evidence=d.evidence + (Evidence(key, ix.shape(key), what),))
     if ix.format == "gguf" and d.error is None:
-        msg = "a GGUF (llama.cpp-style quantized) model: Loadout cannot load GGUF yet"
-        d = _replace(d, error=Failure("unsupported", msg))
+        d = _gguf_types(ix, d)
+    return d
+
+
+def _gguf_types(ix: KeyIndex, d: Detection) -> Detection:
+    """A GGUF diffusion model loads when engine.quant reads every tensor's type; else the first one it
+    cannot read is the error, by name. GGUF text encoders use llama.cpp's key names (enc.blk.N…),
+    which nothing maps back yet."""
+    from ..formats.dtypes import DTYPES
+    from ..quant import SUPPORTED, check_supported
+
+    if d.kind == "text_encoder":
+        msg = "a GGUF text encoder (llama.cpp key names): Loadout cannot load these yet"
+        return _replace(d, error=Failure("unsupported", msg))
+    for key, t in ix.tensors.items():
+        if t.dtype not in SUPPORTED and t.dtype not in DTYPES:
+            try:
+                check_supported(t.dtype)
+            except UnsupportedModel as e:
+                msg = f"{key}: {e.message}"
+                ev = Evidence(key, ix.shape(key), f"GGUF type {t.dtype}")
+                return _replace(d, error=Failure("unsupported", msg), evidence=d.evidence + (ev,))
     return d
 
 

@@ -6,6 +6,7 @@
   never imports torch.
 * `safetensors`: the validated header reader, lazy mmap tensors, atomic writers; `pickles`: safe
   loading of .ckpt/.pt/.bin; `latent`: ComfyUI .latent files; `gguf`: the GGUF header reader.
+* `open_weights(path)`: a loader's lazy, zero-copy view of a safetensors or GGUF file's tensors.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import os
 import struct
 
+from ..errors import FormatError
+from .gguf import GGUFFile
 from .index import IndexedTensor, ModelIndex, open_index
 from .safetensors import MAX_HEADER_BYTES, SafetensorsFile, SafetensorsHeader, TensorInfo, read_header
 
@@ -26,6 +29,8 @@ __all__ = [
     "SafetensorsHeader",
     "TensorInfo",
     "MODEL_SUFFIXES",
+    "GGUFFile",
+    "open_weights",
 ]
 
 MODEL_SUFFIXES = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".bin", ".gguf", ".latent")
@@ -55,3 +60,20 @@ def sniff(path: str | os.PathLike) -> str:
         if 2 <= n <= MAX_HEADER_BYTES and head[8:9] == b"{":
             return "safetensors"
     return "unknown"
+
+
+def open_weights(path: str | os.PathLike) -> SafetensorsFile:
+    """The file's tensors for loading, by its magic bytes: a SafetensorsFile, or a GGUFFile (the same
+    interface; quantized tensors come as their raw blocks)."""
+    p = os.fspath(path)
+    try:
+        kind = sniff(p)
+    except OSError as e:
+        raise FormatError(f"{p}: cannot read the file ({e.strerror or e})", path=p) from e
+    if kind == "gguf":
+        return GGUFFile(path)
+    if kind == "safetensors":
+        return SafetensorsFile(path)
+    raise FormatError(
+        f"{os.path.basename(p)}: only safetensors and GGUF files can be loaded for now.", path=p
+    )

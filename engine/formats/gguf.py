@@ -9,6 +9,11 @@ Block sizes per ggml type: gguf-py `GGML_QUANT_SIZES` (block elements, bytes per
 
 Every count and length is checked against hard caps and against the bytes left in the file before
 anything is allocated or looped over.
+
+ComfyUI-GGUF's converter stores some tensors reshaped (GGUF holds at most 4 dims, and a quantized
+row must be whole blocks) and records the shape to restore under `comfy.gguf.orig_shape.<name>`, an
+array of int32 (city96/ComfyUI-GGUF loader.py, get_orig_shape); `GGUFTensor.shape` is that shape.
+`GGUFFile` gives a loader the tensors themselves, zero-copy from a mmap of the file.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FormatError, UnsupportedModel
+from .dtypes import DTYPES
 from .index import IndexedTensor, ModelIndex
+from .safetensors import SafetensorsFile, TensorInfo
 
 MAGIC = b"GGUF"
 MAX_TENSORS = 1_000_000
@@ -94,11 +101,12 @@ class GGUFTensor:
     dims: tuple[int, ...]  # GGUF order: innermost first
     offset: int  # absolute, in the file
     nbytes: int
+    orig_shape: tuple[int, ...] | None = None  # comfy.gguf.orig_shape.<name>, when the file has one
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """The torch-order shape (outermost first)."""
-        return tuple(reversed(self.dims))
+        """The torch-order shape (outermost first): the original one where the file records it."""
+        return self.orig_shape if self.orig_shape is not None else tuple(reversed(self.dims))
 
 
 @dataclass(frozen=True)
@@ -273,13 +281,31 @@ def read_gguf(path: str | os.PathLike) -> GGUFHeader:
                 "the file is truncated (an incomplete download?)",
                 path=p,
             )
-        tensors[name] = GGUFTensor(name, tname, dims, start, nbytes)
+        orig = _orig_shape(meta, name, numel, p)
+        tensors[name] = GGUFTensor(name, tname, dims, start, nbytes, orig)
     prev_end, prev = data_start, None
     for t in sorted(tensors.values(), key=lambda t: t.offset):
         if t.offset < prev_end:
             raise FormatError(f"{p}: GGUF tensor {t.name!r} overlaps {prev!r}: corrupt file", path=p)
         prev_end, prev = t.offset + t.nbytes, t.name
     return GGUFHeader(p, version, size, alignment, data_start, meta, tensors)
+
+
+ORIG_SHAPE_KEY = "comfy.gguf.orig_shape."
+
+
+def _orig_shape(meta: dict[str, Any], name: str, numel: int, p: str) -> tuple[int, ...] | None:
+    v = meta.get(ORIG_SHAPE_KEY + name)
+    if v is None:
+        return None
+    ok = isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v)
+    if not ok or math.prod(v) != numel:
+        raise FormatError(
+            f"{p}: {ORIG_SHAPE_KEY}{name} is {v!r}, not a shape of the tensor's {numel:,} elements: "
+            "corrupt file",
+            path=p,
+        )
+    return tuple(v)
 
 
 def _meta_text(v: Any) -> str:
@@ -292,11 +318,65 @@ def _meta_text(v: Any) -> str:
 
 def index_gguf(path: str | os.PathLike) -> ModelIndex:
     """The GGUF file as a ModelIndex: torch-order shapes, ggml type names for quantized dtypes."""
-    h = read_gguf(path)
+    return _index_of(read_gguf(path))
+
+
+def _index_of(h: GGUFHeader) -> ModelIndex:
     tensors = {n: IndexedTensor(n, t.ggml_type, t.shape, t.nbytes, t.offset) for n, t in h.tensors.items()}
     meta = {k: _meta_text(v) for k, v in h.metadata.items()}
     data = sum(t.nbytes for t in h.tensors.values())
     return ModelIndex(h.path, "gguf", h.file_size, data, tensors, meta)
+
+
+@dataclass(frozen=True)
+class GGUFTable:
+    """A GGUF file's tensors as a safetensors header lists them, for code that reads either: one
+    TensorInfo per tensor with its ggml type name as dtype (F32 / F16 / BF16 and the integer types
+    share safetensors' names), its torch-order shape (the original one where recorded) and its bytes
+    relative to `data_start`."""
+
+    path: str
+    file_size: int
+    data_start: int
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, Any]
+
+
+class GGUFFile(SafetensorsFile):
+    """Lazy, zero-copy access to a GGUF file's tensors through the same private mmap SafetensorsFile
+    uses (so everything that binds, moves or measures a SafetensorsFile's tensors takes this too).
+    `tensor()` gives typed views for the float and integer types and, for the block types (Q8_0,
+    Q4_K, ...), the raw blocks as a flat uint8 view: engine.quant dequantizes them."""
+
+    def __init__(self, path: str | os.PathLike, header: GGUFHeader | None = None):
+        self.path = os.fspath(path)
+        self.gguf = header or read_gguf(self.path)
+        h = self.gguf
+        infos = {
+            n: TensorInfo(
+                n, t.ggml_type, t.shape, t.offset - h.data_start, t.offset - h.data_start + t.nbytes
+            )
+            for n, t in h.tensors.items()
+        }
+        self.header = GGUFTable(h.path, h.file_size, h.data_start, infos, h.metadata)  # type: ignore[assignment]
+        self._mm = None
+
+    def tensor(self, name: str):
+        info = self.header.tensors.get(name)
+        if info is None:
+            raise KeyError(name)
+        if info.dtype in DTYPES:
+            return super().tensor(name)
+        import torch
+
+        if info.nbytes == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(
+            self.mm, dtype=torch.uint8, count=info.nbytes, offset=self.header.data_start + info.begin
+        )
+
+    def index(self) -> ModelIndex:
+        return _index_of(self.gguf)
 
 
 def _pack_value(v: Any) -> tuple[int, bytes]:

@@ -278,6 +278,12 @@ class SafetensorsFile:
     def keys(self) -> list[str]:
         return list(self.header.tensors)
 
+    def index(self):
+        """The file's ModelIndex from the header already read (what detection reads)."""
+        from .index import index_of_header
+
+        return index_of_header(self.header, self.path)
+
     def tensor(self, name: str):
         """A zero-copy torch view of one tensor (imports torch)."""
         import torch

@@ -11,20 +11,21 @@ __all__ = ["TIERS", "Component", "Placement", "Unit", "build_components", "compu
 def build_components(
     path, prefixes: dict[str, str] | None = None, *, device: str = "cpu", report=None, **place_kw
 ) -> dict[str, Component]:
-    """`path`: a file name or an open SafetensorsFile (its header already read). One Component per
+    """`path`: a file name or an open SafetensorsFile / GGUFFile (its header already read; a GGUF
+    file's quantized tensors stay quantized, see engine.quant). One Component per
     (name -> key prefix) — by default the prefixes engine.detect finds (its
     `other` bucket is skipped) — with the device and dtypes the placement rules choose. `report` (an
     engine.devices.DeviceReport) supplies the device, its dtype facts, VRAM state and the user's
     dtype / --cpu-vae flags; `place_kw` overrides everything."""
+    from ..formats import open_weights
     from ..formats.safetensors import SafetensorsFile
 
-    f = path if isinstance(path, SafetensorsFile) else SafetensorsFile(path)
+    f = path if isinstance(path, SafetensorsFile) else open_weights(path)
     path = f.path
     if prefixes is None:
         from ..detect.core import detect_index
-        from ..formats.index import index_of_header
 
-        det = detect_index(index_of_header(f.header, path), path=path)
+        det = detect_index(f.index(), path=path)
         if det.error is not None and not det.components:
             from ..errors import FormatError
 

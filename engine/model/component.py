@@ -7,6 +7,10 @@ each module ("unit") living in one of three tiers and moved between them one at 
 * ``device``: on the compute device, in the storage dtype. When the device is the CPU, this tier *is* a
   copy in RAM, and the offload tier is the disk (mmap) tier.
 
+A GGUF file's quantized tensors (ggml block types: Q8_0, Q4_K, ...) are held as their raw blocks in
+every tier — a flat uint8 tensor, never converted to the storage dtype — and dequantized per op
+(engine.ops, engine.quant), so every tier and the ledger count the quantized bytes.
+
 Each unit is in exactly one tier; ``tier_bytes()`` counts the real bytes of the tensors it holds.
 """
 
@@ -19,8 +23,10 @@ import weakref
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ..formats import open_weights
 from ..formats.dtypes import torch_dtype
 from ..formats.safetensors import SafetensorsFile, TensorInfo
+from ..quant import is_block_type
 from . import transfer
 from .tree import ModuleSpec, build_tree, module_specs
 
@@ -68,12 +74,16 @@ class Unit:
         return n
 
 
-def _tensor_dtype(info: TensorInfo, storage: str | None):
+def _held(info: TensorInfo, storage: str | None) -> tuple:
+    """(torch dtype, shape) a tensor is held in: ggml blocks as their flat bytes, floats in the storage
+    dtype when there is one, anything else as the file has it."""
     import torch
 
+    if is_block_type(info.dtype):
+        return torch.uint8, (info.nbytes,)
     if storage and info.dtype.startswith(("F", "BF")):
-        return getattr(torch, storage)
-    return torch_dtype(info.dtype)
+        return getattr(torch, storage), info.shape
+    return torch_dtype(info.dtype), info.shape
 
 
 class Component:
@@ -96,7 +106,7 @@ class Component:
         compute_dtype: str = "float32",
     ):
         self.name = name
-        self.file = file if isinstance(file, SafetensorsFile) else SafetensorsFile(file)
+        self.file = file if isinstance(file, SafetensorsFile) else open_weights(file)
         self.path = self.file.path
         self.prefix = prefix
         self.device = device
@@ -210,20 +220,18 @@ class Component:
     def _to_host(self, u: Unit, tier: str, pinned) -> int:
         import torch
 
-        sizes = [
-            math.prod(i.shape) * torch.empty((), dtype=_tensor_dtype(i, self.storage_dtype)).element_size()
-            for i in u.infos.values()
-        ]
+        held = [_held(i, self.storage_dtype) for i in u.infos.values()]
+        sizes = [math.prod(shape) * torch.empty((), dtype=dt).element_size() for dt, shape in held]
         offsets, total = transfer.layout(sizes)
         block = transfer.HostBlock(total, pinned if tier == "ram" else None)
         out, src = {}, self._sources(u)
-        for (attr, info), off in zip(u.infos.items(), offsets, strict=True):
-            dt = _tensor_dtype(info, self.storage_dtype)
-            dst = transfer.view_in(block, off, dt, info.shape)
-            if u.tier == "disk" and self._in_file(info) and dt == torch_dtype(info.dtype):
+        for (attr, info), off, (dt, shape) in zip(u.infos.items(), offsets, held, strict=True):
+            dst = transfer.view_in(block, off, dt, shape)
+            file_dt, _ = _held(info, None)
+            if u.tier == "disk" and self._in_file(info) and dt == file_dt:
                 transfer.read_into(self._fd, self.data_start + info.begin, dst)
             elif u.tier == "disk" and self._in_file(info):
-                tmp = torch.empty(info.shape, dtype=torch_dtype(info.dtype))
+                tmp = torch.empty(shape, dtype=file_dt)
                 transfer.read_into(self._fd, self.data_start + info.begin, tmp)
                 dst.copy_(tmp)
                 del tmp
@@ -244,18 +252,19 @@ class Component:
 
         out, src, moved = {}, self._sources(u), 0
         for attr, info in u.infos.items():
-            dt = _tensor_dtype(info, self.storage_dtype)
-            dst = torch.empty(info.shape, dtype=dt, device=self.device)
+            dt, shape = _held(info, self.storage_dtype)
+            file_dt, _ = _held(info, None)
+            dst = torch.empty(shape, dtype=dt, device=self.device)
             if (
                 u.tier == "disk"
                 and self._in_file(info)
-                and dt == torch_dtype(info.dtype)
+                and dt == file_dt
                 and copier is not None
                 and copier.cuda
             ):
                 copier.from_file(self._fd, self.data_start + info.begin, dst)
             elif u.tier == "disk" and self._in_file(info):
-                tmp = torch.empty(info.shape, dtype=torch_dtype(info.dtype))
+                tmp = torch.empty(shape, dtype=file_dt)
                 transfer.read_into(self._fd, self.data_start + info.begin, tmp)
                 dst.copy_(tmp.to(dt))
                 del tmp

@@ -18,7 +18,9 @@ The file says nothing about module types, so each module is decided from its own
   tensors) or buffers (integer tensors) on a plain ``nn.Module``, kept exactly as named.
 
 Every module is created on the meta device (no memory); the caller binds the real tensors, so the
-tree's ``state_dict`` keys are exactly the file's keys below the component prefix.
+tree's ``state_dict`` keys are exactly the file's keys below the component prefix. A tensor of a ggml
+block type (GGUF: Q8_0, Q4_K, …) is typed by its logical shape like any other; its op records how to
+dequantize it (``Castable.quantized``) and will hold the raw blocks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..errors import UnsupportedModel
 from ..formats.safetensors import TensorInfo
 
 _LAYER_NORM_SEGMENT = re.compile(r"(layer_?norm|layernorm|^ln(_|\d|$)|^ln_final$)")
@@ -85,6 +88,41 @@ def module_specs(tensors: Iterable[tuple[str, TensorInfo]]) -> list[ModuleSpec]:
 
 def make_op(spec: ModuleSpec):
     """An empty module (meta tensors) of the spec's kind, with the right shapes."""
+    import types
+
+    quantized = _quant_specs(spec)
+    if quantized and spec.kind == "plain":
+        name, q = next(iter(quantized.items()))
+        raise UnsupportedModel(
+            f"{spec.tensors[name].name}: a {q.ggml_type} tensor outside a linear, convolution, "
+            "embedding or norm layer, where Loadout cannot dequantize it"
+        )
+    op = _make_op(spec)
+    if quantized:
+        op.quantized = types.MappingProxyType(quantized)
+    return op
+
+
+def _quant_specs(spec: ModuleSpec) -> dict:
+    """attr -> QuantSpec for the spec's tensors of ggml block types; UnsupportedModel naming the
+    tensor for a dtype no loader here knows (a ggml type Loadout cannot dequantize)."""
+    from ..formats.dtypes import DTYPES
+    from ..quant import QuantSpec, check_supported, is_block_type
+
+    out = {}
+    for attr, info in spec.tensors.items():
+        if info.dtype in DTYPES:
+            continue
+        try:
+            check_supported(info.dtype)
+        except UnsupportedModel as e:
+            raise UnsupportedModel(f"{info.name}: {e.message}") from None
+        if is_block_type(info.dtype):
+            out[attr] = QuantSpec(info.dtype, info.shape)
+    return out
+
+
+def _make_op(spec: ModuleSpec):
     import torch
     from torch import nn
 

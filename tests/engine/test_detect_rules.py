@@ -377,7 +377,8 @@ def test_quantized_models_are_named_and_marked_unsupported():
     d = det(nf4)
     assert d.architecture == "flux1_dev" and d.error.type == "unsupported" and "4-bit" in d.error.message
     g = det(flux(), format="gguf")
-    assert g.architecture == "flux1_dev" and g.error.type == "unsupported" and "GGUF" in g.error.message
+    # a GGUF of types engine.quant reads loads (one it cannot read: tests/e2e/test_scan_cli.py)
+    assert g.architecture == "flux1_dev" and g.error is None
 
 
 def test_no_tensors_is_a_format_error():
