@@ -52,12 +52,13 @@ _HANDLERS: dict[type, Callable] = {
     rq.Decode: lambda e, r, t, p: e.decode(r, token=t, report=p),
     rq.Encode: lambda e, r, t, p: e.encode(r, token=t, report=p),
     rq.PlanRequest: lambda e, r, t, p: e.plan(r.model, r.loras, r.decode),
+    rq.Step: lambda e, r, t, p: e.step(r, token=t, report=p),
 }
 
 
 # Jobs that run models: with --disable-smart-memory everything is unloaded after them, as ComfyUI
 # unloads its models after each prompt under that flag.
-_USES_MODELS = (rq.Decode, rq.Encode)
+_USES_MODELS = (rq.Decode, rq.Encode, rq.Step)
 
 
 class Engine:
@@ -332,6 +333,18 @@ class Engine:
         from .decoding import encode
 
         return encode(self._parts(), req, token or CancelToken(), report)
+
+    def step(self, req: rq.Step, *, token: CancelToken | None = None, report: Report = no_report):
+        """Run the model's denoiser (engine.stepping): placed through the ledger and kept loaded, with
+        `req.loras` set on the model first when given."""
+        from .stepping import denoiser_of, step
+
+        token = token or CancelToken()
+        self._components_of(req.model, ())
+        comp = denoiser_of(self.loaded.of_file(req.model))
+        if req.loras is not None:
+            self.set_loras(req.model, req.loras, token=token, report=report)
+        return step(self._parts(), comp, req, token, report)
 
     def _parts(self):
         from .decoding import Parts
