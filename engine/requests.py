@@ -236,6 +236,7 @@ class StepResult:
     output_shape: tuple[int, ...]
     out: str | None = None
     snapshot: object = None  # engine.residency.LedgerSnapshot after the run
+    prefetched: float = 0.0  # share of streamed modules whose bytes were already there when asked
 
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "snapshot"}

@@ -80,6 +80,7 @@ class Streamer:
         self.ring_bytes = max(largest, min(max(want, 2 * largest), total))
         self.streamed = 0  # bytes handed to ops so far
         self.sync_reads = 0  # modules read on demand (not in the plan's order)
+        self.hits = 0  # modules whose bytes were already there (host: read; CUDA: copy issued) when asked
         self._pinned = pinned
         self._next = 0  # the plan position the compute will ask for next
         self._issued = 0  # CUDA: plan positions whose device copy is issued
@@ -211,6 +212,7 @@ class Streamer:
             self._skip(self.plan[j])
         self._next = k + 1
         it = self.plan[k]
+        self.hits += it.ready.is_set() and (not self.cuda or k < self._issued)
         if not self.cuda:
             # The previous op has returned (the CPU computes synchronously): its bytes go first, so the
             # reader always has room for this one, however the ring is fragmented.

@@ -32,6 +32,7 @@ PREFIX = "model.diffusion_model."
 # The original configs (engine synth's SD1 / SD2 / SDXL: CompVis v1-inference.yaml, v2-inference-v.yaml,
 # sd_xl_base.yaml) with fewer channels and transformer blocks; the context and ADM widths stay, so
 # detection sees the family it is.
+SD1 = _unet.SD1
 SD1_TINY = _unet.SD1.with_(model_channels=32, channel_mult=(1, 2, 2), attention_resolutions=(1, 2))
 SD1_INPAINT_TINY = SD1_TINY.with_(in_channels=9)
 SD2_TINY = _unet.SD2.with_(model_channels=64, channel_mult=(1, 2, 2), attention_resolutions=(1, 2))
