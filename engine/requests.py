@@ -237,10 +237,14 @@ class StepResult:
     out: str | None = None
     snapshot: object = None  # engine.residency.LedgerSnapshot after the run
     prefetched: float = 0.0  # share of streamed modules whose bytes were already there when asked
+    step_cpu_seconds: tuple[
+        float, ...
+    ] = ()  # the process's CPU time per step (all threads, the reader's too)
 
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "snapshot"}
         d["step_seconds"] = list(self.step_seconds)
+        d["step_cpu_seconds"] = list(self.step_cpu_seconds)
         d["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
         d["output_shape"] = list(self.output_shape)
         return d

@@ -138,17 +138,19 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
     mode = "full" if tiers["ram"] == tiers["disk"] == 0 else "partial"
     x = {k: v.to(device) for k, v in inputs.items()}
     times: list[float] = []
+    cpu: list[float] = []
     stream = Streamer(comp, den.op_order(), device, steps=req.steps, pinned=getattr(res, "pinned", None))
     t_job = time.perf_counter()
     try:
         with ops.cancel_scope(token), torch.inference_mode(), baked_resident(comp, token), stream:
             for i in range(req.steps):
                 token.raise_if_cancelled()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 out = den(x)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
                 report(Progress("step", i + 1, req.steps, f"{times[-1]:.2f} s"))
             out = out.float().cpu()
     except Cancelled:
@@ -170,7 +172,7 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
         resident_bytes=comp.tier_bytes()["device"], streamed_bytes_per_step=streamed,
         input_shapes=MappingProxyType({k: tuple(v.shape) for k, v in inputs.items()}),
         output_shape=tuple(out.shape), out=req.out, snapshot=res.snapshot(),
-        prefetched=stream.hits / max(1, len(stream.plan)) if stream.units else 0.0,
+        prefetched=stream.hits / max(1, len(stream.plan)) if stream.units else 0.0, step_cpu_seconds=tuple(cpu),
     )  # fmt: skip
 
 
