@@ -33,6 +33,7 @@ class EventKind(str, Enum):
     DECODE_STARTED = "DecodeStarted"
     TILING_CHANGED = "TilingChanged"
     DECODE_FINISHED = "DecodeFinished"
+    STEP_FINISHED = "StepFinished"
     CANCELLED = "Cancelled"
 
     def __str__(self) -> str:
@@ -210,6 +211,20 @@ class DecodeFinished(Event):
     device: str = ""
     fp32_rerun: bool = False
     oom_retries: int = 0
+
+
+@dataclass(frozen=True)
+class StepFinished(Event):
+    """A denoiser ran `steps` forward passes (`loadout step`); `bytes_moved` is what one step streamed
+    of its offloaded modules, `duration_s` the median step."""
+
+    kind: ClassVar[EventKind] = EventKind.STEP_FINISHED
+    steps: int = 0
+    mode: str = "full"
+    device: str = ""
+    first_step_s: float = 0.0
+    peak_bytes: int = 0
+    tiers: Tiers = Tiers()
 
 
 @dataclass(frozen=True)

@@ -56,12 +56,13 @@ _HANDLERS: dict[type, Callable] = {
     rq.FindLibraries: lambda e, r, t, p: e.find_libraries(),
     rq.WriteDemo: lambda e, r, t, p: e.write_demo(r.folder, token=t, report=p),
     rq.EstimateDecode: lambda e, r, t, p: e.estimate_decode(r),
+    rq.Step: lambda e, r, t, p: e.step(r, token=t, report=p),
 }
 
 
 # Jobs that run models: with --disable-smart-memory everything is unloaded after them, as ComfyUI
 # unloads its models after each prompt under that flag.
-_USES_MODELS = (rq.Decode, rq.Encode)
+_USES_MODELS = (rq.Decode, rq.Encode, rq.Step)
 
 
 class Engine:
@@ -346,6 +347,18 @@ class Engine:
         from .decoding import encode
 
         return encode(self._parts(), req, token or CancelToken(), report)
+
+    def step(self, req: rq.Step, *, token: CancelToken | None = None, report: Report = no_report):
+        """Run the model's denoiser (engine.stepping): placed through the ledger and kept loaded, with
+        `req.loras` set on the model first when given."""
+        from .stepping import denoiser_of, step
+
+        token = token or CancelToken()
+        self._components_of(req.model, ())
+        comp = denoiser_of(self.loaded.of_file(req.model))
+        if req.loras is not None:
+            self.set_loras(req.model, req.loras, token=token, report=report)
+        return step(self._parts(), comp, req, token, report)
 
     def _parts(self):
         from .decoding import Parts

@@ -62,6 +62,11 @@ class Castable:
     non_blocking: bool = False
     # attr -> how to dequantize that parameter's raw bytes; set by hold_quantized or engine.model.tree
     quantized: Mapping[str, QuantSpec] = types.MappingProxyType({})
+    # A streamed forward (engine.denoise.stream) sets `fetch` on offloaded ops: it returns the op's
+    # tensors (attr -> tensor) already read ahead onto the compute device, in the stored dtype, so the
+    # op casts and patches them exactly as it would its own.
+    fetch: Callable[[Castable], dict[str, torch.Tensor]] | None = None
+    weight_attr: str = "weight"  # the attribute holding the weight (BFL's RMSNorm calls it `scale`)
 
     def _castable_init(self) -> None:
         self.weight_functions: list[WeightFunction] = []
@@ -81,8 +86,12 @@ class Castable:
         patch rounds exactly as a baked one would. A quantized weight moves as its raw bytes and is
         dequantized on the input's device."""
         check_cancelled()
-        weight = getattr(self, "weight", None)
-        bias = getattr(self, "bias", None)
+        if self.fetch is not None:
+            got = self.fetch(self)
+            weight, bias = got.get(self.weight_attr), got.get("bias")
+        else:
+            weight = getattr(self, "weight", None)
+            bias = getattr(self, "bias", None)
         if not self.needs_cast:
             return weight, bias
         dtype = self.compute_dtype or like.dtype
@@ -248,6 +257,24 @@ class RMSNorm(Castable, nn.Module):
         return F.rms_norm(x, (x.shape[-1],), w, self.eps)
 
 
+class ScaleRMSNorm(RMSNorm):
+    """RMSNorm whose learned scale is stored as `scale` (black-forest-labs/flux `modules/layers.py`
+    RMSNorm, used by FLUX.1's QK-norm): the same op under the file's own name."""
+
+    weight_attr = "scale"
+
+    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None):
+        nn.Module.__init__(self)
+        self.eps = eps
+        self.scale = nn.Parameter(torch.empty(dim, device=device, dtype=dtype))
+        self.bias = None
+        self._castable_init()
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.scale
+
+
 class Embedding(FromFile, nn.Embedding):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         check_cancelled()
@@ -261,7 +288,7 @@ class Embedding(FromFile, nn.Embedding):
         )
 
 
-CASTABLE_TYPES = (Linear, Conv1d, Conv2d, Conv3d, GroupNorm, LayerNorm, RMSNorm, Embedding)
+CASTABLE_TYPES = (Linear, Conv1d, Conv2d, Conv3d, GroupNorm, LayerNorm, RMSNorm, ScaleRMSNorm, Embedding)
 
 
 def castable_modules(root: nn.Module) -> Iterator[tuple[str, Castable]]:

@@ -247,6 +247,61 @@ class Configured:
     evicted_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class Step:
+    """Run the denoiser of `model` for `steps` forward passes under the residency manager (`loadout
+    step`). `loras`: set this LoRA stack on the model first (as SetLoras); None keeps the one applied.
+    `inputs`: a .safetensors file of the forward's inputs (engine.denoise.inputs says which), else
+    seeded random ones for an image of `size` = (width, height) pixels. `out`: write the last
+    output there as the float32 tensor `out`."""
+
+    model: str
+    loras: tuple[StackItem, ...] | None = None
+    inputs: str | None = None
+    size: tuple[int, int] = (512, 512)
+    steps: int = 1
+    out: str | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a Step measured. Bytes: `peak_device_bytes` is the peak above the level before the job
+    (CUDA: torch's allocated bytes; CPU: the process's peak RSS), `resident_bytes` the denoiser's bytes
+    on the device, `streamed_bytes_per_step` what each forward read of its offloaded modules."""
+
+    model: str
+    component: str
+    architecture: str
+    naming: str
+    device: str
+    dtype: str
+    mode: str  # full | partial
+    steps: int
+    s_per_step: float  # median
+    first_step_s: float
+    step_seconds: tuple[float, ...]
+    peak_device_bytes: int
+    resident_bytes: int
+    streamed_bytes_per_step: int
+    input_shapes: MappingProxyType  # name -> shape (read-only)
+    output_shape: tuple[int, ...]
+    out: str | None = None
+    snapshot: object = None  # engine.residency.LedgerSnapshot after the run
+    prefetched: float = 0.0  # share of streamed modules whose bytes were already there when asked
+    step_cpu_seconds: tuple[
+        float, ...
+    ] = ()  # the process's CPU time per step (all threads, the reader's too)
+
+    def to_json(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "snapshot"}
+        d["step_seconds"] = list(self.step_seconds)
+        d["step_cpu_seconds"] = list(self.step_cpu_seconds)
+        d["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
+        d["output_shape"] = list(self.output_shape)
+        return d
+
+
 # Options that only change the budget: the components may stay where they are.
 BUDGET_ONLY_OPTIONS = frozenset(
     {"reserve_vram_gb", "vram_budget_gb", "inference_memory_gb", "disable_smart_memory"}

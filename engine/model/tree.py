@@ -13,7 +13,8 @@ The file says nothing about module types, so each module is decided from its own
   ``blocks``), else
   ``GroupNorm`` with 32 groups — the SD family's fixed group count (ldm's ``Normalize``), or 1 group
   when the channels do not divide by 32;
-* ``x.weight`` with 1 dim and no bias under a norm-like name (``norm`` in a segment) → ``RMSNorm``;
+* ``x.weight`` with 1 dim and no bias under a norm-like name (``norm`` in a segment) → ``RMSNorm``; so is
+  a lone 1-dim ``x.scale`` under such a name (FLUX.1's QK-norm in BFL naming, ``query_norm.scale``);
 * anything else (buffers such as ``position_ids``, stray scalars, ``x.scale``) → plain parameters (float
   tensors) or buffers (integer tensors) on a plain ``nn.Module``, kept exactly as named.
 
@@ -57,6 +58,9 @@ def classify(path: str, tensors: dict[str, TensorInfo]) -> str:
     """The op kind for one module from its own tensors (see the module docstring for the rule)."""
     w = tensors.get("weight")
     b = tensors.get("bias")
+    s = tensors.get("scale")
+    if set(tensors) == {"scale"} and len(s.shape) == 1 and s.dtype.startswith(("F", "BF")):
+        return "rmsnorm" if "norm" in path.rsplit(".", 1)[-1] else "plain"
     if w is None or set(tensors) - {"weight", "bias"} or w.dtype in ("I64", "I32", "I8", "U8", "BOOL"):
         return "plain"
     last = path.rsplit(".", 1)[-1]
@@ -144,6 +148,8 @@ def _make_op(spec: ModuleSpec):
         c = w.shape[0]
         return ops.GroupNorm(GROUPS if c % GROUPS == 0 else 1, c, **meta)
     if spec.kind == "rmsnorm":
+        if w is None:
+            return ops.ScaleRMSNorm(spec.tensors["scale"].shape[0], **meta)
         return ops.RMSNorm(w.shape[0], **meta)
     m = nn.Module()
     for attr, info in spec.tensors.items():

@@ -70,6 +70,7 @@ class ComponentState:
     last_use: float
     pinned: bool
     layers: tuple[tuple[str, str, int], ...] = field(repr=False, default=())
+    streamed_bytes: int = 0  # what its last forward pass streamed per step (engine.stepping)
 
     @property
     def resident(self) -> float:

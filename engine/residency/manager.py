@@ -34,6 +34,7 @@ class _Entry:
     pinned: bool = False
     last_use: float = field(default_factory=time.monotonic)
     want_full: bool = True
+    streamed: int = 0
 
 
 class Residency(Unloading):
@@ -159,6 +160,7 @@ class Residency(Unloading):
                         e.last_use,
                         e.pinned,
                         layers,
+                        e.streamed,
                     )
                 )
             self._snapshot = LedgerSnapshot(time.time(), self.device, tuple(rows))
@@ -180,6 +182,13 @@ class Residency(Unloading):
         if found is not None:
             found[0].pinned = pinned
             self._refresh()
+
+    def note_streamed(self, component: Component, nbytes: int) -> None:
+        """Record what a forward pass of `component` streamed per step (the ledger shows it)."""
+        e = self._register(component)
+        e.streamed = int(nbytes)
+        e.last_use = time.monotonic()
+        self._refresh()
 
     # -- moving units ------------------------------------------------------------------------------
     def _copier_for(self, c: Component):

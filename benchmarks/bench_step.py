@@ -1,0 +1,258 @@
+"""A sampling step of the SD1.5 UNet at a 64×64 latent (512×512 pixels) on the CPU: fully resident, and
+50 % / 10 % resident with the rest streamed from the disk tier — against diffusers on the same weights.
+
+The weights: every key and shape of the SD1.5 UNet (the reference manifest), dense random float32
+(3.4 GB), saved in diffusers' naming (diffusers' own converter), so both sides read one file. Each
+configuration runs in its own process (a clean peak RSS) for --steps forward passes on the same seeded
+inputs; s/step is the median, peak is the process's peak RSS above its level before the model was
+loaded (Loadout's `peak_device_bytes` on the CPU).
+
+Baselines, measured in the same run:
+  * diffusers plain: UNet2DConditionModel holding the whole model in RAM.
+  * diffusers group offload: the same model with `apply_group_offloading(offload_type="leaf_level",
+    offload_to_disk_path=<a temporary folder>)` on exactly the modules Loadout streams at that residency
+    (diffusers writes each to its own file once, then loads it from there before every use). Its peak is
+    taken after that set-up (which needs the whole model in RAM once), so it counts the steps alone.
+Each line printed is one JSON measurement {"name", "ours_s", "baseline", "baseline_s", "ratio", "goal",
+peaks, ...}: Loadout full / diffusers plain (goal ≤ 1.1), Loadout partial / Loadout full (goal ≤ 1.3 at
+50 %), Loadout partial / diffusers group offload at the same residency (goal < 1); a table goes to stderr.
+
+The file stays in the page cache between runs (nothing is dropped): "disk tier" here is the file read
+through os.preadv, as it would be from a warm cache.
+
+On a shared machine the figures move a lot: each configuration runs in --rounds interleaved rounds and
+its steps are pooled; besides the median, `ratio_best` compares the fastest steps (load only ever adds
+time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
+
+Usage: bench_step.py [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the 3.4 GB file between runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+MANIFEST = ROOT.parent / "shared" / "data" / "manifests" / "sd15_ldm_single_file.json"
+PREFIX = "model.diffusion_model."
+# diffusers' config of the SD1.5 UNet (runwayml/stable-diffusion-v1-5 unet/config.json values)
+SD15 = dict(
+    sample_size=64, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(320, 640, 1280, 1280),
+    down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+    up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+    cross_attention_dim=768, attention_head_dim=8,
+)  # fmt: skip
+SIZE = (512, 512)
+
+
+def write_weights(path: Path) -> None:
+    import torch
+    from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
+
+    from engine.formats.safetensors import save_tensors
+
+    tensors = json.loads(MANIFEST.read_text())["tensors"]
+    g = torch.Generator().manual_seed(0)
+    sd = {}
+    for k, v in tensors.items():
+        if k.startswith(PREFIX):
+            shape = tuple(v["shape"])
+            if len(shape) >= 2:
+                sd[k] = torch.randn(shape, generator=g) / math.sqrt(math.prod(shape[1:]))
+            else:
+                sd[k] = (1.0 if k.endswith("weight") else 0.0) + 0.1 * torch.randn(shape, generator=g)
+    save_tensors(path, convert_ldm_unet_checkpoint(sd, SD15))
+
+
+# -- workers (each in its own process) --------------------------------------------------------------------
+
+
+def _inputs(model: str):
+    from engine import denoise
+    from engine.model import Component
+
+    return denoise.bind(Component("unet", model, ""), "sd1").random_inputs(*SIZE, seed=0)
+
+
+def worker_loadout(model: str, budget: float | None, steps: int, out: str) -> dict:
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.requests import Step
+
+    e = Engine()
+    e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
+    r = e.run(Step(model, size=SIZE, steps=steps, out=out))
+    layers = r.snapshot.get("unet").layers
+    return {
+        "steps": list(r.step_seconds), "cpu": list(r.step_cpu_seconds), "peak": r.peak_device_bytes,
+        "resident": r.resident_bytes, "streamed": r.streamed_bytes_per_step, "prefetched": r.prefetched,
+        "mode": r.mode, "streamed_modules": [p for p, tier, _ in layers if tier != "device"],
+    }  # fmt: skip
+
+
+def worker_diffusers(model: str, modules: list[str], steps: int, out: str, folder: str) -> dict:
+    import torch
+    from diffusers import UNet2DConditionModel
+    from diffusers.hooks import apply_group_offloading
+    from safetensors.torch import load_file
+
+    from engine.formats.safetensors import save_tensors
+    from engine.stepping import PeakMeter
+
+    inputs = _inputs(model)
+    meter = PeakMeter("cpu")
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**SD15)
+    sd = load_file(model)
+    unet.load_state_dict(sd, assign=True)
+    del sd
+    unet.eval()
+    for i, name in enumerate(modules):  # one folder each: diffusers names a leaf's file by its name below
+        apply_group_offloading(unet.get_submodule(name), onload_device=torch.device("cpu"), offload_type="leaf_level",
+                               offload_to_disk_path=os.path.join(folder, str(i)))  # fmt: skip
+    if modules:
+        import gc
+
+        from engine.memory import trim_heap
+
+        gc.collect()
+        trim_heap()
+        base = meter.base
+        meter = PeakMeter("cpu")  # steps only (the set-up held the whole model once); same baseline
+        meter.base = base
+    times, cpu = [], []
+    with torch.inference_mode():
+        for _ in range(steps):
+            t0, c0 = time.perf_counter(), time.process_time()
+            y = unet(inputs["x"], inputs["timesteps"], inputs["context"]).sample
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    save_tensors(out, {"out": y.float()})
+    return {"steps": times, "cpu": cpu, "peak": meter.read()}
+
+
+# -- the driver ---------------------------------------------------------------------------------------------
+
+
+def _spawn(*args: str) -> dict:
+    r = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"worker {args[0]} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--steps", type=int, default=3, help="forward passes per process (the first is reported apart)"
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="times each configuration runs, interleaved")
+    ap.add_argument("--dir", type=Path)
+    ap.add_argument("--worker", nargs="+")
+    a = ap.parse_args()
+    if a.worker:
+        kind, model, steps, out, *rest = a.worker
+        if kind == "loadout":
+            budget = None if rest[0] == "none" else float(rest[0])
+            res = worker_loadout(model, budget, int(steps), out)
+        else:
+            res = worker_diffusers(model, json.loads(rest[0]), int(steps), out, rest[1])
+        print(json.dumps(res))
+        return
+
+    import torch
+
+    from engine.formats.safetensors import SafetensorsFile
+
+    d = a.dir or Path(tempfile.mkdtemp(prefix="bench_step_"))
+    d.mkdir(parents=True, exist_ok=True)
+    model = d / "sd15_unet_diffusers.safetensors"
+    if not model.exists():
+        t0 = time.perf_counter()
+        write_weights(model)
+        print(f"# wrote {model} ({model.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.0f} s")
+    total = model.stat().st_size
+    steps = str(a.steps)
+    runs: dict[str, list[dict]] = {}
+
+    def out(name: str) -> str:
+        return str(d / f"out_{name}.safetensors")
+
+    def record(name: str, r: dict) -> dict:
+        runs.setdefault(name, []).append(r)
+        return r
+
+    # Rounds run every configuration once each, in the same order, so all of them see the machine's load
+    # changing alike; the steps of every round are pooled.
+    for _ in range(a.rounds):
+        record("diffusers plain", _spawn("diffusers", str(model), steps, out("dplain"), "[]", str(d)))
+        record("loadout full", _spawn("loadout", str(model), steps, out("full"), "none"))
+        for pct in (50, 10):
+            gb = total * pct / 100 / 1024**3
+            lo = record(f"loadout {pct}%", _spawn("loadout", str(model), steps, out(f"l{pct}"), f"{gb:.4f}"))
+            with tempfile.TemporaryDirectory(dir=d) as folder:
+                mods = json.dumps(lo["streamed_modules"])
+                record(
+                    f"diffusers group {pct}%",
+                    _spawn("diffusers", str(model), steps, out(f"d{pct}"), mods, folder),
+                )
+
+    import statistics
+
+    def stat(name: str) -> dict:
+        rs = runs[name]
+        later = [t for r in rs for t in r["steps"][1:]] or [r["steps"][0] for r in rs]
+        return {
+            "median_s": statistics.median(later), "best_s": min(later), "first_s": statistics.median(r["steps"][0] for r in rs),
+            "cpu_s": statistics.median(c for r in rs for c in r["cpu"][1:] or r["cpu"]),
+            "peak": max(r["peak"] for r in rs), "resident": rs[0].get("resident", 0),
+            "streamed": rs[0].get("streamed", 0), "prefetched": rs[0].get("prefetched"),
+        }  # fmt: skip
+
+    st = {k: stat(k) for k in runs}
+
+    def o(name: str):
+        return SafetensorsFile(out(name)).tensor("out").clone().double()
+
+    print(f"# SD1.5 UNet, 64x64 latent, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
+          f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip
+    for name, r in st.items():
+        print(f"# {name:<20} median {r['median_s']:6.2f} s  best {r['best_s']:6.2f} s  cpu {r['cpu_s']:6.2f} s  "
+              f"first {r['first_s']:6.2f} s  peak {r['peak'] / 1e9:5.2f} GB  resident {r['resident'] / 1e9:5.2f} GB  "
+              f"streamed {r['streamed'] / 1e9:5.2f} GB/step" + (f"  prefetched {r['prefetched']:.0%}" if r["prefetched"] is not None else ""),
+              file=sys.stderr)  # fmt: skip
+
+    def line(name: str, ours: str, baseline: str, goal: str) -> None:
+        o_, b_ = st[ours], st[baseline]
+        print(json.dumps({
+            "name": name, "ours": ours, "ours_s": round(o_["median_s"], 3), "baseline": baseline,
+            "baseline_s": round(b_["median_s"], 3), "ratio": round(o_["median_s"] / b_["median_s"], 3), "goal": goal,
+            "ratio_best": round(o_["best_s"] / b_["best_s"], 3), "ratio_cpu": round(o_["cpu_s"] / b_["cpu_s"], 3),
+            "ours_first_s": round(o_["first_s"], 3), "baseline_first_s": round(b_["first_s"], 3),
+            "ours_peak_bytes": o_["peak"], "baseline_peak_bytes": b_["peak"],
+            "streamed_bytes_per_step": o_["streamed"], "prefetched": o_["prefetched"],
+        }), flush=True)  # fmt: skip
+
+    line("step_full_vs_diffusers", "loadout full", "diffusers plain", "<= 1.1")
+    for pct in (50, 10):
+        line(f"step_{pct}pct_vs_full", f"loadout {pct}%", "loadout full", "<= 1.3" if pct == 50 else "")
+        line(f"step_{pct}pct_vs_group_offload", f"loadout {pct}%", f"diffusers group {pct}%", "< 1")
+    full = o("full")
+    same = all(torch.equal(o(f"l{p}"), full) for p in (50, 10))
+    err = float((full - o("dplain")).norm() / o("dplain").norm())
+    print(
+        json.dumps({"name": "step_outputs", "partial_equals_full": same, "rel_l2_vs_diffusers": err}),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""`loadout step`: run a denoiser's forward pass under the residency manager and time it."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..devices import add_device_arguments, options_from_args
+from ._common import EXIT_BAD_INPUT, EXIT_OK, human_bytes, print_error, print_json
+
+NAME = "step"
+HELP = "run the denoiser's forward pass, fully or partially loaded, and time a step"
+DESCRIPTION = (
+    "Load the model's denoiser (UNet of SD1/SD2/SDXL, FLUX.1 dev/schnell transformer) under the memory "
+    "budget — fully, or partially with the rest streamed from RAM or disk while it computes — and run "
+    "its forward pass STEPS times on the inputs of --inputs (names as the original codebases call them: "
+    "UNet x, timesteps, context[, y]; FLUX.1 img, img_ids, txt, txt_ids, timesteps, y[, guidance]) or on "
+    "seeded random inputs for an image of --size. Reports seconds per step (median), the first step, "
+    "peak memory above the start, resident and streamed bytes; --out writes the last output (tensor "
+    "`out`, float32)."
+)
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 512x512") from None
+    if w <= 0 or h <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: width and height must be positive")
+    return w, h
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least 1")
+    return n
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, metavar="FILE", help="a checkpoint or a denoiser alone")
+    p.add_argument(
+        "--lora", action="append", default=[], metavar="FILE[:S]", help="a LoRA at strength S (repeatable)"
+    )
+    p.add_argument("--inputs", metavar="IN.safetensors", help="the forward's inputs (default: random)")
+    p.add_argument(
+        "--size", type=_size, default=(512, 512), metavar="WxH", help="image size for random inputs"
+    )
+    p.add_argument(
+        "--steps", type=_positive, default=1, metavar="N", help="forward passes to run (default 1)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--out", metavar="OUT.safetensors", help="write the last output as tensor `out` (float32)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_device_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..detect import detect_file
+    from ..facade import Engine
+    from ..requests import StackItem, Step
+    from .bake import parse_lora_spec
+
+    det = detect_file(args.model)  # header-only and torch-free: a bad file is refused before torch loads
+    if det.error is not None:
+        if args.json:
+            print_json({"model": args.model, "error": det.error})
+        print_error(det.error.get("message", f"{args.model}: cannot be read"))
+        return EXIT_BAD_INPUT
+    loras = None
+    if args.lora:
+        loras = tuple(StackItem(f, s, s) for f, s, _ in (parse_lora_spec(spec) for spec in args.lora))
+    engine = Engine()
+    try:
+        engine.detect(options_from_args(args))
+        r = engine.run(
+            Step(args.model, loras, args.inputs, tuple(args.size), args.steps, args.out, args.seed),
+            report=_StderrSteps(args.json),
+        )
+    finally:
+        engine.close()
+    if args.json:
+        print_json(r.to_json())
+        return EXIT_OK
+    print(
+        f"{r.architecture} {r.component} ({r.naming} naming) on {r.device} in {r.dtype}, {r.mode}: "
+        f"{human_bytes(r.resident_bytes)} resident, {human_bytes(r.streamed_bytes_per_step)} streamed per step"
+    )
+    print(
+        f"  {r.steps} step(s): {r.s_per_step:.3f} s/step (median), first {r.first_step_s:.3f} s; "
+        f"peak {human_bytes(r.peak_device_bytes)} above the start"
+    )
+    print(f"  output {list(r.output_shape)}" + (f" written to {r.out}" if r.out else ""))
+    return EXIT_OK
+
+
+class _StderrSteps:
+    """'step 3/20  0.84 s' on stderr, when it is a terminal and no JSON was asked for."""
+
+    def __init__(self, quiet: bool):
+        import sys
+
+        self.quiet = quiet or not sys.stderr.isatty()
+
+    def __call__(self, p) -> None:
+        if self.quiet or p.stage != "step":
+            return
+        import sys
+
+        sys.stderr.write(f"\rstep {p.done}/{p.total}  {p.detail}" + ("\n" if p.done >= p.total else ""))
+        sys.stderr.flush()

@@ -1,0 +1,81 @@
+"""Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL and FLUX.1's
+transformer, run on the component's own castable ops (the residency manager's modules, tiers and
+patches), in the file's own key layout — original or diffusers naming.
+
+    den = bind(component, "sdxl")          # engine.denoise.Denoiser
+    out = den(inputs)                      # inputs: names as the original codebases call them
+
+Written from the published architectures (see unet.py and flux.py for the facts and their sources).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UnsupportedModel
+from .common import Ops
+from .inputs import check_inputs, names, random_inputs
+
+UNETS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
+FLUX = ("flux1_dev", "flux1_schnell")
+SUPPORTED = UNETS + FLUX
+
+
+@dataclass
+class Denoiser:
+    """A bound forward pass: `kind` "unet" or "flux", the file's `naming`, and the model to call."""
+
+    kind: str
+    architecture: str
+    naming: str
+    model: object
+
+    def __call__(self, inputs: dict):
+        return self.model(**inputs)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return names(self.model)
+
+    def op_order(self) -> list:
+        return self.model.op_order()
+
+    def random_inputs(self, width: int, height: int, *, batch: int = 1, seed: int = 0) -> dict:
+        return random_inputs(self.model, width, height, batch=batch, seed=seed)
+
+    def check_inputs(self, tensors: dict, source: str) -> dict:
+        return check_inputs(self.model, tensors, source)
+
+
+def bind(component, architecture: str | None, dtype=None) -> Denoiser:
+    """The forward pass of `component` (its castable ops, as they are now) for `architecture`, computing
+    in `dtype` (default: the component's compute dtype)."""
+    import torch
+
+    if architecture not in SUPPORTED:
+        raise UnsupportedModel(
+            f"{component.name}: no forward pass for {architecture or 'an unknown architecture'} yet "
+            f"(Loadout runs {', '.join(SUPPORTED)})"
+        )
+    dtype = dtype or getattr(torch, component.compute_dtype)
+    mods = {u.path: u.module for u in component.units}
+    what = f"{component.name} of {component.path}"
+    if architecture in UNETS:
+        from .unet import bind_unet
+
+        if any(p.startswith("input_blocks.") for p in mods):
+            naming, ops = "ldm", mods
+        else:
+            from ..lora.unet_names import diffusers_to_ldm
+
+            naming, to_ldm = "diffusers", diffusers_to_ldm(mods)
+            ops = {to_ldm[p]: m for p, m in mods.items() if p in to_ldm}
+        return Denoiser("unet", architecture, naming, bind_unet(Ops(ops, what), architecture, dtype))
+    from .flux import bind_bfl, bind_diffusers
+
+    if "img_in" in mods or any(p.startswith("double_blocks.") for p in mods):
+        return Denoiser("flux", architecture, "bfl", bind_bfl(Ops(mods, what), architecture, dtype))
+    return Denoiser("flux", architecture, "diffusers", bind_diffusers(Ops(mods, what), architecture, dtype))
+
+
+__all__ = ["FLUX", "SUPPORTED", "UNETS", "Denoiser", "bind"]

@@ -1,0 +1,75 @@
+"""Pieces both denoisers use: sinusoidal embeddings, multi-head attention, and picking a module tree's
+ops by path.
+
+Facts (cited, not copied): the sinusoidal embedding is the one of OpenAI's guided-diffusion `nn.py`
+kept by CompVis `ldm/modules/diffusionmodules/util.py` (`timestep_embedding`: `half = dim // 2`
+frequencies exp(-ln(10000) * i / half), cosines first, then sines) and by black-forest-labs/flux
+`modules/layers.py` (the same, after scaling t by 1000); diffusers' `get_timestep_embedding` with
+`flip_sin_to_cos=True, downscale_freq_shift=0` is the same function.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UnsupportedModel
+
+
+def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """[N] (fractional) timesteps -> [N, dim] float32: cos(t·f_i) then sin(t·f_i), f_i = P^(-i/half)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t.float()[:, None] * freqs[None]
+    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+    if dim % 2:
+        emb = F.pad(emb, (0, 1))
+    return emb
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    """Multi-head scaled dot-product attention over [B, N, heads·d] projections (scale d^-1/2, as
+    ldm's CrossAttention and diffusers' Attention use); returns [B, N, heads·d]."""
+    b, n, inner = q.shape
+    d = inner // heads
+    q, k, v = (t.reshape(b, -1, heads, d).transpose(1, 2) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v)
+    return out.transpose(1, 2).reshape(b, n, inner)
+
+
+class Ops:
+    """The castable ops of one component by (architecture-native) path: `ops["input_blocks.1.0.in_layers.2"]`.
+    A missing path says which file key was expected, so a truncated or foreign file fails clearly."""
+
+    def __init__(self, by_path: Mapping[str, object], what: str):
+        self.by_path = dict(by_path)
+        self.what = what
+
+    def __getitem__(self, path: str):
+        m = self.by_path.get(path)
+        if m is None:
+            raise UnsupportedModel(f"{self.what}: no module {path!r} — not a layout Loadout can run")
+        return m
+
+    def get(self, path: str):
+        return self.by_path.get(path)
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.by_path
+
+    def children(self, prefix: str) -> list[int]:
+        """The numeric child indices under `prefix.` (e.g. the input blocks), sorted."""
+        n = len(prefix) + 1
+        found = set()
+        for p in self.by_path:
+            if p.startswith(prefix + "."):
+                head = p[n:].split(".", 1)[0]
+                if head.isdigit():
+                    found.add(int(head))
+        return sorted(found)
+
+    def has_prefix(self, prefix: str) -> bool:
+        return any(p == prefix or p.startswith(prefix + ".") for p in self.by_path)

@@ -1,0 +1,137 @@
+"""A forward's inputs, in the original codebases' names and conventions: checked when read from a file,
+or seeded random ones of the model's shapes.
+
+UNet (`openaimodel.UNetModel.forward(x, timesteps, context, y)`): `x` [B, C, h, w] latents (C = the
+model's input channels: 4, or 9 for inpainting), `timesteps` [B] float in 0–999, `context` [B, T, D],
+and `y` [B, adm] for models with an ADM input. SDXL's `y` is 2816 wide: the pooled OpenCLIP-G
+embedding (1280), then 256-wide sinusoidal embeddings of original height and width, crop top and
+left, target height and width (generative-models `sd_xl_base.yaml` conditioner:
+`ConcatTimestepEmbedderND` with outdim 256 per number, in that order); the refiner's 2560 are the
+pooled 1280, original size, crop, and the aesthetic score (`sd_xl_refiner.yaml`).
+
+FLUX.1 (`flux.model.Flux.forward`): `img` [B, L, 64] latents packed in 2×2 patches (L = h/2 · w/2 of a
+16-channel latent), `img_ids` [B, L, 3] (0, row, column of each patch), `txt` [B, T, 4096] T5 states,
+`txt_ids` [B, T, 3] (zeros), `timesteps` [B] in 0–1, `y` [B, 768] pooled CLIP-L, and `guidance` [B] for
+dev (BFL's `sampling.prepare` and `cli.py`: 512 T5 tokens for dev, 256 for schnell, guidance 3.5).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import FormatError
+from .common import timestep_embedding
+
+UNET_INPUTS = ("x", "timesteps", "context", "y")
+FLUX_INPUTS = ("img", "img_ids", "txt", "txt_ids", "timesteps", "y", "guidance")
+UNET_TOKENS = 77
+FLUX_TOKENS = {"flux1_dev": 512, "flux1_schnell": 256}
+FLUX_GUIDANCE = 3.5
+SDXL_ADM = 2816
+REFINER_ADM = 2560
+POOLED = 1280
+AESTHETIC = 6.0  # the refiner's default aesthetic score (generative-models sampling helpers)
+
+
+def names(model) -> tuple[str, ...]:
+    """The input names `model` takes, required first."""
+    if hasattr(model, "model_channels"):
+        return UNET_INPUTS if model.adm_channels else UNET_INPUTS[:3]
+    return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
+
+
+def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int = 0) -> dict:
+    """Seeded inputs of the model's shapes for an image of width × height pixels (float32, CPU)."""
+    g = torch.Generator().manual_seed(seed)
+    if hasattr(model, "model_channels"):
+        h, w = _latent(width, height, 8)
+        out = {
+            "x": torch.randn(batch, model.in_channels, h, w, generator=g),
+            "timesteps": torch.rand(batch, generator=g) * 999.0,
+            "context": torch.randn(batch, UNET_TOKENS, model.context_dim, generator=g),
+        }
+        if model.adm_channels:
+            out["y"] = _adm(model.adm_channels, width, height, batch, g)
+        return out
+    h, w = _latent(width, height, 16)
+    tokens = FLUX_TOKENS.get(model.architecture, 256)
+    ids = torch.zeros(h, w, 3)
+    ids[..., 1] = torch.arange(h)[:, None]
+    ids[..., 2] = torch.arange(w)[None, :]
+    out = {
+        "img": torch.randn(batch, h * w, model.in_channels, generator=g),
+        "img_ids": ids.reshape(1, h * w, 3).repeat(batch, 1, 1),
+        "txt": torch.randn(batch, tokens, model.context_dim, generator=g),
+        "txt_ids": torch.zeros(batch, tokens, 3),
+        "timesteps": torch.rand(batch, generator=g),
+        "y": torch.randn(batch, model.vec_dim, generator=g),
+    }
+    if model.guidance_in is not None:
+        out["guidance"] = torch.full((batch,), FLUX_GUIDANCE)
+    return out
+
+
+def _latent(width: int, height: int, multiple: int) -> tuple[int, int]:
+    if width <= 0 or height <= 0 or width % multiple or height % multiple:
+        raise FormatError(
+            f"--size {width}x{height}: width and height must be positive multiples of {multiple} px"
+        )
+    return height // multiple, width // multiple  # the latent (UNet), or the grid of 2×2 patches (FLUX)
+
+
+def _adm(adm: int, width: int, height: int, batch: int, g) -> torch.Tensor:
+    """SGM's vector conditioning for a random pooled embedding and this image size (no crop)."""
+    if adm == SDXL_ADM:
+        numbers = [height, width, 0, 0, height, width]
+    elif adm == REFINER_ADM:
+        numbers = [height, width, 0, 0, AESTHETIC]
+    else:
+        return torch.randn(batch, adm, generator=g)
+    pooled = torch.randn(batch, POOLED, generator=g)
+    emb = timestep_embedding(torch.tensor(numbers, dtype=torch.float32), 256).reshape(1, -1)
+    return torch.cat([pooled, emb.expand(batch, -1)], dim=1)
+
+
+def check_inputs(model, tensors: dict, source: str) -> dict:
+    """The inputs a forward of `model` takes, from `tensors` (read from `source`), in float32 (ids and
+    all); a missing or misshapen one is a FormatError that says what was expected."""
+    want = names(model)
+    missing = [n for n in want if n not in tensors]
+    if missing:
+        raise FormatError(
+            f"{source}: missing input(s) {', '.join(missing)}; this model takes {', '.join(want)}"
+        )
+    got = {n: tensors[n].float() for n in want}
+    b = got[want[0]].shape[0]
+    expect = _shapes(model, got)
+    for n, shape in expect.items():
+        t = got[n]
+        ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape, strict=True))
+        if not ok or t.shape[0] != b:
+            want_s = "[" + ", ".join("·" if s is None else str(s) for s in shape) + "]"
+            raise FormatError(f"{source}: input {n} has shape {list(t.shape)}; expected {want_s} (batch {b})")
+    return got
+
+
+def _shapes(model, got) -> dict:
+    if hasattr(model, "model_channels"):
+        out = {
+            "x": (None, model.in_channels, None, None),
+            "timesteps": (None,),
+            "context": (None, None, model.context_dim),
+        }
+        if model.adm_channels:
+            out["y"] = (None, model.adm_channels)
+        return out
+    n_img, n_txt = got["img"].shape[1], got["txt"].shape[1] if got["txt"].dim() == 3 else None
+    out = {
+        "img": (None, None, model.in_channels),
+        "img_ids": (None, n_img, 3),
+        "txt": (None, None, model.context_dim),
+        "txt_ids": (None, n_txt, 3),
+        "timesteps": (None,),
+        "y": (None, model.vec_dim),
+    }
+    if model.guidance_in is not None:
+        out["guidance"] = (None,)
+    return out

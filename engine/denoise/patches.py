@@ -1,0 +1,50 @@
+"""LoRA patches during a run: baked into the resident modules, on the fly for the streamed ones.
+
+engine.stacking keeps a LoRA stack as on-the-fly functions on every op (the stored tensors are never
+rewritten, so any move keeps its patch and a revert is exact). Running a patch inside every forward
+of a resident module would redo the same work each step, so for the length of a run the patched
+weight of each *resident* module is computed once and bound in place of the stored one (the
+patcher's bake: the same function, so the same bits); streamed modules keep patching on the fly, as
+their bytes arrive. Afterwards — finished, failed or cancelled — every op gets back its own tensor
+object and its functions: the patches are exactly as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from ..jobs import CancelToken
+from ..ops import Castable
+
+
+@contextlib.contextmanager
+def baked_resident(component, token: CancelToken | None = None) -> Iterator[int]:
+    """Bake the on-the-fly patches of `component`'s device-tier ops for the block; yields how many
+    tensors were baked."""
+    from torch import nn
+
+    saved: list[tuple[object, str, object, list, list]] = []
+    try:
+        for u in component.units:
+            m = u.module
+            if u.tier != "device" or not isinstance(m, Castable):
+                continue
+            for attr, name in ((m.weight_attr, "weight_functions"), ("bias", "bias_functions")):
+                fns = getattr(m, name, None)
+                original = m._parameters.get(attr)
+                if not fns or original is None:
+                    continue
+                if token is not None:
+                    token.raise_if_cancelled()
+                t = original.detach()
+                for fn in fns:
+                    t = fn(t)
+                saved.append((m, attr, original, fns, list(fns)))
+                m._parameters[attr] = nn.Parameter(t, requires_grad=False)
+                fns.clear()
+        yield len(saved)
+    finally:
+        for m, attr, original, fns, kept in reversed(saved):
+            m._parameters[attr] = original
+            fns[:] = kept

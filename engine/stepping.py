@@ -1,0 +1,184 @@
+"""The facade's Step: the denoiser's forward pass run under the residency manager, measured as a user
+feels it — seconds per step and peak memory — fully resident or partially, with the rest streamed.
+
+The denoiser is the ledger's own component (placed by Residency.load under the budget, as a decode
+places its VAE, and kept loaded afterwards); engine.denoise runs its castable ops where they are. Its
+LoRA stack (engine.stacking's on-the-fly functions) is baked into the resident modules for the run
+and applied on the fly to the streamed ones (engine.denoise.patches); the offloaded modules are read
+ahead of the compute (engine.denoise.stream). A cancel stops within one op and leaves the ledger and
+the patches as they were. Runs in the engine thread only; everything it touches is passed in.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from types import MappingProxyType
+
+from .errors import Cancelled, FormatError
+from .events import JobCancelled, StepFinished, Tiers
+from .jobs import Progress
+from .requests import Step, StepResult
+
+DENOISERS = ("unet", "transformer")
+# Activation memory asked for on top of the weights (so other models are evicted first): bytes per
+# latent pixel (UNet) or image token (FLUX) per batch item in float32, half that in 16-bit — our own
+# rough figures (skips, the GEGLU / MLP widths and attention with SDPA's memory-efficient kernels).
+ACTIVATION_BYTES = {"unet": 64 * 1024, "flux": 128 * 1024}
+
+
+def denoiser_of(components: dict):
+    """The denoiser among a file's components (name -> component), or a FormatError."""
+    for name in DENOISERS:
+        if name in components:
+            return components[name]
+    raise FormatError("this file holds no denoiser (UNet or diffusion transformer) to step")
+
+
+def architecture_of(component):
+    """(architecture, variant) of the component's file, from its header (engine.detect)."""
+    from .detect.core import detect_index
+    from .formats.index import index_of_header
+
+    f = component.file
+    det = detect_index(index_of_header(f.header, f.path), path=f.path)
+    return det.architecture, det.variant
+
+
+def read_inputs(path: str) -> dict:
+    """The tensors of an --inputs file, copied out of its mapping."""
+    from .formats.safetensors import SafetensorsFile
+
+    try:
+        f = SafetensorsFile(path)
+        return {k: f.tensor(k).clone() for k in f.header.tensors}
+    except OSError as e:
+        raise FormatError(f"{os.path.basename(path)}: cannot read the inputs ({e})") from e
+
+
+class PeakMeter:
+    """Peak device memory above the level when created: torch's peak allocated bytes on CUDA; on the
+    CPU the process's peak RSS (Linux: VmHWM after resetting it through /proc/self/clear_refs)."""
+
+    def __init__(self, device):
+        import torch
+
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            return
+        from .memory import trim_heap
+
+        trim_heap()
+        self.reset = _reset_hwm()
+        self.base = _status_kb("VmRSS") * 1024
+
+    def read(self) -> int:
+        import torch
+
+        if self.device.type == "cuda":
+            return max(0, torch.cuda.max_memory_allocated(self.device) - self.base)
+        if self.reset:
+            return max(0, _status_kb("VmHWM") * 1024 - self.base)
+        import resource
+
+        return max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base)
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # proc(5): "5" resets the peak resident set size to the current RSS
+        return True
+    except OSError:
+        return False
+
+
+def _status_kb(field: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    import psutil
+
+    return psutil.Process().memory_info().rss // 1024
+
+
+def step(parts, comp, req: Step, token, report) -> StepResult:
+    """Run `req.steps` forward passes of the denoiser component `comp` (already in parts.loaded).
+    `parts`: the loaded registry, residency, device report and event log (engine.decoding.Parts)."""
+    import torch
+
+    from . import ops
+    from .denoise import bind
+    from .denoise.patches import baked_resident
+    from .denoise.stream import Streamer
+    from .formats.safetensors import save_tensors
+
+    if req.steps < 1:
+        raise FormatError("--steps must be at least 1")
+    arch, _variant = architecture_of(comp)
+    device = torch.device(comp.device)
+    dtype = torch.float32 if device.type == "cpu" else getattr(torch, comp.compute_dtype)
+    den = bind(comp, arch, dtype)
+    if req.inputs:
+        inputs = den.check_inputs(read_inputs(req.inputs), os.path.basename(req.inputs))
+    else:
+        inputs = den.random_inputs(req.size[0], req.size[1], seed=req.seed)
+    res = parts.residency
+    meter = PeakMeter(device)
+    res.load([comp], extra_memory=_activation_bytes(den, inputs, dtype), token=token, report=report)
+    tiers = comp.tier_bytes()
+    mode = "full" if tiers["ram"] == tiers["disk"] == 0 else "partial"
+    x = {k: v.to(device) for k, v in inputs.items()}
+    times: list[float] = []
+    cpu: list[float] = []
+    stream = Streamer(comp, den.op_order(), device, steps=req.steps, pinned=getattr(res, "pinned", None))
+    t_job = time.perf_counter()
+    try:
+        with ops.cancel_scope(token), torch.inference_mode(), baked_resident(comp, token), stream:
+            for i in range(req.steps):
+                token.raise_if_cancelled()
+                t0, c0 = time.perf_counter(), time.process_time()
+                out = den(x)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
+                report(Progress("step", i + 1, req.steps, f"{times[-1]:.2f} s"))
+            out = out.float().cpu()
+    except Cancelled:
+        parts.events.emit(JobCancelled(comp.name, 0, time.perf_counter() - t_job, at="step",
+                                       tiers=Tiers.of(comp.tier_bytes())))  # fmt: skip
+        raise
+    peak = meter.read()
+    res.note_streamed(comp, stream.bytes_per_step if mode == "partial" else 0)
+    if req.out:
+        save_tensors(req.out, {"out": out.contiguous()})
+    med = statistics.median(times)
+    streamed = stream.bytes_per_step if stream.units else 0
+    parts.events.emit(StepFinished(comp.name, streamed, med, steps=req.steps, mode=mode, device=str(device),
+                                   first_step_s=times[0], peak_bytes=peak, tiers=Tiers.of(comp.tier_bytes())))  # fmt: skip
+    return StepResult(
+        model=os.path.abspath(req.model), component=comp.name, architecture=arch, naming=den.naming,
+        device=str(device), dtype=str(dtype).removeprefix("torch."), mode=mode, steps=req.steps,
+        s_per_step=med, first_step_s=times[0], step_seconds=tuple(times), peak_device_bytes=peak,
+        resident_bytes=comp.tier_bytes()["device"], streamed_bytes_per_step=streamed,
+        input_shapes=MappingProxyType({k: tuple(v.shape) for k, v in inputs.items()}),
+        output_shape=tuple(out.shape), out=req.out, snapshot=res.snapshot(),
+        prefetched=stream.hits / max(1, len(stream.plan)) if stream.units else 0.0, step_cpu_seconds=tuple(cpu),
+    )  # fmt: skip
+
+
+def _activation_bytes(den, inputs: dict, dtype) -> int:
+    import torch
+
+    first = inputs[den.input_names[0]]
+    units = first.shape[0] * (first.shape[2] * first.shape[3] if den.kind == "unet" else first.shape[1])
+    return units * ACTIVATION_BYTES[den.kind] * torch.empty((), dtype=dtype).element_size() // 4

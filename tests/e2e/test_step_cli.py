@@ -1,0 +1,100 @@
+"""`loadout step` as a user runs it: the full SD1.5 UNet layout (every key and shape of the reference
+manifest, dense random float32 weights: 3.4 GB) in the original and in diffusers' naming, fully and
+partially loaded, with a real LyCORIS LoKr; JSON and exit codes on a small model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from denoise_files import PREFIX, SD1, SD1_TINY, diffusers_unet_config, random_weights, unet_rows, write  # noqa: E402
+from loadout_test_support import data_file  # noqa: E402
+
+from engine.formats.safetensors import SafetensorsFile, save_tensors  # noqa: E402
+
+SD15_MANIFEST = "manifests/sd15_ldm_single_file.json"
+LOKR = "weights/smart_falcon_8_lokr.safetensors"
+KEYS = ("architecture", "steps", "s_per_step", "first_step_s", "peak_device_bytes", "resident_bytes",
+        "streamed_bytes_per_step", "mode")  # fmt: skip
+
+
+def _out(path) -> torch.Tensor:
+    return SafetensorsFile(path).tensor("out").clone()
+
+
+def _step(cli, *args):
+    r = cli("step", *args, "--json", "--cpu", timeout=600)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert all(k in d for k in KEYS), d
+    return d
+
+
+@pytest.fixture(scope="module")
+def sd15(tmp_path_factory):
+    """The SD1.5 UNet in both namings (diffusers' names from diffusers' own converter)."""
+    from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
+
+    manifest = json.loads(data_file(SD15_MANIFEST).read_text())["tensors"]
+    rows = [(k, "F32", tuple(v["shape"])) for k, v in manifest.items() if k.startswith(PREFIX)]
+    d = tmp_path_factory.mktemp("sd15")
+    w = random_weights(rows, seed=15)
+    ldm = write(d / "sd15_unet.safetensors", w)
+    config = diffusers_unet_config(SD1, "sd1")
+    diff = write(d / "sd15_unet_diffusers.safetensors", convert_ldm_unet_checkpoint(w, config))
+    del w
+    return d, ldm, diff
+
+
+@pytest.mark.slow
+def test_the_full_sd15_unet_in_both_namings_full_and_partial(cli, sd15, shared_data):
+    d, ldm, diff = sd15
+    a = _step(cli, "--model", str(ldm), "--size", "64x64", "--out", str(d / "a.safetensors"))
+    assert a["architecture"] == "sd1" and a["naming"] == "ldm" and a["mode"] == "full"
+    assert a["resident_bytes"] == 859520964 * 4 and a["streamed_bytes_per_step"] == 0
+    assert a["output_shape"] == [1, 4, 8, 8] and a["input_shapes"]["context"] == [1, 77, 768]
+    b = _step(cli, "--model", str(diff), "--size", "64x64", "--vram-budget", "1", "--steps", "2",
+              "--out", str(d / "b.safetensors"))  # fmt: skip
+    assert b["naming"] == "diffusers" and b["mode"] == "partial" and b["resident_bytes"] <= 1024**3
+    assert b["resident_bytes"] + b["streamed_bytes_per_step"] == a["resident_bytes"]
+    assert torch.equal(_out(d / "a.safetensors"), _out(d / "b.safetensors"))  # same model, same bits
+    lokr = str(shared_data(LOKR))
+    c = _step(cli, "--model", str(ldm), "--size", "64x64", "--vram-budget", "2", "--lora", f"{lokr}:0.8",
+              "--out", str(d / "c.safetensors"))  # fmt: skip
+    got, plain = _out(d / "c.safetensors"), _out(d / "a.safetensors")
+    assert c["mode"] == "partial" and torch.isfinite(got).all() and not torch.equal(got, plain)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    return d, write(d / "sd1.safetensors", random_weights(unet_rows(SD1_TINY)))
+
+
+def test_step_text_output_and_inputs(cli, tiny):
+    d, model = tiny
+    save_tensors(d / "in.safetensors", {"x": torch.randn(2, 4, 8, 8), "timesteps": torch.tensor([10.0, 500.0]),
+                                        "context": torch.randn(2, 77, 768)})  # fmt: skip
+    r = cli("step", "--model", str(model), "--inputs", str(d / "in.safetensors"), "--steps", "2", "--cpu")
+    assert r.returncode == 0, r.stderr
+    assert "sd1 unet (ldm naming) on cpu in float32, full" in r.stdout and "2 step(s)" in r.stdout
+    assert "output [2, 4, 8, 8]" in r.stdout
+
+
+def test_step_exit_codes(cli, tiny):
+    d, model = tiny
+    r = cli("step", "--model", str(model), "--size", "60x64", "--cpu")
+    assert r.returncode == 3 and "multiples of 8" in r.stderr
+    r = cli("step", "--model", str(model), "--size", "big", "--cpu")
+    assert r.returncode == 2
+    save_tensors(d / "bad.safetensors", {"x": torch.randn(1, 4, 8, 8)})
+    r = cli("step", "--model", str(model), "--inputs", str(d / "bad.safetensors"), "--cpu")
+    assert r.returncode == 3 and "missing input(s) timesteps, context" in r.stderr
+    (d / "junk.safetensors").write_bytes(b"not a model")
+    r = cli("step", "--model", str(d / "junk.safetensors"), "--cpu")
+    assert r.returncode == 3

@@ -1,0 +1,228 @@
+"""Reduced-depth denoisers for the forward-pass tests.
+
+Random weights in the original key layout (the project's synth layouts, built from the original
+configs with fewer channels and blocks), written as .safetensors; and the same weights loaded into
+diffusers' own model classes — the independent reference: diffusers' converter for the UNet
+(`convert_ldm_unet_checkpoint`), and for FLUX.1 a small BFL -> diffusers renaming written here from
+the facts of diffusers' `convert_flux_transformer_checkpoint_to_diffusers` (whose single-block split
+assumes the full 3072 width). Both are loaded with strict=True: every key and shape must match.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+try:  # the fixture generators move to tests/support/synth
+    from tests.support.synth import flux as _flux
+    from tests.support.synth import unet as _unet
+    from tests.support.synth._build import Builder
+except ImportError:  # pragma: no cover - before that move
+    from engine.synth import flux as _flux
+    from engine.synth import unet as _unet
+    from engine.synth._build import Builder
+
+from engine.formats.safetensors import save_tensors
+
+PREFIX = "model.diffusion_model."
+
+# The original configs (engine synth's SD1 / SD2 / SDXL: CompVis v1-inference.yaml, v2-inference-v.yaml,
+# sd_xl_base.yaml) with fewer channels and transformer blocks; the context and ADM widths stay, so
+# detection sees the family it is.
+SD1 = _unet.SD1
+SD1_TINY = _unet.SD1.with_(model_channels=32, channel_mult=(1, 2, 2), attention_resolutions=(1, 2))
+SD1_INPAINT_TINY = SD1_TINY.with_(in_channels=9)
+SD2_TINY = _unet.SD2.with_(model_channels=64, channel_mult=(1, 2, 2), attention_resolutions=(1, 2))
+SDXL_TINY = _unet.SDXL.with_(model_channels=64, transformer_depth=(0, 1, 2), transformer_depth_middle=2)
+FLUX_DEV_TINY = _flux.FLUX_DEV.with_(hidden_size=256, num_heads=2, depth=2, depth_single_blocks=2)
+FLUX_SCHNELL_TINY = FLUX_DEV_TINY.with_(guidance_embed=False)
+
+
+def unet_rows(cfg, prefix: str = PREFIX, dtype: str = "F32"):
+    b = Builder(dtype, prefix)
+    _unet.unet_ldm(b, cfg)
+    return b.rows
+
+
+def flux_rows(cfg, prefix: str = "", dtype: str = "F32"):
+    b = Builder(dtype, prefix)
+    _flux.flux_bfl(b, cfg)
+    return b.rows
+
+
+def random_weights(rows, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Well-scaled random tensors: matrices ~ N(0, 1/fan_in), norm weights ~ 1 + N(0, 0.1²), biases ~
+    N(0, 0.1²) — activations stay O(1) through the depth, so comparisons test the maths, not overflow."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for key, dtype, shape in rows:
+        if len(shape) >= 2:
+            t = torch.randn(shape, generator=g) / math.sqrt(math.prod(shape[1:]))
+        elif key.endswith((".weight", ".scale")):
+            t = 1 + 0.1 * torch.randn(shape, generator=g)
+        else:
+            t = 0.1 * torch.randn(shape, generator=g)
+        out[key] = t.to({"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[dtype])
+    return out
+
+
+def write(path: Path, tensors: dict) -> Path:
+    save_tensors(path, tensors)
+    return Path(path)
+
+
+# -- diffusers references --------------------------------------------------------------------------------
+
+
+def diffusers_unet_config(cfg, architecture: str) -> dict:
+    levels = len(cfg.channel_mult)
+    attn = [2**i in cfg.attention_resolutions and cfg.transformer_depth[i] > 0 for i in range(levels)]
+    chans = [cfg.model_channels * m for m in cfg.channel_mult]
+    config = dict(
+        sample_size=8,
+        in_channels=cfg.in_channels,
+        out_channels=cfg.out_channels,
+        layers_per_block=cfg.num_res_blocks,
+        block_out_channels=tuple(chans),
+        down_block_types=tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attn),
+        up_block_types=tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attn)),
+        cross_attention_dim=cfg.context_dim,
+        # diffusers' `attention_head_dim` holds the head *count* of these configs (its old naming)
+        attention_head_dim=8 if architecture == "sd1" else tuple(max(1, c // 64) for c in chans),
+        use_linear_projection=cfg.use_linear_in_transformer,
+        transformer_layers_per_block=tuple(max(1, cfg.transformer_depth[i]) for i in range(levels)),
+    )
+    if cfg.adm_in_channels:
+        config.update(
+            addition_embed_type="text_time",
+            addition_time_embed_dim=256,
+            projection_class_embeddings_input_dim=cfg.adm_in_channels,
+        )
+    return config
+
+
+def diffusers_unet(cfg, architecture: str, ldm: dict):
+    """diffusers' UNet2DConditionModel holding `ldm` (original keys with the model.diffusion_model.
+    prefix), converted by diffusers' own single-file converter; also returns the converted state dict."""
+    from diffusers import UNet2DConditionModel
+    from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
+
+    config = diffusers_unet_config(cfg, architecture)
+    sd = convert_ldm_unet_checkpoint(dict(ldm), config)
+    model = UNet2DConditionModel(**config)
+    model.load_state_dict(sd, strict=True)
+    return model.eval(), sd
+
+
+def flux_to_diffusers(sd: dict, hidden: int) -> dict:
+    """BFL FLUX.1 keys -> diffusers FluxTransformer2DModel keys (the facts of diffusers' converter)."""
+    out: dict[str, torch.Tensor] = {}
+
+    def put(new: str, old: str) -> None:
+        for s in ("weight", "bias"):
+            if f"{old}.{s}" in sd:
+                out[f"{new}.{s}"] = sd[f"{old}.{s}"]
+
+    def rows(new: tuple[str, ...], old: str, sizes: tuple[int, ...]) -> None:
+        for s in ("weight", "bias"):
+            for n, part in zip(new, sd[f"{old}.{s}"].split(sizes, dim=0), strict=True):
+                out[f"{n}.{s}"] = part.clone()
+
+    te = "time_text_embed"
+    for new, old in (("x_embedder", "img_in"), ("context_embedder", "txt_in"), ("proj_out", "final_layer.linear"),
+                     (f"{te}.timestep_embedder.linear_1", "time_in.in_layer"),
+                     (f"{te}.timestep_embedder.linear_2", "time_in.out_layer"),
+                     (f"{te}.text_embedder.linear_1", "vector_in.in_layer"),
+                     (f"{te}.text_embedder.linear_2", "vector_in.out_layer"),
+                     (f"{te}.guidance_embedder.linear_1", "guidance_in.in_layer"),
+                     (f"{te}.guidance_embedder.linear_2", "guidance_in.out_layer")):  # fmt: skip
+        put(new, old)
+    for s in ("weight", "bias"):  # diffusers' AdaLayerNormContinuous is (scale, shift)
+        shift, scale = sd[f"final_layer.adaLN_modulation.1.{s}"].chunk(2, dim=0)
+        out[f"norm_out.linear.{s}"] = torch.cat([scale, shift])
+    doubles = sorted({int(k.split(".")[1]) for k in sd if k.startswith("double_blocks.")})
+    for i in doubles:
+        d, b = f"transformer_blocks.{i}", f"double_blocks.{i}"
+        put(f"{d}.norm1.linear", f"{b}.img_mod.lin")
+        put(f"{d}.norm1_context.linear", f"{b}.txt_mod.lin")
+        rows((f"{d}.attn.to_q", f"{d}.attn.to_k", f"{d}.attn.to_v"), f"{b}.img_attn.qkv", (hidden,) * 3)
+        rows((f"{d}.attn.add_q_proj", f"{d}.attn.add_k_proj", f"{d}.attn.add_v_proj"), f"{b}.txt_attn.qkv",
+             (hidden,) * 3)  # fmt: skip
+        for n, o in (("norm_q", "img_attn.norm.query_norm"), ("norm_k", "img_attn.norm.key_norm"),
+                     ("norm_added_q", "txt_attn.norm.query_norm"), ("norm_added_k", "txt_attn.norm.key_norm")):  # fmt: skip
+            out[f"{d}.attn.{n}.weight"] = sd[f"{b}.{o}.scale"]
+        put(f"{d}.attn.to_out.0", f"{b}.img_attn.proj")
+        put(f"{d}.attn.to_add_out", f"{b}.txt_attn.proj")
+        put(f"{d}.ff.net.0.proj", f"{b}.img_mlp.0")
+        put(f"{d}.ff.net.2", f"{b}.img_mlp.2")
+        put(f"{d}.ff_context.net.0.proj", f"{b}.txt_mlp.0")
+        put(f"{d}.ff_context.net.2", f"{b}.txt_mlp.2")
+    singles = sorted({int(k.split(".")[1]) for k in sd if k.startswith("single_blocks.")})
+    for i in singles:
+        d, b = f"single_transformer_blocks.{i}", f"single_blocks.{i}"
+        mlp = sd[f"{b}.linear1.weight"].shape[0] - 3 * hidden
+        rows((f"{d}.attn.to_q", f"{d}.attn.to_k", f"{d}.attn.to_v", f"{d}.proj_mlp"), f"{b}.linear1",
+             (hidden, hidden, hidden, mlp))  # fmt: skip
+        put(f"{d}.proj_out", f"{b}.linear2")
+        put(f"{d}.norm.linear", f"{b}.modulation.lin")
+        out[f"{d}.attn.norm_q.weight"] = sd[f"{b}.norm.query_norm.scale"]
+        out[f"{d}.attn.norm_k.weight"] = sd[f"{b}.norm.key_norm.scale"]
+    return out
+
+
+def diffusers_flux(cfg, bfl: dict):
+    from diffusers import FluxTransformer2DModel
+
+    sd = flux_to_diffusers(bfl, cfg.hidden_size)
+    model = FluxTransformer2DModel(
+        patch_size=1, in_channels=cfg.in_channels, num_layers=cfg.depth, num_single_layers=cfg.depth_single_blocks,
+        attention_head_dim=cfg.hidden_size // cfg.num_heads, num_attention_heads=cfg.num_heads,
+        joint_attention_dim=cfg.context_in_dim, pooled_projection_dim=cfg.vec_in_dim,
+        guidance_embeds=cfg.guidance_embed, axes_dims_rope=(16, 56, 56),
+    )  # fmt: skip
+    model.load_state_dict(sd, strict=True)
+    return model.eval(), sd
+
+
+def run_diffusers_unet(model, inputs: dict, size: tuple[int, int] | None = None) -> torch.Tensor:
+    """diffusers' UNet on Loadout's input names; SDXL's `y` is split back into the pooled embedding and
+    the six size numbers diffusers embeds itself (so the ADM layout is checked, not assumed)."""
+    kw = {}
+    if "y" in inputs:
+        w, h = size
+        kw["added_cond_kwargs"] = {
+            "text_embeds": inputs["y"][:, :1280],
+            "time_ids": torch.tensor([[h, w, 0, 0, h, w]], dtype=torch.float32).repeat(
+                inputs["y"].shape[0], 1
+            ),
+        }
+    with torch.inference_mode():
+        return model(inputs["x"], inputs["timesteps"], inputs["context"], **kw).sample
+
+
+def run_diffusers_flux(model, inputs: dict) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(
+            hidden_states=inputs["img"], encoder_hidden_states=inputs["txt"], pooled_projections=inputs["y"],
+            timestep=inputs["timesteps"], img_ids=inputs["img_ids"][0], txt_ids=inputs["txt_ids"][0],
+            guidance=inputs.get("guidance"),
+        ).sample  # fmt: skip
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+@dataclass
+class Tiny:
+    """One reduced model: its config, architecture, and files in both namings."""
+
+    cfg: object
+    architecture: str
+    ldm: Path  # original naming (UNet with the model.diffusion_model. prefix; FLUX in BFL naming)
+    diffusers: Path
+    weights: dict

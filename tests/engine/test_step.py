@@ -1,0 +1,178 @@
+"""`Step` through the Engine: the denoiser placed by the residency manager and run fully or partially
+(the rest streamed from the disk tier), with LoRA stacks, cancellation and the ledger's record."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from denoise_files import FLUX_SCHNELL_TINY, PREFIX, SD1_TINY, flux_rows, random_weights, unet_rows, write
+
+from engine.devices import DeviceOptions
+from engine.errors import Cancelled, FormatError
+from engine.events import StepFinished
+from engine.facade import Engine
+from engine.formats.safetensors import SafetensorsFile, save_tensors
+from engine.jobs import CancelToken
+from engine.requests import StackItem, Step
+
+MIB = 1024**2
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("step")
+    sd1 = write(d / "sd1.safetensors", random_weights(unet_rows(SD1_TINY), seed=11))
+    flux = write(d / "flux.safetensors", random_weights(flux_rows(FLUX_SCHNELL_TINY), seed=12))
+    return {"sd1": sd1, "flux": flux, "lora": _lora(d / "lora.safetensors", sd1), "dir": d}
+
+
+def _lora(path, base):
+    """A kohya LoRA (LoRA on Linears, LoCon on convs) over some of the tiny UNet's modules."""
+    g = torch.Generator().manual_seed(7)
+    t = {}
+    for key, info in SafetensorsFile(base).header.tensors.items():
+        mod = key[len(PREFIX) : -len(".weight")]
+        if not key.endswith(".weight") or len(info.shape) < 2:
+            continue
+        if not any(s in mod for s in ("attn1.to_q", "attn2.to_v", "ff.net.2", "in_layers.2", "proj_in")):
+            continue
+        name, (out, *rest) = "lora_unet_" + mod.replace(".", "_"), info.shape
+        t[f"{name}.lora_down.weight"] = 0.1 * torch.randn(4, *rest, generator=g)
+        t[f"{name}.lora_up.weight"] = 0.1 * torch.randn(
+            out, 4, *([1, 1] if len(rest) == 3 else []), generator=g
+        )
+        t[f"{name}.alpha"] = torch.tensor(2.0)
+    save_tensors(path, t)
+    return path
+
+
+def _engine(budget_gb=None, events=None) -> Engine:
+    e = Engine(on_event=events.append if events is not None else None)
+    e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget_gb))
+    return e
+
+
+def _out(path) -> torch.Tensor:
+    return SafetensorsFile(path).tensor("out").clone()
+
+
+def _run(files, tmp_path, budget_gb=None, model="sd1", name="o", **kw):
+    e = _engine(budget_gb)
+    try:
+        r = e.run(Step(str(files[model]), size=(64, 64), out=str(tmp_path / f"{name}.safetensors"), **kw))
+    finally:
+        e.close()
+    return r, _out(r.out)
+
+
+@pytest.mark.parametrize("model", ["sd1", "flux"])
+def test_a_partial_run_equals_the_full_run_bit_for_bit(files, tmp_path, model):
+    full, want = _run(files, tmp_path, model=model, name="full", steps=2)
+    assert full.mode == "full" and full.streamed_bytes_per_step == 0
+    total = full.resident_bytes
+    for budget, name in ((total / 2 / 1024**3, "half"), (0.0, "none")):
+        r, got = _run(files, tmp_path, budget, model=model, name=name, steps=3)
+        assert r.mode == "partial" and r.resident_bytes <= max(budget * 1024**3, 0) + 1
+        assert r.resident_bytes + r.streamed_bytes_per_step == total  # every byte: resident or streamed
+        assert torch.equal(got, want), name
+        assert r.output_shape == tuple(want.shape) and got.dtype == torch.float32
+        assert len(r.step_seconds) == 3 and r.first_step_s == r.step_seconds[0] > 0
+
+
+def test_the_ledger_and_the_events_say_what_was_streamed(files, tmp_path):
+    events = []
+    e = _engine(0.004, events)
+    r = e.run(Step(str(files["sd1"]), size=(64, 64), steps=2))
+    row = e.snapshot().get("unet")
+    assert r.streamed_bytes_per_step > 0 and row.streamed_bytes == r.streamed_bytes_per_step
+    assert (
+        row.device_bytes == r.resident_bytes and r.snapshot.get("unet").streamed_bytes == row.streamed_bytes
+    )
+    done = [ev for ev in events if isinstance(ev, StepFinished)]
+    assert len(done) == 1 and done[0].bytes_moved == r.streamed_bytes_per_step and done[0].mode == "partial"
+    assert done[0].to_json()["kind"] == "StepFinished"
+    assert r.peak_device_bytes > 0 and r.architecture == "sd1" and r.naming == "ldm"
+    e.close()
+
+
+class CancelAfter(CancelToken):
+    """Cancels itself at its n-th check: a Stop pressed in the middle of a forward."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.left = n
+
+    def raise_if_cancelled(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.cancel("stopped by the test")
+        super().raise_if_cancelled()
+
+
+def _patch_state(e: Engine):
+    """Every op's own tensor objects, patch functions and (absent) fetch hooks."""
+    out = {}
+    for (_, name), c in e.loaded.items():
+        for u in c.units:
+            m = u.module
+            out[(name, u.path)] = (
+                tuple(id(getattr(m, a)) for a in u.infos),
+                tuple(id(f) for f in getattr(m, "weight_functions", ())),
+                tuple(id(f) for f in getattr(m, "bias_functions", ())),
+                "fetch" in m.__dict__,
+            )
+    return out
+
+
+def _ledger(e: Engine):
+    return [(c.name, c.device_bytes, c.ram_bytes, c.disk_bytes, c.layers, c.streamed_bytes)
+            for c in e.snapshot().components]  # fmt: skip
+
+
+@pytest.mark.parametrize("budget", [None, 0.004])
+def test_cancelling_mid_step_leaves_the_ledger_and_the_patches_as_they_were(files, tmp_path, budget):
+    e = _engine(budget)
+    model = str(files["sd1"])
+    stack = (StackItem(str(files["lora"]), 0.8, 0.8),)
+    first = e.run(Step(model, stack, size=(64, 64), out=str(tmp_path / "a.safetensors")))
+    ledger, patches = _ledger(e), _patch_state(e)
+    assert any(p[1] for p in patches.values())  # the stack is on
+    token = CancelAfter(150)  # about half-way through the first forward
+    with pytest.raises(Cancelled):
+        e.run(Step(model, size=(64, 64), steps=2), token=token)
+    assert token.left == 0 and _ledger(e) == ledger and _patch_state(e) == patches
+    again = e.run(Step(model, size=(64, 64), out=str(tmp_path / "b.safetensors")))
+    assert again.mode == first.mode and torch.equal(_out(again.out), _out(first.out))
+    e.close()
+
+
+@pytest.mark.parametrize("budget", [None, 0.004, 0.0])
+def test_running_with_a_lora_equals_running_the_baked_model(files, tmp_path, budget):
+    stack = (StackItem(str(files["lora"]), 0.8, 0.8),)
+    baked = tmp_path / "baked.safetensors"
+    e = _engine()
+    e.bake(str(files["sd1"]), stack, str(baked))
+    e.close()
+    _, plain = _run(files, tmp_path, budget, name="plain")
+    r, with_lora = _run(files, tmp_path, budget, name="lora", loras=stack)
+    files_b = {**files, "baked": baked}
+    _, want = _run(files_b, tmp_path, budget, model="baked", name="baked")
+    assert r.mode == ("full" if budget is None else "partial")
+    assert not torch.equal(with_lora, plain) and torch.equal(with_lora, want)
+
+
+def test_inputs_from_a_file_in_the_original_names(files, tmp_path):
+    _, want = _run(files, tmp_path, name="random", seed=4)
+    from engine import denoise
+    from engine.model import Component
+
+    den = denoise.bind(Component("unet", files["sd1"], PREFIX), "sd1")
+    inputs = den.random_inputs(64, 64, seed=4)
+    save_tensors(tmp_path / "in.safetensors", inputs)
+    r, got = _run(files, tmp_path, name="fromfile", inputs=str(tmp_path / "in.safetensors"))
+    assert torch.equal(got, want) and r.input_shapes["context"] == (1, 77, 768)
+    save_tensors(tmp_path / "bad.safetensors", {"x": inputs["x"]})
+    with pytest.raises(FormatError, match="missing input"):
+        _run(files, tmp_path, inputs=str(tmp_path / "bad.safetensors"))
