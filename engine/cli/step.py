@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..devices import add_device_arguments, options_from_args
-from ._common import EXIT_BAD_INPUT, EXIT_OK, human_bytes, print_error, print_json
+from ._common import EXIT_OK, human_bytes, print_json
 
 NAME = "step"
 HELP = "run the denoiser's forward pass, fully or partially loaded, and time a step"
@@ -59,21 +59,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..detect import detect_file
+    from ..errors import from_json
     from ..facade import Engine
-    from ..requests import StackItem, Step
+    from ..requests import Inspect, StackItem, Step
     from .bake import parse_lora_spec
 
-    det = detect_file(args.model)  # header-only and torch-free: a bad file is refused before torch loads
+    engine = Engine()
+    (det,) = engine.run(Inspect((args.model,)))  # header-only and torch-free: refused before torch loads
     if det.error is not None:
         if args.json:
-            print_json({"model": args.model, "error": det.error})
-        print_error(det.error.get("message", f"{args.model}: cannot be read"))
-        return EXIT_BAD_INPUT
+            print_json({"model": args.model, "error": det.error.to_json()})
+        raise from_json(det.error.to_json())  # main() prints it and picks the exit code (3: a bad file)
     loras = None
     if args.lora:
         loras = tuple(StackItem(f, s, s) for f, s, _ in (parse_lora_spec(spec) for spec in args.lora))
-    engine = Engine()
     try:
         engine.detect(options_from_args(args))
         r = engine.run(
