@@ -12,7 +12,9 @@ Baselines, measured in the same run:
   * diffusers group offload: the same model with `apply_group_offloading(offload_type="leaf_level",
     offload_to_disk_path=<a temporary folder>)` on exactly the modules Loadout streams at that residency
     (diffusers writes each to its own file once, then loads it from there before every use). Its peak is
-    taken after that set-up (which needs the whole model in RAM once), so it counts the steps alone.
+    taken after that set-up (which needs the whole model in RAM once), so it counts the steps alone; its
+    parameters are private copies (not views of the file, as the plain model's are), so what it offloads
+    really leaves the process.
 Each line printed is one JSON measurement {"name", "ours_s", "baseline", "baseline_s", "ratio", "goal",
 peaks, ...}: Loadout full / diffusers plain (goal ≤ 1.1), Loadout partial / Loadout full (goal ≤ 1.3 at
 50 %), Loadout partial / diffusers group offload at the same residency (goal < 1); a table goes to stderr.
@@ -21,8 +23,9 @@ The file stays in the page cache between runs (nothing is dropped): "disk tier" 
 through os.preadv, as it would be from a warm cache.
 
 On a shared machine the figures move a lot: each configuration runs in --rounds interleaved rounds and
-its steps are pooled; besides the median, `ratio_best` compares the fastest steps (load only ever adds
-time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
+`ratio` is the median over rounds of the two configurations' ratio within a round (neighbours in time),
+`ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
+ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
 Usage: bench_step.py [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the 3.4 GB file between runs)
 """
@@ -111,10 +114,15 @@ def worker_diffusers(model: str, modules: list[str], steps: int, out: str, folde
     meter = PeakMeter("cpu")
     with torch.device("meta"):
         unet = UNet2DConditionModel(**SD15)
-    sd = load_file(model)
+    sd = load_file(model)  # safetensors maps the file: the parameters stay views of it (as from_pretrained's)
     unet.load_state_dict(sd, assign=True)
     del sd
     unet.eval()
+    if modules:
+        # Private copies first: the group hooks read every offloaded tensor once to write it to disk, which
+        # would leave the file's pages mapped (counted in RSS) while the resident views keep the mapping.
+        for prm in unet.parameters():
+            prm.data = prm.data.clone()
     for i, name in enumerate(modules):  # one folder each: diffusers names a leaf's file by its name below
         apply_group_offloading(unet.get_submodule(name), onload_device=torch.device("cpu"), offload_type="leaf_level",
                                offload_to_disk_path=os.path.join(folder, str(i)))  # fmt: skip
@@ -230,12 +238,19 @@ def main() -> None:
               f"streamed {r['streamed'] / 1e9:5.2f} GB/step" + (f"  prefetched {r['prefetched']:.0%}" if r["prefetched"] is not None else ""),
               file=sys.stderr)  # fmt: skip
 
+    def paired(ours: str, baseline: str, key: str) -> float:
+        """The median over rounds of ours / baseline within a round (neighbours in time: the machine's
+        load drifts less between them than across the whole run)."""
+        rs = [statistics.median(o_[key][1:] or o_[key]) / statistics.median(b_[key][1:] or b_[key])
+              for o_, b_ in zip(runs[ours], runs[baseline], strict=True)]  # fmt: skip
+        return statistics.median(rs)
+
     def line(name: str, ours: str, baseline: str, goal: str) -> None:
         o_, b_ = st[ours], st[baseline]
         print(json.dumps({
             "name": name, "ours": ours, "ours_s": round(o_["median_s"], 3), "baseline": baseline,
-            "baseline_s": round(b_["median_s"], 3), "ratio": round(o_["median_s"] / b_["median_s"], 3), "goal": goal,
-            "ratio_best": round(o_["best_s"] / b_["best_s"], 3), "ratio_cpu": round(o_["cpu_s"] / b_["cpu_s"], 3),
+            "baseline_s": round(b_["median_s"], 3), "ratio": round(paired(ours, baseline, "steps"), 3), "goal": goal,
+            "ratio_best": round(o_["best_s"] / b_["best_s"], 3), "ratio_cpu": round(paired(ours, baseline, "cpu"), 3),
             "ours_first_s": round(o_["first_s"], 3), "baseline_first_s": round(b_["first_s"], 3),
             "ours_peak_bytes": o_["peak"], "baseline_peak_bytes": b_["peak"],
             "streamed_bytes_per_step": o_["streamed"], "prefetched": o_["prefetched"],

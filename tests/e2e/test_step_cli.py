@@ -70,6 +70,32 @@ def test_the_full_sd15_unet_in_both_namings_full_and_partial(cli, sd15, shared_d
     assert c["mode"] == "partial" and torch.isfinite(got).all() and not torch.equal(got, plain)
 
 
+def test_a_whole_sd15_checkpoint_steps_its_unet_alone(cli, tmp_path):
+    """A full checkpoint (UNet, CLIP-L, VAE; header-faithful sparse: zeros) — only the UNet is loaded and
+    run; shapes are what is checked."""
+    from engine.formats.safetensors import write_sparse
+
+    manifest = json.loads(data_file(SD15_MANIFEST).read_text())["tensors"]
+    ckpt = write_sparse(
+        tmp_path / "sd15.safetensors", [(k, v["dtype"], tuple(v["shape"])) for k, v in manifest.items()]
+    )
+    r = _step(
+        cli,
+        "--model",
+        str(ckpt),
+        "--size",
+        "64x48",
+        "--vram-budget",
+        "0",
+        "--out",
+        str(tmp_path / "o.safetensors"),
+    )
+    assert r["architecture"] == "sd1" and r["component"] == "unet" and r["mode"] == "partial"
+    assert r["resident_bytes"] == 0 and r["streamed_bytes_per_step"] == 859520964 * 4
+    out = _out(tmp_path / "o.safetensors")
+    assert out.shape == (1, 4, 6, 8) and torch.isfinite(out).all()
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
