@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -11,6 +13,8 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Never touch the user's real library cache or settings.
 _state = tempfile.mkdtemp(prefix="loadout-test-state-")
+# Removed when the session ends: every run made one and they piled up in /tmp.
+atexit.register(shutil.rmtree, _state, ignore_errors=True)
 os.environ["LOADOUT_CACHE_DIR"] = os.path.join(_state, "cache")
 os.environ["LOADOUT_CONFIG_DIR"] = os.path.join(_state, "config")
 
