@@ -85,13 +85,17 @@ def _as_dict(pairs: _Obj, where: str) -> dict:
     return d
 
 
-def _plain(v, where: str):
-    """A metadata value with every JSON object turned back into a dict (duplicates refused)."""
+def _json_kind(v) -> str:
+    """'a number', 'a list', … for a metadata value's JSON type (in an error message)."""
     if type(v) is _Obj:
-        return {k: _plain(x, where) for k, x in _as_dict(v, where).items()}
+        return "a JSON object"
     if type(v) is list:
-        return [_plain(x, where) for x in v]
-    return v
+        return "a list"
+    if type(v) is bool:
+        return "a boolean"
+    if v is None:
+        return "null"
+    return "a number"
 
 
 def _nonneg_ints(xs: list) -> bool:
@@ -148,14 +152,17 @@ def _parse_header(raw: bytes, path: str, file_size: int | None) -> SafetensorsHe
     if meta is not None:
         if type(meta) is not _Obj:
             raise FormatError(f"{where}__metadata__ must be a JSON object of strings")
-        # The format says string -> string; other JSON values are kept as their JSON text.
+        # The format says string -> string, and the reference library (so ComfyUI, diffusers and
+        # every tool built on `safe_open`) refuses a file with any other value. Accepting it would
+        # tell the user the file works when their other tools will not open it.
         for k, v in _as_dict(meta, where).items():
-            try:
-                metadata[k] = v if type(v) is str else json.dumps(_plain(v, where))
-            except (ValueError, RecursionError):
+            if type(v) is not str:
                 raise FormatError(
-                    f"{where}__metadata__ {k!r} is not plain JSON: the file is corrupt"
-                ) from None
+                    f"{where}__metadata__ {k!r} is {_json_kind(v)}, not a string: the safetensors format "
+                    "allows only string values, and the reference safetensors library (so ComfyUI "
+                    "and diffusers) refuses this file. Re-save it with its metadata values as strings."
+                )
+            metadata[k] = v
 
     data_start = 8 + len(raw)
     data_limit = None if file_size is None else file_size - data_start

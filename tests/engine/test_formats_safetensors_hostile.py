@@ -128,6 +128,16 @@ def test_truncated_at_every_region(tmp_path):
             open_index(q)
 
 
-def test_non_string_metadata_is_kept_as_json_text(tmp_path):
-    p = _file(tmp_path, {"__metadata__": {"n": 3, "s": "x", "l": [1]}, "a": _t()})
-    assert read_header(p).metadata == {"n": "3", "s": "x", "l": "[1]"}
+@pytest.mark.parametrize(
+    ("value", "kind"), [(3, "a number"), ([1], "a list"), ({"a": "b"}, "a JSON object"), (None, "null")]
+)
+def test_non_string_metadata_is_refused_like_the_reference(tmp_path, value, kind):
+    from safetensors import SafetensorError, safe_open
+
+    p = _file(tmp_path, {"__metadata__": {"s": "x", "n": value}, "a": _t()})
+    with pytest.raises(SafetensorError):  # the reference library refuses it too
+        safe_open(str(p), "pt")
+    with pytest.raises(FormatError, match=f"'n' is {kind}, not a string.*reference safetensors library"):
+        read_header(p)
+    with pytest.raises(FormatError, match="not a string"):
+        open_index(p)
