@@ -308,11 +308,14 @@ class Engine:
 
     def lora_coverage(self, lora: str, base: str):
         """DESIGN.md's coverage JSON of `lora` on `base` (headers only)."""
+        from .detect import detect_index
         from .formats import open_index
         from .lora.coverage import coverage
 
         lo, ba = open_index(lora), open_index(base)
-        cov = coverage(lo, {k: tuple(v.shape) for k, v in ba.tensors.items()}, lora_path=lora, base_path=base)
+        arch = detect_index(ba).architecture  # header-only; names the base in a "does not fit" warning
+        shapes = {k: tuple(v.shape) for k, v in ba.tensors.items()}
+        cov = coverage(lo, shapes, lora_path=lora, base_path=base, base_architecture=arch)
         return rq.CoverageResult(lora, base, rq.frozen(cov.to_json()))
 
     def set_loras(self, base: str, stack, *, token: CancelToken | None = None, report: Report = no_report):

@@ -207,6 +207,7 @@ def make_plan(
                     "fits": peak <= budget or res2 == 0 and lora_b + work <= budget,
                     "detail": {
                         "loras": [os.path.basename(x) for x in loras],
+                        "warnings": _lora_warnings(model, det.architecture, loras),
                         "lora_bytes": lora_b,
                         "fp32_work_bytes": work,
                         "resident_bytes": res2,
@@ -271,6 +272,21 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str) -> 
     )
     peak = estimate_decode_bytes(w, h, tile=t, **est)
     return {"step": "decode", "peak_bytes": peak, "mode": "tiled", "fits": False, "detail": detail}
+
+
+def _lora_warnings(model: str, architecture: str | None, loras: tuple[str, ...]) -> list[str]:
+    """ "name: sentence" for each LoRA that does not fit the model (engine.lora.coverage.fit_warning,
+    the same sentence the LoRA stack panel shows), from the headers alone."""
+    from .formats import open_index
+    from .lora.coverage import coverage
+
+    shapes = {k: tuple(v.shape) for k, v in open_index(model).tensors.items()}
+    out = []
+    for x in loras:
+        w = coverage(open_index(x), shapes, lora_path=x, base_architecture=architecture).warning
+        if w:
+            out.append(f"{os.path.basename(x)}: {w}")
+    return out
 
 
 def _data_bytes(path: str) -> int:

@@ -88,11 +88,17 @@ class StackRow(QWidget):
         bottom = QHBoxLayout()
         bottom.addWidget(self.model)
         bottom.addWidget(self.clip)
+        # The engine's sentence when the LoRA does not fit the base (engine.lora.coverage.fit_warning).
+        self.warning = QLabel("")
+        self.warning.setWordWrap(True)
+        self.warning.setStyleSheet("color: #c0392b")
+        self.warning.hide()
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 2, 4, 2)
         lay.setSpacing(0)
         lay.addLayout(top)
         lay.addLayout(bottom)
+        lay.addWidget(self.warning)
 
     def current(self) -> StackItem:
         return replace(self.item, enabled=self.enabled.isChecked(), strength_model=self.model.spin.value(),
@@ -109,6 +115,9 @@ class StackRow(QWidget):
             self.badge.setStyleSheet("color: #c0392b")
             self.badge.setToolTip(error)
             return
+        warning = cov.get("warning")
+        self.warning.setText(f"⚠ {warning}" if warning else "")
+        self.warning.setVisible(bool(warning))
         m, n = cov.get("mapped", 0), cov.get("modules", 0)
         self.badge.setText(f"{m}/{n} keys")
         self.badge.setStyleSheet(
@@ -353,6 +362,7 @@ class LoraStackPanel(QWidget):
             w = self.row_widget(r)
             if w is not None and w.item.file == lora:
                 w.set_coverage(cov)
+                self.list.item(r).setSizeHint(QSize(200, w.sizeHint().height()))
         self._update()
 
     def set_coverage_error(self, lora: str, message: str) -> None:

@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.lora}")
     print(f"  format {cov['format']}, algorithms {', '.join(cov['algos'])}")
     print(f"  on {args.base}: {cov['mapped']}/{cov['modules']} modules mapped ({pct:.1f}%)")
+    if cov.get("warning"):
+        print(f"  warning: {cov['warning']}")
     for name, t in cov["targets"].items():
         print(f"  {name:<12} {t['mapped']}/{t['modules']}")
         limit = None if args.all else 20

@@ -70,6 +70,7 @@ def render_text(model: str, plan: dict) -> str:
             line += f", {d['modules_resident']}/{d['modules']} modules)"
         elif s["step"] == "patch":
             line += f" ({len(d['loras'])} LoRA, {human_bytes(d['lora_bytes'])})"
+            line += "".join(f"\n    warning: {w}" for w in d.get("warnings", ()))
         elif s["step"] == "decode" and s["mode"] == "tiled":
             line += f" (tile {d['tile']} px, overlap {d['overlap']} px)"
         lines.append(line)

@@ -43,12 +43,18 @@ _STRONG = (
     ".oft_R",
 )
 _STRONG_NAMED = re.compile(r".*\.lora_(?:A|B)\.[A-Za-z0-9_]+\.weight$")  # PEFT with an adapter name
+# XLabs FLUX LoRAs (x-flux `LoRALinearLayer` inside attention processors).
+_XLABS = re.compile(r".*\.processor\.(?:qkv|proj)_lora[12]?\.(?:up|down)\.weight$")
 _WEAK = (".alpha", ".dora_scale", ".diff", ".diff_b", ".w_norm", ".b_norm", ".on_input")
 _KOHYA = ("lora_unet_", "lora_te_", "lora_te1_", "lora_te2_", "lora_te3_", "lora_transformer_", "lycoris_")
 
 
 def _strong(k: str) -> bool:
-    return k.endswith(_STRONG) or (".lora_" in k and _STRONG_NAMED.match(k) is not None)
+    return (
+        k.endswith(_STRONG)
+        or (".lora_" in k and _STRONG_NAMED.match(k) is not None)
+        or ("_lora" in k and _XLABS.match(k) is not None)
+    )
 
 
 CONTEXT_ARCH = {768: "sd1", 1024: "sd2", 2048: "sdxl", 1280: "sdxl_refiner"}
@@ -73,6 +79,12 @@ def lora_evidence(ix: KeyIndex) -> Evidence | None:
     if kohya:
         k = sorted(kohya)[0]
         return _ev(ix, k, "kohya module names with weight differences only → full-diff LoRA")
+    # Weight and bias differences only, under the model's own module names (ComfyUI's and
+    # lightx2v's `.diff` / `.diff_b`): no checkpoint names a tensor so.
+    diffs = [k for k in keys if k.endswith((".diff", ".diff_b"))]
+    if diffs and len(diffs) * 2 >= len(keys):
+        k = sorted(diffs)[0]
+        return _ev(ix, k, f"{len(diffs)} weight/bias differences (`.diff`, `.diff_b`) → full-diff LoRA")
     return None
 
 

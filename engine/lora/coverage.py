@@ -17,6 +17,66 @@ from .parts import UNSUPPORTED_ALGOS, group_modules, module_facts
 
 _ORDER = ("unet", "transformer", "clip_l", "clip_g", "clip_h", "t5xxl", "other")
 
+# How a user names an architecture id (LoRA bases and Detection ids alike); an id not listed is shown as is.
+_LABEL = {
+    "sd1": "SD1",
+    "sd2": "SD2",
+    "sdxl": "SDXL",
+    "sdxl_refiner": "the SDXL refiner",
+    "sd3": "SD3",
+    "sd3.5_medium": "SD3.5 Medium",
+    "sd3.5_large": "SD3.5 Large",
+    "flux1": "FLUX.1",
+    "flux1_dev": "FLUX.1 [dev]",
+    "flux1_schnell": "FLUX.1 [schnell]",
+    "flux2": "FLUX.2",
+    "chroma": "Chroma",
+    "wan21": "Wan 2.1",
+    "wan22": "Wan 2.2",
+    "qwen_image": "Qwen-Image",
+    "z_image": "Z-Image",
+    "lumina2": "Lumina 2",
+    "hunyuan_video": "HunyuanVideo",
+    "hunyuan_video15": "HunyuanVideo 1.5",
+    "hidream": "HiDream-I1",
+    "ltxv": "LTX-Video",
+    "ltx2": "LTX-2",
+}
+
+
+def label(arch: str | None) -> str:
+    return _LABEL.get(arch or "", arch or "an unknown")
+
+
+def fit_warning(cov: Mapping[str, Any], lora_base: str | None, base_architecture: str | None) -> str | None:
+    """The one sentence the plan and the LoRA stack panel show when a LoRA does not fit its base
+    (None when every module maps). `cov` is the coverage JSON (or anything with mapped / modules)."""
+    mapped, modules = int(cov.get("mapped", 0)), int(cov.get("modules", 0))
+    if not modules or mapped == modules:
+        return None
+    model = f"this {label(base_architecture)} model"
+    other = lora_base and not same_family(lora_base, base_architecture)
+    made = f"made for {label(lora_base)}: " if lora_base and (mapped == 0 or other) else ""
+    if mapped == 0:
+        return f"{made}0/{modules} modules map onto {model}; it would change nothing"
+    lead = f"{made}only" if made else "only"
+    return (
+        f"{lead} {mapped}/{modules} modules map onto {model}: the other {modules - mapped} would be skipped"
+    )
+
+
+def same_family(lora_base: str, architecture: str | None) -> bool:
+    """A LoRA base id (describe_lora: `flux1`, `sd3`, `wan21`) against a Detection id (`flux1_dev`,
+    `sd3.5_medium`, `wan21`): the same family, or a release of it."""
+    if not architecture:
+        return True  # nothing to compare with: say only the counts
+    a = architecture
+    return (
+        a == lora_base
+        or a.startswith(lora_base + "_")
+        or (lora_base.startswith("sd3") and a.startswith("sd3"))
+    )
+
 
 def change_shape(parts: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, ...] | None:
     """The shape of the weight change a module produces, from its parts' shapes (None: bias-only)."""
@@ -80,6 +140,8 @@ class Coverage:
     mapped: int
     targets: dict[str, TargetCoverage]
     placements: dict[str, Target] = field(default_factory=dict)  # module -> target (shape-checked)
+    lora_base: str | None = None  # the architecture the adapter was made for (describe_lora)
+    warning: str | None = None  # fit_warning, when the base's architecture was given
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,6 +152,8 @@ class Coverage:
             "modules": self.modules,
             "mapped": self.mapped,
             "targets": {k: v.to_json() for k, v in self.targets.items()},
+            "lora_base": self.lora_base,
+            "warning": self.warning,
             "error": None,
         }
 
@@ -101,8 +165,10 @@ def coverage(
     lora_path: str = "",
     base_path: str = "",
     keymap: KeyMap | None = None,
+    base_architecture: str | None = None,
 ) -> Coverage:
-    """Place every module of an adapter (a header-like index) on a base (key -> shape)."""
+    """Place every module of an adapter (a header-like index) on a base (key -> shape); with the base's
+    `base_architecture` (its Detection id) the result carries `fit_warning`'s sentence."""
     info = describe_lora(adapter_index)
     if info is None:
         from ..errors import FormatError
@@ -156,7 +222,7 @@ def coverage(
             tc.mapped += 1
             placements[name] = t
     ordered = {k: targets[k] for k in _ORDER if k in targets}
-    return Coverage(
+    cov = Coverage(
         lora=lora_path,
         base=base_path,
         format=info.format,
@@ -165,7 +231,13 @@ def coverage(
         mapped=sum(v.mapped for v in ordered.values()),
         targets=ordered,
         placements=placements,
+        lora_base=info.base,
     )
+    if base_architecture is not None:
+        cov.warning = fit_warning(
+            {"mapped": cov.mapped, "modules": cov.modules}, info.base, base_architecture
+        )
+    return cov
 
 
 def _bias_view(shape: tuple[int, ...], t: Target) -> tuple[int, ...]:

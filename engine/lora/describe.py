@@ -22,7 +22,21 @@ from .parts import ModuleFacts, group_modules, module_facts
 _CTX_TO_UNET = {768: "sd1", 1024: "sd2", 2048: "sdxl", 1280: "sdxl_refiner"}
 _DIT_HIDDEN = {3072: "flux1", 1536: "sd3", 2432: "sd3.5_large"}
 _UNET_FAMILY = ("sd1", "sd2", "sdxl", "sdxl_refiner")
-_DIT_FAMILY = ("sd3", "sd3.5_large", "sd3.5_medium", "flux1")
+_DIT_FAMILY = (
+    "sd3",
+    "sd3.5_large",
+    "sd3.5_medium",
+    "flux1",
+    "flux2",
+    "chroma",
+    "wan21",
+    "wan22",
+    "qwen_image",
+    "z_image",
+    "lumina2",
+    "hunyuan_video",
+    "hidream",
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,54 @@ _DIT_NAMES = re.compile(r"(double_blocks|single_blocks|joint_blocks|transformer_
 _FLUX_NAMES = re.compile(r"(double_blocks|single_blocks|single_transformer_blocks)")
 _SD3_NAMES = re.compile(r"(joint_blocks|context_block|ff_context|to_add_out|add_q_proj)")
 _UNET_NAMES = re.compile(r"(down_blocks|up_blocks|mid_block|input_blocks|output_blocks|middle_block)")
+# The 2025-26 families, from the module names their classes give (original and diffusers naming,
+# underscored): Wan's `blocks.N.self_attn` / `cross_attn` (diffusers `attn1` / `attn2` and `ffn.net`);
+# Qwen-Image's dual-stream `img_mod` / `txt_mlp`; NextDiT's `layers.N.attention` / `feed_forward`
+# (Lumina 2 in diffusers: `attn` and `feed_forward.linear_1`); HunyuanVideo's `img_attn_qkv` beside
+# `img_mlp.fc1` / `img_mod.linear` (FLUX.1 says `img_mlp.0`, `img_mod.lin`); HiDream's stream blocks.
+_WAN = re.compile(r"^(?:vace_)?blocks_\d+_(?:self_attn|cross_attn|attn1|attn2|ffn)_")
+_WAN_Q = re.compile(r"^blocks_\d+_(?:self_attn_q|attn1_to_q)$")
+_QWEN = re.compile(r"^transformer_blocks_\d+_(?:img_mod|txt_mod|img_mlp|txt_mlp)_")
+_NEXTDIT = re.compile(r"^(?:layers|noise_refiner|context_refiner)_\d+_(?:attention|attn|feed_forward)_")
+_NEXTDIT_OUT = re.compile(r"^layers_\d+_(?:attention_out|attention_to_out_0|attn_to_out_0)$")
+_HUNYUAN = re.compile(r"(?:img_mlp_fc1|img_mod_linear|txt_mlp_fc1|individual_token_refiner)")
+_HIDREAM = re.compile(r"^(?:double|single)_stream_blocks_\d+_")
+_FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
+# Hidden widths: Wan 1536 (2.1 1.3B), 5120 (2.1 14B; the 2.2 A14B experts share it), 3072 (2.2 TI2V 5B);
+# NextDiT 2304 (Lumina 2), 3840 (Z-Image). Facts of each release's config.
+_WAN_WIDTH = {1536: "wan21", 5120: "wan21", 3072: "wan22"}
+_NEXTDIT_WIDTH = {2304: "lumina2", 3840: "z_image"}
+
+
+def _width(diff, facts, pattern: re.Pattern, attr: str = "in_features") -> int | None:
+    c = Counter(getattr(facts[n], attr) for n, d in diff if pattern.search(d) and getattr(facts[n], attr))
+    return c.most_common(1)[0][0] if c else None
+
+
+def _family_2026(diff, facts) -> tuple[bool, str | None]:
+    """(decided, base) for the newer DiT families; decided False when none of their names occur."""
+    names = [d for _, d in diff]
+    if any(_HIDREAM.search(d) for d in names):
+        return True, "hidream"
+    if any(_QWEN.search(d) for d in names):
+        return True, "qwen_image"
+    if any(_WAN.search(d) for d in names):
+        return True, _WAN_WIDTH.get(_width(diff, facts, _WAN_Q))
+    if any(_NEXTDIT.search(d) for d in names):
+        return True, _NEXTDIT_WIDTH.get(_width(diff, facts, _NEXTDIT_OUT, "out_features"))
+    if any(_HUNYUAN.search(d) for d in names):
+        return True, "hunyuan_video"
+    if any(d.startswith("distilled_guidance_layer") for d in names):
+        return True, "chroma"
+    # FLUX.2 keeps FLUX.1's block names; its SwiGLU MLP makes img_mlp.0 six times as wide as the
+    # stream (FLUX.1: four times).
+    inner = _width(diff, facts, _FLUX_MLP_IN, "in_features")
+    outer = _width(diff, facts, _FLUX_MLP_IN, "out_features")
+    if inner and outer and outer == 6 * inner:
+        return True, "flux2"
+    return False, None
+
+
 _TE_WIDTH_PART = re.compile(r"(self_attn_q_proj|self_attn_k_proj|self_attn_out_proj|mlp_fc1)$")
 
 
@@ -75,6 +137,9 @@ def infer_base(named: dict[str, Named], facts: dict[str, ModuleFacts]) -> str | 
                 te_widths.setdefault(c.slot, Counter())[f.in_features] += 1
 
     flat = " ".join(d for _, d in diff)
+    decided, base = _family_2026(diff, facts) if diff else (False, None)
+    if decided:
+        return base
     if diff and (_DIT_NAMES.search(flat) or _FLUX_NAMES.search(flat)):
         hidden = Counter(facts[n].in_features for n, d in diff if _DIT_Q.search(d) and facts[n].in_features)
         if _FLUX_NAMES.search(flat):
@@ -90,6 +155,9 @@ def infer_base(named: dict[str, Named], facts: dict[str, ModuleFacts]) -> str | 
         ctx = Counter(facts[n].in_features for n, d in diff if _ATTN2_K.search(d) and facts[n].in_features)
         if ctx:
             return _CTX_TO_UNET.get(ctx.most_common(1)[0][0])
+    # A T5 as the second text encoder is FLUX.1's pair (CLIP-L, T5-XXL); SD3 names its T5 te3.
+    if any(c.slot == "te2" and _T5.search(_dotted(c)) for c in named.values()):
+        return "flux1"
     # Text-encoder-only adapters (or UNet adapters without cross-attention layers): the encoders' widths.
     if "te2" in te_widths and te_widths["te2"].most_common(1)[0][0] == 1280:
         return "sdxl"
@@ -103,6 +171,8 @@ def target_of(c: Named, base: str | None, facts: ModuleFacts) -> str:
     if c.slot in ("clip_l", "clip_g", "t5xxl"):
         return c.slot
     if c.slot == "diffusion":
+        if c.convention == "onetrainer":  # lora_transformer_: OneTrainer's prefix for DiT models only
+            return "transformer"
         if base in _DIT_FAMILY or (base is None and _DIT_NAMES.search(_dotted(c))):
             return "transformer"
         return "unet"
@@ -127,6 +197,13 @@ def _format(named: dict[str, Named], metadata: dict[str, str]) -> str:
         return "comfyui"
     if fmt == "bfl" and "xlabs" in software:
         return "xlabs"
+    # musubi-tuner writes kohya names and says which of its network modules trained them
+    # (`networks.lora_wan`, `lora_hunyuan_video`, `lora_qwen_image`, `lora_framepack`, …).
+    module = metadata.get("ss_network_module") or ""
+    if fmt == "kohya" and re.match(
+        r"networks\.lora_(wan|hunyuan|qwen|framepack|flux_kontext|z_image)", module
+    ):
+        return "musubi-tuner"
     return fmt
 
 

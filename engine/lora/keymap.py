@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .dit_names import View, diffusers_to_dit
+from .family_names import other_names
 from .naming import underscored
 from .unet_names import diffusers_to_ldm, ldm_to_diffusers
 
@@ -38,6 +39,20 @@ _DIFFUSION_BARE = (
     "single_blocks.",
     "joint_blocks.",
 )
+# Bare module paths of the other DiT families: Wan (`blocks.`, VACE `vace_blocks.`), Qwen-Image, LTX,
+# Sana, Cosmos and every diffusers-named DiT (`transformer_blocks.`), NextDiT (Lumina 2, Z-Image:
+# `layers.`, `noise_refiner.`), HiDream (`double_stream_blocks.`).
+_DIT_BARE = (
+    "blocks.",
+    "vace_blocks.",
+    "transformer_blocks.",
+    "single_transformer_blocks.",
+    "layers.",
+    "noise_refiner.",
+    "double_stream_blocks.",
+    "single_stream_blocks.",
+)
+_UNET_PATHS = ("input_blocks.", "middle_block.", "output_blocks.")
 _DIFFUSERS_UNET = ("down_blocks.", "mid_block.", "up_blocks.")
 _PARAM = re.compile(r"^(.*)\.(weight|scale)$")
 _OPENCLIP = (
@@ -73,6 +88,22 @@ def _view_shape(shape: tuple[int, ...], view: View) -> tuple[int, ...]:
     return shape
 
 
+def _dit_names(path: str) -> list[str]:
+    """The names DiT trainers give a transformer module at `path` (its own naming): diffusers / PEFT /
+    ai-toolkit (`transformer.`, `base_model.model.`), OneTrainer (`lora_transformer_`), musubi-tuner and
+    kohya (`lora_unet_`), diffusion-pipe and ComfyUI (`diffusion_model.`), LyCORIS, bare."""
+    u = underscored(path)
+    return [
+        f"transformer.{path}",
+        f"base_model.model.{path}",
+        f"lora_transformer_{u}",
+        f"lora_unet_{u}",
+        f"lycoris_{u}",
+        f"diffusion_model.{path}",
+        path,
+    ]
+
+
 def find_components(keys: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, str]]:
     """Component name -> (key prefix, layout) present in a base's keys."""
     found: dict[str, tuple[str, str]] = {}
@@ -82,6 +113,8 @@ def find_components(keys: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str,
         if any(k.startswith(prefix) for k in keys):
             found[comp] = (prefix, layout)
     if "diffusion" not in found and any(k.startswith(_DIFFUSION_BARE) for k in keys):
+        found["diffusion"] = ("", "native")
+    if "diffusion" not in found and any(k.startswith(_DIT_BARE) for k in keys):
         found["diffusion"] = ("", "native")
     if "diffusion" not in found:
         # A diffusers UNet file (diffusion_pytorch_model.safetensors), bare or under "unet.".
@@ -104,8 +137,15 @@ class KeyMap:
             k.startswith(diff[0] + b) for k in self.keys for b in ("double_blocks.", "joint_blocks.")
         )
         self.flux = bool(diff) and any(k.startswith(diff[0] + "double_blocks.") for k in self.keys)
+        # Any other denoiser that is no LDM UNet is a transformer of a newer family (Wan, Qwen-Image, …).
+        self.other_dit = (
+            bool(diff)
+            and diff[1] == "native"
+            and not self.dit
+            and not any(k.startswith(diff[0] + b) for k in self.keys for b in _UNET_PATHS)
+        )
         self.architecture = architecture
-        self.diffusion_name = "transformer" if self.dit else "unet"
+        self.diffusion_name = "transformer" if self.dit or self.other_dit else "unet"
         for comp, (prefix, layout) in self.components.items():
             params = self._params(prefix)
             if comp == "diffusion" and layout == "diffusers":
@@ -153,6 +193,17 @@ class KeyMap:
             t = self._target(comp, key)
             u = underscored(path)
             self._alias([f"lora_unet_{u}", f"lycoris_{u}", *(p + path for p in full_prefixes)], t)
+            if self.dit or self.other_dit:
+                self._alias(_dit_names(path), t)
+        if self.flux:
+            self._add_xlabs(params)
+        if self.other_dit:
+            shapes = {p: self.keys[k] for p, k in params.items()}
+            for name, (path, view) in other_names(shapes).items():
+                self._alias(
+                    [*_dit_names(name), f"diffusion_model.{name}", f"model.diffusion_model.{name}"],
+                    self._target(comp, params[path], view),
+                )
         if self.dit:
             shapes = {p: self.keys[k] for p, k in params.items()}
             for d, (path, view) in diffusers_to_dit(shapes).items():
@@ -174,6 +225,24 @@ class KeyMap:
                 t = self._target(comp, params[ldm])
                 u = underscored(d)
                 self._alias([f"lora_unet_{u}", f"unet.{d}", f"base_model.model.{d}", d, f"lycoris_{u}"], t)
+
+    def _add_xlabs(self, params: dict[str, str]) -> None:
+        """XLabs' single-block processors: `qkv_lora` adapts the q/k/v rows of `linear1` (the hidden
+        width each: `linear2`'s rows), `proj_lora` the block's output projection `linear2` (diffusers
+        `_convert_xlabs_flux_lora_to_diffusers` maps it to `proj_out`). Double blocks are renamed to
+        BFL paths when the adapter is parsed (`parts.split_key`)."""
+        for path in params:
+            m = re.fullmatch(r"single_blocks\.(\d+)\.linear1", path)
+            if not m:
+                continue
+            b = f"single_blocks.{m.group(1)}"
+            hidden = self.keys.get(params.get(f"{b}.linear2", ""), (0,))[0]
+            names = [f"{b}.processor.qkv_lora", f"diffusion_model.{b}.processor.qkv_lora"]
+            if hidden:
+                self._alias(names, self._target(self.diffusion_name, params[path], ("rows", 0, 3 * hidden)))
+            if f"{b}.linear2" in params:
+                t = self._target(self.diffusion_name, params[f"{b}.linear2"])
+                self._alias([f"{b}.processor.proj_lora", f"diffusion_model.{b}.processor.proj_lora"], t)
 
     def _add_diffusers_unet(self, params: dict[str, str]) -> None:
         """A diffusers-named UNet base: its own names, and the LDM names kohya SDXL LoRAs use."""
@@ -200,7 +269,11 @@ class KeyMap:
             # The SDXL refiner's only encoder: diffusers keeps calling it text_encoder_2.
             return ["lora_te_", "lora_te2_"], ["text_encoder.", "text_encoder_2."]
         if comp == "t5xxl":
-            return ["lora_te3_"], (["text_encoder_3."] if "clip_g" in has else ["text_encoder_2."])
+            if "clip_g" in has:
+                return ["lora_te3_"], ["text_encoder_3."]
+            # FLUX.1 (CLIP-L + T5): OneTrainer numbers its encoders as diffusers does, T5 second
+            # (`lora_te2_encoder_block_0_layer_0_SelfAttention_q`); kohya's lora_flux says te3.
+            return ["lora_te3_", "lora_te2_"], ["text_encoder_2."]
         return [], []
 
     def _add_text_encoder(self, comp: str, prefix: str, layout: str, params: dict[str, str]) -> None:

@@ -68,7 +68,9 @@ _SUFFIXES: tuple[tuple[str, str], ...] = (
 _PROCESSOR = re.compile(r"^(.*)\.processor\.(to_q|to_k|to_v|to_out)_lora\.(up|down)\.weight$")
 # XLabs Flux LoRAs: "double_blocks.N.processor.qkv_lora1.down.weight"; lora1 is the image stream, lora2
 # the text stream (diffusers `_convert_xlabs_flux_lora_to_diffusers`): BFL img_attn / txt_attn.
-_XLABS = re.compile(r"^(.*)\.processor\.(qkv|proj)_lora([12])\.(up|down)\.weight$")
+# Single blocks carry one stream: `single_blocks.N.processor.qkv_lora.down.weight` (kept by that name;
+# the key map places it on linear1's q/k/v rows).
+_XLABS = re.compile(r"^(.*)\.processor\.(qkv|proj)_lora([12]?)\.(up|down)\.weight$")
 
 # Parts that carry a weight change (a module with only `alpha` is no adapter module).
 WEIGHT_PARTS = frozenset(
@@ -97,6 +99,8 @@ UNSUPPORTED_ALGOS = frozenset({"oft", "boft", "glora"})
 def split_key(key: str) -> tuple[str, str] | None:
     """'lora_unet_x.lora_up.weight' -> ('lora_unet_x', 'up'); None when the key is no adapter part."""
     m = _XLABS.match(key)
+    if m and not m.group(3):
+        return f"{m.group(1)}.processor.{m.group(2)}_lora", m.group(4)
     if m:
         stream = "img_attn" if m.group(3) == "1" else "txt_attn"
         return f"{m.group(1)}.{stream}.{m.group(2)}", m.group(4)

@@ -98,3 +98,21 @@ def test_bake_writes_a_new_checkpoint_that_joins_the_library(qtbot, window, file
     meta = read_header(out).metadata
     assert "loadout.bake" in meta and "style.safetensors" in meta["loadout.bake"]
     qtbot.waitUntil(lambda: w.library.model.row_of(str(out)) is not None, timeout=30_000)
+
+
+def test_a_lora_made_for_another_model_shows_the_engines_warning(qtbot, window, files):
+    w = window
+    w.library.add_paths([files["dir"]], select_first=False)
+    qtbot.waitUntil(lambda: w.library.model.row_of(files["lora"]) is not None, timeout=30_000)
+    qtbot.waitUntil(lambda: w.library.model.row_of(files["sdxl"]) is not None, timeout=30_000)
+    w.library.select_path(files["sdxl"])  # an SD1 LoRA on an SDXL base
+    e = w.library.model.entries[w.library.model.row_of(files["lora"])]
+    w.library.add_to_stack_requested.emit(e)
+    cov = wait_job(qtbot, w, LoraCoverage)
+    assert cov.coverage["mapped"] < cov.coverage["modules"]
+    row = w.stack.row_widget(0)
+    qtbot.waitUntil(lambda: row.warning.isVisible(), timeout=5000)
+    # The panel shows the engine's sentence as it is (the plan prints the same one).
+    assert row.warning.text() == f"⚠ {cov.coverage['warning']}"
+    assert cov.coverage["warning"].startswith("made for SD1: ")
+    assert "onto this SDXL model" in cov.coverage["warning"]

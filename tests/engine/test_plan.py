@@ -90,6 +90,21 @@ def test_hypothetical_gpu_uses_fp16_and_patch_step(sd15, shared_data):
     assert steps["load"]["detail"]["storage_dtype"] == "float16"
     assert steps["patch"]["detail"]["lora_bytes"] == lora.stat().st_size - 8 - _header_len(lora)
     assert all(s["peak_bytes"] <= plan["budget_bytes"] for s in plan["steps"]) == plan["fits"]
+    assert steps["patch"]["detail"]["warnings"] == []  # an SD1 LoKr on SD1.5: every module maps
+
+
+def test_plan_warns_when_a_lora_does_not_fit_the_model(tmp_path, shared_data):
+    from tests.support import synth
+
+    sdxl = synth.write("sdxl_checkpoint", tmp_path / "sdxl.safetensors")
+    lora = shared_data("weights/smart_falcon_8_lokr.safetensors")  # trained on SD1.5
+    plan = make_plan(str(sdxl), loras=(str(lora),), vram_gb=8, report=cpu_report())
+    (warning,) = next(s for s in plan["steps"] if s["step"] == "patch")["detail"]["warnings"]
+    assert warning.startswith("smart_falcon_8_lokr.safetensors: made for SD1: only ")
+    assert warning.endswith("onto this SDXL model: the other 261 would be skipped")
+    from engine.cli.plan import render_text
+
+    assert f"warning: {warning}" in render_text(str(sdxl), plan)
 
 
 def _header_len(p):

@@ -1,0 +1,179 @@
+"""Original (as ComfyUI repackages the releases) <-> diffusers module paths of the 2025-26 DiT families.
+
+Trainers name a module after the model class they trained: musubi-tuner and diffusion-pipe after the
+original release (Wan's `blocks.N.self_attn.q`), ai-toolkit and diffusers/PEFT after diffusers'
+classes (`blocks.N.attn1.to_q`). A LoRA must land on a base stored in either naming, so each family
+here is a table of (original, diffusers) module-path templates, `{n}` standing for a block number,
+read in both directions. Where the original fuses what diffusers splits (Z-Image's and Lumina 2's
+`attention.qkv`), the diffusers names reach row blocks of the fused weight.
+
+Facts (cited, not copied) from diffusers `loaders/single_file_utils.py`: `convert_wan_transformer_to_
+diffusers` (Wan 2.1/2.2, VACE, i2v image embedder), `convert_z_image_transformer_checkpoint_to_diffusers`
+and `convert_lumina2_to_diffusers`. Families whose release already uses the diffusers names (Qwen-Image,
+LTX-Video, Sana, Cosmos in diffusers form) need no table: their LoRAs reach the base by its own names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from .dit_names import View
+
+# Wan 2.1 / 2.2 (t2v, i2v, ti2v, VACE, fun): the rename is one-to-one.
+_WAN_BLOCK = (
+    ("self_attn.q", "attn1.to_q"),
+    ("self_attn.k", "attn1.to_k"),
+    ("self_attn.v", "attn1.to_v"),
+    ("self_attn.o", "attn1.to_out.0"),
+    ("self_attn.norm_q", "attn1.norm_q"),
+    ("self_attn.norm_k", "attn1.norm_k"),
+    ("cross_attn.q", "attn2.to_q"),
+    ("cross_attn.k", "attn2.to_k"),
+    ("cross_attn.v", "attn2.to_v"),
+    ("cross_attn.o", "attn2.to_out.0"),
+    ("cross_attn.norm_q", "attn2.norm_q"),
+    ("cross_attn.norm_k", "attn2.norm_k"),
+    ("cross_attn.k_img", "attn2.add_k_proj"),
+    ("cross_attn.v_img", "attn2.add_v_proj"),
+    ("cross_attn.norm_k_img", "attn2.norm_added_k"),
+    ("ffn.0", "ffn.net.0.proj"),
+    ("ffn.2", "ffn.net.2"),
+    # The original's norm3 (the affine norm before cross-attention) is diffusers' norm2.
+    ("norm3", "norm2"),
+    # VACE blocks' projections in and out of the control stream.
+    ("before_proj", "proj_in"),
+    ("after_proj", "proj_out"),
+)
+_WAN_TOP = (
+    ("patch_embedding", "patch_embedding"),
+    ("time_embedding.0", "condition_embedder.time_embedder.linear_1"),
+    ("time_embedding.2", "condition_embedder.time_embedder.linear_2"),
+    ("text_embedding.0", "condition_embedder.text_embedder.linear_1"),
+    ("text_embedding.2", "condition_embedder.text_embedder.linear_2"),
+    ("time_projection.1", "condition_embedder.time_proj"),
+    ("img_emb.proj.0", "condition_embedder.image_embedder.norm1"),
+    ("img_emb.proj.1", "condition_embedder.image_embedder.ff.net.0.proj"),
+    ("img_emb.proj.3", "condition_embedder.image_embedder.ff.net.2"),
+    ("img_emb.proj.4", "condition_embedder.image_embedder.norm2"),
+    ("head.head", "proj_out"),
+    ("vace_patch_embedding", "vace_patch_embedding"),
+)
+WAN: tuple[tuple[str, str], ...] = (
+    *_WAN_TOP,
+    *((f"blocks.{{n}}.{o}", f"blocks.{{n}}.{d}") for o, d in _WAN_BLOCK),
+    *((f"vace_blocks.{{n}}.{o}", f"vace_blocks.{{n}}.{d}") for o, d in _WAN_BLOCK),
+)
+
+# Z-Image (NextDiT with a single fused qkv, equal thirds) in diffusers' ZImageTransformer2DModel form.
+_NEXTDIT_STACKS = ("layers", "noise_refiner", "context_refiner")
+_ZIMAGE_BLOCK = (
+    ("attention.out", "attention.to_out.0"),
+    ("attention.q_norm", "attention.norm_q"),
+    ("attention.k_norm", "attention.norm_k"),
+    *((f"feed_forward.w{i}", f"feed_forward.w{i}") for i in (1, 2, 3)),
+    ("adaLN_modulation.0", "adaLN_modulation.0"),
+)
+Z_IMAGE: tuple[tuple[str, str], ...] = (
+    ("x_embedder", "all_x_embedder.2-1"),
+    ("final_layer.linear", "all_final_layer.2-1.linear"),
+    ("final_layer.adaLN_modulation.1", "all_final_layer.2-1.adaLN_modulation.1"),
+    ("cap_embedder.1", "cap_embedder.1"),
+    ("t_embedder.mlp.0", "t_embedder.mlp.0"),
+    ("t_embedder.mlp.2", "t_embedder.mlp.2"),
+    *((f"{s}.{{n}}.{o}", f"{s}.{{n}}.{d}") for s in _NEXTDIT_STACKS for o, d in _ZIMAGE_BLOCK),
+)
+# Lumina 2 (NextDiT, grouped-query fused qkv) in diffusers' Lumina2Transformer2DModel form.
+_LUMINA_BLOCK = (
+    ("attention.out", "attn.to_out.0"),
+    ("attention.q_norm", "attn.norm_q"),
+    ("attention.k_norm", "attn.norm_k"),
+    *((f"feed_forward.w{i}", f"feed_forward.linear_{i}") for i in (1, 2, 3)),
+    ("adaLN_modulation.1", "norm1.linear"),
+)
+LUMINA2: tuple[tuple[str, str], ...] = (
+    ("x_embedder", "x_embedder"),
+    ("cap_embedder.1", "time_caption_embed.caption_embedder.1"),
+    ("t_embedder.mlp.0", "time_caption_embed.timestep_embedder.linear_1"),
+    ("t_embedder.mlp.2", "time_caption_embed.timestep_embedder.linear_2"),
+    ("final_layer.adaLN_modulation.1", "norm_out.linear_1"),
+    ("final_layer.linear", "norm_out.linear_2"),
+    *((f"{s}.{{n}}.{o}", f"{s}.{{n}}.{d}") for s in _NEXTDIT_STACKS for o, d in _LUMINA_BLOCK),
+)
+# (fused original path, diffusers names of its q/k/v row blocks) per NextDiT table.
+_FUSED_QKV = {
+    Z_IMAGE: ("attention.qkv", ("attention.to_q", "attention.to_k", "attention.to_v")),
+    LUMINA2: ("attention.qkv", ("attn.to_q", "attn.to_k", "attn.to_v")),
+}
+
+
+def _compile(template: str) -> re.Pattern:
+    return re.compile("^" + re.escape(template).replace(r"\{n\}", r"(\d+)") + "$")
+
+
+def _table(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, re.Pattern, str], ...]:
+    return tuple((_compile(o), d, _compile(d), o) for o, d in pairs)
+
+
+_TABLES = {id(t): _table(t) for t in (WAN, Z_IMAGE, LUMINA2)}
+
+
+def _fill(template: str, m: re.Match) -> str:
+    return template.replace("{n}", m.group(1)) if "{n}" in template else template
+
+
+def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
+    """The rename tables a base's module paths call for (its own naming decides nothing here: a
+    table is read in the direction the base needs)."""
+    ps = set(paths)
+    out = []
+    if any(p.startswith(("blocks.", "vace_blocks.")) for p in ps) and (
+        "patch_embedding" in ps
+        or any(".self_attn." in p or ".attn1." in p for p in ps if p.startswith("blocks."))
+    ):
+        out.append(WAN)
+    if any(p.startswith(_NEXTDIT_STACKS) for p in ps) and any(
+        ".attention." in p or ".attn." in p for p in ps
+    ):
+        out.extend((Z_IMAGE, LUMINA2))
+    return out
+
+
+def other_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, View]]:
+    """For a base's module paths (path -> weight shape): every name the other naming gives a module
+    -> (the base's path, view). Original paths yield diffusers names and the reverse."""
+    out: dict[str, tuple[str, View]] = {}
+    for pairs in tables_for(shapes):
+        compiled = _TABLES[id(pairs)]
+        for path in shapes:
+            for o_re, d_tpl, d_re, o_tpl in compiled:
+                m = o_re.match(path)
+                if m:
+                    out.setdefault(_fill(d_tpl, m), (path, None))
+                    break
+                m = d_re.match(path)
+                if m:
+                    out.setdefault(_fill(o_tpl, m), (path, None))
+                    break
+        fused = _FUSED_QKV.get(pairs)
+        if fused:
+            _add_fused(out, shapes, *fused)
+    return out
+
+
+def _add_fused(
+    out: dict, shapes: Mapping[str, tuple[int, ...]], qkv: str, names: tuple[str, str, str]
+) -> None:
+    """diffusers' q/k/v of a NextDiT block as row blocks of the original's fused qkv: q is as wide as
+    the block (the output projection's rows), k and v share the rest (grouped-query attention)."""
+    for path, shape in shapes.items():
+        if not path.endswith("." + qkv) or not shape:
+            continue
+        block = path[: -len(qkv) - 1]
+        hidden = shapes.get(f"{block}.attention.out", (0,))[0]
+        rows = shape[0]
+        if not hidden or rows <= hidden or (rows - hidden) % 2:
+            continue
+        kv = (rows - hidden) // 2
+        for name, start, length in zip(names, (0, hidden, hidden + kv), (hidden, kv, kv), strict=True):
+            out.setdefault(f"{block}.{name}", (path, ("rows", start, length)))
