@@ -110,7 +110,9 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, _WAN_WIDTH.get(_width(diff, facts, _WAN_Q))
     if any(_NEXTDIT.search(d) for d in names):
         return True, _NEXTDIT_WIDTH.get(_width(diff, facts, _NEXTDIT_OUT, "out_features"))
-    if any(_HUNYUAN.search(d) for d in names):
+    # FLUX.1 has 19 double blocks; a 20th (HunyuanVideo has 20, HunyuanVideo 1.5 54) is not FLUX.1.
+    doubles = {int(m.group(1)) for d in names for m in [re.match(r"^double_blocks_(\d+)_", d)] if m}
+    if any(_HUNYUAN.search(d) for d in names) or (doubles and max(doubles) >= 19):
         return True, "hunyuan_video"
     if any(d.startswith("distilled_guidance_layer") for d in names):
         return True, "chroma"

@@ -100,6 +100,52 @@ LUMINA2: tuple[tuple[str, str], ...] = (
     ("final_layer.linear", "norm_out.linear_2"),
     *((f"{s}.{{n}}.{o}", f"{s}.{{n}}.{d}") for s in _NEXTDIT_STACKS for o, d in _LUMINA_BLOCK),
 )
+# HunyuanVideo 1.0 / 1.5 and HunyuanImage 2.1: Tencent's release names (what musubi-tuner and
+# diffusion-pipe train) <-> ComfyUI's (FLUX-style blocks: `img_attn.qkv`, `img_mlp.0`, `img_mod.lin`).
+# Facts: Tencent/HunyuanVideo `hyvideo/modules/models.py` and the names diffusers'
+# `convert_hunyuan_video_transformer_to_diffusers` reads; ComfyUI's `comfy/ldm/hunyuan_video/model.py`.
+_HY_STREAM = (
+    ("{s}_mod.linear", "{s}_mod.lin"),
+    ("{s}_attn_qkv", "{s}_attn.qkv"),
+    ("{s}_attn_proj", "{s}_attn.proj"),
+    ("{s}_mlp.fc1", "{s}_mlp.0"),
+    ("{s}_mlp.fc2", "{s}_mlp.2"),
+)
+_HY_REFINER = (
+    ("self_attn_qkv", "self_attn.qkv"),
+    ("self_attn_proj", "self_attn.proj"),
+    ("mlp.fc1", "mlp.0"),
+    ("mlp.fc2", "mlp.2"),
+)
+HUNYUAN: tuple[tuple[str, str], ...] = (
+    *(
+        (f"double_blocks.{{n}}.{t.format(s=s)}", f"double_blocks.{{n}}.{c.format(s=s)}")
+        for s in ("img", "txt")
+        for t, c in _HY_STREAM
+    ),
+    ("single_blocks.{n}.modulation.linear", "single_blocks.{n}.modulation.lin"),
+    *(
+        (
+            f"txt_in.individual_token_refiner.blocks.{{n}}.{t}",
+            f"txt_in.individual_token_refiner.blocks.{{n}}.{c}",
+        )
+        for t, c in _HY_REFINER
+    ),
+    *((f"{e}.mlp.0", f"{e}.in_layer") for e in ("time_in", "guidance_in", "txt_in.t_embedder")),
+    *((f"{e}.mlp.2", f"{e}.out_layer") for e in ("time_in", "guidance_in", "txt_in.t_embedder")),
+    ("txt_in.c_embedder.linear_1", "txt_in.c_embedder.in_layer"),
+    ("txt_in.c_embedder.linear_2", "txt_in.c_embedder.out_layer"),
+)
+# LTX-Video / LTX-2: the release keeps diffusers' tree under a few other names (diffusers'
+# `convert_ltx_transformer_checkpoint_to_diffusers`): the patch embedding and the timestep embedder.
+LTX: tuple[tuple[str, str], ...] = (
+    ("patchify_proj", "proj_in"),
+    ("adaln_single.linear", "time_embed.linear"),
+    ("adaln_single.emb.timestep_embedder.linear_1", "time_embed.emb.timestep_embedder.linear_1"),
+    ("adaln_single.emb.timestep_embedder.linear_2", "time_embed.emb.timestep_embedder.linear_2"),
+    ("audio_patchify_proj", "audio_proj_in"),
+)
+
 # (fused original path, diffusers names of its q/k/v row blocks) per NextDiT table.
 _FUSED_QKV = {
     Z_IMAGE: ("attention.qkv", ("attention.to_q", "attention.to_k", "attention.to_v")),
@@ -115,7 +161,7 @@ def _table(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, r
     return tuple((_compile(o), d, _compile(d), o) for o, d in pairs)
 
 
-_TABLES = {id(t): _table(t) for t in (WAN, Z_IMAGE, LUMINA2)}
+_TABLES = {id(t): _table(t) for t in (WAN, Z_IMAGE, LUMINA2, HUNYUAN, LTX)}
 
 
 def _fill(template: str, m: re.Match) -> str:
@@ -136,6 +182,12 @@ def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
         ".attention." in p or ".attn." in p for p in ps
     ):
         out.extend((Z_IMAGE, LUMINA2))
+    if any(p.startswith("txt_in.individual_token_refiner.") for p in ps):
+        out.append(HUNYUAN)
+    if any(p in ps for p in ("patchify_proj", "proj_in")) and any(
+        p.startswith(("adaln_single.", "time_embed.")) for p in ps
+    ):
+        out.append(LTX)
     return out
 
 

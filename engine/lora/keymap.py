@@ -197,7 +197,7 @@ class KeyMap:
                 self._alias(_dit_names(path), t)
         if self.flux:
             self._add_xlabs(params)
-        if self.other_dit:
+        if self.dit or self.other_dit:
             shapes = {p: self.keys[k] for p, k in params.items()}
             for name, (path, view) in other_names(shapes).items():
                 self._alias(

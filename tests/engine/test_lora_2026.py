@@ -276,3 +276,19 @@ def test_an_ai_toolkit_wan_lora_bakes_onto_an_original_named_wan_file(tmp_path):
         assert torch.equal(baked[key], want), key
     changed = {k for k in base if not torch.equal(baked[k], base[k])}
     assert changed == {"blocks.0.self_attn.q.weight", "blocks.0.ffn.0.weight"}
+
+
+# --- HunyuanVideo: Tencent's names (musubi-tuner, diffusion-pipe) <-> ComfyUI's ------------------------------
+@pytest.mark.parametrize(
+    ("lora_naming", "base_naming"), [("tencent", "comfy"), ("comfy", "tencent"), ("tencent", "tencent")]
+)
+@pytest.mark.parametrize("style", ["musubi", "diffusion-pipe"])
+def test_hunyuan_video_loras_cover_either_naming(lora_naming, base_naming, style):
+    c = V.HUNYUAN_VIDEO.with_(double=20, single=2)
+    lin = {k: v for k, v in _linears_of_rows(V.hunyuan(c, lora_naming)).items() if "blocks." in k}
+    base = {"model.diffusion_model." + k: s for k, s in V.hunyuan(c, base_naming).items()}
+    lora = _adapter(lin, style)
+    cov = coverage(lora, base).to_json()
+    t = cov["targets"]["transformer"]
+    assert (cov["mapped"], t["unmatched"], t["shape_mismatch"]) == (cov["modules"], [], [])
+    assert describe_lora(lora).base == "hunyuan_video"
