@@ -24,7 +24,7 @@ class FormatError(EngineError):
 
 
 class UnsupportedModel(EngineError):
-    """A real model in a format or layout Loadout cannot load (yet): GGUF, scaled fp8, 4-bit, ..."""
+    """A real model in a format or layout Loadout cannot load (yet): IQ-type GGUF, nvfp4, 4-bit, ..."""
 
     type = "unsupported"
 

@@ -98,8 +98,11 @@ class Castable:
         if not dtype.is_floating_point:
             dtype = _float_dtype(weight)
         q = self.quantized
+        qw = q.get("weight")
+        if qw is not None and hasattr(qw, "bind"):  # a scaled weight: its scale is a tensor of this op
+            qw = qw.bind(self)
         return (
-            _prepare(weight, like.device, dtype, self.weight_functions, self.non_blocking, q.get("weight")),
+            _prepare(weight, like.device, dtype, self.weight_functions, self.non_blocking, qw),
             _prepare(bias, like.device, dtype, self.bias_functions, self.non_blocking, q.get("bias")),
         )
 

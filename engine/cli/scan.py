@@ -4,7 +4,7 @@ missing ones (whole-file reads, progress on stderr).
 
 Exit status: 0 when every model file found is usable; 3 when a path given does not exist, or any file
 found is bad (corrupt, truncated, not a model) or unreadable — the others are still listed. Real models
-in formats Loadout cannot load yet (`error.type == "unsupported"`, e.g. GGUF) are listed and do not make
+in formats Loadout cannot load yet (`error.type == "unsupported"`, e.g. nvfp4 or bitsandbytes 4-bit) are listed and do not make
 the scan fail; neither do folders an extra_model_paths.yaml names but that do not exist (ComfyUI's
 example file names several that most people do not have): they are listed under problems.
 """

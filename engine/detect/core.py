@@ -19,22 +19,69 @@ from .video_vaes import find_video_vaes
 
 log = logging.getLogger(__name__)
 
-QUANT_MARKERS = (
-    ("scaled_fp8", "scaled fp8 weights (ComfyUI `scaled_fp8`)"),
-    (".scale_weight", "scaled fp8 weights (per-layer scale_weight)"),
-    (".comfy_quant", "quantized weights (ComfyUI `comfy_quant`)"),
+# bitsandbytes 4-bit (diffusers / transformers `quantization_config` saves): the blocks need bnb's
+# CUDA kernels or an exact dequantization of NF4's table, which Loadout does not have yet.
+BNB_MARKERS = (
     (".quant_state.bitsandbytes__nf4", "4-bit NF4 weights (bitsandbytes)"),
     (".quant_state.bitsandbytes__fp4", "4-bit FP4 weights (bitsandbytes)"),
-    (".absmax", "4-bit weights (bitsandbytes absmax)"),
+    (".absmax", "4-bit weights (bitsandbytes blockwise absmax)"),
 )
+# nunchaku SVDQuant: 4-bit weights with a low-rank branch, computed by nunchaku's CUDA kernels only.
+SVDQ_MARKERS = (".wscales", ".smooth_factor", ".proj_down")
 
 
-def _quantized(ix: KeyIndex) -> tuple[str, str] | None:
-    markers = tuple(m for m, _ in QUANT_MARKERS)
+def _quant_report(ix: KeyIndex) -> tuple[tuple[Evidence, ...], Failure | None]:
+    """Evidence naming a quantized file's format, and the failure when Loadout cannot load it.
+
+    Scaled fp8 and comfy_quant fp8 / int8 weights load (engine.quant.scaled applies the scale per op);
+    mxfp8, nvfp4, bitsandbytes and SVDQuant files are named and refused with what to use instead."""
+    from ..errors import UnsupportedModel
+    from ..quant.scaled import COMPANIONS, check_format, format_of, formats_in_metadata
+
     for k in ix.tensors:
-        if k.endswith(markers):
-            return k, next(what for m, what in QUANT_MARKERS if k.endswith(m))
-    return None
+        for m, what in BNB_MARKERS:
+            if k.endswith(m):
+                msg = (
+                    f"{what}: Loadout cannot load bitsandbytes 4-bit files yet (they need bitsandbytes' "
+                    "CUDA kernels). Use the model's GGUF (Q4_K, Q5_K) or fp8 file instead."
+                )
+                return (Evidence(k, ix.shape(k), what),), Failure("unsupported", msg)
+        if k.endswith(SVDQ_MARKERS) and ix.has(k.rsplit(".", 1)[0] + ".qweight"):
+            what = "nunchaku SVDQuant 4-bit weights (qweight, wscales, low-rank proj_down / proj_up)"
+            msg = f"{what}: these run only on nunchaku's CUDA kernels; Loadout cannot load them. Use a GGUF or fp8 file."
+            return (Evidence(k, ix.shape(k), what),), Failure("unsupported", msg)
+    modules: dict[str, dict] = {}
+    for k, t in ix.tensors.items():
+        path, _, attr = k.rpartition(".")
+        if attr in COMPANIONS:
+            modules.setdefault(path, {})
+    if not modules and "_quantization_metadata" not in ix.metadata:
+        return (), None
+    counts: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for path in modules:
+        tensors = {
+            a: ix.tensors[f"{path}.{a}"] for a in ("weight", *COMPANIONS) if f"{path}.{a}" in ix.tensors
+        }
+        fmt = format_of(tensors)
+        if fmt is None:
+            continue
+        counts[fmt] = counts.get(fmt, 0) + 1
+        first.setdefault(fmt, f"{path}.weight")
+    for fmt in sorted(formats_in_metadata(ix.metadata) - set(counts)):
+        counts[fmt] = 0
+        first.setdefault(fmt, "__metadata__._quantization_metadata")
+    ev = []
+    for fmt, n in sorted(counts.items(), key=lambda x: -x[1]):
+        k = first[fmt]
+        layers = f"{n} layers" if n else "named in the metadata"
+        ev.append(Evidence(k, ix.shape(k), f"{fmt} weights ({layers}), scaled per op when computed"))
+    for fmt in counts:
+        try:
+            check_format(fmt)
+        except UnsupportedModel as e:
+            return tuple(ev), Failure("unsupported", e.message)
+    return tuple(ev), None
 
 
 def build_components(
@@ -120,11 +167,11 @@ def detect_index(index, *, path: str = "") -> Detection:
     d = _classify(ix, base)
     if d.variant is None and d.kind not in ("unknown", "checkpoint", "diffusion_model"):
         d = _replace(d, variant="normal")
-    quant = _quantized(ix)
-    if quant and d.error is None:
-        key, what = quant
-        d = _replace(d, error=Failure("unsupported", f"{what}: Loadout cannot load these yet"))
-        d = _replace(d, evidence=d.evidence + (Evidence(key, ix.shape(key), what),))
+    quant_ev, quant_error = _quant_report(ix)
+    if quant_ev or quant_error:
+        d = _replace(d, evidence=d.evidence + quant_ev)
+    if quant_error and d.error is None:
+        d = _replace(d, error=quant_error)
     if ix.format == "gguf" and d.error is None:
         d = _gguf_types(ix, d)
     return d

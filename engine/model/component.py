@@ -27,6 +27,7 @@ from ..formats import open_weights
 from ..formats.dtypes import torch_dtype
 from ..formats.safetensors import SafetensorsFile, TensorInfo
 from ..quant import is_block_type
+from ..quant.scaled import is_companion
 from . import transfer
 from .tree import ModuleSpec, build_tree, module_specs
 
@@ -68,7 +69,7 @@ class Unit:
             return cached
         n = 0
         for info in self.infos.values():
-            float_ = info.dtype.startswith(("F", "BF"))
+            float_ = info.dtype.startswith(("F", "BF")) and not is_companion(info.name)
             n += info.numel * _ITEMSIZE[storage] if storage and float_ else info.nbytes
         self.extra[storage] = n
         return n
@@ -81,7 +82,8 @@ def _held(info: TensorInfo, storage: str | None) -> tuple:
 
     if is_block_type(info.dtype):
         return torch.uint8, (info.nbytes,)
-    if storage and info.dtype.startswith(("F", "BF")):
+    # A scale stays float32: in an fp8 storage dtype it would lose the precision it exists for.
+    if storage and info.dtype.startswith(("F", "BF")) and not is_companion(info.name):
         return getattr(torch, storage), info.shape
     return torch_dtype(info.dtype), info.shape
 

@@ -87,7 +87,20 @@ def module_specs(tensors: Iterable[tuple[str, TensorInfo]]) -> list[ModuleSpec]:
     for name, info in tensors:
         path, _, attr = name.rpartition(".")
         groups.setdefault(path, {})[attr] = info
-    return [ModuleSpec(path, classify(path, ts), ts) for path, ts in groups.items()]
+    from ..quant.scaled import COMPANIONS
+
+    out = []
+    for path, ts in groups.items():
+        # A scaled weight's companions (scale_weight, weight_scale, comfy_quant, …) ride along with
+        # the module: it is typed by its own weight and bias.
+        core = ts
+        if COMPANIONS & ts.keys():
+            core = {a: i for a, i in ts.items() if a not in COMPANIONS}
+            w = core.get("weight")
+            if w is not None and w.dtype == "I8":  # an int8 weight with its scale is a float weight
+                core["weight"] = w._replace(dtype="F8_E4M3")
+        out.append(ModuleSpec(path, classify(path, core) if core else "plain", ts))
+    return out
 
 
 def make_op(spec: ModuleSpec):
@@ -98,7 +111,7 @@ def make_op(spec: ModuleSpec):
     if quantized and spec.kind == "plain":
         name, q = next(iter(quantized.items()))
         raise UnsupportedModel(
-            f"{spec.tensors[name].name}: a {q.ggml_type} tensor outside a linear, convolution, "
+            f"{spec.tensors[name].name}: a {getattr(q, 'ggml_type', None) or q.fmt} tensor outside a linear, convolution, "
             "embedding or norm layer, where Loadout cannot dequantize it"
         )
     op = _make_op(spec)
@@ -112,8 +125,13 @@ def _quant_specs(spec: ModuleSpec) -> dict:
     tensor for a dtype no loader here knows (a ggml type Loadout cannot dequantize)."""
     from ..formats.dtypes import DTYPES
     from ..quant import QuantSpec, check_supported, is_block_type
+    from ..quant.scaled import spec_for
 
     out = {}
+    w = spec.tensors.get("weight")
+    scaled = spec_for(spec.tensors, f"{w.name}: " if w is not None else "")
+    if scaled is not None:
+        out["weight"] = scaled
     for attr, info in spec.tensors.items():
         if info.dtype in DTYPES:
             continue

@@ -369,10 +369,38 @@ def test_a_model_with_a_few_adapter_names_is_still_a_model():
     assert det(k).kind == "diffusion_model"
 
 
-def test_quantized_models_are_named_and_marked_unsupported():
-    scaled = {**flux(), "scaled_fp8": ("F8_E4M3", (0,))}
+def test_quantized_models_are_named_and_loaded_or_refused_by_format():
+    q = "double_blocks.0.img_attn.qkv"
+    w = flux()[q + ".weight"]
+    scaled = {
+        **flux(),
+        q + ".weight": ("F8_E4M3", w),
+        q + ".scale_weight": ("F32", ()),
+        "scaled_fp8": ("F8_E4M3", (0,)),
+    }
     d = det(scaled)
-    assert (d.kind, d.architecture, d.error.type) == ("diffusion_model", "flux1_dev", "unsupported")
+    assert (d.kind, d.architecture, d.error) == ("diffusion_model", "flux1_dev", None)
+    assert any("scaled_fp8 weights (1 layers)" in e.reason for e in d.evidence)
+    cq = {
+        **flux(),
+        q + ".weight": ("F8_E4M3", w),
+        q + ".weight_scale": ("F32", ()),
+        q + ".comfy_quant": ("U8", (28,)),
+    }
+    assert det(cq).error is None
+    int8 = {**cq, q + ".weight": ("I8", w)}
+    assert det(int8).error is None and any("int8_tensorwise" in e.reason for e in det(int8).evidence)
+    nvfp4 = {
+        **flux(),
+        q + ".weight": ("U8", (w[0], w[1] // 2)),
+        q + ".weight_scale": ("F8_E4M3", (w[0], w[1] // 16)),
+        q + ".weight_scale_2": ("F32", ()),
+        q + ".comfy_quant": ("U8", (18,)),
+    }
+    d = det(nvfp4)
+    assert d.architecture == "flux1_dev" and d.error.type == "unsupported" and "nvfp4" in d.error.message
+    mx = {**cq, q + ".weight_scale": ("U8", (w[0], w[1] // 32))}
+    assert "mxfp8" in det(mx).error.message
     nf4 = {**flux(MDM), f"{MDM}double_blocks.0.img_attn.qkv.weight.absmax": ("F32", (1024,))}
     d = det(nf4)
     assert d.architecture == "flux1_dev" and d.error.type == "unsupported" and "4-bit" in d.error.message
