@@ -51,7 +51,7 @@ def _quant_report(ix: KeyIndex) -> tuple[tuple[Evidence, ...], Failure | None]:
             msg = f"{what}: these run only on nunchaku's CUDA kernels; Loadout cannot load them. Use a GGUF or fp8 file."
             return (Evidence(k, ix.shape(k), what),), Failure("unsupported", msg)
     modules: dict[str, dict] = {}
-    for k, t in ix.tensors.items():
+    for k in ix.tensors:
         path, _, attr = k.rpartition(".")
         if attr in COMPANIONS:
             modules.setdefault(path, {})
