@@ -38,19 +38,23 @@ class ComponentFacts:
 
 
 def component_facts(path: str, prefix: str, name: str, storage: str | None) -> ComponentFacts:
-    """Module sizes of one component from the safetensors header (at `storage`, None = file dtypes)."""
+    """Module sizes of one component from the file's header (safetensors or GGUF), at `storage` (None =
+    file dtypes). Quantized tensors (ggml blocks) and scales count as stored: they stay so when loaded."""
+    from .formats import open_weights
     from .formats.dtypes import dominant_float_dtype
-    from .formats.safetensors import read_header
     from .model.tree import module_specs
+    from .quant.scaled import is_companion
 
-    h = read_header(path)
+    h = open_weights(path).header
     rel = [(k[len(prefix) :], i) for k, i in h.tensors.items() if k.startswith(prefix)]
     specs = module_specs(rel)
     file_dtype = dominant_float_dtype(i.dtype for _, i in rel)
     sizes, plain, largest, castable, must = [], 0, 0, [], []
     for s in specs:
         n = sum(
-            i.numel * _ITEM[storage] if storage and i.dtype.startswith(("F", "BF")) else i.nbytes
+            i.numel * _ITEM[storage]
+            if storage and i.dtype.startswith(("F", "BF")) and not is_companion(i.name)
+            else i.nbytes
             for i in s.tensors.values()
         )
         sizes.append(n)
@@ -102,8 +106,8 @@ def make_plan(
     if det.error is not None:
         cls = UnsupportedModel if det.error.type == "unsupported" else FormatError
         raise cls(det.error.message)
-    if not str(model).endswith(".safetensors"):
-        raise UnsupportedModel(f"{model}: plans are made for .safetensors files for now")
+    if det.format not in ("safetensors", "gguf"):
+        raise UnsupportedModel(f"{model}: plans are made for .safetensors and .gguf files for now")
     info = report.selected
     min_inf = report.min_inference_bytes
     if vram_gb is not None:

@@ -24,12 +24,13 @@ def _entries(stack):
 
 
 def _patcher_for(path: str):
-    """A ModelPatcher keyed by the checkpoint's own key names; shapes come from the header (no data)."""
-    from .formats.safetensors import read_header
+    """A ModelPatcher keyed by the checkpoint's own key names; shapes come from the header (no data):
+    safetensors or GGUF, whose quantized tensors have their logical shapes there (the patches are
+    computed on the dequantized weight when an op runs, never on the blocks)."""
+    from .formats import open_weights
     from .patcher import ModelPatcher
 
-    header = read_header(path)
-    return ModelPatcher(dict(header.tensors))
+    return ModelPatcher(dict(open_weights(path).header.tensors))
 
 
 @dataclass

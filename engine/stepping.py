@@ -39,10 +39,12 @@ def denoiser_of(components: dict):
 def architecture_of(component):
     """(architecture, variant) of the component's file, from its header (engine.detect)."""
     from .detect.core import detect_index
-    from .formats.index import index_of_header
+    from .formats.index import index_of_header, open_index
 
     f = component.file
-    det = detect_index(index_of_header(f.header, f.path), path=f.path)
+    # A safetensors header already read is indexed in place; a GGUF file's index has its own reader.
+    index = index_of_header(f.header, f.path) if hasattr(f.header, "data_size") else open_index(f.path)
+    det = detect_index(index, path=f.path)
     return det.architecture, det.variant
 
 

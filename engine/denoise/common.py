@@ -19,6 +19,15 @@ import torch.nn.functional as F
 from ..errors import UnsupportedModel
 
 
+def wshape(op) -> tuple[int, ...]:
+    """The logical shape of an op's weight: a quantized weight (GGUF blocks) is held as flat uint8
+    bytes, its shape recorded in `op.quantized` (engine.ops); every other weight is what it says."""
+    q = getattr(op, "quantized", {}).get(getattr(op, "weight_attr", "weight"))
+    if q is not None:
+        return tuple(q.shape)
+    return tuple(getattr(op, getattr(op, "weight_attr", "weight")).shape)
+
+
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """[N] (fractional) timesteps -> [N, dim] float32: cos(t·f_i) then sin(t·f_i), f_i = P^(-i/half)."""
     half = dim // 2

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
-from .common import Ops, timestep_embedding
+from .common import Ops, timestep_embedding, wshape
 
 AXES = (16, 56, 56)
 THETA = 10000.0
@@ -147,15 +147,15 @@ class Flux:
 
     @property
     def in_channels(self) -> int:
-        return self.img_in.weight.shape[1]
+        return wshape(self.img_in)[1]
 
     @property
     def context_dim(self) -> int:
-        return self.txt_in.weight.shape[1]
+        return wshape(self.txt_in)[1]
 
     @property
     def vec_dim(self) -> int:
-        return self.vector_in[0].weight.shape[1]
+        return wshape(self.vector_in[0])[1]
 
     def __call__(self, img, img_ids, txt, txt_ids, timesteps, y, guidance=None) -> torch.Tensor:
         dt = self.dtype
@@ -229,7 +229,7 @@ def _mlp(pair, x):
 
 
 def _check_heads(q_norm, hidden: int, what: str) -> int:
-    head = q_norm.weight.shape[0]
+    head = wshape(q_norm)[0]
     if head != sum(AXES) or hidden % head:
         raise UnsupportedModel(
             f"{what}: head width {head} with hidden size {hidden} — FLUX.1 uses 128-wide heads "
@@ -239,7 +239,7 @@ def _check_heads(q_norm, hidden: int, what: str) -> int:
 
 
 def bind_bfl(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
-    hidden = ops["img_in"].weight.shape[0]
+    hidden = wshape(ops["img_in"])[0]
 
     def stream(p: str) -> Stream:
         return Stream(
@@ -258,7 +258,7 @@ def bind_bfl(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
     for i in ops.children("single_blocks"):
         p = f"single_blocks.{i}"
         lin1 = ops[f"{p}.linear1"]
-        mlp = lin1.weight.shape[0] - 3 * hidden
+        mlp = wshape(lin1)[0] - 3 * hidden
         singles.append(Single(ops[f"{p}.modulation.lin"], Proj(lin1, (hidden, hidden, hidden, mlp)),
                               ops[f"{p}.norm.query_norm"], ops[f"{p}.norm.key_norm"], ops[f"{p}.linear2"]))  # fmt: skip
     heads = _check_heads(doubles[0].img.q_norm if doubles else singles[0].q_norm, hidden, ops.what)
@@ -273,7 +273,7 @@ def bind_bfl(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
 
 
 def bind_diffusers(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
-    hidden = ops["x_embedder"].weight.shape[0]
+    hidden = wshape(ops["x_embedder"])[0]
     doubles = []
     for i in ops.children("transformer_blocks"):
         p = f"transformer_blocks.{i}"

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .common import Ops, attention, timestep_embedding
+from .common import Ops, attention, timestep_embedding, wshape
 
 HEAD_CHANNELS = 64
 SD1_HEADS = 8
@@ -257,7 +257,7 @@ def _transformer(ops: Ops, p: str, architecture: str, upcast: bool) -> Transform
     for i in ops.children(f"{p}.transformer_blocks"):
         b = f"{p}.transformer_blocks.{i}"
         q1 = ops[f"{b}.attn1.to_q"]
-        heads = heads_for(architecture, q1.weight.shape[0])
+        heads = heads_for(architecture, wshape(q1)[0])
 
         def attn(name: str, b=b, heads=heads) -> Attention:
             a = f"{b}.{name}"
@@ -312,7 +312,7 @@ def bind_unet(ops: Ops, architecture: str, dtype: torch.dtype) -> UNet:
     ]
     return UNet(
         architecture,
-        t0.weight.shape[1],
+        wshape(t0)[1],
         (t0, t2),
         label,
         conv_in,
@@ -322,7 +322,7 @@ def bind_unet(ops: Ops, architecture: str, dtype: torch.dtype) -> UNet:
         ops["out.0"],
         _conv3(ops["out.2"]),
         dtype=dtype,
-        in_channels=conv_in.weight.shape[1],
-        context_dim=ops["middle_block.1.transformer_blocks.0.attn2.to_k"].weight.shape[1],
-        adm_channels=label[0].weight.shape[1] if label else None,
+        in_channels=wshape(conv_in)[1],
+        context_dim=wshape(ops["middle_block.1.transformer_blocks.0.attn2.to_k"])[1],
+        adm_channels=wshape(label[0])[1] if label else None,
     )
