@@ -178,14 +178,21 @@ def detect_index(index, *, path: str = "") -> Detection:
 
 
 def _gguf_types(ix: KeyIndex, d: Detection) -> Detection:
-    """A GGUF diffusion model loads when engine.quant reads every tensor's type; else the first one it
-    cannot read is the error, by name. GGUF text encoders use llama.cpp's key names (enc.blk.N…),
-    which nothing maps back yet."""
+    """A GGUF model loads when engine.quant reads every tensor's type; else the first one it cannot read
+    is the error, by name. Text encoders in llama.cpp's names are read under transformers' names
+    (engine.formats.gguf_names); one whose names stay llama.cpp's is refused, saying why."""
     from ..formats.dtypes import DTYPES
+    from ..formats.gguf_names import PERMUTED, is_llama_cpp_naming
     from ..quant import SUPPORTED, check_supported
 
-    if d.kind == "text_encoder":
-        msg = "a GGUF text encoder (llama.cpp key names): Loadout cannot load these yet"
+    if is_llama_cpp_naming(ix.tensors):
+        arch = ix.metadata.get("general.architecture")
+        why = (
+            "llama.cpp permutes the q/k rows of LLaMA models, which Loadout does not undo yet"
+            if arch in PERMUTED
+            else f"Loadout has no map from llama.cpp's names for general.architecture {arch!r}"
+        )
+        msg = f"a GGUF text encoder in llama.cpp's tensor names ({why}): use a safetensors copy of it"
         return _replace(d, error=Failure("unsupported", msg))
     for key, t in ix.tensors.items():
         if t.dtype not in SUPPORTED and t.dtype not in DTYPES:

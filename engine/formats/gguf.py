@@ -288,7 +288,29 @@ def read_gguf(path: str | os.PathLike) -> GGUFHeader:
         if t.offset < prev_end:
             raise FormatError(f"{p}: GGUF tensor {t.name!r} overlaps {prev!r}: corrupt file", path=p)
         prev_end, prev = t.offset + t.nbytes, t.name
-    return GGUFHeader(p, version, size, alignment, data_start, meta, tensors)
+    return GGUFHeader(p, version, size, alignment, data_start, meta, _own_names(meta, tensors, p))
+
+
+def _own_names(meta: dict[str, Any], tensors: dict[str, GGUFTensor], p: str) -> dict[str, GGUFTensor]:
+    """A text encoder in llama.cpp's names (`enc.blk.0.attn_q`, `blk.0.attn_q`) under the transformers
+    names its component is built from (engine.formats.gguf_names); any other file as it is."""
+    from dataclasses import replace
+
+    from .gguf_names import hf_names
+
+    arch = meta.get("general.architecture")
+    renamed = hf_names(arch if isinstance(arch, str) else None, tensors)
+    if not renamed:
+        return tensors
+    out: dict[str, GGUFTensor] = {}
+    for name, t in tensors.items():
+        new = renamed[name]
+        if new in out:
+            raise FormatError(
+                f"{p}: GGUF tensors {out[new].name!r} and {name!r} both name {new}: corrupt file", path=p
+            )
+        out[new] = replace(t, name=new)
+    return out
 
 
 ORIG_SHAPE_KEY = "comfy.gguf.orig_shape."
