@@ -130,7 +130,10 @@ class Streamer:
     # -- the reader thread --------------------------------------------------------------------------
     @staticmethod
     def _need(u) -> int:
-        return sum(_aligned(t.numel() * t.element_size()) for t in (getattr(u.module, a) for a in u.infos))
+        # + ALIGN each: room to keep a tensor's address where it is modulo ALIGN (see _stage)
+        return sum(
+            _aligned(t.numel() * t.element_size()) + ALIGN for t in (getattr(u.module, a) for a in u.infos)
+        )
 
     def _direct(self, u) -> bool:
         """CUDA copies a pinned RAM-tier unit from where it is: no staging."""
@@ -187,12 +190,17 @@ class Streamer:
         c = self.c
         for attr, info in u.infos.items():
             src = getattr(u.module, attr)
+            from_file = u.tier == "disk" and getattr(c, "file", None) is not None and c._in_file(info)
             if pos is None:
                 dst = torch.empty(src.shape, dtype=src.dtype)
             else:
-                dst = view_in(self._block, pos, src.dtype, tuple(src.shape))
-                pos += _aligned(dst.numel() * dst.element_size())
-            if u.tier == "disk" and getattr(c, "file", None) is not None and c._in_file(info):
+                # The staged copy sits where the resident one would, modulo ALIGN (a file-mapped RAM
+                # copy keeps the file's offsets): the CPU's matmul kernels are chosen by the operands'
+                # alignment, and a partial run must give the full run's numbers bit for bit.
+                shift = (c.data_start + info.begin if from_file else src.data_ptr()) % ALIGN
+                dst = view_in(self._block, pos + shift, src.dtype, tuple(src.shape))
+                pos += _aligned(shift + dst.numel() * dst.element_size())
+            if from_file:
                 read_into(c._fd, c.data_start + info.begin, dst)
             else:
                 dst.copy_(src)

@@ -223,6 +223,13 @@ class Component:
         import torch
 
         held = [_held(i, self.storage_dtype) for i in u.infos.values()]
+        if (
+            u.tier == "disk"
+            and not (tier == "ram" and pinned is not None)
+            and all(self._in_file(i) for i in u.infos.values())
+            and all(dt == _held(i, None)[0] for (dt, _), i in zip(held, u.infos.values(), strict=True))
+        ):
+            return self._map_host(u, tier, held)
         sizes = [math.prod(shape) * torch.empty((), dtype=dt).element_size() for dt, shape in held]
         offsets, total = transfer.layout(sizes)
         block = transfer.HostBlock(total, pinned if tier == "ram" else None)
@@ -248,6 +255,36 @@ class Component:
             old.release()
         self._flags(u)
         return total
+
+    def _map_host(self, u: Unit, tier: str, held) -> int:
+        """The unit's RAM copy as a populated private mapping of its bytes in the file (see
+        transfer.FileBlock): its tensors keep the file's dtype, so nothing needs converting."""
+        start = self.data_start + min(i.begin for i in u.infos.values())
+        end = self.data_start + max(i.end for i in u.infos.values())
+        self._advise_after(u)
+        block = transfer.FileBlock(self._fd, start, end)
+        out = {
+            attr: block.view(self.data_start + info.begin, dt, shape)
+            for (attr, info), (dt, shape) in zip(u.infos.items(), held, strict=True)
+        }
+        old = u.block
+        self._set(u, out)
+        u.block, u.tier = block, tier
+        if old is not None:
+            old.release()
+        self._flags(u)
+        return sum(v.numel() * v.element_size() for v in out.values())
+
+    _READ_AHEAD = 64 << 20
+
+    def _advise_after(self, u: Unit) -> None:
+        """Cold loads read units in file order: ask the kernel for the next 64 MiB past this unit's
+        tensors while they are copied (once per stretch of the file)."""
+        end = self.data_start + max(i.end for i in u.infos.values())
+        start = max(end, getattr(self, "_advised_to", 0))
+        if start < end + self._READ_AHEAD // 2:
+            transfer.advise_willneed(self._fd, start, end + self._READ_AHEAD - start)
+            self._advised_to = end + self._READ_AHEAD
 
     def _to_device(self, u: Unit, copier) -> int:
         import torch

@@ -4,8 +4,18 @@
   block returns its pages to the system at once. (Tensors from ``torch.empty`` on the CPU come from
   malloc, which keeps freed chunks below its dynamic mmap threshold — up to 32 MiB on glibc — so a long
   load/unload loop would not give memory back and the ledger would drift from what the process holds.)
-* Reads from disk go straight from the file into the destination with ``os.preadv`` — one copy, and the
-  file's pages are never mapped into the process, so the disk tier costs no resident memory.
+* A RAM copy that keeps the file's dtype and is not page-locked is a ``FileBlock``: a private mapping of
+  the unit's span of the file, populated read-only (``MADV_POPULATE_READ``). The kernel maps the
+  page-cache pages themselves — no fresh memory to fault in and zero, no copy: a warm load of SD1.5's
+  2.1 GB measured 0.13-0.19 s here against 0.6-1.0 s for ``load_file`` plus a copy, and 0.7-1.2 s for
+  the same reads by ``preadv`` into anonymous memory (two reader threads did not change that: the cost
+  was faulting the destination, not the copy). A cold one asks the kernel to read 64 MiB ahead of
+  the unit being mapped (``POSIX_FADV_WILLNEED``). The pages count in the process's RSS and USS while
+  mapped, as a copy's would; they are clean file pages, so under memory pressure the kernel may drop
+  them and read them again on use instead of failing. A write (none is made: patches are on the fly)
+  would copy just that page.
+* Other reads (a dtype conversion on the way, a page-locked block) go from the file into the
+  destination with ``os.preadv`` — one copy.
 * On CUDA a RAM block can be page-locked (``cudaHostRegister``), up to a cap given as a share of RAM, so
   host→device copies run non-blocking on a separate copy stream; a small pinned staging ring serves
   reads from disk straight to the device.
@@ -20,6 +30,7 @@ import threading
 ALIGN = 64
 _ANON_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
 _HUGE = 2 * 1024 * 1024
+_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux's value where Python lacks the name
 
 
 def _align(n: int) -> int:
@@ -92,6 +103,51 @@ class HostBlock:
             pass
 
 
+class FileBlock:
+    """A unit's RAM copy as a private, pre-populated mapping of its span of the file: the kernel maps
+    the page-cache pages into the process (reading them in first when cold, in large requests) instead
+    of copying them into fresh anonymous memory — no page zeroing, no copy. The pages are the process's
+    own (they count in its RSS and USS) until the mapping goes; written to, a page is copied (private).
+    Used where the RAM copy keeps the file's dtype and is not page-locked (`cudaHostRegister` of a
+    private file mapping would force a copy of every page anyway)."""
+
+    pinned = False
+
+    def __init__(self, fd: int, start: int, end: int):
+        import torch
+
+        page = mmap.PAGESIZE
+        lo = start // page * page
+        self.start = start
+        self.offset = start - lo
+        self.nbytes = end - start
+        length = max(1, end - lo)
+        self.mm = mmap.mmap(
+            fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=lo
+        )
+        # Fault every page in now, read-only (MADV_POPULATE_READ, Linux 5.14): the page-cache pages
+        # themselves are mapped; a later write would copy just that page. MAP_POPULATE would not do:
+        # on a writable private mapping it write-faults, copying every page.
+        try:
+            self.mm.madvise(_POPULATE_READ)
+        except (OSError, ValueError):
+            self.mm.madvise(mmap.MADV_WILLNEED)
+        self.base = torch.frombuffer(self.mm, dtype=torch.uint8)
+
+    def view(self, file_start: int, dtype, shape):
+        """A tensor over the file's bytes at `file_start` (inside this block's span)."""
+        import math
+
+        import torch
+
+        off = self.offset + file_start - self.start
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        return self.base[off : off + n].view(dtype).view(shape)
+
+    def release(self) -> None:
+        pass
+
+
 def layout(sizes: list[int]) -> tuple[list[int], int]:
     """Offsets (64-byte aligned) of tensors of `sizes` bytes packed in one block, and the block size."""
     offsets, pos = [], 0
@@ -118,13 +174,27 @@ def read_into(fd: int, file_offset: int, dst) -> None:
     flat = dst.reshape(-1).view(torch.uint8)
     if flat.numel() == 0:
         return
-    mv = memoryview(flat.numpy())
+    _pread_all(fd, memoryview(flat.numpy()), file_offset)
+
+
+def _pread_all(fd: int, mv: memoryview, file_offset: int) -> None:
     done = 0
     while done < len(mv):
         n = os.preadv(fd, [mv[done:]], file_offset + done)
         if n <= 0:
             raise OSError(f"short read at byte {file_offset + done}: the file shrank while loading")
         done += n
+
+
+def advise_willneed(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start reading [offset, offset+length) into the page cache now, so a cold
+    load's next reads find their pages there while this one is being copied (Linux readahead only
+    looks a few hundred KiB past a sequential read; a unit is often tens of MB)."""
+    if length > 0 and hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
 
 
 class CopyEngine:

@@ -62,7 +62,11 @@ def test_the_full_sd15_unet_in_both_namings_full_and_partial(cli, sd15, shared_d
               "--out", str(d / "b.safetensors"))  # fmt: skip
     assert b["naming"] == "diffusers" and b["mode"] == "partial" and b["resident_bytes"] <= 1024**3
     assert b["resident_bytes"] + b["streamed_bytes_per_step"] == a["resident_bytes"]
-    assert torch.equal(_out(d / "a.safetensors"), _out(d / "b.safetensors"))  # same model, same bits
+    # The same weights from another file: equal up to float32 round-off (the CPU's matmul kernels
+    # follow the operands' alignment, which follows each file's offsets). Partial = full of one file
+    # is bit for bit: tests/engine/test_step.py.
+    a_out, b_out = _out(d / "a.safetensors"), _out(d / "b.safetensors")
+    assert ((a_out - b_out).norm() / a_out.norm()).item() <= 1e-5
     lokr = str(shared_data(LOKR))
     c = _step(cli, "--model", str(ldm), "--size", "64x64", "--vram-budget", "2", "--lora", f"{lokr}:0.8",
               "--out", str(d / "c.safetensors"))  # fmt: skip

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import FLUX_SCHNELL_TINY, PREFIX, SD1_TINY, flux_rows, random_weights, unet_rows, write
+from denoise_files import (
+    FLUX_SCHNELL_TINY,
+    PREFIX,
+    SD1_TINY,
+    flux_rows,
+    random_weights,
+    rel_l2,
+    unet_rows,
+    write,
+)
 
 from engine.devices import DeviceOptions
 from engine.errors import Cancelled, FormatError
@@ -151,7 +160,7 @@ def test_cancelling_mid_step_leaves_the_ledger_and_the_patches_as_they_were(file
 @pytest.mark.parametrize("budget", [None, 0.004, 0.0])
 def test_running_with_a_lora_equals_running_the_baked_model(files, tmp_path, budget):
     stack = (StackItem(str(files["lora"]), 0.8, 0.8),)
-    baked = tmp_path / "baked.safetensors"
+    baked = tmp_path / "baked_model.safetensors"
     e = _engine()
     e.bake(str(files["sd1"]), stack, str(baked))
     e.close()
@@ -160,7 +169,32 @@ def test_running_with_a_lora_equals_running_the_baked_model(files, tmp_path, bud
     files_b = {**files, "baked": baked}
     _, want = _run(files_b, tmp_path, budget, model="baked", name="baked")
     assert r.mode == ("full" if budget is None else "partial")
-    assert not torch.equal(with_lora, plain) and torch.equal(with_lora, want)
+    assert not torch.equal(with_lora, plain)
+    # Every op computes with exactly the baked file's weight (checked op by op below); the outputs
+    # agree to the last bits the matmul kernels leave: the CPU's BLAS picks its kernel by the operands'
+    # alignment, and the baked file's tensors sit at other offsets than the patched weights.
+    assert rel_l2(with_lora, want) <= 1e-5  # float32 round-off, not a weight that differs
+    from engine.model import Component
+    from engine.patcher import LoraEntry, ModelPatcher
+
+    def prefix(path):
+        return PREFIX if any(k.startswith(PREFIX) for k in SafetensorsFile(path).header.tensors) else ""
+
+    base = Component("unet", files["sd1"], prefix(files["sd1"]))
+    patcher = ModelPatcher(dict(SafetensorsFile(files["sd1"]).header.tensors))
+    entries = [LoraEntry(stack[0].file, 0.8, 0.8, True, 0)]
+    wanted = patcher.plan(entries)
+    baked_unet = {u.path: u for u in Component("unet", baked, prefix(baked)).units}
+    x = torch.zeros(1, 1)
+    patched = 0
+    for u in base.units:
+        key = u.keys.get("weight")
+        if key in wanted and hasattr(u.module, "weight_functions"):
+            u.module.weight_functions.append(patcher.weight_function(key, entries))
+            w = u.module.cast_params(x)[0]
+            assert torch.equal(w, baked_unet[u.path].module.cast_params(x)[0]), u.path
+            patched += 1
+    assert patched > 0
 
 
 def test_inputs_from_a_file_in_the_original_names(files, tmp_path):
