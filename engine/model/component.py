@@ -133,8 +133,7 @@ class Component:
         weakref.finalize(self, os.close, self._fd)
         self.data_start = header.data_start
         for u in self.units:
-            self._bind_disk(u)
-        self.apply_dtypes()
+            self._bind_disk(u)  # sets each unit's flags too
 
     # -- facts -------------------------------------------------------------------------------------
     @property
@@ -195,10 +194,13 @@ class Component:
         import torch
 
         if u.castable:
-            u.module.offload = u.tier != "device"
-            u.module.compute_dtype = getattr(torch, self.compute_dtype)
+            # Plain attributes, set in the instance dict: nn.Module.__setattr__ checks parameters,
+            # buffers and submodules first, which was half of building a component's disk tier.
+            d = u.module.__dict__
+            d["offload"] = u.tier != "device"
+            d["compute_dtype"] = getattr(torch, self.compute_dtype)
             # pinned RAM copies stream to the device asynchronously in forward (ordered on its stream)
-            u.module.non_blocking = bool(u.block is not None and getattr(u.block, "pinned", False))
+            d["non_blocking"] = bool(u.block is not None and getattr(u.block, "pinned", False))
 
     def apply_dtypes(self) -> None:
         for u in self.units:
