@@ -28,6 +28,21 @@ BNB_MARKERS = (
 )
 # nunchaku SVDQuant: 4-bit weights with a low-rank branch, computed by nunchaku's CUDA kernels only.
 SVDQ_MARKERS = (".wscales", ".smooth_factor", ".proj_down")
+_QUANT_SUFFIXES = (
+    *(m for m, _ in BNB_MARKERS),
+    *SVDQ_MARKERS,
+    *(
+        f".{c}"
+        for c in (
+            "scale_weight",
+            "scale_input",
+            "weight_scale",
+            "input_scale",
+            "weight_scale_2",
+            "comfy_quant",
+        )
+    ),
+)
 
 
 def _quant_report(ix: KeyIndex) -> tuple[tuple[Evidence, ...], Failure | None]:
@@ -38,7 +53,11 @@ def _quant_report(ix: KeyIndex) -> tuple[tuple[Evidence, ...], Failure | None]:
     from ..errors import UnsupportedModel
     from ..quant.scaled import COMPANIONS, check_format, format_of, formats_in_metadata
 
-    for k in ix.tensors:
+    # One pass of C-level suffix tests over the keys (a library scan runs this for every file): only a
+    # file with a quantization marker is looked at further.
+    markers = _QUANT_SUFFIXES
+    hits = [k for k in ix.tensors if k.endswith(markers)]
+    for k in hits:
         for m, what in BNB_MARKERS:
             if k.endswith(m):
                 msg = (
@@ -51,7 +70,7 @@ def _quant_report(ix: KeyIndex) -> tuple[tuple[Evidence, ...], Failure | None]:
             msg = f"{what}: these run only on nunchaku's CUDA kernels; Loadout cannot load them. Use a GGUF or fp8 file."
             return (Evidence(k, ix.shape(k), what),), Failure("unsupported", msg)
     modules: dict[str, dict] = {}
-    for k in ix.tensors:
+    for k in hits:
         path, _, attr = k.rpartition(".")
         if attr in COMPANIONS:
             modules.setdefault(path, {})
