@@ -68,6 +68,8 @@ class Tiling:
     overlap_px: int = 0
     rects: tuple[Rect, ...] = ()
     batch_px: int = 0
+    tile_frames: int = 0  # video: latent frames per temporal chunk (0: all at once, or not a video)
+    overlap_frames: int = 0  # video: warm-up latent frames when a chunk restarts without its cache
 
     @property
     def tiled(self) -> bool:
@@ -80,6 +82,8 @@ class Tiling:
             "overlap_px": self.overlap_px,
             "tiles": [list(r) for r in self.rects],
             "batch_px": self.batch_px,
+            "tile_frames": self.tile_frames,
+            "overlap_frames": self.overlap_frames,
         }
 
 

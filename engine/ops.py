@@ -278,6 +278,31 @@ class ScaleRMSNorm(RMSNorm):
         return self.scale
 
 
+class ChannelRMSNorm(Castable, nn.Module):
+    """RMS norm over the channel axis of an (N, C, ...) tensor with a learned per-channel `gamma` of shape
+    (C, 1, 1[, 1]) — the Wan VAE's RMS_norm (Wan-Video/Wan2.1 `wan/modules/vae.py`): x / ||x||_C *
+    sqrt(C) * gamma, the norm taken in float32 for 16-bit inputs."""
+
+    weight_attr = "gamma"
+
+    def __init__(self, dim: int, spatial_dims: int = 3, device=None, dtype=None):
+        super().__init__()
+        self.scale = dim**0.5
+        self.gamma = nn.Parameter(torch.empty((dim,) + (1,) * spatial_dims, device=device, dtype=dtype))
+        self.bias = None
+        self._castable_init()
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.gamma
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _input_dtype(self, x)
+        w, _ = self.cast_params(x)
+        wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return F.normalize(wide, dim=1).to(x.dtype) * (w * self.scale)
+
+
 class Embedding(FromFile, nn.Embedding):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         check_cancelled()
@@ -291,7 +316,9 @@ class Embedding(FromFile, nn.Embedding):
         )
 
 
-CASTABLE_TYPES = (Linear, Conv1d, Conv2d, Conv3d, GroupNorm, LayerNorm, RMSNorm, ScaleRMSNorm, Embedding)
+CASTABLE_TYPES = (
+    Linear, Conv1d, Conv2d, Conv3d, GroupNorm, LayerNorm, RMSNorm, ScaleRMSNorm, ChannelRMSNorm, Embedding,
+)
 
 
 def castable_modules(root: nn.Module) -> Iterator[tuple[str, Castable]]:

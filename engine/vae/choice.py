@@ -53,10 +53,15 @@ class Job:
     downscale: int
     esize: int
     cuda: bool
+    frames: int = 1  # latent frames of a video latent (1 for images)
 
     @property
     def pixels(self) -> int:
         return self.lat_hw[0] * self.lat_hw[1] * self.downscale**2 * self.batch
+
+    def video_bytes(self, tile_px: int | None, tile_frames: int) -> int:
+        return estimate.video_bytes(self.spec, self.pixels, self.frames, self.esize, tile_px=tile_px,
+                                    tile_frames=tile_frames, result_in_ram=not self.cuda)  # fmt: skip
 
 
 def default_tile_px(job: Job, budget: int) -> tuple[int, int]:
@@ -64,9 +69,43 @@ def default_tile_px(job: Job, budget: int) -> tuple[int, int]:
     the overlap gives each tile the context its receptive field needs (see estimate.CONTEXT_PX)."""
     overlap = job.spec.context_px(job.direction) * 2
     tile = 1024 if job.cuda else 512
+    if job.spec.video:  # one latent frame per chunk; what the head's output leaves of the budget
+        while tile > MIN_TILE_PX and job.video_bytes(tile, 1) > budget:
+            tile -= 64
+        return tile, min(overlap, tile // 2)
     while tile > MIN_TILE_PX and estimate.tile_bytes(job.spec, tile, job.esize, job.direction) > budget / 4:
         tile -= 64
     return tile, min(overlap, tile // 2)
+
+
+MAX_TILE_FRAMES = 4  # latent frames per chunk: beyond this a chunk costs memory and gains no speed
+
+
+def tile_frames_for(job: Job, budget: int, tile_px: int | None) -> int:
+    """Latent frames per temporal chunk: the most (up to MAX_TILE_FRAMES) whose chunk fits `budget`."""
+    n = min(MAX_TILE_FRAMES, job.frames)
+    while n > 1 and job.video_bytes(tile_px, n) > budget:
+        n -= 1
+    return max(1, n)
+
+
+def choose_video(
+    job: Job, budget: int, mode: str = "auto", tile: int | None = None, overlap: int | None = None,
+    tile_frames: int | None = None, overlap_frames: int = 0,
+) -> Tiling:  # fmt: skip
+    """A video decode's tiling: full frames when one chunk of a latent frame fits `budget` (the head's
+    output and, on a CPU, the result included), else the biggest tiles that do; then as many latent
+    frames per chunk as fit. The causal cache makes every chunking exact."""
+    full_fits = job.video_bytes(None, 1) <= budget
+    if mode == "full" or (mode == "auto" and tile is None and full_fits):
+        n = tile_frames or tile_frames_for(job, budget, None)
+        return Tiling("full", tile_frames=n, overlap_frames=overlap_frames)
+    d_tile, d_overlap = default_tile_px(job, budget)
+    tile = tile or d_tile
+    overlap = d_overlap if overlap is None else overlap
+    n = tile_frames or tile_frames_for(job, budget, tile)
+    t = tiled(job, tile, overlap, 0)
+    return Tiling("tiled", t.tile_px, t.overlap_px, t.rects, 0, n, overlap_frames)
 
 
 def tiled(job: Job, tile_px: int, overlap_px: int, batch_px: int) -> Tiling:
@@ -99,9 +138,27 @@ def retry(job: Job, previous: Tiling, budget: int) -> Tiling | None:
     """The tiling after an out-of-memory with `previous`: tiles (the default for what is free now)
     after a full pass, else half the tile size down to MIN_TILE_PX; None when nothing smaller is left.
     Never batched: the retry must really use less memory."""
+    if job.spec.video:
+        return _retry_video(job, previous, budget)
     if not previous.tiled:
         return tiled(job, *default_tile_px(job, budget), 0)
     if previous.tile_px // 2 < MIN_TILE_PX:
         return None
     t = previous.tile_px // 2
     return tiled(job, t, min(previous.overlap_px, t // 2), 0)
+
+
+def _retry_video(job: Job, previous: Tiling, budget: int) -> Tiling | None:
+    """A whole video decode that ran out of memory outside the tiles' own retries (in the head): one
+    latent frame per chunk, then smaller tiles."""
+    if previous.tile_frames != 1:
+        return Tiling(previous.mode, previous.tile_px, previous.overlap_px, previous.rects, 0, 1,
+                      previous.overlap_frames)  # fmt: skip
+    if not previous.tiled:
+        t = tiled(job, *default_tile_px(job, budget), 0)
+    elif previous.tile_px // 2 < MIN_TILE_PX:
+        return None
+    else:
+        size = previous.tile_px // 2
+        t = tiled(job, size, min(previous.overlap_px, size // 2), 0)
+    return Tiling("tiled", t.tile_px, t.overlap_px, t.rects, 0, 1, previous.overlap_frames)

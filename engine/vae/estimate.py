@@ -30,6 +30,15 @@ K_STORE = {("kl", "decode"): 3.0, ("kl", "encode"): 2.0}
 # gives 53 dB and 64 px 94 dB tiled-vs-full on a random-weight SD-layout decoder (see tests/bench);
 # the encoder's receptive field is wider (its deepest convs see 8 px per tap)
 CONTEXT_PX = {("kl", "decode"): 32, ("kl", "encode"): 64, ("taesd", "decode"): 32, ("taesd", "encode"): 64}
+# Wan-family video VAEs (engine.vae.wan), decode: channels alive per output pixel of a chunk's frames, per
+# unit of the last level's width per output pixel (`ch`: 96 for Wan 2.1 / Qwen-Image, 256 / 2x2 = 64 for
+# Wan 2.2). Calibrated on CPU, float32, fresh processes, peak RSS less the result (reduced-width decoders,
+# benchmarks/bench_vae_video.py prints estimate vs measured): Wan 2.1 16-19, Wan 2.2 28 (its shortcuts
+# keep the level input alive). The head (middle block) keeps ~8 tensors of its width per latent pixel of
+# the chunk, and its output for every latent frame waits for the tiles.
+K_VIDEO = {"wan21": 19.0, "wan22": 29.0}
+K_VIDEO_HEAD = 8.0
+VIDEO_KINDS = ("wan21", "wan22")
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 SD_VAE_WEIGHTS = 334_643_238  # fp32 bytes of an SD1/SDXL AutoencoderKL (83.65 M parameters)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -37,28 +46,68 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 @dataclass(frozen=True)
 class VaeSpec:
-    kind: str  # "kl" or "taesd"
+    kind: str  # "kl", "taesd", or a video VAE: "wan21" / "wan22"
     latent_channels: int
     weight_bytes: int
-    ch: int = 128  # base width of an AutoencoderKL
+    ch: int = 128  # base width of an AutoencoderKL; a video VAE's last-level width per output pixel
+    mid: int = 512  # a video VAE's middle-block width (its head output waits for every tile)
+    time_factor: int = 1  # output frames per latent frame after the first (4 for Wan)
+    downscale: int = 8
+
+    @property
+    def video(self) -> bool:
+        return self.kind in VIDEO_KINDS
 
     def k_act(self, direction: str) -> float:
+        if self.video:
+            return K_VIDEO[self.kind] * self.ch if direction == "decode" else K_VIDEO[self.kind] * self.ch * 1.5
         if self.kind == "taesd":
             return K_ACT_TAESD[direction]
         return K_ACT[("kl", direction)] * self.ch
 
     def k_head(self) -> float:
+        if self.video:
+            return K_VIDEO_HEAD * self.mid
         return K_HEAD["kl"] * self.ch if self.kind == "kl" else K_HEAD["taesd"]
 
     def k_store(self, direction: str) -> float:
         return K_STORE[("kl", direction)] * self.ch if self.kind == "kl" else 0.0
 
     def context_px(self, direction: str) -> int:
+        if self.video:  # 32 px gives > 50 dB tiled-vs-full on random-weight Wan 2.1 / 2.2 decoders
+            return 32 if direction == "decode" else 64
         return CONTEXT_PX[(self.kind, direction)]
+
+
+def video_chunk_bytes(spec: VaeSpec, pixels: int, latent_frames: int, esize: int) -> int:
+    """Activations of one temporal chunk of `latent_frames` over `pixels` output pixels (one tile)."""
+    return int(spec.k_act("decode") * spec.time_factor * max(1, latent_frames) * pixels * esize)
+
+
+def video_bytes(
+    spec: VaeSpec, frame_pixels: int, latent_frames: int, esize: int, *, tile_px: int | None = None,
+    tile_frames: int = 1, result_in_ram: bool = True,
+) -> int:  # fmt: skip
+    """Predicted peak of a video decode: runtime, weights, the head's output for every latent frame, one
+    chunk of `tile_frames` over the whole frame (or a tile_px tile), and the float32 result when it lives
+    in the same memory (a CPU decode)."""
+    latent_px = frame_pixels // (spec.downscale**2)
+    head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * tile_frames * latent_px * esize
+    area = frame_pixels if tile_px is None else min(frame_pixels, tile_px * tile_px)
+    chunk = video_chunk_bytes(spec, area, tile_frames, esize)
+    frames = 1 + spec.time_factor * (latent_frames - 1)
+    result = 12 * frames * frame_pixels if result_in_ram else 0
+    return int(RUNTIME_BYTES + spec.weight_bytes + head + max(chunk, head // 2) + result)
 
 
 def spec_of(vae) -> VaeSpec:
     """The estimate's view of a loaded model."""
+    if getattr(vae, "video", False):
+        cfg = vae.cfg
+        wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
+        kind = "wan22" if cfg.residual else "wan21"
+        return VaeSpec(kind, cfg.z, wbytes, cfg.dec_dims[-1] // cfg.patch**2, cfg.dec_dims[0], cfg.time_factor,
+                       cfg.downscale)  # fmt: skip
     kind = "kl" if hasattr(vae, "cfg") else "taesd"
     wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
     return VaeSpec(kind, vae.latent_channels, wbytes, vae.cfg.ch if kind == "kl" else 64)
@@ -94,7 +143,25 @@ def tiled_bytes(
     return int(total)
 
 
+# Published widths (Wan2.1 vae.py: dim 96, z 16; Wan2.2 vae2_2.py: dim 160, dec_dim 256, z 48, patch 2)
+VIDEO_SPECS = {
+    "wan21": VaeSpec("wan21", 16, 253_806_118, 96, 384, 4, 8),  # 127 M parameters in fp16
+    "wan22": VaeSpec("wan22", 48, 1_409_400_000, 64, 1024, 4, 16),  # 705 M parameters in fp16
+}
+
+
+def video_spec(kind: str, weight_bytes: int | None = None) -> VaeSpec:
+    """The spec of a video VAE family without loading it (`loadout plan`, the Decode panel)."""
+    spec = VIDEO_SPECS[kind]
+    if weight_bytes is None:
+        return spec
+    return VaeSpec(spec.kind, spec.latent_channels, weight_bytes, spec.ch, spec.mid, spec.time_factor,
+                   spec.downscale)  # fmt: skip
+
+
 def _spec(kind: str, latent_channels: int, weight_bytes: int | None) -> VaeSpec:
+    if kind in VIDEO_SPECS:
+        return video_spec(kind, weight_bytes)
     k = "taesd" if kind in ("taesd", "vae_approx") else "kl"
     wb = weight_bytes if weight_bytes is not None else (SD_VAE_WEIGHTS if k == "kl" else 5_000_000)
     return VaeSpec(k, latent_channels, wb)  # SD-family width 128

@@ -1,5 +1,6 @@
 """Load a VAE from a file: an SD checkpoint (`first_stage_model.` prefix), an all-in-one file (`vae.`),
-a standalone VAE in LDM or diffusers naming, or a TAESD-family encoder/decoder (.pth or .safetensors).
+a standalone VAE in LDM or diffusers naming, a Wan-family video VAE (Wan 2.1 / 2.2, Qwen-Image; original
+or diffusers naming), or a TAESD-family encoder/decoder (.pth or .safetensors).
 
 Loading is strict: every tensor of the VAE component is used, none is missing, every shape matches —
 anything else is a FormatError naming the keys, never a silently half-initialised model. Weights stay
@@ -17,7 +18,9 @@ from torch import nn
 
 from ..errors import FormatError, UnsupportedModel
 from .autoencoder_kl import AutoencoderKL, KLConfig
+from . import wan_loading
 from .taesd import TAESD
+from .wan import WanVAE
 
 PREFIXES = ("first_stage_model.", "vae.")
 TAESD_NAMES = ("taesdxl", "taesd3", "taesd", "taef1", "taef2")
@@ -200,6 +203,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
                 for which, part in (_taesd_part(read_state_dict(sib)) or {}).items():
                     taesd.setdefault(which, part)
         return _build_taesd(taesd, p)
+    if wan_loading.is_wan_vae(sd):
+        return _build_wan(sd, p)
     latent_norm = {k: sd.pop(k) for k in [k for k in sd if k.startswith("bn.")]}
     if is_diffusers(sd):
         sd = diffusers_to_ldm(sd)
@@ -210,6 +215,18 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     # latents enter/leave the diffusion model (not by decode/encode, which work in VAE space).
     model.latent_norm = latent_norm
     model.source = p
+    return model
+
+
+def _build_wan(sd: dict[str, torch.Tensor], path: str) -> WanVAE:
+    """A Wan 2.1 / 2.2 / Qwen-Image VAE in either naming, loaded strictly."""
+    if wan_loading.is_diffusers(sd):
+        sd = wan_loading.diffusers_to_original(sd)
+    cfg = wan_loading.wan_config(sd, path)
+    with torch.device("meta"):
+        model = WanVAE(cfg)
+    strict_load(model, sd, path)
+    model.source = path
     return model
 
 

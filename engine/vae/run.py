@@ -38,6 +38,9 @@ class RunInfo:
     budget_bytes: int | None = None
     store: str | None = None
     notes: list[str] = field(default_factory=list)
+    tile_frames: int | None = None  # video: latent frames per chunk
+    overlap_frames: int | None = None
+    cpu_fallback: bool = False
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -90,7 +93,7 @@ def _precast(mods, device, dtype, budget) -> list[tuple[nn.Module, str, nn.Param
     for m in mods:
         if m.weight_functions or m.bias_functions:
             continue
-        for name in ("weight", "bias"):
+        for name in (m.weight_attr, "bias"):
             p = getattr(m, name, None)
             if p is not None and p.is_floating_point() and (p.dtype != dtype or p.device != device):
                 todo.append((m, name, p))
@@ -106,9 +109,10 @@ def job_of(
     vae: nn.Module, x: torch.Tensor, direction: str, device: torch.device, dtype: torch.dtype
 ) -> choice.Job:
     f = vae.downscale
-    lat_hw = (x.shape[2], x.shape[3]) if direction == "decode" else (x.shape[2] // f, x.shape[3] // f)
+    lat_hw = (x.shape[-2], x.shape[-1]) if direction == "decode" else (x.shape[-2] // f, x.shape[-1] // f)
     esize = torch.empty((), dtype=dtype).element_size()
-    return choice.Job(_spec(vae), direction, lat_hw, x.shape[0], f, esize, device.type == "cuda")
+    frames = x.shape[2] if x.dim() == 5 and direction == "decode" else 1
+    return choice.Job(_spec(vae), direction, lat_hw, x.shape[0], f, esize, device.type == "cuda", frames)
 
 
 def default_tile_px(
@@ -137,7 +141,8 @@ def decode(
     tiling: Tiling | None = None,
     on_tiling: Callable[[Tiling, str], None] | None = None,
 ) -> torch.Tensor:
-    """VAE-space latent (N, C, h, w) -> image (N, 3, 8h, 8w) in [0, 1], float32 on the CPU.
+    """VAE-space latent (N, C, h, w) -> image (N, 3, 8h, 8w) in [0, 1], float32 on the CPU; with a video
+    VAE (engine.vae.wan) a 5-D latent (N, C, T, h, w) -> clip (N, 1 + 4 (T - 1), 3, H, W), frame-major.
     `tiled=None` decides from the estimate against `budget`; tile/overlap are output pixels. A
     `tiling` chosen beforehand (engine.vae.choice) is run as it is; `on_tiling(new, reason)` hears of
     every change an out-of-memory retry makes to it."""
@@ -187,7 +192,13 @@ def encode(
 
 
 def _check_latent(vae, latent):
-    if latent.dim() != 4:
+    video = getattr(vae, "video", False)
+    if latent.dim() != 4 and not (video and latent.dim() == 5):
+        if latent.dim() == 5:
+            raise FormatError(
+                f"a video latent {tuple(latent.shape)} needs a video VAE (Wan 2.1 / 2.2, Qwen-Image): this "
+                "VAE decodes images"
+            )
         raise FormatError(f"expected a latent batch (N, C, h, w), got shape {tuple(latent.shape)}")
     if latent.shape[1] != vae.latent_channels:
         raise FormatError(
@@ -219,9 +230,13 @@ def _run(
     budget = budget if budget is not None else memory_budget(device)
     info.budget_bytes = budget
     info.estimate_bytes = estimate.full_bytes(job.spec, direction, job.pixels, job.esize)
+    video = getattr(vae, "video", False) and direction == "decode"
+    if video:
+        info.estimate_bytes = job.video_bytes(None, 1)
     if tiling is None:
         mode = {None: "auto", False: "full", True: "tiled"}[tiled]
-        tiling = choice.choose(job, budget, mode, tile, overlap)
+        pick = choice.choose_video if video else choice.choose
+        tiling = pick(job, budget, mode, tile, overlap)
     info.dtype = _dtype_name(dtype)
     while True:
         try:
@@ -297,6 +312,8 @@ def _attempt(vae, x, direction, tiling, device, dtype, budget, disk_store, token
 
 
 def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, report, info, lat_hw):
+    if getattr(vae, "video", False):
+        return _pass_video(vae, x, direction, tiling, device, dtype, budget, token, report, info)
     f = vae.downscale
     stage = f"VAE {direction}"
     with _compute(vae, device, dtype, budget), ops.cancel_scope(token), torch.inference_mode():
@@ -342,6 +359,42 @@ def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, r
         del xin
         _guard(y, dtype)
         return _finish(vae, vae.encode_tail(y.to(dtype)), direction)
+
+
+def _pass_video(vae, x, direction, tiling, device, dtype, budget, token, report, info):
+    """A Wan-family VAE: chunked (and tiled) decode of 5-D latents, a 4-D latent as one frame; encode of
+    images as one-frame clips."""
+    from .video import Counters, decode_video
+
+    stage = f"VAE {direction}"
+    still = x.dim() == 4
+    with _compute(vae, device, dtype, budget), ops.cancel_scope(token), torch.inference_mode():
+        if direction == "encode":
+            report(Progress(stage, 0, 1))
+            xin = x.to(device=device, dtype=dtype)
+            lat = vae.encode(xin.unsqueeze(2) if still else xin)
+            report(Progress(stage, 1, 1))
+            info.mode, info.tiles = "full", 1
+            return _finish(vae, lat[:, :, 0] if still else lat, direction)
+        z = x.unsqueeze(2) if still else x
+        counters = Counters(notes=info.notes)
+        info.mode = tiling.mode
+        info.tile_px, info.overlap_px = (tiling.tile_px, tiling.overlap_px) if tiling.tiled else (None, None)
+        info.tiles = max(1, len(tiling.rects))
+        info.tile_frames, info.overlap_frames = tiling.tile_frames, tiling.overlap_frames
+
+        @contextlib.contextmanager
+        def on_cpu():
+            with _compute(vae, torch.device("cpu"), torch.float32, None):
+                yield
+
+        clip = decode_video(vae, z, tiling, device=device, dtype=dtype, token=token, report=report,
+                            counters=counters, cpu_fallback=on_cpu if device.type == "cuda" else None,
+                            stage=stage)  # fmt: skip
+        info.oom_retries += counters.oom_retries
+        info.cpu_fallback = counters.cpu_fallback
+        clip = ((clip + 1) / 2).clamp_(0, 1)
+        return clip[:, 0].contiguous() if still else clip
 
 
 def _guard(t, dtype):

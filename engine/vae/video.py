@@ -1,0 +1,257 @@
+"""Decoding video latents (B, C, T, h, w) with a Wan-family VAE: spatial tiles with overlap, temporal
+chunks that carry each tile's causal cache, and out-of-memory retries that never lose what is done.
+
+The order of work: the decoder's head (post-quant conv, conv1, the middle block whose attention spans
+each whole frame) runs untiled at latent resolution over every frame, chunk by chunk; then each spatial
+tile (core plus context, engine.vae.choice.plan_tiles) runs the up path over all frames in chunks of
+`tile_frames` latent frames, its own `Stream` carrying the causal convolutions' last input frames from
+chunk to chunk, so chunk boundaries are exact. Tiles are blended into the output with a linear ramp
+across their core borders (engine.vae.tiling's blend). Memory is that of one chunk of one tile, its cache,
+the head's output and the result.
+
+After an out-of-memory a chunk is retried from a snapshot of its tile's cache with half the frames
+(exact); at one frame the tile's remaining work is split into four smaller tiles, which restart at that
+chunk without a cache, warmed up on `overlap_frames` earlier latent frames whose output is discarded
+(exact when the warm-up reaches the clip's start); below the smallest tile the rest runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..events import Tiling
+from ..jobs import CancelToken, Progress, Report, TileDone, no_report
+from ..memory import trim_heap
+from .choice import MIN_TILE_PX, Tile, plan_tiles
+from .tiling import _ramp
+from .wan import Stream, WanVAE
+
+
+def frames_out(latent_frames: int, time_factor: int = 4) -> int:
+    return 1 + time_factor * (latent_frames - 1) if latent_frames > 0 else 0
+
+
+def frame_span(a: int, b: int, tf: int) -> tuple[int, int]:
+    """Output frames of latent frames [a, b)."""
+    return (0 if a == 0 else 1 + tf * (a - 1)), 1 + tf * (b - 1)
+
+
+@dataclass
+class Counters:
+    oom_retries: int = 0
+    cpu_fallback: bool = False
+    notes: list[str] | None = None
+
+
+class _Ctx:
+    """What every tile of one decode shares."""
+
+    def __init__(self, vae, head, out, wsum, tf, f, blend, overlap_frames, device, dtype, token, report, counters,
+                 on_oom):  # fmt: skip
+        self.vae, self.head, self.out, self.wsum = vae, head, out, wsum
+        self.tf, self.f, self.blend, self.overlap_frames = tf, f, blend, overlap_frames
+        self.device, self.dtype, self.token, self.report = device, dtype, token, report
+        self.counters, self.on_oom = counters, on_oom
+        self.done, self.total = 0, 1
+
+
+def decode_video(
+    vae: WanVAE,
+    z: torch.Tensor,
+    tiling: Tiling,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    token: CancelToken | None = None,
+    report: Report = no_report,
+    counters: Counters | None = None,
+    cpu_fallback: Callable[[], object] | None = None,
+    stage: str = "VAE decode",
+) -> torch.Tensor:
+    """(B, z, T, h, w) VAE-space latent -> (B, F, C, H, W) float32 on the CPU in [-1, 1], F = 1 + 4 (T - 1).
+    `tiling`: full (one tile) or tiled, with `tile_frames` latent frames per chunk (0: all)."""
+    counters = counters if counters is not None else Counters(notes=[])
+    b, _, t, h, w = z.shape
+    f, tf = vae.downscale, vae.time_factor
+    n = tiling.tile_frames or t
+    head_chunks = [(a, min(t, a + n)) for a in range(0, t, n)]
+    stream = Stream()
+    parts = []
+    for a, c in head_chunks:
+        if token is not None:
+            token.raise_if_cancelled()
+        parts.append(vae.decode_head(z[:, :, a:c].to(device=device, dtype=dtype), stream))
+    head = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+    del parts, stream
+    if not torch.isfinite(head).all() and dtype != torch.float32:
+        from .tiling import NonFinite
+
+        raise NonFinite("non-finite activations in the decoder's middle block")
+    channels = vae.cfg.image_channels
+    out = torch.zeros(b, frames_out(t, tf), channels, h * f, w * f)
+    wsum = torch.zeros(1, 1, h * f, w * f)
+    if tiling.tiled:
+        tile_l, overlap_l = max(1, tiling.tile_px // f), max(0, tiling.overlap_px // f)
+        tiles = plan_tiles(h, w, tile_l, overlap_l)
+        blend = min(tiling.overlap_px // 2, 32)
+    else:
+        tiles = [Tile((0, h, 0, w), (0, h, 0, w))]
+        blend = 0
+    ctx = _Ctx(vae, head, out, wsum, tf, f, blend, tiling.overlap_frames, device, dtype, token, report, counters,
+               cpu_fallback)  # fmt: skip
+    chunks = [(a, min(t, a + n)) for a in range(0, t, n)]
+    ctx.total = len(tiles) * len(chunks)
+    for i, tile in enumerate(tiles):
+        _tile(ctx, tile, (h, w), chunks, 0, i, len(tiles), stage)
+    del head
+    out /= wsum
+    return out.clamp_(-1, 1)
+
+
+def _region(tile: Tile, f: int, blend: int, hw, parent=None):
+    """Where a tile writes (output pixels) and with which weights: its core widened by half the blend band
+    where a neighbour exists, linear ramps across the band (engine.vae.tiling._ramp), so the weights of
+    neighbours sum to one. A tile split from `parent` after an out-of-memory writes the parent's weights
+    over its own part of the parent's region (the parent's weights are in wsum already)."""
+    h, w = hw
+    y0, y1, x0, x1 = (v * f for v in tile.core)
+    if parent is not None:
+        py0, py1, px0, px1, wy, wx = parent
+        ry0 = py0 if tile.core[0] * f == _core_edge(parent, 0) else y0
+        ry1 = py1 if tile.core[1] * f == _core_edge(parent, 1) else y1
+        rx0 = px0 if tile.core[2] * f == _core_edge(parent, 2) else x0
+        rx1 = px1 if tile.core[3] * f == _core_edge(parent, 3) else x1
+        return (ry0, ry1, rx0, rx1, wy[ry0 - py0 : ry1 - py0], wx[rx0 - px0 : rx1 - px0], parent[6])
+    half = blend // 2
+    ry0 = y0 - (half if tile.core[0] > 0 else 0)
+    ry1 = y1 + (half if tile.core[1] < h else 0)
+    rx0 = x0 - (half if tile.core[2] > 0 else 0)
+    rx1 = x1 + (half if tile.core[3] < w else 0)
+    wy = _ramp(ry1 - ry0, y0, y1, tile.core[0] == 0, tile.core[1] == h, blend, ry0)
+    wx = _ramp(rx1 - rx0, x0, x1, tile.core[2] == 0, tile.core[3] == w, blend, rx0)
+    return (ry0, ry1, rx0, rx1, wy, wx, (y0, y1, x0, x1))
+
+
+def _core_edge(region, side: int) -> int:
+    return region[6][side]
+
+
+def _tile(ctx: _Ctx, tile: Tile, hw, chunks, start: int, index: int, count: int, stage: str,
+          warm_from: int | None = None, parent=None) -> None:  # fmt: skip
+    """Chunks `start`.. of one tile; `warm_from`: the latent frame a cache-less restart warms up from."""
+    region = _region(tile, ctx.f, ctx.blend, hw, parent)
+    if parent is None:
+        ry0, ry1, rx0, rx1, wy, wx, _ = region
+        ctx.wsum[:, :, ry0:ry1, rx0:rx1] += wy[:, None] * wx[None, :]
+    stream = Stream()
+    if warm_from is not None and warm_from < chunks[start][0]:
+        _run_chunk(ctx, tile, (warm_from, chunks[start][0]), stream, None)
+    j = start
+    while j < len(chunks):
+        a, c = chunks[j]
+        if ctx.token is not None:
+            ctx.token.raise_if_cancelled()
+        snap = stream.copy()
+        try:
+            _run_chunk(ctx, tile, (a, c), stream, region)
+        except torch.OutOfMemoryError:
+            stream = snap
+            _release(ctx.device)
+            ctx.counters.oom_retries += 1
+            if c - a > 1:  # the same chunk in halves, from the cache it started with: exact
+                half = (c - a + 1) // 2
+                chunks = chunks[:j] + [(a, a + half), (a + half, c)] + chunks[j + 1 :]
+                ctx.total += 1
+                _note(ctx, f"out of memory; {c - a} latent frames per chunk -> {half}")
+                continue
+            _split(ctx, tile, hw, chunks, j, index, count, stage, region)
+            return
+        j += 1
+        ctx.done += 1
+        rect = tuple(v * ctx.f for v in tile.core)
+        ctx.report(Progress(stage, min(ctx.done, ctx.total), ctx.total,
+                            f"tile {index + 1}/{count}, latent frames {a}-{c - 1} of {chunks[-1][1]}",
+                            TileDone(j, len(chunks), index, count, rect)))  # fmt: skip
+
+
+def _split(ctx: _Ctx, tile: Tile, hw, chunks, j: int, index: int, count: int, stage: str, region) -> None:
+    """The tile ran out of memory at one frame per chunk: its core in four (with the same context), each
+    restarting at chunk j; below the smallest tile, the rest of it on the CPU."""
+    y0, y1, x0, x1 = tile.core
+    f = ctx.f
+    if min(y1 - y0, x1 - x0) * f < MIN_TILE_PX:
+        if ctx.device.type == "cpu" or ctx.on_oom is None:
+            raise torch.OutOfMemoryError("the VAE decode does not fit even in the smallest tile")
+        _note(ctx, f"out of memory at the smallest tile: tile {index + 1} continues on the CPU")
+        ctx.counters.cpu_fallback = True
+        device, dtype = ctx.device, ctx.dtype
+        with ctx.on_oom():  # the castable ops compute on the CPU in float32 inside
+            ctx.device, ctx.dtype = torch.device("cpu"), torch.float32
+            try:
+                _tile(ctx, tile, hw, chunks, j, index, count, stage, _warm(ctx, chunks, j), region)
+            finally:
+                ctx.device, ctx.dtype = device, dtype
+        return
+    c = max(tile.core[0] - tile.pad[0], tile.pad[1] - tile.core[1], tile.core[2] - tile.pad[2],
+            tile.pad[3] - tile.core[3])  # fmt: skip
+    ym, xm = (y0 + y1) // 2, (x0 + x1) // 2
+    h, w = hw
+    subs = []
+    for cy in ((y0, ym), (ym, y1)):
+        for cx in ((x0, xm), (xm, x1)):
+            pad = (max(0, cy[0] - c), min(h, cy[1] + c), max(0, cx[0] - c), min(w, cx[1] + c))
+            subs.append(Tile((cy[0], cy[1], cx[0], cx[1]), pad))
+    _note(ctx, f"out of memory; tile {index + 1} split in 4 from latent frame {chunks[j][0]}")
+    ctx.total += 3 * (len(chunks) - j)
+    for sub in subs:
+        _tile(ctx, sub, hw, chunks, j, index, count, stage, _warm(ctx, chunks, j), region)
+
+
+def _warm(ctx: _Ctx, chunks, j: int) -> int:
+    return max(0, chunks[j][0] - ctx.overlap_frames)
+
+
+def _run_chunk(ctx: _Ctx, tile: Tile, span, stream: Stream, region) -> None:
+    """Latent frames [a, c) of one tile through the up path; `region` None: a warm-up (output dropped)."""
+    a, c = span
+    py0, py1, px0, px1 = tile.pad
+    x = ctx.head[:, :, a:c, py0:py1, px0:px1].to(device=ctx.device, dtype=ctx.dtype)
+    y = ctx.vae.decode_up(x, stream)
+    del x
+    if region is None:
+        return
+    if ctx.dtype != torch.float32 and not torch.isfinite(y).all():
+        from .tiling import NonFinite
+
+        raise NonFinite("non-finite output")
+    ry0, ry1, rx0, rx1, wy, wx, _ = region
+    oy, ox = py0 * ctx.f, px0 * ctx.f
+    fa, fb = frame_span(a, c, ctx.tf)
+    wgt = (wy[:, None] * wx[None, :]).to(y.device)
+    part = (y[:, :, :, ry0 - oy : ry1 - oy, rx0 - ox : rx1 - ox].float() * wgt).transpose(1, 2).cpu()
+    del y
+    ctx.out[:, fa:fb, :, ry0:ry1, rx0:rx1] += part
+    del part
+    if ctx.device.type == "cpu":
+        trim_heap()
+
+
+def _note(ctx: _Ctx, text: str) -> None:
+    if ctx.counters.notes is not None:
+        ctx.counters.notes.append(text)
+
+
+def _release(device: torch.device) -> None:
+    from ..memory import release_memory
+
+    release_memory()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def chunk_count(t: int, tile_frames: int) -> int:
+    return math.ceil(t / max(1, tile_frames or t))

@@ -1,0 +1,421 @@
+"""The Wan-family video VAE — Wan 2.1 (also Qwen-Image's, Wan 2.2 A14B's) and Wan 2.2's 48-channel one —
+built from castable ops in the original codebase's module names, so ComfyUI's repackaged files load as
+they are and diffusers-named files are renamed onto them (engine.vae.wan_loading).
+
+Architecture facts (Wan-Video/Wan2.1 `wan/modules/vae.py`, Wan2.2 `wan/modules/vae2_2.py`; the same
+network as diffusers' AutoencoderKLWan / AutoencoderKLQwenImage):
+  * every convolution is a causal 3-D convolution: zero padding on both sides in space and 2 * pad frames
+    before the clip only in time; RMS norms over channels with a learned `gamma`, SiLU;
+  * ResidualBlock = residual.{0 norm, 2 conv 3x3x3, 3 norm, 6 conv 3x3x3} plus a 1x1x1 `shortcut` when
+    the width changes; the middle block = residual, single-head attention within each frame (`to_qkv`,
+    `proj` 1x1 convs), residual;
+  * Resample: spatial x2 (nearest, then a 3x3 conv; Wan 2.1 halves the width there) per frame, and where
+    the level is temporal a `time_conv` (3, 1, 1) that turns every frame after the clip's first into two
+    (the first frame passes alone: T latent frames decode to 1 + 4 (T - 1)); downsampling zero-pads
+    (0, 1, 0, 1) and strides 2, the temporal one folding frame pairs after the first;
+  * Wan 2.2 adds parameter-free shortcuts around each level (AvgDown3D: the space-time patches'
+    channel groups averaged; DupUp3D: channels duplicated into the patch, the first frame trimmed at the
+    clip's start) and works on 2x2-patchified pixels (12 channels), so its latents are 16x smaller.
+
+Causality is what makes chunked decoding exact: each causal conv keeps the last input frames it saw in a
+`Stream` (one per clip and per spatial tile), so a clip decoded chunk by chunk equals the whole pass.
+The original decodes one latent frame at a time with such a cache; any chunk size gives the same result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import ops
+from .autoencoder_kl import attention
+
+
+class Stream:
+    """The causal state of one clip (or one spatial tile of it): per causal conv the last input frames it
+    saw, and which temporal resamples have passed the clip's first frame. Entries are replaced, never
+    mutated, so `copy()` is a cheap snapshot to retry a chunk from."""
+
+    def __init__(self) -> None:
+        self.frames: dict[int, torch.Tensor] = {}
+        self.started: set[int] = set()
+
+    def copy(self) -> Stream:
+        s = Stream()
+        s.frames, s.started = dict(self.frames), set(self.started)
+        return s
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.frames.values())
+
+
+class CausalConv3d(ops.Conv3d):
+    """A 3-D convolution, causal in time: `pad_t` frames of history (zeros at the clip's start, the
+    stream's cached frames after) instead of symmetric padding."""
+
+    def __init__(self, cin: int, cout: int, kernel, stride=1, padding=0):
+        super().__init__(cin, cout, kernel, stride=stride, padding=0)
+        pt, ph, pw = (padding,) * 3 if isinstance(padding, int) else padding
+        self.history = 2 * pt
+        self.space_pad = (pw, pw, ph, ph)
+
+    def step(self, x: torch.Tensor, stream: Stream | None) -> torch.Tensor:
+        if self.history:
+            key = id(self)
+            prev = stream.frames.get(key) if stream is not None else None
+            if prev is None:
+                prev = x.new_zeros(*x.shape[:2], self.history, *x.shape[3:])
+            x = torch.cat([prev.to(x.device, x.dtype), x], dim=2)
+            if stream is not None:
+                stream.frames[key] = x[:, :, -self.history :].clone()
+        if any(self.space_pad):
+            x = F.pad(x, self.space_pad)
+        return super().forward(x)
+
+
+def _per_frame(fn, x: torch.Tensor) -> torch.Tensor:
+    """Apply a 2-D op to every frame of (B, C, T, H, W)."""
+    b, c, t, h, w = x.shape
+    y = fn(x.transpose(1, 2).reshape(b * t, c, h, w))
+    return y.reshape(b, t, *y.shape[1:]).transpose(1, 2)
+
+
+class _Indexed(nn.Module):
+    """A container whose children are named '0', '2', ... as the original nn.Sequential numbered them
+    (parameter-free layers such as SiLU and Dropout left out)."""
+
+    def __init__(self, items: dict[int, nn.Module]):
+        super().__init__()
+        for i, m in items.items():
+            self.add_module(str(i), m)
+
+    def __getitem__(self, i: int) -> nn.Module:
+        return self._modules[str(i)]
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.residual = _Indexed(
+            {
+                0: ops.ChannelRMSNorm(cin),
+                2: CausalConv3d(cin, cout, 3, padding=1),
+                3: ops.ChannelRMSNorm(cout),
+                6: CausalConv3d(cout, cout, 3, padding=1),
+            }
+        )
+        self.shortcut = CausalConv3d(cin, cout, 1) if cin != cout else None
+
+    def step(self, x: torch.Tensor, stream: Stream | None) -> torch.Tensor:
+        r = self.residual
+        h = r[2].step(F.silu(r[0](x)), stream)
+        h = r[6].step(F.silu(r[3](h)), stream)
+        if self.shortcut is not None:
+            x = self.shortcut.step(x, stream)
+        return x + h
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the pixels of each frame (no attention across frames)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = ops.ChannelRMSNorm(dim, spatial_dims=2)
+        self.to_qkv = ops.Conv2d(dim, 3 * dim, 1)
+        self.proj = ops.Conv2d(dim, dim, 1)
+
+    def frame(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, H, W)
+        n, c, h, w = x.shape
+        qkv = self.to_qkv(self.norm(x)).reshape(n, 3 * c, h * w).transpose(1, 2)
+        q, k, v = qkv.chunk(3, dim=-1)
+        del qkv
+        a = attention(q.contiguous(), k.contiguous(), v.contiguous())
+        return x + self.proj(a.transpose(1, 2).reshape(n, c, h, w))
+
+    def step(self, x: torch.Tensor, stream: Stream | None = None) -> torch.Tensor:
+        return torch.cat([_per_frame(self.frame, x[:, :, i : i + 1]) for i in range(x.shape[2])], dim=2)
+
+
+class Resample(nn.Module):
+    """`mode`: up2d, up3d, down2d or down3d; `cout` the spatial conv's output width."""
+
+    def __init__(self, dim: int, mode: str, cout: int):
+        super().__init__()
+        self.mode = mode
+        stride = 2 if mode.startswith("down") else 1
+        self.resample = _Indexed({1: ops.Conv2d(dim, cout, 3, stride=stride, padding=0 if stride == 2 else 1)})
+        if mode == "up3d":
+            self.time_conv = CausalConv3d(dim, 2 * dim, (3, 1, 1), padding=(1, 0, 0))
+        elif mode == "down3d":
+            self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1))
+
+    def _space(self, x: torch.Tensor) -> torch.Tensor:
+        conv = self.resample[1]
+        if self.mode.startswith("up"):
+            return conv(x.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1))  # nearest x2
+        return conv(F.pad(x, (0, 1, 0, 1)))
+
+    def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        if self.mode == "up3d":
+            x = self._time_up(x, stream)
+        x = _per_frame(self._space, x)
+        if self.mode == "down3d":
+            x = self._time_down(x, stream)
+        return x
+
+    def _time_up(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        first = None
+        if id(self) not in stream.started:  # the clip's first frame is not doubled
+            stream.started.add(id(self))
+            first, x = x[:, :, :1], x[:, :, 1:]
+        if x.shape[2]:
+            b, c, t, h, w = x.shape
+            y = self.time_conv.step(x, stream).reshape(b, 2, c, t, h, w)
+            x = torch.stack((y[:, 0], y[:, 1]), dim=3).reshape(b, c, 2 * t, h, w)
+            del y
+        return x if first is None else torch.cat([first, x], dim=2) if x.shape[2] else first
+
+    def _time_down(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        key = id(self)
+        prev = stream.frames.get(key)
+        stream.frames[key] = x[:, :, -1:].clone()
+        if prev is None:  # the first chunk (one frame) passes
+            return x
+        return self.time_conv.step(torch.cat([prev, x], dim=2), None)
+
+
+def avg_down(x: torch.Tensor, cout: int, ft: int, fs: int) -> torch.Tensor:
+    """Wan 2.2's AvgDown3D shortcut: fold each ft x fs x fs patch into channels (zero frames in front when
+    T is not a multiple of ft), then average groups of channels down to `cout`."""
+    x = F.pad(x, (0, 0, 0, 0, (-x.shape[2]) % ft, 0))
+    b, c, t, h, w = x.shape
+    x = x.reshape(b, c, t // ft, ft, h // fs, fs, w // fs, fs).permute(0, 1, 3, 5, 7, 2, 4, 6)
+    x = x.reshape(b, cout, c * ft * fs * fs // cout, t // ft, h // fs, w // fs)
+    return x.mean(dim=2)
+
+
+def dup_up(x: torch.Tensor, cout: int, ft: int, fs: int, first: bool) -> torch.Tensor:
+    """Wan 2.2's DupUp3D shortcut: channels repeated then unfolded into ft x fs x fs patches; at the
+    clip's start the first ft - 1 frames are dropped (the first latent frame is one frame)."""
+    b, c, t, h, w = x.shape
+    x = x.repeat_interleave(cout * ft * fs * fs // c, dim=1)
+    x = x.reshape(b, cout, ft, fs, fs, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
+    x = x.reshape(b, cout, t * ft, h * fs, w * fs)
+    return x[:, :, ft - 1 :] if first else x
+
+
+class Level(nn.Module):
+    """Wan 2.2's residual level: blocks then a resample under `downsamples.N` / `upsamples.N`, with a
+    parameter-free patch shortcut around them."""
+
+    def __init__(self, name: str, items: list[nn.Module], cin: int, cout: int, ft: int, fs: int):
+        super().__init__()
+        setattr(self, name, _Indexed(dict(enumerate(items))))
+        self._name, self.cin, self.cout, self.ft, self.fs = name, cin, cout, ft, fs
+
+    def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        inner: _Indexed = getattr(self, self._name)
+        if self._name == "downsamples":
+            short = avg_down(x, self.cout, self.ft, self.fs)
+        else:
+            first = id(self) not in stream.started
+            stream.started.add(id(self))
+            short = dup_up(x, self.cout, self.ft, self.fs, first) if self.fs > 1 else None
+        for m in inner._modules.values():
+            x = m.step(x, stream)
+        return x + short if short is not None else x
+
+
+class Middle(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.add_module("0", ResidualBlock(dim, dim))
+        self.add_module("1", AttentionBlock(dim))
+        self.add_module("2", ResidualBlock(dim, dim))
+
+    def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        for m in self._modules.values():
+            x = m.step(x, stream)
+        return x
+
+
+class Head(nn.Module):
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.add_module("0", ops.ChannelRMSNorm(cin))
+        self.add_module("2", CausalConv3d(cin, cout, 3, padding=1))
+
+    def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        return self._modules["2"].step(F.silu(self._modules["0"](x)), stream)
+
+
+@dataclass(frozen=True)
+class WanConfig:
+    """What the weights say: widths per level, where time is resampled, the latent and patch size."""
+
+    z: int
+    enc_dims: tuple[int, ...]  # conv1 width, then each level's output width (() without an encoder)
+    dec_dims: tuple[int, ...]  # decoder.conv1 width, then each level's output width
+    temporal: tuple[bool, ...]  # per decoder level that upsamples: does it double the frames
+    num_res_blocks: int = 2
+    residual: bool = False  # Wan 2.2's nested levels with patch shortcuts
+    patch: int = 1  # 2 for Wan 2.2 (12-channel pixels)
+    image_channels: int = 3  # per pixel after unpatchify (4 for Qwen-Image-Layered's RGBA VAE)
+    has_encoder: bool = True
+    has_decoder: bool = True
+
+    @property
+    def downscale(self) -> int:
+        return 2 ** (len(self.dec_dims) - 2) * self.patch
+
+    @property
+    def time_factor(self) -> int:
+        return 2 ** sum(self.temporal)
+
+
+class Encoder3d(nn.Module):
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        dims = cfg.enc_dims
+        pix = cfg.image_channels * cfg.patch**2
+        self.conv1 = CausalConv3d(pix, dims[0], 3, padding=1)
+        t_down = cfg.temporal[::-1]
+        levels = len(dims) - 1
+        flat: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+            down = i != levels - 1
+            items: list[nn.Module] = [ResidualBlock(a if j == 0 else b, b) for j in range(cfg.num_res_blocks)]
+            mode = ("down3d" if t_down[i] else "down2d") if down else None
+            if mode:
+                items.append(Resample(b, mode, b))
+            if cfg.residual:
+                ft = 2 if mode == "down3d" else 1
+                flat.append(Level("downsamples", items, a, b, ft, 2 if down else 1))
+            else:
+                flat += items
+        self.downsamples = _Indexed(dict(enumerate(flat)))
+        self.middle = Middle(dims[-1])
+        self.head = Head(dims[-1], 2 * cfg.z)
+
+    def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        x = self.conv1.step(x, stream)
+        for m in self.downsamples._modules.values():
+            x = m.step(x, stream)
+        return self.head.step(self.middle.step(x, stream), stream)
+
+
+class Decoder3d(nn.Module):
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        dims = cfg.dec_dims
+        self.conv1 = CausalConv3d(cfg.z, dims[0], 3, padding=1)
+        self.middle = Middle(dims[0])
+        levels = len(dims) - 1
+        flat: list[nn.Module] = []
+        cin = dims[0]
+        for i, b in enumerate(dims[1:]):
+            up = i != levels - 1
+            mode = ("up3d" if cfg.temporal[i] else "up2d") if up else None
+            items: list[nn.Module] = [ResidualBlock(cin if j == 0 else b, b) for j in range(cfg.num_res_blocks + 1)]
+            # Wan 2.1's upsampling conv halves the width; Wan 2.2's keeps it
+            out = b if cfg.residual else b // 2
+            if mode:
+                items.append(Resample(b, mode, out))
+            if cfg.residual:
+                flat.append(Level("upsamples", items, cin, b, 2 if mode == "up3d" else 1, 2 if up else 1))
+            else:
+                flat += items
+            cin = out if mode else b
+        self.upsamples = _Indexed(dict(enumerate(flat)))
+        self.head = Head(dims[-1], cfg.image_channels * cfg.patch**2)
+
+    def head_step(self, z: torch.Tensor, stream: Stream) -> torch.Tensor:
+        """conv1 and the middle block: at latent resolution, attention over each whole frame."""
+        return self.middle.step(self.conv1.step(z, stream), stream)
+
+    def up_step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
+        for m in self.upsamples._modules.values():
+            x = m.step(x, stream)
+        return self.head.step(x, stream)
+
+
+def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """(B, C p p, T, H, W) -> (B, C, T, H p, W p); channel c*p*p + pw*p + ph holds pixel (ph, pw) of the
+    patch (Wan2.2 vae2_2.py: rearrange 'b (c r q) f h w -> b c f (h q) (w r)')."""
+    if p == 1:
+        return x
+    b, cpp, t, h, w = x.shape
+    x = x.reshape(b, cpp // (p * p), p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2)
+    return x.reshape(b, cpp // (p * p), t, h * p, w * p)
+
+
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    if p == 1:
+        return x
+    b, c, t, h, w = x.shape
+    x = x.reshape(b, c, t, h // p, p, w // p, p).permute(0, 1, 6, 4, 2, 3, 5)
+    return x.reshape(b, c * p * p, t, h // p, w // p)
+
+
+class WanVAE(nn.Module):
+    """`decode` takes VAE-space latents (B, z, T, h, w) and returns clips (B, 3, 1 + 4 (T - 1), H, W) in
+    [-1, 1]; `encode` the posterior mean of clips of 1 + 4k frames. `conv1` / `conv2` are the quant and
+    post-quant 1x1x1 convolutions of the original file."""
+
+    kind = "vae"
+    video = True
+    image_range = (-1.0, 1.0)
+
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        self.cfg = cfg
+        if cfg.has_encoder:
+            self.encoder = Encoder3d(cfg)
+            self.conv1 = CausalConv3d(2 * cfg.z, 2 * cfg.z, 1)
+        if cfg.has_decoder:
+            self.conv2 = CausalConv3d(cfg.z, cfg.z, 1)
+            self.decoder = Decoder3d(cfg)
+
+    @property
+    def latent_channels(self) -> int:
+        return self.cfg.z
+
+    @property
+    def downscale(self) -> int:
+        return self.cfg.downscale
+
+    @property
+    def time_factor(self) -> int:
+        return self.cfg.time_factor
+
+    @staticmethod
+    def frames_out(latent_frames: int, time_factor: int = 4) -> int:
+        return 1 + time_factor * (latent_frames - 1) if latent_frames else 0
+
+    # -- pieces the chunked runner composes (engine.vae.video) ----------------------------------
+    def decode_head(self, z: torch.Tensor, stream: Stream) -> torch.Tensor:
+        return self.decoder.head_step(self.conv2.step(z, None), stream)
+
+    def decode_up(self, h: torch.Tensor, stream: Stream) -> torch.Tensor:
+        return unpatchify(self.decoder.up_step(h, stream), self.cfg.patch)
+
+    # -- whole passes ----------------------------------------------------------------------------
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        """Whole-clip decode, chunk by chunk in latent frames (any chunking gives the same result)."""
+        head, up = Stream(), Stream()
+        out = [self.decode_up(self.decode_head(z[:, :, i : i + 1], head), up) for i in range(z.shape[2])]
+        return torch.cat(out, dim=2).clamp_(-1, 1)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Clip (B, C, 1 + 4k, H, W) in [-1, 1] -> latent mean (B, z, 1 + k, H/f, W/f); frames in chunks
+        of 1, 4, 4, ... as the original runs them (Wan 2.2's shortcuts pad each chunk on its own)."""
+        x = patchify(x, self.cfg.patch)
+        stream = Stream()
+        t = x.shape[2]
+        bounds = [0, 1, *range(5, t + 1, 4)]
+        outs = [self.encoder.step(x[:, :, a:b], stream) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        mu = self.conv1.step(torch.cat(outs, dim=2), None)
+        return mu[:, : self.cfg.z]
