@@ -26,9 +26,13 @@ import torch
 from ..events import Tiling
 from ..jobs import CancelToken, Progress, Report, TileDone, no_report
 from ..memory import trim_heap
-from .choice import MIN_TILE_PX, Tile, plan_tiles
+from .choice import Tile, plan_tiles
 from .tiling import _ramp
 from .wan import Stream, WanVAE
+
+
+MIN_SPLIT_PX = 64  # an out-of-memory split stops at tiles of this many output pixels a side
+SPLIT_CONTEXT_PX = 32  # context a split tile gets on each side (> 50 dB against the whole pass)
 
 
 def frames_out(latent_frames: int, time_factor: int = 4) -> int:
@@ -120,7 +124,7 @@ def _region(tile: Tile, f: int, blend: int, hw, parent=None):
     h, w = hw
     y0, y1, x0, x1 = (v * f for v in tile.core)
     if parent is not None:
-        py0, py1, px0, px1, wy, wx = parent
+        py0, py1, px0, px1, wy, wx, _ = parent
         ry0 = py0 if tile.core[0] * f == _core_edge(parent, 0) else y0
         ry1 = py1 if tile.core[1] * f == _core_edge(parent, 1) else y1
         rx0 = px0 if tile.core[2] * f == _core_edge(parent, 2) else x0
@@ -148,8 +152,9 @@ def _tile(ctx: _Ctx, tile: Tile, hw, chunks, start: int, index: int, count: int,
         ry0, ry1, rx0, rx1, wy, wx, _ = region
         ctx.wsum[:, :, ry0:ry1, rx0:rx1] += wy[:, None] * wx[None, :]
     stream = Stream()
-    if warm_from is not None and warm_from < chunks[start][0]:
-        _run_chunk(ctx, tile, (warm_from, chunks[start][0]), stream, None)
+    if warm_from is not None:  # one latent frame at a time: the restart is after an out-of-memory
+        for a in range(warm_from, chunks[start][0]):
+            _run_chunk(ctx, tile, (a, a + 1), stream, None)
     j = start
     while j < len(chunks):
         a, c = chunks[j]
@@ -183,7 +188,7 @@ def _split(ctx: _Ctx, tile: Tile, hw, chunks, j: int, index: int, count: int, st
     restarting at chunk j; below the smallest tile, the rest of it on the CPU."""
     y0, y1, x0, x1 = tile.core
     f = ctx.f
-    if min(y1 - y0, x1 - x0) * f < MIN_TILE_PX:
+    if min(y1 - y0, x1 - x0) * f < 2 * MIN_SPLIT_PX:
         if ctx.device.type == "cpu" or ctx.on_oom is None:
             raise torch.OutOfMemoryError("the VAE decode does not fit even in the smallest tile")
         _note(ctx, f"out of memory at the smallest tile: tile {index + 1} continues on the CPU")
@@ -197,7 +202,7 @@ def _split(ctx: _Ctx, tile: Tile, hw, chunks, j: int, index: int, count: int, st
                 ctx.device, ctx.dtype = device, dtype
         return
     c = max(tile.core[0] - tile.pad[0], tile.pad[1] - tile.core[1], tile.core[2] - tile.pad[2],
-            tile.pad[3] - tile.core[3])  # fmt: skip
+            tile.pad[3] - tile.core[3], SPLIT_CONTEXT_PX // f)  # fmt: skip
     ym, xm = (y0 + y1) // 2, (x0 + x1) // 2
     h, w = hw
     subs = []

@@ -1,0 +1,226 @@
+"""The Wan-family video VAEs (Wan 2.1, Wan 2.2, Qwen-Image) against diffusers' own classes on the same
+weights, in both namings, chunked and tiled; the video tiling choice and its out-of-memory retries."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.errors import FormatError
+from engine.events import Tiling
+from engine.vae import decode, encode
+from engine.vae import estimate as est
+from engine.vae.choice import Job, choose_video
+from engine.vae.loading import _build_wan, load_vae
+from engine.vae.run import RunInfo
+from engine.vae.video import decode_video
+from engine.vae.wan_loading import wan_config
+from tests.engine.layouts_2026.parts import wan22_vae_diffusers_config, wan_vae_original
+
+diffusers = pytest.importorskip("diffusers")
+
+SMALL_21 = dict(base_dim=16, z_dim=4)
+SMALL_22 = dict(base_dim=16, decoder_base_dim=24, z_dim=8, is_residual=True, in_channels=12, out_channels=12,
+                patch_size=2, scale_factor_spatial=16)  # fmt: skip
+
+
+def _randomise(m: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.1 * r if n.endswith("gamma") else r * (0.5 / math.sqrt(p[0].numel())))
+    return m.eval()
+
+
+def _reference(cls_name: str = "AutoencoderKLWan", **kw):
+    return _randomise(getattr(diffusers, cls_name)(**kw))
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor, peak: float = 2.0) -> float:
+    mse = float(((a.float() - b.float()) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(peak**2 / mse)
+
+
+def _mine(ref) -> torch.nn.Module:
+    return _build_wan({k: v.clone() for k, v in ref.state_dict().items()}, "ref")
+
+
+@pytest.fixture(scope="module")
+def wan21():
+    ref = _reference(**SMALL_21)
+    return ref, _mine(ref)
+
+
+@pytest.fixture(scope="module")
+def wan22():
+    ref = _reference(**SMALL_22)
+    return ref, _mine(ref)
+
+
+def _ref_decode(ref, z):
+    with torch.inference_mode():
+        return ref.decode(z).sample.transpose(1, 2)  # frame-major, as Loadout returns clips
+
+
+@pytest.mark.parametrize("which", ["wan21", "wan22"])
+def test_full_decode_matches_diffusers(which, request):
+    ref, mine = request.getfixturevalue(which)
+    torch.manual_seed(1)
+    z = torch.randn(1, mine.latent_channels, 3, 4, 6)
+    want = _ref_decode(ref, z)
+    got = decode(mine, z) * 2 - 1
+    assert got.shape == want.shape == (1, 9, 3, 4 * mine.downscale, 6 * mine.downscale)
+    assert psnr(got, want) >= 40
+
+
+@pytest.mark.parametrize("which", ["wan21", "wan22"])
+def test_chunking_is_exact_and_tiles_are_seamless(which, request):
+    ref, mine = request.getfixturevalue(which)
+    torch.manual_seed(2)
+    f = mine.downscale
+    z = torch.randn(1, mine.latent_channels, 3, 96 // f, 128 // f)
+    want = _ref_decode(ref, z)
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        one = decode_video(mine, z, Tiling("full", tile_frames=1), device=cpu, dtype=torch.float32)
+        two = decode_video(mine, z, Tiling("full", tile_frames=2), device=cpu, dtype=torch.float32)
+    assert torch.allclose(one, two, atol=1e-5)  # chunk boundaries carry the causal cache: exact
+    info = RunInfo()
+    tiled = decode(mine, z, tiled=True, tile=64, overlap=32, info=info) * 2 - 1
+    assert info.mode == "tiled" and info.tiles > 1
+    assert psnr(tiled, want) >= 35
+
+
+def test_qwen_image_vae_is_the_wan21_network():
+    ref = _reference("AutoencoderKLQwenImage", base_dim=16, z_dim=4)
+    mine = _mine(ref)
+    torch.manual_seed(3)
+    z = torch.randn(1, 4, 1, 5, 7)  # Qwen-Image: one frame
+    with torch.inference_mode():
+        want = ref.decode(z).sample[:, :, 0]
+    got = decode(mine, z[:, :, 0]) * 2 - 1  # a 4-D latent decodes as one frame, to an image
+    assert got.shape == want.shape
+    assert psnr(got, want) >= 40
+
+
+@pytest.mark.parametrize("which", ["wan21", "wan22"])
+def test_encode_matches_diffusers(which, request):
+    ref, mine = request.getfixturevalue(which)
+    torch.manual_seed(4)
+    x = torch.rand(1, 3, 5, 32, 48) * 2 - 1
+    with torch.inference_mode():
+        want = ref.encode(x).latent_dist.mean
+        got = mine.encode(x)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    img = torch.rand(1, 3, 32, 48)
+    lat = encode(mine, img)
+    with torch.inference_mode():
+        want1 = ref.encode(img[:, :, None] * 2 - 1).latent_dist.mean[:, :, 0]
+    assert torch.allclose(lat, want1, atol=1e-5, rtol=1e-4)
+
+
+def test_original_naming_is_what_diffusers_converts_from(wan21):
+    """Our module paths are the original codebase's: diffusers' own single-file converter turns our state
+    dict into exactly the diffusers model's."""
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    ref, mine = wan21
+    ours = {k: v for k, v in mine.state_dict().items()}
+    converted = convert_wan_vae_to_diffusers(ours)
+    theirs = ref.state_dict()
+    assert set(converted) == set(theirs)
+    assert all(torch.equal(converted[k], theirs[k]) for k in theirs)
+
+
+@pytest.mark.parametrize("version", ["2.1", "2.2"])
+def test_full_size_original_layouts_load(version):
+    """The released VAEs' original layouts (written from Wan2.1 vae.py / Wan2.2 vae2_2.py) build and load
+    strictly at full size, on the meta device."""
+    rows = wan_vae_original(version)
+    sd = {k: torch.empty(s, device="meta") for k, s in rows.items()}
+    cfg = wan_config(sd, "layout")
+    if version == "2.1":
+        assert (cfg.z, cfg.dec_dims, cfg.patch, cfg.downscale) == (16, (384, 384, 384, 192, 96), 1, 8)
+    else:
+        assert (cfg.z, cfg.dec_dims, cfg.patch, cfg.downscale) == (48, (1024, 1024, 1024, 512, 256), 2, 16)
+    assert cfg.time_factor == 4
+    model = _build_wan(sd, "layout")
+    assert sum(p.numel() for p in model.parameters()) == rows.params()
+
+
+def test_wan22_diffusers_layout_renames_onto_the_original():
+    with torch.device("meta"):
+        ref = diffusers.AutoencoderKLWan(**wan22_vae_diffusers_config())
+    model = _build_wan(dict(ref.state_dict()), "diffusers")
+    assert set(model.state_dict()) == set(wan_vae_original("2.2"))
+
+
+def test_a_missing_or_misshapen_key_is_named(wan21, tmp_path):
+    from safetensors.torch import save_file
+
+    ref, _ = wan21
+    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    sd.pop("decoder.up_blocks.1.resnets.2.conv2.weight")
+    save_file(sd, tmp_path / "broken.safetensors")
+    with pytest.raises(FormatError, match=r"missing .*upsamples\.6\.residual\.6\.weight"):
+        load_vae(tmp_path / "broken.safetensors")
+    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    sd["decoder.mid_block.attentions.0.proj.weight"] = torch.zeros(3, 3, 1, 1)
+    save_file(sd, tmp_path / "bad.safetensors")
+    with pytest.raises(FormatError, match=r"wrong shape .*middle\.1\.proj\.weight"):
+        load_vae(tmp_path / "bad.safetensors")
+
+
+def test_a_video_latent_needs_a_video_vae():
+    from engine.vae.autoencoder_kl import AutoencoderKL, KLConfig
+
+    kl = AutoencoderKL(KLConfig(ch=32, ch_mult=(1, 1), num_res_blocks=1))
+    with pytest.raises(FormatError, match="needs a video VAE"):
+        decode(kl, torch.zeros(1, 4, 2, 4, 4))
+
+
+def test_out_of_memory_halves_chunks_then_splits_tiles_without_losing_work(wan21, monkeypatch):
+    """Fault injection: the up path raises torch's out-of-memory for inputs above a size. The decode
+    finishes with the same frames (exact where the cache survives, warm-up otherwise)."""
+    _, mine = wan21
+    torch.manual_seed(5)
+    z = torch.randn(1, 4, 4, 16, 20)
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        want = decode_video(mine, z, Tiling("full", tile_frames=4), device=cpu, dtype=torch.float32)
+    real = type(mine).decode_up
+    calls = {"oom": 0}
+
+    def tight(self, h, stream):
+        if h.shape[2] * h.shape[3] * h.shape[4] > 2 * 12 * 16 or (h.shape[3] * h.shape[4] > 12 * 14):
+            calls["oom"] += 1
+            raise torch.OutOfMemoryError("injected")
+        return real(self, h, stream)
+
+    monkeypatch.setattr(type(mine), "decode_up", tight)
+    notes: list[str] = []
+    from engine.vae.video import Counters
+
+    c = Counters(notes=notes)
+    with torch.inference_mode():
+        got = decode_video(mine, z, Tiling("full", tile_frames=4, overlap_frames=4), device=cpu,
+                           dtype=torch.float32, counters=c)  # fmt: skip
+    assert calls["oom"] >= 2 and c.oom_retries >= 2
+    assert any("per chunk" in n for n in notes) and any("split" in n for n in notes)
+    assert psnr(got, want) >= 35  # the split tiles restart with a full warm-up: exact up to the seams
+
+
+def test_choice_picks_full_frames_then_tiles_and_chunks_by_budget():
+    spec = est.video_spec("wan21")
+    job = Job(spec, "decode", (60, 104), 1, 8, 2, True, 21)  # 81 frames at 480x832, fp16, on a GPU
+    roomy = choose_video(job, 24 << 30)
+    assert roomy.mode == "full" and roomy.tile_frames >= 1
+    tight = choose_video(job, 2 << 30)
+    assert tight.tiled and tight.tile_frames >= 1
+    assert job.video_bytes(tight.tile_px, tight.tile_frames) <= 2 << 30
+    # the estimate grows with frames per chunk and shrinks with the tile
+    assert job.video_bytes(None, 2) > job.video_bytes(None, 1) > job.video_bytes(256, 1)
