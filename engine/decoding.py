@@ -122,13 +122,22 @@ def _dtype(comp):
     return torch.float32 if comp.device == "cpu" else getattr(torch, comp.compute_dtype)
 
 
-def choose_tiling(vae, x, direction: str, req, device, dtype) -> tuple[Tiling, int]:
+def choose_tiling(vae, x, direction: str, req, device, dtype, cap: int | None = None) -> tuple[Tiling, int]:
     """The tiling this pass will run (engine.vae.choice, with the real dtype and batch) and the
-    budget it was chosen for."""
+    budget it was chosen for: what is free on the device, at most `cap` (--vram-budget)."""
     from .vae import choice, run
 
     budget = run.memory_budget(device)
+    if cap is not None:
+        budget = min(budget, cap)
     job = run.job_of(vae, x, direction, device, dtype)
+    if getattr(vae, "video", False) and direction == "decode":
+        mode = req.mode
+        tile = req.tile if mode == "tiled" else None
+        extra = dict(
+            tile_frames=getattr(req, "tile_frames", None), overlap_frames=getattr(req, "overlap_frames", 0)
+        )
+        return choice.choose_video(job, budget, mode, tile, req.overlap, **extra), budget
     if req.mode == "tiled":
         return choice.choose(job, budget, "tiled", req.tile, req.overlap), budget
     # auto: the asked overlap applies should the estimate choose tiles (None: the VAE's own)
@@ -153,18 +162,23 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     from .vae.run import RunInfo
 
     latent = read_latent(req.latent)
-    if latent.dim() != 4:
-        raise FormatError(f"{os.path.basename(req.latent)}: a video latent (5-D) cannot be decoded here yet.")
     comp = vae_for(parts, req.vae)
     vae = comp.module
     if not hasattr(vae, "decoder"):
         raise FormatError(
             f"{os.path.basename(req.vae)} holds no decoder (a TAESD encoder?): choose a decoder."
         )
+    video = getattr(vae, "video", False)
+    if latent.dim() == 5 and not video:
+        raise FormatError(
+            f"{os.path.basename(req.latent)} is a video latent {tuple(latent.shape)}: decode it with a video VAE "
+            f"(Wan 2.1 / 2.2, Qwen-Image); {os.path.basename(req.vae)} decodes images"
+        )
     f = vae.downscale
-    device, dtype = _place(parts, comp, "decode", latent.shape[0] * latent.shape[2] * latent.shape[3] * f * f,
-                           token, report)  # fmt: skip
-    tiling, budget = choose_tiling(vae, latent, "decode", req, device, dtype)
+    frame_px = latent.shape[0] * latent.shape[-2] * latent.shape[-1] * f * f
+    device, dtype = _place(parts, comp, "decode", frame_px * (4 if video else 1), token, report)
+    cap = getattr(parts.device_report, "vram_budget_bytes", None)
+    tiling, budget = choose_tiling(vae, latent, "decode", req, device, dtype, cap)
     ran = [tiling]
 
     def retiled(t: Tiling, reason: str) -> None:
@@ -181,12 +195,29 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     except Cancelled:
         parts.events.emit(JobCancelled(comp.name, 0, time.perf_counter() - t0, at="decode"))
         raise
+    frames: tuple[bytes, ...] = ()
+    fps = 0.0
+    if img.dim() == 5:  # a clip (N, F, 3, H, W): the first of the batch, frame by frame
+        frames = tuple(_rgb(img[0], i)[2] for i in range(img.shape[1]))
+        fps = video_fps(vae)
+        img = img[0]
     w, h, rgb = _rgb(img)
     dt = time.perf_counter() - t0
-    out = {**info.to_json(), "vae_component": comp.name, "device": str(device)}
-    parts.events.emit(DecodeFinished(comp.name, len(rgb), dt, tiling=ran[0], dtype=info.dtype, device=str(device),
-                                     fp32_rerun=info.fp32_rerun, oom_retries=info.oom_retries))  # fmt: skip
-    return DecodeResult(w, h, rgb, frozen(out), dt, req.latent, _batch(img))
+    out = {**info.to_json(), "vae_component": comp.name, "device": str(device),
+           "latent_shape": list(latent.shape)}  # fmt: skip
+    parts.events.emit(DecodeFinished(comp.name, len(rgb) * max(1, len(frames)), dt, tiling=ran[0], dtype=info.dtype,
+                                     device=str(device), fp32_rerun=info.fp32_rerun,
+                                     oom_retries=info.oom_retries))  # fmt: skip
+    return DecodeResult(w, h, rgb, frozen(out), dt, req.latent, () if frames else _batch(img), frames, fps)
+
+
+# Frame rates the families generate at: Wan 2.1 (and 2.2 A14B, on the 2.1 VAE) 16 fps, Wan 2.2 TI2V-5B
+# (the 48-channel VAE) 24 fps (Wan2.2 configs: sample_fps).
+FPS = {"wan21": 16.0, "wan22": 24.0}
+
+
+def video_fps(vae) -> float:
+    return FPS["wan22" if getattr(vae.cfg, "residual", False) else "wan21"]
 
 
 def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:

@@ -317,7 +317,16 @@ class Embedding(FromFile, nn.Embedding):
 
 
 CASTABLE_TYPES = (
-    Linear, Conv1d, Conv2d, Conv3d, GroupNorm, LayerNorm, RMSNorm, ScaleRMSNorm, ChannelRMSNorm, Embedding,
+    Linear,
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    GroupNorm,
+    LayerNorm,
+    RMSNorm,
+    ScaleRMSNorm,
+    ChannelRMSNorm,
+    Embedding,
 )
 
 

@@ -199,6 +199,8 @@ class Decode:
     mode: str = "auto"  # auto | full | tiled
     tile: int = 512  # output pixels (tiled mode)
     overlap: int = 64
+    tile_frames: int | None = None  # video: latent frames per temporal chunk (None: as the budget allows)
+    overlap_frames: int = 0  # video: warm-up latent frames when a chunk restarts without its cache
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,8 @@ class DecodeResult:
     seconds: float
     source: str  # the latent (decode) or the written latent file (encode)
     images: tuple[bytes, ...] = ()  # a batch: every image, as rgb (rgb is the first); () for one image
+    frames: tuple[bytes, ...] = ()  # a video: every frame of the first clip, as rgb (rgb is frame 0)
+    fps: float = 0.0  # a video: the family's frame rate (Wan 2.1 16, Wan 2.2 24)
 
 
 @dataclass(frozen=True)

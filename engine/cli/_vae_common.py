@@ -17,6 +17,16 @@ def add_tile_arguments(parser: argparse.ArgumentParser, *, no_tile: bool) -> Non
     )
     if no_tile:
         g.add_argument("--no-tile", action="store_true", help="never tile (may run out of memory)")
+        g.add_argument(
+            "--tile-frames", type=_frames, metavar="N",
+            help="video: latent frames per temporal chunk (default: as many as the memory allows, up to 4); "
+            "chunks carry the causal cache, so any N gives the same frames",
+        )  # fmt: skip
+        g.add_argument(
+            "--overlap-frames", type=_frames0, default=0, metavar="N",
+            help="video: latent frames re-decoded as warm-up when a chunk must restart without its cache "
+            "(after an out-of-memory split); default 0",
+        )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -41,6 +51,23 @@ def _px0(text: str) -> int:
     return v
 
 
+def _frames(text: str) -> int:
+    v = _frames0(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError("at least one latent frame per chunk")
+    return v
+
+
+def _frames0(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of latent frames") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v}: a number of latent frames is >= 0")
+    return v
+
+
 def tiling(args: argparse.Namespace) -> dict:
     """The Decode / Encode request's mode, tile and overlap from the flags; an unset flag is left to the
     request (the VAE's own overlap, the estimate's tile)."""
@@ -49,6 +76,10 @@ def tiling(args: argparse.Namespace) -> dict:
         kw["tile"] = args.tile
     if args.overlap is not None:
         kw["overlap"] = args.overlap  # auto mode: the overlap should the estimate choose tiles
+    if getattr(args, "tile_frames", None):
+        kw["tile_frames"] = args.tile_frames
+    if getattr(args, "overlap_frames", 0):
+        kw["overlap_frames"] = args.overlap_frames
     return kw
 
 

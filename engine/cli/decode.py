@@ -6,15 +6,19 @@ from __future__ import annotations
 import argparse
 
 from ..devices import add_device_arguments
+from ..errors import EngineError
 from ._common import EXIT_OK, human_bytes, print_json
 from ._vae_common import StderrProgress, add_tile_arguments, engine_for, run_info, tiling, write_pngs
 
 NAME = "decode"
-HELP = "VAE decode a latent to a PNG (full or tiled)"
+HELP = "VAE decode a latent to a PNG, or a video latent to MP4 / WebP / PNG frames (full or tiled)"
 DESCRIPTION = (
     "Decode a latent in the VAE's own space (a ComfyUI .latent or a safetensors latent) with a VAE or "
     "TAESD-family file and write a PNG. Without --tile the memory estimate decides: full when it fits, "
-    "tiled (whole-image GroupNorm statistics, so no seams) when not. A batch writes NAME_0.png, NAME_1.png, ..."
+    "tiled (whole-image GroupNorm statistics, so no seams) when not. A batch writes NAME_0.png, NAME_1.png, ... "
+    "A 5-D video latent (Wan 2.1 / 2.2 VAE) decodes in temporal chunks that carry the causal cache and "
+    "writes --out clip.mp4 (H.264), clip.webp (animated), or DIR/ (000000.png, 000001.png, ...); "
+    "T latent frames give 1 + 4 (T - 1) frames."
 )
 
 
@@ -23,20 +27,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--vae", required=True, metavar="FILE", help="VAE, checkpoint with a VAE, or TAESD decoder"
     )
     parser.add_argument("--latent", required=True, metavar="FILE", help=".latent or .safetensors latent")
-    parser.add_argument("--out", required=True, metavar="IMG.png", help="the PNG to write (atomically)")
+    parser.add_argument(
+        "--out", required=True, metavar="OUT",
+        help="IMG.png, or for a video latent CLIP.mp4, CLIP.webp or DIR/ (one PNG per frame); written atomically",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fps", type=float, metavar="N", help="video frame rate (default: the family's, 16 or 24)"
+    )
     add_tile_arguments(parser, no_tile=True)
     add_device_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..formats.latent import latent_info
+    from ..formats.video_out import kind_of, write_clip
     from ..requests import Decode
 
     shape = latent_info(args.latent).shape  # header only: a bad latent is refused before torch loads
+    kind = kind_of(args.out)  # a wrong suffix is refused before the decode, not after
+    if len(shape) == 4 and kind in ("mp4", "webp"):
+        raise EngineError(f"{args.latent} is an image latent {list(shape)}: write a .png or a folder/")
     engine, _ = engine_for(args)
     try:
         res = engine.run(Decode(args.vae, args.latent, **tiling(args)), report=StderrProgress(args.quiet))
-        paths = write_pngs(res, args.out, shape[0])
+        fps = args.fps or res.fps or 16.0
+        if res.frames:
+            paths = write_clip(args.out, res.frames, res.width, res.height, fps)
+        elif kind == "frames":
+            paths = write_clip(args.out, (res.rgb,), res.width, res.height, fps)
+        else:
+            paths = write_pngs(res, args.out, shape[0])
     finally:
         engine.close()
     info = run_info(res.info)
@@ -46,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         "latent": args.latent,
         "outputs": paths,
         "size": [res.width, res.height],
+        **({"frames": len(res.frames), "fps": fps} if res.frames else {}),
         "device": device,
         "seconds": round(res.seconds, 3),
         **info,
@@ -58,8 +79,11 @@ def run(args: argparse.Namespace) -> int:
             if info["mode"] == "tiled"
             else "full"
         )
+        if res.frames:
+            how += f", {info['tile_frames']} latent frames per chunk"
+        size = f"{len(res.frames)} frames of " if res.frames else ""
         print(
-            f"decoded {tuple(shape)} -> {res.width}x{res.height} on {device} ({info['dtype']}, "
+            f"decoded {tuple(shape)} -> {size}{res.width}x{res.height} on {device} ({info['dtype']}, "
             f"{how}) in {res.seconds:.1f} s; estimate {human_bytes(info['estimate_bytes'])} for a full decode"
         )
         for n in info["notes"]:

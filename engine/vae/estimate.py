@@ -60,7 +60,9 @@ class VaeSpec:
 
     def k_act(self, direction: str) -> float:
         if self.video:
-            return K_VIDEO[self.kind] * self.ch if direction == "decode" else K_VIDEO[self.kind] * self.ch * 1.5
+            return (
+                K_VIDEO[self.kind] * self.ch if direction == "decode" else K_VIDEO[self.kind] * self.ch * 1.5
+            )
         if self.kind == "taesd":
             return K_ACT_TAESD[direction]
         return K_ACT[("kl", direction)] * self.ch

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from ..errors import FormatError, UnsupportedModel
-from .autoencoder_kl import AutoencoderKL, KLConfig
 from . import wan_loading
+from .autoencoder_kl import AutoencoderKL, KLConfig
 from .taesd import TAESD
 from .wan import WanVAE
 

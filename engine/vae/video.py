@@ -30,7 +30,6 @@ from .choice import Tile, plan_tiles
 from .tiling import _ramp
 from .wan import Stream, WanVAE
 
-
 MIN_SPLIT_PX = 64  # an out-of-memory split stops at tiles of this many output pixels a side
 SPLIT_CONTEXT_PX = 32  # context a split tile gets on each side (> 50 dB against the whole pass)
 

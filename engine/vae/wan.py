@@ -146,7 +146,9 @@ class Resample(nn.Module):
         super().__init__()
         self.mode = mode
         stride = 2 if mode.startswith("down") else 1
-        self.resample = _Indexed({1: ops.Conv2d(dim, cout, 3, stride=stride, padding=0 if stride == 2 else 1)})
+        self.resample = _Indexed(
+            {1: ops.Conv2d(dim, cout, 3, stride=stride, padding=0 if stride == 2 else 1)}
+        )
         if mode == "up3d":
             self.time_conv = CausalConv3d(dim, 2 * dim, (3, 1, 1), padding=(1, 0, 0))
         elif mode == "down3d":
@@ -319,7 +321,9 @@ class Decoder3d(nn.Module):
         for i, b in enumerate(dims[1:]):
             up = i != levels - 1
             mode = ("up3d" if cfg.temporal[i] else "up2d") if up else None
-            items: list[nn.Module] = [ResidualBlock(cin if j == 0 else b, b) for j in range(cfg.num_res_blocks + 1)]
+            items: list[nn.Module] = [
+                ResidualBlock(cin if j == 0 else b, b) for j in range(cfg.num_res_blocks + 1)
+            ]
             # Wan 2.1's upsampling conv halves the width; Wan 2.2's keeps it
             out = b if cfg.residual else b // 2
             if mode:

@@ -112,7 +112,9 @@ def _levels(sd, side: str, nested: bool) -> list[tuple[list[str], str | None]]:
         idx = sorted({int(m[1]) for k in sd if (m := re.match(rf"{side}\.{name}\.(\d+)\.{name}\.", k))})
         levels = []
         for i in idx:
-            inner = sorted({int(m[1]) for k in sd if (m := re.match(rf"{side}\.{name}\.{i}\.{name}\.(\d+)\.", k))})
+            inner = sorted(
+                {int(m[1]) for k in sd if (m := re.match(rf"{side}\.{name}\.{i}\.{name}\.(\d+)\.", k))}
+            )
             pre = [f"{side}.{name}.{i}.{name}.{j}." for j in inner]
             res = [p for p in pre if f"{p}residual.0.gamma" in sd]
             rs = [p for p in pre if f"{p}resample.1.weight" in sd]
@@ -138,7 +140,9 @@ def wan_config(sd: dict[str, torch.Tensor], path: str) -> WanConfig:
     has_dec = "decoder.conv1.weight" in sd
     if not (has_enc or has_dec):
         raise FormatError(f"{path}: a Wan-style VAE without encoder.conv1 or decoder.conv1", path=path)
-    nested = any(re.match(r"(encoder\.downsamples|decoder\.upsamples)\.\d+\.(down|up)samples\.", k) for k in sd)
+    nested = any(
+        re.match(r"(encoder\.downsamples|decoder\.upsamples)\.\d+\.(down|up)samples\.", k) for k in sd
+    )
     z = enc_dims = dec_dims = None
     temporal: tuple[bool, ...] = ()
     nres = 2

@@ -1,0 +1,112 @@
+"""Writing decoded clips: H.264 MP4 (PyAV's bundled FFmpeg), animated WebP (Pillow), or one PNG per frame
+in a folder (`000000.png`, `000001.png`, ...). Every output is written atomically: a file through a
+temporary sibling renamed into place, a folder of frames built beside its target and renamed in whole,
+so an interrupted write never leaves a half video or a half-filled folder behind.
+
+Frames are RGB 8-bit, row-major `height * width * 3` bytes (DecodeResult.frames).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import EngineError
+from .atomic import atomic_output
+
+VIDEO_SUFFIXES = (".mp4", ".webp")
+
+
+def kind_of(out: str) -> str:
+    """'frames' for a folder (ends with a slash), 'mp4', 'webp' or 'png' from the suffix."""
+    if out.endswith(("/", os.sep)):
+        return "frames"
+    suffix = Path(out).suffix.lower()
+    if suffix in (".mp4", ".webp", ".png"):
+        return suffix[1:]
+    raise EngineError(f"{out}: write a .png, .mp4, .webp, or a folder ending with '/' for one PNG per frame")
+
+
+def write_clip(out: str, frames: Sequence[bytes], width: int, height: int, fps: float) -> list[str]:
+    """Write `frames` to `out` as its suffix says; returns the paths written."""
+    kind = kind_of(out)
+    if not frames:
+        raise EngineError("nothing to write: the decode returned no frames")
+    if kind == "frames":
+        return write_png_frames(out, frames, width, height)
+    if kind == "webp":
+        write_webp(out, frames, width, height, fps)
+    elif kind == "mp4":
+        write_mp4(out, frames, width, height, fps)
+    else:
+        if len(frames) != 1:
+            raise EngineError(f"{out}: a clip of {len(frames)} frames goes to a .mp4, a .webp or a folder/")
+        _png(out, frames[0], width, height)
+    return [out]
+
+
+def _image(rgb: bytes, width: int, height: int):
+    from PIL import Image
+
+    return Image.frombytes("RGB", (width, height), rgb)
+
+
+def _png(path, rgb: bytes, width: int, height: int) -> None:
+    with atomic_output(path) as f:
+        _image(rgb, width, height).save(f, format="PNG")
+
+
+def write_png_frames(folder: str, frames: Sequence[bytes], width: int, height: int) -> list[str]:
+    """`folder`/000000.png ...: built in a temporary folder beside it, then renamed into place (a folder
+    that exists is replaced only when the new one is complete)."""
+    target = Path(folder.rstrip("/" + os.sep))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for i, rgb in enumerate(frames):
+            _image(rgb, width, height).save(tmp / f"{i:06d}.png", format="PNG")
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.replace(target, old / target.name)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [str(target / f"{i:06d}.png") for i in range(len(frames))]
+
+
+def write_webp(path: str, frames: Sequence[bytes], width: int, height: int, fps: float) -> None:
+    """Animated WebP, lossless, looping, each frame shown 1000 / fps ms."""
+    images = [_image(rgb, width, height) for rgb in frames]
+    with atomic_output(path) as f:
+        images[0].save(f, format="WEBP", save_all=True, append_images=images[1:], duration=round(1000 / fps),
+                       loop=0, lossless=True)  # fmt: skip
+
+
+def write_mp4(path: str, frames: Sequence[bytes], width: int, height: int, fps: float, crf: int = 18) -> None:
+    """H.264 in MP4 (yuv420p, so every player takes it: odd sizes are padded by one pixel, as H.264's
+    4:2:0 chroma needs even ones)."""
+    from fractions import Fraction
+
+    import av
+    import numpy as np
+
+    ew, eh = width + width % 2, height + height % 2
+    with atomic_output(path) as f, av.open(f, mode="w", format="mp4") as box:
+        stream = box.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+        stream.width, stream.height, stream.pix_fmt = ew, eh, "yuv420p"
+        stream.options = {"crf": str(crf)}
+        for rgb in frames:
+            a = np.frombuffer(rgb, dtype=np.uint8).reshape(height, width, 3)
+            if (ew, eh) != (width, height):
+                a = np.pad(a, ((0, eh - height), (0, ew - width), (0, 0)), mode="edge")
+            for packet in stream.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+                box.mux(packet)
+        for packet in stream.encode():
+            box.mux(packet)
