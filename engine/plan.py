@@ -73,15 +73,17 @@ def _file_dtype(path: str, prefix: str) -> str:
     return component_facts(path, prefix, "", None).file_dtype
 
 
-def parse_size(text: str) -> tuple[int, int]:
-    """'1024x768' -> (1024, 768)."""
+def parse_size(text: str) -> tuple[int, ...]:
+    """'1024x768' -> (1024, 768); a video 'WxHxF' -> (W, H, F) with F output frames."""
     try:
-        w, h = (int(x) for x in text.lower().split("x"))
+        parts = tuple(int(x) for x in text.lower().split("x"))
     except ValueError:
-        raise ValueError(f"{text!r} is not a size like 1024x1024") from None
-    if w <= 0 or h <= 0:
-        raise ValueError(f"{text!r}: width and height must be positive")
-    return w, h
+        raise ValueError(f"{text!r} is not a size like 1024x1024 (or 832x480x81 for a video)") from None
+    if len(parts) not in (2, 3):
+        raise ValueError(f"{text!r} is not a size like 1024x1024 (or 832x480x81 for a video)")
+    if any(v <= 0 for v in parts):
+        raise ValueError(f"{text!r}: width, height and frames must be positive")
+    return parts
 
 
 def make_plan(
@@ -220,9 +222,20 @@ def make_plan(
                 }
             )
     if decode is not None and "vae" in comps:
-        steps.append(_decode_step(placed("vae"), decode, budget, device, model, comps["vae"].prefix))
+        arch = _vae_architecture(det)
+        steps.append(_decode_step(placed("vae"), decode, budget, device, model, comps["vae"].prefix, arch))
     fits = all(s.pop("fits", True) for s in steps)
     return {"device": label, "budget_bytes": budget, "steps": steps, "fits": fits}
+
+
+def _vae_architecture(det) -> str | None:
+    """wan21 / wan22 for a Wan-family video VAE (the file's own, or the checkpoint's VAE part)."""
+    if det.architecture in VIDEO_VAES and det.kind == "vae":
+        return det.architecture
+    for part in getattr(det, "parts", ()) or ():
+        if getattr(part, "architecture", None) in VIDEO_VAES:
+            return part.architecture
+    return None
 
 
 def _latent_channels(path: str, prefix: str) -> int:
@@ -237,10 +250,12 @@ def _latent_channels(path: str, prefix: str) -> int:
     return 4
 
 
-def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str) -> dict:
+def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, architecture=None) -> dict:
     from .vae import estimate_decode_bytes
 
     p, f = pf
+    if architecture in VIDEO_VAES or len(size) == 3:
+        return _video_decode_step(pf, size, budget, device, architecture)
     w, h = size
     weights = sum(f.unit_sizes)
     dtype = p.compute_dtype if p.compute_dtype in ("float32", "float16", "bfloat16") else "float32"
@@ -276,6 +291,58 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str) -> 
     )
     peak = estimate_decode_bytes(w, h, tile=t, **est)
     return {"step": "decode", "peak_bytes": peak, "mode": "tiled", "fits": False, "detail": detail}
+
+
+VIDEO_VAES = ("wan21", "wan22")
+
+
+def _video_decode_step(pf, size, budget: int, device: str, architecture) -> dict:
+    """A video decode (engine.vae.choice.choose_video on the family's published widths): full frames or
+    tiles, and latent frames per chunk, so that the estimate fits."""
+    from .errors import UnsupportedModel
+    from .vae import estimate
+    from .vae.choice import Job, choose_video
+
+    if architecture not in VIDEO_VAES:
+        raise UnsupportedModel(
+            "a video decode (WxHxF) needs a video VAE (Wan 2.1 / 2.2, Qwen-Image); this file's VAE decodes images"
+        )
+    p, f = pf
+    w, h, frames = size if len(size) == 3 else (*size, 1)
+    spec = estimate.video_spec(architecture, sum(f.unit_sizes))
+    ds, tf = spec.downscale, spec.time_factor
+    latent_frames = 1 + max(0, frames - 1 + tf - 1) // tf
+    dtype = p.compute_dtype if p.compute_dtype in ("float32", "float16", "bfloat16") else "float32"
+    esize = estimate.DTYPE_BYTES[dtype]
+    lat_hw = (max(1, h // ds), max(1, w // ds))
+    cuda = p.device != "cpu"
+    job = Job(spec, "decode", lat_hw, 1, ds, esize, cuda, latent_frames)
+    if p.device == device:
+        cap = budget
+    else:  # the VAE runs on the CPU: what RAM is available, less a reserve (as engine.vae.run does)
+        import psutil
+
+        cap = max(0, int(psutil.virtual_memory().available) - (1 << 30))
+    t = choose_video(job, cap)
+    peak = job.video_bytes(t.tile_px if t.tiled else None, t.tile_frames)
+    detail = {
+        "width": w,
+        "height": h,
+        "frames": 1 + tf * (latent_frames - 1),
+        "latent_frames": latent_frames,
+        "vae_bytes": spec.weight_bytes,
+        "vae_device": p.device,
+        "compute_dtype": dtype,
+        "tile_frames": t.tile_frames,
+        "full_bytes": job.video_bytes(None, 1),
+        "estimate": "engine.vae.estimate (video: calibrated on measured Wan decodes)",
+    }
+    if t.tiled:
+        detail.update(tile=t.tile_px, overlap=t.overlap_px, tiles=len(t.rects))
+    fits = peak <= cap
+    if not fits:
+        detail["advice"] = "not even the smallest tile fits: free memory, or decode on the CPU (--cpu-vae)"
+    return {"step": "decode", "peak_bytes": peak, "mode": t.mode, "fits": fits, "detail": detail}
 
 
 def _lora_warnings(model: str, architecture: str | None, loras: tuple[str, ...]) -> list[str]:

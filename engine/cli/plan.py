@@ -19,7 +19,10 @@ DESCRIPTION = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="FILE", help="checkpoint or diffusion model")
     parser.add_argument("--lora", action="append", default=[], metavar="FILE", help="a LoRA (repeatable)")
-    parser.add_argument("--decode", metavar="WxH", help="image size to decode, e.g. 1024x1024")
+    parser.add_argument(
+        "--decode", metavar="WxH[xF]",
+        help="image size to decode, e.g. 1024x1024; a video with a Wan-family VAE: WxHxF, e.g. 832x480x81",
+    )  # fmt: skip
     parser.add_argument("--vram", type=float, metavar="GB", help="a hypothetical device of this size (GiB)")
     parser.add_argument("--json", action="store_true", help="machine-readable output (Plan JSON)")
     add_device_arguments(parser)
@@ -73,6 +76,10 @@ def render_text(model: str, plan: dict) -> str:
             line += "".join(f"\n    warning: {w}" for w in d.get("warnings", ()))
         elif s["step"] == "decode" and s["mode"] == "tiled":
             line += f" (tile {d['tile']} px, overlap {d['overlap']} px)"
+        if s["step"] == "decode" and "frames" in d:
+            line += f", {d['frames']} frames in chunks of {d['tile_frames']} latent frames"
+            line += f"; full frames would need {human_bytes(d['full_bytes'])}" if s["mode"] == "tiled" else ""
+            line += "".join(f"\n    advice: {d['advice']}" for _ in [0] if "advice" in d)
         lines.append(line)
     if plan["steps"]:
         lines.append(
