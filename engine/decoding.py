@@ -188,7 +188,7 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     info = RunInfo()
     t0 = time.perf_counter()
     parts.events.emit(DecodeStarted(comp.name, vae=comp.path, latent_shape=tuple(latent.shape),
-                                    requested_mode=req.mode, tiling=tiling))  # fmt: skip
+                                    requested_mode=req.mode, tiling=tiling, downscale=f))  # fmt: skip
     try:
         img = vae_decode(vae, latent, device=device, dtype=dtype, budget=budget, token=token, report=report,
                          info=info, tiling=tiling, on_tiling=retiled)  # fmt: skip

@@ -194,6 +194,7 @@ class DecodeStarted(Event):
     latent_shape: tuple[int, ...] = ()
     requested_mode: str = "auto"
     tiling: Tiling = Tiling()
+    downscale: int = 8  # output pixels per latent pixel (16 for Wan 2.2)
 
 
 @dataclass(frozen=True)

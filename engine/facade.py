@@ -57,6 +57,7 @@ _HANDLERS: dict[type, Callable] = {
     rq.WriteDemo: lambda e, r, t, p: e.write_demo(r.folder, token=t, report=p),
     rq.EstimateDecode: lambda e, r, t, p: e.estimate_decode(r),
     rq.Step: lambda e, r, t, p: e.step(r, token=t, report=p),
+    rq.SaveClip: lambda e, r, t, p: e.save_clip(r),
 }
 
 
@@ -389,6 +390,12 @@ class Engine:
             return tuple(write_demo(folder, token=token or CancelToken(), report=report))
         except OSError as e:  # a folder the user cannot write: say which and why
             raise EngineError(f"{e.filename or folder}: {e.strerror or e}", path=folder) from e
+
+    def save_clip(self, req: rq.SaveClip) -> rq.SavedClip:
+        """Write a decoded clip as MP4, WebP or PNG frames (atomically; engine.formats.video_out)."""
+        from .formats.video_out import write_clip
+
+        return rq.SavedClip(tuple(write_clip(req.out, req.frames, req.width, req.height, req.fps)))
 
     def estimate_decode(self, req: rq.EstimateDecode):
         """A decode's or encode's memory before it runs (headers only; engine.preflight)."""

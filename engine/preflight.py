@@ -11,12 +11,14 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
 def _vae_facts(path: str) -> tuple[str, int | None]:
-    """('taesd' | 'kl', weight bytes or None) as the VAE's header says; an unreadable VAE counts as a
-    full KL VAE of the usual size (the estimate's defaults)."""
+    """('taesd' | 'kl' | 'wan21' | 'wan22', weight bytes or None) as the VAE's header says; an unreadable
+    VAE counts as a full KL VAE of the usual size (the estimate's defaults)."""
     from .detect import detect_file
 
     det = detect_file(path)
     kind = "taesd" if det.kind == "vae_approx" else "kl"
+    if det.kind == "vae" and det.architecture in ("wan21", "wan22"):
+        kind = det.architecture
     return kind, sum(int(c.bytes or 0) for c in det.components.values()) or None
 
 
@@ -36,13 +38,21 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
 
             shape = latent_info(req.source).shape
             batch, channels, h, w = shape[0], shape[1], shape[-2], shape[-1]
-            width, height, fn, direction = w * 8, h * 8, estimate_decode_bytes, "decode"
+            fn, direction = estimate_decode_bytes, "decode"
     except EngineError:
         raise
     except (OSError, ValueError) as e:  # missing, unreadable, not an image
         raise FormatError(str(e), path=req.source) from e
     kind, weights = _vae_facts(req.vae)
     kw = dict(kind=kind, latent_channels=channels, batch=batch, weight_bytes=weights)
+    frames = 0
+    if direction == "decode":
+        f = 16 if kind == "wan22" else 8
+        width, height = w * f, h * f
+        if kind in ("wan21", "wan22"):
+            t = shape[2] if len(shape) == 5 else 1
+            kw["latent_frames"] = t
+            frames = 1 + 4 * (t - 1) if len(shape) == 5 else 0
     full = fn(width, height, **kw)
     tiled = fn(width, height, tile=req.tile, **kw)
-    return DecodeEstimate(direction, width, height, full, tiled, req.tile)
+    return DecodeEstimate(direction, width, height, full, tiled, req.tile, frames)

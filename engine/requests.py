@@ -239,6 +239,24 @@ class DecodeEstimate:
     full_bytes: int
     tiled_bytes: int
     tile: int
+    frames: int = 0  # a video latent: output frames (0: an image)
+
+
+@dataclass(frozen=True)
+class SaveClip:
+    """Write a decoded clip (DecodeResult.frames) to `out`: .mp4, .webp, or a folder/ of PNG frames,
+    atomically (engine.formats.video_out), off the GUI thread."""
+
+    out: str
+    frames: tuple[bytes, ...]
+    width: int
+    height: int
+    fps: float
+
+
+@dataclass(frozen=True)
+class SavedClip:
+    paths: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """The Decode panel: a VAE and a latent (or an image to encode), full / tiled / auto, tile size and
 overlap, the memory estimate before running, progress with ETA, the tiles drawn over the canvas as
-they finish, the result with zoom, save. The panel sends its own requests: the estimate (header reads,
-answered by a background thread of the engine client) and the decode or encode itself."""
+they finish, the result with zoom, save. A video latent's clip plays in place: a frame slider and a
+Play button (a QSlider and a QTimer at the family's frame rate; PySide6-Essentials has no QtMultimedia),
+saved as MP4, animated WebP or a folder of PNG frames. The panel sends its own requests: the estimate
+(header reads, answered by a background thread of the engine client), the decode or encode itself, and
+the clip's save (an IO request: the GUI thread never writes files)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import os
 import time
 from functools import partial
 
-from PySide6.QtCore import QRectF, Qt, Signal, Slot
+from PySide6.QtCore import QRectF, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QBrush, QColor, QImage, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -25,6 +28,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QProgressBar,
     QPushButton,
+    QSlider,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -32,7 +36,7 @@ from PySide6.QtWidgets import (
 
 from engine.events import EventKind
 from engine.formatting import human_bytes
-from engine.requests import Decode, DecodeEstimate, Encode, EstimateDecode
+from engine.requests import Decode, DecodeEstimate, Encode, EstimateDecode, SaveClip
 
 LATENT_SUFFIXES = (".latent", ".safetensors")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -130,6 +134,24 @@ class DecodePanel(QWidget):
         self.pixmap_item = QGraphicsPixmapItem()
         self.scene.addItem(self.pixmap_item)
         self.tile_items: list[QGraphicsRectItem] = []
+        # a clip: frame slider and play/pause, shown only when the result has frames
+        self.frame_slider = QSlider(Qt.Orientation.Horizontal)
+        self.frame_slider.setMinimum(0)
+        self.frame_slider.valueChanged.connect(self.show_frame)
+        self.play_button = QPushButton("▶ Play")
+        self.play_button.setCheckable(True)
+        self.play_button.toggled.connect(self._on_play_toggled)
+        self.frame_label = QLabel("")
+        self.timer = QTimer(self)
+        self.timer.timeout.connect(self._next_frame)
+        self.video_row = QWidget()
+        vr = QHBoxLayout(self.video_row)
+        vr.setContentsMargins(0, 0, 0, 0)
+        vr.addWidget(self.play_button)
+        vr.addWidget(self.frame_slider, 1)
+        vr.addWidget(self.frame_label)
+        self.video_row.setVisible(False)
+        self.video = False  # the running decode is a video's (tiles finish one after another)
 
         for w in (self.input_edit,):
             w.textChanged.connect(self._on_inputs_changed)
@@ -178,6 +200,7 @@ class DecodePanel(QWidget):
         lay.addWidget(self.estimate)
         lay.addLayout(run)
         lay.addWidget(self.view, 1)
+        lay.addWidget(self.video_row)
         lay.addLayout(tools)
         self._on_inputs_changed()
 
@@ -301,7 +324,8 @@ class DecodePanel(QWidget):
                 verdict = f" · <b style='color:#c0392b'>will not fit</b> in {human_bytes(free)} free"
             else:
                 verdict = f" · <b style='color:#27ae60'>fits</b> ({human_bytes(free)} free)"
-        return (f"{est.width}×{est.height} {est.direction}: full ≈ {human_bytes(est.full_bytes)}, tiled at "
+        frames = f"×{est.frames} frames" if est.frames else ""
+        return (f"{est.width}×{est.height}{frames} {est.direction}: full ≈ {human_bytes(est.full_bytes)}, tiled at "
                 f"{est.tile} px ≈ {human_bytes(est.tiled_bytes)}{verdict}")  # fmt: skip
 
     def set_free_bytes(self, free: int) -> None:
@@ -329,6 +353,8 @@ class DecodePanel(QWidget):
             return
         self.started = time.monotonic()
         self.tiles, self.tiles_done = [], 0
+        self.play_button.setChecked(False)
+        self.video_row.setVisible(False)
         self.progress.setRange(0, 0)
         self.eta.setText("")
         self.run_button.setEnabled(False)
@@ -338,8 +364,10 @@ class DecodePanel(QWidget):
         """The engine's own tiling: outline the tiles it will run (and again if a retry changes them)."""
         if event.kind == EventKind.DECODE_STARTED:
             self.tiles, self.tiles_done = list(event.tiling.rects), 0
+            self.video = event.tiling.tile_frames > 0
             shape = event.latent_shape or (1, 4, 64, 64)
-            self._canvas(shape[-1] * 8, shape[-2] * 8)
+            f = getattr(event, "downscale", 8) or 8
+            self._canvas(shape[-1] * f, shape[-2] * f)
         elif event.kind == EventKind.TILING_CHANGED and self.job_id is not None:
             self.tiles, self.tiles_done = list(event.tiling.rects), 0
             r = self.scene.sceneRect()
@@ -376,13 +404,16 @@ class DecodePanel(QWidget):
             el = time.monotonic() - self.started
             frac = p.done / p.total
             self.eta.setText(f"{el:.1f} s" + (f" · ETA {el / frac - el:.1f} s" if 0 < frac < 1 else ""))
+            self.eta.setToolTip(p.detail)  # e.g. "tile 3/8, latent frames 4-7 of 21"
         t = p.tile
         if t is not None and t.count == len(self.tile_items) and 0 <= t.index < t.count:
             it = self.tile_items[t.index]
             if t.pass_index == t.passes:  # the last pass writes the tile's pixels: it is finished
                 it.setBrush(QBrush(QColor(46, 204, 113, 120)))
-                # reports are throttled (some never arrive): count finished tiles from `done`
-                self.tiles_done = max(self.tiles_done, p.done - (t.passes - 1) * t.count)
+                # reports are throttled (some never arrive): count finished tiles from `done`; a video's
+                # tiles run one after another through all their temporal chunks
+                done = t.index + 1 if self.video else p.done - (t.passes - 1) * t.count
+                self.tiles_done = max(self.tiles_done, done)
             else:
                 it.setBrush(QBrush(QColor(116, 185, 255, 40 + 120 * t.pass_index // max(t.passes, 1))))
 
@@ -403,6 +434,15 @@ class DecodePanel(QWidget):
             f", {info.get('tiles')} tiles of {info.get('tile_px')} px" if info.get("mode") == "tiled" else ""
         )
         wrote = f" · wrote {os.path.basename(result.source)}" if info.get("out") else ""  # an encode's latent
+        frames = getattr(result, "frames", ())
+        if frames:
+            mode += f", {len(frames)} frames in chunks of {info.get('tile_frames')} latent frames"
+            self.frame_slider.blockSignals(True)
+            self.frame_slider.setMaximum(len(frames) - 1)
+            self.frame_slider.setValue(0)
+            self.frame_slider.blockSignals(False)
+            self.show_frame(0)
+        self.video_row.setVisible(bool(frames))
         self.eta.setText(f"done in {result.seconds:.2f} s ({mode}){wrote}")
         self.eta.setToolTip(result.source)
         self.progress.setRange(0, 1)
@@ -429,6 +469,41 @@ class DecodePanel(QWidget):
             it.setBrush(QBrush(Qt.BrushStyle.NoBrush))
         self._on_inputs_changed()
 
+    # -- a clip -----------------------------------------------------------------------------------------------
+
+    def frame_count(self) -> int:
+        return len(getattr(self.result, "frames", ()) or ())
+
+    @Slot(int)
+    def show_frame(self, i: int) -> None:
+        """Show frame `i` of the decoded clip."""
+        n = self.frame_count()
+        if not n:
+            return
+        i = max(0, min(i, n - 1))
+        r = self.result
+        img = QImage(r.frames[i], r.width, r.height, r.width * 3, QImage.Format.Format_RGB888).copy()
+        self.pixmap_item.setPixmap(QPixmap.fromImage(img))
+        fps = r.fps or 16.0
+        self.frame_label.setText(f"{i + 1}/{n} · {i / fps:.2f} s")
+        if self.frame_slider.value() != i:
+            self.frame_slider.setValue(i)
+
+    @Slot(bool)
+    def _on_play_toggled(self, on: bool) -> None:
+        self.play_button.setText("⏸ Pause" if on else "▶ Play")
+        if on and self.frame_count():
+            fps = getattr(self.result, "fps", 0) or 16.0
+            self.timer.start(max(1, round(1000 / fps)))
+        else:
+            self.timer.stop()
+
+    @Slot()
+    def _next_frame(self) -> None:
+        n = self.frame_count()
+        if n:
+            self.show_frame((self.frame_slider.value() + 1) % n)  # loops, as the saved WebP does
+
     @Slot()
     def fit(self) -> None:
         self.view.fitInView(self.scene.sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
@@ -440,9 +515,19 @@ class DecodePanel(QWidget):
         if path:
             self.set_input(path)
 
+    CLIP_FILTERS = "MP4 video (*.mp4);;Animated WebP (*.webp);;PNG frames (a folder)"
+
     @Slot()
     def _on_save_clicked(self) -> None:
         if self.result is None:
+            return
+        if self.frame_count():
+            start = os.path.splitext(self.result.source)[0] + ".mp4"
+            path, chosen = QFileDialog.getSaveFileName(self, "Save the clip", start, self.CLIP_FILTERS)
+            if path and chosen.startswith("PNG frames"):
+                path = os.path.splitext(path)[0] + "/"
+            if path:
+                self.save(path)
             return
         start = os.path.splitext(self.result.source)[0] + ".png"
         path, _ = QFileDialog.getSaveFileName(self, "Save the image", start, "PNG (*.png)")
@@ -450,5 +535,14 @@ class DecodePanel(QWidget):
             self.save(path)
 
     def save(self, path: str) -> None:
+        """An image as PNG; a clip as .mp4 / .webp / folder/ through the engine's IO thread (atomically)."""
+        if self.frame_count():
+            r = self.result
+            if not path.lower().endswith((".mp4", ".webp", "/")):
+                path += ".mp4"
+            req = SaveClip(path, r.frames, r.width, r.height, r.fps or 16.0)
+            self.client.submit(req, lambda done: self.message.emit(f"Saved {path} ({len(r.frames)} frames)", "info"),
+                               self.client.report_error)  # fmt: skip
+            return
         self.pixmap_item.pixmap().save(path, "PNG")
         self.message.emit(f"Saved {path}", "info")

@@ -169,9 +169,12 @@ def _spec(kind: str, latent_channels: int, weight_bytes: int | None) -> VaeSpec:
     return VaeSpec(k, latent_channels, wb)  # SD-family width 128
 
 
-def _estimate(direction, px, kind, latent_channels, dtype, tile, weight_bytes) -> int:
+def _estimate(direction, px, kind, latent_channels, dtype, tile, weight_bytes, latent_frames=1) -> int:
     spec = _spec(kind, latent_channels, weight_bytes)
     esize = DTYPE_BYTES[dtype]
+    if spec.video and direction == "decode":
+        n = min(4, latent_frames) if tile is None else 1
+        return video_bytes(spec, px, latent_frames, esize, tile_px=tile, tile_frames=n)
     if tile is None:
         return full_bytes(spec, direction, px, esize)
     return tiled_bytes(spec, direction, px, tile, esize)
@@ -187,10 +190,13 @@ def estimate_decode_bytes(
     tile: int | None = None,
     batch: int = 1,
     weight_bytes: int | None = None,
+    latent_frames: int = 1,
 ) -> int:
     """Predicted peak bytes of decoding a width x height image (full, or with `tile`-px tiles whose
-    states are spilled to disk); `weight_bytes` from the VAE's header when known."""
-    return _estimate("decode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes)
+    states are spilled to disk); `weight_bytes` from the VAE's header when known. A video VAE (`kind`
+    wan21 / wan22) decodes `latent_frames` (in chunks of up to 4, one with tiles)."""
+    return _estimate("decode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes,
+                     latent_frames)  # fmt: skip
 
 
 def estimate_encode_bytes(
