@@ -60,11 +60,13 @@ DEFAULT = (
     Bench(("bench_load.py",), repeat="--repeat"),
     Bench(("bench_gguf_load.py",), repeat="--repeat"),
     Bench(VAE_DEFAULT, repeat="--repeat"),
+    Bench(("bench_vae_video.py",), repeat="--repeat"),
     Bench(("bench_gui.py",)),
 )
 # The full set: every VAE figure at width 32 (its defaults), and the real SD VAE width, 128.
 FULL = (
     *(b if b.argv != VAE_DEFAULT else Bench(("bench_vae.py",), repeat="--repeat") for b in DEFAULT),
+    Bench(("bench_vae_video.py", "--long"), repeat="--repeat"),
     Bench(
         ("bench_vae.py", "--ch", "128", "--big", "0", "--skip-taef2", "--skip-small-tiles"), repeat="--repeat"
     ),

@@ -140,15 +140,31 @@ def decode(
     info: RunInfo | None = None,
     tiling: Tiling | None = None,
     on_tiling: Callable[[Tiling, str], None] | None = None,
+    tile_frames: int | None = None,
+    overlap_frames: int = 0,
+    save_latent: str | None = None,
 ) -> torch.Tensor:
     """VAE-space latent (N, C, h, w) -> image (N, 3, 8h, 8w) in [0, 1], float32 on the CPU; with a video
     VAE (engine.vae.wan) a 5-D latent (N, C, T, h, w) -> clip (N, 1 + 4 (T - 1), 3, H, W), frame-major.
     `tiled=None` decides from the estimate against `budget`; tile/overlap are output pixels. A
     `tiling` chosen beforehand (engine.vae.choice) is run as it is; `on_tiling(new, reason)` hears of
-    every change an out-of-memory retry makes to it."""
+    every change an out-of-memory retry makes to it. Video: `tile_frames` latent frames per chunk (None:
+    as the budget allows), `overlap_frames` of warm-up for a chunk that restarts without its cache.
+    `save_latent`: a path the latent is written to (atomically, as a ComfyUI .latent) before the decode
+    starts — for a latent that lives only in memory, so no failure can lose it."""
     if not hasattr(vae, "decoder"):
         raise FormatError("this VAE file holds no decoder (a TAESD encoder?): give the decoder file")
     _check_latent(vae, latent)
+    if save_latent is not None:
+        from ..formats.latent import write_latent
+
+        write_latent(save_latent, latent.detach().float().cpu())
+    if tiling is None and getattr(vae, "video", False):
+        device_ = torch.device(device) if device is not None else _weights_device(vae)
+        job = job_of(vae, latent, "decode", device_, dtype)
+        mode = {None: "auto", False: "full", True: "tiled"}[tiled]
+        b = budget if budget is not None else memory_budget(device_)
+        tiling = choice.choose_video(job, b, mode, tile, overlap, tile_frames, overlap_frames)
     return _run(
         vae, latent, "decode", tile, overlap, tiled, device, dtype, budget, disk_store, token, report, info,
         tiling, on_tiling,

@@ -132,7 +132,9 @@ class AttentionBlock(nn.Module):
         qkv = self.to_qkv(self.norm(x)).reshape(n, 3 * c, h * w).transpose(1, 2)
         q, k, v = qkv.chunk(3, dim=-1)
         del qkv
-        a = attention(q.contiguous(), k.contiguous(), v.contiguous())
+        # score rows in chunks of 8 MiB: at 720p a frame is 14,400 tokens, and the middle block runs
+        # whole while the tiles around it are small
+        a = attention(q.contiguous(), k.contiguous(), v.contiguous(), max_score_bytes=8 << 20)
         return x + self.proj(a.transpose(1, 2).reshape(n, c, h, w))
 
     def step(self, x: torch.Tensor, stream: Stream | None = None) -> torch.Tensor:
@@ -340,10 +342,36 @@ class Decoder3d(nn.Module):
         """conv1 and the middle block: at latent resolution, attention over each whole frame."""
         return self.middle.step(self.conv1.step(z, stream), stream)
 
-    def up_step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
-        for m in self.upsamples._modules.values():
+    def up_step(self, x: torch.Tensor, stream: Stream, frames_at_once: int = 1) -> torch.Tensor:
+        """The up path. After the last temporal upsample every op is causal-with-cache or per frame, so
+        the full-resolution levels run `frames_at_once` frames at a time (exactly the same result): their
+        activations, the largest of the pass, are then those of one frame, not of four."""
+        mods = list(self.upsamples._modules.values())
+        last_t = max((i for i, m in enumerate(mods) if _doubles_time(m)), default=-1)
+        for m in mods[: last_t + 1]:
             x = m.step(x, stream)
-        return self.head.step(x, stream)
+        rest = mods[last_t + 1 :]
+        if x.shape[2] <= frames_at_once:
+            for m in rest:
+                x = m.step(x, stream)
+            return self.head.step(x, stream)
+        outs = []
+        for a in range(0, x.shape[2], frames_at_once):
+            y = x[:, :, a : a + frames_at_once]
+            for m in rest:
+                y = m.step(y, stream)
+            outs.append(self.head.step(y, stream))
+        del x
+        return torch.cat(outs, dim=2)
+
+
+def _doubles_time(m: nn.Module) -> bool:
+    """A flat-layout Resample or a Wan 2.2 level that upsamples time."""
+    if isinstance(m, Resample):
+        return m.mode == "up3d"
+    return isinstance(m, Level) and any(
+        getattr(r, "mode", None) == "up3d" for r in m.children() for r in r.children()
+    )
 
 
 def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:

@@ -1,0 +1,148 @@
+"""Video VAE decode (the Wan 2.1 network, engine.vae.wan): tiled vs full — time, peak memory above the
+process before the decode (a fresh process each), PSNR, and the estimate vs the measured peak; with
+`--long`, a long clip on a small budget (the issue's 17 frames at 480p under a 2 GiB budget, on the CPU).
+
+The decoder has the Wan 2.1 layout (dim_mult 1,2,4,4; 2 res blocks; temporal upsampling in the two
+deepest levels) with random deterministic weights at base width `--dim` (96 = the real VAE; the default
+16 keeps a CPU run near a minute: activations scale with the width, FLOPs with its square). Threads: 2.
+
+    python benchmarks/bench_vae_video.py [--dim 16] [--size 832x480] [--latent-frames 2] [--tile 512]
+                                         [--overlap 64] [--repeat N] [--long]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _vae(dim: int):
+    """A Wan 2.1 VAE with deterministic random weights, built from diffusers' AutoencoderKLWan's layout."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    from engine.vae.loading import _build_wan
+
+    with torch.device("meta"):
+        ref = AutoencoderKLWan(base_dim=dim, z_dim=16)
+    g = torch.Generator().manual_seed(0)
+    sd = {}
+    for n, p in ref.state_dict().items():
+        r = torch.randn(p.shape, generator=g)
+        sd[n] = 1 + 0.1 * r if n.endswith("gamma") else r * (0.5 / math.sqrt(math.prod(p.shape[1:])))
+    return _build_wan(sd, "bench")
+
+
+def run_child(cfg: dict) -> dict:
+    """One decode in this (fresh) process: peak RSS above the process before the decode."""
+    import psutil
+    import torch
+
+    torch.set_num_threads(cfg.get("threads", 2))
+    from engine.vae import decode
+    from engine.vae.run import RunInfo
+
+    vae = _vae(cfg["dim"])
+    w, h = cfg["width"], cfg["height"]
+    z = torch.randn(1, 16, cfg["latent_frames"], h // 8, w // 8, generator=torch.Generator().manual_seed(1))
+    kw = {"budget": cfg["budget"]} if cfg.get("budget") else {}
+    if cfg["mode"] == "tiled":  # the memory-saving mode: tiles, one latent frame per chunk
+        kw.update(tiled=True, tile=cfg["tile"], overlap=cfg["overlap"], tile_frames=1)
+    elif cfg["mode"] == "full":
+        kw.update(tiled=False)
+    info = RunInfo()
+    base = psutil.Process().memory_info().rss
+    t0 = time.perf_counter()
+    out = decode(vae, z, info=info, **kw)
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if cfg.get("save"):
+        torch.save(out, cfg["save"])
+    return {"seconds": seconds, "peak_rss": peak, "base_rss": base, "estimate": info.estimate_bytes,
+            "tiles": info.tiles, "tile_px": info.tile_px, "tile_frames": info.tile_frames, "mode": info.mode,
+            "frames": out.shape[1]}  # fmt: skip
+
+
+def child(cfg: dict) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True,
+                       env=env, check=False)  # fmt: skip
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-2000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _best(runs: list[dict]) -> dict:
+    best = dict(runs[0])
+    best["seconds"] = min(r["seconds"] for r in runs)
+    low = min(runs, key=lambda r: r["peak_rss"] - r["base_rss"])
+    best["peak_rss"], best["base_rss"] = low["peak_rss"], low["base_rss"]
+    return best
+
+
+def main() -> None:
+    from _record import record
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--size", default="832x480")
+    ap.add_argument("--latent-frames", type=int, default=2)
+    ap.add_argument("--tile", type=int, default=512)
+    ap.add_argument("--overlap", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--long", action="store_true", help="also 17 frames at 480p under a 2 GiB budget")
+    a = ap.parse_args()
+    w, h = (int(v) for v in a.size.split("x"))
+    import torch
+
+    base = {"dim": a.dim, "width": w, "height": h, "latent_frames": a.latent_frames}
+    with tempfile.TemporaryDirectory() as d:
+        fulls, tileds = [], []
+        for i in range(a.repeat):  # alternate, so both kinds see the same moments of a busy machine
+            extra = {"save": f"{d}/full.pt"} if i == 0 else {}
+            fulls.append(child({**base, "mode": "full", **extra}))
+            extra = {"save": f"{d}/tiled.pt"} if i == 0 else {}
+            tileds.append(child({**base, "mode": "tiled", "tile": a.tile, "overlap": a.overlap, **extra}))
+        full, tiled = _best(fulls), _best(tileds)
+        x, y = torch.load(f"{d}/full.pt"), torch.load(f"{d}/tiled.pt")
+        mse = float(((x - y) ** 2).mean())
+        p = math.inf if mse == 0 else 10 * math.log10(1.0 / mse)  # images in [0, 1]
+    name = f"vae_video_wan21_{w}x{h}x{full['frames']}_dim{a.dim}"
+    goal = a.dim in (16, 96)
+    record(f"{name}_tiled_vs_full_time", tiled["seconds"], "s", baseline="full-frame decode (chunks of up to 4 latent frames)",
+           baseline_value=full["seconds"], goal=1.3 if goal else None, tiles=tiled["tiles"],
+           tile_px=tiled["tile_px"], tile_frames=tiled["tile_frames"])  # fmt: skip
+    record(f"{name}_tiled_vs_full_peak", tiled["peak_rss"] - tiled["base_rss"], "B",
+           baseline="full-frame decode, peak RSS above the process before decoding",
+           baseline_value=full["peak_rss"] - full["base_rss"], goal=0.3 if goal else None,
+           tiled_peak_bytes=tiled["peak_rss"], full_peak_bytes=full["peak_rss"])  # fmt: skip
+    record(f"{name}_tiled_vs_full_psnr", round(p, 2), "dB", baseline="full-frame decode", judged="value",
+           goal=35.0, better="higher")  # fmt: skip
+    for mode, r in (("full", full), ("tiled", tiled)):
+        record(f"{name}_{mode}_estimate_vs_measured", r["estimate"], "B", baseline="measured peak RSS",
+               baseline_value=r["peak_rss"], better="higher", seconds=r["seconds"])  # fmt: skip
+    if a.long:
+        budget = 2 << 30
+        r = child({**base, "width": 832, "height": 480, "latent_frames": 5, "mode": "auto", "budget": budget})
+        record(f"vae_video_wan21_832x480x{r['frames']}_dim{a.dim}_peak_under_2gib", r["peak_rss"], "B",
+               baseline="the 2 GiB budget", baseline_value=budget, goal=1.0, mode=r["mode"], tiles=r["tiles"],
+               tile_px=r["tile_px"], tile_frames=r["tile_frames"], seconds=r["seconds"])  # fmt: skip
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        print(json.dumps(run_child(json.loads(sys.argv[2]))))
+    else:
+        main()
