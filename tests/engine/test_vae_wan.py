@@ -224,3 +224,33 @@ def test_choice_picks_full_frames_then_tiles_and_chunks_by_budget():
     assert job.video_bytes(tight.tile_px, tight.tile_frames) <= 2 << 30
     # the estimate grows with frames per chunk and shrinks with the tile
     assert job.video_bytes(None, 2) > job.video_bytes(None, 1) > job.video_bytes(256, 1)
+
+
+def test_stop_mid_decode_raises_cancelled_and_the_next_decode_runs(wan21):
+    from engine.errors import Cancelled
+    from engine.jobs import CancelToken
+
+    _, mine = wan21
+    z = torch.randn(1, 4, 3, 12, 16)
+    token = CancelToken()
+    seen = []
+
+    def report(p):
+        seen.append(p)
+        if p.tile is not None:  # the first finished chunk: Stop
+            token.cancel("user")
+
+    with pytest.raises(Cancelled):
+        decode(mine, z, tiled=True, tile=64, overlap=32, token=token, report=report)
+    done = [p for p in seen if p.tile is not None]
+    assert len(done) == 1 and done[0].total > 1  # stopped within the next op, not at the end
+    assert decode(mine, z).shape == (1, 9, 3, 96, 128)
+
+
+def test_a_latent_from_memory_is_saved_before_the_decode(wan21, tmp_path):
+    from engine.formats.latent import read_latent
+
+    _, mine = wan21
+    z = torch.randn(1, 4, 2, 4, 6)
+    decode(mine, z, save_latent=str(tmp_path / "kept.latent"))
+    assert torch.equal(read_latent(tmp_path / "kept.latent"), z)
