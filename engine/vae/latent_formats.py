@@ -7,6 +7,7 @@ latents. Values as published with each model (and as ComfyUI's latent_formats.py
 SD1/SD2 0.18215 (LDM configs `scale_factor`), SDXL 0.13025 (SDXL VAE config), SD3 1.5305 / 0.0609,
 FLUX.1 0.3611 / 0.1159 (BFL's AutoEncoderParams). FLUX.2 normalises latents with a batch-norm over
 2x2-patchified 128 channels instead of one scalar; its 32-channel VAE space is what TAEF2 works in.
+The Wan-family video VAEs (and Qwen-Image's) normalise per channel with a published mean and std.
 Torch-free, so the GUI thread may import it.
 """
 
@@ -22,17 +23,61 @@ class LatentFormat:
     scale: float
     shift: float = 0.0
     downscale: int = 8
+    # per-channel statistics where the family defines them (the Wan VAEs): model = (vae - mean) / std
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    time_factor: int = 1  # output frames per latent frame after the first (4 for the video VAEs)
+
+    def _stats(self, latent):
+        import torch
+
+        shape = (1, self.channels) + (1,) * (latent.dim() - 2)
+        mean = torch.tensor(self.mean, dtype=latent.dtype, device=latent.device).view(shape)
+        std = torch.tensor(self.std, dtype=latent.dtype, device=latent.device).view(shape)
+        return mean, std
 
     def to_model(self, latent):
         """VAE space -> the diffusion model's space."""
+        if self.mean:
+            mean, std = self._stats(latent)
+            return (latent - mean) / std
         return (latent - self.shift) * self.scale
 
     def to_vae(self, latent):
         """The diffusion model's space -> VAE space."""
+        if self.mean:
+            mean, std = self._stats(latent)
+            return latent * std + mean
         return latent / self.scale + self.shift
 
     def to_json(self) -> dict:
-        return {"name": self.name, "channels": self.channels, "scale": self.scale, "shift": self.shift}
+        out = {"name": self.name, "channels": self.channels, "scale": self.scale, "shift": self.shift}
+        if self.mean:
+            out.update(mean=list(self.mean), std=list(self.std), downscale=self.downscale,
+                       time_factor=self.time_factor)  # fmt: skip
+        return out
+
+
+# Wan 2.1 VAE (also Qwen-Image's: its diffusers config repeats these values): Wan-Video/Wan2.1
+# wan/modules/vae.py WanVAE mean/std, diffusers AutoencoderKLWan's latents_mean/latents_std defaults.
+WAN21_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+              0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)  # fmt: skip
+WAN21_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+             3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)  # fmt: skip
+# Wan 2.2 TI2V-5B's 48-channel VAE: Wan2.2 wan/modules/vae2_2.py Wan2_2_VAE mean/std (the same values
+# as Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json).
+WAN22_MEAN = (
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813, 0.0891,
+    0.1570, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+    -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230, -0.0313, -0.1649, 0.0117, 0.0723,
+    -0.2839, -0.2083, -0.0520, 0.3748, 0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+)  # fmt: skip
+WAN22_STD = (
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901,
+    0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
+    0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+)  # fmt: skip
 
 
 LATENT_FORMATS: dict[str, LatentFormat] = {
@@ -44,6 +89,10 @@ LATENT_FORMATS: dict[str, LatentFormat] = {
     # FLUX.2: per-channel batch-norm statistics of the patchified latent live in the VAE file
     # (`bn.running_mean/var`); scalar scale 1 / shift 0 in VAE space.
     "flux2": LatentFormat("flux2", 32, 1.0, 0.0),
+    # video latents [B, C, T, h, w] (a still image: T = 1)
+    "wan21": LatentFormat("wan21", 16, 1.0, 0.0, 8, WAN21_MEAN, WAN21_STD, 4),
+    "qwen_image": LatentFormat("qwen_image", 16, 1.0, 0.0, 8, WAN21_MEAN, WAN21_STD, 4),
+    "wan22": LatentFormat("wan22", 48, 1.0, 0.0, 16, WAN22_MEAN, WAN22_STD, 4),
 }
 
 # The architecture a VAE most likely belongs to, from its latent channels alone (4-channel VAEs of SD1

@@ -254,3 +254,23 @@ def test_a_latent_from_memory_is_saved_before_the_decode(wan21, tmp_path):
     z = torch.randn(1, 4, 2, 4, 6)
     decode(mine, z, save_latent=str(tmp_path / "kept.latent"))
     assert torch.equal(read_latent(tmp_path / "kept.latent"), z)
+
+
+def test_video_latent_formats_normalise_per_channel():
+    from engine.vae.latent_formats import LATENT_FORMATS
+
+    for name, c in (("wan21", 16), ("qwen_image", 16), ("wan22", 48)):
+        fmt = LATENT_FORMATS[name]
+        assert fmt.channels == c == len(fmt.mean) == len(fmt.std) and fmt.time_factor == 4
+        z = torch.randn(1, c, 3, 4, 5)
+        m = fmt.to_model(z)
+        mean = torch.tensor(fmt.mean).view(1, c, 1, 1, 1)
+        std = torch.tensor(fmt.std).view(1, c, 1, 1, 1)
+        assert torch.allclose(m, (z - mean) / std) and torch.allclose(fmt.to_vae(m), z, atol=1e-6)
+    # diffusers' own defaults for the Wan 2.1 and Qwen-Image VAEs are these statistics
+    for cls in (diffusers.AutoencoderKLWan, diffusers.AutoencoderKLQwenImage):
+        import inspect
+
+        p = inspect.signature(cls.__init__).parameters
+        assert tuple(p["latents_mean"].default) == LATENT_FORMATS["wan21"].mean
+        assert tuple(p["latents_std"].default) == LATENT_FORMATS["wan21"].std
