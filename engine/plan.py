@@ -195,6 +195,10 @@ def make_plan(
                 },
             }
         )
+        step = _sample_step(model, det, diffusion, decode, f, p, total_b, resident, budget, info,
+                            calibrate=vram_gb is None)  # fmt: skip
+        if step is not None:
+            steps.append(step)
         if loras:
             lora_b = sum(_data_bytes(x) for x in loras)
             work = 2 * f.largest_weight_numel * 4
@@ -291,6 +295,68 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
     )
     peak = estimate_decode_bytes(w, h, tile=t, **est)
     return {"step": "decode", "peak_bytes": peak, "mode": "tiled", "fits": False, "detail": detail}
+
+
+# Families whose denoiser Loadout steps (engine.denoise.SUPPORTED), and the size they are made for.
+STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "unet", "flux1_dev": "flux",
+              "flux1_schnell": "flux"}  # fmt: skip
+NATIVE_PX = {
+    "sd1": 512,
+    "sd2": 768,
+    "sdxl": 1024,
+    "sdxl_refiner": 1024,
+    "flux1_dev": 1024,
+    "flux1_schnell": 1024,
+}
+
+
+def _sample_step(
+    model, det, diffusion, size, facts, placed, total_b, resident, budget, info, calibrate
+) -> dict | None:
+    """The sampling step ("step" in the plan): peak memory (the resident weights plus a forward's activations, engine.catalog.
+    measured) and seconds per step, full against partial. Seconds come from a step measured on this file
+    and device (Try a step, `loadout step`), scaled to the size and the streaming; none without one."""
+    from .catalog import measured
+
+    kind = STEP_KINDS.get(det.architecture or "")
+    if kind is None:
+        return None
+    w, h = (size[0], size[1]) if size else (NATIVE_PX[det.architecture],) * 2
+    dtype = placed.compute_dtype if placed.compute_dtype in ("float32", "float16", "bfloat16") else "float16"
+    esize = 4 if dtype == "float32" or not info.is_accelerator else 2
+    n = measured.units(kind, w, h)
+    act = measured.activation_bytes(kind, n, esize)
+    largest = max(facts.unit_sizes) if facts.unit_sizes else 0
+    full_peak = total_b + act
+    partial_peak = resident + act + 2 * largest  # the streamer keeps a module in flight and one read ahead
+    mode = "full" if resident >= total_b else "partial"
+    detail = {
+        "component": diffusion,
+        "width": w,
+        "height": h,
+        "units": n,
+        "activation_bytes": act,
+        "full_peak_bytes": full_peak,
+        "partial_peak_bytes": partial_peak,
+        "streamed_bytes_per_step": 0 if mode == "full" else total_b - resident,
+        "s_per_step": None,
+        "s_per_step_full": None,
+        "s_per_step_partial": None,
+        "calibrated_from": None,
+    }
+    rec = measured.latest_step(model, info.label) if calibrate else None
+    if rec is not None:
+        dev = "cuda" if info.is_accelerator else "cpu"
+        full_s = measured.predict_seconds(rec, kind, n, 0, dev)
+        part_s = measured.predict_seconds(rec, kind, n, total_b - resident, dev)
+        detail.update(s_per_step_full=full_s, s_per_step_partial=part_s,
+                      s_per_step=full_s if mode == "full" else part_s,
+                      calibrated_from={k: rec.get(k) for k in ("width", "height", "s_per_step", "mode", "time")})  # fmt: skip
+    else:
+        detail["advice"] = "no step measured for this file on this device: Try a step (or loadout step) once"
+    peak = full_peak if mode == "full" else partial_peak
+    return {"step": "step", "peak_bytes": peak, "mode": mode, "fits": peak <= budget or mode == "partial",
+            "detail": detail}  # fmt: skip
 
 
 VIDEO_VAES = ("wan21", "wan22")

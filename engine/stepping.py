@@ -22,10 +22,6 @@ from .jobs import Progress
 from .requests import Step, StepResult
 
 DENOISERS = ("unet", "transformer")
-# Activation memory asked for on top of the weights (so other models are evicted first): bytes per
-# latent pixel (UNet) or image token (FLUX) per batch item in float32, half that in 16-bit — our own
-# rough figures (skips, the GEGLU / MLP widths and attention with SDPA's memory-efficient kernels).
-ACTIVATION_BYTES = {"unet": 64 * 1024, "flux": 128 * 1024}
 
 
 def denoiser_of(components: dict):
@@ -167,7 +163,7 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
     streamed = stream.bytes_per_step if stream.units else 0
     parts.events.emit(StepFinished(comp.name, streamed, med, steps=req.steps, mode=mode, device=str(device),
                                    first_step_s=times[0], peak_bytes=peak, tiers=Tiers.of(comp.tier_bytes())))  # fmt: skip
-    return StepResult(
+    result = StepResult(
         model=os.path.abspath(req.model), component=comp.name, architecture=arch, naming=den.naming,
         device=str(device), dtype=str(dtype).removeprefix("torch."), mode=mode, steps=req.steps,
         s_per_step=med, first_step_s=times[0], step_seconds=tuple(times), peak_device_bytes=peak,
@@ -176,11 +172,35 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
         output_shape=tuple(out.shape), out=req.out, snapshot=res.snapshot(),
         prefetched=stream.hits / max(1, len(stream.plan)) if stream.units else 0.0, step_cpu_seconds=tuple(cpu),
     )  # fmt: skip
+    _record(parts, req, den, inputs, result)
+    return result
+
+
+def _units(den, inputs: dict) -> int:
+    first = inputs[den.input_names[0]]
+    return first.shape[0] * (first.shape[2] * first.shape[3] if den.kind == "unet" else first.shape[1])
 
 
 def _activation_bytes(den, inputs: dict, dtype) -> int:
     import torch
 
+    from .catalog.measured import activation_bytes
+
+    return activation_bytes(den.kind, _units(den, inputs), torch.empty((), dtype=dtype).element_size())
+
+
+def _record(parts, req: Step, den, inputs: dict, result: StepResult) -> None:
+    """Keep the measurement, so `loadout plan` calibrates its step prediction for this file and device."""
+    from .catalog.measured import UNIT_PX, record_step
+
     first = inputs[den.input_names[0]]
-    units = first.shape[0] * (first.shape[2] * first.shape[3] if den.kind == "unet" else first.shape[1])
-    return units * ACTIVATION_BYTES[den.kind] * torch.empty((), dtype=dtype).element_size() // 4
+    if den.kind == "unet":
+        h, w = first.shape[2] * UNIT_PX["unet"], first.shape[3] * UNIT_PX["unet"]
+    else:
+        w, h = req.size
+    label = parts.device_report.selected.label if parts.device_report is not None else result.device
+    record_step(req.model, label, den.kind, w, h, {
+        "s_per_step": result.s_per_step, "mode": result.mode, "dtype": result.dtype, "units": _units(den, inputs),
+        "streamed_bytes_per_step": result.streamed_bytes_per_step, "peak_device_bytes": result.peak_device_bytes,
+        "resident_bytes": result.resident_bytes, "steps": result.steps,
+    })  # fmt: skip

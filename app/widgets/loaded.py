@@ -1,6 +1,10 @@
 """The Loaded panel: the residency ledger live (device / RAM bytes, % resident, pinned, unload, free
 N MB) and the layer map of the selected component. It sends its own Load / Unload / Pin requests and
-shows their results; between them it follows the ledger through the client's snapshot()."""
+shows their results; between them it follows the ledger through the client's snapshot().
+
+"Try a step" runs N forward passes of the selected file's denoiser at a chosen size with random inputs
+(the engine's Step request, as `loadout step`): s/step, peak memory and bytes streamed per step, full or
+partial; the memory graph marks it (StepFinished), and Stop interrupts it between ops."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QComboBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -25,7 +30,9 @@ from PySide6.QtWidgets import (
 
 from app.widgets.layer_map import TIER_COLORS, LayerMap
 from engine.formatting import human_bytes
-from engine.requests import Load, Pin, Unload, UnloadAll
+from engine.requests import Load, Pin, Step, Unload, UnloadAll
+
+STEP_SIZES = (256, 512, 768, 1024)
 
 COLUMNS = ("Component", "File", "Device", "On device", "In RAM", "Resident", "Keep in VRAM")
 REFRESH_S = 0.5  # while a job runs, the table follows the ledger at most twice a second
@@ -65,6 +72,26 @@ class LoadedPanel(QWidget):
         legend = QLabel(" ".join(f"<span style='color:{c.name()}'>■</span> {t}" for t, c in TIER_COLORS.items())
                         + " <span style='color:#e84393'>□</span> patched")  # fmt: skip
         self.layer_map = LayerMap()
+        self.step_button = QPushButton("Try a step")
+        self.step_button.setToolTip(
+            "Run the selected model's denoiser on random inputs at this size: seconds per step, peak memory "
+            "and bytes streamed per step (Stop interrupts it)"
+        )
+        self.step_button.clicked.connect(self._on_step_clicked)
+        self.steps_spin = QSpinBox(minimum=1, maximum=100, value=3, suffix=" steps")
+        self.size_box = QComboBox()
+        for px in STEP_SIZES:
+            self.size_box.addItem(f"{px}×{px}", px)
+        self.size_box.setCurrentIndex(STEP_SIZES.index(512))
+        self.step_label = QLabel("")
+        self.step_label.setWordWrap(True)
+        self.step_job: int | None = None
+        self.step_result = None
+        step_row = QHBoxLayout()
+        step_row.addWidget(self.step_button)
+        step_row.addWidget(self.steps_spin)
+        step_row.addWidget(self.size_box)
+        step_row.addWidget(self.step_label, 1)
         row = QHBoxLayout()
         row.addWidget(legend)
         row.addStretch(1)
@@ -77,6 +104,7 @@ class LoadedPanel(QWidget):
         tl.addWidget(self.table)
         tl.addWidget(self.empty)
         tl.addLayout(row)
+        tl.addLayout(step_row)
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(top)
         split.addWidget(self.layer_map)
@@ -93,6 +121,59 @@ class LoadedPanel(QWidget):
         self.client = client
         client.event.connect(self._on_engine_event)
         client.job_cancelled.connect(self._on_job_cancelled)
+        client.job_progress.connect(self._on_progress)
+
+    # -- Try a step ---------------------------------------------------------------------------------------
+
+    def try_step(self, path: str | None = None) -> int | None:
+        """Step the denoiser of `path` (default: the selected component's file) with the chosen steps and
+        size; returns the job id."""
+        key = self.selected()
+        path = path or (key[0] if key else None)
+        if path is None or self.client is None:
+            return None
+        px = self.size_box.currentData()
+        req = Step(path, size=(px, px), steps=self.steps_spin.value())
+        self.step_result = None
+        self.step_label.setText(f"stepping {os.path.basename(path)} at {px}×{px}…")
+        self.step_job = self.client.submit(req, self._on_stepped, self._on_step_failed,
+                                           on_cancelled=self._on_step_cancelled)  # fmt: skip
+        self._update_buttons()
+        return self.step_job
+
+    def _on_progress(self, job, p) -> None:
+        if job.id == self.step_job and p.stage == "step" and p.total:
+            self.step_label.setText(f"step {p.done}/{p.total} · {p.detail}")
+
+    def _on_stepped(self, r) -> None:
+        self.step_job = None
+        self.step_result = r
+        streamed = (
+            f" · streamed {human_bytes(r.streamed_bytes_per_step)}/step" if r.streamed_bytes_per_step else ""
+        )
+        self.step_label.setText(
+            f"<b>{r.s_per_step:.2f} s/step</b> ({r.mode}, {r.steps} steps, first {r.first_step_s:.2f} s) · peak "
+            f"{human_bytes(r.peak_device_bytes)} · resident {human_bytes(r.resident_bytes)}{streamed} on {r.device}"
+        )  # fmt: skip
+        if r.snapshot is not None:
+            self.set_snapshot(r.snapshot)
+        self._update_buttons()
+
+    def _on_step_failed(self, info) -> None:
+        self.step_job = None
+        self.step_label.setText("the step failed")
+        self._update_buttons()
+        self.client.report_error(info)
+
+    def _on_step_cancelled(self) -> None:
+        self.step_job = None
+        self.step_label.setText("stopped")
+        self.refresh()
+        self._update_buttons()
+
+    @Slot()
+    def _on_step_clicked(self) -> None:
+        self.try_step()
 
     def load(self, path: str) -> None:
         self.client.submit(Load(path), self._on_loaded)
@@ -233,6 +314,7 @@ class LoadedPanel(QWidget):
         has = self.selected() is not None
         for w in (self.unload_button, self.free_button, self.free_spin):
             w.setEnabled(has)
+        self.step_button.setEnabled(has and self.step_job is None)
         n = self.table.rowCount()
         self.empty.setText(f"{n} component{'s' if n != 1 else ''} loaded" if n else
                            "Nothing loaded. Select a checkpoint or VAE in the library and press Load.")  # fmt: skip

@@ -74,6 +74,17 @@ def render_text(model: str, plan: dict) -> str:
         elif s["step"] == "patch":
             line += f" ({len(d['loras'])} LoRA, {human_bytes(d['lora_bytes'])})"
             line += "".join(f"\n    warning: {w}" for w in d.get("warnings", ()))
+        elif s["step"] == "step":
+            line += f" ({d['width']}x{d['height']}"
+            if d["s_per_step"] is not None:
+                line += f", {d['s_per_step']:.2f} s/step predicted: full {d['s_per_step_full']:.2f}"
+                line += f", partial {d['s_per_step_partial']:.2f}; from a measured {d['calibrated_from']['width']}"
+                line += f"x{d['calibrated_from']['height']} step)"
+            else:
+                line += "; s/step: not measured yet)"
+            if d["streamed_bytes_per_step"]:
+                line += f"\n    streams {human_bytes(d['streamed_bytes_per_step'])} per step"
+            line += "".join(f"\n    advice: {d['advice']}" for _ in [0] if "advice" in d)
         elif s["step"] == "decode" and s["mode"] == "tiled":
             line += f" (tile {d['tile']} px, overlap {d['overlap']} px)"
         if s["step"] == "decode" and "frames" in d:

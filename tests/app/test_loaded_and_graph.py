@@ -112,3 +112,41 @@ def test_load_error_is_a_message_and_the_app_keeps_working(qtbot, window, files)
     assert not window.reporter.dialogs  # an expected error: no dialog
     window.client.submit(Load(files["lora"]))  # a LoRA has no loadable component: also a message
     qtbot.waitUntil(lambda: "style.safetensors" in window.messages.text, timeout=30_000)
+
+
+def test_try_a_step_reports_speed_and_memory_and_stop_keeps_the_ledger(qtbot, window, tmp_path):
+    """Load a (tiny, dense) SD1 UNet, select it, Try a step: s/step, peak memory and the mode show, the
+    graph marks the step. A long run stopped mid-step leaves the ledger as it was."""
+    from tests.engine.denoise_files import SD1_TINY, random_weights, unet_rows, write
+
+    from engine.requests import Step
+
+    unet = str(write(tmp_path / "sd1_tiny.safetensors", random_weights(unet_rows(SD1_TINY), seed=3)))
+    w, panel = window, window.loaded
+    w.client.submit(Load(unet))
+    before = wait_job(qtbot, w, Load).snapshot
+    qtbot.waitUntil(lambda: panel.table.rowCount() >= 1, timeout=10_000)
+    assert panel.select(unet, before.components[0].name)
+    assert panel.step_button.isEnabled()
+    panel.steps_spin.setValue(2)
+    panel.size_box.setCurrentIndex(panel.size_box.findData(256))
+    panel.step_button.click()
+    assert not panel.step_button.isEnabled()  # one step job at a time
+    r = wait_job(qtbot, w, Step)
+    assert r.steps == 2 and r.input_shapes["x"][-1] == 256 // 8 and r.s_per_step > 0
+    text = panel.step_label.text()
+    assert "s/step" in text and "peak" in text and r.mode in text
+    assert any(kind == "StepFinished" for _, kind, _ in w.graph.events)
+    assert panel.step_button.isEnabled()
+    ledger = [(c.name, c.device_bytes, c.ram_bytes) for c in w.client.snapshot().components]
+    progressed = []
+    w.client.job_progress.connect(
+        lambda job, p: progressed.append(p.done) if isinstance(job.request, Step) and p.stage == "step" else None
+    )
+    panel.steps_spin.setValue(100)
+    panel.try_step()
+    qtbot.waitUntil(lambda: bool(progressed), timeout=60_000)
+    w.stop_action.trigger()
+    qtbot.waitUntil(lambda: panel.step_job is None, timeout=60_000)
+    assert panel.step_label.text() == "stopped" and max(progressed) < 100
+    assert [(c.name, c.device_bytes, c.ram_bytes) for c in w.client.snapshot().components] == ledger

@@ -1,0 +1,104 @@
+"""What a sampling step costs: the activation memory a forward pass asks for, and the steps Loadout has
+measured (Step / `loadout step` / the Loaded panel's "Try a step"), kept per model file and device so
+`loadout plan` calibrates its step prediction from them. Torch-free: the plan reads it from headers.
+
+Records are JSON lines in the user cache folder (`measured_steps.jsonl`), each appended with one
+write (O_APPEND: lines from two processes never interleave); a file is known by its absolute path,
+size and modification time, so a replaced file is not calibrated from its predecessor's steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from .cache import cache_dir
+
+FILE = "measured_steps.jsonl"
+MAX_BYTES = 4 << 20  # beyond this the oldest half is dropped on the next write
+
+# Activation memory a step asks for on top of the weights (so other models are evicted first): bytes
+# per latent pixel (UNet) or image token (FLUX) per batch item in float32, half that in 16-bit — our own
+# rough figures (skips, the GEGLU / MLP widths and attention with SDPA's memory-efficient kernels).
+ACTIVATION_BYTES = {"unet": 64 * 1024, "flux": 128 * 1024}
+# Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1 on 2x2 patches of it.
+UNIT_PX = {"unet": 8, "flux": 16}
+# Bytes a second a partial step streams its offloaded modules at, for the prediction before any step
+# is measured (pinned host RAM to a GPU over PCIe 4 x16 ~ 12 GB/s; page cache to RAM ~ 4 GB/s here).
+STREAM_BYTES_PER_S = {"cuda": 12e9, "cpu": 4e9}
+
+
+def units(kind: str, width: int, height: int, batch: int = 1) -> int:
+    """Latent pixels (UNet) or image tokens (FLUX) of one forward pass at width x height."""
+    f = UNIT_PX[kind]
+    return batch * max(1, height // f) * max(1, width // f)
+
+
+def activation_bytes(kind: str, n_units: int, esize: int) -> int:
+    return n_units * ACTIVATION_BYTES[kind] * esize // 4
+
+
+def _identity(model: str) -> dict:
+    st = os.stat(model)
+    return {"model": os.path.abspath(model), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _path() -> Path:
+    return cache_dir() / FILE
+
+
+def record_step(model: str, device: str, kind: str, width: int, height: int, result: dict) -> None:
+    """Append one measured step (result: s_per_step, mode, streamed_bytes_per_step, peak_device_bytes,
+    resident_bytes, dtype); an unwritable cache is not an error (the plan then goes uncalibrated)."""
+    try:
+        line = {**_identity(model), "device": device, "kind": kind, "width": width, "height": height,
+                "units": units(kind, width, height), "time": time.time(), **result}  # fmt: skip
+        p = _path()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.exists() and p.stat().st_size > MAX_BYTES:
+            _trim(p)
+        data = (json.dumps(line, sort_keys=True) + "\n").encode()
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, KeyError):
+        pass
+
+
+def _trim(p: Path) -> None:
+    lines = p.read_bytes().splitlines(keepends=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_bytes(b"".join(lines[len(lines) // 2 :]))
+    os.replace(tmp, p)
+
+
+def latest_step(model: str, device: str) -> dict | None:
+    """The newest measured step of this very file on `device` (its label), or None."""
+    try:
+        ident = _identity(model)
+        raw = _path().read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for text in reversed(raw):
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            continue  # a torn or foreign line: skipped
+        if rec.get("device") == device and all(rec.get(k) == v for k, v in ident.items()):
+            return rec
+    return None
+
+
+def predict_seconds(rec: dict, kind: str, n_units: int, streamed_bytes: int, device_type: str) -> float:
+    """Seconds per step at `n_units` streaming `streamed_bytes`, calibrated from a measured step: its
+    compute time per unit (the measured time less its own streaming at the nominal rate) scales with
+    the units, and streaming adds bytes over the same rate."""
+    bw = STREAM_BYTES_PER_S["cuda" if device_type == "cuda" else "cpu"]
+    measured = float(rec["s_per_step"])
+    compute = max(measured * 0.05, measured - float(rec.get("streamed_bytes_per_step", 0)) / bw)
+    per_unit = compute / max(1, int(rec.get("units") or units(kind, rec["width"], rec["height"])))
+    return per_unit * n_units + streamed_bytes / bw
