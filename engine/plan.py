@@ -195,10 +195,6 @@ def make_plan(
                 },
             }
         )
-        step = _sample_step(model, det, diffusion, decode, f, p, total_b, resident, budget, info,
-                            calibrate=vram_gb is None)  # fmt: skip
-        if step is not None:
-            steps.append(step)
         if loras:
             lora_b = sum(_data_bytes(x) for x in loras)
             work = 2 * f.largest_weight_numel * 4
@@ -225,6 +221,11 @@ def make_plan(
                     },
                 }
             )
+    if diffusion is not None:  # the sampling step, after load and patch (DESIGN: load, patch, step, decode)
+        step = _sample_step(model, det, diffusion, decode, f, p, total_b, resident, budget + min_inf, info,
+                            calibrate=vram_gb is None)  # fmt: skip
+        if step is not None:
+            steps.append(step)
     if decode is not None and "vae" in comps:
         arch = _vae_architecture(det)
         steps.append(_decode_step(placed("vae"), decode, budget, device, model, comps["vae"].prefix, arch))
@@ -311,11 +312,13 @@ NATIVE_PX = {
 
 
 def _sample_step(
-    model, det, diffusion, size, facts, placed, total_b, resident, budget, info, calibrate
+    model, det, diffusion, size, facts, placed, total_b, resident, free, info, calibrate
 ) -> dict | None:
-    """The sampling step ("step" in the plan): peak memory (the resident weights plus a forward's activations, engine.catalog.
-    measured) and seconds per step, full against partial. Seconds come from a step measured on this file
-    and device (Try a step, `loadout step`), scaled to the size and the streaming; none without one."""
+    """The sampling step ("step" in the plan): peak memory (the resident weights plus a forward's
+    activations, engine.catalog.measured) and seconds per step, full against partial; it fits when that
+    peak fits the free memory (the weights' budget plus the reserve kept for inference). Seconds come
+    from a step measured on this file and device (Try a step, `loadout step`), scaled to the size and
+    the streaming; none without one."""
     from .catalog import measured
 
     kind = STEP_KINDS.get(det.architecture or "")
@@ -355,8 +358,8 @@ def _sample_step(
     else:
         detail["advice"] = "no step measured for this file on this device: Try a step (or loadout step) once"
     peak = full_peak if mode == "full" else partial_peak
-    return {"step": "step", "peak_bytes": peak, "mode": mode, "fits": peak <= budget or mode == "partial",
-            "detail": detail}  # fmt: skip
+    # the weights were placed within the budget; the activations must fit in what is free beside them
+    return {"step": "step", "peak_bytes": peak, "mode": mode, "fits": peak <= free, "detail": detail}
 
 
 VIDEO_VAES = ("wan21", "wan22")

@@ -115,7 +115,7 @@ def test_bake_writes_a_new_file_and_refuses_to_overwrite_an_input(engine, files,
 
 def test_plan_answers_for_the_detected_device(engine, files):
     plan = engine.run(PlanRequest(files["sd1"], (files["lora"],), (512, 512)))
-    assert [s["step"] for s in plan["steps"]] == ["load", "patch", "decode"] and isinstance(
+    assert [s["step"] for s in plan["steps"]] == ["load", "patch", "step", "decode"] and isinstance(
         plan["fits"], bool
     )
     assert plan["device"] and plan["budget_bytes"] >= 0

@@ -72,7 +72,10 @@ def test_decode_modes_and_the_documented_formula(sd15):
     report = cpu_report(vram_budget_gb=(need + 1) / 1024**3)
     small = make_plan(str(sd15), decode=(2048, 2048), report=report, free_bytes=1 << 40)
     dec = small["steps"][-1]
-    assert dec["mode"] == "tiled" and dec["peak_bytes"] <= small["budget_bytes"] and small["fits"]
+    assert dec["mode"] == "tiled" and dec["peak_bytes"] <= small["budget_bytes"]
+    # the decode fits; a 2048² SD1 sampling step on a budget sized for the VAE alone does not
+    (step,) = [s for s in small["steps"] if s["step"] == "step"]
+    assert not small["fits"] and step["peak_bytes"] > small["budget_bytes"]
     tile = dec["detail"]["tile"]
     assert tile == 512 and dec["peak_bytes"] == need
     bigger = estimate_decode_bytes(
@@ -85,11 +88,15 @@ def test_hypothetical_gpu_uses_fp16_and_patch_step(sd15, shared_data):
     lora = shared_data("weights/smart_falcon_8_lokr.safetensors")
     plan = make_plan(str(sd15), loras=(str(lora),), decode=(1024, 1024), vram_gb=4, report=cpu_report())
     steps = {s["step"]: s for s in plan["steps"]}
-    assert set(steps) == {"load", "patch", "decode"}
+    assert set(steps) == {"load", "step", "patch", "decode"}
     assert plan["device"].startswith("hypothetical 4 GiB")
     assert steps["load"]["detail"]["storage_dtype"] == "float16"
     assert steps["patch"]["detail"]["lora_bytes"] == lora.stat().st_size - 8 - _header_len(lora)
-    assert all(s["peak_bytes"] <= plan["budget_bytes"] for s in plan["steps"]) == plan["fits"]
+    # the sampling step's activations come out of the reserve kept for inference, the rest out of the budget
+    free = plan["budget_bytes"] + steps["load"]["detail"]["min_inference_bytes"]
+    fits = all(s["peak_bytes"] <= plan["budget_bytes"] for s in plan["steps"] if s["step"] != "step")
+    assert (fits and steps["step"]["peak_bytes"] <= free) == plan["fits"]
+    assert steps["step"]["detail"]["width"] == 1024 and steps["step"]["detail"]["units"] == 128 * 128
     assert steps["patch"]["detail"]["warnings"] == []  # an SD1 LoKr on SD1.5: every module maps
 
 
@@ -119,7 +126,7 @@ def test_cli_plan_json_and_errors(cli, sd15, tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert set(out) == {"device", "budget_bytes", "steps", "fits"}
-    assert [s["step"] for s in out["steps"]] == ["load", "decode"]
+    assert [s["step"] for s in out["steps"]] == ["load", "step", "decode"]
     assert all(set(s) == {"step", "peak_bytes", "mode", "detail"} for s in out["steps"])
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
@@ -136,3 +143,34 @@ def test_plan_text_in_process(sd15, capsys):
     assert main(["plan", "--model", str(sd15), "--vram", "6", "--decode", "512x512"]) == 0
     text = capsys.readouterr().out
     assert "fits" in text and "load" in text and "decode" in text
+
+
+
+def test_the_sampling_step_is_predicted_and_calibrated_from_a_measured_step(sd15, tmp_path, monkeypatch):
+    """Without a measured step the plan gives the step's peak and asks for one; after one (recorded as
+    Step records it) it predicts s/step at the plan's size, full against partial."""
+    from engine.catalog import measured
+
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    report = cpu_report()
+    plan = make_plan(str(sd15), decode=(512, 512), report=report, free_bytes=64 << 30)
+    (step,) = [s for s in plan["steps"] if s["step"] == "step"]
+    d = step["detail"]
+    assert step["mode"] == "full" and d["s_per_step"] is None and "Try a step" in d["advice"]
+    assert d["units"] == 64 * 64 and step["peak_bytes"] == d["full_peak_bytes"]
+    measured.record_step(str(sd15), report.selected.label, "unet", 256, 256,
+                         {"s_per_step": 0.5, "mode": "full", "streamed_bytes_per_step": 0})  # fmt: skip
+    again = make_plan(str(sd15), decode=(512, 512), report=report, free_bytes=64 << 30)
+    (step,) = [s for s in again["steps"] if s["step"] == "step"]
+    d = step["detail"]
+    assert d["calibrated_from"]["width"] == 256
+    assert abs(d["s_per_step_full"] - 0.5 * 4) < 1e-9  # 4x the latent pixels
+    assert d["s_per_step_partial"] >= d["s_per_step_full"]
+    # a tight budget: partial, streaming the rest at the nominal rate
+    tight = make_plan(str(sd15), decode=(512, 512), report=cpu_report(vram_budget_gb=0.5), free_bytes=64 << 30)
+    (step,) = [s for s in tight["steps"] if s["step"] == "step"]
+    d = step["detail"]
+    assert step["mode"] == "partial" and d["streamed_bytes_per_step"] > 0
+    assert d["s_per_step"] == d["s_per_step_partial"] > d["s_per_step_full"]
+    # another file (or this one replaced) is not calibrated from these steps
+    assert measured.latest_step(str(tmp_path / "cache"), report.selected.label) is None
