@@ -12,7 +12,7 @@ import os
 import time
 from functools import partial
 
-from PySide6.QtCore import QRectF, Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QRectF, Qt, Signal, Slot
 from PySide6.QtGui import QBrush, QColor, QImage, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -28,12 +28,12 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QProgressBar,
     QPushButton,
-    QSlider,
     QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
+from app.widgets.clip_player import ClipPlayer
 from engine.events import EventKind
 from engine.formatting import human_bytes
 from engine.requests import Decode, DecodeEstimate, Encode, EstimateDecode, SaveClip
@@ -134,23 +134,7 @@ class DecodePanel(QWidget):
         self.pixmap_item = QGraphicsPixmapItem()
         self.scene.addItem(self.pixmap_item)
         self.tile_items: list[QGraphicsRectItem] = []
-        # a clip: frame slider and play/pause, shown only when the result has frames
-        self.frame_slider = QSlider(Qt.Orientation.Horizontal)
-        self.frame_slider.setMinimum(0)
-        self.frame_slider.valueChanged.connect(self.show_frame)
-        self.play_button = QPushButton("▶ Play")
-        self.play_button.setCheckable(True)
-        self.play_button.toggled.connect(self._on_play_toggled)
-        self.frame_label = QLabel("")
-        self.timer = QTimer(self)
-        self.timer.timeout.connect(self._next_frame)
-        self.video_row = QWidget()
-        vr = QHBoxLayout(self.video_row)
-        vr.setContentsMargins(0, 0, 0, 0)
-        vr.addWidget(self.play_button)
-        vr.addWidget(self.frame_slider, 1)
-        vr.addWidget(self.frame_label)
-        self.video_row.setVisible(False)
+        self.player = ClipPlayer(self.pixmap_item.setPixmap)  # a clip: Play and a frame slider
         self.video = False  # the running decode is a video's (tiles finish one after another)
 
         for w in (self.input_edit,):
@@ -200,7 +184,7 @@ class DecodePanel(QWidget):
         lay.addWidget(self.estimate)
         lay.addLayout(run)
         lay.addWidget(self.view, 1)
-        lay.addWidget(self.video_row)
+        lay.addWidget(self.player)
         lay.addLayout(tools)
         self._on_inputs_changed()
 
@@ -353,8 +337,7 @@ class DecodePanel(QWidget):
             return
         self.started = time.monotonic()
         self.tiles, self.tiles_done = [], 0
-        self.play_button.setChecked(False)
-        self.video_row.setVisible(False)
+        self.player.clear()
         self.progress.setRange(0, 0)
         self.eta.setText("")
         self.run_button.setEnabled(False)
@@ -437,12 +420,7 @@ class DecodePanel(QWidget):
         frames = getattr(result, "frames", ())
         if frames:
             mode += f", {len(frames)} frames in chunks of {info.get('tile_frames')} latent frames"
-            self.frame_slider.blockSignals(True)
-            self.frame_slider.setMaximum(len(frames) - 1)
-            self.frame_slider.setValue(0)
-            self.frame_slider.blockSignals(False)
-            self.show_frame(0)
-        self.video_row.setVisible(bool(frames))
+        self.player.set_result(result)
         self.eta.setText(f"done in {result.seconds:.2f} s ({mode}){wrote}")
         self.eta.setToolTip(result.source)
         self.progress.setRange(0, 1)
@@ -469,41 +447,6 @@ class DecodePanel(QWidget):
             it.setBrush(QBrush(Qt.BrushStyle.NoBrush))
         self._on_inputs_changed()
 
-    # -- a clip -----------------------------------------------------------------------------------------------
-
-    def frame_count(self) -> int:
-        return len(getattr(self.result, "frames", ()) or ())
-
-    @Slot(int)
-    def show_frame(self, i: int) -> None:
-        """Show frame `i` of the decoded clip."""
-        n = self.frame_count()
-        if not n:
-            return
-        i = max(0, min(i, n - 1))
-        r = self.result
-        img = QImage(r.frames[i], r.width, r.height, r.width * 3, QImage.Format.Format_RGB888).copy()
-        self.pixmap_item.setPixmap(QPixmap.fromImage(img))
-        fps = r.fps or 16.0
-        self.frame_label.setText(f"{i + 1}/{n} · {i / fps:.2f} s")
-        if self.frame_slider.value() != i:
-            self.frame_slider.setValue(i)
-
-    @Slot(bool)
-    def _on_play_toggled(self, on: bool) -> None:
-        self.play_button.setText("⏸ Pause" if on else "▶ Play")
-        if on and self.frame_count():
-            fps = getattr(self.result, "fps", 0) or 16.0
-            self.timer.start(max(1, round(1000 / fps)))
-        else:
-            self.timer.stop()
-
-    @Slot()
-    def _next_frame(self) -> None:
-        n = self.frame_count()
-        if n:
-            self.show_frame((self.frame_slider.value() + 1) % n)  # loops, as the saved WebP does
-
     @Slot()
     def fit(self) -> None:
         self.view.fitInView(self.scene.sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
@@ -521,7 +464,7 @@ class DecodePanel(QWidget):
     def _on_save_clicked(self) -> None:
         if self.result is None:
             return
-        if self.frame_count():
+        if self.player.frame_count():
             start = os.path.splitext(self.result.source)[0] + ".mp4"
             path, chosen = QFileDialog.getSaveFileName(self, "Save the clip", start, self.CLIP_FILTERS)
             if path and chosen.startswith("PNG frames"):
@@ -536,7 +479,7 @@ class DecodePanel(QWidget):
 
     def save(self, path: str) -> None:
         """An image as PNG; a clip as .mp4 / .webp / folder/ through the engine's IO thread (atomically)."""
-        if self.frame_count():
+        if self.player.frame_count():
             r = self.result
             if not path.lower().endswith((".mp4", ".webp", "/")):
                 path += ".mp4"

@@ -205,17 +205,19 @@ def test_a_video_latent_plays_in_the_panel_and_saves_as_mp4_and_frames(qtbot, wi
     dec.run_button.click()
     res = wait_job(qtbot, w, Decode)
     assert len(res.frames) == 9 and res.fps == 16 and (res.width, res.height) == (64, 48)
-    assert dec.video_row.isVisible() and dec.frame_slider.maximum() == 8
+    assert dec.player.isVisible() and dec.player.frame_slider.maximum() == 8
     assert dec.tiles_done == len(dec.tile_items) > 1
     assert "9 frames in chunks of" in dec.eta.text()
     first = dec.pixmap_item.pixmap().toImage().copy()
-    dec.frame_slider.setValue(8)
-    assert dec.frame_label.text().startswith("9/9") and dec.pixmap_item.pixmap().toImage() != first
-    dec.play_button.setChecked(True)  # plays at the clip's frame rate, looping
-    assert dec.timer.isActive() and dec.timer.interval() == round(1000 / 16)
-    qtbot.waitUntil(lambda: dec.frame_slider.value() == 1, timeout=5_000)  # wrapped round from the last
-    dec.play_button.setChecked(False)
-    assert not dec.timer.isActive()
+    dec.player.frame_slider.setValue(8)
+    assert dec.player.frame_label.text().startswith("9/9") and dec.pixmap_item.pixmap().toImage() != first
+    dec.player.play_button.setChecked(True)  # plays at the clip's frame rate, looping
+    assert dec.player.timer.isActive() and dec.player.timer.interval() == round(1000 / 16)
+    qtbot.waitUntil(
+        lambda: dec.player.frame_slider.value() == 1, timeout=5_000
+    )  # wrapped round from the last
+    dec.player.play_button.setChecked(False)
+    assert not dec.player.timer.isActive()
     saved = []
     dec.message.connect(lambda text, level: saved.append(text))
     dec.save(str(tmp_path / "clip.mp4"))

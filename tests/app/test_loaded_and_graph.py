@@ -117,9 +117,8 @@ def test_load_error_is_a_message_and_the_app_keeps_working(qtbot, window, files)
 def test_try_a_step_reports_speed_and_memory_and_stop_keeps_the_ledger(qtbot, window, tmp_path):
     """Load a (tiny, dense) SD1 UNet, select it, Try a step: s/step, peak memory and the mode show, the
     graph marks the step. A long run stopped mid-step leaves the ledger as it was."""
-    from tests.engine.denoise_files import SD1_TINY, random_weights, unet_rows, write
-
     from engine.requests import Step
+    from tests.engine.denoise_files import SD1_TINY, random_weights, unet_rows, write
 
     unet = str(write(tmp_path / "sd1_tiny.safetensors", random_weights(unet_rows(SD1_TINY), seed=3)))
     w, panel = window, window.loaded
@@ -141,7 +140,9 @@ def test_try_a_step_reports_speed_and_memory_and_stop_keeps_the_ledger(qtbot, wi
     ledger = [(c.name, c.device_bytes, c.ram_bytes) for c in w.client.snapshot().components]
     progressed = []
     w.client.job_progress.connect(
-        lambda job, p: progressed.append(p.done) if isinstance(job.request, Step) and p.stage == "step" else None
+        lambda job, p: (
+            progressed.append(p.done) if isinstance(job.request, Step) and p.stage == "step" else None
+        )
     )
     panel.steps_spin.setValue(100)
     panel.try_step()

@@ -62,7 +62,9 @@ def test_a_clip_decodes_to_mp4_webp_and_png_frames(clip_files, tmp_path, capsys)
 
 
 def test_a_still_latent_into_a_folder_writes_one_frame(clip_files, tmp_path, capsys):
-    res = _decode(capsys, "--vae", clip_files["vae"], "--latent", clip_files["still"], "--out", f"{tmp_path}/s/")
+    res = _decode(
+        capsys, "--vae", clip_files["vae"], "--latent", clip_files["still"], "--out", f"{tmp_path}/s/"
+    )
     assert res["outputs"] == [f"{tmp_path}/s/000000.png"]
 
 
@@ -75,7 +77,9 @@ def test_wrong_outputs_are_refused_before_decoding(clip_files, tmp_path, capsys)
 
 
 def test_plan_a_video_decode(clip_files, capsys):
-    assert main(["plan", "--model", clip_files["vae"], "--decode", "832x480x81", "--vram", "4", "--json"]) == 0
+    assert (
+        main(["plan", "--model", clip_files["vae"], "--decode", "832x480x81", "--vram", "4", "--json"]) == 0
+    )
     plan = json.loads(capsys.readouterr().out)
     (step,) = plan["steps"]
     d = step["detail"]

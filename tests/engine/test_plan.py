@@ -145,7 +145,6 @@ def test_plan_text_in_process(sd15, capsys):
     assert "fits" in text and "load" in text and "decode" in text
 
 
-
 def test_the_sampling_step_is_predicted_and_calibrated_from_a_measured_step(sd15, tmp_path, monkeypatch):
     """Without a measured step the plan gives the step's peak and asks for one; after one (recorded as
     Step records it) it predicts s/step at the plan's size, full against partial."""
@@ -167,7 +166,9 @@ def test_the_sampling_step_is_predicted_and_calibrated_from_a_measured_step(sd15
     assert abs(d["s_per_step_full"] - 0.5 * 4) < 1e-9  # 4x the latent pixels
     assert d["s_per_step_partial"] >= d["s_per_step_full"]
     # a tight budget: partial, streaming the rest at the nominal rate
-    tight = make_plan(str(sd15), decode=(512, 512), report=cpu_report(vram_budget_gb=0.5), free_bytes=64 << 30)
+    tight = make_plan(
+        str(sd15), decode=(512, 512), report=cpu_report(vram_budget_gb=0.5), free_bytes=64 << 30
+    )
     (step,) = [s for s in tight["steps"] if s["step"] == "step"]
     d = step["detail"]
     assert step["mode"] == "partial" and d["streamed_bytes_per_step"] > 0
