@@ -34,6 +34,25 @@ def exit_code(exc: BaseException) -> int | None:
     return None
 
 
+def whole_number(minimum: int, unit: str = "", multiple: int = 1):
+    """An argparse type: a whole number of `unit` (e.g. "pixels") >= `minimum`, a multiple of `multiple`."""
+    import argparse
+
+    what = f"whole number of {unit}" if unit else "whole number"
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {what}") from None
+        if v < minimum or v % multiple:
+            extra = f" and a multiple of {multiple}" if multiple > 1 else ""
+            raise argparse.ArgumentTypeError(f"{v}: at least {minimum}{extra}")
+        return v
+
+    return parse
+
+
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, default=_default)
     sys.stdout.write("\n")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._common import whole_number
+
 
 def add_tile_arguments(parser: argparse.ArgumentParser, *, no_tile: bool) -> None:
     g = parser.add_argument_group("tiling (output pixels, as ComfyUI's tiled VAE nodes)")
@@ -31,41 +33,10 @@ def add_tile_arguments(parser: argparse.ArgumentParser, *, no_tile: bool) -> Non
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def _px(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of pixels") from None
-    if v < 64 or v % 8:
-        raise argparse.ArgumentTypeError(f"{v}: a tile is at least 64 pixels and a multiple of 8")
-    return v
-
-
-def _px0(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of pixels") from None
-    if v < 0 or v % 8:
-        raise argparse.ArgumentTypeError(f"{v}: the overlap is >= 0 and a multiple of 8")
-    return v
-
-
-def _frames(text: str) -> int:
-    v = _frames0(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError("at least one latent frame per chunk")
-    return v
-
-
-def _frames0(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of latent frames") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v}: a number of latent frames is >= 0")
-    return v
+_px = whole_number(64, "pixels", 8)  # a tile
+_px0 = whole_number(0, "pixels", 8)  # an overlap
+_frames = whole_number(1, "latent frames")
+_frames0 = whole_number(0, "latent frames")
 
 
 def tiling(args: argparse.Namespace) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..devices import add_device_arguments, options_from_args
-from ._common import EXIT_OK, human_bytes, print_json
+from ._common import EXIT_OK, human_bytes, print_json, whole_number
 
 NAME = "step"
 HELP = "run the denoiser's forward pass, fully or partially loaded, and time a step"
@@ -30,14 +30,7 @@ def _size(text: str) -> tuple[int, int]:
     return w, h
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: at least 1")
-    return n
+_positive = whole_number(1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
