@@ -51,7 +51,12 @@ class _BoundedReader:
         return data
 
     def readinto(self, b: Any) -> int:
-        return self.f.readinto(memoryview(b)[: self._take(len(b))])
+        # Release the views before returning: the unpickler may free or resize `b` next, and a view still
+        # alive then (until the garbage collector gets to it) is "deallocated bytearray object has
+        # exported buffers" — a SystemError raised where nobody can catch it.
+        n = self._take(len(b))
+        with memoryview(b) as whole, whole[:n] as part:
+            return self.f.readinto(part)
 
     def readline(self) -> bytes:
         line = self.f.readline(min(self.budget, 1 << 20) + 1)
