@@ -410,6 +410,9 @@ def _pass_video(vae, x, direction, tiling, device, dtype, budget, token, report,
         info.oom_retries += counters.oom_retries
         info.cpu_fallback = counters.cpu_fallback
         clip = ((clip + 1) / 2).clamp_(0, 1)
+        if clip.shape[2] > 3:  # Qwen-Image-Layered's RGBA VAE: the colour planes (alpha is its 4th)
+            info.notes.append(f"the VAE decodes {clip.shape[2]} channels: kept the first three (RGB)")
+            clip = clip[:, :, :3]
         return clip[:, 0].contiguous() if still else clip
 
 

@@ -10,7 +10,8 @@ across their core borders (engine.vae.tiling's blend). Memory is that of one chu
 the head's output and the result.
 
 After an out-of-memory a chunk is retried from a snapshot of its tile's cache with half the frames
-(exact); at one frame the tile's remaining work is split into four smaller tiles, which restart at that
+(exact), then with the full-resolution levels one output frame at a time (exact); then the tile's
+remaining work is split into four smaller tiles, which restart at that
 chunk without a cache, warmed up on `overlap_frames` earlier latent frames whose output is discarded
 (exact when the warm-up reaches the clip's start); below the smallest tile the rest runs on the CPU.
 """
@@ -151,9 +152,10 @@ def _tile(ctx: _Ctx, tile: Tile, hw, chunks, start: int, index: int, count: int,
         ry0, ry1, rx0, rx1, wy, wx, _ = region
         ctx.wsum[:, :, ry0:ry1, rx0:rx1] += wy[:, None] * wx[None, :]
     stream = Stream()
+    fa = 1 if warm_from is not None else None  # output frames at once in the full-resolution levels
     if warm_from is not None:  # one latent frame at a time: the restart is after an out-of-memory
         for a in range(warm_from, chunks[start][0]):
-            _run_chunk(ctx, tile, (a, a + 1), stream, None)
+            _run_chunk(ctx, tile, (a, a + 1), stream, None, fa)
     j = start
     while j < len(chunks):
         a, c = chunks[j]
@@ -161,7 +163,7 @@ def _tile(ctx: _Ctx, tile: Tile, hw, chunks, start: int, index: int, count: int,
             ctx.token.raise_if_cancelled()
         snap = stream.copy()
         try:
-            _run_chunk(ctx, tile, (a, c), stream, region)
+            _run_chunk(ctx, tile, (a, c), stream, region, fa)
         except torch.OutOfMemoryError:
             stream = snap
             _release(ctx.device)
@@ -171,6 +173,10 @@ def _tile(ctx: _Ctx, tile: Tile, hw, chunks, start: int, index: int, count: int,
                 chunks = chunks[:j] + [(a, a + half), (a + half, c)] + chunks[j + 1 :]
                 ctx.total += 1
                 _note(ctx, f"out of memory; {c - a} latent frames per chunk -> {half}")
+                continue
+            if fa is None:  # the full-resolution levels one output frame at a time: exact again
+                fa = 1
+                _note(ctx, "out of memory; the full-resolution levels run one frame at a time")
                 continue
             _split(ctx, tile, hw, chunks, j, index, count, stage, region)
             return
@@ -219,12 +225,14 @@ def _warm(ctx: _Ctx, chunks, j: int) -> int:
     return max(0, chunks[j][0] - ctx.overlap_frames)
 
 
-def _run_chunk(ctx: _Ctx, tile: Tile, span, stream: Stream, region) -> None:
+def _run_chunk(
+    ctx: _Ctx, tile: Tile, span, stream: Stream, region, frames_at_once: int | None = None
+) -> None:
     """Latent frames [a, c) of one tile through the up path; `region` None: a warm-up (output dropped)."""
     a, c = span
     py0, py1, px0, px1 = tile.pad
     x = ctx.head[:, :, a:c, py0:py1, px0:px1].to(device=ctx.device, dtype=ctx.dtype)
-    y = ctx.vae.decode_up(x, stream)
+    y = ctx.vae.decode_up(x, stream, frames_at_once)
     del x
     if region is None:
         return

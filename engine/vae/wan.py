@@ -342,16 +342,17 @@ class Decoder3d(nn.Module):
         """conv1 and the middle block: at latent resolution, attention over each whole frame."""
         return self.middle.step(self.conv1.step(z, stream), stream)
 
-    def up_step(self, x: torch.Tensor, stream: Stream, frames_at_once: int = 1) -> torch.Tensor:
+    def up_step(self, x: torch.Tensor, stream: Stream, frames_at_once: int | None = None) -> torch.Tensor:
         """The up path. After the last temporal upsample every op is causal-with-cache or per frame, so
-        the full-resolution levels run `frames_at_once` frames at a time (exactly the same result): their
-        activations, the largest of the pass, are then those of one frame, not of four."""
+        the full-resolution levels may run `frames_at_once` frames at a time (exactly the same result):
+        their activations, the largest of the pass, are then those of one frame, not of four. None: all
+        at once (on a CPU, torch's conv3d over one output frame at a time costs twice the time)."""
         mods = list(self.upsamples._modules.values())
         last_t = max((i for i, m in enumerate(mods) if _doubles_time(m)), default=-1)
         for m in mods[: last_t + 1]:
             x = m.step(x, stream)
         rest = mods[last_t + 1 :]
-        if x.shape[2] <= frames_at_once:
+        if frames_at_once is None or x.shape[2] <= frames_at_once:
             for m in rest:
                 x = m.step(x, stream)
             return self.head.step(x, stream)
@@ -431,8 +432,8 @@ class WanVAE(nn.Module):
     def decode_head(self, z: torch.Tensor, stream: Stream) -> torch.Tensor:
         return self.decoder.head_step(self.conv2.step(z, None), stream)
 
-    def decode_up(self, h: torch.Tensor, stream: Stream) -> torch.Tensor:
-        return unpatchify(self.decoder.up_step(h, stream), self.cfg.patch)
+    def decode_up(self, h: torch.Tensor, stream: Stream, frames_at_once: int | None = None) -> torch.Tensor:
+        return unpatchify(self.decoder.up_step(h, stream, frames_at_once), self.cfg.patch)
 
     # -- whole passes ----------------------------------------------------------------------------
     def decode(self, z: torch.Tensor) -> torch.Tensor:

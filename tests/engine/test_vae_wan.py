@@ -88,6 +88,11 @@ def test_chunking_is_exact_and_tiles_are_seamless(which, request):
         one = decode_video(mine, z, Tiling("full", tile_frames=1), device=cpu, dtype=torch.float32)
         two = decode_video(mine, z, Tiling("full", tile_frames=2), device=cpu, dtype=torch.float32)
     assert torch.allclose(one, two, atol=1e-5)  # chunk boundaries carry the causal cache: exact
+    from engine.vae.wan import Stream
+
+    with torch.inference_mode():  # the full-resolution levels one frame at a time: exact too
+        h = mine.decode_head(z, Stream())
+        assert torch.allclose(mine.decode_up(h, Stream()), mine.decode_up(h, Stream(), 1), atol=1e-5)
     info = RunInfo()
     tiled = decode(mine, z, tiled=True, tile=64, overlap=32, info=info) * 2 - 1
     assert info.mode == "tiled" and info.tiles > 1
@@ -195,11 +200,11 @@ def test_out_of_memory_halves_chunks_then_splits_tiles_without_losing_work(wan21
     real = type(mine).decode_up
     calls = {"oom": 0}
 
-    def tight(self, h, stream):
+    def tight(self, h, stream, frames_at_once=None):
         if h.shape[2] * h.shape[3] * h.shape[4] > 2 * 12 * 16 or (h.shape[3] * h.shape[4] > 12 * 14):
             calls["oom"] += 1
             raise torch.OutOfMemoryError("injected")
-        return real(self, h, stream)
+        return real(self, h, stream, frames_at_once)
 
     monkeypatch.setattr(type(mine), "decode_up", tight)
     notes: list[str] = []
@@ -211,6 +216,7 @@ def test_out_of_memory_halves_chunks_then_splits_tiles_without_losing_work(wan21
                            dtype=torch.float32, counters=c)  # fmt: skip
     assert calls["oom"] >= 2 and c.oom_retries >= 2
     assert any("per chunk" in n for n in notes) and any("split" in n for n in notes)
+    assert any("one frame at a time" in n for n in notes)
     assert psnr(got, want) >= 35  # the split tiles restart with a full warm-up: exact up to the seams
 
 
@@ -274,3 +280,16 @@ def test_video_latent_formats_normalise_per_channel():
         p = inspect.signature(cls.__init__).parameters
         assert tuple(p["latents_mean"].default) == LATENT_FORMATS["wan21"].mean
         assert tuple(p["latents_std"].default) == LATENT_FORMATS["wan21"].std
+
+
+def test_the_rgba_qwen_image_layered_vae_decodes_to_rgb():
+    ref = _reference("AutoencoderKLQwenImage", base_dim=16, z_dim=4, input_channels=4)
+    mine = _mine(ref)
+    assert mine.cfg.image_channels == 4
+    z = torch.randn(1, 4, 1, 4, 5)
+    with torch.inference_mode():
+        want = ref.decode(z).sample[:, :3, 0]
+    info = RunInfo()
+    got = decode(mine, z[:, :, 0], info=info) * 2 - 1
+    assert got.shape == want.shape and psnr(got, want) >= 40
+    assert any("RGB" in n for n in info.notes)
