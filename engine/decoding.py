@@ -198,6 +198,8 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     frames: tuple[bytes, ...] = ()
     fps = 0.0
     if img.dim() == 5:  # a clip (N, F, 3, H, W): the first of the batch, frame by frame
+        if img.shape[0] > 1:
+            info.notes.append(f"the latent holds {img.shape[0]} clips: the result is the first")
         frames = tuple(_rgb(img[0], i)[2] for i in range(img.shape[1]))
         fps = video_fps(vae)
         img = img[0]
