@@ -300,14 +300,17 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
 
 # Families whose denoiser Loadout steps (engine.denoise.SUPPORTED), and the size they are made for.
 STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "unet", "flux1_dev": "flux",
-              "flux1_schnell": "flux"}  # fmt: skip
+              "flux1_schnell": "flux", "wan21": "wan", "wan22": "wan"}  # fmt: skip
+# (width, height) each family is made for (Wan: 480p, one latent frame per step unit)
 NATIVE_PX = {
-    "sd1": 512,
-    "sd2": 768,
-    "sdxl": 1024,
-    "sdxl_refiner": 1024,
-    "flux1_dev": 1024,
-    "flux1_schnell": 1024,
+    "sd1": (512, 512),
+    "sd2": (768, 768),
+    "sdxl": (1024, 1024),
+    "sdxl_refiner": (1024, 1024),
+    "flux1_dev": (1024, 1024),
+    "flux1_schnell": (1024, 1024),
+    "wan21": (832, 480),
+    "wan22": (832, 480),
 }
 
 
@@ -324,7 +327,7 @@ def _sample_step(
     kind = STEP_KINDS.get(det.architecture or "")
     if kind is None:
         return None
-    w, h = (size[0], size[1]) if size else (NATIVE_PX[det.architecture],) * 2
+    w, h = (size[0], size[1]) if size else NATIVE_PX[det.architecture]
     dtype = placed.compute_dtype if placed.compute_dtype in ("float32", "float16", "bfloat16") else "float16"
     esize = 4 if dtype == "float32" or not info.is_accelerator else 2
     n = measured.units(kind, w, h)

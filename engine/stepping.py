@@ -177,7 +177,10 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
 
 
 def _units(den, inputs: dict) -> int:
+    """Latent pixels (UNet) or image tokens (FLUX, Wan: 2x2 patches of every latent frame)."""
     first = inputs[den.input_names[0]]
+    if den.kind == "wan":
+        return first.shape[0] * first.shape[2] * (first.shape[3] // 2) * (first.shape[4] // 2)
     return first.shape[0] * (first.shape[2] * first.shape[3] if den.kind == "unet" else first.shape[1])
 
 
@@ -196,6 +199,8 @@ def _record(parts, req: Step, den, inputs: dict, result: StepResult) -> None:
     first = inputs[den.input_names[0]]
     if den.kind == "unet":
         h, w = first.shape[2] * UNIT_PX["unet"], first.shape[3] * UNIT_PX["unet"]
+    elif den.kind == "wan":
+        h, w = first.shape[3] * 8, first.shape[4] * 8
     else:
         w, h = req.size
     label = parts.device_report.selected.label if parts.device_report is not None else result.device

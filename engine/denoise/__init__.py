@@ -18,12 +18,13 @@ from .inputs import check_inputs, names, random_inputs
 
 UNETS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
 FLUX = ("flux1_dev", "flux1_schnell")
-SUPPORTED = UNETS + FLUX
+WAN = ("wan21", "wan22")  # the text-to-video transformers (engine.denoise.wan)
+SUPPORTED = UNETS + FLUX + WAN
 
 
 @dataclass
 class Denoiser:
-    """A bound forward pass: `kind` "unet" or "flux", the file's `naming`, and the model to call."""
+    """A bound forward pass: `kind` "unet", "flux" or "wan", the file's `naming`, and the model to call."""
 
     kind: str
     architecture: str
@@ -71,6 +72,20 @@ def bind(component, architecture: str | None, dtype=None) -> Denoiser:
             naming, to_ldm = "diffusers", diffusers_to_ldm(mods)
             ops = {to_ldm[p]: m for p, m in mods.items() if p in to_ldm}
         return Denoiser("unet", architecture, naming, bind_unet(Ops(ops, what), architecture, dtype))
+    if architecture in WAN:
+        from .. import ops as castable
+        from .wan import bind_wan
+
+        if not ops_in_original_naming(mods):
+            raise UnsupportedModel(
+                f"{what}: a Wan transformer in diffusers' naming; Loadout steps the original naming "
+                "(ComfyUI's repackaged files) for now"
+            )
+        plain = {p: m for p, m in mods.items() if not isinstance(m, castable.Castable)}
+        cast = {p: m for p, m in mods.items() if isinstance(m, castable.Castable)}
+        return Denoiser(
+            "wan", architecture, "original", bind_wan(Ops(cast, what), architecture, dtype, plain)
+        )
     from .flux import bind_bfl, bind_diffusers
 
     if "img_in" in mods or any(p.startswith("double_blocks.") for p in mods):
@@ -79,3 +94,8 @@ def bind(component, architecture: str | None, dtype=None) -> Denoiser:
 
 
 __all__ = ["FLUX", "SUPPORTED", "UNETS", "Denoiser", "bind"]
+
+
+def ops_in_original_naming(mods) -> bool:
+    """Wan's original module paths (`patch_embedding`, `blocks.N.self_attn.q`), not diffusers'."""
+    return "patch_embedding" in mods

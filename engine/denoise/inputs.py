@@ -1,6 +1,10 @@
 """A forward's inputs, in the original codebases' names and conventions: checked when read from a file,
 or seeded random ones of the model's shapes.
 
+Wan 2.x (`wan.modules.model.WanModel.forward(x, t, context)`, batched): `x` [B, C, F, h, w] video latents
+(16 channels for Wan 2.1 / 2.2 A14B, F latent frames, h and w an 8th of the pixels), `t` [B] in 0–1000,
+`context` [B, L, 4096] umT5 states (padded with zeros to 512 tokens inside the model).
+
 UNet (`openaimodel.UNetModel.forward(x, timesteps, context, y)`): `x` [B, C, h, w] latents (C = the
 model's input channels: 4, or 9 for inpainting), `timesteps` [B] float in 0–999, `context` [B, T, D],
 and `y` [B, adm] for models with an ADM input. SDXL's `y` is 2816 wide: the pooled OpenCLIP-G
@@ -24,6 +28,8 @@ from .common import timestep_embedding
 
 UNET_INPUTS = ("x", "timesteps", "context", "y")
 FLUX_INPUTS = ("img", "img_ids", "txt", "txt_ids", "timesteps", "y", "guidance")
+WAN_INPUTS = ("x", "t", "context")
+WAN_TOKENS = 512
 UNET_TOKENS = 77
 FLUX_TOKENS = {"flux1_dev": 512, "flux1_schnell": 256}
 FLUX_GUIDANCE = 3.5
@@ -37,6 +43,8 @@ def names(model) -> tuple[str, ...]:
     """The input names `model` takes, required first."""
     if hasattr(model, "model_channels"):
         return UNET_INPUTS if model.adm_channels else UNET_INPUTS[:3]
+    if getattr(model, "family", "") == "wan":
+        return WAN_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
 
 
@@ -53,6 +61,13 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         if model.adm_channels:
             out["y"] = _adm(model.adm_channels, width, height, batch, g)
         return out
+    if getattr(model, "family", "") == "wan":  # one latent frame: an image-sized step of a video model
+        h, w = _latent(width, height, 16)
+        return {
+            "x": torch.randn(batch, model.in_channels, 1, 2 * h, 2 * w, generator=g),
+            "t": torch.rand(batch, generator=g) * 1000.0,
+            "context": torch.randn(batch, WAN_TOKENS, model.context_dim, generator=g),
+        }
     h, w = _latent(width, height, 16)
     tokens = FLUX_TOKENS.get(model.architecture, 256)
     ids = torch.zeros(h, w, 3)
@@ -114,6 +129,12 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
 
 
 def _shapes(model, got) -> dict:
+    if getattr(model, "family", "") == "wan":
+        return {
+            "x": (None, model.in_channels, None, None, None),
+            "t": (None,),
+            "context": (None, None, model.context_dim),
+        }
     if hasattr(model, "model_channels"):
         out = {
             "x": (None, model.in_channels, None, None),

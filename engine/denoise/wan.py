@@ -1,0 +1,222 @@
+"""The Wan 2.x text-to-video transformer's forward pass (Wan 2.1 T2V 1.3B / 14B and the Wan 2.2 A14B
+experts, which share the network), run on the component's own castable ops in the original naming.
+
+Architecture facts, from Wan-Video/Wan2.1 `wan/modules/model.py` (WanModel, WanAttentionBlock, Head,
+rope_params / rope_apply, sinusoidal_embedding_1d; written from that description, nothing copied):
+
+* x [B, C, F, H, W] latents → `patch_embedding`, a Conv3d with kernel = stride = (1, 2, 2) → tokens
+  [B, F·H/2·W/2, dim]; the output is un-patchified back with each token's vector laid out (p_t, p_h,
+  p_w, channels).
+* e = time_embedding(sin(256, t)) — Linear, SiLU, Linear over the 256-wide sinusoid (cosines first) of
+  t in 0–1000; e0 = time_projection(e) — SiLU, Linear to 6·dim — as (shift, scale, gate) × 2, added to
+  each block's learned `modulation` [1, 6, dim]; both in float32.
+* context = text_embedding(T5 states padded with zeros to 512 tokens) — Linear, tanh-GELU, Linear.
+* block: y = self_attn(LN(x)·(1 + scale₁) + shift₁); x += gate₁·y; x += cross_attn(norm3(x), context);
+  x += gate₂·ffn(LN(x)·(1 + scale₂) + shift₂) with LN without affine (eps 1e-6), norm3 an affine
+  LayerNorm (eps 1e-6), ffn Linear, tanh-GELU, Linear. Attention: q / k / v / o Linears, RMSNorm of q
+  and k over the whole width (eps 1e-6), heads of 128; self-attention rotates q and k by 3-axis RoPE:
+  each head's d/2 complex pairs split (d/2 − 2⌊d/6⌋, ⌊d/6⌋, ⌊d/6⌋) for frame, row and column, with
+  frequencies θ^(−2i/n) (θ = 10000, n = that axis's share of d).
+* head: (shift, scale) = head.modulation [1, 2, dim] + e; Linear(LN(x)·(1 + scale) + shift).
+
+diffusers' WanTransformer3DModel is the same network (its tests here compare the two on the same
+weights through diffusers' own single-file converter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UnsupportedModel
+from .common import Ops, timestep_embedding, wshape
+
+TEXT_LEN = 512
+FREQ_DIM = 256
+THETA = 10000.0
+EPS = 1e-6
+HEAD_DIM = 128
+
+
+def _ln(x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x.float(), (x.shape[-1],), eps=EPS)
+
+
+def rope_angles(f: int, h: int, w: int, d: int, device) -> torch.Tensor:
+    """[f·h·w, d/2] rotation angles (float64) for a grid of f frames of h × w patches."""
+    c = d // 2
+    parts = (c - 2 * (c // 3), c // 3, c // 3)
+    axes = []
+    for n, count in zip((f, h, w), parts, strict=True):
+        share = 2 * count
+        freqs = 1.0 / THETA ** (torch.arange(0, share, 2, dtype=torch.float64, device=device) / share)
+        axes.append(torch.arange(n, dtype=torch.float64, device=device)[:, None] * freqs[None])
+    ft, fh, fw = axes
+    grid = torch.cat(
+        [
+            ft[:, None, None].expand(f, h, w, -1),
+            fh[None, :, None].expand(f, h, w, -1),
+            fw[None, None, :].expand(f, h, w, -1),
+        ],
+        dim=-1,
+    )
+    return grid.reshape(f * h * w, c)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each consecutive pair (x₀, x₁) of [B, L, n, d] by the token's angle."""
+    xf = x.float().reshape(*x.shape[:-1], -1, 2)
+    a, b = xf[..., 0], xf[..., 1]
+    out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    return out.reshape(x.shape).type_as(x)
+
+
+@dataclass
+class Attn:
+    q: object
+    k: object
+    v: object
+    o: object
+    norm_q: object
+    norm_k: object
+
+    def ops(self) -> list:
+        return [self.q, self.norm_q, self.k, self.norm_k, self.v, self.o]
+
+
+@dataclass
+class Block:
+    modulation: object  # the plain module holding `modulation` [1, 6, dim]
+    self_attn: Attn
+    cross_attn: Attn
+    norm3: object
+    ffn_in: object
+    ffn_out: object
+
+    def ops(self) -> list:
+        return [*self.self_attn.ops(), self.norm3, *self.cross_attn.ops(), self.ffn_in, self.ffn_out]
+
+
+@dataclass
+class Wan:
+    """A bound Wan 2.x T2V transformer: call it with the original forward's x, t, context."""
+
+    architecture: str
+    patch_embedding: object
+    text_embedding: tuple[object, object]
+    time_embedding: tuple[object, object]
+    time_projection: object
+    blocks: list[Block]
+    head: object
+    head_modulation: object
+    heads: int
+    dtype: torch.dtype = torch.float32
+    family = "wan"
+
+    @property
+    def dim(self) -> int:
+        return wshape(self.patch_embedding)[0]
+
+    @property
+    def in_channels(self) -> int:
+        return wshape(self.patch_embedding)[1]
+
+    @property
+    def out_channels(self) -> int:
+        return wshape(self.head)[0] // 4
+
+    @property
+    def context_dim(self) -> int:
+        return wshape(self.text_embedding[0])[1]
+
+    def __call__(self, x, t, context) -> torch.Tensor:
+        dt = self.dtype
+        pe = self.patch_embedding
+        h = pe(x.to(dt))
+        b, dim, f, hh, ww = h.shape
+        x = h.flatten(2).transpose(1, 2)
+        del h
+        e = self.time_embedding[1](
+            F.silu(self.time_embedding[0](timestep_embedding(t.float(), FREQ_DIM).to(dt)))
+        )
+        e0 = self.time_projection(F.silu(e)).float().unflatten(1, (6, dim))
+        if context.shape[1] < TEXT_LEN:  # the original pads the T5 states to 512 tokens with zeros
+            context = F.pad(context, (0, 0, 0, TEXT_LEN - context.shape[1]))
+        ctx = self.text_embedding[1](F.gelu(self.text_embedding[0](context.to(dt)), approximate="tanh"))
+        ang = rope_angles(f, hh, ww, dim // self.heads, x.device)
+        cos, sin = ang.cos().float()[None, :, None], ang.sin().float()[None, :, None]
+        for blk in self.blocks:
+            x = self._block(blk, x, e0, ctx, cos, sin)
+        mod = self.head_modulation.modulation.to(x.device, torch.float32)
+        shift, scale = (mod + e.float()[:, None]).chunk(2, dim=1)
+        out = self.head((_ln(x) * (1 + scale) + shift).to(dt))
+        out = out.reshape(b, f, hh, ww, 1, 2, 2, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return out.reshape(b, -1, f, hh * 2, ww * 2)
+
+    def _attn(self, a: Attn, x, kv, cos=None, sin=None) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = a.norm_q(a.q(x)).reshape(b, n, self.heads, -1)
+        k = a.norm_k(a.k(kv)).reshape(b, kv.shape[1], self.heads, -1)
+        v = a.v(kv).reshape(b, kv.shape[1], self.heads, -1)
+        if cos is not None:
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype)
+        )
+        return a.o(o.transpose(1, 2).reshape(b, n, -1))
+
+    def _block(self, blk: Block, x, e0, ctx, cos, sin) -> torch.Tensor:
+        dt = self.dtype
+        mod = blk.modulation.modulation.to(x.device, torch.float32)
+        e = (mod + e0).chunk(6, dim=1)
+        h = (_ln(x) * (1 + e[1]) + e[0]).to(dt)
+        y = self._attn(blk.self_attn, h, h, cos, sin)
+        del h
+        x = (x.float() + y.float() * e[2]).to(dt)
+        x = x + self._attn(blk.cross_attn, blk.norm3(x), ctx)
+        y = blk.ffn_out(F.gelu(blk.ffn_in((_ln(x) * (1 + e[4]) + e[3]).to(dt)), approximate="tanh"))
+        return (x.float() + y.float() * e[5]).to(dt)
+
+    def op_order(self) -> list:
+        order = [self.patch_embedding, *self.time_embedding, self.time_projection, *self.text_embedding]
+        for blk in self.blocks:
+            order += blk.ops()
+        return [*order, self.head]
+
+
+def bind_wan(ops: Ops, architecture: str, dtype: torch.dtype, plain: dict) -> Wan:
+    """The forward of a Wan T2V transformer in the original naming; `plain`: the component's plain
+    modules by path (each block's and the head's `modulation`)."""
+    if "img_emb.proj.1" in ops or ops.has_prefix("vace_blocks"):
+        raise UnsupportedModel(f"{ops.what}: Loadout steps Wan's text-to-video transformer only, for now")
+    pe = ops["patch_embedding"]
+    if tuple(wshape(pe)[2:]) != (1, 2, 2):
+        raise UnsupportedModel(f"{ops.what}: a patch embedding of {wshape(pe)[2:]}, not Wan's (1, 2, 2)")
+    pe.stride = pe.kernel_size  # the file holds the kernel; the stride is the architecture's
+    dim = wshape(pe)[0]
+    if dim % HEAD_DIM:
+        raise UnsupportedModel(f"{ops.what}: width {dim} is not a multiple of Wan's {HEAD_DIM}-wide heads")
+
+    def attn(p: str) -> Attn:
+        return Attn(
+            ops[f"{p}.q"], ops[f"{p}.k"], ops[f"{p}.v"], ops[f"{p}.o"], ops[f"{p}.norm_q"], ops[f"{p}.norm_k"]
+        )
+
+    blocks = []
+    for i in ops.children("blocks"):
+        p = f"blocks.{i}"
+        norm3 = ops[f"{p}.norm3"]
+        norm3.eps = EPS
+        if f"{p}" not in plain:
+            raise UnsupportedModel(f"{ops.what}: block {i} has no modulation")
+        blocks.append(Block(plain[p], attn(f"{p}.self_attn"), attn(f"{p}.cross_attn"), norm3, ops[f"{p}.ffn.0"],
+                            ops[f"{p}.ffn.2"]))  # fmt: skip
+    if "head" not in plain:
+        raise UnsupportedModel(f"{ops.what}: no head.modulation")
+    return Wan(
+        architecture, pe, (ops["text_embedding.0"], ops["text_embedding.2"]),
+        (ops["time_embedding.0"], ops["time_embedding.2"]), ops["time_projection.1"], blocks, ops["head.head"],
+        plain["head"], dim // HEAD_DIM, dtype,
+    )  # fmt: skip

@@ -1,0 +1,134 @@
+"""Wan 2.x's text-to-video transformer (engine.denoise.wan) against diffusers' WanTransformer3DModel on the
+same weights (converted by diffusers' own single-file converter), reduced width and depth, float32, CPU;
+its op order, its inputs, and a step through the Engine fully and partially resident."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from denoise_files import rel_l2, write
+from layouts_2026.video import WanConfig, wan_original
+
+from engine import denoise
+from engine.devices import DeviceOptions
+from engine.errors import FormatError
+from engine.facade import Engine
+from engine.formats.safetensors import SafetensorsFile
+from engine.model import Component
+from engine.requests import Step
+
+diffusers = pytest.importorskip("diffusers")
+
+TINY = WanConfig(dim=256, ffn=512, layers=2, text_dim=64)  # two 128-wide heads, as Wan's
+TOL = 1e-3
+
+
+def _weights(c: WanConfig, seed: int = 1) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for k, shape in wan_original(c).items():
+        r = torch.randn(shape, generator=g)
+        if "norm" in k and k.endswith("weight"):
+            out[k] = 1 + 0.1 * r
+        else:
+            out[k] = r * (0.5 / math.sqrt(r[0].numel())) if r.dim() > 1 else 0.05 * r
+    return out
+
+
+@pytest.fixture(scope="module")
+def wan_file(tmp_path_factory):
+    w = _weights(TINY)
+    path = write(tmp_path_factory.mktemp("wan") / "wan2.1_t2v_tiny.safetensors", w)
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    ref = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=TINY.dim // 128, attention_head_dim=128, in_channels=16,
+        out_channels=16, text_dim=TINY.text_dim, freq_dim=256, ffn_dim=TINY.ffn, num_layers=TINY.layers,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
+    ).eval()  # fmt: skip
+    missing, unexpected = ref.load_state_dict(convert_wan_transformer_to_diffusers(dict(w)), strict=False)
+    assert not missing and not unexpected
+    return path, ref
+
+
+def _bind(path):
+    c = Component("transformer", str(path), "")
+    return c, denoise.bind(c, "wan21")
+
+
+def test_forward_equals_diffusers(wan_file):
+    path, ref = wan_file
+    _, den = _bind(path)
+    assert den.kind == "wan" and den.naming == "original" and den.input_names == ("x", "t", "context")
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 16, 3, 8, 12, generator=g)  # 3 latent frames of 64x96 px
+    t = torch.tensor([640.0])
+    context = torch.randn(1, 512, TINY.text_dim, generator=g)
+    with torch.inference_mode():
+        got = den({"x": x, "t": t, "context": context})
+        want = ref(hidden_states=x, timestep=t, encoder_hidden_states=context, return_dict=False)[0]
+    assert got.shape == want.shape == x.shape
+    assert rel_l2(got, want) <= TOL
+    # a shorter prompt is padded with zeros to 512 tokens inside the model, as the original does
+    with torch.inference_mode():
+        short = den({"x": x, "t": t, "context": context[:, :20]})
+        padded = den({"x": x, "t": t, "context": torch.cat([context[:, :20], torch.zeros(1, 492, 64)], 1)})
+    assert torch.equal(short, padded)
+
+
+def test_op_order_is_the_call_order_and_inputs_are_checked(wan_file):
+    path, _ = wan_file
+    c, den = _bind(path)
+    seen = []
+
+    def record(op):
+        seen.append(op)
+        return {a: getattr(op, a) for a in (op.weight_attr, "bias") if getattr(op, a, None) is not None}
+
+    from engine import ops
+
+    castable = [u.module for u in c.units if isinstance(u.module, ops.Castable)]
+    for m in castable:
+        m.fetch = record
+    try:
+        with torch.inference_mode():
+            den(den.random_inputs(64, 64))
+    finally:
+        for m in castable:
+            m.__dict__.pop("fetch", None)
+    assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
+    assert len(seen) == len(castable)
+    with pytest.raises(FormatError, match="context"):
+        den.check_inputs({"x": torch.zeros(1, 16, 1, 8, 8), "t": torch.zeros(1)}, "in.safetensors")
+
+
+def test_a_step_full_and_partial_give_the_same_output(wan_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    path, _ = wan_file
+    outs = {}
+    for name, budget in (("full", None), ("partial", 0.004)):
+        e = Engine()
+        e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
+        try:
+            r = e.run(Step(str(path), size=(128, 128), steps=2, out=str(tmp_path / f"{name}.safetensors")))
+        finally:
+            e.close()
+        assert r.mode == name and r.architecture == "wan21" and r.output_shape == (1, 16, 1, 16, 16)
+        outs[name] = SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone()
+        if name == "partial":
+            assert r.streamed_bytes_per_step > 0
+    assert torch.equal(outs["full"], outs["partial"])
+
+
+def test_the_plan_predicts_a_wan_step_at_480p(wan_file, tmp_path, monkeypatch):
+    from engine.plan import make_plan
+
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    from engine.devices import detect_devices
+
+    plan = make_plan(str(wan_file[0]), report=detect_devices(DeviceOptions(cpu=True)), free_bytes=64 << 30)
+    (step,) = [s for s in plan["steps"] if s["step"] == "step"]
+    d = step["detail"]
+    assert (d["width"], d["height"]) == (832, 480) and d["units"] == 52 * 30 and d["s_per_step"] is None
