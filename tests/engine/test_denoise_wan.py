@@ -132,3 +132,39 @@ def test_the_plan_predicts_a_wan_step_at_480p(wan_file, tmp_path, monkeypatch):
     (step,) = [s for s in plan["steps"] if s["step"] == "step"]
     d = step["detail"]
     assert (d["width"], d["height"]) == (832, 480) and d["units"] == 52 * 30 and d["s_per_step"] is None
+
+
+def test_a_gguf_wan_steps_like_its_dequantized_twin(tmp_path):
+    """ComfyUI-GGUF's Wan files: the block Linears Q8_0, the rest (patch embedding, modulations, norms)
+    as they are; the forward on the GGUF equals the forward on the dequantized safetensors twin."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    from engine.quant import dequantize
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    weights = _weights(TINY, seed=5)
+    w = gguf.GGUFWriter(str(tmp_path / "wan.gguf"), arch="wan")
+    twin = {}
+    for k, t in weights.items():
+        x = t.numpy().astype(np.float32)
+        if k.endswith(".weight") and t.dim() == 2 and k.startswith("blocks.") and t.shape[1] % 32 == 0:
+            raw = gguf.quants.quantize(x, q8)
+            w.add_tensor(k, raw, raw_dtype=q8)
+            twin[k] = dequantize(torch.from_numpy(raw.reshape(-1).copy()), "Q8_0", tuple(t.shape))
+        else:
+            w.add_tensor(k, x)
+            twin[k] = t.float()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    twin_path = write(tmp_path / "twin.safetensors", twin)
+    dens = [
+        denoise.bind(Component("transformer", str(p), "", compute_dtype="float32"), "wan21")
+        for p in (tmp_path / "wan.gguf", twin_path)
+    ]
+    inputs = dens[0].random_inputs(64, 64, seed=3)
+    with torch.inference_mode():
+        out, want = (d(inputs) for d in dens)
+    assert rel_l2(out, want) <= 1e-6
