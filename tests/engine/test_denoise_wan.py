@@ -168,3 +168,29 @@ def test_a_gguf_wan_steps_like_its_dequantized_twin(tmp_path):
     with torch.inference_mode():
         out, want = (d(inputs) for d in dens)
     assert rel_l2(out, want) <= 1e-6
+
+
+def test_a_scaled_fp8_wan_steps_like_its_dequantized_twin(tmp_path):
+    """ComfyUI's scaled-fp8 Wan files (`scaled_fp8` marker, per-layer `scale_weight`, the blocks' Linears
+    in float8_e4m3fn): the forward equals the dequantized twin's."""
+    from engine.detect import detect_file
+
+    q, twin = {}, {}
+    for k, t in _weights(TINY, seed=6).items():
+        if k.startswith("blocks.") and k.endswith(".weight") and t.dim() == 2:
+            scale = (t.abs().max() / torch.finfo(torch.float8_e4m3fn).max).float()
+            w = (t / scale).to(torch.float8_e4m3fn)
+            q[k], twin[k] = w, w.float() * scale
+            q[k[: -len("weight")] + "scale_weight"] = scale.reshape(())
+        else:
+            q[k] = twin[k] = t
+    q["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    qp, tp = write(tmp_path / "q.safetensors", q), write(tmp_path / "twin.safetensors", twin)
+    assert detect_file(str(qp)).architecture == "wan21"
+    dens = [
+        denoise.bind(Component("transformer", str(p), "", compute_dtype="float32"), "wan21") for p in (qp, tp)
+    ]
+    inputs = dens[0].random_inputs(64, 64, seed=4)
+    with torch.inference_mode():
+        out, want = (d(inputs) for d in dens)
+    assert rel_l2(out, want) <= 1e-6
