@@ -76,16 +76,18 @@ def bind(component, architecture: str | None, dtype=None) -> Denoiser:
         from .. import ops as castable
         from .wan import bind_wan
 
-        if not ops_in_original_naming(mods):
-            raise UnsupportedModel(
-                f"{what}: a Wan transformer in diffusers' naming; Loadout steps the original naming "
-                "(ComfyUI's repackaged files) for now"
-            )
         plain = {p: m for p, m in mods.items() if not isinstance(m, castable.Castable)}
         cast = {p: m for p, m in mods.items() if isinstance(m, castable.Castable)}
-        return Denoiser(
-            "wan", architecture, "original", bind_wan(Ops(cast, what), architecture, dtype, plain)
-        )
+        naming = "original"
+        if not ops_in_original_naming(mods):  # diffusers' WanTransformer3DModel: renamed onto the original
+            from ..lora.family_names import WAN as WAN_NAMES
+            from ..lora.family_names import to_original
+
+            naming, rename = "diffusers", to_original(cast, WAN_NAMES)
+            cast = {rename[p]: m for p, m in cast.items() if p in rename}
+            # the per-block and head modulations are diffusers' `scale_shift_table`s
+            plain = {("head" if p == "" else p): m for p, m in plain.items()}
+        return Denoiser("wan", architecture, naming, bind_wan(Ops(cast, what), architecture, dtype, plain))
     from .flux import bind_bfl, bind_diffusers
 
     if "img_in" in mods or any(p.startswith("double_blocks.") for p in mods):
@@ -97,5 +99,5 @@ __all__ = ["FLUX", "SUPPORTED", "UNETS", "Denoiser", "bind"]
 
 
 def ops_in_original_naming(mods) -> bool:
-    """Wan's original module paths (`patch_embedding`, `blocks.N.self_attn.q`), not diffusers'."""
-    return "patch_embedding" in mods
+    """Wan's original module paths (`time_embedding.0`, `blocks.N.self_attn.q`), not diffusers'."""
+    return "time_embedding.0" in mods

@@ -149,7 +149,7 @@ class Wan:
         cos, sin = ang.cos().float()[None, :, None], ang.sin().float()[None, :, None]
         for blk in self.blocks:
             x = self._block(blk, x, e0, ctx, cos, sin)
-        mod = self.head_modulation.modulation.to(x.device, torch.float32)
+        mod = _modulation(self.head_modulation).to(x.device, torch.float32)
         shift, scale = (mod + e.float()[:, None]).chunk(2, dim=1)
         out = self.head((_ln(x) * (1 + scale) + shift).to(dt))
         out = out.reshape(b, f, hh, ww, 1, 2, 2, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
@@ -169,7 +169,7 @@ class Wan:
 
     def _block(self, blk: Block, x, e0, ctx, cos, sin) -> torch.Tensor:
         dt = self.dtype
-        mod = blk.modulation.modulation.to(x.device, torch.float32)
+        mod = _modulation(blk.modulation).to(x.device, torch.float32)
         e = (mod + e0).chunk(6, dim=1)
         h = (_ln(x) * (1 + e[1]) + e[0]).to(dt)
         y = self._attn(blk.self_attn, h, h, cos, sin)
@@ -184,6 +184,13 @@ class Wan:
         for blk in self.blocks:
             order += blk.ops()
         return [*order, self.head]
+
+
+def _modulation(module) -> torch.Tensor:
+    """The learned modulation of a block or the head: `modulation` (original) or diffusers'
+    `scale_shift_table` (the same [1, 6 | 2, dim] tensor)."""
+    t = getattr(module, "modulation", None)
+    return t if t is not None else module.scale_shift_table
 
 
 def bind_wan(ops: Ops, architecture: str, dtype: torch.dtype, plain: dict) -> Wan:

@@ -168,6 +168,19 @@ def _fill(template: str, m: re.Match) -> str:
     return template.replace("{n}", m.group(1)) if "{n}" in template else template
 
 
+def to_original(paths: Iterable[str], pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """diffusers path -> original path for every path the table `pairs` (e.g. WAN) renames."""
+    compiled = _TABLES[id(pairs)]
+    out = {}
+    for p in paths:
+        for _, _, d_pat, o_tmpl in compiled:
+            m = d_pat.match(p)
+            if m:
+                out[p] = _fill(o_tmpl, m)
+                break
+    return out
+
+
 def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
     """The rename tables a base's module paths call for (its own naming decides nothing here: a
     table is read in the direction the base needs)."""

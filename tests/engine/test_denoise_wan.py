@@ -194,3 +194,21 @@ def test_a_scaled_fp8_wan_steps_like_its_dequantized_twin(tmp_path):
     with torch.inference_mode():
         out, want = (d(inputs) for d in dens)
     assert rel_l2(out, want) <= 1e-6
+
+
+def test_a_diffusers_named_wan_runs_the_same_forward(wan_file, tmp_path):
+    """diffusers' WanTransformer3DModel saved as it is (its names, `scale_shift_table`s) is renamed onto the
+    original paths and gives the diffusers model's output."""
+    _, ref = wan_file
+    path = write(
+        tmp_path / "wan_diffusers.safetensors", {k: v.contiguous() for k, v in ref.state_dict().items()}
+    )
+    c = Component("transformer", str(path), "", compute_dtype="float32")
+    den = denoise.bind(c, "wan21")
+    assert den.naming == "diffusers"
+    inputs = den.random_inputs(64, 96, seed=7)
+    with torch.inference_mode():
+        got = den(inputs)
+        want = ref(hidden_states=inputs["x"], timestep=inputs["t"], encoder_hidden_states=inputs["context"],
+                   return_dict=False)[0]  # fmt: skip
+    assert rel_l2(got, want) <= TOL
