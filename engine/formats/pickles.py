@@ -51,12 +51,18 @@ class _BoundedReader:
         return data
 
     def readinto(self, b: Any) -> int:
-        # Release the views before returning: the unpickler may free or resize `b` next, and a view still
-        # alive then (until the garbage collector gets to it) is "deallocated bytearray object has
-        # exported buffers" — a SystemError raised where nobody can catch it.
-        n = self._take(len(b))
-        with memoryview(b) as whole, whole[:n] as part:
-            return self.f.readinto(part)
+        # The unpickler hands a view of a bytearray it frees as soon as this returns or raises. A raise
+        # here keeps this frame (and so `b`) alive in the traceback, and the unpickler's free then fails
+        # with "deallocated bytearray object has exported buffers", a SystemError nobody can catch: so
+        # every view is released before leaving, whichever way.
+        try:
+            n = self._take(len(b))
+            with memoryview(b) as whole, whole[:n] as part:
+                return self.f.readinto(part)
+        except BaseException:
+            if isinstance(b, memoryview):
+                b.release()
+            raise
 
     def readline(self) -> bytes:
         line = self.f.readline(min(self.budget, 1 << 20) + 1)

@@ -8,6 +8,7 @@ Frames are RGB 8-bit, row-major `height * width * 3` bytes (DecodeResult.frames)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -91,22 +92,35 @@ def write_webp(path: str, frames: Sequence[bytes], width: int, height: int, fps:
 
 def write_mp4(path: str, frames: Sequence[bytes], width: int, height: int, fps: float, crf: int = 18) -> None:
     """H.264 in MP4 (yuv420p, so every player takes it: odd sizes are padded by one pixel, as H.264's
-    4:2:0 chroma needs even ones)."""
+    4:2:0 chroma needs even ones). FFmpeg writes a temporary file by its path (not through a Python file
+    object: PyAV's Python-IO bridge leaves buffers for the garbage collector), renamed into place."""
     from fractions import Fraction
 
     import av
     import numpy as np
 
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part.mp4", dir=target.parent)
+    os.close(fd)
     ew, eh = width + width % 2, height + height % 2
-    with atomic_output(path) as f, av.open(f, mode="w", format="mp4") as box:
-        stream = box.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
-        stream.width, stream.height, stream.pix_fmt = ew, eh, "yuv420p"
-        stream.options = {"crf": str(crf)}
-        for rgb in frames:
-            a = np.frombuffer(rgb, dtype=np.uint8).reshape(height, width, 3)
-            if (ew, eh) != (width, height):
-                a = np.pad(a, ((0, eh - height), (0, ew - width), (0, 0)), mode="edge")
-            for packet in stream.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+    try:
+        with av.open(tmp, mode="w", format="mp4") as box:
+            stream = box.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+            stream.width, stream.height, stream.pix_fmt = ew, eh, "yuv420p"
+            stream.options = {"crf": str(crf)}
+            for rgb in frames:
+                a = np.frombuffer(rgb, dtype=np.uint8).reshape(height, width, 3)
+                if (ew, eh) != (width, height):
+                    a = np.pad(a, ((0, eh - height), (0, ew - width), (0, 0)), mode="edge")
+                for packet in stream.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+                    box.mux(packet)
+            for packet in stream.encode():
                 box.mux(packet)
-        for packet in stream.encode():
-            box.mux(packet)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
