@@ -24,6 +24,7 @@ from __future__ import annotations
 import _compat_pickle
 import collections
 import pickle
+import traceback
 from typing import Any
 
 from ..errors import EngineError, FormatError, UnsupportedModel
@@ -365,7 +366,27 @@ class ScanUnpickler(pickle.Unpickler):
 
 
 def scan_load(file: Any, allow: Allowlist, storages: dict[str, StorageRef] | None = None) -> Any:
-    """Unpickle one object in scan mode, turning every malformed-pickle failure into a FormatError."""
+    """Unpickle one object in scan mode, turning every malformed-pickle failure into a FormatError.
+
+    On a failure the unpickler and whatever it built (a hostile stream can build memoryviews of
+    bytearrays) are freed here and now: otherwise the exception's frames keep them in a reference
+    cycle that the garbage collector frees later, in whatever thread it runs — where freeing a
+    bytearray before its view raises "deallocated bytearray object has exported buffers"."""
+    try:
+        return _scan_load(file, allow, storages)
+    except BaseException as e:
+        _clear_chain(e)
+        raise
+
+
+def _clear_chain(e: BaseException | None, depth: int = 0) -> None:
+    while e is not None and depth < 8:
+        traceback.clear_frames(e.__traceback__)
+        _clear_chain(e.__cause__, depth + 1)
+        e, depth = e.__context__, depth + 1
+
+
+def _scan_load(file: Any, allow: Allowlist, storages: dict[str, StorageRef] | None = None) -> Any:
     try:
         return ScanUnpickler(file, allow, storages=storages).load()
     except FormatError as e:

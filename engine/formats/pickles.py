@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+import traceback
 import zipfile
 from typing import Any
 
@@ -279,9 +280,11 @@ def load_pickle(path: str | os.PathLike) -> Any:
         return torch.load(
             p, map_location="cpu", weights_only=False, mmap=mmap, pickle_module=_LoadUnpicklerModule(p)
         )
-    except EngineError:
+    except EngineError as e:
+        traceback.clear_frames(e.__traceback__)  # free torch's unpickler here (see _unpickle.scan_load)
         raise
     except Exception as e:
+        traceback.clear_frames(e.__traceback__)
         raise FormatError(f"{p}: the checkpoint cannot be loaded ({type(e).__name__}: {e})", path=p) from None
 
 
