@@ -375,14 +375,16 @@ def scan_load(file: Any, allow: Allowlist, storages: dict[str, StorageRef] | Non
     try:
         return _scan_load(file, allow, storages)
     except BaseException as e:
-        _clear_chain(e)
+        free_failure(e)
         raise
 
 
-def _clear_chain(e: BaseException | None, depth: int = 0) -> None:
+def free_failure(e: BaseException | None, depth: int = 0) -> None:
+    """Clear the finished frames of a failed unpickling (and of its causes), so the unpickler and what
+    it built are freed now rather than by the garbage collector."""
     while e is not None and depth < 8:
         traceback.clear_frames(e.__traceback__)
-        _clear_chain(e.__cause__, depth + 1)
+        free_failure(e.__cause__, depth + 1)
         e, depth = e.__context__, depth + 1
 
 

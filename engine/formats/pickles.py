@@ -18,12 +18,11 @@ from __future__ import annotations
 import io
 import os
 import struct
-import traceback
 import zipfile
 from typing import Any
 
 from ..errors import EngineError, FormatError
-from ._unpickle import STUB_GLOBALS, Allowlist, StorageRef, Stub, TensorRef, scan_load
+from ._unpickle import STUB_GLOBALS, Allowlist, StorageRef, Stub, TensorRef, free_failure, scan_load
 from .index import IndexedTensor, ModelIndex
 
 # A real SD checkpoint's data.pkl is ~100-300 KB, with optimizer state a few MB; anything far larger is
@@ -52,18 +51,7 @@ class _BoundedReader:
         return data
 
     def readinto(self, b: Any) -> int:
-        # The unpickler hands a view of a bytearray it frees as soon as this returns or raises. A raise
-        # here keeps this frame (and so `b`) alive in the traceback, and the unpickler's free then fails
-        # with "deallocated bytearray object has exported buffers", a SystemError nobody can catch: so
-        # every view is released before leaving, whichever way.
-        try:
-            n = self._take(len(b))
-            with memoryview(b) as whole, whole[:n] as part:
-                return self.f.readinto(part)
-        except BaseException:
-            if isinstance(b, memoryview):
-                b.release()
-            raise
+        return self.f.readinto(memoryview(b)[: self._take(len(b))])
 
     def readline(self) -> bytes:
         line = self.f.readline(min(self.budget, 1 << 20) + 1)
@@ -281,10 +269,10 @@ def load_pickle(path: str | os.PathLike) -> Any:
             p, map_location="cpu", weights_only=False, mmap=mmap, pickle_module=_LoadUnpicklerModule(p)
         )
     except EngineError as e:
-        traceback.clear_frames(e.__traceback__)  # free torch's unpickler here (see _unpickle.scan_load)
+        free_failure(e)  # torch's unpickler is freed here, not by the collector (see _unpickle.scan_load)
         raise
     except Exception as e:
-        traceback.clear_frames(e.__traceback__)
+        free_failure(e)
         raise FormatError(f"{p}: the checkpoint cannot be loaded ({type(e).__name__}: {e})", path=p) from None
 
 

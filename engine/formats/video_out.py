@@ -8,7 +8,6 @@ Frames are RGB 8-bit, row-major `height * width * 3` bytes (DecodeResult.frames)
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
@@ -16,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import EngineError
-from .atomic import atomic_output
+from .atomic import atomic_output, atomic_path
 
 VIDEO_SUFFIXES = (".mp4", ".webp")
 
@@ -99,28 +98,16 @@ def write_mp4(path: str, frames: Sequence[bytes], width: int, height: int, fps: 
     import av
     import numpy as np
 
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part.mp4", dir=target.parent)
-    os.close(fd)
     ew, eh = width + width % 2, height + height % 2
-    try:
-        with av.open(tmp, mode="w", format="mp4") as box:
-            stream = box.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
-            stream.width, stream.height, stream.pix_fmt = ew, eh, "yuv420p"
-            stream.options = {"crf": str(crf)}
-            for rgb in frames:
-                a = np.frombuffer(rgb, dtype=np.uint8).reshape(height, width, 3)
-                if (ew, eh) != (width, height):
-                    a = np.pad(a, ((0, eh - height), (0, ew - width), (0, 0)), mode="edge")
-                for packet in stream.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
-                    box.mux(packet)
-            for packet in stream.encode():
+    with atomic_path(path, ".part.mp4") as tmp, av.open(tmp, mode="w", format="mp4") as box:
+        stream = box.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+        stream.width, stream.height, stream.pix_fmt = ew, eh, "yuv420p"
+        stream.options = {"crf": str(crf)}
+        for rgb in frames:
+            a = np.frombuffer(rgb, dtype=np.uint8).reshape(height, width, 3)
+            if (ew, eh) != (width, height):
+                a = np.pad(a, ((0, eh - height), (0, ew - width), (0, 0)), mode="edge")
+            for packet in stream.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
                 box.mux(packet)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        for packet in stream.encode():
+            box.mux(packet)

@@ -159,15 +159,9 @@ def decode(
         from ..formats.latent import write_latent
 
         write_latent(save_latent, latent.detach().float().cpu())
-    if tiling is None and getattr(vae, "video", False):
-        device_ = torch.device(device) if device is not None else _weights_device(vae)
-        job = job_of(vae, latent, "decode", device_, dtype)
-        mode = {None: "auto", False: "full", True: "tiled"}[tiled]
-        b = budget if budget is not None else memory_budget(device_)
-        tiling = choice.choose_video(job, b, mode, tile, overlap, tile_frames, overlap_frames)
     return _run(
         vae, latent, "decode", tile, overlap, tiled, device, dtype, budget, disk_store, token, report, info,
-        tiling, on_tiling,
+        tiling, on_tiling, (tile_frames, overlap_frames),
     )  # fmt: skip
 
 
@@ -239,20 +233,24 @@ def _run(
     info,
     tiling,
     on_tiling,
+    frames: tuple[int | None, int] = (None, 0),  # video: (tile_frames, overlap_frames)
 ):
     info = info if info is not None else RunInfo()
     device = torch.device(device) if device is not None else _weights_device(vae)
     job = job_of(vae, x, direction, device, dtype)
     budget = budget if budget is not None else memory_budget(device)
     info.budget_bytes = budget
-    info.estimate_bytes = estimate.full_bytes(job.spec, direction, job.pixels, job.esize)
     video = getattr(vae, "video", False) and direction == "decode"
     if video:
         info.estimate_bytes = job.video_bytes(None, 1)
+    else:
+        info.estimate_bytes = estimate.full_bytes(job.spec, direction, job.pixels, job.esize)
     if tiling is None:
         mode = {None: "auto", False: "full", True: "tiled"}[tiled]
-        pick = choice.choose_video if video else choice.choose
-        tiling = pick(job, budget, mode, tile, overlap)
+        if video:
+            tiling = choice.choose_video(job, budget, mode, tile, overlap, *frames)
+        else:
+            tiling = choice.choose(job, budget, mode, tile, overlap)
     info.dtype = _dtype_name(dtype)
     while True:
         try:

@@ -18,7 +18,6 @@ chunk without a cache, warmed up on `overlap_frames` earlier latent frames whose
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,10 +81,10 @@ def decode_video(
     b, _, t, h, w = z.shape
     f, tf = vae.downscale, vae.time_factor
     n = tiling.tile_frames or t
-    head_chunks = [(a, min(t, a + n)) for a in range(0, t, n)]
+    chunks = [(a, min(t, a + n)) for a in range(0, t, n)]
     stream = Stream()
     parts = []
-    for a, c in head_chunks:
+    for a, c in chunks:
         if token is not None:
             token.raise_if_cancelled()
         parts.append(vae.decode_head(z[:, :, a:c].to(device=device, dtype=dtype), stream))
@@ -107,7 +106,6 @@ def decode_video(
         blend = 0
     ctx = _Ctx(vae, head, out, wsum, tf, f, blend, tiling.overlap_frames, device, dtype, token, report, counters,
                cpu_fallback)  # fmt: skip
-    chunks = [(a, min(t, a + n)) for a in range(0, t, n)]
     ctx.total = len(tiles) * len(chunks)
     for i, tile in enumerate(tiles):
         _tile(ctx, tile, (h, w), chunks, 0, i, len(tiles), stage)
@@ -258,12 +256,6 @@ def _note(ctx: _Ctx, text: str) -> None:
 
 
 def _release(device: torch.device) -> None:
-    from ..memory import release_memory
+    from .run import _free  # the run's own release (release_memory, then the CUDA cache)
 
-    release_memory()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def chunk_count(t: int, tile_frames: int) -> int:
-    return math.ceil(t / max(1, tile_frames or t))
+    _free(device)

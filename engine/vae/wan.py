@@ -48,9 +48,6 @@ class Stream:
         s.frames, s.started = dict(self.frames), set(self.started)
         return s
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.frames.values())
-
 
 class CausalConv3d(ops.Conv3d):
     """A 3-D convolution, causal in time: `pad_t` frames of history (zeros at the clip's start, the
@@ -367,12 +364,8 @@ class Decoder3d(nn.Module):
 
 
 def _doubles_time(m: nn.Module) -> bool:
-    """A flat-layout Resample or a Wan 2.2 level that upsamples time."""
-    if isinstance(m, Resample):
-        return m.mode == "up3d"
-    return isinstance(m, Level) and any(
-        getattr(r, "mode", None) == "up3d" for r in m.children() for r in r.children()
-    )
+    """A flat-layout Resample or a Wan 2.2 level (whose modules include one) that upsamples time."""
+    return any(isinstance(r, Resample) and r.mode == "up3d" for r in m.modules())
 
 
 def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -423,10 +416,6 @@ class WanVAE(nn.Module):
     @property
     def time_factor(self) -> int:
         return self.cfg.time_factor
-
-    @staticmethod
-    def frames_out(latent_frames: int, time_factor: int = 4) -> int:
-        return 1 + time_factor * (latent_frames - 1) if latent_frames else 0
 
     # -- pieces the chunked runner composes (engine.vae.video) ----------------------------------
     def decode_head(self, z: torch.Tensor, stream: Stream) -> torch.Tensor:

@@ -134,6 +134,19 @@ def _levels(sd, side: str, nested: bool) -> list[tuple[list[str], str | None]]:
     return levels
 
 
+def _side(sd, side: str, nested: bool, path: str) -> tuple[tuple[int, ...], tuple[bool, ...], int]:
+    """One side's widths (conv1's, then each level's), which of its resamples are temporal, and the
+    residual blocks of its first level."""
+    levels = _levels(sd, side, nested)
+    if not levels or not levels[0][0]:
+        raise FormatError(f"{path}: a Wan VAE {side} without residual blocks", path=path)
+    dims = (_shape(sd, f"{side}.conv1.weight", path)[0],) + tuple(
+        _shape(sd, f"{res[0]}residual.2.weight", path)[0] for res, _ in levels
+    )
+    temporal = tuple(f"{rs}time_conv.weight" in sd for _, rs in levels if rs is not None)
+    return dims, temporal, len(levels[0][0])
+
+
 def wan_config(sd: dict[str, torch.Tensor], path: str) -> WanConfig:
     """The configuration the (original-named) tensors describe; a FormatError names what is missing."""
     has_enc = "encoder.conv1.weight" in sd
@@ -148,28 +161,16 @@ def wan_config(sd: dict[str, torch.Tensor], path: str) -> WanConfig:
     nres = 2
     image = 3
     if has_dec:
+        dec_dims, temporal, blocks = _side(sd, "decoder", nested, path)
         z = _shape(sd, "decoder.conv1.weight", path)[1]
-        levels = _levels(sd, "decoder", nested)
-        if not levels or not levels[0][0]:
-            raise FormatError(f"{path}: a Wan VAE decoder without residual blocks", path=path)
-        dec_dims = (_shape(sd, "decoder.conv1.weight", path)[0],) + tuple(
-            _shape(sd, f"{res[0]}residual.2.weight", path)[0] for res, _ in levels
-        )
-        temporal = tuple(f"{rs}time_conv.weight" in sd for _, rs in levels if rs is not None)
-        nres = len(levels[0][0]) - 1
+        nres = blocks - 1
         image = _shape(sd, "decoder.head.2.weight", path)[0]
     if has_enc:
-        levels = _levels(sd, "encoder", nested)
-        if not levels or not levels[0][0]:
-            raise FormatError(f"{path}: a Wan VAE encoder without residual blocks", path=path)
-        enc_dims = (_shape(sd, "encoder.conv1.weight", path)[0],) + tuple(
-            _shape(sd, f"{res[0]}residual.2.weight", path)[0] for res, _ in levels
-        )
-        enc_t = tuple(f"{rs}time_conv.weight" in sd for _, rs in levels if rs is not None)
+        enc_dims, enc_t, blocks = _side(sd, "encoder", nested, path)
         if not has_dec:
             z = _shape(sd, "encoder.head.2.weight", path)[0] // 2
             temporal = enc_t[::-1]
-            nres = len(levels[0][0]) + 1
+            nres = blocks
             image = _shape(sd, "encoder.conv1.weight", path)[1]
             # without a decoder its widths mirror the encoder's (the estimate's view only)
             dec_dims = (enc_dims[-1],) + tuple(reversed(enc_dims[1:]))

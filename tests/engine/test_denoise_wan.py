@@ -4,11 +4,9 @@ its op order, its inputs, and a step through the Engine fully and partially resi
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from denoise_files import rel_l2, write
+from denoise_files import random_weights, rel_l2, write, write_gguf_twin
 from layouts_2026.video import WanConfig, wan_original
 
 from engine import denoise
@@ -26,15 +24,7 @@ TOL = 1e-3
 
 
 def _weights(c: WanConfig, seed: int = 1) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for k, shape in wan_original(c).items():
-        r = torch.randn(shape, generator=g)
-        if "norm" in k and k.endswith("weight"):
-            out[k] = 1 + 0.1 * r
-        else:
-            out[k] = r * (0.5 / math.sqrt(r[0].numel())) if r.dim() > 1 else 0.05 * r
-    return out
+    return random_weights([(k, "F32", shape) for k, shape in wan_original(c).items()], seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -137,28 +127,11 @@ def test_the_plan_predicts_a_wan_step_at_480p(wan_file, tmp_path, monkeypatch):
 def test_a_gguf_wan_steps_like_its_dequantized_twin(tmp_path):
     """ComfyUI-GGUF's Wan files: the block Linears Q8_0, the rest (patch embedding, modulations, norms)
     as they are; the forward on the GGUF equals the forward on the dequantized safetensors twin."""
-    gguf = pytest.importorskip("gguf")
-    import numpy as np
-
-    from engine.quant import dequantize
-
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    weights = _weights(TINY, seed=5)
-    w = gguf.GGUFWriter(str(tmp_path / "wan.gguf"), arch="wan")
-    twin = {}
-    for k, t in weights.items():
-        x = t.numpy().astype(np.float32)
-        if k.endswith(".weight") and t.dim() == 2 and k.startswith("blocks.") and t.shape[1] % 32 == 0:
-            raw = gguf.quants.quantize(x, q8)
-            w.add_tensor(k, raw, raw_dtype=q8)
-            twin[k] = dequantize(torch.from_numpy(raw.reshape(-1).copy()), "Q8_0", tuple(t.shape))
-        else:
-            w.add_tensor(k, x)
-            twin[k] = t.float()
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    pytest.importorskip("gguf")
+    twin, _ = write_gguf_twin(
+        tmp_path / "wan.gguf", _weights(TINY, seed=5), "wan",
+        lambda k, t: k.endswith(".weight") and t.dim() == 2 and k.startswith("blocks.") and t.shape[1] % 32 == 0,
+    )  # fmt: skip
     twin_path = write(tmp_path / "twin.safetensors", twin)
     dens = [
         denoise.bind(Component("transformer", str(p), "", compute_dtype="float32"), "wan21")

@@ -5,20 +5,16 @@ and stepped like its dequantized safetensors twin."""
 from __future__ import annotations
 
 import gguf
-import numpy as np
 import pytest
 import torch
-from denoise_files import FLUX_DEV_TINY, flux_rows, random_weights, rel_l2, write
+from denoise_files import FLUX_DEV_TINY, flux_rows, random_weights, rel_l2, write, write_gguf_twin
 
 from engine import denoise
 from engine.devices import DeviceOptions
 from engine.facade import Engine
 from engine.model import Component
 from engine.plan import component_facts
-from engine.quant import dequantize
 from engine.requests import DetectDevices, Load, SetLoras, StackItem
-
-Q8 = gguf.GGMLQuantizationType.Q8_0
 
 
 @pytest.fixture(scope="module")
@@ -26,22 +22,10 @@ def files(tmp_path_factory):
     """(gguf path, dequantized twin path, LoRA path, quantized keys)."""
     d = tmp_path_factory.mktemp("gguf_flux")
     weights = random_weights(flux_rows(FLUX_DEV_TINY), seed=4)
-    w = gguf.GGUFWriter(str(d / "flux.gguf"), arch="flux")
-    twin, quantized = {}, []
-    for k, t in weights.items():
-        x = t.numpy().astype(np.float32)
-        if k.endswith(".weight") and t.dim() == 2 and "_blocks." in k and t.shape[1] % 32 == 0:
-            raw = gguf.quants.quantize(x, Q8)
-            w.add_tensor(k, raw, raw_dtype=Q8)
-            twin[k] = dequantize(torch.from_numpy(raw.reshape(-1).copy()), "Q8_0", tuple(t.shape))
-            quantized.append(k)
-        else:
-            w.add_tensor(k, x)
-            twin[k] = t.float()
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    twin, quantized = write_gguf_twin(
+        d / "flux.gguf", weights, "flux",
+        lambda k, t: k.endswith(".weight") and t.dim() == 2 and "_blocks." in k and t.shape[1] % 32 == 0,
+    )  # fmt: skip
     g = torch.Generator().manual_seed(9)
     lora = {}
     for key in ("double_blocks.0.img_attn.qkv", "single_blocks.1.linear2"):
