@@ -105,7 +105,10 @@ def summarize(md: Mapping[str, str]) -> Summary:
     other = {
         k: v
         for k, v in md.items()
-        if not k.startswith(("ss_", "sshs_", "modelspec.")) and isinstance(v, str) and len(v) <= _LONG
+        # comfy.gguf.orig_shape.<key>: one per reshaped GGUF tensor, a layout fact for the loader
+        if not k.startswith(("ss_", "sshs_", "modelspec.", "comfy.gguf.orig_shape."))
+        and isinstance(v, str)
+        and len(v) <= _LONG
     }
     out = {"training": training_summary(md), "modelspec": modelspec_summary(md), "other": other or None}
     return Summary(**{k: v for k, v in out.items() if v})

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import FormatError, UnsupportedModel
+from ..errors import FormatError
 from . import wan_loading
 from .autoencoder_kl import AutoencoderKL, KLConfig
 from .taesd import TAESD
@@ -35,7 +35,12 @@ def read_state_dict(path: str | os.PathLike, header=None) -> dict[str, torch.Ten
     p = os.fspath(path)
     if not os.path.isfile(p):
         raise FormatError(f"{p}: no such file", path=p)
-    kind = "safetensors" if header is not None else sniff(p)
+    if header is None:
+        kind = sniff(p)
+    else:  # the caller's parsed header says which: a GGUF file's is a GGUFTable
+        from ..formats.gguf import GGUFTable
+
+        kind = "gguf" if isinstance(header, GGUFTable) else "safetensors"
     if kind == "safetensors":
         f = SafetensorsFile(p, header)
         return {k: f.tensor(k) for k in f.header.tensors}
@@ -45,8 +50,56 @@ def read_state_dict(path: str | os.PathLike, header=None) -> dict[str, torch.Ten
         sd = load_state_dict(p)  # refuses pickles that would run code; mmap for torch zips
         return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
     if kind == "gguf":
-        raise UnsupportedModel(f"{p}: GGUF VAEs are not supported yet", path=p)
+        return _gguf_state_dict(p)
     raise FormatError(f"{p}: not a safetensors or torch weights file ({kind})", path=p)
+
+
+class QuantizedTensor:
+    """A GGUF tensor held as its raw ggml blocks: `raw` (uint8, a view of the file's mmap) and `spec`
+    (type and logical shape). `shape` is the logical one, so layout checks see the real tensor."""
+
+    def __init__(self, raw: torch.Tensor, spec):
+        self.raw, self.spec = raw, spec
+        self.shape = torch.Size(spec.shape)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.spec.dequantize(self.raw)
+
+
+def _gguf_state_dict(p: str) -> dict:
+    """A GGUF file's tensors (ComfyUI-GGUF's layout: the original key names, conv weights stored
+    reshaped with `comfy.gguf.orig_shape.*`): float and integer types as zero-copy views of the
+    mmap, ggml block types as QuantizedTensor (raw blocks, dequantized per op once loaded)."""
+    from ..formats.gguf import GGUFFile
+    from ..quant import QuantSpec, is_block_type
+
+    f = GGUFFile(p)
+    out: dict = {}
+    for k, info in f.header.tensors.items():
+        t = f.tensor(k)
+        out[k] = QuantizedTensor(t, QuantSpec(info.dtype, info.shape)) if is_block_type(info.dtype) else t
+    return out
+
+
+def _dequantize_all(sd: dict) -> dict[str, torch.Tensor]:
+    """Every QuantizedTensor as float32: for layouts whose keys are renamed or reshaped on load
+    (diffusers naming, TAESD's Sequential indices), where a tensor's blocks no longer match one op."""
+    return {k: v.dequantized() if isinstance(v, QuantizedTensor) else v for k, v in sd.items()}
+
+
+def _hold_quantized(model: nn.Module, quantized: dict) -> None:
+    """Give each QuantizedTensor's op its raw blocks (engine.ops.hold_quantized: the module keeps, moves
+    and counts the quantized bytes and dequantizes per forward); a tensor of an op that cannot hold
+    blocks (a norm's scale, which ComfyUI-GGUF keeps in float anyway) is dequantized once here."""
+    from ..ops import Castable, hold_quantized
+
+    for key, q in quantized.items():
+        mpath, _, attr = key.rpartition(".")
+        op = model.get_submodule(mpath)
+        if isinstance(op, Castable) and attr in ("weight", "bias"):
+            hold_quantized(op, attr, q.raw, q.spec)
+        else:
+            op._parameters[attr] = nn.Parameter(q.dequantized(), requires_grad=False)
 
 
 def vae_component(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -195,6 +248,12 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     sibling half is loaded too when present (`pair`), so one path gives both directions."""
     p = os.fspath(path)
     sd = vae_component(read_state_dict(p, header))
+    quantized = {k: v for k, v in sd.items() if isinstance(v, QuantizedTensor)}
+    if quantized:
+        if _taesd_part(sd) is not None or is_diffusers(sd) or any(k.startswith("bn.") for k in quantized):
+            sd, quantized = _dequantize_all(sd), {}
+        else:  # the model is built with placeholders of the logical shapes, then given the blocks
+            sd = {k: torch.empty(v.shape, device="meta") if k in quantized else v for k, v in sd.items()}
     taesd = _taesd_part(sd)
     if taesd is not None:
         if pair:
@@ -204,13 +263,16 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
                     taesd.setdefault(which, part)
         return _build_taesd(taesd, p)
     if wan_loading.is_wan_vae(sd):
-        return _build_wan(sd, p)
+        model = _build_wan(sd, p)
+        _hold_quantized(model, quantized)
+        return model
     latent_norm = {k: sd.pop(k) for k in [k for k in sd if k.startswith("bn.")]}
     if is_diffusers(sd):
         sd = diffusers_to_ldm(sd)
     cfg = kl_config(sd, p)
     model = AutoencoderKL(cfg)
     strict_load(model, sd, p)
+    _hold_quantized(model, quantized)
     # FLUX.2 files carry the batch-norm statistics of the patchified latent: recorded, used where
     # latents enter/leave the diffusion model (not by decode/encode, which work in VAE space).
     model.latent_norm = latent_norm

@@ -74,34 +74,6 @@ def write(path: Path, tensors: dict) -> Path:
     return Path(path)
 
 
-def write_gguf_twin(path: Path, weights: dict, arch: str, quantize) -> tuple[dict, list[str]]:
-    """A GGUF file as ComfyUI-GGUF stores a diffusion model: the tensors `quantize(key, t)` picks in Q8_0,
-    the rest as float32. Returns (the dequantized twin's tensors, the quantized keys)."""
-    import gguf
-    import numpy as np
-
-    from engine.quant import dequantize
-
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    w = gguf.GGUFWriter(str(path), arch=arch)
-    twin, quantized = {}, []
-    for k, t in weights.items():
-        x = t.numpy().astype(np.float32)
-        if quantize(k, t):
-            raw = gguf.quants.quantize(x, q8)
-            w.add_tensor(k, raw, raw_dtype=q8)
-            twin[k] = dequantize(torch.from_numpy(raw.reshape(-1).copy()), "Q8_0", tuple(t.shape))
-            quantized.append(k)
-        else:
-            w.add_tensor(k, x)
-            twin[k] = t.float()
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return twin, quantized
-
-
 # -- diffusers references --------------------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import random_weights, rel_l2, write, write_gguf_twin
+from denoise_files import random_weights, rel_l2, write
 from layouts_2026.video import WanConfig, wan_original
 
 from engine import denoise
@@ -16,6 +16,7 @@ from engine.facade import Engine
 from engine.formats.safetensors import SafetensorsFile
 from engine.model import Component
 from engine.requests import Step
+from tests.support.gguf_files import write_gguf_twin
 
 diffusers = pytest.importorskip("diffusers")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gguf
 import pytest
 import torch
-from denoise_files import FLUX_DEV_TINY, flux_rows, random_weights, rel_l2, write, write_gguf_twin
+from denoise_files import FLUX_DEV_TINY, flux_rows, random_weights, rel_l2, write
 
 from engine import denoise
 from engine.devices import DeviceOptions
@@ -15,6 +15,7 @@ from engine.facade import Engine
 from engine.model import Component
 from engine.plan import component_facts
 from engine.requests import DetectDevices, Load, SetLoras, StackItem
+from tests.support.gguf_files import write_gguf_twin
 
 
 @pytest.fixture(scope="module")
