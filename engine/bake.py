@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 
-from .errors import FormatError, InvalidRequest
+from .errors import FormatError, InvalidRequest, UnsupportedModel
 from .jobs import CancelToken, Progress, Report, no_report
 from .requests import Baked
 
@@ -32,6 +32,11 @@ def bake(base: str, stack, out: str, token: CancelToken | None = None, report: R
     items = [i for i in stack if i.enabled]
     _check_paths(base, [i.file for i in stack], [i.file for i in items], out)
     weights, metadata = _load_base(base)
+    from .quant.scaled import dequantize_stored, requantize, scaled_weights
+
+    # Scaled fp8 / int8 weights (ComfyUI's layouts) hold value / scale: a patch applies to the value,
+    # so the weights the stack patches are dequantized first and stored back in their format after.
+    scaled = scaled_weights(weights)
     patcher = ModelPatcher(weights)
     loras = []
     for n, item in enumerate(items):
@@ -53,7 +58,13 @@ def bake(base: str, stack, out: str, token: CancelToken | None = None, report: R
             )
         )
     entries = [LoraEntry(i.file, i.strength_model, i.strength_clip, True, n) for n, i in enumerate(items)]
+    for key in scaled.keys() & patcher.plan(entries).keys():
+        patcher.weights[key] = dequantize_stored(weights[key], weights[scaled[key]])
     applied = patcher.apply(entries, token=token, report=report)
+    for key in scaled.keys() & set(applied.patched):
+        patcher.weights[key], patcher.weights[scaled[key]] = requantize(
+            patcher.weights[key], weights[key], weights[scaled[key]]
+        )
     meta = dict(metadata)
     meta["loadout.bake"] = json.dumps(
         {"base": os.path.basename(base), "loras": loras, "patched_keys": len(applied.patched)}
@@ -112,4 +123,11 @@ def _load_base(path: str) -> tuple[dict, dict]:
         from .formats.pickles import load_state_dict
 
         return load_state_dict(path), {}
+    if kind == "gguf":
+        raise UnsupportedModel(
+            f"{path}: Loadout does not bake into GGUF files (it would have to quantize again); load the "
+            "GGUF model with the LoRA stack instead (it is patched on the fly), or bake into its "
+            "safetensors version",
+            path=path,
+        )
     raise FormatError(f"{path}: not a checkpoint Loadout can bake into (found: {kind})", path=path)

@@ -147,3 +147,57 @@ def spec_for(tensors: Mapping[str, object], where: str = "") -> ScaledSpec | Non
     if attr not in tensors:
         raise UnsupportedModel(f"{where}a {fmt} weight without its {attr}: the file is incomplete")
     return ScaledSpec(fmt, attr, tuple(tensors["weight"].shape))
+
+
+# -- baking into a scaled file -------------------------------------------------------------------------
+# The largest finite value of each stored dtype (float8 e4m3fn: 448, e5m2: 57344; int8: 127).
+_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0, "int8": 127.0}
+
+
+def scaled_weights(weights: Mapping[str, object]) -> dict[str, str]:
+    """weight key -> its scale's key, for every scaled weight among `weights` (key -> torch tensor, a
+    whole state dict): the keys a bake must dequantize before patching and requantize after."""
+    from types import SimpleNamespace
+
+    from ..formats.dtypes import dtype_name
+
+    modules: dict[str, dict[str, object]] = {}
+    for k, t in weights.items():
+        prefix, _, attr = k.rpartition(".")
+        modules.setdefault(prefix, {})[attr] = SimpleNamespace(
+            dtype=dtype_name(t.dtype), shape=tuple(t.shape)
+        )
+    out = {}
+    for prefix, tensors in modules.items():
+        spec = spec_for(tensors, f"{prefix}: ")
+        if spec is not None:
+            dot = f"{prefix}." if prefix else ""
+            out[f"{dot}weight"] = f"{dot}{spec.scale_attr}"
+    return out
+
+
+def dequantize_stored(raw, scale):
+    """A stored scaled weight's values in float32 (stored · scale, per row or per tensor)."""
+    return _Bound(ScaledSpec("", "", tuple(raw.shape)), scale).dequantize(raw)
+
+
+def requantize(value, like, scale):
+    """A patched float32 weight back into `like`'s dtype with a scale of `scale`'s shape: (stored, scale).
+
+    The scale is kept wherever the values still fit — so every weight a LoRA left alone is stored as
+    before, as ComfyUI does when it patches a scaled weight — and grown only where the patch pushed a
+    value past the dtype's largest finite one (per row for a per-row scale), so nothing saturates.
+    Rounding is to nearest (ComfyUI rounds stochastically; a bake should be reproducible)."""
+    import torch
+
+    name = str(like.dtype).removeprefix("torch.")
+    fmax = _MAX[name]
+    s = scale.to(torch.float32)
+    per_row = s.numel() > 1 and s.numel() == value.shape[0]
+    amax = value.abs().flatten(1).amax(1) if per_row else value.abs().amax()
+    new = torch.maximum(s.reshape(amax.shape), amax / fmax)
+    b = new.reshape(-1, *([1] * (value.dim() - 1))) if per_row else new
+    q = (value / b).clamp(-fmax, fmax)
+    if name == "int8":
+        q = q.round()
+    return q.to(like.dtype), new.reshape(scale.shape).to(scale.dtype)
