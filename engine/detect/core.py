@@ -207,7 +207,8 @@ def _gguf_types(ix: KeyIndex, d: Detection) -> Detection:
     if is_llama_cpp_naming(ix.tensors):
         arch = ix.metadata.get("general.architecture")
         why = (
-            "llama.cpp permutes the q/k rows of LLaMA models, which Loadout does not undo yet"
+            f"llama.cpp keeps the q/k rows of {arch} models in its own rotary layout, which Loadout "
+            "does not undo yet"
             if arch in PERMUTED
             else f"Loadout has no map from llama.cpp's names for general.architecture {arch!r}"
         )

@@ -4,13 +4,16 @@ component is built from (so detection, loading and LoRA key maps see one naming)
 Facts from gguf-py `gguf/tensor_mapping.py` and `constants.py` (MODEL_TENSOR per architecture; cited,
 not copied): T5 / umT5 encoders (`t5`, `t5encoder`) keep `enc.blk.N.attn_q` … for
 `encoder.block.N.layer.0.SelfAttention.q` …, `token_embd` for `shared`; decoder LLMs (`qwen2`,
-`qwen2vl`, `qwen3`, `gemma2`, `gemma3`, `mistral3`) keep `blk.N.attn_q` … for
-`model.layers.N.self_attn.q_proj` …. ComfyUI-GGUF loads the same files by reversing these names
-(city96/ComfyUI-GGUF `loader.py`, its T5 and LLM key maps).
+`qwen2vl`, `qwen3`, `gemma2`, `gemma3`) keep `blk.N.attn_q` … for `model.layers.N.self_attn.q_proj` ….
+ComfyUI-GGUF loads the same files by reversing these names (city96/ComfyUI-GGUF `loader.py`, its T5
+and LLM key maps).
 
-Not mapped: `llama` GGUFs. llama.cpp's converter permutes the rows of q and k for LLaMA's rotary
-layout (`LlamaModel.permute`); reading them as transformers weights would be wrong, so they keep
-their names and detection refuses them with that reason.
+Not mapped: `llama` and `mistral3` GGUFs (Llama 3.1 for HiDream, Mistral Small 3 for FLUX.2).
+llama.cpp keeps their q and k rows in the interleaved rotary layout of Meta's and Mistral's own
+checkpoints: converting a transformers checkpoint it undoes transformers' row permutation
+(`LlamaModel.permute`, inherited by `Ministral3Model`), a Mistral-format one it keeps as it is
+(`MistralModel.undo_permute = False`). Read under transformers' names those rows would be wrong, so
+these files keep their names and detection refuses them with that reason.
 """
 
 from __future__ import annotations
@@ -62,11 +65,10 @@ TABLES = {
     "qwen2vl": _LLM + _LLM_NORMS,
     "qwen25vl": _LLM + _LLM_NORMS,
     "qwen3": _LLM + _LLM_NORMS,
-    "mistral3": _LLM + _LLM_NORMS,
     "gemma2": _LLM + _GEMMA_NORMS,
     "gemma3": _LLM + _GEMMA_NORMS,
 }
-PERMUTED = ("llama",)  # q/k rows permuted by llama.cpp's converter: not mapped (see the docstring)
+PERMUTED = ("llama", "mistral3")  # q/k rows in llama.cpp's interleaved layout: not mapped (see above)
 
 
 def _compile(pairs):

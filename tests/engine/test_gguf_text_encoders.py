@@ -40,15 +40,16 @@ def test_a_t5xxl_gguf_is_the_t5xxl_component(tmp_path):
     assert d.components["t5xxl"].params == sum(int(np.prod(s)) for _, _, s in rows)
 
 
-def test_a_llama_gguf_is_refused_with_the_reason(tmp_path):
+@pytest.mark.parametrize("arch", ["llama", "mistral3"])
+def test_a_llama_gguf_is_refused_with_the_reason(tmp_path, arch):
     p = tmp_path / "llama.gguf"
     write_sparse_gguf(
         p,
-        {"general.architecture": "llama"},
+        {"general.architecture": arch},
         [("token_embd.weight", "F16", (100, 64)), ("blk.0.attn_q.weight", "Q8_0", (64, 64))],
     )
     d = detect_file(str(p))
-    assert d.error.type == "unsupported" and "permutes the q/k rows" in d.error.message
+    assert d.error.type == "unsupported" and f"q/k rows of {arch} models" in d.error.message
 
 
 def test_a_small_t5_gguf_computes_like_transformers(tmp_path):
