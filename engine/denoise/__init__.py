@@ -1,5 +1,5 @@
-"""Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL and FLUX.1's
-transformer, run on the component's own castable ops (the residency manager's modules, tiers and
+"""Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's and
+Chroma's transformers, Wan 2.x's, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
@@ -19,7 +19,8 @@ from .inputs import check_inputs, names, random_inputs
 UNETS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
 FLUX = ("flux1_dev", "flux1_schnell")
 WAN = ("wan21", "wan22")  # the text-to-video transformers (engine.denoise.wan)
-SUPPORTED = UNETS + FLUX + WAN
+CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (engine.denoise.flux)
+SUPPORTED = UNETS + FLUX + CHROMA + WAN
 
 
 @dataclass

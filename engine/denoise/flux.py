@@ -20,6 +20,15 @@ and `util.py` (written from that description, nothing copied):
 * last layer: (shift, scale) = Linear(SiLU(vec)); Linear((1+scale)·LN(x)+shift). diffusers stores this
   Linear's two halves the other way round (its `norm_out` is (scale, shift): `swap_scale_shift` in
   diffusers' single_file_utils).
+
+Chroma (lodestones' FLUX.1-schnell derivative; facts from diffusers' `ChromaTransformer2DModel` and its
+`convert_chroma_transformer_checkpoint_to_diffusers`): the same blocks without their Modulation
+Linears and without time_in / vector_in / guidance_in. One `distilled_guidance_layer` computes every
+modulation at once: its input, per modulation index i of 3·singles + 12·doubles + 2, is the 16-wide
+embeddings of 1000·t and of 1000·guidance (0 by default) and the 32-wide embedding of 1000·i;
+in_proj, then 5 residual layers x += out_layer(SiLU(in_layer(RMSNorm(x)))), out_proj. Index order:
+the single blocks (3 each), the double blocks' img streams (6 each), their txt streams (6 each), the
+final layer's (shift, scale).
 """
 
 from __future__ import annotations
@@ -78,7 +87,8 @@ class Double:
 
     def ops(self) -> list:
         i, t = self.img, self.txt
-        return [i.mod, t.mod, *i.ops_before_attention(), *t.ops_before_attention(),
+        mods = [m for m in (i.mod, t.mod) if m is not None]  # Chroma's blocks have none
+        return [*mods, *i.ops_before_attention(), *t.ops_before_attention(),
                 i.proj, i.mlp_in, i.mlp_out, t.proj, t.mlp_in, t.mlp_out]  # fmt: skip
 
 
@@ -91,7 +101,8 @@ class Single:
     linear2: object
 
     def ops(self) -> list:
-        return [self.mod, *self.linear1.ops(), self.q_norm, self.k_norm, self.linear2]
+        mods = [self.mod] if self.mod is not None else []
+        return [*mods, *self.linear1.ops(), self.q_norm, self.k_norm, self.linear2]
 
 
 def _ln(x: torch.Tensor) -> torch.Tensor:
@@ -190,6 +201,9 @@ class Flux:
     def _double(self, blk: Double, img, txt, vs, pe):
         im = blk.img.mod(vs)[:, None].chunk(6, dim=-1)
         tm = blk.txt.mod(vs)[:, None].chunk(6, dim=-1)
+        return self._joint(blk, img, txt, im, tm, pe)
+
+    def _joint(self, blk: Double, img, txt, im, tm, pe):
         iq, ik, iv = self._qkv(blk.img, img, im[0], im[1])
         tq, tk, tv = self._qkv(blk.txt, txt, tm[0], tm[1])
         attn = _attention(torch.cat([tq, iq], 2), torch.cat([tk, ik], 2), torch.cat([tv, iv], 2), pe)
@@ -206,6 +220,9 @@ class Flux:
 
     def _single(self, blk: Single, x, vs, pe):
         shift, scale, gate = blk.mod(vs)[:, None].chunk(3, dim=-1)
+        return self._single_with(blk, x, shift, scale, gate, pe)
+
+    def _single_with(self, blk: Single, x, shift, scale, gate, pe):
         q, k, v, mlp = blk.linear1((1 + scale) * _ln(x) + shift)
         q, k, v = (_heads(t, self.heads) for t in (q, k, v))
         q, k = blk.q_norm(q).to(v.dtype), blk.k_norm(k).to(v.dtype)
@@ -225,6 +242,84 @@ def _mlp(pair, x):
     return pair[1](F.silu(pair[0](x)))
 
 
+@dataclass
+class Approximator:
+    """Chroma's `distilled_guidance_layer`: in_proj, residual (RMSNorm, in_layer, SiLU, out_layer)
+    layers, out_proj."""
+
+    in_proj: object
+    layers: list[tuple[object, object]]
+    norms: list
+    out_proj: object
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.in_proj(x)
+        for pair, norm in zip(self.layers, self.norms, strict=True):
+            x = x + _mlp(pair, norm(x))
+        return self.out_proj(x)
+
+    def ops(self) -> list:
+        out = [self.in_proj]
+        for pair, norm in zip(self.layers, self.norms, strict=True):
+            out += [norm, *pair]
+        return [*out, self.out_proj]
+
+
+@dataclass
+class Chroma(Flux):
+    """A bound Chroma transformer: call it with img, img_ids, txt, txt_ids, timesteps [, guidance] (every
+    text token attends: a caller masking padding passes only the tokens it keeps)."""
+
+    approximator: Approximator | None = None
+    family = "chroma"
+
+    @property
+    def vec_dim(self) -> int:
+        return 0
+
+    def modulations(self, timesteps: torch.Tensor, guidance: torch.Tensor | None) -> torch.Tensor:
+        """[B, 3·singles + 12·doubles + 2, hidden]: every block's modulation vectors, in index order."""
+        b, dev = timesteps.shape[0], timesteps.device
+        n = 3 * len(self.singles) + 12 * len(self.doubles) + 2
+        g = guidance.float() if guidance is not None else torch.zeros(b, device=dev)
+        tg = torch.cat([timestep_embedding(TIME_FACTOR * timesteps.float(), 16),
+                        timestep_embedding(TIME_FACTOR * g, 16)], dim=1)  # fmt: skip
+        idx = timestep_embedding(TIME_FACTOR * torch.arange(n, device=dev, dtype=torch.float32), 32)
+        vec = torch.cat([tg[:, None].expand(b, n, 32), idx[None].expand(b, n, 32)], dim=-1)
+        return self.approximator(vec.to(self.dtype))
+
+    def __call__(self, img, img_ids, txt, txt_ids, timesteps, guidance=None) -> torch.Tensor:
+        dt = self.dtype
+        img = self.img_in(img.to(dt))
+        mods = self.modulations(timesteps, guidance)
+        txt = self.txt_in(txt.to(dt))
+        pe = rope_table(torch.cat([txt_ids, img_ids], dim=1))
+        ns, nd = len(self.singles), len(self.doubles)
+
+        def vectors(start: int, count: int) -> tuple:
+            return tuple(mods[:, i : i + 1] for i in range(start, start + count))
+
+        for i, blk in enumerate(self.doubles):
+            im, tm = vectors(3 * ns + 6 * i, 6), vectors(3 * ns + 6 * nd + 6 * i, 6)
+            img, txt = self._joint(blk, img, txt, im, tm, pe)
+        n_txt = txt.shape[1]
+        x = torch.cat([txt, img], dim=1)
+        del img, txt
+        for i, blk in enumerate(self.singles):
+            x = self._single_with(blk, x, *vectors(3 * i, 3), pe)
+        x = x[:, n_txt:]
+        shift, scale = vectors(mods.shape[1] - 2, 2)
+        return self.final_linear((1 + scale) * _ln(x) + shift)
+
+    def op_order(self) -> list:
+        order = [self.img_in, *self.approximator.ops(), self.txt_in]
+        for d in self.doubles:
+            order += d.ops()
+        for s in self.singles:
+            order += s.ops()
+        return [*order, self.final_linear]
+
+
 # -- binding the file's ops -----------------------------------------------------------------------------
 
 
@@ -241,9 +336,11 @@ def _check_heads(q_norm, hidden: int, what: str) -> int:
 def bind_bfl(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
     hidden = wshape(ops["img_in"])[0]
 
+    chroma = "distilled_guidance_layer.in_proj" in ops
+
     def stream(p: str) -> Stream:
         return Stream(
-            ops[f"{p}_mod.lin"],
+            None if chroma else ops[f"{p}_mod.lin"],
             Proj(ops[f"{p}_attn.qkv"], (hidden, hidden, hidden)),
             ops[f"{p}_attn.norm.query_norm"],
             ops[f"{p}_attn.norm.key_norm"],
@@ -259,9 +356,12 @@ def bind_bfl(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
         p = f"single_blocks.{i}"
         lin1 = ops[f"{p}.linear1"]
         mlp = wshape(lin1)[0] - 3 * hidden
-        singles.append(Single(ops[f"{p}.modulation.lin"], Proj(lin1, (hidden, hidden, hidden, mlp)),
+        singles.append(Single(None if chroma else ops[f"{p}.modulation.lin"], Proj(lin1, (hidden, hidden, hidden, mlp)),
                               ops[f"{p}.norm.query_norm"], ops[f"{p}.norm.key_norm"], ops[f"{p}.linear2"]))  # fmt: skip
     heads = _check_heads(doubles[0].img.q_norm if doubles else singles[0].q_norm, hidden, ops.what)
+    if chroma:
+        return Chroma(architecture, ops["img_in"], ops["txt_in"], (), None, (), doubles, singles, None, False,
+                      ops["final_layer.linear"], heads, dtype, _approximator(ops, "in_layer", "out_layer"))  # fmt: skip
     guidance = (
         (ops["guidance_in.in_layer"], ops["guidance_in.out_layer"]) if "guidance_in.in_layer" in ops else None
     )
@@ -272,16 +372,30 @@ def bind_bfl(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
     )  # fmt: skip
 
 
+def _approximator(ops: Ops, inner: str, outer: str) -> Approximator:
+    """Chroma's distilled_guidance_layer; its residual layers' Linears are `inner` / `outer` (the
+    original's in_layer / out_layer, diffusers' linear_1 / linear_2)."""
+    g = "distilled_guidance_layer"
+    layers = ops.children(f"{g}.layers")
+    return Approximator(
+        ops[f"{g}.in_proj"],
+        [(ops[f"{g}.layers.{n}.{inner}"], ops[f"{g}.layers.{n}.{outer}"]) for n in layers],
+        [ops[f"{g}.norms.{n}"] for n in layers],
+        ops[f"{g}.out_proj"],
+    )
+
+
 def bind_diffusers(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
     hidden = wshape(ops["x_embedder"])[0]
+    chroma = "distilled_guidance_layer.in_proj" in ops
     doubles = []
     for i in ops.children("transformer_blocks"):
         p = f"transformer_blocks.{i}"
         a = f"{p}.attn"
-        img = Stream(ops[f"{p}.norm1.linear"], Proj(None, parts=(ops[f"{a}.to_q"], ops[f"{a}.to_k"], ops[f"{a}.to_v"])),
+        img = Stream(None if chroma else ops[f"{p}.norm1.linear"], Proj(None, parts=(ops[f"{a}.to_q"], ops[f"{a}.to_k"], ops[f"{a}.to_v"])),
                      ops[f"{a}.norm_q"], ops[f"{a}.norm_k"], ops[f"{a}.to_out.0"],
                      ops[f"{p}.ff.net.0.proj"], ops[f"{p}.ff.net.2"])  # fmt: skip
-        txt = Stream(ops[f"{p}.norm1_context.linear"],
+        txt = Stream(None if chroma else ops[f"{p}.norm1_context.linear"],
                      Proj(None, parts=(ops[f"{a}.add_q_proj"], ops[f"{a}.add_k_proj"], ops[f"{a}.add_v_proj"])),
                      ops[f"{a}.norm_added_q"], ops[f"{a}.norm_added_k"], ops[f"{a}.to_add_out"],
                      ops[f"{p}.ff_context.net.0.proj"], ops[f"{p}.ff_context.net.2"])  # fmt: skip
@@ -293,10 +407,17 @@ def bind_diffusers(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
         lin1 = Proj(None, parts=(ops[f"{a}.to_q"], ops[f"{a}.to_k"], ops[f"{a}.to_v"], ops[f"{p}.proj_mlp"]))
         singles.append(
             Single(
-                ops[f"{p}.norm.linear"], lin1, ops[f"{a}.norm_q"], ops[f"{a}.norm_k"], ops[f"{p}.proj_out"]
+                None if chroma else ops[f"{p}.norm.linear"],
+                lin1,
+                ops[f"{a}.norm_q"],
+                ops[f"{a}.norm_k"],
+                ops[f"{p}.proj_out"],
             )
         )
     heads = _check_heads(doubles[0].img.q_norm if doubles else singles[0].q_norm, hidden, ops.what)
+    if chroma:
+        return Chroma(architecture, ops["x_embedder"], ops["context_embedder"], (), None, (), doubles, singles,
+                      None, False, ops["proj_out"], heads, dtype, _approximator(ops, "linear_1", "linear_2"))  # fmt: skip
     te = "time_text_embed"
     guidance = (
         (ops[f"{te}.guidance_embedder.linear_1"], ops[f"{te}.guidance_embedder.linear_2"])

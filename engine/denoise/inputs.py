@@ -17,6 +17,9 @@ FLUX.1 (`flux.model.Flux.forward`): `img` [B, L, 64] latents packed in 2×2 patc
 16-channel latent), `img_ids` [B, L, 3] (0, row, column of each patch), `txt` [B, T, 4096] T5 states,
 `txt_ids` [B, T, 3] (zeros), `timesteps` [B] in 0–1, `y` [B, 768] pooled CLIP-L, and `guidance` [B] for
 dev (BFL's `sampling.prepare` and `cli.py`: 512 T5 tokens for dev, 256 for schnell, guidance 3.5).
+
+Chroma: FLUX.1's `img`, `img_ids`, `txt`, `txt_ids` and `timesteps` (0–1); no pooled CLIP vector and no
+guidance input (its pipelines embed guidance 0, as diffusers' ChromaTransformer2DModel does).
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from .common import timestep_embedding
 UNET_INPUTS = ("x", "timesteps", "context", "y")
 FLUX_INPUTS = ("img", "img_ids", "txt", "txt_ids", "timesteps", "y", "guidance")
 WAN_INPUTS = ("x", "t", "context")
+CHROMA_INPUTS = FLUX_INPUTS[:5]
 WAN_TOKENS = 512
 UNET_TOKENS = 77
-FLUX_TOKENS = {"flux1_dev": 512, "flux1_schnell": 256}
+FLUX_TOKENS = {"flux1_dev": 512, "flux1_schnell": 256, "chroma": 512}
 FLUX_GUIDANCE = 3.5
 SDXL_ADM = 2816
 REFINER_ADM = 2560
@@ -45,6 +49,8 @@ def names(model) -> tuple[str, ...]:
         return UNET_INPUTS if model.adm_channels else UNET_INPUTS[:3]
     if getattr(model, "family", "") == "wan":
         return WAN_INPUTS
+    if getattr(model, "family", "") == "chroma":
+        return CHROMA_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
 
 
@@ -79,8 +85,9 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         "txt": torch.randn(batch, tokens, model.context_dim, generator=g),
         "txt_ids": torch.zeros(batch, tokens, 3),
         "timesteps": torch.rand(batch, generator=g),
-        "y": torch.randn(batch, model.vec_dim, generator=g),
     }
+    if model.vec_dim:
+        out["y"] = torch.randn(batch, model.vec_dim, generator=g)
     if model.guidance_in is not None:
         out["guidance"] = torch.full((batch,), FLUX_GUIDANCE)
     return out
@@ -151,8 +158,9 @@ def _shapes(model, got) -> dict:
         "txt": (None, None, model.context_dim),
         "txt_ids": (None, n_txt, 3),
         "timesteps": (None,),
-        "y": (None, model.vec_dim),
     }
+    if model.vec_dim:
+        out["y"] = (None, model.vec_dim)
     if model.guidance_in is not None:
         out["guidance"] = (None,)
     return out

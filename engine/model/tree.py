@@ -60,7 +60,7 @@ def classify(path: str, tensors: dict[str, TensorInfo]) -> str:
     b = tensors.get("bias")
     s = tensors.get("scale")
     if set(tensors) == {"scale"} and len(s.shape) == 1 and s.dtype.startswith(("F", "BF")):
-        return "rmsnorm" if "norm" in path.rsplit(".", 1)[-1] else "plain"
+        return "rmsnorm" if _norm_named(path) else "plain"
     if w is None or set(tensors) - {"weight", "bias"} or w.dtype in ("I64", "I32", "I8", "U8", "BOOL"):
         return "plain"
     last = path.rsplit(".", 1)[-1]
@@ -76,9 +76,17 @@ def classify(path: str, tensors: dict[str, TensorInfo]) -> str:
     if nd == 1:
         if b is not None:
             return "layernorm" if _is_layer_norm(path) else "groupnorm"
-        if "norm" in last:
+        if _norm_named(path):
             return "rmsnorm"
     return "plain"
+
+
+def _norm_named(path: str) -> bool:
+    """A norm by its name: `…query_norm`, `…norm1`, or an item of a list of norms (Chroma's
+    `distilled_guidance_layer.norms.3`)."""
+    parts = path.split(".")
+    last = parts[-2] if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
+    return "norm" in last
 
 
 def module_specs(tensors: Iterable[tuple[str, TensorInfo]]) -> list[ModuleSpec]:

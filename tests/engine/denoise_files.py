@@ -141,8 +141,17 @@ def flux_to_diffusers(sd: dict, hidden: int) -> dict:
                      (f"{te}.guidance_embedder.linear_2", "guidance_in.out_layer")):  # fmt: skip
         put(new, old)
     for s in ("weight", "bias"):  # diffusers' AdaLayerNormContinuous is (scale, shift)
-        shift, scale = sd[f"final_layer.adaLN_modulation.1.{s}"].chunk(2, dim=0)
-        out[f"norm_out.linear.{s}"] = torch.cat([scale, shift])
+        if f"final_layer.adaLN_modulation.1.{s}" in sd:  # (Chroma has none)
+            shift, scale = sd[f"final_layer.adaLN_modulation.1.{s}"].chunk(2, dim=0)
+            out[f"norm_out.linear.{s}"] = torch.cat([scale, shift])
+    # Chroma's distilled_guidance_layer (convert_chroma_transformer_checkpoint_to_diffusers)
+    g = "distilled_guidance_layer"
+    put(f"{g}.in_proj", f"{g}.in_proj")
+    put(f"{g}.out_proj", f"{g}.out_proj")
+    for i in sorted({int(k.split(".")[2]) for k in sd if k.startswith(f"{g}.layers.")}):
+        put(f"{g}.layers.{i}.linear_1", f"{g}.layers.{i}.in_layer")
+        put(f"{g}.layers.{i}.linear_2", f"{g}.layers.{i}.out_layer")
+        out[f"{g}.norms.{i}.weight"] = sd[f"{g}.norms.{i}.scale"]
     doubles = sorted({int(k.split(".")[1]) for k in sd if k.startswith("double_blocks.")})
     for i in doubles:
         d, b = f"transformer_blocks.{i}", f"double_blocks.{i}"

@@ -210,3 +210,11 @@ def test_inputs_from_a_file_in_the_original_names(files, tmp_path):
     save_tensors(tmp_path / "bad.safetensors", {"x": inputs["x"]})
     with pytest.raises(FormatError, match="missing input"):
         _run(files, tmp_path, inputs=str(tmp_path / "bad.safetensors"))
+
+
+def test_the_plan_knows_every_family_loadout_steps():
+    """engine.plan keeps its own (torch-free) table of steppable families: it must be denoise's list."""
+    from engine import denoise
+    from engine.plan import NATIVE_PX, STEP_KINDS
+
+    assert set(STEP_KINDS) == set(NATIVE_PX) == set(denoise.SUPPORTED)

@@ -29,6 +29,7 @@ class FluxConfig:
     depth_single_blocks: int = 38
     guidance_embed: bool = True
     chroma: bool = False  # Chroma: per-block modulations replaced by one distilled_guidance_layer
+    approximator_hidden: int = 5120  # Chroma's distilled_guidance_layer width (5 layers)
 
     def with_(self, **kw) -> FluxConfig:
         return replace(self, **kw)
@@ -62,12 +63,13 @@ def flux_bfl(b: Builder, c: FluxConfig) -> None:
     b.linear("img_in", h, c.in_channels)
     if c.chroma:
         g = "distilled_guidance_layer"
-        b.linear(f"{g}.in_proj", 5120, 64)
+        a = c.approximator_hidden
+        b.linear(f"{g}.in_proj", a, 64)
         for n in range(5):
-            b.linear(f"{g}.layers.{n}.in_layer", 5120, 5120)
-            b.linear(f"{g}.layers.{n}.out_layer", 5120, 5120)
-            b.t(f"{g}.norms.{n}.scale", (5120,))
-        b.linear(f"{g}.out_proj", h, 5120)
+            b.linear(f"{g}.layers.{n}.in_layer", a, a)
+            b.linear(f"{g}.layers.{n}.out_layer", a, a)
+            b.t(f"{g}.norms.{n}.scale", (a,))
+        b.linear(f"{g}.out_proj", h, a)
     else:
         _mlp_embedder(b, "time_in", h, 256)
         _mlp_embedder(b, "vector_in", h, c.vec_in_dim)
