@@ -164,7 +164,7 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
     parts.events.emit(StepFinished(comp.name, streamed, med, steps=req.steps, mode=mode, device=str(device),
                                    first_step_s=times[0], peak_bytes=peak, tiers=Tiers.of(comp.tier_bytes())))  # fmt: skip
     result = StepResult(
-        model=os.path.abspath(req.model), component=comp.name, architecture=arch, naming=den.naming,
+        model=os.path.abspath(req.model), component=comp.name, architecture=den.architecture, naming=den.naming,
         device=str(device), dtype=str(dtype).removeprefix("torch."), mode=mode, steps=req.steps,
         s_per_step=med, first_step_s=times[0], step_seconds=tuple(times), peak_device_bytes=peak,
         resident_bytes=comp.tier_bytes()["device"], streamed_bytes_per_step=streamed,
@@ -177,10 +177,12 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
 
 
 def _units(den, inputs: dict) -> int:
-    """Latent pixels (UNet) or image tokens (FLUX, Wan: 2x2 patches of every latent frame)."""
+    """Latent pixels (UNet) or image tokens (FLUX; MMDiT and Wan: 2x2 patches of the (every frame's) latent)."""
     first = inputs[den.input_names[0]]
     if den.kind == "wan":
         return first.shape[0] * first.shape[2] * (first.shape[3] // 2) * (first.shape[4] // 2)
+    if den.kind == "mmdit":
+        return first.shape[0] * (first.shape[2] // 2) * (first.shape[3] // 2)
     return first.shape[0] * (first.shape[2] * first.shape[3] if den.kind == "unet" else first.shape[1])
 
 
@@ -194,11 +196,11 @@ def _activation_bytes(den, inputs: dict, dtype) -> int:
 
 def _record(parts, req: Step, den, inputs: dict, result: StepResult) -> None:
     """Keep the measurement, so `loadout plan` calibrates its step prediction for this file and device."""
-    from .catalog.measured import UNIT_PX, record_step
+    from .catalog.measured import record_step
 
     first = inputs[den.input_names[0]]
-    if den.kind == "unet":
-        h, w = first.shape[2] * UNIT_PX["unet"], first.shape[3] * UNIT_PX["unet"]
+    if den.kind in ("unet", "mmdit"):
+        h, w = first.shape[2] * 8, first.shape[3] * 8
     elif den.kind == "wan":
         h, w = first.shape[3] * 8, first.shape[4] * 8
     else:

@@ -1,5 +1,5 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's and
-Chroma's transformers, Wan 2.x's, run on the component's own castable ops (the residency manager's modules, tiers and
+Chroma's transformers, SD3 / SD3.5's MMDiT, Wan 2.x's, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
@@ -20,7 +20,9 @@ UNETS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
 FLUX = ("flux1_dev", "flux1_schnell")
 WAN = ("wan21", "wan22")  # the text-to-video transformers (engine.denoise.wan)
 CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (engine.denoise.flux)
-SUPPORTED = UNETS + FLUX + CHROMA + WAN
+# SD3 / SD3.5 (engine.denoise.mmdit); `mmdit`: an MMDiT of no known release size (read from its shapes)
+MMDIT = ("sd3", "sd3.5_medium", "sd3.5_large", "mmdit")
+SUPPORTED = UNETS + FLUX + CHROMA + MMDIT + WAN
 
 
 @dataclass
@@ -54,13 +56,15 @@ def bind(component, architecture: str | None, dtype=None) -> Denoiser:
     in `dtype` (default: the component's compute dtype)."""
     import torch
 
+    mods = {u.path: u.module for u in component.units}
+    if architecture is None and _is_mmdit(mods):
+        architecture = "mmdit"  # joint blocks of no release's size: an MMDiT is read from its shapes
     if architecture not in SUPPORTED:
         raise UnsupportedModel(
             f"{component.name}: no forward pass for {architecture or 'an unknown architecture'} yet "
             f"(Loadout runs {', '.join(SUPPORTED)})"
         )
     dtype = dtype or getattr(torch, component.compute_dtype)
-    mods = {u.path: u.module for u in component.units}
     what = f"{component.name} of {component.path}"
     if architecture in UNETS:
         from .unet import bind_unet
@@ -73,6 +77,19 @@ def bind(component, architecture: str | None, dtype=None) -> Denoiser:
             naming, to_ldm = "diffusers", diffusers_to_ldm(mods)
             ops = {to_ldm[p]: m for p, m in mods.items() if p in to_ldm}
         return Denoiser("unet", architecture, naming, bind_unet(Ops(ops, what), architecture, dtype))
+    if architecture in MMDIT:
+        from . import mmdit
+
+        if "x_embedder.proj" in mods:
+            return Denoiser(
+                "mmdit",
+                architecture,
+                "sai",
+                mmdit.bind_native(Ops(mods, what), architecture, dtype, mods.get("")),
+            )
+        return Denoiser(
+            "mmdit", architecture, "diffusers", mmdit.bind_diffusers(Ops(mods, what), architecture, dtype)
+        )
     if architecture in WAN:
         from .. import ops as castable
         from .wan import bind_wan
@@ -97,6 +114,13 @@ def bind(component, architecture: str | None, dtype=None) -> Denoiser:
 
 
 __all__ = ["FLUX", "SUPPORTED", "UNETS", "Denoiser", "bind"]
+
+
+def _is_mmdit(mods) -> bool:
+    """SD3's joint blocks, in Stability's or diffusers' naming."""
+    return "joint_blocks.0.context_block.attn.qkv" in mods or (
+        "pos_embed.proj" in mods and "transformer_blocks.0.norm1_context.linear" in mods
+    )
 
 
 def ops_in_original_naming(mods) -> bool:

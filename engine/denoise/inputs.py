@@ -18,6 +18,11 @@ FLUX.1 (`flux.model.Flux.forward`): `img` [B, L, 64] latents packed in 2×2 patc
 `txt_ids` [B, T, 3] (zeros), `timesteps` [B] in 0–1, `y` [B, 768] pooled CLIP-L, and `guidance` [B] for
 dev (BFL's `sampling.prepare` and `cli.py`: 512 T5 tokens for dev, 256 for schnell, guidance 3.5).
 
+SD3 / SD3.5 (`mmditx.MMDiTX.forward(x, t, y, context)`): `x` [B, 16, h, w] latents (h, w an 8th of the
+pixels, even), `t` [B] in 0–1000 (1000·sigma), `y` [B, 2048] pooled CLIP-L (768) then CLIP-G (1280),
+`context` [B, L, 4096]: CLIP-L/G's hidden states (768 + 1280, zero-padded to 4096) then T5-XXL's
+(SD3's reference sampling: 77 + 77 tokens).
+
 Chroma: FLUX.1's `img`, `img_ids`, `txt`, `txt_ids` and `timesteps` (0–1); no pooled CLIP vector and no
 guidance input (its pipelines embed guidance 0, as diffusers' ChromaTransformer2DModel does).
 """
@@ -32,6 +37,8 @@ from .common import timestep_embedding
 UNET_INPUTS = ("x", "timesteps", "context", "y")
 FLUX_INPUTS = ("img", "img_ids", "txt", "txt_ids", "timesteps", "y", "guidance")
 WAN_INPUTS = ("x", "t", "context")
+MMDIT_INPUTS = ("x", "t", "y", "context")
+MMDIT_TOKENS = 154  # CLIP-L/G's 77 tokens then T5's 77 (SD3's reference sampling)
 CHROMA_INPUTS = FLUX_INPUTS[:5]
 WAN_TOKENS = 512
 UNET_TOKENS = 77
@@ -51,6 +58,8 @@ def names(model) -> tuple[str, ...]:
         return WAN_INPUTS
     if getattr(model, "family", "") == "chroma":
         return CHROMA_INPUTS
+    if getattr(model, "family", "") == "mmdit":
+        return MMDIT_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
 
 
@@ -67,6 +76,14 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         if model.adm_channels:
             out["y"] = _adm(model.adm_channels, width, height, batch, g)
         return out
+    if getattr(model, "family", "") == "mmdit":
+        h, w = _latent(width, height, 16)
+        return {
+            "x": torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
+            "t": torch.rand(batch, generator=g) * 1000.0,
+            "y": torch.randn(batch, model.pooled_dim, generator=g),
+            "context": torch.randn(batch, MMDIT_TOKENS, model.context_dim, generator=g),
+        }
     if getattr(model, "family", "") == "wan":  # one latent frame: an image-sized step of a video model
         h, w = _latent(width, height, 16)
         return {
@@ -136,6 +153,13 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
 
 
 def _shapes(model, got) -> dict:
+    if getattr(model, "family", "") == "mmdit":
+        return {
+            "x": (None, model.in_channels, None, None),
+            "t": (None,),
+            "y": (None, model.pooled_dim),
+            "context": (None, None, model.context_dim),
+        }
     if getattr(model, "family", "") == "wan":
         return {
             "x": (None, model.in_channels, None, None, None),

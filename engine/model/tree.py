@@ -82,11 +82,11 @@ def classify(path: str, tensors: dict[str, TensorInfo]) -> str:
 
 
 def _norm_named(path: str) -> bool:
-    """A norm by its name: `…query_norm`, `…norm1`, or an item of a list of norms (Chroma's
+    """A norm by its name: `…query_norm`, `…norm1`, `…ln_q`, or an item of a list of norms (Chroma's
     `distilled_guidance_layer.norms.3`)."""
     parts = path.split(".")
     last = parts[-2] if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
-    return "norm" in last
+    return "norm" in last or last.startswith("ln_")  # SD3.5's per-head `ln_q` / `ln_k`
 
 
 def module_specs(tensors: Iterable[tuple[str, TensorInfo]]) -> list[ModuleSpec]:
