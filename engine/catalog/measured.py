@@ -22,10 +22,16 @@ MAX_BYTES = 4 << 20  # beyond this the oldest half is dropped on the next write
 # Activation memory a step asks for on top of the weights (so other models are evicted first): bytes
 # per latent pixel (UNet) or image token (FLUX) per batch item in float32, half that in 16-bit — our own
 # rough figures (skips, the GEGLU / MLP widths and attention with SDPA's memory-efficient kernels).
-ACTIVATION_BYTES = {"unet": 64 * 1024, "flux": 128 * 1024, "mmdit": 96 * 1024, "wan": 96 * 1024}
+ACTIVATION_BYTES = {
+    "unet": 64 * 1024,
+    "flux": 128 * 1024,
+    "mmdit": 96 * 1024,
+    "qwen_image": 128 * 1024,
+    "wan": 96 * 1024,
+}
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
-UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "wan": 16}
+UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "qwen_image": 16, "wan": 16}
 # Bytes a second a partial step streams its offloaded modules at, for the prediction before any step
 # is measured (pinned host RAM to a GPU over PCIe 4 x16 ~ 12 GB/s; page cache to RAM ~ 4 GB/s here).
 STREAM_BYTES_PER_S = {"cuda": 12e9, "cpu": 4e9}

@@ -1,5 +1,5 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's and
-Chroma's transformers, SD3 / SD3.5's MMDiT, Wan 2.x's, run on the component's own castable ops (the residency manager's modules, tiers and
+Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's and Wan 2.x's, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
@@ -22,7 +22,8 @@ WAN = ("wan21", "wan22")  # the text-to-video transformers (engine.denoise.wan)
 CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (engine.denoise.flux)
 # SD3 / SD3.5 (engine.denoise.mmdit); `mmdit`: an MMDiT of no known release size (read from its shapes)
 MMDIT = ("sd3", "sd3.5_medium", "sd3.5_large", "mmdit")
-SUPPORTED = UNETS + FLUX + CHROMA + MMDIT + WAN
+QWEN = ("qwen_image",)  # engine.denoise.qwen_image
+SUPPORTED = UNETS + FLUX + CHROMA + MMDIT + QWEN + WAN
 
 
 @dataclass
@@ -89,6 +90,12 @@ def bind(component, architecture: str | None, dtype=None) -> Denoiser:
             )
         return Denoiser(
             "mmdit", architecture, "diffusers", mmdit.bind_diffusers(Ops(mods, what), architecture, dtype)
+        )
+    if architecture in QWEN:
+        from .qwen_image import bind_qwen_image
+
+        return Denoiser(
+            "qwen_image", architecture, "diffusers", bind_qwen_image(Ops(mods, what), architecture, dtype)
         )
     if architecture in WAN:
         from .. import ops as castable

@@ -23,6 +23,10 @@ pixels, even), `t` [B] in 0–1000 (1000·sigma), `y` [B, 2048] pooled CLIP-L (7
 `context` [B, L, 4096]: CLIP-L/G's hidden states (768 + 1280, zero-padded to 4096) then T5-XXL's
 (SD3's reference sampling: 77 + 77 tokens).
 
+Qwen-Image (its pipeline around `QwenImageTransformer2DModel`): `x` [B, 16, h, w] latents (one frame;
+packed into 2×2 patches inside, h and w even), `timesteps` [B] in 0–1, `context` [B, T, 3584]
+Qwen2.5-VL states.
+
 Chroma: FLUX.1's `img`, `img_ids`, `txt`, `txt_ids` and `timesteps` (0–1); no pooled CLIP vector and no
 guidance input (its pipelines embed guidance 0, as diffusers' ChromaTransformer2DModel does).
 """
@@ -38,6 +42,8 @@ UNET_INPUTS = ("x", "timesteps", "context", "y")
 FLUX_INPUTS = ("img", "img_ids", "txt", "txt_ids", "timesteps", "y", "guidance")
 WAN_INPUTS = ("x", "t", "context")
 MMDIT_INPUTS = ("x", "t", "y", "context")
+QWEN_INPUTS = ("x", "timesteps", "context")
+QWEN_TOKENS = 256  # Qwen2.5-VL prompt states (the pipeline drops its 34-token system prefix)
 MMDIT_TOKENS = 154  # CLIP-L/G's 77 tokens then T5's 77 (SD3's reference sampling)
 CHROMA_INPUTS = FLUX_INPUTS[:5]
 WAN_TOKENS = 512
@@ -60,6 +66,8 @@ def names(model) -> tuple[str, ...]:
         return CHROMA_INPUTS
     if getattr(model, "family", "") == "mmdit":
         return MMDIT_INPUTS
+    if getattr(model, "family", "") == "qwen_image":
+        return QWEN_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
 
 
@@ -83,6 +91,13 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
             "t": torch.rand(batch, generator=g) * 1000.0,
             "y": torch.randn(batch, model.pooled_dim, generator=g),
             "context": torch.randn(batch, MMDIT_TOKENS, model.context_dim, generator=g),
+        }
+    if getattr(model, "family", "") == "qwen_image":
+        h, w = _latent(width, height, 16)
+        return {
+            "x": torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
+            "timesteps": torch.rand(batch, generator=g),
+            "context": torch.randn(batch, QWEN_TOKENS, model.context_dim, generator=g),
         }
     if getattr(model, "family", "") == "wan":  # one latent frame: an image-sized step of a video model
         h, w = _latent(width, height, 16)
@@ -153,6 +168,12 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
 
 
 def _shapes(model, got) -> dict:
+    if getattr(model, "family", "") == "qwen_image":
+        return {
+            "x": (None, model.in_channels, None, None),
+            "timesteps": (None,),
+            "context": (None, None, model.context_dim),
+        }
     if getattr(model, "family", "") == "mmdit":
         return {
             "x": (None, model.in_channels, None, None),

@@ -1,0 +1,189 @@
+"""Qwen-Image's transformer forward pass, run on the component's own castable ops, in its one naming (it was
+released in diffusers' naming, which ComfyUI's repackaged files keep).
+
+Architecture facts, from diffusers' `QwenImageTransformer2DModel` (`transformer_qwenimage.py`) and the
+Qwen-Image pipeline's latent packing (written from that description, nothing copied):
+
+* x [B, 16, h, w] latents → 2×2 patches, channels first (c, p, q) → `img_in` [D, 64]; the output's
+  `proj_out` rows are unpacked the same way.
+* context [B, T, 3584] Qwen2.5-VL states → `txt_norm` (RMSNorm, eps 1e-6) → `txt_in`.
+* temb = Linear, SiLU, Linear (`time_text_embed.timestep_embedder`) of the 256-wide sinusoidal
+  embedding (cosines first) of 1000·t, t in 0–1.
+* block, per stream (img, txt): `*_mod.1`(SiLU(temb)) → (shift, scale, gate, shift₂, scale₂, gate₂);
+  LayerNorm without affine (eps 1e-6), x·(1 + scale) + shift; q, k, v (`to_q` … for the image,
+  `add_q_proj` … for the text), per-head RMSNorm of q and k, rotary embedding; one attention over
+  [txt, img]; x += gate·out (`to_out.0`, `to_add_out`); x += gate₂·MLP(LN(x)·(1 + scale₂) + shift₂) with
+  a tanh-GELU MLP (`*_mlp.net.0.proj`, `*_mlp.net.2`). Heads of 128.
+* rotary positions, 3 axes of (16, 56, 56) dims, theta 10000, on interleaved pairs (FLUX.1's rotation):
+  the image token at patch row r, column c of an h × w grid sits at (0, r − (h − h//2), c − (w − w//2)),
+  centred on the grid (`scale_rope`); text token i sits at s + i on all three axes, s = max(h//2, w//2).
+* out: `norm_out.linear`(SiLU(temb)) → (scale, shift) (diffusers' order), proj_out(LN(x)·(1 + scale) + shift).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UnsupportedModel
+from .common import Ops, timestep_embedding, wshape
+from .flux import Proj, rope_table
+
+HEAD_DIM = 128
+LN_EPS = 1e-6
+TIME_FACTOR = 1000.0
+
+
+@dataclass
+class Stream:
+    mod: object
+    qkv: Proj
+    norm_q: object
+    norm_k: object
+    out: object
+    mlp_in: object
+    mlp_out: object
+
+
+@dataclass
+class Block:
+    img: Stream
+    txt: Stream
+
+    def ops(self) -> list:
+        i, t = self.img, self.txt
+        return [i.mod, t.mod, *i.qkv.ops(), *t.qkv.ops(), i.norm_q, i.norm_k, t.norm_q, t.norm_k,
+                i.out, t.out, i.mlp_in, i.mlp_out, t.mlp_in, t.mlp_out]  # fmt: skip
+
+
+def _ln(x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), eps=LN_EPS)
+
+
+def _heads(x: torch.Tensor) -> torch.Tensor:
+    b, n, inner = x.shape
+    return x.reshape(b, n, inner // HEAD_DIM, HEAD_DIM).transpose(1, 2)
+
+
+def _rope(x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
+    xf = x.float().reshape(*x.shape[:-1], -1, 1, 2)
+    out = pe[..., 0] * xf[..., 0] + pe[..., 1] * xf[..., 1]
+    return out.reshape(x.shape).type_as(x)
+
+
+def positions(h: int, w: int, n_txt: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([h·w, 3] image, [n_txt, 3] text) positions, float, as the rotary embedding takes them."""
+    rows = torch.arange(h) - (h - h // 2)
+    cols = torch.arange(w) - (w - w // 2)
+    img = torch.zeros(h, w, 3)
+    img[..., 1] = rows[:, None]
+    img[..., 2] = cols[None, :]
+    start = max(h // 2, w // 2)
+    txt = (start + torch.arange(n_txt, dtype=torch.float32))[:, None].expand(n_txt, 3)
+    return img.reshape(h * w, 3), txt
+
+
+@dataclass
+class QwenImage:
+    """A bound Qwen-Image transformer: call it with x [B, 16, h, w], timesteps [B] (0–1) and context
+    [B, T, 3584]."""
+
+    architecture: str
+    img_in: object
+    txt_norm: object
+    txt_in: object
+    time: tuple[object, object]
+    blocks: list[Block]
+    norm_out: object
+    proj_out: object
+    heads: int
+    dtype: torch.dtype = torch.float32
+    family = "qwen_image"
+
+    @property
+    def in_channels(self) -> int:
+        return wshape(self.img_in)[1] // 4
+
+    @property
+    def context_dim(self) -> int:
+        return wshape(self.txt_in)[1]
+
+    def __call__(self, x, timesteps, context) -> torch.Tensor:
+        dt = self.dtype
+        b, c, height, width = x.shape
+        h, w = height // 2, width // 2
+        img = x.to(dt).reshape(b, c, h, 2, w, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, h * w, c * 4)
+        img = self.img_in(img)
+        emb = timestep_embedding(TIME_FACTOR * timesteps.float(), 256).to(dt)
+        temb = self.time[1](F.silu(self.time[0](emb)))
+        ts = F.silu(temb)
+        txt = self.txt_in(self.txt_norm(context.to(dt)).to(dt))
+        ipos, tpos = positions(h, w, txt.shape[1])
+        pe = rope_table(torch.cat([tpos, ipos]).to(x.device)[None])
+        for blk in self.blocks:
+            img, txt = self._block(blk, img, txt, ts, pe)
+        scale, shift = self.norm_out(ts)[:, None].chunk(2, dim=-1)
+        out = self.proj_out((1 + scale) * _ln(img) + shift)
+        co = out.shape[-1] // 4
+        return out.reshape(b, h, w, co, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, co, height, width)
+
+    def _block(self, blk: Block, img, txt, ts, pe):
+        im = blk.img.mod(ts)[:, None].chunk(6, dim=-1)
+        tm = blk.txt.mod(ts)[:, None].chunk(6, dim=-1)
+        iq, ik, iv = (_heads(t) for t in blk.img.qkv((1 + im[1]) * _ln(img) + im[0]))
+        tq, tk, tv = (_heads(t) for t in blk.txt.qkv((1 + tm[1]) * _ln(txt) + tm[0]))
+        iq, ik = blk.img.norm_q(iq).to(iv.dtype), blk.img.norm_k(ik).to(iv.dtype)
+        tq, tk = blk.txt.norm_q(tq).to(tv.dtype), blk.txt.norm_k(tk).to(tv.dtype)
+        q = _rope(torch.cat([tq, iq], 2), pe)
+        k = _rope(torch.cat([tk, ik], 2), pe)
+        o = F.scaled_dot_product_attention(q, k, torch.cat([tv, iv], 2))
+        bsz, heads, n, d = o.shape
+        o = o.transpose(1, 2).reshape(bsz, n, heads * d)
+        nt = txt.shape[1]
+        img = img + im[2] * blk.img.out(o[:, nt:])
+        txt = txt + tm[2] * blk.txt.out(o[:, :nt])
+        img = img + im[5] * blk.img.mlp_out(
+            F.gelu(blk.img.mlp_in((1 + im[4]) * _ln(img) + im[3]), approximate="tanh")
+        )
+        txt = txt + tm[5] * blk.txt.mlp_out(
+            F.gelu(blk.txt.mlp_in((1 + tm[4]) * _ln(txt) + tm[3]), approximate="tanh")
+        )
+        return img, txt
+
+    def op_order(self) -> list:
+        order = [self.img_in, *self.time, self.txt_norm, self.txt_in]
+        for blk in self.blocks:
+            order += blk.ops()
+        return [*order, self.norm_out, self.proj_out]
+
+
+def bind_qwen_image(ops: Ops, architecture: str, dtype: torch.dtype) -> QwenImage:
+    if "time_text_embed.addition_t_embedding" in ops:
+        raise UnsupportedModel(f"{ops.what}: Qwen-Image-Layered is not stepped yet (Loadout runs Qwen-Image)")
+    if hasattr(ops.get("") or object(), "__index_timestep_zero__"):  # ComfyUI's marker, a root tensor
+        raise UnsupportedModel(
+            f"{ops.what}: Qwen-Image-Edit 2511 is not stepped yet (Loadout runs Qwen-Image)"
+        )
+    hidden = wshape(ops["img_in"])[0]
+    if hidden % HEAD_DIM:
+        raise UnsupportedModel(
+            f"{ops.what}: width {hidden} is not a multiple of Qwen-Image's {HEAD_DIM}-wide heads"
+        )
+    blocks = []
+    for i in ops.children("transformer_blocks"):
+        p, a = f"transformer_blocks.{i}", f"transformer_blocks.{i}.attn"
+        img = Stream(ops[f"{p}.img_mod.1"], Proj(None, parts=(ops[f"{a}.to_q"], ops[f"{a}.to_k"], ops[f"{a}.to_v"])),
+                     ops[f"{a}.norm_q"], ops[f"{a}.norm_k"], ops[f"{a}.to_out.0"], ops[f"{p}.img_mlp.net.0.proj"],
+                     ops[f"{p}.img_mlp.net.2"])  # fmt: skip
+        txt = Stream(ops[f"{p}.txt_mod.1"],
+                     Proj(None, parts=(ops[f"{a}.add_q_proj"], ops[f"{a}.add_k_proj"], ops[f"{a}.add_v_proj"])),
+                     ops[f"{a}.norm_added_q"], ops[f"{a}.norm_added_k"], ops[f"{a}.to_add_out"],
+                     ops[f"{p}.txt_mlp.net.0.proj"], ops[f"{p}.txt_mlp.net.2"])  # fmt: skip
+        blocks.append(Block(img, txt))
+    te = "time_text_embed.timestep_embedder"
+    return QwenImage(
+        architecture, ops["img_in"], ops["txt_norm"], ops["txt_in"], (ops[f"{te}.linear_1"], ops[f"{te}.linear_2"]),
+        blocks, ops["norm_out.linear"], ops["proj_out"], hidden // HEAD_DIM, dtype,
+    )  # fmt: skip

@@ -1,0 +1,91 @@
+"""Qwen-Image's transformer (engine.denoise.qwen_image) against diffusers' QwenImageTransformer2DModel on
+the same weights (its own state dict: Qwen-Image's one naming), reduced width (2 heads of 128) and
+depth, float32, CPU; its positions, op order, and a step fully and partially resident."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from denoise_files import rel_l2, write
+
+from engine import denoise
+from engine.detect import detect_file
+from engine.devices import DeviceOptions
+from engine.facade import Engine
+from engine.formats.safetensors import SafetensorsFile
+from engine.model import Component
+from engine.requests import Step
+
+TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    from diffusers import QwenImageTransformer2DModel
+
+    ref = QwenImageTransformer2DModel(num_layers=2, num_attention_heads=2, joint_attention_dim=96)
+    g = torch.Generator().manual_seed(4)
+    sd = {}
+    for k, p in ref.state_dict().items():
+        r = torch.randn(p.shape, generator=g)
+        sd[k] = r / math.sqrt(p.shape[1]) if p.dim() == 2 else (1 + 0.1 * r if "norm" in k else 0.1 * r)
+    ref.load_state_dict(sd, strict=True)
+    path = write(tmp_path_factory.mktemp("qwen") / "qwen_image.safetensors", sd)
+    return path, ref.eval()
+
+
+def test_qwen_image_equals_diffusers(qwen):
+    path, ref = qwen
+    assert detect_file(str(path)).architecture == "qwen_image"
+    den = denoise.bind(Component("transformer", path, ""), "qwen_image")
+    inputs = den.random_inputs(96, 160, batch=2, seed=2)  # a 6 x 10 patch grid (odd halves: 3, 5)
+    assert inputs["x"].shape == (2, 16, 20, 12) and inputs["context"].shape == (2, 256, 96)
+    inputs["context"] = inputs["context"][:, :40]
+    b, c, h, w = inputs["x"].shape
+    packed = inputs["x"].reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c * 4)
+    with torch.inference_mode():
+        out = den(inputs)
+        want = ref(
+            hidden_states=packed, encoder_hidden_states=inputs["context"], timestep=inputs["timesteps"],
+            img_shapes=[(1, h // 2, w // 2)] * b,
+        ).sample  # fmt: skip
+    want = want.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+    err = rel_l2(out, want)
+    print(f"qwen_image: relative L2 {err:.2e}")
+    assert out.shape == inputs["x"].shape and err <= TOL
+
+
+def test_qwen_image_op_order_is_the_call_order(qwen):
+    path, _ = qwen
+    c = Component("transformer", path, "")
+    den = denoise.bind(c, "qwen_image")
+    seen = []
+
+    def record(op):
+        seen.append(op)
+        return {a: getattr(op, a) for a in (op.weight_attr, "bias") if getattr(op, a, None) is not None}
+
+    for u in c.units:
+        u.module.fetch = record
+    with torch.inference_mode():
+        den(den.random_inputs(64, 64))
+    assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
+    assert len(seen) == len(c.units)
+
+
+def test_qwen_image_steps_fully_and_partially_alike(qwen, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    path, _ = qwen
+    outs = {}
+    for name, budget in (("full", None), ("partial", 0.004)):
+        e = Engine()
+        e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
+        try:
+            r = e.run(Step(str(path), size=(64, 64), steps=1, out=str(tmp_path / f"{name}.safetensors")))
+        finally:
+            e.close()
+        assert (r.mode, r.architecture, r.output_shape) == (name, "qwen_image", (1, 16, 8, 8))
+        outs[name] = SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone()
+    assert torch.equal(outs["full"], outs["partial"])
