@@ -359,7 +359,7 @@ class Engine:
 
         token = token or CancelToken()
         self._components_of(req.model, ())
-        comp = denoiser_of(self.loaded.of_file(req.model))
+        comp = denoiser_of(self.loaded.of_file(req.model), req.component)
         if req.loras is not None:
             self.set_loras(req.model, req.loras, token=token, report=report)
         return step(self._parts(), comp, req, token, report)

@@ -271,8 +271,8 @@ class Configured:
 
 @dataclass(frozen=True)
 class Step:
-    """Run the denoiser of `model` for `steps` forward passes under the residency manager (`loadout
-    step`). `loras`: set this LoRA stack on the model first (as SetLoras); None keeps the one applied.
+    """Run the denoiser of `model` (or its `component`, e.g. a text encoder) for `steps` forward passes
+    under the residency manager (`loadout step`). `loras`: set this LoRA stack on the model first (as SetLoras); None keeps the one applied.
     `inputs`: a .safetensors file of the forward's inputs (engine.denoise.inputs says which), else
     seeded random ones for an image of `size` = (width, height) pixels. `out`: write the last
     output there as the float32 tensor `out`."""
@@ -284,6 +284,7 @@ class Step:
     steps: int = 1
     out: str | None = None
     seed: int = 0
+    component: str | None = None  # which of the file's components: default its denoiser, else a text encoder
 
 
 @dataclass(frozen=True)

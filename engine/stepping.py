@@ -24,12 +24,22 @@ from .requests import Step, StepResult
 DENOISERS = ("unet", "transformer")
 
 
-def denoiser_of(components: dict):
-    """The denoiser among a file's components (name -> component), or a FormatError."""
-    for name in DENOISERS:
-        if name in components:
-            return components[name]
-    raise FormatError("this file holds no denoiser (UNet or diffusion transformer) to step")
+def denoiser_of(components: dict, name: str | None = None):
+    """The component to step among a file's (name -> component): the one named, else its denoiser, else
+    (a text encoder's own file) its text encoder; a FormatError when there is none."""
+    from .model.dtypes import role_of
+
+    if name is not None:
+        if name not in components:
+            raise FormatError(f"this file has no component {name} (it has {', '.join(components) or 'none'})")
+        return components[name]
+    for n in DENOISERS:
+        if n in components:
+            return components[n]
+    for n, c in components.items():
+        if role_of(n) == "text_encoder":
+            return c
+    raise FormatError("this file holds no denoiser (UNet or diffusion transformer) or text encoder to step")
 
 
 def architecture_of(component):
@@ -181,6 +191,8 @@ def _units(den, inputs: dict) -> int:
     first = inputs[den.input_names[0]]
     if den.kind == "wan":
         return first.shape[0] * first.shape[2] * (first.shape[3] // 2) * (first.shape[4] // 2)
+    if den.kind == "text":
+        return first.shape[0] * first.shape[1]  # tokens
     if den.kind in ("mmdit", "qwen_image"):
         return first.shape[0] * (first.shape[2] // 2) * (first.shape[3] // 2)
     return first.shape[0] * (first.shape[2] * first.shape[3] if den.kind == "unet" else first.shape[1])
@@ -197,6 +209,9 @@ def _activation_bytes(den, inputs: dict, dtype) -> int:
 def _record(parts, req: Step, den, inputs: dict, result: StepResult) -> None:
     """Keep the measurement, so `loadout plan` calibrates its step prediction for this file and device."""
     from .catalog.measured import record_step
+
+    if den.kind == "text":  # a text encoder's run is not a sampling step: the plan calibrates from those
+        return
 
     first = inputs[den.input_names[0]]
     if den.kind in ("unet", "mmdit", "qwen_image"):

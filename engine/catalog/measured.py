@@ -28,6 +28,7 @@ ACTIVATION_BYTES = {
     "mmdit": 96 * 1024,
     "qwen_image": 128 * 1024,
     "wan": 96 * 1024,
+    "text": 64 * 1024,  # text encoders: per token
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).

@@ -46,6 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--steps", type=_positive, default=1, metavar="N", help="forward passes to run (default 1)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument(
+        "--component", metavar="NAME",
+        help="step this component of the file (e.g. clip_l, t5xxl) instead of its denoiser",
+    )  # fmt: skip
     p.add_argument("--out", metavar="OUT.safetensors", help="write the last output as tensor `out` (float32)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_device_arguments(p)
@@ -69,7 +73,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine.detect(options_from_args(args))
         r = engine.run(
-            Step(args.model, loras, args.inputs, tuple(args.size), args.steps, args.out, args.seed),
+            Step(
+                args.model,
+                loras,
+                args.inputs,
+                tuple(args.size),
+                args.steps,
+                args.out,
+                args.seed,
+                args.component,
+            ),
             report=_StderrSteps(args.json),
         )
     finally:

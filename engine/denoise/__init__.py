@@ -57,7 +57,11 @@ def bind(component, architecture: str | None, dtype=None) -> Denoiser:
     in `dtype` (default: the component's compute dtype)."""
     import torch
 
+    from ..model.dtypes import role_of
+
     mods = {u.path: u.module for u in component.units}
+    if role_of(component.name) == "text_encoder":
+        return _bind_text(component, mods, dtype or getattr(torch, component.compute_dtype))
     if architecture is None and _is_mmdit(mods):
         architecture = "mmdit"  # joint blocks of no release's size: an MMDiT is read from its shapes
     if architecture not in SUPPORTED:
@@ -121,6 +125,22 @@ def bind(component, architecture: str | None, dtype=None) -> Denoiser:
 
 
 __all__ = ["FLUX", "SUPPORTED", "UNETS", "Denoiser", "bind"]
+
+
+def _bind_text(component, mods, dtype) -> Denoiser:
+    """A text encoder component: transformers' CLIP or T5 class on the component's ops (engine.denoise.text)."""
+    from . import text
+
+    what = f"{component.name} of {component.path}"
+    if "text_model.embeddings.token_embedding" in mods:
+        model = text.bind_clip(Ops(mods, what), component.name, dtype)
+    elif "encoder.block.0.layer.0.SelfAttention.q" in mods:
+        model = text.bind_t5(Ops(mods, what), component.name, dtype)
+    else:
+        raise UnsupportedModel(
+            f"{what}: Loadout steps CLIP and T5 text encoders in transformers' naming, not this one yet"
+        )
+    return Denoiser("text", component.name, "transformers", model)
 
 
 def _is_mmdit(mods) -> bool:

@@ -27,6 +27,9 @@ Qwen-Image (its pipeline around `QwenImageTransformer2DModel`): `x` [B, 16, h, w
 packed into 2×2 patches inside, h and w even), `timesteps` [B] in 0–1, `context` [B, T, 3584]
 Qwen2.5-VL states.
 
+Text encoders (transformers' CLIPTextModel / T5EncoderModel forward): `input_ids` [B, T] token ids (77
+for CLIP, 512 for T5 when random).
+
 Chroma: FLUX.1's `img`, `img_ids`, `txt`, `txt_ids` and `timesteps` (0–1); no pooled CLIP vector and no
 guidance input (its pipelines embed guidance 0, as diffusers' ChromaTransformer2DModel does).
 """
@@ -43,6 +46,7 @@ FLUX_INPUTS = ("img", "img_ids", "txt", "txt_ids", "timesteps", "y", "guidance")
 WAN_INPUTS = ("x", "t", "context")
 MMDIT_INPUTS = ("x", "t", "y", "context")
 QWEN_INPUTS = ("x", "timesteps", "context")
+TEXT_INPUTS = ("input_ids",)
 QWEN_TOKENS = 256  # Qwen2.5-VL prompt states (the pipeline drops its 34-token system prefix)
 MMDIT_TOKENS = 154  # CLIP-L/G's 77 tokens then T5's 77 (SD3's reference sampling)
 CHROMA_INPUTS = FLUX_INPUTS[:5]
@@ -68,6 +72,8 @@ def names(model) -> tuple[str, ...]:
         return MMDIT_INPUTS
     if getattr(model, "family", "") == "qwen_image":
         return QWEN_INPUTS
+    if getattr(model, "family", "") == "text":
+        return TEXT_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
 
 
@@ -92,6 +98,8 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
             "y": torch.randn(batch, model.pooled_dim, generator=g),
             "context": torch.randn(batch, MMDIT_TOKENS, model.context_dim, generator=g),
         }
+    if getattr(model, "family", "") == "text":  # a prompt's worth of token ids (the size does not apply)
+        return {"input_ids": torch.randint(0, model.vocab, (batch, model.tokens), generator=g)}
     if getattr(model, "family", "") == "qwen_image":
         h, w = _latent(width, height, 16)
         return {
@@ -168,6 +176,8 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
 
 
 def _shapes(model, got) -> dict:
+    if getattr(model, "family", "") == "text":
+        return {"input_ids": (None, None)}
     if getattr(model, "family", "") == "qwen_image":
         return {
             "x": (None, model.in_channels, None, None),

@@ -65,7 +65,11 @@ def classify(path: str, tensors: dict[str, TensorInfo]) -> str:
         return "plain"
     last = path.rsplit(".", 1)[-1]
     nd = len(w.shape)
-    if nd == 2 and b is None and "embedding" in last or last == "embed_tokens":
+    if (
+        nd == 2
+        and b is None
+        and ("embedding" in last or last in ("embed_tokens", "shared", "relative_attention_bias"))
+    ):
         return "embedding"
     if b is not None and b.shape != w.shape[:1]:
         return "plain"

@@ -1,0 +1,120 @@
+"""Text encoders stepped on the ledger's ops (engine.denoise.text): transformers' CLIP and T5 encoder
+classes built from the file's shapes, their layers the component's castable ops, against an independent
+transformers model of the release's configuration on the same weights (float32, reduced sizes); a step
+of a text encoder fully and partially resident."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from denoise_files import rel_l2, write
+
+from engine import denoise
+from engine.devices import DeviceOptions
+from engine.facade import Engine
+from engine.formats.safetensors import SafetensorsFile
+from engine.model import Component
+from engine.ops import Embedding
+from engine.requests import Step
+
+TOL = 1e-3
+
+
+def _random(model, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for k, p in model.state_dict().items():
+        r = torch.randn(p.shape, generator=g)
+        if p.dim() == 2:
+            sd[k] = r / math.sqrt(p.shape[1]) if "embed" not in k and "shared" not in k else r * 0.5
+        else:
+            sd[k] = 1 + 0.1 * r if "norm" in k else 0.1 * r
+    if "shared.weight" in sd and "encoder.embed_tokens.weight" in sd:  # one tied embedding, as files hold it
+        sd["encoder.embed_tokens.weight"] = sd["shared.weight"]
+    model.load_state_dict(sd, strict=False)
+    return sd
+
+
+def _clip(hidden: int, act: str, projection: bool):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    cfg = CLIPTextConfig(vocab_size=1000, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=2,
+                         num_attention_heads=hidden // 64, max_position_embeddings=77, hidden_act=act,
+                         projection_dim=hidden)  # fmt: skip
+    return (CLIPTextModelWithProjection if projection else CLIPTextModel)(cfg).eval()
+
+
+def _t5(umt5: bool):
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
+
+    kw = dict(vocab_size=500, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_heads=4,
+              feed_forward_proj="gated-gelu", is_encoder_decoder=False)  # fmt: skip
+    return (UMT5EncoderModel(UMT5Config(**kw)) if umt5 else T5EncoderModel(T5Config(**kw))).eval()
+
+
+CASES = {
+    # name: (component, make the reference, key prefix in the file)
+    "clip_l": ("clip_l", lambda: _clip(768, "quick_gelu", False), "cond_stage_model.transformer."),
+    "clip_g": ("clip_g", lambda: _clip(128, "gelu", True), ""),
+    "t5xxl": ("t5xxl", lambda: _t5(False), ""),
+    "umt5_xxl": ("umt5_xxl", lambda: _t5(True), ""),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_text_encoder_equals_transformers(tmp_path, name):
+    comp_name, make, prefix = CASES[name]
+    ref = make()
+    sd = _random(ref, seed=len(name))
+    if name == "clip_l":  # transformers 5's CLIPTextModel drops the `text_model.` the files keep
+        sd = {k if k.startswith("text_model.") else f"text_model.{k}": v for k, v in sd.items()}
+    path = write(
+        tmp_path / f"{name}.safetensors", {prefix + k: v for k, v in sd.items() if "position_ids" not in k}
+    )
+    den = denoise.bind(Component(comp_name, path, prefix), None)
+    assert den.kind == "text" and den.input_names == ("input_ids",)
+    ids = den.random_inputs(512, 512, batch=2, seed=1)["input_ids"][:, :40]
+    with torch.inference_mode():
+        out = den({"input_ids": ids})
+        want = ref(input_ids=ids).last_hidden_state
+    err = rel_l2(out, want)
+    print(f"{name}: relative L2 {err:.2e}")
+    assert out.shape == want.shape and err <= TOL
+    seen = []
+
+    def record(op):
+        seen.append(op)
+        return {a: getattr(op, a) for a in (op.weight_attr, "bias") if getattr(op, a, None) is not None}
+
+    c = Component(comp_name, path, prefix)
+    den = denoise.bind(c, None)
+    for u in c.units:
+        u.module.fetch = record
+    with torch.inference_mode():
+        den({"input_ids": ids})
+    # embeddings are read where they lie (a lookup, never streamed): every other op in call order
+    order = [o for o in den.op_order() if not isinstance(o, Embedding)]
+    assert [id(o) for o in seen] == [id(o) for o in order]
+    paths = {u.path for u in c.units}
+    twin = {"shared", "encoder.embed_tokens"} <= paths  # T5's tied embedding, stored twice: one is used
+    assert len(order) + sum(isinstance(o, Embedding) for o in den.op_order()) == len(c.units) - twin
+
+
+def test_a_text_encoder_steps_fully_and_partially_alike(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    ref = _clip(768, "quick_gelu", False)  # CLIP-L's width: a text encoder detection names (clip_l)
+    sd = {k if k.startswith("text_model.") else f"text_model.{k}": v for k, v in _random(ref, 3).items()}
+    path = write(tmp_path / "clip_l.safetensors", {k: v for k, v in sd.items() if "position_ids" not in k})
+    outs = {}
+    for name, budget in (("full", None), ("partial", 0.004)):
+        e = Engine()
+        e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
+        try:
+            r = e.run(Step(str(path), steps=2, out=str(tmp_path / f"{name}.safetensors")))
+        finally:
+            e.close()
+        assert (r.mode, r.component, r.output_shape) == (name, "clip_l", (1, 77, 768))
+        outs[name] = SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone()
+    assert torch.equal(outs["full"], outs["partial"])
