@@ -136,6 +136,11 @@ def _bind_text(component, mods, dtype) -> Denoiser:
         model = text.bind_clip(Ops(mods, what), component.name, dtype)
     elif "encoder.block.0.layer.0.SelfAttention.q" in mods:
         model = text.bind_t5(Ops(mods, what), component.name, dtype)
+    elif any(p.startswith("transformer.resblocks.") for p in mods):
+        raise UnsupportedModel(
+            f"{what}: an OpenCLIP-named CLIP (as SDXL checkpoints store CLIP-G) is not stepped yet; the same "
+            "encoder in transformers' naming (ComfyUI's clip_g.safetensors) is"
+        )
     else:
         raise UnsupportedModel(
             f"{what}: Loadout steps CLIP and T5 text encoders in transformers' naming, not this one yet"

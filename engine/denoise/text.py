@@ -61,9 +61,13 @@ class TextEncoder:
 def _swap(model, ops: Ops) -> None:
     """Every module of `model` at a path the component holds becomes the component's op (the weights
     then live only in the component); a path the model has and the file lacks stays meta, and fails."""
+    from ..ops import Castable
+
     for name, _ in list(model.named_modules()):
         op = ops.get(name)
-        if op is None or not name:
+        if (
+            not isinstance(op, Castable) or not name
+        ):  # a plain module (e.g. a stored position_ids): not a layer
             continue
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, op)
@@ -78,10 +82,6 @@ def bind_clip(ops: Ops, architecture: str, dtype: torch.dtype) -> TextEncoder:
     from torch import nn
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection
 
-    if ops.has_prefix("transformer.resblocks") or ops.has_prefix("model.transformer.resblocks"):
-        raise UnsupportedModel(
-            f"{ops.what}: OpenCLIP's naming is not stepped yet (Loadout runs transformers' naming)"
-        )
     t = "text_model"
     vocab, hidden = wshape(ops[f"{t}.embeddings.token_embedding"])
     positions = wshape(ops[f"{t}.embeddings.position_embedding"])[0]

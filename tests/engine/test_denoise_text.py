@@ -118,3 +118,17 @@ def test_a_text_encoder_steps_fully_and_partially_alike(tmp_path, monkeypatch):
         assert (r.mode, r.component, r.output_shape) == (name, "clip_l", (1, 77, 768))
         outs[name] = SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone()
     assert torch.equal(outs["full"], outs["partial"])
+
+
+def test_an_openclip_named_clip_g_is_refused_saying_what_runs(tmp_path):
+    from engine.errors import UnsupportedModel
+    from tests.support import synth
+
+    path = synth.write("sdxl_checkpoint", tmp_path / "sdxl.safetensors")
+    e = Engine()
+    e.detect(DeviceOptions(cpu=True))
+    try:
+        with pytest.raises(UnsupportedModel, match="OpenCLIP-named"):
+            e.run(Step(str(path), component="clip_g"))
+    finally:
+        e.close()
