@@ -1,5 +1,11 @@
-"""A sampling step of the SD1.5 UNet at a 64×64 latent (512×512 pixels) on the CPU: fully resident, and
-50 % / 10 % resident with the rest streamed from the disk tier — against diffusers on the same weights.
+"""A sampling step on the CPU, fully resident and 50 % / 10 % resident with the rest streamed from the disk
+tier — against diffusers on the same weights. `--family` picks the model:
+
+  * sd15 (default): the SD1.5 UNet at a 64×64 latent (512×512 pixels);
+  * flux: FLUX.1-dev at its real width (3072, 24 heads, MLP 12288, T5 4096 / CLIP 768 inputs) at reduced
+    depth (1 double and 2 single blocks: 0.62 B parameters, 2.5 GB) at 256×256 pixels with 512 T5 tokens;
+  * wan: Wan 2.1 T2V 1.3B at its real width (1536, 12 heads, FFN 8960, umT5 4096 context) at reduced
+    depth (4 blocks) on one 480×480 latent frame (900 tokens) with 512 context tokens.
 
 The weights: every key and shape of the SD1.5 UNet (the reference manifest), dense random float32
 (3.4 GB), saved in diffusers' naming (diffusers' own converter), so both sides read one file. Each
@@ -27,7 +33,8 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the 3.4 GB file between runs)
+Usage: bench_step.py [--family sd15|flux|wan] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+weights file between runs)
 """
 
 from __future__ import annotations
@@ -54,6 +61,54 @@ SD15 = dict(
     cross_attention_dim=768, attention_head_dim=8,
 )  # fmt: skip
 SIZE = (512, 512)
+# FLUX.1-dev's width (black-forest-labs/flux util.py configs["flux-dev"]) at 1 double + 2 single blocks
+FLUX = dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=2, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+            axes_dims_rope=(16, 56, 56))  # fmt: skip
+# Wan 2.1 T2V 1.3B's width (Wan2.1 configs/wan_t2v_1_3B.py: dim 1536, ffn 8960, 12 heads) at 4 blocks
+WAN = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+           text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+           eps=1e-6, rope_max_seq_len=1024)  # fmt: skip
+# family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
+FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
+            "wan": ((480, 480), "transformer", "wan21")}  # fmt: skip
+
+
+def _diffusers_model(family: str):
+    """diffusers' model of the family on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        if family == "flux":
+            from diffusers import FluxTransformer2DModel
+
+            return FluxTransformer2DModel(**FLUX)
+        if family == "wan":
+            from diffusers import WanTransformer3DModel
+
+            return WanTransformer3DModel(**WAN)
+        from diffusers import UNet2DConditionModel
+
+        return UNet2DConditionModel(**SD15)
+
+
+def write_random(path: Path, family: str) -> None:
+    """Dense random float32 weights of diffusers' model (its own naming): matrices ~ N(0, 1/fan_in), norm
+    scales ~ 1, the rest small."""
+    import torch
+
+    from engine.formats.safetensors import save_tensors
+
+    g = torch.Generator().manual_seed(0)
+    sd = {}
+    for k, t in _diffusers_model(family).state_dict().items():
+        shape = tuple(t.shape)
+        r = torch.randn(shape, generator=g)
+        if len(shape) >= 2 and "scale_shift_table" not in k:
+            sd[k] = r / math.sqrt(math.prod(shape[1:]))
+        else:
+            sd[k] = (1.0 if "norm" in k and k.endswith("weight") else 0.0) + 0.1 * r
+    save_tensors(path, sd)
 
 
 def write_weights(path: Path) -> None:
@@ -78,22 +133,34 @@ def write_weights(path: Path) -> None:
 # -- workers (each in its own process) --------------------------------------------------------------------
 
 
-def _inputs(model: str):
+def _inputs(model: str, family: str):
     from engine import denoise
     from engine.model import Component
 
-    return denoise.bind(Component("unet", model, ""), "sd1").random_inputs(*SIZE, seed=0)
+    size, comp, arch = FAMILIES[family]
+    return denoise.bind(Component(comp, model, ""), arch).random_inputs(*size, seed=0)
 
 
-def worker_loadout(model: str, budget: float | None, steps: int, out: str) -> dict:
+def _run_diffusers(model, family: str, x: dict):
+    """diffusers' forward on Loadout's (the original codebases') input names."""
+    if family == "flux":
+        return model(hidden_states=x["img"], encoder_hidden_states=x["txt"], pooled_projections=x["y"],
+                     timestep=x["timesteps"], img_ids=x["img_ids"][0], txt_ids=x["txt_ids"][0],
+                     guidance=x["guidance"]).sample  # fmt: skip
+    if family == "wan":
+        return model(hidden_states=x["x"], timestep=x["t"], encoder_hidden_states=x["context"]).sample
+    return model(x["x"], x["timesteps"], x["context"]).sample
+
+
+def worker_loadout(model: str, family: str, budget: float | None, steps: int, out: str) -> dict:
     from engine.devices import DeviceOptions
     from engine.facade import Engine
     from engine.requests import Step
 
     e = Engine()
     e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
-    r = e.run(Step(model, size=SIZE, steps=steps, out=out))
-    layers = r.snapshot.get("unet").layers
+    r = e.run(Step(model, size=FAMILIES[family][0], steps=steps, out=out))
+    layers = r.snapshot.get(r.component).layers
     return {
         "steps": list(r.step_seconds), "cpu": list(r.step_cpu_seconds), "peak": r.peak_device_bytes,
         "resident": r.resident_bytes, "streamed": r.streamed_bytes_per_step, "prefetched": r.prefetched,
@@ -101,22 +168,24 @@ def worker_loadout(model: str, budget: float | None, steps: int, out: str) -> di
     }  # fmt: skip
 
 
-def worker_diffusers(model: str, modules: list[str], steps: int, out: str, folder: str) -> dict:
+def worker_diffusers(model: str, family: str, modules: list[str], steps: int, out: str, folder: str) -> dict:
     import torch
-    from diffusers import UNet2DConditionModel
     from diffusers.hooks import apply_group_offloading
     from safetensors.torch import load_file
 
     from engine.formats.safetensors import save_tensors
     from engine.stepping import PeakMeter
 
-    inputs = _inputs(model)
+    inputs = _inputs(model, family)
     meter = PeakMeter("cpu")
-    with torch.device("meta"):
-        unet = UNet2DConditionModel(**SD15)
+    unet = _diffusers_model(family)
     sd = load_file(model)  # safetensors maps the file: the parameters stay views of it (as from_pretrained's)
     unet.load_state_dict(sd, assign=True)
     del sd
+    if family == "wan":  # its rotary tables are buffers computed at construction: make them real
+        from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+
+        unet.rope = WanRotaryPosEmbed(WAN["attention_head_dim"], WAN["patch_size"], WAN["rope_max_seq_len"])
     unet.eval()
     if modules:
         # Private copies first: the group hooks read every offloaded tensor once to write it to disk, which
@@ -140,7 +209,7 @@ def worker_diffusers(model: str, modules: list[str], steps: int, out: str, folde
     with torch.inference_mode():
         for _ in range(steps):
             t0, c0 = time.perf_counter(), time.process_time()
-            y = unet(inputs["x"], inputs["timesteps"], inputs["context"]).sample
+            y = _run_diffusers(unet, family, inputs)
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
     save_tensors(out, {"out": y.float()})
@@ -150,8 +219,9 @@ def worker_diffusers(model: str, modules: list[str], steps: int, out: str, folde
 # -- the driver ---------------------------------------------------------------------------------------------
 
 
-def _spawn(*args: str) -> dict:
-    r = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True)
+def _spawn(family: str, *args: str) -> dict:
+    r = subprocess.run([sys.executable, __file__, "--family", family, "--worker", *args], capture_output=True,
+                       text=True)  # fmt: skip
     if r.returncode != 0:
         raise SystemExit(f"worker {args[0]} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -164,15 +234,16 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=2, help="times each configuration runs, interleaved")
     ap.add_argument("--dir", type=Path)
+    ap.add_argument("--family", choices=tuple(FAMILIES), default="sd15")
     ap.add_argument("--worker", nargs="+")
     a = ap.parse_args()
     if a.worker:
         kind, model, steps, out, *rest = a.worker
         if kind == "loadout":
             budget = None if rest[0] == "none" else float(rest[0])
-            res = worker_loadout(model, budget, int(steps), out)
+            res = worker_loadout(model, a.family, budget, int(steps), out)
         else:
-            res = worker_diffusers(model, json.loads(rest[0]), int(steps), out, rest[1])
+            res = worker_diffusers(model, a.family, json.loads(rest[0]), int(steps), out, rest[1])
         print(json.dumps(res))
         return
 
@@ -182,10 +253,13 @@ def main() -> None:
 
     d = a.dir or Path(tempfile.mkdtemp(prefix="bench_step_"))
     d.mkdir(parents=True, exist_ok=True)
-    model = d / "sd15_unet_diffusers.safetensors"
+    fam = a.family
+    model = d / (
+        "sd15_unet_diffusers.safetensors" if fam == "sd15" else f"{fam}_reduced_diffusers.safetensors"
+    )
     if not model.exists():
         t0 = time.perf_counter()
-        write_weights(model)
+        write_weights(model) if fam == "sd15" else write_random(model, fam)
         print(f"# wrote {model} ({model.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.0f} s")
     total = model.stat().st_size
     steps = str(a.steps)
@@ -201,16 +275,18 @@ def main() -> None:
     # Rounds run every configuration once each, in the same order, so all of them see the machine's load
     # changing alike; the steps of every round are pooled.
     for _ in range(a.rounds):
-        record("diffusers plain", _spawn("diffusers", str(model), steps, out("dplain"), "[]", str(d)))
-        record("loadout full", _spawn("loadout", str(model), steps, out("full"), "none"))
+        record("diffusers plain", _spawn(fam, "diffusers", str(model), steps, out("dplain"), "[]", str(d)))
+        record("loadout full", _spawn(fam, "loadout", str(model), steps, out("full"), "none"))
         for pct in (50, 10):
             gb = total * pct / 100 / 1024**3
-            lo = record(f"loadout {pct}%", _spawn("loadout", str(model), steps, out(f"l{pct}"), f"{gb:.4f}"))
+            lo = record(
+                f"loadout {pct}%", _spawn(fam, "loadout", str(model), steps, out(f"l{pct}"), f"{gb:.4f}")
+            )
             with tempfile.TemporaryDirectory(dir=d) as folder:
                 mods = json.dumps(lo["streamed_modules"])
                 record(
                     f"diffusers group {pct}%",
-                    _spawn("diffusers", str(model), steps, out(f"d{pct}"), mods, folder),
+                    _spawn(fam, "diffusers", str(model), steps, out(f"d{pct}"), mods, folder),
                 )
 
     import statistics
@@ -230,7 +306,9 @@ def main() -> None:
     def o(name: str):
         return SafetensorsFile(out(name)).tensor("out").clone().double()
 
-    print(f"# SD1.5 UNet, 64x64 latent, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
+    title = {"sd15": "SD1.5 UNet, 64x64 latent", "flux": "FLUX.1-dev width, 1+2 blocks, 256x256",
+             "wan": "Wan 2.1 1.3B width, 4 blocks, one 480x480 frame"}[fam]  # fmt: skip
+    print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip
     for name, r in st.items():
         print(f"# {name:<20} median {r['median_s']:6.2f} s  best {r['best_s']:6.2f} s  cpu {r['cpu_s']:6.2f} s  "
@@ -248,7 +326,7 @@ def main() -> None:
     def line(name: str, ours: str, baseline: str, goal: str) -> None:
         o_, b_ = st[ours], st[baseline]
         print(json.dumps({
-            "name": name, "ours": ours, "ours_s": round(o_["median_s"], 3), "baseline": baseline,
+            "name": name if fam == "sd15" else f"{fam}_{name}", "ours": ours, "ours_s": round(o_["median_s"], 3), "baseline": baseline,
             "baseline_s": round(b_["median_s"], 3), "ratio": round(paired(ours, baseline, "steps"), 3), "goal": goal,
             "ratio_best": round(o_["best_s"] / b_["best_s"], 3), "ratio_cpu": round(paired(ours, baseline, "cpu"), 3),
             "ours_first_s": round(o_["first_s"], 3), "baseline_first_s": round(b_["first_s"], 3),
@@ -264,7 +342,13 @@ def main() -> None:
     same = all(torch.equal(o(f"l{p}"), full) for p in (50, 10))
     err = float((full - o("dplain")).norm() / o("dplain").norm())
     print(
-        json.dumps({"name": "step_outputs", "partial_equals_full": same, "rel_l2_vs_diffusers": err}),
+        json.dumps(
+            {
+                "name": "step_outputs" if fam == "sd15" else f"{fam}_step_outputs",
+                "partial_equals_full": same,
+                "rel_l2_vs_diffusers": err,
+            }
+        ),  # fmt: skip
         flush=True,
     )
 
