@@ -33,8 +33,8 @@ def baked_resident(component, token: CancelToken | None = None) -> Iterator[int]
             for attr, name in ((m.weight_attr, "weight_functions"), ("bias", "bias_functions")):
                 fns = getattr(m, name, None)
                 original = m._parameters.get(attr)
-                if not fns or original is None:
-                    continue
+                if not fns or original is None or attr in m.quantized:
+                    continue  # (a quantized or scaled weight is patched after dequantizing, per op)
                 if token is not None:
                     token.raise_if_cancelled()
                 t = original.detach()

@@ -201,18 +201,15 @@ def _gguf_types(ix: KeyIndex, d: Detection) -> Detection:
     is the error, by name. Text encoders in llama.cpp's names are read under transformers' names
     (engine.formats.gguf_names); one whose names stay llama.cpp's is refused, saying why."""
     from ..formats.dtypes import DTYPES
-    from ..formats.gguf_names import PERMUTED, is_llama_cpp_naming
+    from ..formats.gguf_names import is_llama_cpp_naming
     from ..quant import SUPPORTED, check_supported
 
     if is_llama_cpp_naming(ix.tensors):
         arch = ix.metadata.get("general.architecture")
-        why = (
-            f"llama.cpp keeps the q/k rows of {arch} models in its own rotary layout, which Loadout "
-            "does not undo yet"
-            if arch in PERMUTED
-            else f"Loadout has no map from llama.cpp's names for general.architecture {arch!r}"
+        msg = (
+            "a GGUF text encoder in llama.cpp's tensor names (Loadout has no map from llama.cpp's names for "
+            f"general.architecture {arch!r}): use a safetensors copy of it"
         )
-        msg = f"a GGUF text encoder in llama.cpp's tensor names ({why}): use a safetensors copy of it"
         return _replace(d, error=Failure("unsupported", msg))
     for key, t in ix.tensors.items():
         if t.dtype not in SUPPORTED and t.dtype not in DTYPES:

@@ -102,6 +102,7 @@ class GGUFTensor:
     offset: int  # absolute, in the file
     nbytes: int
     orig_shape: tuple[int, ...] | None = None  # comfy.gguf.orig_shape.<name>, when the file has one
+    interleaved: int = 0  # heads whose rows llama.cpp keeps in rotary-interleaved order (gguf_names)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -296,10 +297,11 @@ def _own_names(meta: dict[str, Any], tensors: dict[str, GGUFTensor], p: str) -> 
     names its component is built from (engine.formats.gguf_names); any other file as it is."""
     from dataclasses import replace
 
-    from .gguf_names import hf_names
+    from .gguf_names import hf_names, interleaved_heads
 
     arch = meta.get("general.architecture")
-    renamed = hf_names(arch if isinstance(arch, str) else None, tensors)
+    arch = arch if isinstance(arch, str) else None
+    renamed = hf_names(arch, tensors)
     if not renamed:
         return tensors
     out: dict[str, GGUFTensor] = {}
@@ -309,7 +311,14 @@ def _own_names(meta: dict[str, Any], tensors: dict[str, GGUFTensor], p: str) -> 
             raise FormatError(
                 f"{p}: GGUF tensors {out[new].name!r} and {name!r} both name {new}: corrupt file", path=p
             )
-        out[new] = replace(t, name=new)
+        heads = interleaved_heads(arch, meta, new)
+        if heads == 0:
+            raise FormatError(
+                f"{p}: {arch}.attention.head_count is missing or not one number: the q/k rows of {name} "
+                "cannot be put back in transformers' order",
+                path=p,
+            )
+        out[new] = replace(t, name=new, interleaved=heads or 0)
     return out
 
 
@@ -362,6 +371,7 @@ class GGUFTable:
     data_start: int
     tensors: dict[str, TensorInfo]
     metadata: dict[str, Any]
+    interleaved: dict[str, int] = field(default_factory=dict)  # name -> heads (llama.cpp's q/k row order)
 
 
 class GGUFFile(SafetensorsFile):
@@ -380,7 +390,8 @@ class GGUFFile(SafetensorsFile):
             )
             for n, t in h.tensors.items()
         }
-        self.header = GGUFTable(h.path, h.file_size, h.data_start, infos, h.metadata)  # type: ignore[assignment]
+        rows = {n: t.interleaved for n, t in h.tensors.items() if t.interleaved}
+        self.header = GGUFTable(h.path, h.file_size, h.data_start, infos, h.metadata, rows)  # type: ignore[assignment]
         self._mm = None
 
     def tensor(self, name: str):

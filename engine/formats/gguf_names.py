@@ -8,12 +8,13 @@ not copied): T5 / umT5 encoders (`t5`, `t5encoder`) keep `enc.blk.N.attn_q` … 
 ComfyUI-GGUF loads the same files by reversing these names (city96/ComfyUI-GGUF `loader.py`, its T5
 and LLM key maps).
 
-Not mapped: `llama` and `mistral3` GGUFs (Llama 3.1 for HiDream, Mistral Small 3 for FLUX.2).
-llama.cpp keeps their q and k rows in the interleaved rotary layout of Meta's and Mistral's own
-checkpoints: converting a transformers checkpoint it undoes transformers' row permutation
+`llama` and `mistral3` GGUFs (Llama 3.1 for HiDream, Mistral Small 3 for FLUX.2) are mapped too, and
+their q and k rows marked: llama.cpp keeps them in the interleaved rotary layout of Meta's and Mistral's
+own checkpoints — converting a transformers checkpoint it undoes transformers' row permutation
 (`LlamaModel.permute`, inherited by `Ministral3Model`), a Mistral-format one it keeps as it is
-(`MistralModel.undo_permute = False`). Read under transformers' names those rows would be wrong, so
-these files keep their names and detection refuses them with that reason.
+(`MistralModel.undo_permute = False`). Within each head of width d, file row 2i + j is transformers'
+row j·d/2 + i; `interleaved_heads` gives the head count (`<arch>.attention.head_count`, `…head_count_kv`
+for k) and engine.quant.Interleaved puts the rows back when an op dequantizes its weight.
 """
 
 from __future__ import annotations
@@ -65,10 +66,13 @@ TABLES = {
     "qwen2vl": _LLM + _LLM_NORMS,
     "qwen25vl": _LLM + _LLM_NORMS,
     "qwen3": _LLM + _LLM_NORMS,
+    "llama": _LLM + _LLM_NORMS,
+    "mistral3": _LLM + _LLM_NORMS,
     "gemma2": _LLM + _GEMMA_NORMS,
     "gemma3": _LLM + _GEMMA_NORMS,
 }
-PERMUTED = ("llama", "mistral3")  # q/k rows in llama.cpp's interleaved layout: not mapped (see above)
+PERMUTED = ("llama", "mistral3")  # q/k rows in llama.cpp's interleaved rotary layout (see above)
+_QK = re.compile(r"^model\.layers\.\d+\.self_attn\.(q|k)_proj\.(weight|bias)$")
 
 
 def _compile(pairs):
@@ -107,3 +111,18 @@ def hf_names(architecture: str | None, names) -> dict[str, str] | None:
                 break
         out[name] = new
     return out
+
+
+def interleaved_heads(architecture: str | None, meta, name: str) -> int | None:
+    """For a tensor (transformers name) whose rows llama.cpp stores interleaved per head: the number of
+    heads of that projection (q: the attention heads, k: the key/value heads), 0 when the metadata does
+    not say it as one number; None for any other tensor."""
+    if architecture not in PERMUTED:
+        return None
+    m = _QK.match(name)
+    if not m:
+        return None
+    heads = meta.get(f"{architecture}.attention.head_count")
+    if m.group(1) == "k":
+        heads = meta.get(f"{architecture}.attention.head_count_kv", heads)
+    return heads if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 else 0

@@ -123,9 +123,12 @@ class Component:
         specs: list[ModuleSpec] = module_specs(rel)
         self.module, by_path = build_tree(specs)
         self.units: list[Unit] = []
+        interleaved = getattr(header, "interleaved", None) or {}
         for spec in specs:
             keys = {a: prefix + (f"{spec.path}." if spec.path else "") + a for a in spec.tensors}
             m = by_path[spec.path]
+            if interleaved:
+                _interleave(m, spec, keys, interleaved, self.path)
             self.units.append(
                 Unit(spec.path, spec.kind, m, spec.tensors, keys, castable=spec.kind != "plain")
             )
@@ -343,3 +346,30 @@ def _in_mmap(t, file: SafetensorsFile) -> bool:
         return False
     base = torch.frombuffer(mm, dtype=torch.uint8, count=1).data_ptr()
     return base <= t.data_ptr() < base + len(mm)
+
+
+def _interleave(op, spec, keys: dict, interleaved: dict, path: str) -> None:
+    """Mark the op's tensors whose rows a GGUF keeps in llama.cpp's rotary order (engine.quant.Interleaved):
+    its forward dequantizes them in transformers' order."""
+    import types
+
+    from ..quant import Interleaved
+
+    found = {a: interleaved[k] for a, k in keys.items() if k in interleaved}
+    if not found:
+        return
+    if spec.kind != "linear":
+        from ..errors import FormatError
+
+        raise FormatError(f"{path}: {next(iter(found))} of {spec.path} is not a linear layer's: corrupt file")
+    q = dict(op.quantized)
+    for attr, heads in found.items():
+        shape = tuple(spec.tensors[attr].shape)
+        if shape[0] % (2 * heads):
+            from ..errors import FormatError
+
+            raise FormatError(
+                f"{path}: {keys[attr]} has {shape[0]} rows, not whole heads of {heads}: corrupt file"
+            )
+        q[attr] = Interleaved(q.get(attr), heads, shape)
+    op.quantized = types.MappingProxyType(q)

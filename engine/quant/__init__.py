@@ -24,6 +24,7 @@ from ..formats.gguf import GGML_TYPES
 __all__ = [
     "BLOCK_TYPES",
     "FLOAT_TYPES",
+    "Interleaved",
     "SUPPORTED",
     "QuantSpec",
     "block_layout",
@@ -110,3 +111,23 @@ def dequantize(raw, ggml_type: str | int, shape, dtype=None):
     from .kernels import dequantize as _dequantize
 
     return _dequantize(raw, check_supported(ggml_type), tuple(shape), dtype)
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """A q or k projection whose rows a GGUF file keeps in llama.cpp's rotary-interleaved order (see
+    engine.formats.gguf_names): dequantized (`inner`, None for a float tensor held as it is), then each
+    head's rows put back in transformers' order — file row 2i + j of a head of width d is row j·d/2 + i.
+    Patches (LoRAs, in transformers' order) apply after; the stored bytes never change."""
+
+    inner: QuantSpec | None
+    heads: int
+    shape: tuple[int, ...]
+
+    def dequantize(self, raw, dtype=None):
+        import torch
+
+        w = self.inner.dequantize(raw, torch.float32) if self.inner is not None else raw.to(torch.float32)
+        rows = w.shape[0]
+        out = w.reshape(self.heads, rows // self.heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+        return out if dtype is None or dtype == torch.float32 else out.to(dtype)

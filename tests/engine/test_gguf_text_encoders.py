@@ -40,16 +40,102 @@ def test_a_t5xxl_gguf_is_the_t5xxl_component(tmp_path):
     assert d.components["t5xxl"].params == sum(int(np.prod(s)) for _, _, s in rows)
 
 
+def _llama_gguf(path, arch: str, q_type, seed: int = 0):
+    """A small Llama in a GGUF as llama.cpp's converter writes it (convert_hf_to_gguf.py, facts only):
+    llama.cpp's names, and the q / k rows of each head put in rotary-interleaved order
+    (`LlamaModel.permute`: reshape(heads, 2, d/2, …).swapaxes(1, 2)). Returns (transformers' model, its
+    weights as the file holds them after dequantization, in transformers' order)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    from engine.quant import dequantize
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+    ref = LlamaModel(cfg).eval()
+    g = torch.Generator().manual_seed(seed)
+    march = {"llama": gguf.MODEL_ARCH.LLAMA, "mistral3": gguf.MODEL_ARCH.MISTRAL3}[arch]
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    w.add_uint32(f"{arch}.attention.head_count", 4)
+    w.add_uint32(f"{arch}.attention.head_count_kv", 2)
+    twin = {}
+    for k, p in ref.state_dict().items():
+        t = torch.randn(p.shape, generator=g) * (0.2 if p.dim() == 2 else 0.05) + (
+            1.0 if p.dim() == 1 else 0.0
+        )
+        stored = t
+        heads = {"q_proj": 4, "k_proj": 2}.get(k.split(".")[-2]) if ".self_attn." in k else None
+        if heads:
+            stored = (
+                t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+            )
+        name = _llama_cpp_name(march, 2, f"model.{k}")
+        if p.dim() == 2 and q_type is not None:
+            raw = gguf.quants.quantize(stored.numpy(), q_type)
+            w.add_tensor(name, raw, raw_dtype=q_type)
+            back = dequantize(torch.from_numpy(raw.reshape(-1).copy()), q_type.name, tuple(t.shape))
+        else:
+            w.add_tensor(name, stored.numpy())
+            back = stored
+        if heads:  # what transformers' order is, from the stored rows
+            back = (
+                back.reshape(heads, back.shape[0] // heads // 2, 2, *back.shape[1:])
+                .swapaxes(1, 2)
+                .reshape(t.shape)
+            )
+        twin[f"model.{k}"] = back.float()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ref.load_state_dict({k.removeprefix("model."): v for k, v in twin.items()})
+    return ref, twin
+
+
+@pytest.mark.parametrize("q_type", [Q8, None], ids=["q8_0", "f32"])
 @pytest.mark.parametrize("arch", ["llama", "mistral3"])
-def test_a_llama_gguf_is_refused_with_the_reason(tmp_path, arch):
+def test_a_llama_gguf_puts_its_qk_rows_back_and_computes_like_transformers(tmp_path, arch, q_type):
+    """llama.cpp stores Llama / Mistral q and k rows interleaved per head: read under transformers'
+    names, each op's weight is transformers' own, and the model computes as transformers' does."""
+    from transformers import LlamaModel
+
+    from engine.denoise.common import Ops
+    from engine.denoise.text import _swap
+
+    p = tmp_path / f"{arch}.gguf"
+    ref, twin = _llama_gguf(p, arch, q_type)
+    d = detect_file(str(p))
+    assert d.error is None, d.error
+    c = Component("llm", p, "model.")
+    ops = {u.path: u.module for u in c.units}
+    x = torch.randn(3, 64)
+    for k, want in twin.items():
+        path = k.removeprefix("model.").rsplit(".", 1)[0]
+        op = ops[path]
+        if k.endswith(".weight") and want.dim() == 2 and "embed" not in k:
+            w, _ = op.cast_params(x)
+            assert torch.equal(w, want), k
+    with torch.device("meta"):
+        model = LlamaModel(ref.config)
+    model.rotary_emb = type(ref.rotary_emb)(ref.config)  # its tables are computed, not stored
+    _swap(model, Ops(ops, "llm"))
+    ids = torch.randint(0, 100, (2, 12))
+    with torch.inference_mode():
+        got, want = model(input_ids=ids).last_hidden_state, ref(input_ids=ids).last_hidden_state
+    assert float((got - want).norm() / want.norm()) < 1e-5
+
+
+def test_a_llama_gguf_without_its_head_count_is_a_format_error(tmp_path):
+    from engine.errors import FormatError
+    from engine.formats.gguf import read_gguf
+
     p = tmp_path / "llama.gguf"
     write_sparse_gguf(
         p,
-        {"general.architecture": arch},
+        {"general.architecture": "llama"},
         [("token_embd.weight", "F16", (100, 64)), ("blk.0.attn_q.weight", "Q8_0", (64, 64))],
     )
-    d = detect_file(str(p))
-    assert d.error.type == "unsupported" and f"q/k rows of {arch} models" in d.error.message
+    with pytest.raises(FormatError, match="head_count"):
+        read_gguf(p)
 
 
 def test_a_small_t5_gguf_computes_like_transformers(tmp_path):
