@@ -110,3 +110,25 @@ def test_loadout_step_and_plan_run_on_a_gguf_file(files, cli):
     assert r.returncode == 0, r.stderr
     steps = {s["step"]: s for s in json.loads(r.stdout)["steps"]}
     assert steps["patch"]["detail"]["warnings"] == []  # both modules land on the GGUF's weights
+
+
+def test_a_step_with_a_lora_on_a_gguf_model_equals_its_twin(files, tmp_path, monkeypatch):
+    """Through the Engine's Step, fully resident: the resident modules' patches are baked for the run —
+    except a quantized weight's, which is patched per op after dequantizing (never on the blocks)."""
+    from engine.formats.safetensors import SafetensorsFile
+    from engine.requests import Step
+
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    path, twin, lora, _ = files
+    e = Engine()
+    e.run(DetectDevices(DeviceOptions(cpu=True)))
+    outs = []
+    try:
+        for i, p in enumerate((path, twin)):
+            out = str(tmp_path / f"{i}.safetensors")
+            r = e.run(Step(p, loras=(StackItem(lora, 0.8, 1.0),), size=(64, 64), steps=1, out=out))
+            assert r.mode == "full"
+            outs.append(SafetensorsFile(out).tensor("out").clone())
+    finally:
+        e.close()
+    assert rel_l2(outs[0], outs[1]) <= 1e-6
