@@ -39,6 +39,39 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -
     return emb
 
 
+LN_EPS = 1e-6  # the DiTs' affine-free LayerNorms (FLUX.1, Chroma, SD3, Qwen-Image)
+
+
+def layer_norm(x: torch.Tensor) -> torch.Tensor:
+    """LayerNorm over the last axis without affine parameters (eps 1e-6)."""
+    return F.layer_norm(x, (x.shape[-1],), eps=LN_EPS)
+
+
+def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, N, heads·d] -> [B, heads, N, d]."""
+    b, n, inner = x.shape
+    return x.reshape(b, n, heads, inner // heads).transpose(1, 2)
+
+
+def merge_heads(o: torch.Tensor) -> torch.Tensor:
+    """[B, heads, N, d] -> [B, N, heads·d]."""
+    b, h, n, d = o.shape
+    return o.transpose(1, 2).reshape(b, n, h * d)
+
+
+def rope(x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on interleaved pairs (x[2i], x[2i+1]): `pe` [..., d/2, 2, 2] rotations (FLUX.1's
+    layout, engine.denoise.flux.rope_table), computed in float32."""
+    xf = x.float().reshape(*x.shape[:-1], -1, 1, 2)
+    out = pe[..., 0] * xf[..., 0] + pe[..., 1] * xf[..., 1]
+    return out.reshape(x.shape).type_as(x)
+
+
+def mlp2(pair, x: torch.Tensor) -> torch.Tensor:
+    """Linear, SiLU, Linear (the embedders of FLUX.1, SD3, Qwen-Image and Chroma's layers)."""
+    return pair[1](F.silu(pair[0](x)))
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
     """Multi-head scaled dot-product attention over [B, N, heads·d] projections (scale d^-1/2, as
     ldm's CrossAttention and diffusers' Attention use); returns [B, N, heads·d]."""

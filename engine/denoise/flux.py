@@ -39,12 +39,11 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
-from .common import Ops, timestep_embedding, wshape
+from .common import Ops, layer_norm, mlp2, rope, split_heads, timestep_embedding, wshape
 
 AXES = (16, 56, 56)
 THETA = 10000.0
 TIME_FACTOR = 1000.0
-LN_EPS = 1e-6
 
 
 @dataclass
@@ -105,15 +104,6 @@ class Single:
         return [*mods, *self.linear1.ops(), self.q_norm, self.k_norm, self.linear2]
 
 
-def _ln(x: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, (x.shape[-1],), eps=LN_EPS)
-
-
-def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    b, n, inner = x.shape
-    return x.reshape(b, n, heads, inner // heads).transpose(1, 2)
-
-
 def rope_table(ids: torch.Tensor) -> torch.Tensor:
     """[B, L, 3] positions -> [B, 1, L, 64, 2, 2] float32 rotations (angles in float64, as BFL's rope)."""
     parts = []
@@ -125,14 +115,8 @@ def rope_table(ids: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-3).unsqueeze(1).float()
 
 
-def _rope(x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
-    xf = x.float().reshape(*x.shape[:-1], -1, 1, 2)
-    out = pe[..., 0] * xf[..., 0] + pe[..., 1] * xf[..., 1]
-    return out.reshape(x.shape).type_as(x)
-
-
 def _attention(q, k, v, pe) -> torch.Tensor:
-    o = F.scaled_dot_product_attention(_rope(q, pe), _rope(k, pe), v)
+    o = F.scaled_dot_product_attention(rope(q, pe), rope(k, pe), v)
     b, h, n, d = o.shape
     return o.transpose(1, 2).reshape(b, n, h * d)
 
@@ -171,12 +155,12 @@ class Flux:
     def __call__(self, img, img_ids, txt, txt_ids, timesteps, y, guidance=None) -> torch.Tensor:
         dt = self.dtype
         img = self.img_in(img.to(dt))
-        vec = _mlp(self.time_in, timestep_embedding(TIME_FACTOR * timesteps.float(), 256).to(dt))
+        vec = mlp2(self.time_in, timestep_embedding(TIME_FACTOR * timesteps.float(), 256).to(dt))
         if self.guidance_in is not None:
             if guidance is None:
                 raise ValueError("FLUX.1 dev takes a `guidance` input")
-            vec = vec + _mlp(self.guidance_in, timestep_embedding(TIME_FACTOR * guidance.float(), 256).to(dt))
-        vec = vec + _mlp(self.vector_in, y.to(dt))
+            vec = vec + mlp2(self.guidance_in, timestep_embedding(TIME_FACTOR * guidance.float(), 256).to(dt))
+        vec = vec + mlp2(self.vector_in, y.to(dt))
         txt = self.txt_in(txt.to(dt))
         pe = rope_table(torch.cat([txt_ids, img_ids], dim=1))
         vs = F.silu(vec)
@@ -191,11 +175,11 @@ class Flux:
         shift, scale = self.final_mod(vs).chunk(2, dim=-1)
         if self.final_swapped:
             shift, scale = scale, shift
-        return self.final_linear((1 + scale[:, None]) * _ln(x) + shift[:, None])
+        return self.final_linear((1 + scale[:, None]) * layer_norm(x) + shift[:, None])
 
     def _qkv(self, s: Stream, x, shift, scale):
-        q, k, v = s.qkv((1 + scale) * _ln(x) + shift)
-        q, k, v = (_heads(t, self.heads) for t in (q, k, v))
+        q, k, v = s.qkv((1 + scale) * layer_norm(x) + shift)
+        q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
         return s.q_norm(q).to(v.dtype), s.k_norm(k).to(v.dtype), v
 
     def _double(self, blk: Double, img, txt, vs, pe):
@@ -215,7 +199,7 @@ class Flux:
     @staticmethod
     def _after(s: Stream, x, attn, m):
         x = x + m[2] * s.proj(attn)
-        h = s.mlp_in((1 + m[4]) * _ln(x) + m[3])
+        h = s.mlp_in((1 + m[4]) * layer_norm(x) + m[3])
         return x + m[5] * s.mlp_out(F.gelu(h, approximate="tanh"))
 
     def _single(self, blk: Single, x, vs, pe):
@@ -223,8 +207,8 @@ class Flux:
         return self._single_with(blk, x, shift, scale, gate, pe)
 
     def _single_with(self, blk: Single, x, shift, scale, gate, pe):
-        q, k, v, mlp = blk.linear1((1 + scale) * _ln(x) + shift)
-        q, k, v = (_heads(t, self.heads) for t in (q, k, v))
+        q, k, v, mlp = blk.linear1((1 + scale) * layer_norm(x) + shift)
+        q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
         q, k = blk.q_norm(q).to(v.dtype), blk.k_norm(k).to(v.dtype)
         attn = _attention(q, k, v, pe)
         return x + gate * blk.linear2(torch.cat([attn, F.gelu(mlp, approximate="tanh")], dim=2))
@@ -236,10 +220,6 @@ class Flux:
         for s in self.singles:
             order += s.ops()
         return [*order, self.final_mod, self.final_linear]
-
-
-def _mlp(pair, x):
-    return pair[1](F.silu(pair[0](x)))
 
 
 @dataclass
@@ -255,7 +235,7 @@ class Approximator:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = self.in_proj(x)
         for pair, norm in zip(self.layers, self.norms, strict=True):
-            x = x + _mlp(pair, norm(x))
+            x = x + mlp2(pair, norm(x))
         return self.out_proj(x)
 
     def ops(self) -> list:
@@ -309,7 +289,7 @@ class Chroma(Flux):
             x = self._single_with(blk, x, *vectors(3 * i, 3), pe)
         x = x[:, n_txt:]
         shift, scale = vectors(mods.shape[1] - 2, 2)
-        return self.final_linear((1 + scale) * _ln(x) + shift)
+        return self.final_linear((1 + scale) * layer_norm(x) + shift)
 
     def op_order(self) -> list:
         order = [self.img_in, *self.approximator.ops(), self.txt_in]

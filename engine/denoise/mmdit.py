@@ -32,11 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
-from .common import Ops, timestep_embedding, wshape
+from .common import Ops, layer_norm, merge_heads, mlp2, split_heads, timestep_embedding, wshape
 from .flux import Proj
 
 HEAD_DIM = 64
-LN_EPS = 1e-6
 
 
 @dataclass
@@ -81,14 +80,6 @@ class Joint:
         if not c.pre_only:
             order += [c.attn.proj, c.fc1, c.fc2]
         return order
-
-
-def _ln(x: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, (x.shape[-1],), eps=LN_EPS)
-
-
-def _mlp(pair, x):
-    return pair[1](F.silu(pair[0](x)))
 
 
 @dataclass
@@ -152,7 +143,7 @@ class MMDiT:
         h = self.x_embedder(x.to(dt))
         gh, gw = h.shape[-2:]
         h = h.flatten(2).transpose(1, 2) + self._pos(gh, gw, h.device)
-        c = _mlp(self.t_embedder, timestep_embedding(t.float(), 256).to(dt)) + _mlp(self.y_embedder, y.to(dt))
+        c = mlp2(self.t_embedder, timestep_embedding(t.float(), 256).to(dt)) + mlp2(self.y_embedder, y.to(dt))
         cs = F.silu(c)
         ctx = self.context_embedder(context.to(dt))
         for blk in self.blocks:
@@ -160,14 +151,14 @@ class MMDiT:
         shift, scale = self.final_mod(cs)[:, None].chunk(2, dim=-1)
         if self.final_swapped:
             shift, scale = scale, shift
-        out = self.final_linear((1 + scale) * _ln(h) + shift)
+        out = self.final_linear((1 + scale) * layer_norm(h) + shift)
         co = out.shape[-1] // (p * p)
         out = out.reshape(b, gh, gw, p, p, co).permute(0, 5, 1, 3, 2, 4)
         return out.reshape(b, co, gh * p, gw * p)
 
     def _qkv(self, a: Attn, x):
         q, k, v = a.qkv(x)
-        q, k, v = (_heads(t, self.heads) for t in (q, k, v))
+        q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
         if a.ln_q is not None:
             q, k = a.ln_q(q).to(v.dtype), a.ln_k(k).to(v.dtype)
         return q, k, v
@@ -177,23 +168,25 @@ class MMDiT:
         xm = xs.mod(cs)[:, None].chunk(9 if xs.attn2 is not None else 6, dim=-1)
         cm = cst.mod(cs)[:, None].chunk(2 if cst.pre_only else 6, dim=-1)
         c_shift, c_scale = (cm[1], cm[0]) if cst.swapped else (cm[0], cm[1])
-        nx = _ln(x)
+        nx = layer_norm(x)
         xq, xk, xv = self._qkv(xs.attn, (1 + xm[1]) * nx + xm[0])
-        cq, ck, cv = self._qkv(cst.attn, (1 + c_scale) * _ln(ctx) + c_shift)
+        cq, ck, cv = self._qkv(cst.attn, (1 + c_scale) * layer_norm(ctx) + c_shift)
         if xs.attn2 is not None:
             q2, k2, v2 = self._qkv(xs.attn2, (1 + xm[7]) * nx + xm[6])
         del nx
         n = ctx.shape[1]
-        attn = _merge(F.scaled_dot_product_attention(torch.cat([cq, xq], 2), torch.cat([ck, xk], 2),
+        attn = merge_heads(F.scaled_dot_product_attention(torch.cat([cq, xq], 2), torch.cat([ck, xk], 2),
                                                      torch.cat([cv, xv], 2)))  # fmt: skip
         x = x + xm[2] * xs.attn.proj(attn[:, n:])
         if xs.attn2 is not None:
-            x = x + xm[8] * xs.attn2.proj(_merge(F.scaled_dot_product_attention(q2, k2, v2)))
-        x = x + xm[5] * xs.fc2(F.gelu(xs.fc1((1 + xm[4]) * _ln(x) + xm[3]), approximate="tanh"))
+            x = x + xm[8] * xs.attn2.proj(merge_heads(F.scaled_dot_product_attention(q2, k2, v2)))
+        x = x + xm[5] * xs.fc2(F.gelu(xs.fc1((1 + xm[4]) * layer_norm(x) + xm[3]), approximate="tanh"))
         if cst.pre_only:
             return x, ctx
         ctx = ctx + cm[2] * cst.attn.proj(attn[:, :n])
-        ctx = ctx + cm[5] * cst.fc2(F.gelu(cst.fc1((1 + cm[4]) * _ln(ctx) + cm[3]), approximate="tanh"))
+        ctx = ctx + cm[5] * cst.fc2(
+            F.gelu(cst.fc1((1 + cm[4]) * layer_norm(ctx) + cm[3]), approximate="tanh")
+        )
         return x, ctx
 
     def op_order(self) -> list:
@@ -201,16 +194,6 @@ class MMDiT:
         for blk in self.blocks:
             order += blk.ops()
         return [*order, self.final_mod, self.final_linear]
-
-
-def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    b, n, inner = x.shape
-    return x.reshape(b, n, heads, inner // heads).transpose(1, 2)
-
-
-def _merge(o: torch.Tensor) -> torch.Tensor:
-    b, h, n, d = o.shape
-    return o.transpose(1, 2).reshape(b, n, h * d)
 
 
 # -- binding the file's ops -----------------------------------------------------------------------------

@@ -28,11 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
-from .common import Ops, timestep_embedding, wshape
+from .common import Ops, layer_norm, rope, timestep_embedding, wshape
 from .flux import Proj, rope_table
 
 HEAD_DIM = 128
-LN_EPS = 1e-6
 TIME_FACTOR = 1000.0
 
 
@@ -56,21 +55,6 @@ class Block:
         i, t = self.img, self.txt
         return [i.mod, t.mod, *i.qkv.ops(), *t.qkv.ops(), i.norm_q, i.norm_k, t.norm_q, t.norm_k,
                 i.out, t.out, i.mlp_in, i.mlp_out, t.mlp_in, t.mlp_out]  # fmt: skip
-
-
-def _ln(x: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, (x.shape[-1],), eps=LN_EPS)
-
-
-def _heads(x: torch.Tensor) -> torch.Tensor:
-    b, n, inner = x.shape
-    return x.reshape(b, n, inner // HEAD_DIM, HEAD_DIM).transpose(1, 2)
-
-
-def _rope(x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
-    xf = x.float().reshape(*x.shape[:-1], -1, 1, 2)
-    out = pe[..., 0] * xf[..., 0] + pe[..., 1] * xf[..., 1]
-    return out.reshape(x.shape).type_as(x)
 
 
 def positions(h: int, w: int, n_txt: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,19 +109,25 @@ class QwenImage:
         for blk in self.blocks:
             img, txt = self._block(blk, img, txt, ts, pe)
         scale, shift = self.norm_out(ts)[:, None].chunk(2, dim=-1)
-        out = self.proj_out((1 + scale) * _ln(img) + shift)
+        out = self.proj_out((1 + scale) * layer_norm(img) + shift)
         co = out.shape[-1] // 4
         return out.reshape(b, h, w, co, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, co, height, width)
 
     def _block(self, blk: Block, img, txt, ts, pe):
         im = blk.img.mod(ts)[:, None].chunk(6, dim=-1)
         tm = blk.txt.mod(ts)[:, None].chunk(6, dim=-1)
-        iq, ik, iv = (_heads(t) for t in blk.img.qkv((1 + im[1]) * _ln(img) + im[0]))
-        tq, tk, tv = (_heads(t) for t in blk.txt.qkv((1 + tm[1]) * _ln(txt) + tm[0]))
+        iq, ik, iv = (
+            t.unflatten(-1, (-1, HEAD_DIM)).transpose(1, 2)
+            for t in blk.img.qkv((1 + im[1]) * layer_norm(img) + im[0])
+        )
+        tq, tk, tv = (
+            t.unflatten(-1, (-1, HEAD_DIM)).transpose(1, 2)
+            for t in blk.txt.qkv((1 + tm[1]) * layer_norm(txt) + tm[0])
+        )
         iq, ik = blk.img.norm_q(iq).to(iv.dtype), blk.img.norm_k(ik).to(iv.dtype)
         tq, tk = blk.txt.norm_q(tq).to(tv.dtype), blk.txt.norm_k(tk).to(tv.dtype)
-        q = _rope(torch.cat([tq, iq], 2), pe)
-        k = _rope(torch.cat([tk, ik], 2), pe)
+        q = rope(torch.cat([tq, iq], 2), pe)
+        k = rope(torch.cat([tk, ik], 2), pe)
         o = F.scaled_dot_product_attention(q, k, torch.cat([tv, iv], 2))
         bsz, heads, n, d = o.shape
         o = o.transpose(1, 2).reshape(bsz, n, heads * d)
@@ -145,10 +135,10 @@ class QwenImage:
         img = img + im[2] * blk.img.out(o[:, nt:])
         txt = txt + tm[2] * blk.txt.out(o[:, :nt])
         img = img + im[5] * blk.img.mlp_out(
-            F.gelu(blk.img.mlp_in((1 + im[4]) * _ln(img) + im[3]), approximate="tanh")
+            F.gelu(blk.img.mlp_in((1 + im[4]) * layer_norm(img) + im[3]), approximate="tanh")
         )
         txt = txt + tm[5] * blk.txt.mlp_out(
-            F.gelu(blk.txt.mlp_in((1 + tm[4]) * _ln(txt) + tm[3]), approximate="tanh")
+            F.gelu(blk.txt.mlp_in((1 + tm[4]) * layer_norm(txt) + tm[3]), approximate="tanh")
         )
         return img, txt
 

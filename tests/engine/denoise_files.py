@@ -235,3 +235,46 @@ class Tiny:
     ldm: Path  # original naming (UNet with the model.diffusion_model. prefix; FLUX in BFL naming)
     diffusers: Path
     weights: dict
+
+
+# -- what every family's tests check the same way ----------------------------------------------------------
+
+
+def recorded_order(den, component, inputs) -> list:
+    """The ops a forward fetches its weights from, in call order (what the streamer reads ahead in)."""
+    seen = []
+
+    def record(op):
+        seen.append(op)
+        return {a: getattr(op, a) for a in (op.weight_attr, "bias") if getattr(op, a, None) is not None}
+
+    for u in component.units:
+        u.module.fetch = record
+    try:
+        with torch.inference_mode():
+            den(inputs)
+    finally:
+        for u in component.units:
+            u.module.__dict__.pop("fetch", None)
+    return seen
+
+
+def step_full_and_partial(path, tmp_path, budget_gb: float, **step) -> dict:
+    """{"full": (result, out), "partial": (result, out)}: one Step fully resident and one under a budget
+    of `budget_gb` (the rest streamed), each in its own Engine on the CPU."""
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.formats.safetensors import SafetensorsFile
+    from engine.requests import Step
+
+    runs = {}
+    for name, budget in (("full", None), ("partial", budget_gb)):
+        e = Engine()
+        e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
+        try:
+            r = e.run(Step(str(path), out=str(tmp_path / f"{name}.safetensors"), **step))
+        finally:
+            e.close()
+        assert r.mode == name
+        runs[name] = (r, SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone())
+    return runs

@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import FLUX_DEV_TINY, flux_rows, flux_to_diffusers, random_weights, rel_l2, write
+from denoise_files import (
+    FLUX_DEV_TINY,
+    flux_rows,
+    flux_to_diffusers,
+    random_weights,
+    recorded_order,
+    rel_l2,
+    step_full_and_partial,
+    write,
+)
 
 from engine import denoise
 from engine.detect import detect_file
-from engine.devices import DeviceOptions
-from engine.facade import Engine
-from engine.formats.safetensors import SafetensorsFile
 from engine.model import Component
-from engine.requests import Step
 
 CHROMA_TINY = FLUX_DEV_TINY.with_(guidance_embed=False, chroma=True, approximator_hidden=96)
 TOL = 1e-3
@@ -72,31 +77,14 @@ def test_chroma_op_order_is_the_call_order(chroma):
     path, _ = chroma
     c = Component("transformer", path, "")
     den = denoise.bind(c, "chroma")
-    seen = []
-
-    def record(op):
-        seen.append(op)
-        return {a: getattr(op, a) for a in (op.weight_attr, "bias") if getattr(op, a, None) is not None}
-
-    for u in c.units:
-        u.module.fetch = record
-    with torch.inference_mode():
-        den(den.random_inputs(64, 64))
+    seen = recorded_order(den, c, den.random_inputs(64, 64))
     assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
     assert len(seen) == len(c.units)
 
 
 def test_chroma_steps_fully_and_partially_alike(chroma, tmp_path, monkeypatch):
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
-    path, _ = chroma
-    outs = {}
-    for name, budget in (("full", None), ("partial", 0.004)):
-        e = Engine()
-        e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
-        try:
-            r = e.run(Step(str(path), size=(64, 64), steps=1, out=str(tmp_path / f"{name}.safetensors")))
-        finally:
-            e.close()
-        assert (r.mode, r.architecture, r.output_shape) == (name, "chroma", (1, 16, 64))
-        outs[name] = SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone()
-    assert torch.equal(outs["full"], outs["partial"])
+    runs = step_full_and_partial(chroma[0], tmp_path, 0.004, size=(64, 64), steps=1)
+    (full, a), (_, b) = runs["full"], runs["partial"]
+    assert (full.architecture, full.output_shape) == ("chroma", (1, 16, 64))
+    assert torch.equal(a, b)

@@ -18,6 +18,7 @@ from denoise_files import (
     diffusers_unet,
     flux_rows,
     random_weights,
+    recorded_order,
     rel_l2,
     run_diffusers_flux,
     run_diffusers_unet,
@@ -116,24 +117,6 @@ def test_flux_equals_diffusers(flux_files, arch, naming):
     assert out.shape == want.shape and err <= TOL
 
 
-def _recorded_order(den, component, inputs) -> list:
-    seen = []
-
-    def record(op):
-        seen.append(op)
-        return {a: getattr(op, a) for a in (op.weight_attr, "bias") if getattr(op, a, None) is not None}
-
-    for u in component.units:
-        u.module.fetch = record
-    try:
-        with torch.inference_mode():
-            den(inputs)
-    finally:
-        for u in component.units:
-            u.module.__dict__.pop("fetch", None)
-    return seen
-
-
 @pytest.mark.parametrize("which", ["sdxl:ldm", "sd1:diffusers", "flux1_dev:bfl", "flux1_schnell:diffusers"])
 def test_op_order_is_the_order_a_forward_calls_the_ops(unet_files, flux_files, which):
     """The streamer reads ahead in `op_order()`: it must be exactly the order of the calls."""
@@ -145,7 +128,7 @@ def test_op_order_is_the_order_a_forward_calls_the_ops(unet_files, flux_files, w
     else:
         c = Component("transformer", flux_files[name][1][naming], "")
         den = denoise.bind(c, name)
-    seen = _recorded_order(den, c, den.random_inputs(64, 64))
+    seen = recorded_order(den, c, den.random_inputs(64, 64))
     assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
     assert len(seen) == len(c.units)  # every module of the file runs, once
 

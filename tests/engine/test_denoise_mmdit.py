@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import random_weights, rel_l2, write
+from denoise_files import random_weights, recorded_order, rel_l2, step_full_and_partial, write
 
 from engine import denoise
-from engine.devices import DeviceOptions
-from engine.facade import Engine
-from engine.formats.safetensors import SafetensorsFile
 from engine.model import Component
-from engine.requests import Step
 from tests.support.synth import mmdit as _mmdit
 from tests.support.synth._build import Builder
 
@@ -89,16 +85,7 @@ def test_mmdit_op_order_is_the_call_order(mmdits, naming):
     path = mmdits["sd3.5_medium"][0][naming]
     c = Component("transformer", path, "model.diffusion_model." if naming == "sai" else "")
     den = denoise.bind(c, "sd3.5_medium")
-    seen = []
-
-    def record(op):
-        seen.append(op)
-        return {a: getattr(op, a) for a in (op.weight_attr, "bias") if getattr(op, a, None) is not None}
-
-    for u in c.units:
-        u.module.fetch = record
-    with torch.inference_mode():
-        den(den.random_inputs(64, 64))
+    seen = recorded_order(den, c, den.random_inputs(64, 64))
     assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
     assert len(seen) == sum(isinstance(u.module, Castable) for u in c.units)  # all but pos_embed's holder
 
@@ -111,15 +98,7 @@ def test_positions_are_the_centre_crop_and_sizes_beyond_them_are_refused(mmdits)
 
 def test_mmdit_steps_fully_and_partially_alike(mmdits, tmp_path, monkeypatch):
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
-    path = mmdits["sd3.5_large"][0]["sai"]
-    outs = {}
-    for name, budget in (("full", None), ("partial", 0.002)):
-        e = Engine()
-        e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
-        try:
-            r = e.run(Step(str(path), size=(64, 64), steps=1, out=str(tmp_path / f"{name}.safetensors")))
-        finally:
-            e.close()
-        assert (r.mode, r.output_shape) == (name, (1, 16, 8, 8))
-        outs[name] = SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone()
-    assert torch.equal(outs["full"], outs["partial"])
+    runs = step_full_and_partial(mmdits["sd3.5_large"][0]["sai"], tmp_path, 0.002, size=(64, 64), steps=1)
+    (full, a), (_, b) = runs["full"], runs["partial"]
+    assert full.output_shape == (1, 16, 8, 8)
+    assert torch.equal(a, b)

@@ -9,12 +9,11 @@ import math
 
 import pytest
 import torch
-from denoise_files import rel_l2, write
+from denoise_files import recorded_order, rel_l2, step_full_and_partial, write
 
 from engine import denoise
 from engine.devices import DeviceOptions
 from engine.facade import Engine
-from engine.formats.safetensors import SafetensorsFile
 from engine.model import Component
 from engine.ops import Embedding
 from engine.requests import Step
@@ -82,18 +81,9 @@ def test_text_encoder_equals_transformers(tmp_path, name):
     err = rel_l2(out, want)
     print(f"{name}: relative L2 {err:.2e}")
     assert out.shape == want.shape and err <= TOL
-    seen = []
-
-    def record(op):
-        seen.append(op)
-        return {a: getattr(op, a) for a in (op.weight_attr, "bias") if getattr(op, a, None) is not None}
-
     c = Component(comp_name, path, prefix)
     den = denoise.bind(c, None)
-    for u in c.units:
-        u.module.fetch = record
-    with torch.inference_mode():
-        den({"input_ids": ids})
+    seen = recorded_order(den, c, {"input_ids": ids})
     # embeddings are read where they lie (a lookup, never streamed): every other op in call order
     order = [o for o in den.op_order() if not isinstance(o, Embedding)]
     assert [id(o) for o in seen] == [id(o) for o in order]
@@ -107,17 +97,10 @@ def test_a_text_encoder_steps_fully_and_partially_alike(tmp_path, monkeypatch):
     ref = _clip(768, "quick_gelu", False)  # CLIP-L's width: a text encoder detection names (clip_l)
     sd = {k if k.startswith("text_model.") else f"text_model.{k}": v for k, v in _random(ref, 3).items()}
     path = write(tmp_path / "clip_l.safetensors", {k: v for k, v in sd.items() if "position_ids" not in k})
-    outs = {}
-    for name, budget in (("full", None), ("partial", 0.004)):
-        e = Engine()
-        e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
-        try:
-            r = e.run(Step(str(path), steps=2, out=str(tmp_path / f"{name}.safetensors")))
-        finally:
-            e.close()
-        assert (r.mode, r.component, r.output_shape) == (name, "clip_l", (1, 77, 768))
-        outs[name] = SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone()
-    assert torch.equal(outs["full"], outs["partial"])
+    runs = step_full_and_partial(path, tmp_path, 0.004, steps=2)
+    (full, a), (_, b) = runs["full"], runs["partial"]
+    assert (full.component, full.output_shape) == ("clip_l", (1, 77, 768))
+    assert torch.equal(a, b)
 
 
 def test_an_openclip_named_clip_g_is_refused_saying_what_runs(tmp_path):
