@@ -43,22 +43,27 @@ def build_components(
 
             place_kw.setdefault("free_device", default_probe(device)())
             place_kw.setdefault("free_cpu", int(psutil.virtual_memory().available))
+    from ..memory import gc_paused
+
+    with gc_paused():  # thousands of modules and parameters: no collections while they are made
+        return {n: _build_one(f, n, p, device, info, report, place_kw) for n, p in prefixes.items()}
+
+
+def _build_one(f, name: str, prefix: str, device: str, info, report, place_kw: dict) -> Component:
+    """One component of the open file `f`: its placement from the rules, then its module tree."""
     from ..formats.dtypes import dominant_float_dtype
 
-    out = {}
-    for name, prefix in prefixes.items():
-        infos = [i for k, i in f.header.tensors.items() if k.startswith(prefix)]
-        file_dtype = dominant_float_dtype(i.dtype for i in infos)
-        size = sum(i.nbytes for i in infos)
-        kw = dict(place_kw)
-        if report is not None:
-            from .dtypes import overrides_from_options
+    infos = [i for k, i in f.header.tensors.items() if k.startswith(prefix)]
+    file_dtype = dominant_float_dtype(i.dtype for i in infos)
+    size = sum(i.nbytes for i in infos)
+    kw = dict(place_kw)
+    if report is not None:
+        from .dtypes import overrides_from_options
 
-            kw = {**overrides_from_options(name, report.options), **kw}
-            if report.vae_device and name == "vae":
-                kw.setdefault("force_device", report.vae_device)
-        p = place(name, file_dtype, device, size_bytes=size, info=info, **kw)
-        out[name] = Component(
-            name, f, prefix, device=p.device, storage_dtype=p.storage_dtype, compute_dtype=p.compute_dtype
-        )
-    return out
+        kw = {**overrides_from_options(name, report.options), **kw}
+        if report.vae_device and name == "vae":
+            kw.setdefault("force_device", report.vae_device)
+    p = place(name, file_dtype, device, size_bytes=size, info=info, **kw)
+    return Component(
+        name, f, prefix, device=p.device, storage_dtype=p.storage_dtype, compute_dtype=p.compute_dtype
+    )

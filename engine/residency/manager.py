@@ -17,7 +17,7 @@ from ..devices import VRAMState
 from ..errors import Cancelled, OutOfMemory
 from ..events import EventLog, Evicted, JobCancelled, Loaded, PartiallyOffloaded, Tiers, Unloaded
 from ..jobs import CancelToken, Progress, Report, no_report
-from ..memory import default_probe
+from ..memory import default_probe, gc_paused
 from ..model.component import Component, Unit
 from .evict import Unloading, _must_place
 from .ledger import ComponentState, LedgerSnapshot, Policy
@@ -279,10 +279,11 @@ class Residency(Unloading):
         total = sum(c.full_bytes("device") for c in comps)
         done = [0]
         try:
-            for c in comps:
-                budget -= self._fill(
-                    c, budget if c.device == self.device else None, keep, token, report, done, total
-                )
+            with gc_paused():  # a tier move per module: no collections in between
+                for c in comps:
+                    budget -= self._fill(
+                        c, budget if c.device == self.device else None, keep, token, report, done, total
+                    )
         finally:
             self._refresh()
         return self.snapshot()
