@@ -71,9 +71,10 @@ class ModelIndex:
 
 
 def _from_safetensors(path: str) -> ModelIndex:
-    from .safetensors import read_header
+    from .safetensors import index_tensors
 
-    return index_of_header(read_header(path), path)
+    tensors, metadata, file_size, data_size = index_tensors(path, IndexedTensor._make)
+    return ModelIndex(path, "safetensors", file_size, data_size, tensors, metadata)
 
 
 def index_of_header(h, path: str) -> ModelIndex:

@@ -222,3 +222,86 @@ def test_zip_members_shuffled_or_renamed(tmp_path):
                 zf.writestr(rename(name), b)
         with pytest.raises(FormatError):
             open_index(p)
+
+
+def _header_cases():
+    """Headers that are valid, and the edge cases the fast path must send to the exact reader."""
+    t = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+    u = {"dtype": "F16", "shape": [2, 1], "data_offsets": [8, 12]}
+    z = {"dtype": "F16", "shape": [0], "data_offsets": [12, 12]}
+    ts = json.dumps(t)
+    return [
+        json.dumps({"a": t, "b": u}),
+        json.dumps({"__metadata__": {"k": "v"}, "a": t, "b": u, "z": z}),
+        json.dumps({"a": t, "b": {**u, "data_offsets": [4, 8]}}),  # overlap
+        json.dumps({"a": t, "b": {**u, "data_offsets": [10, 14]}}),  # gap
+        json.dumps({"a": t, "z": {**z, "data_offsets": [5, 5]}}),  # zero-size inside a tensor
+        '{"a": ' + ts + ', "a": ' + ts + "}",  # the same tensor twice
+        '{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "data_offsets": [0, 8]}}',
+        '{"__metadata__": {"k": "1", "k": "2"}, "a": ' + ts + "}",
+        '{"__metadata__": {"k": 1}, "a": ' + ts + "}",
+        '{"__metadata__": null, "a": ' + ts + "}",
+        '{"a": {"dtype": "F32", "shape": [2.0], "data_offsets": [0, 8]}}',
+        '{"a": {"dtype": "F32", "shape": [true, 2], "data_offsets": [0, 8]}}',
+        '{"a": {"dtype": "F32", "shape": [2]}}',
+        '{"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}',
+        '{"a": {"dtype": "X9", "shape": [2], "data_offsets": [0, 8]}}',
+        '{"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}',
+        '{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "k": "data_offsets"}}',
+    ]
+
+
+@pytest.mark.parametrize("data_len", [8, 12, 16])
+@pytest.mark.parametrize("text", _header_cases())
+def test_fast_header_path_agrees_with_the_exact_reader(text, data_len):
+    """engine.formats.safetensors reads a header through msgspec first, and only a header it cannot
+    vouch for through the stdlib reader that names the fault: both must accept exactly the same
+    headers, with the same tensors and metadata."""
+    from engine.formats import safetensors as sf
+
+    raw = text.encode()
+    _fast_agrees(sf, raw, 8 + len(raw) + data_len)
+
+
+def _fast_agrees(sf, raw: bytes, size: int):
+    try:
+        exact = sf._parse_header(raw, "", size)
+    except FormatError:
+        exact = None
+    fast = sf._parse_fast(raw, size, sf.TensorInfo._make, index=False)
+    if fast is not None:  # the fast path vouches only for what the exact reader accepts, identically
+        assert exact is not None, raw
+        assert fast[0] == exact.tensors and fast[1] == exact.metadata and fast[2] == exact.data_size
+    # and the public reader gives the exact reader's answer either way
+    try:
+        public = sf.parse_header(raw, file_size=size)
+    except FormatError:
+        public = None
+    assert (public is None) == (exact is None)
+    if public is not None:
+        assert public.tensors == exact.tensors and public.metadata == exact.metadata
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fast_header_path_agrees_on_mutated_headers(seeds, data):
+    from engine.formats import safetensors as sf
+
+    raw = seeds["safetensors"]
+    (n,) = struct.unpack("<Q", raw[:8])
+    head = _apply(raw[8 : 8 + n], data.draw(mutations(n)))
+    _fast_agrees(sf, head, 8 + len(head) + len(raw) - 8 - n)
+
+
+def test_well_formed_headers_take_the_fast_path():
+    from engine.formats import safetensors as sf
+
+    for text in _header_cases()[:2]:
+        raw = text.encode()
+        fast = sf._parse_fast(raw, 8 + len(raw) + 12, sf.TensorInfo._make, index=False)
+        assert fast is not None and sorted(fast[0]) == sorted(
+            k for k in json.loads(text) if k != "__metadata__"
+        )
+    raw = _safetensors_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert sf._parse_fast(raw[8 : 8 + n], len(raw), sf.TensorInfo._make, index=False) is not None
