@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from collections import Counter, defaultdict
+from itertools import repeat
 
 from ..errors import UnsupportedModel
 from . import kinds
@@ -109,40 +111,60 @@ def build_components(
     """Assign every key to the component of the longest claimed prefix that matches, else `rest`.
 
     claims: (prefix, component). The bytes of all components add up to the tensors' bytes."""
-    # Claims bucketed by their first segment, longest first, so a key tries only the claims it could match.
+    # Keys are grouped by their first segment (one pass); a group then tries only the claims that begin
+    # with that segment, longest first, and a group that one claim covers whole is assigned at once —
+    # a checkpoint's 2,500 keys fall into a handful of groups (model., first_stage_model., …).
     buckets: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for p, c in sorted(set(claims), key=lambda c: -len(c[0])):
         buckets[p.split(".", 1)[0] if "." in p else ""].append((p, c))
     anywhere = buckets.pop("", [])
     keys_of: dict[str, list[str]] = defaultdict(list)
     matched: set[tuple[str, str]] = set()
-    for k in ix.tensors:
-        comp = rest
-        for claim in (*buckets.get(k.split(".", 1)[0], ()), *anywhere):
-            if k.startswith(claim[0]):
-                comp = claim[1]
-                matched.add(claim)
-                break
-        keys_of[comp].append(k)
+    for head, keys in ix.heads.items():
+        tried = (*buckets.get(head, ()), *anywhere)
+        if not tried:
+            keys_of[rest].extend(keys)
+            continue
+        first = tried[0]
+        if all(map(str.startswith, keys, repeat(first[0]))):
+            keys_of[first[1]].extend(keys)  # e.g. `model.diffusion_model.`: every key of the group
+            matched.add(first)
+            continue
+        for k in keys:
+            comp = rest
+            for claim in tried:
+                if k.startswith(claim[0]):
+                    comp = claim[1]
+                    matched.add(claim)
+                    break
+            keys_of[comp].append(k)
     prefix_of: dict[str, str] = {}  # the longest claimed prefix that matched: the component's own root
     for p, c in sorted(matched, key=lambda c: len(c[0])):
         prefix_of[c] = p
     out = {}
+    tensors, prod = ix.tensors, math.prod
     for comp in sorted(keys_of, key=lambda c: COMPONENT_ORDER.index(c) if c in COMPONENT_ORDER else 99):
         keys = keys_of[comp]
-        by_dtype: Counter = Counter()
-        params = nbytes = 0
-        for k in keys:
-            t = ix.tensors[k]
-            params += math.prod(t.shape)
-            nbytes += t.nbytes
-            by_dtype[t.dtype] += t.nbytes or 1
+        infos = list(map(tensors.__getitem__, keys))
+        params = sum(map(prod, map(_SHAPE, infos)))
+        sizes = list(map(_NBYTES, infos))
+        nbytes = sum(sizes)
+        dtypes = list(map(_DTYPE, infos))
+        if len(set(dtypes)) == 1:
+            dtype = dtypes[0]
+        else:  # the dtype holding the most bytes (a tensor of none counted as one byte)
+            by_dtype: Counter = Counter()
+            for dt, n in zip(dtypes, sizes, strict=True):
+                by_dtype[dt] += n or 1
+            dtype = by_dtype.most_common(1)[0][0] if by_dtype else None
         prefix = prefix_of.get(comp, "")
         if comp == rest and comp not in prefix_of:
             prefix = _common_prefix(keys)
-        dtype = by_dtype.most_common(1)[0][0] if by_dtype else None
-        out[comp] = Component(prefix, len(keys), params, nbytes, dtype)
+        out[comp] = Component(prefix, len(keys), params, nbytes, dtype if keys else None)
     return out
+
+
+_SHAPE, _NBYTES, _DTYPE = (operator.attrgetter(a) for a in ("shape", "nbytes", "dtype"))
 
 
 def _common_prefix(keys: list[str]) -> str:

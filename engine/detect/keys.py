@@ -51,13 +51,36 @@ class KeyIndex:
         return shape[i] if shape is not None and -len(shape) <= i < len(shape) else None
 
     def with_prefix(self, prefix: str) -> list[str]:
-        return [k for k in self.tensors if k.startswith(prefix)]
+        return [k for k in self._pool(prefix) if k.startswith(prefix)]
+
+    def has_prefix(self, prefix: str) -> bool:
+        """Whether any key starts with `prefix`."""
+        return any(k.startswith(prefix) for k in self._pool(prefix))
+
+    @cached_property
+    def heads(self) -> dict[str, list[str]]:
+        """Keys grouped by their first dotted segment (`model`, `first_stage_model`, `conditioner`, …),
+        built in one pass: a question about `first_stage_model.` looks at that group only."""
+        out: dict[str, list[str]] = {}
+        for k in self.tensors:
+            head = k.partition(".")[0]
+            group = out.get(head)
+            if group is None:
+                out[head] = [k]
+            else:
+                group.append(k)
+        return out
+
+    def _pool(self, prefix: str):
+        """The keys that can start with `prefix`: its first segment's group when it has a dot."""
+        head, dot, _ = prefix.partition(".")
+        return self.heads.get(head, ()) if dot else self.tensors
 
     def count_blocks(self, prefix: str) -> int:
         """How many numbered children `prefix{N}.` exist (N from 0 without gaps), as block counters do."""
         found = set()
         pat = re.compile(re.escape(prefix) + r"(\d+)\.")
-        for k in self.tensors:
+        for k in self._pool(prefix):
             m = pat.match(k)
             if m:
                 found.add(int(m.group(1)))

@@ -67,7 +67,15 @@ def _ev(ix: KeyIndex, key: str, reason: str) -> Evidence:
 def lora_evidence(ix: KeyIndex) -> Evidence | None:
     """Evidence that this is an adapter file, or None. Most keys must be adapter keys."""
     keys = list(ix.tensors)
-    adapterish = [k for k in keys if k.startswith(_KOHYA) or k.endswith(_WEAK) or _strong(k)]
+    adapterish = []
+    allowed = len(keys) // 2  # more keys than this that are no adapter's: a model, stop looking
+    for k in keys:
+        if k.startswith(_KOHYA) or k.endswith(_WEAK) or _strong(k):
+            adapterish.append(k)
+        else:
+            allowed -= 1
+            if allowed < 0:
+                return None
     if not keys or len(adapterish) * 2 < len(keys):
         return None
     strong = [k for k in adapterish if _strong(k)]
@@ -97,7 +105,7 @@ def embedding(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
         ]
     key = next((k for k in ("emb_params", "string_to_param.*") if ix.has(k)), None)
     if key is None:
-        key = next((k for k in ix.tensors if k.startswith("string_to_param.")), None)
+        key = next(iter(ix.with_prefix("string_to_param.")), None)
     if key is None and len(ix.tensors) == 1:
         # diffusers textual inversion (learned_embeds): one tensor named after its token, e.g. "<cat-toy>"
         k, t = next(iter(ix.tensors.items()))
@@ -155,7 +163,7 @@ def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str
 
 
 def _dit_controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str, str]]] | None:
-    if not any(k.startswith("controlnet_blocks.0.") for k in ix.tensors):
+    if not ix.has_prefix("controlnet_blocks.0."):
         return None
     claims = [("", "transformer")]
     if ix.has("controlnet_x_embedder.weight"):
@@ -167,7 +175,7 @@ def _dit_controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tupl
             [_ev(ix, "pos_embed_input.proj.weight", "ControlNet blocks over SD3 joint blocks")],
             claims,
         )
-    k = sorted(k for k in ix.tensors if k.startswith("controlnet_blocks.0."))[0]
+    k = min(ix.with_prefix("controlnet_blocks.0."))
     return None, [_ev(ix, k, "ControlNet output blocks on a transformer")], claims
 
 
@@ -178,15 +186,15 @@ def ip_adapter(ix: KeyIndex) -> tuple[str | None, list[Evidence]] | None:
         return None, [
             _ev(ix, flux_ip, "image key/value projections in the double blocks → FLUX.1 IP-Adapter")
         ]
-    if not any(k.startswith("image_proj.") for k in ix.tensors):
+    if not ix.has_prefix("image_proj."):
         return None
-    if not any(k.startswith("ip_adapter.") for k in ix.tensors):
+    if not ix.has_prefix("ip_adapter."):
         return None
     key = ix.first_match(r"ip_adapter\.\d+\.to_k_ip\.weight")
     ev = [
         _ev(
             ix,
-            sorted(k for k in ix.tensors if k.startswith("image_proj."))[0],
+            min(ix.with_prefix("image_proj.")),
             "an image projection and per-attention ip_adapter layers → IP-Adapter",
         )
     ]

@@ -27,11 +27,11 @@ def ldm_unet(ix: KeyIndex) -> Backbone | None:
     adm_key = p + "label_emb.0.0.weight"
     video = any(".time_stack." in k or ".time_mixer." in k for k in ix.with_prefix(p + "input_blocks."))
     _unet_rules(ix, b, conv_in, ctx_key, adm_key if ix.has(adm_key) else None, video, p + "out.2.weight")
-    if any(k.startswith("depth_model.") for k in ix.tensors) and b.architecture == "sd2":
+    if b.architecture == "sd2" and ix.has_prefix("depth_model."):
         b.variant = "depth"
         b.because(
             ix,
-            next(k for k in ix.tensors if k.startswith("depth_model.")),
+            ix.with_prefix("depth_model.")[0],
             "a MiDaS depth model is included → depth",
         )
     return b

@@ -235,6 +235,16 @@ def _alpha_from_metadata(metadata: dict[str, str]) -> float | None:
     return None
 
 
+class _Shapes:
+    """Tensor shapes, looked up only for the parts module_facts reads (no copy of the whole header)."""
+
+    def __init__(self, tensors) -> None:
+        self.tensors = tensors
+
+    def __getitem__(self, key: str) -> tuple[int, ...]:
+        return getattr(self.tensors[key], "shape", ())
+
+
 def describe_lora(index: Any, alphas: dict[str, float] | None = None) -> LoraInfo | None:
     """LoRA facts for a safetensors-like index (`.tensors`: name -> info with `.shape`; `.metadata`).
 
@@ -245,7 +255,7 @@ def describe_lora(index: Any, alphas: dict[str, float] | None = None) -> LoraInf
     modules, other = group_modules(tensors)
     if not modules or len(other) > sum(len(p) for p in modules.values()):
         return None  # a model with a few adapter-looking names is still a model
-    shapes = {k: tuple(getattr(v, "shape", ())) for k, v in tensors.items()}
+    shapes = _Shapes(tensors)
     named = {m: classify(m) for m in modules}
     facts = {m: module_facts(p, shapes) for m, p in modules.items()}
     base = infer_base(named, facts)

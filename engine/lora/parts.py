@@ -96,28 +96,47 @@ WEIGHT_PARTS = frozenset(
 UNSUPPORTED_ALGOS = frozenset({"oft", "boft", "glora"})
 
 
+# The suffixes by their number of dotted segments: a key is split by looking its last three, two and
+# one segments up, longest first (the same answer as testing each suffix in the order above: no
+# shorter suffix matches a key that a longer one matches).
+_BY_SEGMENTS = tuple({s: part for s, part in _SUFFIXES if s.count(".") == n - 1} for n in (3, 2, 1))
+_NORM_SCALES = ("_norm.scale", "query_norm.scale", "key_norm.scale")
+_FLUX_ROOTS = ("double_blocks.", "single_blocks.", "diffusion_model.")
+
+
 def split_key(key: str) -> tuple[str, str] | None:
     """'lora_unet_x.lora_up.weight' -> ('lora_unet_x', 'up'); None when the key is no adapter part."""
-    m = _XLABS.match(key)
-    if m and not m.group(3):
-        return f"{m.group(1)}.processor.{m.group(2)}_lora", m.group(4)
-    if m:
-        stream = "img_attn" if m.group(3) == "1" else "txt_attn"
-        return f"{m.group(1)}.{stream}.{m.group(2)}", m.group(4)
-    if key.endswith(("_norm.scale", "query_norm.scale", "key_norm.scale")) and key.startswith(
-        ("double_blocks.", "single_blocks.", "diffusion_model.")
-    ):
+    if ".processor." in key:
+        m = _XLABS.match(key)
+        if m and not m.group(3):
+            return f"{m.group(1)}.processor.{m.group(2)}_lora", m.group(4)
+        if m:
+            stream = "img_attn" if m.group(3) == "1" else "txt_attn"
+            return f"{m.group(1)}.{stream}.{m.group(2)}", m.group(4)
+        m = _PROCESSOR.match(key)
+        if m:
+            mod = f"{m.group(1)}.{m.group(2)}" + (".0" if m.group(2) == "to_out" else "")
+            return mod, m.group(3)
+    if key.endswith(_NORM_SCALES) and key.startswith(_FLUX_ROOTS):
         # BFL's Flux control LoRAs ship whole RMSNorm scales: a replacement (ComfyUI `lora_convert.py`
         # turns them into set_weight).
         return key[: -len(".scale")], "set_weight"
-    m = _PROCESSOR.match(key)
-    if m:
-        mod = f"{m.group(1)}.{m.group(2)}" + (".0" if m.group(2) == "to_out" else "")
-        return mod, m.group(3)
-    for suffix, part in _SUFFIXES:
-        if key.endswith("." + suffix):
-            return key[: -len(suffix) - 1], part
-    return None
+    rest1, dot1, last = key.rpartition(".")
+    if not dot1:
+        return None
+    rest2, dot2, mid = rest1.rpartition(".")
+    if dot2:
+        three, two, one = _BY_SEGMENTS
+        rest3, dot3, first = rest2.rpartition(".")
+        if dot3:
+            part = three.get(f"{first}.{mid}.{last}")
+            if part is not None:
+                return rest3, part
+        part = two.get(f"{mid}.{last}")
+        if part is not None:
+            return rest2, part
+    part = _BY_SEGMENTS[2].get(last)
+    return (rest1, part) if part is not None else None
 
 
 def group_modules(keys: Iterable[str]) -> tuple[dict[str, dict[str, str]], list[str]]:
@@ -149,7 +168,7 @@ class ModuleFacts:
 
 
 def _dims(shape) -> tuple[int, ...]:
-    return tuple(int(s) for s in shape)
+    return shape if type(shape) is tuple else tuple(int(s) for s in shape)
 
 
 def module_facts(parts: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]) -> ModuleFacts:
