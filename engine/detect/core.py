@@ -120,7 +120,7 @@ def build_components(
     anywhere = buckets.pop("", [])
     keys_of: dict[str, list[str]] = defaultdict(list)
     matched: set[tuple[str, str]] = set()
-    for head, keys in ix.heads.items():
+    for head, keys in ix.heads.items() if claims else [("", list(ix.tensors))]:
         tried = (*buckets.get(head, ()), *anywhere)
         if not tried:
             keys_of[rest].extend(keys)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..formats.dtypes import DTYPES, nbytes_for
+from ..formats.index import ModelIndex
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,11 @@ class KeyIndex:
         """The first key (in natural block order) matching a regular expression."""
         rx = re.compile(pattern)
         tail = _literal_tail(pattern)
-        hits = [k for k in self.tensors if k.endswith(tail) and rx.fullmatch(k)]
+        segs = tail.split(".")
+        # A tail of three whole segments or more (`.1.transformer_blocks.0.attn2.to_k.weight`): only the
+        # keys ending in its last three segments can match.
+        pool = self._by_tail.get(".".join(segs[-3:]), ()) if len(segs) >= 4 else self.tensors
+        hits = [k for k in pool if k.endswith(tail) and rx.fullmatch(k)]
         return min(hits, key=_natural) if hits else None
 
 
@@ -206,6 +211,10 @@ def as_key_index(obj, *, path: str = "") -> KeyIndex:
     """Adapt a header / ModelIndex / KeyIndex to a KeyIndex (no tensor data is touched)."""
     if isinstance(obj, KeyIndex):
         return obj
+    if type(obj) is ModelIndex:  # its readers build tuple shapes and int sizes: used as they are
+        return KeyIndex(
+            obj.tensors, dict(obj.metadata), obj.format, obj.file_size, obj.data_size, obj.path or path
+        )
     tensors = dict(obj.tensors)  # infos with dtype, shape, nbytes are used as they are (no copies)
     for name, t in tensors.items():
         if not isinstance(t.shape, tuple) or getattr(t, "nbytes", None) is None:

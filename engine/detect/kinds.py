@@ -49,6 +49,9 @@ _WEAK = (".alpha", ".dora_scale", ".diff", ".diff_b", ".w_norm", ".b_norm", ".on
 _KOHYA = ("lora_unet_", "lora_te_", "lora_te1_", "lora_te2_", "lora_te3_", "lora_transformer_", "lycoris_")
 
 
+_WEAK_OR_STRONG = _WEAK + _STRONG
+
+
 def _strong(k: str) -> bool:
     return (
         k.endswith(_STRONG)
@@ -69,8 +72,8 @@ def lora_evidence(ix: KeyIndex) -> Evidence | None:
     keys = list(ix.tensors)
     adapterish = []
     allowed = len(keys) // 2  # more keys than this that are no adapter's: a model, stop looking
-    for k in keys:
-        if k.startswith(_KOHYA) or k.endswith(_WEAK) or _strong(k):
+    for k in keys:  # the cheap tests first: most keys of a model fail all of them
+        if k.startswith(_KOHYA) or k.endswith(_WEAK_OR_STRONG) or ("lora" in k and _strong(k)):
             adapterish.append(k)
         else:
             allowed -= 1

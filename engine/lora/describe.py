@@ -69,7 +69,6 @@ def _dotted(n: Named) -> str:
 
 
 _T5 = re.compile(r"(^|_)(encoder_block|SelfAttention|DenseReluDense|EncDecAttention)(_|$)")
-_ATTN2_K = re.compile(r"attn2_to_k$")
 _DIT_Q = re.compile(r"(img_attn_qkv|x_block_attn_qkv|attn_to_q|linear1)$")
 _DIT_NAMES = re.compile(r"(double_blocks|single_blocks|joint_blocks|transformer_blocks_\d+_attn_add_q_proj)")
 _FLUX_NAMES = re.compile(r"(double_blocks|single_blocks|single_transformer_blocks)")
@@ -99,25 +98,39 @@ def _width(diff, facts, pattern: re.Pattern, attr: str = "in_features") -> int |
     return c.most_common(1)[0][0] if c else None
 
 
+def _any_line(pattern: re.Pattern, lines: str, *needles: str) -> bool:
+    """Whether `pattern` matches in any line of `lines` ("\\n" + the names joined by "\\n"). `needles`
+    are texts a match must contain (a name's start written "\\nname"): the common case, none of them
+    present, costs substring tests only. One search over the joined names gives the same answer as
+    searching each name, since no pattern can match across a newline."""
+    if not any(n in lines for n in needles):
+        return False
+    return re.compile(pattern.pattern, re.MULTILINE).search(lines) is not None
+
+
+_DOUBLE_BLOCK = re.compile(r"^double_blocks_(\d+)_", re.MULTILINE)
+
+
 def _family_2026(diff, facts) -> tuple[bool, str | None]:
     """(decided, base) for the newer DiT families; decided False when none of their names occur."""
-    names = [d for _, d in diff]
-    if any(_HIDREAM.search(d) for d in names):
+    lines = "\n" + "\n".join(d for _, d in diff)
+    if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
-    if any(_QWEN.search(d) for d in names):
+    if _any_line(_QWEN, lines, "\ntransformer_blocks_"):
         return True, "qwen_image"
-    if any(_WAN.search(d) for d in names):
+    if _any_line(_WAN, lines, "\nblocks_", "\nvace_blocks_"):
         return True, _WAN_WIDTH.get(_width(diff, facts, _WAN_Q))
-    if any(_NEXTDIT.search(d) for d in names):
+    if _any_line(_NEXTDIT, lines, "\nlayers_", "\nnoise_refiner_", "\ncontext_refiner_"):
         return True, _NEXTDIT_WIDTH.get(_width(diff, facts, _NEXTDIT_OUT, "out_features"))
     # FLUX.1 has 19 double blocks; a 20th (HunyuanVideo has 20, HunyuanVideo 1.5 54) is not FLUX.1.
-    doubles = {int(m.group(1)) for d in names for m in [re.match(r"^double_blocks_(\d+)_", d)] if m}
-    if any(_HUNYUAN.search(d) for d in names) or (doubles and max(doubles) >= 19):
+    doubles = [int(n) for n in _DOUBLE_BLOCK.findall(lines)] if "\ndouble_blocks_" in lines else []
+    hunyuan = ("img_mlp_fc1", "img_mod_linear", "txt_mlp_fc1", "individual_token_refiner")
+    if _any_line(_HUNYUAN, lines, *hunyuan) or (doubles and max(doubles) >= 19):
         return True, "hunyuan_video"
-    if any(d.startswith("distilled_guidance_layer") for d in names):
+    if "\ndistilled_guidance_layer" in lines:
         return True, "chroma"
-    # FLUX.2 keeps FLUX.1's block names; its SwiGLU MLP makes img_mlp.0 six times as wide as the
-    # stream (FLUX.1: four times).
+    if "\ndouble_blocks_" not in lines:
+        return False, None
     inner = _width(diff, facts, _FLUX_MLP_IN, "in_features")
     outer = _width(diff, facts, _FLUX_MLP_IN, "out_features")
     if inner and outer and outer == 6 * inner:
@@ -125,7 +138,7 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
     return False, None
 
 
-_TE_WIDTH_PART = re.compile(r"(self_attn_q_proj|self_attn_k_proj|self_attn_out_proj|mlp_fc1)$")
+_TE_WIDTH_PARTS = ("self_attn_q_proj", "self_attn_k_proj", "self_attn_out_proj", "mlp_fc1")
 
 
 def infer_base(named: dict[str, Named], facts: dict[str, ModuleFacts]) -> str | None:
@@ -135,16 +148,18 @@ def infer_base(named: dict[str, Named], facts: dict[str, ModuleFacts]) -> str | 
     for n, c in named.items():
         if c.slot.startswith("te") or c.slot in ("clip_l", "clip_g"):
             f = facts[n]
-            if _TE_WIDTH_PART.search(_dotted(c)) and f.in_features:
+            if f.in_features and _dotted(c).endswith(_TE_WIDTH_PARTS):
                 te_widths.setdefault(c.slot, Counter())[f.in_features] += 1
 
     flat = " ".join(d for _, d in diff)
     decided, base = _family_2026(diff, facts) if diff else (False, None)
     if decided:
         return base
-    if diff and (_DIT_NAMES.search(flat) or _FLUX_NAMES.search(flat)):
+    flux_names = _any_line(_FLUX_NAMES, flat, "double_blocks", "single_blocks", "single_transformer_blocks")
+    dit_names = flux_names or _any_line(_DIT_NAMES, flat, "joint_blocks", "_attn_add_q_proj")
+    if diff and dit_names:
         hidden = Counter(facts[n].in_features for n, d in diff if _DIT_Q.search(d) and facts[n].in_features)
-        if _FLUX_NAMES.search(flat):
+        if flux_names:
             return "flux1"
         if hidden:
             width = hidden.most_common(1)[0][0]
@@ -154,7 +169,9 @@ def infer_base(named: dict[str, Named], facts: dict[str, ModuleFacts]) -> str | 
             return base
         return "sd3" if _SD3_NAMES.search(flat) else None
     if diff and _UNET_NAMES.search(flat):
-        ctx = Counter(facts[n].in_features for n, d in diff if _ATTN2_K.search(d) and facts[n].in_features)
+        ctx = Counter(
+            facts[n].in_features for n, d in diff if d.endswith("attn2_to_k") and facts[n].in_features
+        )
         if ctx:
             return _CTX_TO_UNET.get(ctx.most_common(1)[0][0])
     # A T5 as the second text encoder is FLUX.1's pair (CLIP-L, T5-XXL); SD3 names its T5 te3.

@@ -16,7 +16,7 @@ Facts (cited, not copied):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # (prefix, convention, slot). slot: "diffusion" (UNet/transformer), "te" / "te1" / "te2" / "te3", "peft".
 _PREFIXES: tuple[tuple[str, str, str], ...] = (
@@ -63,8 +63,7 @@ _BARE: tuple[tuple[str, str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Named:
+class Named(NamedTuple):
     """An adapter module name taken apart: convention, slot, and the module path after the prefix."""
 
     convention: str

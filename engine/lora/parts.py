@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # suffix -> canonical part name. Longer suffixes first so ".lora_linear_layer.up.weight" wins over
 # ".up.weight" style endings.
@@ -124,6 +124,9 @@ def split_key(key: str) -> tuple[str, str] | None:
     rest1, dot1, last = key.rpartition(".")
     if not dot1:
         return None
+    if last != "weight" and last != "bias":  # every longer suffix ends in .weight or .bias
+        part = _BY_SEGMENTS[2].get(last)
+        return (rest1, part) if part is not None else None
     rest2, dot2, mid = rest1.rpartition(".")
     if dot2:
         three, two, one = _BY_SEGMENTS
@@ -157,9 +160,11 @@ def group_modules(keys: Iterable[str]) -> tuple[dict[str, dict[str, str]], list[
     return modules, other
 
 
-@dataclass(frozen=True)
-class ModuleFacts:
-    """What a module's header says: its algorithms, rank and the weight shape it would change."""
+class ModuleFacts(NamedTuple):
+    """What a module's header says: its algorithms, rank and the weight shape it would change.
+
+    A NamedTuple: a library scan builds one per module of every LoRA (a frozen dataclass costs
+    several times as much to build)."""
 
     algos: tuple[str, ...]
     rank: int | None
