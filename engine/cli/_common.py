@@ -54,8 +54,9 @@ def whole_number(minimum: int, unit: str = "", multiple: int = 1):
 
 
 def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=_default)
-    sys.stdout.write("\n")
+    # One write of the whole text: json.dump writes each of its thousands of chunks to stdout on its
+    # own (a 1,000-file scan's 1.8 MB took 0.38 s that way, 0.05 s encoded at once).
+    sys.stdout.write(json.dumps(obj, indent=2, default=_default) + "\n")
 
 
 def _default(o):
