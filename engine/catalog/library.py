@@ -14,13 +14,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..detect.file import error_detection
 from ..detect.result import Detection, Failure
 from ..jobs import CancelToken, Progress, Report, no_report
 from .cache import LibraryCache
 from .hashing import autov2
 from .layout import Root, read_extra_model_paths
 from .notes import read_notes
-from .parallel import Detector, auto_workers, default_detector, detect_many, error_detection
+from .parallel import Detector, auto_workers, default_detector, detect_many
 from .walk import Problem, discover
 
 __all__ = ["Library", "LibraryEntry", "detector_fingerprint", "error_detection", "resolve_roots", "scan"]

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import os
 
-from ..errors import EngineError, FormatError
+from ..errors import Cancelled, EngineError, FormatError
 from ..jobs import CancelToken, Progress, Report, no_report
 from .core import detect_index
 from .result import Detection, Evidence, Failure
@@ -84,6 +84,34 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
         log.debug("detecting %s failed", p, exc_info=True)  # no stack on a user's console
         msg = f"Loadout could not read this file ({type(e).__name__}: {e}); please report it"
         return Detection(path=p, file_bytes=size, format=fmt, error=Failure("error", msg))
+
+
+def error_detection(path: str, size: int | None, error: Failure) -> Detection:
+    """The Detection of a file that could not be detected."""
+    return Detection(path=path, file_bytes=size, format=None, error=error)
+
+
+def guarded(detector, path: str, size: int | None) -> tuple[Detection, bool]:
+    """A library scan's detection of one file: (detection, cacheable). Errors become the entry's
+    `error`; one bad file never stops a scan; a cancel does (nothing of it is cached)."""
+    try:
+        return detector(path), True
+    except Cancelled:
+        raise
+    except EngineError as e:
+        return error_detection(path, size, Failure(e.type, e.message)), True
+    except Exception as e:  # a bug in detection must not hide the rest of the library; not cached
+        log.exception("detection failed on %s", path)
+        msg = (
+            f"Loadout could not inspect this file ({type(e).__name__}: {e}); this is a bug, please report it"
+        )
+        return error_detection(path, size, Failure("internal", msg)), False
+
+
+def detect_chunk(items: list[tuple[str, int]]) -> list[tuple[str, Detection, bool]]:
+    """A scan worker's task (engine.catalog.parallel): detect a few files. It lives here so that a
+    worker process imports engine.detect alone."""
+    return [(p, *guarded(detect_file, p, size)) for p, size in items]
 
 
 def detect_files(
