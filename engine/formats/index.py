@@ -73,7 +73,7 @@ class ModelIndex:
 def _from_safetensors(path: str) -> ModelIndex:
     from .safetensors import index_tensors
 
-    tensors, metadata, file_size, data_size = index_tensors(path, IndexedTensor._make)
+    tensors, metadata, file_size, data_size = index_tensors(path, IndexedTensor)
     return ModelIndex(path, "safetensors", file_size, data_size, tensors, metadata)
 
 

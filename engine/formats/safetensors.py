@@ -8,6 +8,7 @@ number has been checked against the file's real size. Reading the header never t
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -17,6 +18,7 @@ import os
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Annotated, NamedTuple
 
@@ -128,7 +130,7 @@ def _gc_paused():
 def parse_header(raw: bytes, *, path: str = "", file_size: int | None = None) -> SafetensorsHeader:
     """Validate a header's JSON bytes (without the 8-byte length) against the file's size."""
     with _gc_paused():
-        fast = _parse_fast(raw, file_size, TensorInfo._make, index=False)
+        fast = _parse_fast(raw, file_size, TensorInfo, index=False)
         if fast is not None:
             tensors, metadata, end = fast
             return SafetensorsHeader(
@@ -148,7 +150,7 @@ class _Entry(msgspec.Struct, gc=False):
     """A tensor entry. Every field is optional so that `__metadata__` (read separately) decodes too."""
 
     dtype: str | None = None
-    shape: tuple[_NonNeg, ...] | None = None
+    shape: Annotated[tuple[_NonNeg, ...], msgspec.Meta(max_length=MAX_DIMS)] | None = None
     data_offsets: tuple[_NonNeg, _NonNeg] | None = None
 
 
@@ -162,11 +164,11 @@ _ENTRIES = msgspec.json.Decoder(dict[str, _Entry])
 _TOP = msgspec.json.Decoder(_Top)
 
 
-def _parse_fast(raw: bytes, file_size: int | None, make, *, index: bool):
+def _parse_fast(raw: bytes, file_size: int | None, cls: type, *, index: bool):
     """(tensors, metadata, end of the data) when the header is well-formed, else None.
 
-    make((name, dtype, shape, begin, end)) builds a TensorInfo; with index=True it is given
-    (name, dtype, shape, nbytes, absolute offset) for an engine.formats IndexedTensor instead.
+    cls is a NamedTuple of (name, dtype, shape, begin, end), a TensorInfo; with index=True it gets
+    (name, dtype, shape, nbytes, absolute offset), for an engine.formats IndexedTensor.
     """
     try:
         entries = _ENTRIES.decode(raw)
@@ -195,40 +197,49 @@ def _parse_fast(raw: bytes, file_size: int | None, make, *, index: bool):
         for v in metadata.values():
             if type(v) is not str:
                 return None
+    # Every check below runs as a C-level pass over all entries (map, sort, slice comparisons): an
+    # SDXL header's 2,500 tensors cost 0.8 µs each through a Python loop, a third of that this way.
     data_start = 8 + len(raw)
-    limit = None if file_size is None else file_size - data_start
-    bits_of, prod = _BITS, math.prod
-    tensors = {}
-    ends: dict[int, int] = {}  # begin -> end of every tensor with data: the tiling check below
-    empty: list[int] = []  # begins of zero-byte tensors
-    for name, e in entries.items():
-        shape, offsets = e.shape, e.data_offsets
-        bits = bits_of.get(e.dtype)
-        if bits is None or shape is None or offsets is None or len(shape) > MAX_DIMS:
-            return None
-        begin, end = offsets
-        if begin > end or prod(shape) * bits != (end - begin) * 8:
-            return None
-        if begin == end:
-            empty.append(begin)
-        else:
-            n = len(ends)
-            ends[begin] = end
-            if len(ends) == n:  # two tensors start at the same byte
-                return None
-        if index:
-            tensors[name] = make((name, e.dtype, shape, end - begin, data_start + begin))
-        else:
-            tensors[name] = make((name, e.dtype, shape, begin, end))
-    # The tensors must tile the data region from 0 without gaps or overlaps: follow begin -> end.
-    pos, steps, get = 0, 0, ends.get
-    while (nxt := get(pos)) is not None:
-        pos, steps = nxt, steps + 1
-    if steps != len(ends) or (limit is not None and pos != limit):
+    names = list(entries)
+    infos = list(entries.values())
+    dtypes = list(map(_DTYPE_OF, infos))
+    shapes = list(map(_SHAPE_OF, infos))
+    offsets = list(map(_OFFSETS_OF, infos))
+    if None in shapes or None in offsets:
         return None
-    if empty and not set(empty) <= {0, *ends.values()}:
+    try:
+        bits = list(map(_BITS.__getitem__, dtypes))  # an unknown (or absent) dtype: KeyError
+    except KeyError:
         return None
-    return tensors, metadata, pos
+    begins = list(map(_FIRST, offsets))
+    ends = list(map(_SECOND, offsets))
+    sizes = list(map(operator.sub, ends, begins))
+    if sizes and min(sizes) < 0:
+        return None
+    if list(map(operator.mul, map(math.prod, shapes), bits)) != list(map(operator.mul, sizes, repeat(8))):
+        return None  # a shape and dtype that need other than the offsets' span
+    # The tensors must tile the data region from 0, the reference's own test: sorted by (begin, end),
+    # each begins where the one before it ends (a zero-byte tensor only at such a boundary).
+    pos = 0
+    if offsets:
+        spans = sorted(offsets)
+        first, last = spans[0], spans[-1]
+        if first[0] != 0 or list(map(_FIRST, spans[1:])) != list(map(_SECOND, spans[:-1])):
+            return None
+        pos = last[1]
+    if file_size is not None and pos != file_size - data_start:
+        return None
+    if index:
+        rows = zip(names, dtypes, shapes, sizes, map(operator.add, begins, repeat(data_start)), strict=True)
+    else:
+        rows = zip(names, dtypes, shapes, begins, ends, strict=True)
+    # tuple.__new__ through a partial: C all the way (a NamedTuple's _make is a Python function, and
+    # cost 0.6 of an SDXL header's 2.9 ms).
+    return dict(zip(names, map(functools.partial(tuple.__new__, cls), rows), strict=True)), metadata, pos
+
+
+_DTYPE_OF, _SHAPE_OF, _OFFSETS_OF = (operator.attrgetter(a) for a in ("dtype", "shape", "data_offsets"))
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
 def _parse_header(raw: bytes, path: str, file_size: int | None) -> SafetensorsHeader:
@@ -361,18 +372,18 @@ def read_raw_header(p: str) -> tuple[bytes, int]:
     return raw, size
 
 
-def index_tensors(p: str, make) -> tuple[dict, dict[str, str], int, int]:
+def index_tensors(p: str, cls: type) -> tuple[dict, dict[str, str], int, int]:
     """(tensors, metadata, file size, data size) of a safetensors file for engine.formats' index, each
-    tensor built by make((name, dtype, shape, nbytes, absolute offset)) in the one validating pass."""
+    tensor a `cls` (a NamedTuple) of (name, dtype, shape, nbytes, absolute offset)."""
     raw, size = read_raw_header(p)
     with _gc_paused():
-        fast = _parse_fast(raw, size, make, index=True)
+        fast = _parse_fast(raw, size, cls, index=True)
     if fast is not None:
         tensors, metadata, data_size = fast
         return tensors, metadata, size, data_size
     h = parse_header(raw, path=p, file_size=size)  # the exact reader: it raises what is wrong
     start = h.data_start
-    tensors = {n: make((n, t.dtype, t.shape, t.end - t.begin, start + t.begin)) for n, t in h.tensors.items()}
+    tensors = {n: cls(n, t.dtype, t.shape, t.end - t.begin, start + t.begin) for n, t in h.tensors.items()}
     return tensors, dict(h.metadata), h.file_size, h.data_size
 
 

@@ -268,7 +268,7 @@ def _fast_agrees(sf, raw: bytes, size: int):
         exact = sf._parse_header(raw, "", size)
     except FormatError:
         exact = None
-    fast = sf._parse_fast(raw, size, sf.TensorInfo._make, index=False)
+    fast = sf._parse_fast(raw, size, sf.TensorInfo, index=False)
     if fast is not None:  # the fast path vouches only for what the exact reader accepts, identically
         assert exact is not None, raw
         assert fast[0] == exact.tensors and fast[1] == exact.metadata and fast[2] == exact.data_size
@@ -298,10 +298,10 @@ def test_well_formed_headers_take_the_fast_path():
 
     for text in _header_cases()[:2]:
         raw = text.encode()
-        fast = sf._parse_fast(raw, 8 + len(raw) + 12, sf.TensorInfo._make, index=False)
+        fast = sf._parse_fast(raw, 8 + len(raw) + 12, sf.TensorInfo, index=False)
         assert fast is not None and sorted(fast[0]) == sorted(
             k for k in json.loads(text) if k != "__metadata__"
         )
     raw = _safetensors_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    assert sf._parse_fast(raw[8 : 8 + n], len(raw), sf.TensorInfo._make, index=False) is not None
+    assert sf._parse_fast(raw[8 : 8 + n], len(raw), sf.TensorInfo, index=False) is not None
