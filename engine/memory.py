@@ -18,8 +18,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 import psutil
@@ -308,24 +307,6 @@ def target_for(device) -> MemoryTarget:
 
 
 # -- handing freed memory back to the OS ------------------------------------------------------------
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while building thousands of small objects (a component's
-    modules, parameters and units; a load's tier moves). Their allocations would otherwise trigger
-    collections that walk every tracked object of the process — in the window's process a full one costs
-    0.1–0.2 s, a third to a half of a whole SD1.5 component build (measured: 39–52 ms paused, spikes to
-    150–195 ms running). Nothing built there is cyclic garbage; the collector resumes as it was."""
-    import gc
-
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def release_memory() -> None:

@@ -156,11 +156,11 @@ def build_components(
             by_dtype: Counter = Counter()
             for dt, n in zip(dtypes, sizes, strict=True):
                 by_dtype[dt] += n or 1
-            dtype = by_dtype.most_common(1)[0][0] if by_dtype else None
+            dtype = by_dtype.most_common(1)[0][0]
         prefix = prefix_of.get(comp, "")
         if comp == rest and comp not in prefix_of:
             prefix = _common_prefix(keys)
-        out[comp] = Component(prefix, len(keys), params, nbytes, dtype if keys else None)
+        out[comp] = Component(prefix, len(keys), params, nbytes, dtype)
     return out
 
 

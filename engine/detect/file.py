@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import logging
 import os
 
 from ..errors import Cancelled, EngineError, FormatError
+from ..gcpause import gc_paused
 from ..jobs import CancelToken, Progress, Report, no_report
 from .core import detect_index
 from .result import Detection, Evidence, Failure
@@ -86,19 +85,6 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
         log.debug("detecting %s failed", p, exc_info=True)  # no stack on a user's console
         msg = f"Loadout could not read this file ({type(e).__name__}: {e}); please report it"
         return Detection(path=p, file_bytes=size, format=fmt, error=Failure("error", msg))
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """The cyclic GC paused while one file is detected: its collections, triggered by the header's
-    allocations and scanning every object the scan has kept, cost 6 % of a cold scan."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def error_detection(path: str, size: int | None, error: Failure) -> Detection:

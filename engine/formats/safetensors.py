@@ -7,9 +7,7 @@ number has been checked against the file's real size. Reading the header never t
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import json
 import math
 import mmap
@@ -25,6 +23,7 @@ from typing import Annotated, NamedTuple
 import msgspec
 
 from ..errors import FormatError
+from ..gcpause import gc_paused
 from .atomic import atomic_output
 from .dtypes import DTYPES, nbytes_for, torch_dtype
 
@@ -114,22 +113,9 @@ _by_offsets = operator.itemgetter(3, 4)  # (begin, end) of a TensorInfo
 _BITS = {k: v[0] for k, v in DTYPES.items()}
 
 
-@contextlib.contextmanager
-def _gc_paused():
-    """Pause the cyclic GC while building a header's objects: they hold no cycles, and in a process
-    holding torch's many objects each full collection the allocations trigger costs milliseconds."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def parse_header(raw: bytes, *, path: str = "", file_size: int | None = None) -> SafetensorsHeader:
     """Validate a header's JSON bytes (without the 8-byte length) against the file's size."""
-    with _gc_paused():
+    with gc_paused():
         fast = _parse_fast(raw, file_size, TensorInfo, index=False)
         if fast is not None:
             tensors, metadata, end = fast
@@ -376,12 +362,13 @@ def index_tensors(p: str, cls: type) -> tuple[dict, dict[str, str], int, int]:
     """(tensors, metadata, file size, data size) of a safetensors file for engine.formats' index, each
     tensor a `cls` (a NamedTuple) of (name, dtype, shape, nbytes, absolute offset)."""
     raw, size = read_raw_header(p)
-    with _gc_paused():
+    with gc_paused():
         fast = _parse_fast(raw, size, cls, index=True)
     if fast is not None:
         tensors, metadata, data_size = fast
         return tensors, metadata, size, data_size
-    h = parse_header(raw, path=p, file_size=size)  # the exact reader: it raises what is wrong
+    with gc_paused():
+        h = _parse_header(raw, p, size)  # the exact reader: it raises what is wrong
     start = h.data_start
     tensors = {n: cls(n, t.dtype, t.shape, t.end - t.begin, start + t.begin) for n, t in h.tensors.items()}
     return tensors, dict(h.metadata), h.file_size, h.data_size

@@ -79,13 +79,16 @@ _UNET_NAMES = re.compile(r"(down_blocks|up_blocks|mid_block|input_blocks|output_
 # Qwen-Image's dual-stream `img_mod` / `txt_mlp`; NextDiT's `layers.N.attention` / `feed_forward`
 # (Lumina 2 in diffusers: `attn` and `feed_forward.linear_1`); HunyuanVideo's `img_attn_qkv` beside
 # `img_mlp.fc1` / `img_mod.linear` (FLUX.1 says `img_mlp.0`, `img_mod.lin`); HiDream's stream blocks.
-_WAN = re.compile(r"^(?:vace_)?blocks_\d+_(?:self_attn|cross_attn|attn1|attn2|ffn)_")
+# The family patterns below are searched in all diffusion module names at once, one name per line.
+_WAN = re.compile(r"^(?:vace_)?blocks_\d+_(?:self_attn|cross_attn|attn1|attn2|ffn)_", re.MULTILINE)
 _WAN_Q = re.compile(r"^blocks_\d+_(?:self_attn_q|attn1_to_q)$")
-_QWEN = re.compile(r"^transformer_blocks_\d+_(?:img_mod|txt_mod|img_mlp|txt_mlp)_")
-_NEXTDIT = re.compile(r"^(?:layers|noise_refiner|context_refiner)_\d+_(?:attention|attn|feed_forward)_")
+_QWEN = re.compile(r"^transformer_blocks_\d+_(?:img_mod|txt_mod|img_mlp|txt_mlp)_", re.MULTILINE)
+_NEXTDIT = re.compile(
+    r"^(?:layers|noise_refiner|context_refiner)_\d+_(?:attention|attn|feed_forward)_", re.MULTILINE
+)
 _NEXTDIT_OUT = re.compile(r"^layers_\d+_(?:attention_out|attention_to_out_0|attn_to_out_0)$")
-_HUNYUAN = re.compile(r"(?:img_mlp_fc1|img_mod_linear|txt_mlp_fc1|individual_token_refiner)")
-_HIDREAM = re.compile(r"^(?:double|single)_stream_blocks_\d+_")
+_HUNYUAN = ("img_mlp_fc1", "img_mod_linear", "txt_mlp_fc1", "individual_token_refiner")
+_HIDREAM = re.compile(r"^(?:double|single)_stream_blocks_\d+_", re.MULTILINE)
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
 # Hidden widths: Wan 1536 (2.1 1.3B), 5120 (2.1 14B; the 2.2 A14B experts share it), 3072 (2.2 TI2V 5B);
 # NextDiT 2304 (Lumina 2), 3840 (Z-Image). Facts of each release's config.
@@ -99,13 +102,11 @@ def _width(diff, facts, pattern: re.Pattern, attr: str = "in_features") -> int |
 
 
 def _any_line(pattern: re.Pattern, lines: str, *needles: str) -> bool:
-    """Whether `pattern` matches in any line of `lines` ("\\n" + the names joined by "\\n"). `needles`
-    are texts a match must contain (a name's start written "\\nname"): the common case, none of them
-    present, costs substring tests only. One search over the joined names gives the same answer as
-    searching each name, since no pattern can match across a newline."""
-    if not any(n in lines for n in needles):
-        return False
-    return re.compile(pattern.pattern, re.MULTILINE).search(lines) is not None
+    """Whether `pattern` matches in `lines` (the names joined, one per line, after a leading "\\n").
+    `needles` are texts any match contains (a name's start written "\\nname"), so the common case, none
+    of them present, costs substring tests only. No pattern can match across a newline, so one search
+    gives the same answer as searching each name."""
+    return any(n in lines for n in needles) and pattern.search(lines) is not None
 
 
 _DOUBLE_BLOCK = re.compile(r"^double_blocks_(\d+)_", re.MULTILINE)
@@ -124,11 +125,12 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, _NEXTDIT_WIDTH.get(_width(diff, facts, _NEXTDIT_OUT, "out_features"))
     # FLUX.1 has 19 double blocks; a 20th (HunyuanVideo has 20, HunyuanVideo 1.5 54) is not FLUX.1.
     doubles = [int(n) for n in _DOUBLE_BLOCK.findall(lines)] if "\ndouble_blocks_" in lines else []
-    hunyuan = ("img_mlp_fc1", "img_mod_linear", "txt_mlp_fc1", "individual_token_refiner")
-    if _any_line(_HUNYUAN, lines, *hunyuan) or (doubles and max(doubles) >= 19):
+    if any(n in lines for n in _HUNYUAN) or (doubles and max(doubles) >= 19):
         return True, "hunyuan_video"
     if "\ndistilled_guidance_layer" in lines:
         return True, "chroma"
+    # FLUX.2 keeps FLUX.1's block names; its SwiGLU MLP makes img_mlp.0 six times as wide as the
+    # stream (FLUX.1: four times).
     if "\ndouble_blocks_" not in lines:
         return False, None
     inner = _width(diff, facts, _FLUX_MLP_IN, "in_features")

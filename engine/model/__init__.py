@@ -43,7 +43,7 @@ def build_components(
 
             place_kw.setdefault("free_device", default_probe(device)())
             place_kw.setdefault("free_cpu", int(psutil.virtual_memory().available))
-    from ..memory import gc_paused
+    from ..gcpause import gc_paused
 
     with gc_paused():  # thousands of modules and parameters: no collections while they are made
         return {n: _build_one(f, n, p, device, info, report, place_kw) for n, p in prefixes.items()}

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from ..devices import VRAMState
 from ..errors import Cancelled, OutOfMemory
 from ..events import EventLog, Evicted, JobCancelled, Loaded, PartiallyOffloaded, Tiers, Unloaded
+from ..gcpause import gc_paused
 from ..jobs import CancelToken, Progress, Report, no_report
-from ..memory import default_probe, gc_paused
+from ..memory import default_probe
 from ..model.component import Component, Unit
 from .evict import Unloading, _must_place
 from .ledger import ComponentState, LedgerSnapshot, Policy
