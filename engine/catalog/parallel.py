@@ -9,9 +9,7 @@ order; the caller stores them as they come, so a cancel keeps everything finishe
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
-import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -85,6 +83,10 @@ def detect_many(
             token.raise_if_cancelled()  # after the report, so a cancel from a progress callback counts
             yield (f, *detect_one(detector, f.path, f.size))
         return
+    # Imported here: a scan that finds nothing new (most of them) never starts a worker.
+    import concurrent.futures as cf
+    import multiprocessing
+
     by_path = {f.path: f for f in todo}
     chunks = [[(f.path, f.size) for f in todo[i : i + CHUNK]] for i in range(0, n, CHUNK)]
     ex = cf.ProcessPoolExecutor(

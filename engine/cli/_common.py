@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Mapping
 
@@ -53,10 +54,43 @@ def whole_number(minimum: int, unit: str = "", multiple: int = 1):
     return parse
 
 
-def print_json(obj) -> None:
-    # One write of the whole text: json.dump writes each of its thousands of chunks to stdout on its
-    # own (a 1,000-file scan's 1.8 MB took 0.38 s that way, 0.05 s encoded at once).
-    sys.stdout.write(json.dumps(obj, indent=2, default=_default) + "\n")
+def print_json(obj, *, plain: bool = False) -> None:
+    """`obj` as JSON, indented by 2, in one write: json.dump writes each of its thousands of chunks to
+    stdout on its own (a 1,000-file scan's 1.8 MB took 0.38 s that way, 0.05 s encoded at once).
+
+    `plain`: `obj` holds only dicts, lists, tuples, strings, numbers, booleans and None (what the
+    to_json() methods return). msgspec then encodes it, 10x faster than json.dumps (the 1.8 MB: 6 ms
+    against 64 ms, a quarter of a warm scan). Only on request: msgspec encodes a dataclass by its
+    fields, where json.dumps asks its to_json(). The text is the same but for floats' exponents
+    (1e16 for 1e+16); non-ASCII is escaped as json.dumps does, and anything msgspec refuses (a path's
+    undecodable byte kept as a lone surrogate, a type it does not know) goes through json.dumps."""
+    text = _plain_json(obj) if plain else None
+    if text is None:
+        text = json.dumps(obj, indent=2, default=_default)
+    sys.stdout.write(text + "\n")
+
+
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _escape(m: re.Match) -> str:
+    c = ord(m.group())
+    if c > 0xFFFF:  # a UTF-16 surrogate pair, as JSON spells characters beyond the BMP
+        c -= 0x10000
+        return f"\\u{0xD800 + (c >> 10):04x}\\u{0xDC00 + (c & 0x3FF):04x}"
+    return f"\\u{c:04x}"
+
+
+def _plain_json(obj) -> str | None:
+    import msgspec
+
+    try:
+        raw = msgspec.json.format(msgspec.json.encode(obj), indent=2)
+    except (TypeError, UnicodeEncodeError, msgspec.EncodeError):
+        return None
+    text = raw.decode()
+    # Non-ASCII occurs only inside strings, so escaping every such character is json.dumps' ensure_ascii.
+    return _NON_ASCII.sub(_escape, text) if not text.isascii() else text
 
 
 def _default(o):

@@ -140,7 +140,7 @@ def run(args) -> int:
         lib, hash_notes = _with_hashes(lib, done), {**dict(done.skipped), **dict(done.failed)}
     if args.json:
         out = [e.to_json() for e in lib.entries] + [_problem_json(p) for p in lib.problems]
-        print_json(out)
+        print_json(out, plain=True)
     else:
         _print_human(lib, hash_notes)
     unreadable = [p for p in lib.problems if p.type == "unreadable"]

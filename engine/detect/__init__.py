@@ -4,12 +4,23 @@ never imports torch, so the GUI thread may import it.
 """
 
 import hashlib as _hashlib
+import importlib as _importlib
 from pathlib import Path as _Path
 
-from .core import build_components, detect_index
-from .file import detect_file
-from .keys import KeyIndex, TensorMeta, as_key_index, index_from_shapes
 from .result import KINDS, Component, Detection, Evidence, Failure, LoraFacts, Summary
+
+# The rules are imported on first use (PEP 562): the catalog reads cached Detections through this
+# package, and a warm scan, which detects nothing, would otherwise spend a tenth of its run importing
+# them and the format readers.
+_LAZY = {
+    "build_components": ".core",
+    "detect_index": ".core",
+    "detect_file": ".file",
+    "KeyIndex": ".keys",
+    "TensorMeta": ".keys",
+    "as_key_index": ".keys",
+    "index_from_shapes": ".keys",
+}
 
 
 def _rules_version() -> str:
@@ -24,7 +35,20 @@ def _rules_version() -> str:
     return h.hexdigest()[:12]
 
 
-__version__ = _rules_version()
+def __getattr__(name: str):
+    if name == "__version__":
+        value = _rules_version()
+    elif name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name], __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups find it without this function
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *_LAZY, "__version__"})
+
 
 __all__ = [
     "detect_file",

@@ -10,7 +10,6 @@ import os
 from ..errors import Cancelled, EngineError, FormatError
 from ..gcpause import gc_paused
 from ..jobs import CancelToken, Progress, Report, no_report
-from .core import detect_index
 from .result import Detection, Evidence, Failure
 
 log = logging.getLogger(__name__)
@@ -57,7 +56,9 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
 
             return detect_folder(p)
         size = os.path.getsize(p)
+        # Imported here, so the catalog's error_detection and guarded do not load the rules.
         from ..formats import open_index, sniff
+        from .core import detect_index
 
         fmt = sniff(p)
         if fmt == "empty":

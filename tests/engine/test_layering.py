@@ -4,6 +4,8 @@ light modules (the window must appear before torch is loaded)."""
 from __future__ import annotations
 
 import ast
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -56,6 +58,50 @@ def test_light_engine_modules_do_not_import_torch():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "clean", f"imported at module level: {r.stdout.strip()}"
+
+
+def test_a_warm_scan_imports_neither_the_rules_nor_other_commands(tmp_path):
+    """`loadout scan` on a library the cache already knows detects nothing: the detection rules, the
+    format readers, the worker pool and the other sub-commands stay unimported (issue 14: a warm
+    re-scan's time is mostly imports)."""
+    lib = tmp_path / "models" / "vae"
+    lib.mkdir(parents=True)
+    from engine.formats.safetensors import write_sparse
+
+    write_sparse(lib / "tiny.safetensors", [("decoder.conv_in.weight", "F16", (512, 4, 3, 3))], None)
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['loadout', 'scan', '--json', sys.argv[1]]\n"
+        "from engine.cli import main\n"
+        "rc = main()\n"
+        "mods = [m for m in ('engine.detect.core', 'engine.formats', 'multiprocessing', 'engine.cli.step',"
+        " 'engine.cli.decode', 'engine.devices') if m in sys.modules]\n"
+        "print('IMPORTED', ','.join(mods) or 'none', file=sys.stderr)\n"
+    )
+    env = {**os.environ, "LOADOUT_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [
+        subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+        for _ in range(2)
+    ]  # fmt: skip
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    assert json.loads(runs[1].stdout)[0]["library"]["from_cache"] is True
+    imported = runs[1].stderr.strip().rpartition("IMPORTED ")[2]
+    assert imported == "none", f"a warm scan imported {imported}"
+    assert "engine.detect.core" in runs[0].stderr  # the cold one did detect
+
+
+def test_engine_detect_exports_resolve_lazily():
+    import engine.detect as d
+
+    for name in d.__all__:
+        assert getattr(d, name) is not None, name
+    assert d.detect_file is __import__("engine.detect.file", fromlist=["x"]).detect_file
+    assert len(d.__version__) == 12 or d.__version__ == "frozen"
+    assert set(d.__all__) <= set(dir(d))
+    with pytest.raises(AttributeError):
+        d.no_such_name  # noqa: B018
 
 
 def test_no_import_cycle_between_engine_packages():
