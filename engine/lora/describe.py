@@ -10,6 +10,7 @@ OpenCLIP-G 1280, T5-XXL 4096).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -63,6 +64,7 @@ class LoraInfo:
         }
 
 
+@functools.lru_cache(maxsize=1 << 14)  # asked several times per module, of names shared across files
 def _dotted(n: Named) -> str:
     # Underscore and dot forms compared alike: "attn2_to_k" and "attn2.to_k".
     return n.inner.replace(".", "_")
@@ -282,7 +284,8 @@ def describe_lora(index: Any, alphas: dict[str, float] | None = None) -> LoraInf
     ranks = Counter(f.rank for f in facts.values() if f.rank)
     rank = ranks.most_common(1)[0][0] if ranks else None
     metadata = dict(getattr(index, "metadata", {}) or {})
-    if any(".processor.qkv_lora" in k or ".processor.proj_lora" in k for k in tensors):
+    names = "\n".join(tensors)
+    if ".processor.qkv_lora" in names or ".processor.proj_lora" in names:
         metadata.setdefault("software", "xlabs")
     if alphas:
         vals = Counter(

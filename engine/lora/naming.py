@@ -16,6 +16,7 @@ Facts (cited, not copied):
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 # (prefix, convention, slot). slot: "diffusion" (UNet/transformer), "te" / "te1" / "te2" / "te3", "peft".
@@ -72,6 +73,9 @@ class Named(NamedTuple):
     underscored: bool
 
 
+# Memoised: the LoRAs of one trainer and base share their module names (every kohya SD1.5 LoRA names
+# the same 264 modules), so a library scan classifies each name once rather than once per file.
+@functools.lru_cache(maxsize=1 << 14)
 def classify(name: str) -> Named:
     """Which convention wrote `name` and which model part it targets (slot), header-only."""
     for prefix, conv, slot in _PREFIXES:

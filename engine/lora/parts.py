@@ -142,20 +142,79 @@ def split_key(key: str) -> tuple[str, str] | None:
     return (rest1, part) if part is not None else None
 
 
+def _nested(n: int) -> dict[str, dict]:
+    """The n-segment suffixes as nested dicts from the last segment back: {last: {mid: part}} for two,
+    {last: {mid: {first: part}}} for three, looked up without building the joined string."""
+    out: dict = {}
+    for suffix, part in _BY_SEGMENTS[3 - n].items():
+        *outer, innermost = reversed(suffix.split("."))
+        d = out
+        for seg in outer:
+            d = d.setdefault(seg, {})
+        d[innermost] = part
+    return out
+
+
+_ONE, _TWO, _THREE = _BY_SEGMENTS[2], _nested(2), _nested(3)
+assert not _ONE.keys() & {"weight", "bias"} and set(_TWO) | set(_THREE) <= {"weight", "bias"}
+
+
 def group_modules(keys: Iterable[str]) -> tuple[dict[str, dict[str, str]], list[str]]:
     """Group tensor names by adapter module: ({module: {part: key}}, keys that are no adapter part).
 
     Modules holding no weight-carrying part (a stray `alpha`) are returned among the other keys.
+
+    split_key's answer for every key, inlined: a library scan groups every key of every LoRA, and the
+    call, the joined suffixes and the tuples cost twice the lookups. Keys split_key treats specially
+    (attention processors, Flux norm scales) go through it.
     """
     modules: dict[str, dict[str, str]] = {}
     other: list[str] = []
+    one, two, three = _ONE, _TWO, _THREE
+    keys = list(keys)
+    text = "\n".join(keys)  # one search for the special names instead of two tests per key
+    special = ".processor." in text or "_norm.scale" in text
     for key in keys:
-        sp = split_key(key)
-        if sp is None:
-            other.append(key)
-            continue
-        modules.setdefault(sp[0], {})[sp[1]] = key
-    for name in [n for n, parts in modules.items() if not (parts.keys() & WEIGHT_PARTS)]:
+        if special and (".processor." in key or key.endswith(_NORM_SCALES)):
+            sp = split_key(key)
+            if sp is None:
+                other.append(key)
+                continue
+            mod, part = sp
+        else:
+            mod, dot, last = key.rpartition(".")
+            if not dot:
+                other.append(key)
+                continue
+            by_mid = two.get(last)
+            if by_mid is None:  # not .weight / .bias: a one-segment suffix or nothing
+                part = one.get(last)
+                if part is None:
+                    other.append(key)
+                    continue
+            else:
+                rest, dot, mid = mod.rpartition(".")
+                part = None
+                if dot:
+                    by_first = three[last].get(mid) if last in three else None
+                    if by_first is not None:
+                        head, dot3, first = rest.rpartition(".")
+                        if dot3:
+                            part = by_first.get(first)
+                            if part is not None:
+                                mod = head
+                    if part is None:
+                        part = by_mid.get(mid)
+                        if part is not None:
+                            mod = rest
+                if part is None:
+                    other.append(key)
+                    continue
+        parts = modules.get(mod)
+        if parts is None:
+            modules[mod] = parts = {}
+        parts[part] = key
+    for name in [n for n, parts in modules.items() if WEIGHT_PARTS.isdisjoint(parts)]:
         other.extend(modules.pop(name).values())
     return modules, other
 
@@ -178,6 +237,17 @@ def _dims(shape) -> tuple[int, ...]:
 
 def module_facts(parts: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]) -> ModuleFacts:
     """Algorithms, rank and (out, in) features of one module from the shapes of its parts."""
+    down_key, up_key = parts.get("down"), parts.get("up")
+    if down_key is not None and up_key is not None:  # LoRA / LoCon: nearly every module a scan sees
+        down, up = _dims(shapes[down_key]), _dims(shapes[up_key])
+        conv = len(down) == 4
+        algo = "locon" if "mid" in parts or (conv and down[2:] != (1, 1)) else "lora"
+        return ModuleFacts(
+            (algo, "dora") if "dora_scale" in parts or "magnitude" in parts else (algo,),
+            down[0] if down else None,
+            up[0] if up else None,
+            down[1] if len(down) > 1 else None,
+        )
 
     def sh(part: str) -> tuple[int, ...] | None:
         key = parts.get(part)
@@ -185,14 +255,7 @@ def module_facts(parts: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]
 
     algos: list[str] = []
     rank = out_f = in_f = None
-    if "up" in parts and "down" in parts:
-        down, up = sh("down"), sh("up")
-        rank = down[0] if down else None
-        conv = len(down) == 4
-        algos.append("locon" if "mid" in parts or (conv and down[2:] != (1, 1)) else "lora")
-        out_f = up[0] if up else None
-        in_f = down[1] if down and len(down) > 1 else None
-    elif "hada_w1_a" in parts:
+    if "hada_w1_a" in parts:
         algos.append("loha")
         w1b, w1a = sh("hada_w1_b"), sh("hada_w1_a")
         rank = w1b[0] if w1b else None

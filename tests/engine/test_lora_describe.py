@@ -170,3 +170,60 @@ def test_load_adapter_reads_pickled_adapters_and_names_what_it_found(tmp_path):
     (tmp_path / "x.png").write_bytes(b"\\x89PNG\\r\\n\\x1a\\n" + b"0" * 32)
     with pytest.raises(FormatError, match="not an adapter file"):
         load_adapter(tmp_path / "x.png")
+
+
+def _grouped_by_split_key(keys):
+    """group_modules' contract, spelled out through split_key one key at a time."""
+    from engine.lora.parts import WEIGHT_PARTS, split_key
+
+    modules, other = {}, []
+    for key in keys:
+        sp = split_key(key)
+        if sp is None:
+            other.append(key)
+        else:
+            modules.setdefault(sp[0], {})[sp[1]] = key
+    for name in [n for n, parts in modules.items() if not (parts.keys() & WEIGHT_PARTS)]:
+        other.extend(modules.pop(name).values())
+    return modules, other
+
+
+def test_group_modules_splits_every_key_as_split_key_does():
+    """The inlined grouping a scan runs gives split_key's answer for each key: every suffix under
+    every naming, the special names (attention processors, Flux norm scales) and edge cases."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from engine.lora.parts import _SUFFIXES, group_modules
+
+    suffixes = [s for s, _ in _SUFFIXES] + ["weight", "bias", "scale", "up.weight", "lora.weight", "x.alpha"]
+    heads = [
+        "lora_unet_down_blocks_0_attentions_0_proj_in",
+        "unet.down_blocks.0.attentions.0.proj_in",
+        "double_blocks.0.img_attn.norm.query_norm",
+        "single_blocks.3.norm.key_norm",
+        "unet.mid_block.attentions.0.transformer_blocks.0.attn1.processor",
+        "double_blocks.1.processor",
+        "",
+        "lora",
+        "a.lora_linear_layer",
+    ]
+    tails = [
+        ".processor.to_q_lora.up.weight",
+        ".processor.to_out_lora.down.weight",
+        ".processor.qkv_lora1.down.weight",
+        ".processor.proj_lora.up.weight",
+        ".scale",
+    ]
+    key = st.one_of(
+        st.builds(lambda h, s: f"{h}.{s}" if h else s, st.sampled_from(heads), st.sampled_from(suffixes)),
+        st.builds(lambda h, t: h + t, st.sampled_from(heads), st.sampled_from(tails)),
+        st.text(alphabet="ab._\n", max_size=12),
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(key, max_size=30, unique=True))
+    def agree(keys):
+        assert group_modules(keys) == _grouped_by_split_key(keys)
+
+    agree()
