@@ -220,3 +220,19 @@ def test_worker_processes_give_the_same_library_and_cancel_cleanly(tmp_path):
             kept = c3.all()
             assert 16 <= len(kept) < 37  # whole chunks finished before the cancel are kept
             assert scan([tmp_path / "lib"], cache=c3, workers=1).read == 37 - len(kept)
+
+
+def test_scan_workers_run_below_the_app_s_priority():
+    import subprocess
+    import sys
+
+    code = (
+        "import os\n"
+        "from engine.catalog.parallel import _lower_priority\n"
+        "before = os.nice(0)\n"
+        "_lower_priority()\n"
+        "print(before, os.nice(0))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    before, after = map(int, r.stdout.split())
+    assert after == min(19, before + 5)
