@@ -1,0 +1,82 @@
+"""The tiled executor's memory savers compute what the plain ops compute: convolutions in row bands
+(with an upsample read band by band, a shortcut added band by band), and a tile store that keeps one
+copy of a tensor listed twice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import ops
+from engine.vae import tiling
+
+
+def _conv(cin, cout, k, seed=0):
+    torch.manual_seed(seed)
+    m = torch.nn.Conv2d(cin, cout, k, padding=k // 2)
+    return m
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("up", [False, True])
+@pytest.mark.parametrize("rows_bytes", [1, 700, 1 << 30])  # one row per band, a few rows, all at once
+def test_banded_convolution_equals_the_whole_one(monkeypatch, k, up, rows_bytes):
+    monkeypatch.setattr(tiling, "BAND_BYTES", rows_bytes)
+    conv = _conv(5, 6, k)
+    x = torch.randn(2, 5, 13, 11, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want = conv(F.interpolate(x, scale_factor=2.0, mode="nearest") if up else x)
+        got = tiling._conv_rows(conv, x, up)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_banded_shortcut_add_equals_the_plain_add(monkeypatch):
+    monkeypatch.setattr(tiling, "BAND_BYTES", 64)
+    conv = _conv(8, 4, 1)
+    r = torch.randn(1, 8, 9, 7)
+    x = torch.randn(1, 4, 9, 7)
+    with torch.inference_mode():
+        want = x + conv(r)
+        got = x.clone()
+        tiling._add_conv_rows(got, conv, r)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_only_stride_one_same_convolutions_are_banded():
+    assert tiling._bandable(_conv(3, 3, 3))
+    assert tiling._bandable(ops.Conv2d(3, 3, 3, padding=1))
+    assert not tiling._bandable(torch.nn.Conv2d(3, 3, 3, stride=2, padding=0))  # a downsample
+    assert not tiling._bandable(torch.nn.Conv2d(3, 3, 3, padding=0))
+    assert not tiling._bandable(torch.nn.Conv2d(3, 3, 3, padding=1, padding_mode="reflect"))
+    assert not tiling._bandable(torch.nn.ReLU())
+
+
+def test_steps_with_an_upsample_and_shortcut_equal_the_plain_ops(monkeypatch):
+    """up2 -> conv is fused (the upsample never whole); push / pop_add with a 1x1 shortcut adds in
+    bands; SiLU runs in place only on tensors the executor made, never on the caller's input."""
+    monkeypatch.setattr(tiling, "BAND_BYTES", 256)
+    c1, c2, sc = _conv(4, 6, 3, 1), _conv(6, 6, 3, 2), _conv(4, 6, 1, 3)
+    steps = [("up2",), ("push",), ("module", c1), ("silu",), ("module", c2), ("pop_add", sc), ("silu",)]
+    x = torch.randn(1, 4, 10, 9)
+    keep = x.clone()
+    with torch.inference_mode():
+        u = F.interpolate(x, scale_factor=2.0, mode="nearest")
+        want = F.silu(c2(F.silu(c1(u))) + sc(u))
+        got, scale = tiling._run_steps(steps, [x], [], 1, None)
+    assert scale == 2
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(x, keep)  # the input crop is the caller's: never written
+
+
+def test_disk_store_keeps_one_copy_of_a_tensor_listed_twice(tmp_path):
+    store = tiling.DiskStore(torch.device("cpu"), folder=str(tmp_path))
+    try:
+        a, b = torch.randn(2, 3), torch.arange(4.0)
+        store.put(0, [a, b, a])
+        x, y, z = store.get(0)
+        assert x is z and torch.equal(x, a) and torch.equal(y, b)
+        assert x is not a  # read back from the file
+    finally:
+        store.close()
