@@ -275,10 +275,12 @@ def run_tiled(
     stage: str = "VAE decode",
     check_finite: bool = False,
     batch_px: int = 0,
+    trim_slack: int = 0,
 ) -> torch.Tensor:
     """Run `steps` over `tiles` of `x_whole` (at `in_scale` pixels per latent unit) in lock-step
     through every GroupNorm, and assemble the cores (feathered over `blend` output pixels). Tiles of
-    the same size run together as one batch of up to `batch_px` output pixels (0: one at a time)."""
+    the same size run together as one batch of up to `batch_px` output pixels (0: one at a time).
+    On the CPU, free heap beyond `trim_slack` bytes is handed back to the system after each batch."""
     segs = _segments(steps)
     n, dev = x_whole.shape[0], x_whole.device
     hh, ww = latent_hw[0] * out_scale, latent_hw[1] * out_scale
@@ -320,7 +322,10 @@ def run_tiled(
                         )
                 del x, stack
                 if x_whole.device.type == "cpu":
-                    trim_heap()  # tiles differ in size: without this the heap fragments and grows
+                    # Tiles differ in size: the heap fragments and grows unless freed pages go back,
+                    # but every page given back is faulted in (zeroed) again by the next tile, so free
+                    # heap up to `trim_slack` is kept for it (engine.vae.run sets it from the estimate).
+                    trim_heap(trim_slack)
                 for i in batch:
                     done += 1
                     rect = tuple(v * px for v in tiles[i].core)
