@@ -14,7 +14,6 @@ narrow linear feather at the core borders hides whatever remains.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -60,7 +59,10 @@ class DiskStore(TileStore):
         # once and read back as one tensor: read twice it held two copies of the largest state.
         meta: list = []
         seen: dict[int, int] = {}
-        with open(self.dir / f"{i}.bin", "wb") as f:
+        path = self.dir / f"{i}.bin"
+        # Each batch's file is overwritten pass after pass, never unlinked until close: rewriting pages
+        # the page cache already holds is cheaper than allocating fresh ones and freeing the old file's.
+        with open(path, "r+b" if path.exists() else "wb") as f:
             for j, t in enumerate(tensors):
                 if id(t) in seen:
                     meta.append(seen[id(t)])
@@ -85,7 +87,6 @@ class DiskStore(TileStore):
                 if t.numel():
                     f.readinto(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
                 out.append(t.to(self.device))
-        os.unlink(path)
         return out
 
     def close(self) -> None:
