@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from ..detect.result import Detection
 from ..errors import EngineError
 
@@ -133,7 +135,7 @@ class LibraryCache:
     @staticmethod
     def _row(r) -> CachedFile:
         try:
-            det = Detection.from_json(json.loads(r[4]))
+            det = Detection.from_json(msgspec.json.decode(r[4]))  # json.loads' answer, 2-3x sooner
         except ValueError as e:  # JSONDecodeError included: a row of another version is detected again
             log.debug("cached detection of %s unreadable (%s): detecting it again", r[0], e)
             det = None

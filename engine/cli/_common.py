@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
 import json
-import re
 import sys
 from collections.abc import Mapping
 
@@ -70,15 +70,21 @@ def print_json(obj, *, plain: bool = False) -> None:
     sys.stdout.write(text + "\n")
 
 
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+def _json_escape(err: UnicodeError):
+    """codecs error handler: the characters ASCII cannot hold as JSON's \\uXXXX escapes (a surrogate pair
+    beyond the BMP), as json.dumps' ensure_ascii writes them."""
+    out = []
+    for ch in err.object[err.start : err.end]:
+        c = ord(ch)
+        if c > 0xFFFF:
+            c -= 0x10000
+            out.append(f"\\u{0xD800 + (c >> 10):04x}\\u{0xDC00 + (c & 0x3FF):04x}")
+        else:
+            out.append(f"\\u{c:04x}")
+    return "".join(out), err.end
 
 
-def _escape(m: re.Match) -> str:
-    c = ord(m.group())
-    if c > 0xFFFF:  # a UTF-16 surrogate pair, as JSON spells characters beyond the BMP
-        c -= 0x10000
-        return f"\\u{0xD800 + (c >> 10):04x}\\u{0xDC00 + (c & 0x3FF):04x}"
-    return f"\\u{c:04x}"
+codecs.register_error("loadout-json-escape", _json_escape)
 
 
 def _plain_json(obj) -> str | None:
@@ -88,9 +94,9 @@ def _plain_json(obj) -> str | None:
         raw = msgspec.json.format(msgspec.json.encode(obj), indent=2)
     except (TypeError, UnicodeEncodeError, msgspec.EncodeError):
         return None
-    text = raw.decode()
-    # Non-ASCII occurs only inside strings, so escaping every such character is json.dumps' ensure_ascii.
-    return _NON_ASCII.sub(_escape, text) if not text.isascii() else text
+    # Non-ASCII occurs only inside strings, so escaping every such character is json.dumps'
+    # ensure_ascii; the codec does it in one C pass, calling the handler only where one occurs.
+    return raw.decode().encode("ascii", "loadout-json-escape").decode("ascii")
 
 
 def _default(o):
