@@ -3,11 +3,14 @@
 The ops of a forward run in a known order (the denoiser lists it: `op_order()`), so the weights of the
 next offloaded modules can be on their way while the current ones compute:
 
-* a reader thread reads them, in that order, into a ring of host memory (`os.preadv` straight from
-  the file for the disk tier — the file's pages are never mapped into the process, so RSS counts only
-  the ring — or a copy of a RAM-tier tensor), at most the ring's size ahead of the compute;
-* on the CPU the op computes from the ring directly (cast and patched by the op as its own weight
-  would be: the bytes are the file's, so a partial run gives the full run's bits);
+* a reader thread makes them ready, in that order, at most the ring's size ahead of the compute: on
+  the CPU a disk-tier module is mapped from the file (a populated private mapping of its span, as a
+  load's RAM copy: the page-cache pages themselves, no copy; unmapped once its op returns), anything
+  else is read into a ring of host memory (`os.preadv` straight from the file for the disk tier, or a
+  copy of a RAM-tier tensor); either way RSS holds only what is in flight;
+* on the CPU the op computes from those bytes directly (cast and patched by the op as its own weight
+  would be: the bytes are the file's, at the file's alignment, so a partial run gives the full run's
+  bits). Mapping instead of copying saved 0.76 s of CPU per step streaming 3.1 GB (SD1.5 at 10 %);
 * on CUDA the ring is page-locked and the main thread issues each module's host→device copy on a side
   stream a few modules ahead, records an event, and makes the compute stream wait for it just before
   the op runs (the idea of ComfyUI's async offload — a copy stream, pinned buffers, events; our own
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model.transfer import ALIGN, HostBlock, read_into, view_in
+from ..model.transfer import ALIGN, FileBlock, HostBlock, read_into, view_in
 from ..ops import Castable, Embedding
 
 MIN_RING = 64 * 1024 * 1024
@@ -56,6 +59,7 @@ class _Item:
     slot: _Slot | None = None
     device: dict | None = None
     event: object = None
+    mapped: object = None  # CPU, disk tier: the file mapping its host tensors view (transfer.FileBlock)
 
 
 class Streamer:
@@ -121,7 +125,7 @@ class Streamer:
         if self.cuda and self._stream is not None:
             self._stream.synchronize()
         for it in self.plan:
-            it.host = it.device = it.slot = it.event = None
+            it.host = it.device = it.slot = it.event = it.mapped = None
         self._slots.clear()
         if self._block is not None:
             self._block.release()
@@ -145,11 +149,16 @@ class Streamer:
                 if self._direct(it.unit):
                     it.host = {a: getattr(it.unit.module, a) for a in it.unit.infos}
                 else:
+                    # The ring's room bounds how far ahead the reader goes, mapped units included
+                    # (their pages count in RSS while mapped, as the ring's do).
                     slot = self._alloc(self._need(it.unit))
                     if slot is None:
                         return
                     it.slot = slot
-                    it.host = self._stage(it.unit, slot.start)
+                    if self._mappable(it.unit):
+                        it.host, it.mapped = self._map(it.unit)
+                    else:
+                        it.host = self._stage(it.unit, slot.start)
                 it.ready.set()
         except BaseException as e:  # handed to the compute thread, which raises it
             self._error = e
@@ -182,6 +191,32 @@ class Streamer:
             pending.event.synchronize()  # its device copy has read the bytes: the region is free
             with self._cond:
                 pending.event = None
+
+    def _mappable(self, u) -> bool:
+        """On the CPU a disk-tier unit is computed from the file's own pages, mapped (see _stage)."""
+        c = self.c
+        return (
+            not self.cuda
+            and u.tier == "disk"
+            and getattr(c, "file", None) is not None
+            and all(c._in_file(i) for i in u.infos.values())
+        )
+
+    def _map(self, u) -> tuple[dict, object]:
+        """Unit u's tensors as views of a populated private mapping of its span of the file
+        (transfer.FileBlock, as a load's RAM copy): the kernel maps the page-cache pages themselves, so
+        a warm stream costs page-table work, not a copy of every byte into the ring (and, cold, the
+        reader thread's populate is the read-ahead). The views keep the file's offsets, hence the
+        alignment a resident copy has: a partial run still gives the full run's bits."""
+        c = self.c
+        start = c.data_start + min(i.begin for i in u.infos.values())
+        end = c.data_start + max(i.end for i in u.infos.values())
+        block = FileBlock(c._fd, start, end)
+        out = {}
+        for attr, info in u.infos.items():
+            src = getattr(u.module, attr)
+            out[attr] = block.view(c.data_start + info.begin, src.dtype, tuple(src.shape))
+        return out, block
 
     def _stage(self, u, offset: int | None) -> dict:
         """Read unit u's tensors into the ring at `offset` (None: into new tensors), as stored: from the
@@ -263,7 +298,7 @@ class Streamer:
                 it.slot = None
                 self._cond.notify_all()
         if not self.cuda:
-            it.host = None
+            it.host = it.mapped = None
 
     def _issue(self, k: int) -> None:
         """Issue the device copies of plan entries k, k+1, … (k always; the next ones when their host

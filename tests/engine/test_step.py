@@ -218,3 +218,28 @@ def test_the_plan_knows_every_family_loadout_steps():
     from engine.plan import NATIVE_PX, STEP_KINDS
 
     assert set(STEP_KINDS) == set(NATIVE_PX) == set(denoise.SUPPORTED)
+
+
+def test_on_the_cpu_a_partial_run_maps_its_streamed_modules_instead_of_copying_them(
+    files, tmp_path, monkeypatch
+):
+    """Disk-tier modules are computed from the file's own pages (a populated mapping per module, let
+    go once its op returns), not copied into the ring; the output stays the full run's."""
+    import engine.denoise.stream as stream
+    from engine.model import transfer
+
+    mapped, copied = [], []
+
+    class Counting(transfer.FileBlock):
+        def __init__(self, fd, start, end):
+            super().__init__(fd, start, end)
+            mapped.append(end - start)
+
+    real_read = stream.read_into
+    monkeypatch.setattr(stream, "FileBlock", Counting)
+    monkeypatch.setattr(stream, "read_into", lambda *a: copied.append(a) or real_read(*a))
+    full, want = _run(files, tmp_path, name="full")
+    r, got = _run(files, tmp_path, 0.0, name="none")
+    assert r.mode == "partial" and torch.equal(got, want)
+    assert sum(mapped) >= r.streamed_bytes_per_step > 0  # every streamed module mapped, each step
+    assert not copied
