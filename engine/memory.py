@@ -342,10 +342,8 @@ def trim_heap(min_free: int = 0) -> None:
 
             _libc = ctypes.CDLL("libc.so.6")
             _libc.malloc_trim.argtypes = [ctypes.c_size_t]
-            try:
-                _libc.mallinfo2.restype = MallInfo2  # glibc >= 2.33
-            except AttributeError:
-                pass
+            if hasattr(_libc, "mallinfo2"):  # glibc >= 2.33; without it every call trims
+                _libc.mallinfo2.restype = MallInfo2
         except (OSError, AttributeError):
             _libc = False
     if not _libc:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model.transfer import ALIGN, FileBlock, HostBlock, read_into, view_in
+from ..model.transfer import ALIGN, HostBlock, read_into, view_in
 from ..ops import Castable, Embedding
 
 MIN_RING = 64 * 1024 * 1024
@@ -209,9 +209,7 @@ class Streamer:
         reader thread's populate is the read-ahead). The views keep the file's offsets, hence the
         alignment a resident copy has: a partial run still gives the full run's bits."""
         c = self.c
-        start = c.data_start + min(i.begin for i in u.infos.values())
-        end = c.data_start + max(i.end for i in u.infos.values())
-        block = FileBlock(c._fd, start, end)
+        block = c.file_block(u)
         out = {}
         for attr, info in u.infos.items():
             src = getattr(u.module, attr)

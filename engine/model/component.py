@@ -261,13 +261,18 @@ class Component:
         self._flags(u)
         return total
 
+    def file_block(self, u: Unit) -> transfer.FileBlock:
+        """The unit's span of the file as a populated private mapping (transfer.FileBlock): a RAM copy
+        that keeps the file's dtype, and on the CPU what a streamed disk-tier unit computes from."""
+        start = self.data_start + min(i.begin for i in u.infos.values())
+        end = self.data_start + max(i.end for i in u.infos.values())
+        return transfer.FileBlock(self._fd, start, end)
+
     def _map_host(self, u: Unit, tier: str, held) -> int:
         """The unit's RAM copy as a populated private mapping of its bytes in the file (see
         transfer.FileBlock): its tensors keep the file's dtype, so nothing needs converting."""
-        start = self.data_start + min(i.begin for i in u.infos.values())
-        end = self.data_start + max(i.end for i in u.infos.values())
         self._advise_after(u)
-        block = transfer.FileBlock(self._fd, start, end)
+        block = self.file_block(u)
         out = {
             attr: block.view(self.data_start + info.begin, dt, shape)
             for (attr, info), (dt, shape) in zip(u.infos.items(), held, strict=True)

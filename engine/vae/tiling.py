@@ -52,12 +52,13 @@ class DiskStore(TileStore):
     def __init__(self, device: torch.device, folder: str | None = None):
         super().__init__(device)
         self.dir = Path(tempfile.mkdtemp(prefix="loadout-tiles-", dir=folder))
-        self._meta: dict[int, list[tuple[torch.dtype, tuple[int, ...]]]] = {}
+        # per batch: (dtype, shape) of each tensor written, or the index of an earlier entry it repeats
+        self._meta: dict[int, list[tuple[torch.dtype, tuple[int, ...]] | int]] = {}
 
     def put(self, i: int, tensors: list[torch.Tensor]) -> None:
         # A tensor listed twice (a pass ending in a `push` leaves x on the skip stack too) is written
         # once and read back as one tensor: read twice it held two copies of the largest state.
-        meta: list = []
+        meta: list[tuple[torch.dtype, tuple[int, ...]] | int] = []
         seen: dict[int, int] = {}
         path = self.dir / f"{i}.bin"
         # Each batch's file is overwritten pass after pass, never unlinked until close: rewriting pages
@@ -111,6 +112,16 @@ def _segments(steps: list[tuple]) -> list[list[tuple]]:
 BAND_BYTES = 2 << 20
 
 
+def _bands(conv: nn.Conv2d, n: int, hh: int, ww: int, esize: int):
+    """(r0, r1, a, b) per band of output rows [r0, r1) of `conv` over an input hh x ww: the band reads
+    input rows [a, b), its rows plus the kernel's halo (zero padding only at the true edges)."""
+    ph = conv.padding[0]
+    rows = max(1, BAND_BYTES // (n * conv.out_channels * ww * esize))
+    for r0 in range(0, hh, rows):
+        r1 = min(hh, r0 + rows)
+        yield r0, r1, max(0, r0 - ph), min(hh, r1 + ph)
+
+
 def _bandable(m) -> bool:
     """A stride-1 'same' 2-D convolution: its output rows can be computed band by band."""
     return (
@@ -135,14 +146,11 @@ def _conv_rows(conv: nn.Conv2d, x: torch.Tensor, up: bool) -> torch.Tensor:
     259-267 MiB above the process to 190 MiB (the full decode's: 930-990 MiB)."""
     n, _, h, w = x.shape
     hh, ww = (2 * h, 2 * w) if up else (h, w)
-    ph = conv.padding[0]
-    rows = max(1, BAND_BYTES // (n * conv.out_channels * ww * x.element_size()))
-    if rows >= hh and not up:
+    bands = list(_bands(conv, n, hh, ww, x.element_size()))
+    if len(bands) == 1 and not up:
         return conv(x)
     out = None
-    for r0 in range(0, hh, rows):
-        r1 = min(hh, r0 + rows)
-        a, b = max(0, r0 - ph), min(hh, r1 + ph)  # input rows (after the upsample) the band reads
+    for r0, r1, a, b in bands:  # a, b: input rows after the upsample
         if up:
             lo = a // 2
             band = F.interpolate(x[:, :, lo : (b - 1) // 2 + 1], scale_factor=2.0, mode="nearest")
@@ -166,11 +174,7 @@ def _split(state: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Te
 def _add_conv_rows(x: torch.Tensor, conv: nn.Conv2d, r: torch.Tensor) -> None:
     """x += conv(r), in bands of rows as _conv_rows computes them (the same sums, added in place)."""
     n, _, hh, ww = r.shape
-    ph = conv.padding[0]
-    rows = max(1, BAND_BYTES // (n * conv.out_channels * ww * r.element_size()))
-    for r0 in range(0, hh, rows):
-        r1 = min(hh, r0 + rows)
-        a, b = max(0, r0 - ph), min(hh, r1 + ph)
+    for r0, r1, a, b in _bands(conv, n, hh, ww, r.element_size()):
         y = conv(r[:, :, a:b])
         x[:, :, r0:r1] += y[:, :, r0 - a : r1 - a]
         del y

@@ -236,9 +236,9 @@ def test_on_the_cpu_a_partial_run_maps_its_streamed_modules_instead_of_copying_t
             mapped.append(end - start)
 
     real_read = stream.read_into
-    monkeypatch.setattr(stream, "FileBlock", Counting)
-    monkeypatch.setattr(stream, "read_into", lambda *a: copied.append(a) or real_read(*a))
     full, want = _run(files, tmp_path, name="full")
+    monkeypatch.setattr(transfer, "FileBlock", Counting)  # counted from here: the partial run only
+    monkeypatch.setattr(stream, "read_into", lambda *a: copied.append(a) or real_read(*a))
     r, got = _run(files, tmp_path, 0.0, name="none")
     assert r.mode == "partial" and torch.equal(got, want)
     assert sum(mapped) >= r.streamed_bytes_per_step > 0  # every streamed module mapped, each step
