@@ -3,7 +3,7 @@ thread call it).
 
     peak = runtime + weights + k_act * pixels * bytes_per_element            (full)
     peak = runtime + weights + k_head * latent_pixels * bytes + k_act * tile_pixels * bytes
-           + 16 * pixels (float32 output and blend weights) [+ store, when tile states stay in RAM]
+           + 16 * pixels (the float32 result: 12 for RGB, 4 to spare) [+ store, when states stay in RAM]
 
 `pixels` are output (image) pixels for the batch. The coefficients are activation channels alive at
 the worst moment, calibrated by measuring peak RSS of real decodes in fresh processes

@@ -370,12 +370,11 @@ def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, r
             h = vae.decode_head(xin)
             _guard(h, dtype)
             del xin
-            y = run_tiled(h, vae.decode_steps(), in_scale=1, out_scale=f, out_channels=3,
-                          blend=min(tiling.overlap_px // 2, 32), **common)  # fmt: skip
+            y = run_tiled(h, vae.decode_steps(), in_scale=1, out_scale=f, out_channels=3, **common)
             del h
             return _finish(vae, vae.decode_tail(y), direction)
         y = run_tiled(xin, vae.encode_steps(), in_scale=f, out_scale=1, out_channels=_encode_channels(vae),
-                      blend=0, **common)  # fmt: skip
+                      **common)  # fmt: skip
         del xin
         _guard(y, dtype)
         return _finish(vae, vae.encode_tail(y.to(dtype)), direction)

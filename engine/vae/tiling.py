@@ -1,19 +1,24 @@
 """Tiled execution with whole-image GroupNorm statistics — tiles that agree with the full pass.
 
-The idea is the multidiffusion "Tiled VAE" one (pkuliyi2015/multidiffusion-upscaler-for-automatic1111,
-tilevae.py): a GroupNorm is a global operation, so tiles run in lock-step; at every GroupNorm each tile
-contributes the per-group moments of its own *core* (the part of the image it owns, so every pixel is
-counted once), the moments are combined (Chan's parallel formula, float64) into the whole image's
-mean/variance, and every tile is normalised with those. The path is a flat list of steps; a tile's
-state (activation plus pending residuals) waits in a `TileStore` between GroupNorms — in RAM, or in a
-temporary file when the budget says the image is too large, so process memory stays bounded by one
-tile whatever the image size. Tiles carry `context` on each side (half the overlap) that absorbs the
-zero-padding error at their edges; with context >= the receptive field the cores are exact, and a
-narrow linear feather at the core borders hides whatever remains.
+The GroupNorm part is the multidiffusion "Tiled VAE" idea (pkuliyi2015/multidiffusion-upscaler-for-
+automatic1111, tilevae.py): a GroupNorm is a global operation, so tiles run in lock-step; at every
+GroupNorm each tile contributes the per-group moments of its own *core* (the part of the image it
+owns, so every pixel is counted once), the moments are combined (Chan's parallel formula, float64)
+into the whole image's mean/variance, and every tile is normalised with those. The path is a flat
+list of steps, cut into passes at every GroupNorm. Between passes a tile's state (activation plus
+pending residuals) waits in a `TileStore` — in RAM, or in temporary files when the budget says the
+image is too large, so process memory stays bounded by one tile whatever the image size.
+
+Context is exchanged, not carried: each pass starts from a tile's core plus only the halo its own
+convolutions reach (1-2 px between two GroupNorms), filled from the neighbours' cores of the pass
+before (see "halo exchange" below). Every core is then the whole pass's value, whatever the overlap
+(up to the convolutions' blocking: 2e-6 at most, 130 dB), nothing is computed twice but the thin
+halos, and nothing needs feathering; the overlap only sets the cores' size (`plan_tiles`).
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,17 +34,28 @@ from .choice import Tile, plan_tiles  # noqa: F401  (plan_tiles: the tiles run_t
 
 
 class TileStore:
-    """Where tile states wait between lock-step passes: RAM (or host RAM for a GPU decode)."""
+    """Where tile states wait between lock-step passes: RAM (or host RAM for a GPU decode). A state
+    is a list of tensors (x, then the skip stack, bottom first); a pass that only carries an entry
+    gets None for it and puts None back: the stored one stays as it is."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self._items: dict[int, list[torch.Tensor]] = {}
 
-    def put(self, i: int, tensors: list[torch.Tensor]) -> None:
-        self._items[i] = [t.to("cpu", copy=False) for t in tensors]
+    def put(self, i: int, tensors: list[torch.Tensor | None]) -> None:
+        old = self._items.get(i, [])
+        self._items[i] = [old[k] if t is None else t.to("cpu", copy=False) for k, t in enumerate(tensors)]
 
-    def get(self, i: int) -> list[torch.Tensor]:
-        return [t.to(self.device) for t in self._items.pop(i)]
+    def get(self, i: int, wanted: list[bool] | None = None) -> list[torch.Tensor | None]:
+        items = self._items[i]
+        out: list[torch.Tensor | None] = []
+        for k, t in enumerate(items):
+            if wanted is None or wanted[k]:
+                out.append(t.to(self.device))
+                items[k] = None  # the caller's now: freed when it is done with it
+            else:
+                out.append(None)
+        return out
 
     def close(self) -> None:
         self._items.clear()
@@ -47,47 +63,63 @@ class TileStore:
 
 class DiskStore(TileStore):
     """Tile states in a temporary folder, written and read with plain file I/O (not mmap), so they
-    never count in the process's memory; the kernel's page cache may keep them, and may drop them."""
+    never count in the process's memory; the kernel's page cache may keep them, and may drop them.
+    One file per stored tensor: an entry a pass only carries is neither read nor written again."""
 
     def __init__(self, device: torch.device, folder: str | None = None):
         super().__init__(device)
         self.dir = Path(tempfile.mkdtemp(prefix="loadout-tiles-", dir=folder))
-        # per batch: (dtype, shape) of each tensor written, or the index of an earlier entry it repeats
-        self._meta: dict[int, list[tuple[torch.dtype, tuple[int, ...]] | int]] = {}
+        # per batch, per entry: (file, dtype, shape); entries listing the same file are one tensor
+        self._meta: dict[int, list[tuple[Path, torch.dtype, tuple[int, ...]]]] = {}
+        # Files no entry holds any more, overwritten by the next puts, never unlinked until close:
+        # rewriting pages the page cache already holds is cheaper than allocating fresh ones.
+        self._spare: list[Path] = []
+        self._files = 0
 
-    def put(self, i: int, tensors: list[torch.Tensor]) -> None:
+    def _file(self) -> Path:
+        if self._spare:
+            return self._spare.pop()
+        self._files += 1
+        return self.dir / f"{self._files}.bin"
+
+    def put(self, i: int, tensors: list[torch.Tensor | None]) -> None:
+        old = self._meta.get(i, [])
+        # the files of the entries being replaced (their tensors were read) take the new ones
+        kept = {old[k][0] for k, t in enumerate(tensors) if t is None}
+        self._spare += list({m[0] for m in old} - kept)
+        meta: list[tuple[Path, torch.dtype, tuple[int, ...]]] = []
         # A tensor listed twice (a pass ending in a `push` leaves x on the skip stack too) is written
         # once and read back as one tensor: read twice it held two copies of the largest state.
-        meta: list[tuple[torch.dtype, tuple[int, ...]] | int] = []
-        seen: dict[int, int] = {}
-        path = self.dir / f"{i}.bin"
-        # Each batch's file is overwritten pass after pass, never unlinked until close: rewriting pages
-        # the page cache already holds is cheaper than allocating fresh ones and freeing the old file's.
-        with open(path, "r+b" if path.exists() else "wb") as f:
-            for j, t in enumerate(tensors):
-                if id(t) in seen:
-                    meta.append(seen[id(t)])
-                    continue
-                seen[id(t)] = j
+        seen: dict[tuple, tuple[Path, torch.dtype, tuple[int, ...]]] = {}
+        for k, t in enumerate(tensors):
+            if t is None:
+                meta.append(old[k])
+                continue
+            same = (t.data_ptr(), t.shape, t.stride(), t.dtype)  # the same tensor, or a view of it
+            if same not in seen:
+                path = self._file()
                 a = t.detach().to("cpu").contiguous()
-                meta.append((a.dtype, tuple(a.shape)))
-                if a.numel():
-                    f.write(memoryview(a.reshape(-1).view(torch.uint8).numpy()))
+                with open(path, "r+b" if path.exists() else "wb") as f:
+                    if a.numel():
+                        f.write(memoryview(a.reshape(-1).view(torch.uint8).numpy()))
+                seen[same] = (path, a.dtype, tuple(a.shape))
+            meta.append(seen[same])
         self._meta[i] = meta
 
-    def get(self, i: int) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        path = self.dir / f"{i}.bin"
-        with open(path, "rb") as f:
-            for m in self._meta.pop(i):
-                if isinstance(m, int):  # the same tensor as an earlier entry
-                    out.append(out[m])
-                    continue
-                dtype, shape = m
+    def get(self, i: int, wanted: list[bool] | None = None) -> list[torch.Tensor | None]:
+        out: list[torch.Tensor | None] = []
+        read: dict[Path, torch.Tensor] = {}
+        for k, (path, dtype, shape) in enumerate(self._meta[i]):
+            if wanted is not None and not wanted[k]:
+                out.append(None)
+                continue
+            if path not in read:
                 t = torch.empty(shape, dtype=dtype)
                 if t.numel():
-                    f.readinto(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-                out.append(t.to(self.device))
+                    with open(path, "rb") as f:
+                        f.readinto(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+                read[path] = t.to(self.device)
+            out.append(read[path])
         return out
 
     def close(self) -> None:
@@ -97,15 +129,6 @@ class DiskStore(TileStore):
 
 class NonFinite(Exception):
     """A pass produced NaN/inf (fp16 overflow): the caller re-runs in fp32."""
-
-
-def _segments(steps: list[tuple]) -> list[list[tuple]]:
-    segs: list[list[tuple]] = [[]]
-    for s in steps:
-        if s[0] == "gn":
-            segs.append([])
-        segs[-1].append(s)
-    return segs
 
 
 # A convolution whose output exceeds this runs in bands of output rows (see _conv_rows).
@@ -180,15 +203,15 @@ def _add_conv_rows(x: torch.Tensor, conv: nn.Conv2d, r: torch.Tensor) -> None:
         del y
 
 
-def _run_steps(steps, held, stack, scale, stats):
+def _run_steps(steps, held, stack, scale, stats, own=False):
     """Run `steps` on the one tensor in `held` (taken out of it: the caller keeps no reference, so
-    each activation is freed as soon as the next one replaces it)."""
+    each activation is freed as soon as the next one replaces it). `own`: x is a tensor nobody
+    else holds, which the first in-place step may overwrite."""
     x = held.pop()
     # In place where it is safe: SiLU/ReLU overwrite and the residual add accumulates into a tensor
     # this loop made itself (`own`), never into the input crop, a tensor on the skip stack or one a
     # module handed back unchanged. Convolutions over big activations run in row bands (_conv_rows),
     # an upsample feeding one never whole.
-    own = False
     up = False  # a nearest 2x upsample waiting for the convolution after it
     last = len(steps) - 1
     for i, s in enumerate(steps):
@@ -242,15 +265,6 @@ def _run_steps(steps, held, stack, scale, stats):
     return x, scale
 
 
-def _core_slices(t: Tile, scale: float):
-    y0, y1, x0, x1 = t.core
-    py0, _, px0, _ = t.pad
-    return (
-        slice(round((y0 - py0) * scale), round((y1 - py0) * scale)),
-        slice(round((x0 - px0) * scale), round((x1 - px0) * scale)),
-    )
-
-
 def _ramp(n_out: int, a: int, b: int, lo_edge: bool, hi_edge: bool, band: int, start: int):
     """1-D blend weights over output rows [start, start + n_out) for a core [a, b): 1 inside,
     linear ramps of width `band` centred on core borders that have a neighbour."""
@@ -264,6 +278,194 @@ def _ramp(n_out: int, a: int, b: int, lo_edge: bool, hi_edge: bool, band: int, s
     return w
 
 
+# ---- halo exchange -----------------------------------------------------------------------------------
+# A tile computes its core plus a halo of context, and a convolution near the halo's outer edge reads
+# zero padding where the whole image has data: the error moves inward by the kernel's reach with each
+# convolution. Carrying one context wide enough for the whole network (the overlap's) costs its area
+# at every layer: 1.3x the image at 1024^2 with 512-px tiles, 3.5x with the window's 128-px tiles.
+# Here a tile carries only its *core* from pass to pass; each pass starts from the core plus the halo
+# that pass's own convolutions need (1-2 px for an AutoencoderKL pass between two GroupNorms), taken
+# from the neighbours' cores of the previous pass. The cores are then the whole pass's values, the
+# halo is discarded, and nothing is feathered. A pass without a GroupNorm to stop at is cut (a
+# "sync" barrier) once its halo would exceed MAX_HALO_PX at its own resolution.
+
+MAX_HALO_PX = 2
+
+
+def _conv_halo(m: nn.Conv2d, need: int) -> int:
+    """The input halo (px per side) a convolution needs for `need` px of exact output per side."""
+    out = 0
+    for d in range(2):
+        k, st, dil = m.kernel_size[d], m.stride[d], m.dilation[d]
+        reach = dil * (k - 1)
+        p = reach // 2 if isinstance(m.padding, str) else m.padding[d]
+        out = max(out, st * need + max(p, reach - p))
+    return out
+
+
+def _module_halo(m: nn.Module, need: int) -> int:
+    """The input halo of a module for `need` px of exact output: a convolution's own, or, for a
+    composite of stride-1 convolutions and pointwise layers, `need` plus every convolution's reach
+    (an upper bound of its longest path). A layer that mixes the whole image cannot be tiled."""
+    if isinstance(m, nn.Conv2d):
+        return _conv_halo(m, need)
+    halo = need
+    for c in m.modules():
+        if isinstance(c, (nn.GroupNorm, nn.LayerNorm, nn.MultiheadAttention, nn.Upsample)):
+            raise ValueError(f"{type(c).__name__} inside a tiled step mixes the whole image")
+        if isinstance(c, nn.Conv2d):
+            if c.stride != (1, 1):
+                raise ValueError("a strided convolution inside a composite tiled step")
+            halo += _conv_halo(c, 0)
+    return halo
+
+
+def _stride(s: tuple) -> int:
+    return s[1].stride[0] if s[0] == "module" and isinstance(s[1], nn.Conv2d) else 1
+
+
+def _need(steps: list[tuple]) -> int:
+    """The halo (px at the input's resolution) `steps` need for their output's core to be exact:
+    walked backwards, an entry popped from the skip stack needs the halo x has where it is added."""
+    need, popped = 0, []
+    for s in reversed(steps):
+        op = s[0]
+        if op == "module":
+            need = _module_halo(s[1], need)
+        elif op == "up2":
+            need = -(-need // 2)
+        elif op == "pop_add":
+            popped.append(need if s[1] is None else _module_halo(s[1], need))
+        elif op == "push":
+            need = max(need, popped.pop() if popped else 0)
+    return max([need, *popped])
+
+
+def _cut(steps: list[tuple]) -> list[list[tuple]]:
+    """The passes: a new one at every GroupNorm (its statistics are the whole image's) and, within
+    a pass, before a step that would take its halo beyond MAX_HALO_PX."""
+    segs: list[list[tuple]] = [[]]
+    for s in steps:
+        gn = s[0] == "gn" and segs[-1]
+        wide = s[0] == "module" and any(t[0] == "module" for t in segs[-1])
+        if gn or (wide and _need(segs[-1] + [s]) > MAX_HALO_PX):
+            # an upsample or a bottom/right zero pad belongs to the convolution after it (stored
+            # before the upsample, a state is a quarter of the size)
+            lead = []
+            while segs[-1] and segs[-1][-1][0] in ("up2", "pad_br"):
+                lead.insert(0, segs[-1].pop())
+            segs.append(lead)
+        segs[-1].append(s)
+    return [seg for seg in segs if seg]
+
+
+class _Plan:
+    """Per pass: the scale (px per latent unit) and halo of x at its start; of each entry of the skip
+    stack (bottom first) its scale and halo, and whether the pass pops it (`touch`: an entry the pass
+    only carries is never loaded); and per entry at the pass's end, its scale and the halo it was
+    made with (`kept`)."""
+
+    def __init__(self, segs: list[list[tuple]], in_scale: float):
+        self.x: list[tuple[float, int]] = []
+        self.stack: list[list[tuple[float, int]]] = []
+        self.touch: list[list[bool]] = []
+        self.kept: list[list[tuple[float, int]]] = []
+        scale, held = float(in_scale), []  # held: (scale, halo made with) per stack entry
+        for seg in segs:
+            strided = 1
+            for s in seg:
+                strided *= _stride(s)
+            # Region offsets scale with the resolution: a stride-2 convolution must start on an even
+            # pixel of its input, so the halo is a multiple of the strides ahead in the pass.
+            halo = -(-_need(seg) // strided) * strided
+            entry_halo = [0] * len(held)
+            touch = [False] * len(held)
+            marks: list[int | None] = list(range(len(held)))
+            end = list(held)
+            sc = scale
+            for s in seg:
+                op = s[0]
+                if op == "up2":
+                    sc *= 2
+                elif op == "scale":
+                    sc *= s[1]
+                elif op == "push":
+                    marks.append(None)
+                    end.append((sc, round(halo * sc / scale)))
+                elif op == "pop_add":
+                    j = marks.pop()
+                    end.pop()
+                    if j is not None:  # an entry from an earlier pass: as wide as x where it is added
+                        if held[j][0] != sc:
+                            raise ValueError("a skip added at another resolution than it was pushed at")
+                        entry_halo[j], touch[j] = round(halo * sc / scale), True
+            self.x.append((scale, halo))
+            self.stack.append([(h[0], e) for h, e in zip(held, entry_halo, strict=True)])
+            self.touch.append(touch)
+            self.kept.append([(sc, round(halo * sc / scale)), *end])
+            scale, held = sc, end
+        self.end_scale = scale
+        self.end_depth = len(held)
+
+    def next_use(self, p: int, k: int) -> tuple[int, int]:
+        """The pass after p that next loads entry k of p's end state (0: x), and the halo it needs."""
+        if k == 0:
+            return p + 1, self.x[p + 1][1]
+        for q in range(p + 1, len(self.x)):
+            if self.touch[q][k - 1]:
+                return q, self.stack[q][k - 1][1]
+        raise ValueError("a skip entry that is never added")
+
+
+def _span(c0: int, c1: int, scale: float, halo: int, n: int) -> tuple[int, int]:
+    """Rows (or columns) [a, b) at `scale` of a core [c0, c1) (latent units) plus `halo`, clipped to
+    the image's n latent units."""
+    return max(0, round(c0 * scale) - halo), min(round(n * scale), round(c1 * scale) + halo)
+
+
+def _box(t: Tile, scale: float, halo: int, hw: tuple[int, int]) -> tuple[int, int, int, int]:
+    y0, y1, x0, x1 = t.core
+    return (*_span(y0, y1, scale, halo, hw[0]), *_span(x0, x1, scale, halo, hw[1]))
+
+
+class _Exchange:
+    """The strips of each tile's core that its neighbours' next pass reads as halo: copied out
+    (small) when a tile's pass ends, so a core is needed by its own tile only and leaves the store
+    when that tile runs again."""
+
+    def __init__(self, tiles: list[Tile], hw: tuple[int, int], reach: int):
+        self.tiles, self.hw = tiles, hw
+        self.strips: dict[tuple[int, int, int], list[tuple[int, int, torch.Tensor]]] = {}
+        # the tiles whose core may lie in tile i's halo: within `reach` latent units of its core
+        self.near = [
+            [j for j, b in enumerate(tiles) if j != i and _near(a.core, b.core, reach)]
+            for i, a in enumerate(tiles)
+        ]
+
+    def give(self, p: int, i: int, k: int, core: torch.Tensor, scale: float, halo: int) -> None:
+        """Tile i's core of state entry k (at `scale`) as its neighbours' halos of `halo` px in pass
+        p (a neighbour may still have to run the pass before: strips are kept per pass)."""
+        if halo <= 0:
+            return
+        mine = _box(self.tiles[i], scale, 0, self.hw)
+        for j in self.near[i]:
+            want = _box(self.tiles[j], scale, halo, self.hw)
+            y0, y1 = max(mine[0], want[0]), min(mine[1], want[1])
+            x0, x1 = max(mine[2], want[2]), min(mine[3], want[3])
+            if y0 < y1 and x0 < x1:
+                part = core[:, :, y0 - mine[0] : y1 - mine[0], x0 - mine[2] : x1 - mine[2]].clone()
+                self.strips.setdefault((p, j, k), []).append((y0 - want[0], x0 - want[2], part))
+
+    def take(self, out: torch.Tensor, p: int, j: int, k: int) -> None:
+        """Write what tile j's neighbours gave for entry k of pass p into `out` (tile j's region)."""
+        for dy, dx, part in self.strips.pop((p, j, k), ()):
+            out[:, :, dy : dy + part.shape[2], dx : dx + part.shape[3]] = part
+
+
+def _near(a: tuple[int, int, int, int], b: tuple[int, int, int, int], m: int) -> bool:
+    return b[0] < a[1] + m and a[0] - m < b[1] and b[2] < a[3] + m and a[2] - m < b[3]
+
+
 def run_tiled(
     x_whole: torch.Tensor,
     steps: list[tuple],
@@ -274,7 +476,6 @@ def run_tiled(
     out_channels: int,
     latent_hw: tuple[int, int],
     store: TileStore,
-    blend: int = 0,
     token: CancelToken | None = None,
     report: Report = no_report,
     stage: str = "VAE decode",
@@ -282,51 +483,73 @@ def run_tiled(
     batch_px: int = 0,
     trim_slack: int = 0,
 ) -> torch.Tensor:
-    """Run `steps` over `tiles` of `x_whole` (at `in_scale` pixels per latent unit) in lock-step
-    through every GroupNorm, and assemble the cores (feathered over `blend` output pixels). Tiles of
-    the same size run together as one batch of up to `batch_px` output pixels (0: one at a time).
-    On the CPU, free heap beyond `trim_slack` bytes is handed back to the system after each batch."""
-    segs = _segments(steps)
+    """Run `steps` over the cores of `tiles` of `x_whole` (at `in_scale` pixels per latent unit) pass
+    by pass, in lock-step through every GroupNorm, each pass reading its halo from the neighbours'
+    cores of the pass before, and assemble the cores (their union is the image, each pixel once).
+    Tiles of the same shape run together as one batch of up to `batch_px` output pixels (0: one at a
+    time). On the CPU, free heap beyond `trim_slack` bytes is handed back after each batch."""
+    segs = _cut(steps)
+    plan = _Plan(segs, in_scale)
+    if round(plan.end_scale) != out_scale or plan.end_depth:
+        raise ValueError("the steps do not end at the output's resolution with an empty skip stack")
     n, dev = x_whole.shape[0], x_whole.device
-    hh, ww = latent_hw[0] * out_scale, latent_hw[1] * out_scale
-    out = torch.zeros(n, out_channels, hh, ww, dtype=torch.float32, device=dev)
-    wsum = torch.zeros(1, 1, hh, ww, dtype=torch.float32, device=dev)
+    hw = latent_hw
+    out = torch.empty(n, out_channels, hw[0] * out_scale, hw[1] * out_scale, dtype=torch.float32, device=dev)
     total, done = len(segs) * len(tiles), 0
     stats = None
-    start_scale = in_scale
     px = max(in_scale, out_scale)  # image pixels per latent unit, either way
     batches = batch_tiles(tiles, px, batch_px)
+    reach = max([h / sc for sc, h in plan.x] + [h / sc for st in plan.stack for sc, h in st])
+    ex = _Exchange(tiles, hw, max(1, math.ceil(reach)))
+    cpu = dev.type == "cpu"
     try:
         for p, seg in enumerate(segs):
             last = p == len(segs) - 1
+            scale, halo = plan.x[p]
             acc = None
             for b, batch in enumerate(batches):
                 if token is not None:
                     token.raise_if_cancelled()
                 if p == 0:
-                    held = [torch.cat([_crop(x_whole, tiles[i], in_scale) for i in batch])]
-                    stack: list[torch.Tensor] = []
+                    held = [torch.cat([_crop(x_whole, tiles[i], scale, halo, hw) for i in batch])]
+                    stack: list[torch.Tensor | None] = []
                 else:
-                    held, stack = _split(store.get(b))
+                    wanted = [True, *plan.touch[p]]
+                    want = [(scale, halo), *plan.stack[p]]
+                    stored = store.get(b, wanted)
+                    kept = [h for _, h in plan.kept[p - 1]]
+                    held, stack = _gather(stored, kept, want, ex, p, tiles, batch, hw, n)
+                    del stored
                 bstats = None if stats is None else tuple(v.repeat(len(batch), 1) for v in stats)
-                x, scale = _run_steps(seg, held, stack, start_scale, bstats)
-                if not last:
-                    groups = segs[p + 1][0][1].num_groups
+                # x may be overwritten in place unless it is (a view of) a tensor on the skip stack
+                own = not any(t is not None and _shares(held[0], t) for t in stack)
+                x, end = _run_steps(seg, held, stack, scale, bstats, own=own)
+                if last:
                     for j, i in enumerate(batch):
-                        ys, xs = _core_slices(tiles[i], scale)
-                        # No name for the core view: one outliving the loop kept this batch's whole
-                        # state alive through the next batch's pass (19 MiB at 1024^2, width 32).
-                        core = x[j * n : (j + 1) * n, :, ys, xs]
-                        acc = ops.combine_moments(acc, ops.group_moments(core, groups))
-                        del core
-                    store.put(b, [x, *stack])
+                        ys, xs = _core_in(tiles[i], end, halo * end / scale, hw)
+                        y0, y1, x0, x1 = _box(tiles[i], end, 0, hw)
+                        out[:, :, y0:y1, x0:x1] = x[j * n : (j + 1) * n, :, ys, xs]
                 else:
+                    groups = segs[p + 1][0][1].num_groups if segs[p + 1][0][0] == "gn" else 0
+                    state = [x, *stack]
+                    kept = plan.kept[p]
                     for j, i in enumerate(batch):
-                        _blend_into(
-                            out, wsum, x[j * n : (j + 1) * n].float(), tiles[i], scale, blend, latent_hw
-                        )
-                del x, stack
-                if x_whole.device.type == "cpu":
+                        for k, (t, (sc, h)) in enumerate(zip(state, kept, strict=True)):
+                            if t is None:  # carried, still in the store: its strips were given
+                                continue
+                            ys, xs = _core_in(tiles[i], sc, h, hw)
+                            core = t[j * n : (j + 1) * n, :, ys, xs]
+                            q, want = plan.next_use(p, k)
+                            ex.give(q, i, k, core, sc, want)
+                            if k == 0 and groups:
+                                acc = ops.combine_moments(acc, ops.group_moments(core, groups))
+                            del core
+                    # The whole tensors, halo and all: the next pass reads them in place (a view)
+                    # where its halo is no wider, and only the halo is replaced (by the strips).
+                    store.put(b, state)
+                    del state
+                del x, stack, held
+                if cpu:
                     # Tiles differ in size: the heap fragments and grows unless freed pages go back,
                     # but every page given back is faulted in (zeroed) again by the next tile, so free
                     # heap up to `trim_slack` is kept for it (engine.vae.run sets it from the estimate).
@@ -340,56 +563,80 @@ def run_tiled(
                             stage, done, total, f"pass {p + 1}/{len(segs)}, tile {i + 1}/{len(tiles)}", tile
                         )
                     )
-            if not last:
+            if acc is not None:
                 mean, m2, cnt = acc
                 stats = (mean, m2 / cnt)
                 if check_finite and not (torch.isfinite(mean).all() and torch.isfinite(stats[1]).all()):
                     raise NonFinite(f"GroupNorm statistics overflowed in pass {p + 1}")
-            start_scale = scale  # where the next segment starts
+            elif not last:
+                stats = None
             del acc
     finally:
         store.close()
-    out /= wsum
     return out
 
 
-def _crop(x_whole: torch.Tensor, t: Tile, in_scale: int) -> torch.Tensor:
-    py0, py1, px0, px1 = t.pad
-    return x_whole[:, :, py0 * in_scale : py1 * in_scale, px0 * in_scale : px1 * in_scale]
+def _core_in(t: Tile, scale: float, halo: float, hw: tuple[int, int]) -> tuple[slice, slice]:
+    """Where tile t's core lies in a tensor holding its core plus `halo` px at `scale`."""
+    h = round(halo)
+    y0, y1, x0, x1 = _box(t, scale, 0, hw)
+    a, _, c, _ = _box(t, scale, h, hw)
+    return slice(y0 - a, y1 - a), slice(x0 - c, x1 - c)
+
+
+def _gather(stored, kept, want, ex, p, tiles, batch, hw, n):
+    """The batch's state for pass p: each entry loaded (None: one the pass only carries) its core
+    plus the halo pass p needs. Where the stored tensor (kept with `kept` px of halo) holds at least
+    that, it or a view of it; else a new tensor with the stored one copied in. Then the halo is
+    overwritten with the neighbours' strips."""
+    out = []
+    t0 = tiles[batch[0]]
+    for k, ((sc, h), t, e) in enumerate(zip(want, stored, kept, strict=True)):
+        if t is None:
+            out.append(None)
+            continue
+        have, need = _box(t0, sc, e, hw), _box(t0, sc, h, hw)
+        if have == need:
+            view = t
+        elif h <= e:
+            view = t[:, :, need[0] - have[0] : need[1] - have[0], need[2] - have[2] : need[3] - have[2]]
+        else:
+            view = t.new_empty(t.shape[0], t.shape[1], need[1] - need[0], need[3] - need[2])
+            view[:, :, have[0] - need[0] : have[1] - need[0], have[2] - need[2] : have[3] - need[2]] = t
+        if h > 0:
+            for j, i in enumerate(batch):
+                ex.take(view[j * n : (j + 1) * n], p, i, k)
+        out.append(view)
+    return out[:1], out[1:]
+
+
+def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _crop(x_whole: torch.Tensor, t: Tile, scale: float, halo: int, hw: tuple[int, int]) -> torch.Tensor:
+    y0, y1, x0, x1 = _box(t, scale, halo, hw)
+    return x_whole[:, :, y0:y1, x0:x1]
 
 
 def batch_tiles(tiles: list[Tile], px_scale: int, batch_px: int) -> list[list[int]]:
-    """Tile indices grouped into batches of equal computed size, each at most `batch_px` image pixels
-    (always at least one tile). Small tiles run as few large ops instead of many small ones: per op
-    overhead and, on a busy CPU, the thread pool's barriers dominate ops on 16x16 latents."""
+    """Tile indices grouped into batches of tiles of one shape (core size, and which image edges it
+    lies on: every pass's region is then the same size), each at most `batch_px` image pixels of
+    computed box (always at least one tile). Small tiles run as few large ops instead of many small
+    ones: per op overhead and, on a busy CPU, the thread pool's barriers dominate 16x16 latents."""
     if batch_px <= 0:
         return [[i] for i in range(len(tiles))]
-    groups: dict[tuple[int, int], list[int]] = {}
+    h = max(t.core[1] for t in tiles)
+    w = max(t.core[3] for t in tiles)
+    groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(tiles):
-        groups.setdefault((t.pad[1] - t.pad[0], t.pad[3] - t.pad[2]), []).append(i)
+        y0, y1, x0, x1 = t.core
+        key = (y1 - y0, x1 - x0, y0 == 0, y1 == h, x0 == 0, x1 == w, t.pad[1] - t.pad[0], t.pad[3] - t.pad[2])
+        groups.setdefault(key, []).append(i)
     out = []
-    for (h, w), idx in groups.items():
-        k = max(1, batch_px // (h * w * px_scale * px_scale))
+    for key, idx in groups.items():
+        k = max(1, batch_px // (key[6] * key[7] * px_scale * px_scale))
         out += [idx[j : j + k] for j in range(0, len(idx), k)]
     # The batch holding the last tile runs last: a pass's final progress report names the last tile,
     # as it did one tile at a time (a GUI that drops reports between frames still sees it).
     return sorted(out, key=max)
-
-
-def _blend_into(out, wsum, y, t: Tile, scale, blend, latent_hw):
-    h, w = latent_hw
-    py0, py1, px0, px1 = t.pad
-    y0, y1, x0, x1 = (round(v * scale) for v in t.core)
-    oy, ox = round(py0 * scale), round(px0 * scale)
-    half = blend // 2
-    # the written region: the core widened by half the band where a neighbour exists
-    ry0 = max(oy, y0 - (half if t.core[0] > 0 else 0))
-    ry1 = min(oy + y.shape[2], y1 + (half if t.core[1] < h else 0))
-    rx0 = max(ox, x0 - (half if t.core[2] > 0 else 0))
-    rx1 = min(ox + y.shape[3], x1 + (half if t.core[3] < w else 0))
-    wy = _ramp(ry1 - ry0, y0, y1, t.core[0] == 0, t.core[1] == h, blend, ry0).to(out.device)
-    wx = _ramp(rx1 - rx0, x0, x1, t.core[2] == 0, t.core[3] == w, blend, rx0).to(out.device)
-    wgt = wy[:, None] * wx[None, :]
-    patch = y[:, :, ry0 - oy : ry1 - oy, rx0 - ox : rx1 - ox]
-    out[:, :, ry0:ry1, rx0:rx1] += patch * wgt
-    wsum[:, :, ry0:ry1, rx0:rx1] += wgt

@@ -1,0 +1,98 @@
+"""Tiles exchange their halos instead of carrying the overlap's context: every pass starts from each
+tile's core plus the halo its own convolutions reach, taken from the neighbours' cores of the pass
+before. The cores are then the whole image's values whatever the overlap (0 included), in RAM or on
+disk, one tile at a time or batched; and a skip entry a pass only carries is neither read nor
+written again."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vae_fixtures import small_kl, small_taesd
+
+from engine.vae import decode, encode, tiling
+from engine.vae.run import RunInfo
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize(("tile", "overlap", "disk"), [(64, 16, False), (96, 0, True), (48, 16, True)])
+def test_kl_tiles_equal_the_whole_decode_and_encode(tile, overlap, disk):
+    vae = small_kl(seed=3)
+    z = torch.randn(2, 4, 17, 13, generator=_gen(1))  # odd sizes: uneven cores, edges on all sides
+    full = decode(vae, z, tiled=False)
+    info = RunInfo()
+    tiled = decode(vae, z, tiled=True, tile=tile, overlap=overlap, disk_store=disk, info=info)
+    assert info.tiles >= 4
+    torch.testing.assert_close(tiled, full, rtol=0, atol=2e-5)
+    x = torch.rand(1, 3, 88, 72, generator=_gen(2))
+    got = encode(vae, x, tiled=True, tile=tile, overlap=overlap, disk_store=disk)
+    torch.testing.assert_close(got, encode(vae, x, tiled=False), rtol=0, atol=2e-5)
+
+
+def test_taesd_tiles_equal_the_whole_decode_with_small_tiles():
+    vae = small_taesd("taesd", 4, seed=5)
+    z = torch.randn(1, 4, 24, 20, generator=_gen(4))
+    info = RunInfo()
+    tiled = decode(vae, z, tiled=True, tile=32, overlap=16, info=info)  # 4-latent tiles, 2-latent cores
+    assert info.tiles == 12 * 10
+    torch.testing.assert_close(tiled, decode(vae, z, tiled=False), rtol=0, atol=2e-5)
+    x = torch.rand(1, 3, 96, 80, generator=_gen(6))
+    got = encode(vae, x, tiled=True, tile=32, overlap=0)
+    torch.testing.assert_close(got, encode(vae, x, tiled=False), rtol=0, atol=2e-5)
+
+
+def test_passes_need_thin_halos_and_cut_where_nothing_else_would():
+    kl = tiling._cut(small_kl(seed=0).decode_steps())
+    plan = tiling._Plan(kl, 1)
+    assert all(s[0] == "gn" for seg in kl[1:] for s in seg[:1])  # cut at the GroupNorms only
+    assert max(h for _, h in plan.x) == 2 and plan.end_scale == 8 and plan.end_depth == 0
+    steps = small_taesd("taesd", 4).decode_steps()  # no GroupNorm: one pass, without the cuts
+    taesd = tiling._cut(steps)
+    assert len(taesd) > 6 and sum(len(s) for s in taesd) == len(steps)
+    assert all(tiling._need(seg) <= tiling.MAX_HALO_PX or _modules(seg) == 1 for seg in taesd)
+    assert all(seg[-1][0] == "module" for seg in taesd)  # never stored just after an upsample
+    enc = tiling._cut(small_kl(seed=0).encode_steps())
+    for seg, (_, halo) in zip(enc, tiling._Plan(enc, 8).x, strict=True):
+        if any(tiling._stride(s) == 2 for s in seg):  # a stride-2 conv starts on an even pixel
+            assert halo % 2 == 0 and seg[0][0] == "pad_br"
+
+
+def _modules(seg):
+    return sum(s[0] == "module" for s in seg)
+
+
+def test_a_whole_image_layer_inside_a_step_is_refused():
+    block = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.GroupNorm(2, 4))
+    with pytest.raises(ValueError, match="GroupNorm"):
+        tiling._need([("module", block)])
+
+
+def test_disk_store_keeps_a_carried_entry_without_reading_or_writing_it(tmp_path, monkeypatch):
+    store = tiling.DiskStore(torch.device("cpu"), folder=str(tmp_path))
+    try:
+        x, skip = torch.randn(1, 2, 3, 3), torch.randn(1, 2, 3, 3)
+        store.put(0, [x, skip])
+        files = sorted(p.name for p in store.dir.iterdir())
+        got = store.get(0, [True, False])
+        assert got[1] is None and torch.equal(got[0], x)
+        writes = []
+        real_open = open
+
+        def counting_open(path, mode="r", *a, **k):
+            if "w" in mode or "+" in mode:
+                writes.append(path)
+            return real_open(path, mode, *a, **k)
+
+        monkeypatch.setattr("builtins.open", counting_open)
+        x2 = torch.randn(1, 2, 3, 3)
+        store.put(0, [x2, None])  # the skip entry carried: kept as it is
+        assert len(writes) == 1
+        monkeypatch.undo()
+        a, b = store.get(0)
+        assert torch.equal(a, x2) and torch.equal(b, skip)
+        assert sorted(p.name for p in store.dir.iterdir()) == files  # x's old file was overwritten
+    finally:
+        store.close()
