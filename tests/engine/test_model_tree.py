@@ -142,3 +142,25 @@ def test_components_from_detection(sd15_sparse):
     comps = build_components(path)  # prefixes from engine.detect
     assert set(comps) == {"unet", "clip_l", "vae"}
     assert comps["unet"].prefix == "model.diffusion_model."
+
+
+def test_ops_of_one_shape_share_no_state(sd15_sparse):
+    """Ops are copied from one meta module per shape: each must still be its own module — its own
+    parameters once bound, hooks, patch lists and submodules."""
+    path, _ = sd15_sparse
+    unet = build_components(path, SD15_PREFIXES)["unet"]
+    convs = [
+        u.module
+        for u in unet.units
+        if type(u.module) is ops.Conv2d and u.module.weight.shape == (320, 320, 3, 3)
+    ]
+    a, b = convs[:2]
+    assert len(convs) > 2 and a is not b
+    assert a.weight is not b.weight and a.weight.data_ptr() != b.weight.data_ptr()
+    for name in ("_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks"):
+        assert getattr(a, name) is not getattr(b, name)
+    assert a.weight_functions is not b.weight_functions
+    a.register_forward_hook(lambda *args: None)
+    a.weight_functions.append(object())
+    assert not b._forward_hooks and not b.weight_functions
+    assert a.stride == b.stride == (1, 1) and a.kernel_size == (3, 3) and a.in_channels == 320
