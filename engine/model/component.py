@@ -235,7 +235,7 @@ class Component:
             and all(dt == _held(i, None)[0] for (dt, _), i in zip(held, u.infos.values(), strict=True))
         ):
             return self._map_host(u, tier, held)
-        sizes = [math.prod(shape) * torch.empty((), dtype=dt).element_size() for dt, shape in held]
+        sizes = [math.prod(shape) * dt.itemsize for dt, shape in held]
         offsets, total = transfer.layout(sizes)
         block = transfer.HostBlock(total, pinned if tier == "ram" else None)
         out, src = {}, self._sources(u)

@@ -138,10 +138,8 @@ class FileBlock:
         """A tensor over the file's bytes at `file_start` (inside this block's span)."""
         import math
 
-        import torch
-
         off = self.offset + file_start - self.start
-        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        n = math.prod(shape) * dtype.itemsize
         return self.base[off : off + n].view(dtype).view(shape)
 
     def release(self) -> None:
@@ -161,9 +159,7 @@ def view_in(block: HostBlock, offset: int, dtype, shape):
     """A tensor of `dtype`/`shape` over the block's bytes at `offset`."""
     import math
 
-    import torch
-
-    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    n = math.prod(shape) * dtype.itemsize
     return block.base[offset : offset + n].view(dtype).view(shape)
 
 
