@@ -142,10 +142,12 @@ class DecodePanel(QWidget):
         for w in (self.vae_box, self.mode_box):
             w.currentIndexChanged.connect(self._on_inputs_changed)
         self.overlap_spin.setToolTip(
-            "Context each tile borrows from its neighbours; at most a quarter of the tile"
+            "How much of each tile is shared with its neighbours (at most a quarter of the tile). Image "
+            "VAEs exchange tile borders, so the result is the full decode's whatever the overlap; a "
+            "video VAE's tiles borrow it as context and blend across it"
         )
-        # A tile is all overlap past tile/4 and the work grows with the square of the halo (a 128-px tile
-        # with 64 px of overlap costs 3.5x a full decode): ComfyUI's tiled nodes cap it the same way.
+        # Past tile/4 a tile is mostly overlap: for a video VAE, whose tiles carry it as context, the
+        # work grows with its square; image tiles only get smaller. ComfyUI's tiled nodes cap it alike.
         self.tile_spin.valueChanged.connect(lambda v: self.overlap_spin.setMaximum(v // 4))
         for w in (self.tile_spin, self.overlap_spin):
             w.valueChanged.connect(self._on_inputs_changed)

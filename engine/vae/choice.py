@@ -29,7 +29,9 @@ def _splits(n: int, core: int) -> list[tuple[int, int]]:
 
 def plan_tiles(h: int, w: int, tile: int, overlap: int) -> list[Tile]:
     """Tiles over an h x w latent: `tile` and `overlap` in latent units, as ComfyUI's tiled node
-    (tiles of `tile` stepping by `tile - overlap`); each core gets overlap / 2 of context per side."""
+    (tiles of `tile` stepping by `tile - overlap`); each core gets overlap / 2 of context per side.
+    An image VAE's tiles compute their cores plus the halos each pass needs (engine.vae.tiling), so
+    there `pad` only bounds a tile's box; a video VAE's tiles compute all of `pad`."""
     tile = max(1, tile)
     ctx = max(0, min(overlap, tile // 2) // 2)  # an overlap beyond half the tile only costs time
     core = max(1, tile - 2 * ctx)
