@@ -160,6 +160,7 @@ def _tile(ctx: _Ctx, tile: Tile, hw, chunks, start: int, index: int, count: int,
         if ctx.token is not None:
             ctx.token.raise_if_cancelled()
         snap = stream.copy()
+        stream.keep = j < len(chunks) - 1  # the tile's last chunk: no frames to carry on
         try:
             _run_chunk(ctx, tile, (a, c), stream, region, fa)
         except torch.OutOfMemoryError:

@@ -37,15 +37,18 @@ from .autoencoder_kl import attention
 class Stream:
     """The causal state of one clip (or one spatial tile of it): per causal conv the last input frames it
     saw, and which temporal resamples have passed the clip's first frame. Entries are replaced, never
-    mutated, so `copy()` is a cheap snapshot to retry a chunk from."""
+    mutated, so `copy()` is a cheap snapshot to retry a chunk from. `keep` False: nothing runs after
+    this part of the clip, so the convolutions keep no frames (at 832x480 they are a third of a tile's
+    peak)."""
 
     def __init__(self) -> None:
         self.frames: dict[int, torch.Tensor] = {}
         self.started: set[int] = set()
+        self.keep = True
 
     def copy(self) -> Stream:
         s = Stream()
-        s.frames, s.started = dict(self.frames), set(self.started)
+        s.frames, s.started, s.keep = dict(self.frames), set(self.started), self.keep
         return s
 
 
@@ -60,16 +63,24 @@ class CausalConv3d(ops.Conv3d):
         self.space_pad = (pw, pw, ph, ph)
 
     def step(self, x: torch.Tensor, stream: Stream | None) -> torch.Tensor:
-        if self.history:
-            key = id(self)
-            prev = stream.frames.get(key) if stream is not None else None
-            if prev is None:
-                prev = x.new_zeros(*x.shape[:2], self.history, *x.shape[3:])
-            x = torch.cat([prev.to(x.device, x.dtype), x], dim=2)
-            if stream is not None:
-                stream.frames[key] = x[:, :, -self.history :].clone()
-        if any(self.space_pad):
-            x = F.pad(x, self.space_pad)
+        hist, (pl, pr, pt, pb) = self.history, self.space_pad
+        if hist or pl or pr or pt or pb:
+            # History frames and zero borders in one buffer, x copied in once (a cat and then a pad
+            # held two copies of the chunk's input at once)
+            prev = stream.frames.get(id(self)) if stream is not None and hist else None
+            n, c, t, h, w = x.shape
+            buf = x.new_zeros(n, c, hist + t, pt + h + pb, pl + w + pr)
+            inner = buf[:, :, :, pt : pt + h, pl : pl + w]
+            if prev is not None:
+                inner[:, :, :hist] = prev
+            inner[:, :, hist:] = x
+            if hist and stream is not None:
+                if stream.keep:
+                    stream.frames[id(self)] = inner[:, :, -hist:].clone()
+                else:  # read for the last time: let it go now
+                    stream.frames.pop(id(self), None)
+            del inner
+            x = buf
         return super().forward(x)
 
 
@@ -182,7 +193,10 @@ class Resample(nn.Module):
     def _time_down(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
         key = id(self)
         prev = stream.frames.get(key)
-        stream.frames[key] = x[:, :, -1:].clone()
+        if stream.keep:
+            stream.frames[key] = x[:, :, -1:].clone()
+        else:
+            stream.frames.pop(key, None)
         if prev is None:  # the first chunk (one frame) passes
             return x
         return self.time_conv.step(torch.cat([prev, x], dim=2), None)
@@ -353,12 +367,14 @@ class Decoder3d(nn.Module):
             for m in rest:
                 x = m.step(x, stream)
             return self.head.step(x, stream)
-        outs = []
+        outs, keep = [], stream.keep
         for a in range(0, x.shape[2], frames_at_once):
+            stream.keep = keep or a + frames_at_once < x.shape[2]  # the next frames read this one's
             y = x[:, :, a : a + frames_at_once]
             for m in rest:
                 y = m.step(y, stream)
             outs.append(self.head.step(y, stream))
+        stream.keep = keep
         del x
         return torch.cat(outs, dim=2)
 

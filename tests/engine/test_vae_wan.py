@@ -99,6 +99,29 @@ def test_chunking_is_exact_and_tiles_are_seamless(which, request):
     assert psnr(tiled, want) >= 35
 
 
+@pytest.mark.parametrize("which", ["wan21", "wan22"])
+def test_the_last_chunk_keeps_no_frames_and_gives_the_same_result(which, request):
+    """Nothing runs after a clip's (or a tile's) last chunk: its convolutions keep no frames, and the
+    frames-at-once path still carries them between its own groups of frames."""
+    from engine.vae.wan import Stream
+
+    _, mine = request.getfixturevalue(which)
+    torch.manual_seed(3)
+    z = torch.randn(1, mine.latent_channels, 2, 32 // mine.downscale, 48 // mine.downscale)
+    with torch.inference_mode():
+        h = mine.decode_head(z, Stream())
+        want = mine.decode_up(h, Stream())
+        for at_once in (None, 1):
+            last = Stream()
+            last.keep = False
+            got = mine.decode_up(h, last, at_once)
+            assert torch.allclose(got, want, atol=1e-5)
+            assert not last.frames and last.keep is False
+        kept = Stream()
+        mine.decode_up(h, kept)
+        assert kept.frames  # a chunk with more to come keeps them
+
+
 def test_qwen_image_vae_is_the_wan21_network():
     ref = _reference("AutoencoderKLQwenImage", base_dim=16, z_dim=4)
     mine = _mine(ref)
