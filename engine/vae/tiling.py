@@ -286,8 +286,8 @@ def _ramp(n_out: int, a: int, b: int, lo_edge: bool, hi_edge: bool, band: int, s
 # Here a tile carries only its *core* from pass to pass; each pass starts from the core plus the halo
 # that pass's own convolutions need (1-2 px for an AutoencoderKL pass between two GroupNorms), taken
 # from the neighbours' cores of the previous pass. The cores are then the whole pass's values, the
-# halo is discarded, and nothing is feathered. A pass without a GroupNorm to stop at is cut (a
-# "sync" barrier) once its halo would exceed MAX_HALO_PX at its own resolution.
+# halo is discarded, and nothing is feathered. A stretch without a GroupNorm to stop at is cut into
+# passes where a pass's halo would exceed MAX_HALO_PX at its own resolution.
 
 MAX_HALO_PX = 2
 
@@ -326,14 +326,18 @@ def _stride(s: tuple) -> int:
 
 def _need(steps: list[tuple]) -> int:
     """The halo (px at the input's resolution) `steps` need for their output's core to be exact:
-    walked backwards, an entry popped from the skip stack needs the halo x has where it is added."""
+    walked backwards, an entry popped from the skip stack needs the halo x has where it is added
+    (the needs of entries still to be pushed, walking back, follow the resolution as x's does)."""
     need, popped = 0, []
     for s in reversed(steps):
         op = s[0]
         if op == "module":
             need = _module_halo(s[1], need)
+            st = _stride(s)
+            popped = [v * st for v in popped]
         elif op == "up2":
             need = -(-need // 2)
+            popped = [-(-v // 2) for v in popped]
         elif op == "pop_add":
             popped.append(need if s[1] is None else _module_halo(s[1], need))
         elif op == "push":
