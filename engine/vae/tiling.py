@@ -11,7 +11,7 @@ image is too large, so process memory stays bounded by one tile whatever the ima
 
 Context is exchanged, not carried: each pass starts from a tile's core plus only the halo its own
 convolutions reach (1-2 px between two GroupNorms), filled from the neighbours' cores of the pass
-before (see "halo exchange" below). Every core is then the whole pass's value, whatever the overlap
+before (engine.vae.halo). Every core is then the whole pass's value, whatever the overlap
 (up to the convolutions' blocking: 2e-6 at most, 130 dB), nothing is computed twice but the thin
 halos, and nothing needs feathering; the overlap only sets the cores' size (`plan_tiles`).
 """
@@ -31,6 +31,7 @@ from .. import ops
 from ..jobs import CancelToken, Progress, Report, TileDone, no_report
 from ..memory import trim_heap
 from .choice import Tile, plan_tiles  # noqa: F401  (plan_tiles: the tiles run_tiled is given)
+from .halo import Exchange, Plan, box, core_in, cut, gather
 
 
 class TileStore:
@@ -189,11 +190,6 @@ def _conv_rows(conv: nn.Conv2d, x: torch.Tensor, up: bool) -> torch.Tensor:
     return out
 
 
-def _split(state: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """A stored tile state [x, *stack] as ([x], stack), keeping no other reference to x."""
-    return state[:1], state[1:]
-
-
 def _add_conv_rows(x: torch.Tensor, conv: nn.Conv2d, r: torch.Tensor) -> None:
     """x += conv(r), in bands of rows as _conv_rows computes them (the same sums, added in place)."""
     n, _, hh, ww = r.shape
@@ -278,198 +274,6 @@ def _ramp(n_out: int, a: int, b: int, lo_edge: bool, hi_edge: bool, band: int, s
     return w
 
 
-# ---- halo exchange -----------------------------------------------------------------------------------
-# A tile computes its core plus a halo of context, and a convolution near the halo's outer edge reads
-# zero padding where the whole image has data: the error moves inward by the kernel's reach with each
-# convolution. Carrying one context wide enough for the whole network (the overlap's) costs its area
-# at every layer: 1.3x the image at 1024^2 with 512-px tiles, 3.5x with the window's 128-px tiles.
-# Here a tile carries only its *core* from pass to pass; each pass starts from the core plus the halo
-# that pass's own convolutions need (1-2 px for an AutoencoderKL pass between two GroupNorms), taken
-# from the neighbours' cores of the previous pass. The cores are then the whole pass's values, the
-# halo is discarded, and nothing is feathered. A stretch without a GroupNorm to stop at is cut into
-# passes where a pass's halo would exceed MAX_HALO_PX at its own resolution.
-
-MAX_HALO_PX = 2
-
-
-def _conv_halo(m: nn.Conv2d, need: int) -> int:
-    """The input halo (px per side) a convolution needs for `need` px of exact output per side."""
-    out = 0
-    for d in range(2):
-        k, st, dil = m.kernel_size[d], m.stride[d], m.dilation[d]
-        reach = dil * (k - 1)
-        p = reach // 2 if isinstance(m.padding, str) else m.padding[d]
-        out = max(out, st * need + max(p, reach - p))
-    return out
-
-
-def _module_halo(m: nn.Module, need: int) -> int:
-    """The input halo of a module for `need` px of exact output: a convolution's own, or, for a
-    composite of stride-1 convolutions and pointwise layers, `need` plus every convolution's reach
-    (an upper bound of its longest path). A layer that mixes the whole image cannot be tiled."""
-    if isinstance(m, nn.Conv2d):
-        return _conv_halo(m, need)
-    halo = need
-    for c in m.modules():
-        if isinstance(c, (nn.GroupNorm, nn.LayerNorm, nn.MultiheadAttention, nn.Upsample)):
-            raise ValueError(f"{type(c).__name__} inside a tiled step mixes the whole image")
-        if isinstance(c, nn.Conv2d):
-            if c.stride != (1, 1):
-                raise ValueError("a strided convolution inside a composite tiled step")
-            halo += _conv_halo(c, 0)
-    return halo
-
-
-def _stride(s: tuple) -> int:
-    return s[1].stride[0] if s[0] == "module" and isinstance(s[1], nn.Conv2d) else 1
-
-
-def _need(steps: list[tuple]) -> int:
-    """The halo (px at the input's resolution) `steps` need for their output's core to be exact:
-    walked backwards, an entry popped from the skip stack needs the halo x has where it is added
-    (the needs of entries still to be pushed, walking back, follow the resolution as x's does)."""
-    need, popped = 0, []
-    for s in reversed(steps):
-        op = s[0]
-        if op == "module":
-            need = _module_halo(s[1], need)
-            st = _stride(s)
-            popped = [v * st for v in popped]
-        elif op == "up2":
-            need = -(-need // 2)
-            popped = [-(-v // 2) for v in popped]
-        elif op == "pop_add":
-            popped.append(need if s[1] is None else _module_halo(s[1], need))
-        elif op == "push":
-            need = max(need, popped.pop() if popped else 0)
-    return max([need, *popped])
-
-
-def _cut(steps: list[tuple]) -> list[list[tuple]]:
-    """The passes: a new one at every GroupNorm (its statistics are the whole image's) and, within
-    a pass, before a step that would take its halo beyond MAX_HALO_PX."""
-    segs: list[list[tuple]] = [[]]
-    for s in steps:
-        gn = s[0] == "gn" and segs[-1]
-        wide = s[0] == "module" and any(t[0] == "module" for t in segs[-1])
-        if gn or (wide and _need(segs[-1] + [s]) > MAX_HALO_PX):
-            # an upsample or a bottom/right zero pad belongs to the convolution after it (stored
-            # before the upsample, a state is a quarter of the size)
-            lead = []
-            while segs[-1] and segs[-1][-1][0] in ("up2", "pad_br"):
-                lead.insert(0, segs[-1].pop())
-            segs.append(lead)
-        segs[-1].append(s)
-    return [seg for seg in segs if seg]
-
-
-class _Plan:
-    """Per pass: the scale (px per latent unit) and halo of x at its start; of each entry of the skip
-    stack (bottom first) its scale and halo, and whether the pass pops it (`touch`: an entry the pass
-    only carries is never loaded); and per entry at the pass's end, its scale and the halo it was
-    made with (`kept`)."""
-
-    def __init__(self, segs: list[list[tuple]], in_scale: float):
-        self.x: list[tuple[float, int]] = []
-        self.stack: list[list[tuple[float, int]]] = []
-        self.touch: list[list[bool]] = []
-        self.kept: list[list[tuple[float, int]]] = []
-        scale, held = float(in_scale), []  # held: (scale, halo made with) per stack entry
-        for seg in segs:
-            strided = 1
-            for s in seg:
-                strided *= _stride(s)
-            # Region offsets scale with the resolution: a stride-2 convolution must start on an even
-            # pixel of its input, so the halo is a multiple of the strides ahead in the pass.
-            halo = -(-_need(seg) // strided) * strided
-            entry_halo = [0] * len(held)
-            touch = [False] * len(held)
-            marks: list[int | None] = list(range(len(held)))
-            end = list(held)
-            sc = scale
-            for s in seg:
-                op = s[0]
-                if op == "up2":
-                    sc *= 2
-                elif op == "scale":
-                    sc *= s[1]
-                elif op == "push":
-                    marks.append(None)
-                    end.append((sc, round(halo * sc / scale)))
-                elif op == "pop_add":
-                    j = marks.pop()
-                    end.pop()
-                    if j is not None:  # an entry from an earlier pass: as wide as x where it is added
-                        if held[j][0] != sc:
-                            raise ValueError("a skip added at another resolution than it was pushed at")
-                        entry_halo[j], touch[j] = round(halo * sc / scale), True
-            self.x.append((scale, halo))
-            self.stack.append([(h[0], e) for h, e in zip(held, entry_halo, strict=True)])
-            self.touch.append(touch)
-            self.kept.append([(sc, round(halo * sc / scale)), *end])
-            scale, held = sc, end
-        self.end_scale = scale
-        self.end_depth = len(held)
-
-    def next_use(self, p: int, k: int) -> tuple[int, int]:
-        """The pass after p that next loads entry k of p's end state (0: x), and the halo it needs."""
-        if k == 0:
-            return p + 1, self.x[p + 1][1]
-        for q in range(p + 1, len(self.x)):
-            if self.touch[q][k - 1]:
-                return q, self.stack[q][k - 1][1]
-        raise ValueError("a skip entry that is never added")
-
-
-def _span(c0: int, c1: int, scale: float, halo: int, n: int) -> tuple[int, int]:
-    """Rows (or columns) [a, b) at `scale` of a core [c0, c1) (latent units) plus `halo`, clipped to
-    the image's n latent units."""
-    return max(0, round(c0 * scale) - halo), min(round(n * scale), round(c1 * scale) + halo)
-
-
-def _box(t: Tile, scale: float, halo: int, hw: tuple[int, int]) -> tuple[int, int, int, int]:
-    y0, y1, x0, x1 = t.core
-    return (*_span(y0, y1, scale, halo, hw[0]), *_span(x0, x1, scale, halo, hw[1]))
-
-
-class _Exchange:
-    """The strips of each tile's core that its neighbours' next pass reads as halo: copied out
-    (small) when a tile's pass ends, so a core is needed by its own tile only and leaves the store
-    when that tile runs again."""
-
-    def __init__(self, tiles: list[Tile], hw: tuple[int, int], reach: int):
-        self.tiles, self.hw = tiles, hw
-        self.strips: dict[tuple[int, int, int], list[tuple[int, int, torch.Tensor]]] = {}
-        # the tiles whose core may lie in tile i's halo: within `reach` latent units of its core
-        self.near = [
-            [j for j, b in enumerate(tiles) if j != i and _near(a.core, b.core, reach)]
-            for i, a in enumerate(tiles)
-        ]
-
-    def give(self, p: int, i: int, k: int, core: torch.Tensor, scale: float, halo: int) -> None:
-        """Tile i's core of state entry k (at `scale`) as its neighbours' halos of `halo` px in pass
-        p (a neighbour may still have to run the pass before: strips are kept per pass)."""
-        if halo <= 0:
-            return
-        mine = _box(self.tiles[i], scale, 0, self.hw)
-        for j in self.near[i]:
-            want = _box(self.tiles[j], scale, halo, self.hw)
-            y0, y1 = max(mine[0], want[0]), min(mine[1], want[1])
-            x0, x1 = max(mine[2], want[2]), min(mine[3], want[3])
-            if y0 < y1 and x0 < x1:
-                part = core[:, :, y0 - mine[0] : y1 - mine[0], x0 - mine[2] : x1 - mine[2]].clone()
-                self.strips.setdefault((p, j, k), []).append((y0 - want[0], x0 - want[2], part))
-
-    def take(self, out: torch.Tensor, p: int, j: int, k: int) -> None:
-        """Write what tile j's neighbours gave for entry k of pass p into `out` (tile j's region)."""
-        for dy, dx, part in self.strips.pop((p, j, k), ()):
-            out[:, :, dy : dy + part.shape[2], dx : dx + part.shape[3]] = part
-
-
-def _near(a: tuple[int, int, int, int], b: tuple[int, int, int, int], m: int) -> bool:
-    return b[0] < a[1] + m and a[0] - m < b[1] and b[2] < a[3] + m and a[2] - m < b[3]
-
-
 def run_tiled(
     x_whole: torch.Tensor,
     steps: list[tuple],
@@ -492,8 +296,8 @@ def run_tiled(
     cores of the pass before, and assemble the cores (their union is the image, each pixel once).
     Tiles of the same shape run together as one batch of up to `batch_px` output pixels (0: one at a
     time). On the CPU, free heap beyond `trim_slack` bytes is handed back after each batch."""
-    segs = _cut(steps)
-    plan = _Plan(segs, in_scale)
+    segs = cut(steps)
+    plan = Plan(segs, in_scale)
     if round(plan.end_scale) != out_scale or plan.end_depth:
         raise ValueError("the steps do not end at the output's resolution with an empty skip stack")
     n, dev = x_whole.shape[0], x_whole.device
@@ -504,7 +308,7 @@ def run_tiled(
     px = max(in_scale, out_scale)  # image pixels per latent unit, either way
     batches = batch_tiles(tiles, px, batch_px)
     reach = max([h / sc for sc, h in plan.x] + [h / sc for st in plan.stack for sc, h in st])
-    ex = _Exchange(tiles, hw, max(1, math.ceil(reach)))
+    ex = Exchange(tiles, hw, max(1, math.ceil(reach)))
     cpu = dev.type == "cpu"
     try:
         for p, seg in enumerate(segs):
@@ -522,7 +326,7 @@ def run_tiled(
                     want = [(scale, halo), *plan.stack[p]]
                     stored = store.get(b, wanted)
                     kept = [h for _, h in plan.kept[p - 1]]
-                    held, stack = _gather(stored, kept, want, ex, p, tiles, batch, hw, n)
+                    held, stack = gather(stored, kept, want, ex, p, tiles, batch, hw, n)
                     del stored
                 bstats = None if stats is None else tuple(v.repeat(len(batch), 1) for v in stats)
                 # x may be overwritten in place unless it is (a view of) a tensor on the skip stack
@@ -530,8 +334,8 @@ def run_tiled(
                 x, end = _run_steps(seg, held, stack, scale, bstats, own=own)
                 if last:
                     for j, i in enumerate(batch):
-                        ys, xs = _core_in(tiles[i], end, halo * end / scale, hw)
-                        y0, y1, x0, x1 = _box(tiles[i], end, 0, hw)
+                        ys, xs = core_in(tiles[i], end, halo * end / scale, hw)
+                        y0, y1, x0, x1 = box(tiles[i], end, 0, hw)
                         out[:, :, y0:y1, x0:x1] = x[j * n : (j + 1) * n, :, ys, xs]
                 else:
                     groups = segs[p + 1][0][1].num_groups if segs[p + 1][0][0] == "gn" else 0
@@ -541,7 +345,7 @@ def run_tiled(
                         for k, (t, (sc, h)) in enumerate(zip(state, kept, strict=True)):
                             if t is None:  # carried, still in the store: its strips were given
                                 continue
-                            ys, xs = _core_in(tiles[i], sc, h, hw)
+                            ys, xs = core_in(tiles[i], sc, h, hw)
                             core = t[j * n : (j + 1) * n, :, ys, xs]
                             q, want = plan.next_use(p, k)
                             ex.give(q, i, k, core, sc, want)
@@ -580,46 +384,12 @@ def run_tiled(
     return out
 
 
-def _core_in(t: Tile, scale: float, halo: float, hw: tuple[int, int]) -> tuple[slice, slice]:
-    """Where tile t's core lies in a tensor holding its core plus `halo` px at `scale`."""
-    h = round(halo)
-    y0, y1, x0, x1 = _box(t, scale, 0, hw)
-    a, _, c, _ = _box(t, scale, h, hw)
-    return slice(y0 - a, y1 - a), slice(x0 - c, x1 - c)
-
-
-def _gather(stored, kept, want, ex, p, tiles, batch, hw, n):
-    """The batch's state for pass p: each entry loaded (None: one the pass only carries) its core
-    plus the halo pass p needs. Where the stored tensor (kept with `kept` px of halo) holds at least
-    that, it or a view of it; else a new tensor with the stored one copied in. Then the halo is
-    overwritten with the neighbours' strips."""
-    out = []
-    t0 = tiles[batch[0]]
-    for k, ((sc, h), t, e) in enumerate(zip(want, stored, kept, strict=True)):
-        if t is None:
-            out.append(None)
-            continue
-        have, need = _box(t0, sc, e, hw), _box(t0, sc, h, hw)
-        if have == need:
-            view = t
-        elif h <= e:
-            view = t[:, :, need[0] - have[0] : need[1] - have[0], need[2] - have[2] : need[3] - have[2]]
-        else:
-            view = t.new_empty(t.shape[0], t.shape[1], need[1] - need[0], need[3] - need[2])
-            view[:, :, have[0] - need[0] : have[1] - need[0], have[2] - need[2] : have[3] - need[2]] = t
-        if h > 0:
-            for j, i in enumerate(batch):
-                ex.take(view[j * n : (j + 1) * n], p, i, k)
-        out.append(view)
-    return out[:1], out[1:]
-
-
 def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _crop(x_whole: torch.Tensor, t: Tile, scale: float, halo: int, hw: tuple[int, int]) -> torch.Tensor:
-    y0, y1, x0, x1 = _box(t, scale, halo, hw)
+    y0, y1, x0, x1 = box(t, scale, halo, hw)
     return x_whole[:, :, y0:y1, x0:x1]
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from vae_fixtures import small_kl, small_taesd
 
-from engine.vae import decode, encode, tiling
+from engine.vae import decode, encode, halo, tiling
 from engine.vae.run import RunInfo
 
 
@@ -45,19 +45,19 @@ def test_taesd_tiles_equal_the_whole_decode_with_small_tiles():
 
 
 def test_passes_need_thin_halos_and_cut_where_nothing_else_would():
-    kl = tiling._cut(small_kl(seed=0).decode_steps())
-    plan = tiling._Plan(kl, 1)
+    kl = halo.cut(small_kl(seed=0).decode_steps())
+    plan = halo.Plan(kl, 1)
     assert all(s[0] == "gn" for seg in kl[1:] for s in seg[:1])  # cut at the GroupNorms only
     assert max(h for _, h in plan.x) == 2 and plan.end_scale == 8 and plan.end_depth == 0
     steps = small_taesd("taesd", 4).decode_steps()  # no GroupNorm: one pass, without the cuts
-    taesd = tiling._cut(steps)
+    taesd = halo.cut(steps)
     assert len(taesd) > 6 and sum(len(s) for s in taesd) == len(steps)
-    assert all(tiling._need(seg) <= tiling.MAX_HALO_PX or _modules(seg) == 1 for seg in taesd)
+    assert all(halo.need(seg) <= halo.MAX_HALO_PX or _modules(seg) == 1 for seg in taesd)
     assert all(seg[-1][0] == "module" for seg in taesd)  # never stored just after an upsample
-    enc = tiling._cut(small_kl(seed=0).encode_steps())
-    for seg, (_, halo) in zip(enc, tiling._Plan(enc, 8).x, strict=True):
-        if any(tiling._stride(s) == 2 for s in seg):  # a stride-2 conv starts on an even pixel
-            assert halo % 2 == 0 and seg[0][0] == "pad_br"
+    enc = halo.cut(small_kl(seed=0).encode_steps())
+    for seg, (_, width) in zip(enc, halo.Plan(enc, 8).x, strict=True):
+        if any(halo.stride(s) == 2 for s in seg):  # a stride-2 conv starts on an even pixel
+            assert width % 2 == 0 and seg[0][0] == "pad_br"
 
 
 def _modules(seg):
@@ -67,7 +67,7 @@ def _modules(seg):
 def test_a_whole_image_layer_inside_a_step_is_refused():
     block = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.GroupNorm(2, 4))
     with pytest.raises(ValueError, match="GroupNorm"):
-        tiling._need([("module", block)])
+        halo.need([("module", block)])
 
 
 def test_disk_store_keeps_a_carried_entry_without_reading_or_writing_it(tmp_path, monkeypatch):

@@ -1,0 +1,237 @@
+"""Halo exchange: what lets tiles agree with the whole pass without carrying the overlap as context.
+
+A tile computes its core plus a halo of context, and a convolution near the halo's outer edge reads
+zero padding where the whole image has data: the error moves inward by the kernel's reach with each
+convolution. Carrying one context wide enough for the whole network (the overlap's) costs its area
+at every layer: 1.3x the image at 1024^2 with 512-px tiles, 3.5x with the window's 128-px tiles.
+Here a tile carries only its *core* from pass to pass; each pass starts from the core plus the halo
+that pass's own convolutions need (1-2 px for an AutoencoderKL pass between two GroupNorms), taken
+from the neighbours' cores of the previous pass. The cores are then the whole pass's values, the
+halo is discarded, and nothing is feathered. A stretch without a GroupNorm to stop at is cut into
+passes where a pass's halo would exceed MAX_HALO_PX at its own resolution.
+
+This module plans the passes and their halos from a step list (`cut`, `Plan`), places tiles' boxes
+(`box`, `core_in`) and moves the strips between neighbours (`Exchange`, `gather`); the executor that
+runs the passes is engine.vae.tiling.run_tiled.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .choice import Tile
+
+MAX_HALO_PX = 2
+
+
+def _conv_halo(m: nn.Conv2d, need: int) -> int:
+    """The input halo (px per side) a convolution needs for `need` px of exact output per side."""
+    out = 0
+    for d in range(2):
+        k, st, dil = m.kernel_size[d], m.stride[d], m.dilation[d]
+        reach = dil * (k - 1)
+        p = reach // 2 if isinstance(m.padding, str) else m.padding[d]
+        out = max(out, st * need + max(p, reach - p))
+    return out
+
+
+def _module_halo(m: nn.Module, need: int) -> int:
+    """The input halo of a module for `need` px of exact output: a convolution's own, or, for a
+    composite of stride-1 convolutions and pointwise layers, `need` plus every convolution's reach
+    (an upper bound of its longest path). A layer that mixes the whole image cannot be tiled."""
+    if isinstance(m, nn.Conv2d):
+        return _conv_halo(m, need)
+    halo = need
+    for c in m.modules():
+        if isinstance(c, (nn.GroupNorm, nn.LayerNorm, nn.MultiheadAttention, nn.Upsample)):
+            raise ValueError(f"{type(c).__name__} inside a tiled step mixes the whole image")
+        if isinstance(c, nn.Conv2d):
+            if c.stride != (1, 1):
+                raise ValueError("a strided convolution inside a composite tiled step")
+            halo += _conv_halo(c, 0)
+    return halo
+
+
+def stride(s: tuple) -> int:
+    return s[1].stride[0] if s[0] == "module" and isinstance(s[1], nn.Conv2d) else 1
+
+
+def need(steps: list[tuple]) -> int:
+    """The halo (px at the input's resolution) `steps` need for their output's core to be exact:
+    walked backwards, an entry popped from the skip stack needs the halo x has where it is added
+    (the needs of entries still to be pushed, walking back, follow the resolution as x's does)."""
+    need, popped = 0, []
+    for s in reversed(steps):
+        op = s[0]
+        if op == "module":
+            need = _module_halo(s[1], need)
+            st = stride(s)
+            popped = [v * st for v in popped]
+        elif op == "up2":
+            need = -(-need // 2)
+            popped = [-(-v // 2) for v in popped]
+        elif op == "pop_add":
+            popped.append(need if s[1] is None else _module_halo(s[1], need))
+        elif op == "push":
+            need = max(need, popped.pop() if popped else 0)
+    return max([need, *popped])
+
+
+def cut(steps: list[tuple]) -> list[list[tuple]]:
+    """The passes: a new one at every GroupNorm (its statistics are the whole image's) and, within
+    a pass, before a step that would take its halo beyond MAX_HALO_PX."""
+    segs: list[list[tuple]] = [[]]
+    for s in steps:
+        gn = s[0] == "gn" and segs[-1]
+        wide = s[0] == "module" and any(t[0] == "module" for t in segs[-1])
+        if gn or (wide and need(segs[-1] + [s]) > MAX_HALO_PX):
+            # an upsample or a bottom/right zero pad belongs to the convolution after it (stored
+            # before the upsample, a state is a quarter of the size)
+            lead = []
+            while segs[-1] and segs[-1][-1][0] in ("up2", "pad_br"):
+                lead.insert(0, segs[-1].pop())
+            segs.append(lead)
+        segs[-1].append(s)
+    return [seg for seg in segs if seg]
+
+
+class Plan:
+    """Per pass: the scale (px per latent unit) and halo of x at its start; of each entry of the skip
+    stack (bottom first) its scale and halo, and whether the pass pops it (`touch`: an entry the pass
+    only carries is never loaded); and per entry at the pass's end, its scale and the halo it was
+    made with (`kept`)."""
+
+    def __init__(self, segs: list[list[tuple]], in_scale: float):
+        self.x: list[tuple[float, int]] = []
+        self.stack: list[list[tuple[float, int]]] = []
+        self.touch: list[list[bool]] = []
+        self.kept: list[list[tuple[float, int]]] = []
+        scale, held = float(in_scale), []  # held: (scale, halo made with) per stack entry
+        for seg in segs:
+            strided = 1
+            for s in seg:
+                strided *= stride(s)
+            # Region offsets scale with the resolution: a stride-2 convolution must start on an even
+            # pixel of its input, so the halo is a multiple of the strides ahead in the pass.
+            halo = -(-need(seg) // strided) * strided
+            entry_halo = [0] * len(held)
+            touch = [False] * len(held)
+            marks: list[int | None] = list(range(len(held)))
+            end = list(held)
+            sc = scale
+            for s in seg:
+                op = s[0]
+                if op == "up2":
+                    sc *= 2
+                elif op == "scale":
+                    sc *= s[1]
+                elif op == "push":
+                    marks.append(None)
+                    end.append((sc, round(halo * sc / scale)))
+                elif op == "pop_add":
+                    j = marks.pop()
+                    end.pop()
+                    if j is not None:  # an entry from an earlier pass: as wide as x where it is added
+                        if held[j][0] != sc:
+                            raise ValueError("a skip added at another resolution than it was pushed at")
+                        entry_halo[j], touch[j] = round(halo * sc / scale), True
+            self.x.append((scale, halo))
+            self.stack.append([(h[0], e) for h, e in zip(held, entry_halo, strict=True)])
+            self.touch.append(touch)
+            self.kept.append([(sc, round(halo * sc / scale)), *end])
+            scale, held = sc, end
+        self.end_scale = scale
+        self.end_depth = len(held)
+
+    def next_use(self, p: int, k: int) -> tuple[int, int]:
+        """The pass after p that next loads entry k of p's end state (0: x), and the halo it needs."""
+        if k == 0:
+            return p + 1, self.x[p + 1][1]
+        for q in range(p + 1, len(self.x)):
+            if self.touch[q][k - 1]:
+                return q, self.stack[q][k - 1][1]
+        raise ValueError("a skip entry that is never added")
+
+
+def _span(c0: int, c1: int, scale: float, halo: int, n: int) -> tuple[int, int]:
+    """Rows (or columns) [a, b) at `scale` of a core [c0, c1) (latent units) plus `halo`, clipped to
+    the image's n latent units."""
+    return max(0, round(c0 * scale) - halo), min(round(n * scale), round(c1 * scale) + halo)
+
+
+def box(t: Tile, scale: float, halo: int, hw: tuple[int, int]) -> tuple[int, int, int, int]:
+    y0, y1, x0, x1 = t.core
+    return (*_span(y0, y1, scale, halo, hw[0]), *_span(x0, x1, scale, halo, hw[1]))
+
+
+class Exchange:
+    """The strips of each tile's core that its neighbours' next pass reads as halo: copied out
+    (small) when a tile's pass ends, so a core is needed by its own tile only and leaves the store
+    when that tile runs again."""
+
+    def __init__(self, tiles: list[Tile], hw: tuple[int, int], reach: int):
+        self.tiles, self.hw = tiles, hw
+        self.strips: dict[tuple[int, int, int], list[tuple[int, int, torch.Tensor]]] = {}
+        # the tiles whose core may lie in tile i's halo: within `reach` latent units of its core
+        self.near = [
+            [j for j, b in enumerate(tiles) if j != i and _near(a.core, b.core, reach)]
+            for i, a in enumerate(tiles)
+        ]
+
+    def give(self, p: int, i: int, k: int, core: torch.Tensor, scale: float, halo: int) -> None:
+        """Tile i's core of state entry k (at `scale`) as its neighbours' halos of `halo` px in pass
+        p (a neighbour may still have to run the pass before: strips are kept per pass)."""
+        if halo <= 0:
+            return
+        mine = box(self.tiles[i], scale, 0, self.hw)
+        for j in self.near[i]:
+            want = box(self.tiles[j], scale, halo, self.hw)
+            y0, y1 = max(mine[0], want[0]), min(mine[1], want[1])
+            x0, x1 = max(mine[2], want[2]), min(mine[3], want[3])
+            if y0 < y1 and x0 < x1:
+                part = core[:, :, y0 - mine[0] : y1 - mine[0], x0 - mine[2] : x1 - mine[2]].clone()
+                self.strips.setdefault((p, j, k), []).append((y0 - want[0], x0 - want[2], part))
+
+    def take(self, out: torch.Tensor, p: int, j: int, k: int) -> None:
+        """Write what tile j's neighbours gave for entry k of pass p into `out` (tile j's region)."""
+        for dy, dx, part in self.strips.pop((p, j, k), ()):
+            out[:, :, dy : dy + part.shape[2], dx : dx + part.shape[3]] = part
+
+
+def _near(a: tuple[int, int, int, int], b: tuple[int, int, int, int], m: int) -> bool:
+    return b[0] < a[1] + m and a[0] - m < b[1] and b[2] < a[3] + m and a[2] - m < b[3]
+
+
+def core_in(t: Tile, scale: float, halo: float, hw: tuple[int, int]) -> tuple[slice, slice]:
+    """Where tile t's core lies in a tensor holding its core plus `halo` px at `scale`."""
+    h = round(halo)
+    y0, y1, x0, x1 = box(t, scale, 0, hw)
+    a, _, c, _ = box(t, scale, h, hw)
+    return slice(y0 - a, y1 - a), slice(x0 - c, x1 - c)
+
+
+def gather(stored, kept, want, ex, p, tiles, batch, hw, n):
+    """The batch's state for pass p: each entry loaded (None: one the pass only carries) its core
+    plus the halo pass p needs. Where the stored tensor (kept with `kept` px of halo) holds at least
+    that, it or a view of it; else a new tensor with the stored one copied in. Then the halo is
+    overwritten with the neighbours' strips."""
+    out = []
+    t0 = tiles[batch[0]]
+    for k, ((sc, h), t, e) in enumerate(zip(want, stored, kept, strict=True)):
+        if t is None:
+            out.append(None)
+            continue
+        have, need = box(t0, sc, e, hw), box(t0, sc, h, hw)
+        if have == need:
+            view = t
+        elif h <= e:
+            view = t[:, :, need[0] - have[0] : need[1] - have[0], need[2] - have[2] : need[3] - have[2]]
+        else:
+            view = t.new_empty(t.shape[0], t.shape[1], need[1] - need[0], need[3] - need[2])
+            view[:, :, have[0] - need[0] : have[1] - need[0], have[2] - need[2] : have[3] - need[2]] = t
+        if h > 0:
+            for j, i in enumerate(batch):
+                ex.take(view[j * n : (j + 1) * n], p, i, k)
+        out.append(view)
+    return out[:1], out[1:]
