@@ -26,6 +26,9 @@ K_ACT_TAESD = {"decode": 6 * 64, "encode": 6 * 64}  # TAESD: fixed width 64, ~6 
 K_HEAD = {"kl": 16.0, "taesd": 4 * 64}
 # channels of a tile state waiting in the store (activation plus pending residual) per unit of ch
 K_STORE = {("kl", "decode"): 3.0, ("kl", "encode"): 2.0}
+# TAESD: its tiled part is cut into passes too (engine.vae.halo); a state is one 64-channel activation
+# (its Blocks run whole inside a pass, so nothing is pending), at full resolution in the last passes
+K_STORE_TAESD = 64.0
 # context each tile needs on each side (output pixels) for its core to match the full pass: 32 px
 # gives 53 dB and 64 px 94 dB tiled-vs-full on a random-weight SD-layout decoder (see tests/bench);
 # the encoder's receptive field is wider (its deepest convs see 8 px per tap)
@@ -73,6 +76,8 @@ class VaeSpec:
         return K_HEAD["kl"] * self.ch if self.kind == "kl" else K_HEAD["taesd"]
 
     def k_store(self, direction: str) -> float:
+        if self.kind == "taesd":
+            return K_STORE_TAESD
         return K_STORE[("kl", direction)] * self.ch if self.kind == "kl" else 0.0
 
     def context_px(self, direction: str) -> int:

@@ -44,6 +44,18 @@ def test_taesd_tiles_equal_the_whole_decode_with_small_tiles():
     torch.testing.assert_close(got, encode(vae, x, tiled=False), rtol=0, atol=2e-5)
 
 
+def test_taesd_passes_spill_to_disk_when_the_budget_says_so():
+    """TAESD's tiled part now waits between passes too: its states count in the store's estimate,
+    so a budget too small for them in RAM puts them on disk (and the result is the same)."""
+    vae = small_taesd("taesd", 4, seed=7)
+    z = torch.randn(1, 4, 24, 32, generator=_gen(8))
+    small, roomy = RunInfo(), RunInfo()
+    a = decode(vae, z, tiled=True, tile=64, overlap=16, budget=2 << 20, info=small)
+    b = decode(vae, z, tiled=True, tile=64, overlap=16, budget=1 << 34, info=roomy)
+    assert small.store == "disk" and roomy.store == "ram"
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_passes_need_thin_halos_and_cut_where_nothing_else_would():
     kl = halo.cut(small_kl(seed=0).decode_steps())
     plan = halo.Plan(kl, 1)
