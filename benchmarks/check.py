@@ -58,6 +58,7 @@ DEFAULT = (
     Bench(("bench_patch.py",)),
     Bench(("bench_facade.py",), repeat="--repeat"),
     Bench(("bench_load.py",), repeat="--repeat"),
+    Bench(("bench_conv_gemm.py",), repeat="--repeat"),
     Bench(("bench_gguf_load.py",), repeat="--repeat"),
     Bench(VAE_DEFAULT, repeat="--repeat"),
     Bench(("bench_vae_video.py",), repeat="--repeat"),

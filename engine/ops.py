@@ -170,7 +170,63 @@ class Conv1d(_Conv, nn.Conv1d):
 
 
 class Conv2d(_Conv, nn.Conv2d):
-    pass
+    def _conv_forward(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        if self.padding_mode == "zeros" and conv_as_gemm(
+            x, w, self.stride, self.padding, self.dilation, self.groups
+        ):
+            return gemm_conv2d(x, w, b, self.stride, self.padding)
+        return super()._conv_forward(x, w, b)
+
+
+# On the CPU a convolution over few output positions with many channels is faster as one GEMM over the
+# unfolded input. oneDNN reorders the whole weight into its blocked layout on every call (our weights
+# are never prepacked: they may be streamed, patched or cast per call), a cost in the weight's size
+# that outweighs the arithmetic once the output is small. SD1.5's 3×3 convolutions (2 AVX-512 cores,
+# torch 2.13, benchmarks/bench_conv_gemm.py): 1280->1280 at 8×8 takes 31 -> 15 ms as a GEMM,
+# 2560->1280 at 8×8 60 -> 27 ms, 1920->1280 at 16×16 82 -> 66 ms; but 1280->1280 at 16×16 is
+# 54 -> 47 ms in one run and a loss in another, and at 32×32 a loss (153 -> 183 ms). Hence the rule:
+# at least this many weight elements per output position (all samples of the batch together), which
+# keeps the clear wins only. 1×1 kernels gain nothing (oneDNN's path is a GEMM already). The choice
+# depends only on shapes, never on where the weight lives, so a partial run computes exactly what the
+# full run does.
+GEMM_CONV_MIN_WEIGHT_PER_POSITION = 80_000
+
+
+def _out_size(n: int, k: int, s: int, p: int) -> int:
+    return (n + 2 * p - k) // s + 1
+
+
+def conv_as_gemm(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, groups: int) -> bool:
+    """Whether Conv2d computes this call as unfold + GEMM (see GEMM_CONV_MIN_WEIGHT_PER_POSITION)."""
+    if x.device.type != "cpu" or x.dim() != 4 or x.dtype not in (torch.float32, torch.float64):
+        return False
+    if w.dtype != x.dtype or groups != 1 or tuple(dilation) != (1, 1) or isinstance(padding, str):
+        return False
+    kh, kw = w.shape[2:]
+    if kh * kw == 1:
+        return False
+    positions = _out_size(x.shape[2], kh, stride[0], padding[0]) * _out_size(
+        x.shape[3], kw, stride[1], padding[1]
+    )
+    positions *= x.shape[0]
+    return positions > 0 and w.numel() >= GEMM_CONV_MIN_WEIGHT_PER_POSITION * positions
+
+
+def gemm_conv2d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride, padding) -> torch.Tensor:
+    """conv2d (zero padding, no dilation, one group) as one GEMM over the batch: weight [O, I·kh·kw] @
+    unfold(x) [I·kh·kw, N·L], into NCHW output. The unfolded input is a fraction of the weight here
+    (few positions), less than the blocked copy of the weight oneDNN would make."""
+    n, o = x.shape[0], w.shape[0]
+    kh, kw = w.shape[2:]
+    ho, wo = (
+        _out_size(x.shape[2], kh, stride[0], padding[0]),
+        _out_size(x.shape[3], kw, stride[1], padding[1]),
+    )
+    cols = F.unfold(x, (kh, kw), padding=tuple(padding), stride=tuple(stride))  # [N, K, L]
+    cols = cols.permute(1, 0, 2).reshape(cols.shape[1], n * ho * wo)  # a view when N == 1
+    w2 = w.reshape(o, -1)
+    out = torch.mm(w2, cols) if b is None else torch.addmm(b[:, None], w2, cols)  # [O, N·L]
+    return out.view(o, n, ho * wo).transpose(0, 1).contiguous().view(n, o, ho, wo)
 
 
 class Conv3d(_Conv, nn.Conv3d):

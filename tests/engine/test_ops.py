@@ -96,3 +96,62 @@ def test_castable_modules_and_bytes():
     names = [n for n, _ in ops.castable_modules(m)]
     assert names == ["0", "2"]
     assert ops.module_bytes(m[0]) == (4 * 3 + 3) * 4
+
+
+# -- convolutions over few positions run as one GEMM on the CPU (ops.conv_as_gemm) ----------------------
+
+
+@pytest.mark.parametrize(
+    "cin,cout,size,stride,batch,bias",
+    [(512, 384, 2, 1, 1, True), (512, 384, (3, 2), 1, 3, False), (640, 512, 4, 2, 2, True)],
+)
+def test_a_wide_convolution_over_few_positions_runs_as_a_gemm_and_equals_torchs(
+    cin, cout, size, stride, batch, bias
+):
+    torch.manual_seed(0)
+    op = ops.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=bias)
+    ref = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=bias)
+    _copy(op, ref)
+    h, w = size if isinstance(size, tuple) else (size, size)
+    x = torch.randn(batch, cin, h, w)
+    assert ops.conv_as_gemm(x, op.weight, op.stride, op.padding, op.dilation, op.groups)
+    with torch.no_grad():
+        got, want = op(x), ref(x)
+    assert got.shape == want.shape and got.is_contiguous()
+    assert float((got - want).norm() / want.norm()) < 1e-5  # float32 sums over I·9 terms in another order
+
+
+def test_the_gemm_rule_keeps_torchs_convolution_where_that_is_faster():
+    w = torch.empty(1280, 1280, 3, 3)
+    one = (1, 1)
+
+    def gemm(x, weight=w, stride=one, padding=one, groups=1):
+        return ops.conv_as_gemm(x, weight, stride, padding, one, groups)
+
+    assert gemm(torch.empty(1, 1280, 8, 8))  # SD1.5's lowest level: weight-bound
+    assert gemm(torch.empty(1, 1280, 16, 16), stride=(2, 2))  # its last downsample (8x8 out)
+    assert not gemm(torch.empty(1, 1280, 32, 32))  # enough positions: oneDNN's own path wins
+    assert not gemm(torch.empty(4, 1280, 8, 8))  # the batch's positions count together
+    assert not gemm(torch.empty(1, 1280, 8, 8), weight=torch.empty(1280, 1280, 1, 1))  # 1x1: a GEMM already
+    assert not gemm(torch.empty(1, 1280, 8, 8, dtype=torch.float16), weight=w.half())  # fp16 on the CPU
+    assert not gemm(torch.empty(1, 1280, 8, 8), weight=torch.empty(1280, 640, 3, 3), groups=2)
+    assert not gemm(torch.empty(1280, 8, 8))  # unbatched input
+
+
+def test_the_gemm_convolution_gives_the_same_bits_wherever_the_weight_lives():
+    """A streamed weight is computed from other memory than the resident one (at the same alignment):
+    the result must not change, or a partial run would not equal the full run."""
+    torch.manual_seed(1)
+    op = ops.Conv2d(512, 256, 3, padding=1)
+    x = torch.randn(1, 512, 3, 3)
+    with torch.no_grad():
+        op.weight.copy_(torch.randn(op.weight.shape) / 48)  # FromFile ops start uninitialised
+        op.bias.copy_(torch.randn(256))
+        want = op(x)
+        block = torch.empty(op.weight.numel() + 64, dtype=torch.float32)
+        shift = (op.weight.data_ptr() % 64 - block.data_ptr() % 64) % 64 // 4
+        moved = block[shift : shift + op.weight.numel()].view_as(op.weight)
+        moved.copy_(op.weight)
+        assert moved.data_ptr() % 64 == op.weight.data_ptr() % 64
+        op.weight = nn.Parameter(moved, requires_grad=False)
+        assert torch.equal(op(x), want)

@@ -243,3 +243,20 @@ def test_on_the_cpu_a_partial_run_maps_its_streamed_modules_instead_of_copying_t
     assert r.mode == "partial" and torch.equal(got, want)
     assert sum(mapped) >= r.streamed_bytes_per_step > 0  # every streamed module mapped, each step
     assert not copied
+
+
+def test_a_partial_run_equals_the_full_run_with_convolutions_as_gemms(files, tmp_path, monkeypatch):
+    """The tiny UNet's convolutions are far under the GEMM rule's threshold; lowered to 1, every 3×3
+    convolution runs as unfold + GEMM, streamed weights included, and the partial run still gives the
+    full run's bits."""
+    from engine import ops
+
+    calls = []
+    gemm = ops.gemm_conv2d
+    monkeypatch.setattr(ops, "GEMM_CONV_MIN_WEIGHT_PER_POSITION", 1)
+    monkeypatch.setattr(ops, "gemm_conv2d", lambda *a: calls.append(1) or gemm(*a))
+    full, want = _run(files, tmp_path, name="full", steps=1)
+    assert calls and full.mode == "full"
+    r, got = _run(files, tmp_path, 0.0, name="none", steps=2)
+    assert r.mode == "partial" and r.streamed_bytes_per_step > 0
+    assert torch.equal(got, want)
