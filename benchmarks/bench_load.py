@@ -3,10 +3,15 @@
 Baseline ("load_file + copy"): safetensors.torch.load_file(path), then every tensor copied into a module
 whose parameters were allocated beforehand — what load_state_dict does. Ours: build the components from
 the header (parameters are zero-copy mmap views: the disk tier), then Residency.load() module by module
-(one pread per tensor, straight into per-module anonymous memory). Cold = the file's pages dropped from
-the page cache first (posix_fadvise DONTNEED, this file only); warm = cached.
+(each module's span of the file mapped privately and populated: the page-cache pages themselves). Cold =
+the file's pages dropped from the page cache first (posix_fadvise DONTNEED, this file only); warm =
+cached. Every timed load, on either side, starts from a collected and trimmed heap, and the baseline's
+parameters are faulted in before its clock starts (a built model's are): glibc otherwise handed the
+baseline its previous round's freed pages in some rounds and fresh ones in others, and its warm copy
+took 0.33 s or 0.93 s with the order the loads ran in.
 
-Lines: build_disk_tier, load_cold, load_warm, unload, partial_load_50pct (+ what each tier costs).
+Lines: build_disk_tier, load_cold, load_warm, unload, load_uss_vs_ledger, partial_load_50pct (each a
+best over the rounds).
 Usage: bench_load.py [--gb SIZE] [--repeat N]  (default: the whole SD1.5 layout, ~2.1 GB, 2 rounds).
 """
 
@@ -71,6 +76,14 @@ def drop_cache(path: Path) -> None:
         os.close(fd)
 
 
+def settle() -> None:
+    """The same starting heap for every timed load: garbage collected, free heap pages handed back."""
+    from engine.memory import trim_heap
+
+    gc.collect()
+    trim_heap()
+
+
 def baseline(path: Path, keys: set | None = None) -> tuple[float, dict]:
     """load_file, then copy each tensor (or only `keys`) into pre-allocated module parameters — the
     work of load_state_dict."""
@@ -82,7 +95,10 @@ def baseline(path: Path, keys: set | None = None) -> tuple[float, dict]:
 
     h = read_header(path)
     want = [k for k in h.tensors if keys is None or k in keys]
+    settle()
     params = {k: torch.empty(h.tensors[k].shape, dtype=torch_dtype(h.tensors[k].dtype)) for k in want}
+    for p in params.values():  # untimed: a built model's parameters exist, their pages faulted in
+        p.fill_(0)
     t = time.perf_counter()
     sd = load_file(str(path))
     with torch.no_grad():
@@ -97,6 +113,7 @@ def ours(path: Path, budget: int | None = None):
     from engine.model import build_components
     from engine.residency import Policy, Residency
 
+    settle()
     t = time.perf_counter()
     comps = build_components(path, PREFIXES)
     t_build = time.perf_counter() - t
@@ -125,8 +142,11 @@ def main() -> None:
         gb = size / 1e9
         # Rounds alternate baseline and ours so both see the same machine load; the best round counts.
         best = {
-            k: float("inf") for k in ("b_cold", "o_cold", "b_warm", "o_warm", "b_free", "o_free", "build")
+            k: float("inf")
+            for k in ("b_cold", "o_cold", "b_warm", "o_warm", "b_free", "o_free", "build", "o_part", "b_part")
         }
+        resident: set | None = None
+        part_bytes = 0
         freed = 0
         for _ in range(a.repeat):
             drop_cache(path)  # cold: this file's pages out of the page cache
@@ -153,7 +173,17 @@ def main() -> None:
             best["build"] = min(best["build"], build)
             m.unload_all()
             del m, comps
-            gc.collect()
+            # partial, warm: half the bytes allowed; the baseline copies the same modules' tensors
+            build, o_part, m, comps = ours(path, budget=size // 2)
+            best["o_part"] = min(best["o_part"], build + o_part)
+            got = {k for c in comps.values() for u in c.units if u.tier == "device" for k in u.keys.values()}
+            assert resident is None or got == resident, "the plan changed between rounds"
+            resident, part_bytes = got, m.snapshot().device_bytes
+            m.unload_all()
+            del m, comps
+            dt, params = baseline(path, resident)
+            best["b_part"] = min(best["b_part"], dt)
+            del params
         common = dict(baseline="load_file + copy", bytes=size, rounds=a.repeat)
         # The issue's goals: every load at most as slow as load_file + copy (issue 14).
         record(
@@ -191,11 +221,12 @@ def main() -> None:
 
         proc = psutil.Process()
         build, _, m, comps = ours(path)
+        settle()  # garbage of the rounds above is not the load's (in some runs it was 0.4 GB)
         loaded_uss = proc.memory_full_info().uss
         ledger = sum(c.tier_bytes()["device"] for c in comps.values())
         m.unload_all()
         del m, comps
-        gc.collect()
+        settle()
         base_uss = proc.memory_full_info().uss
         record(
             "load_uss_vs_ledger",
@@ -232,24 +263,17 @@ def main() -> None:
         )
         del sd, comps
         gc.collect()
-        # partial load under half the bytes
-        build, o_part, m, comps = ours(path, budget=size // 2)
-        snap = m.snapshot()
-        resident = {k for c in comps.values() for u in c.units if u.tier == "device" for k in u.keys.values()}
-        b_part, params = baseline(path, resident)
-        del params
         record(
             "partial_load_50pct",
-            build + o_part,
+            best["o_part"],
             "s",
             baseline="load_file + copy of the same resident modules (warm)",
-            baseline_value=b_part,
+            baseline_value=best["b_part"],
             goal=1.0,
             budget=size // 2,
-            resident=snap.device_bytes,
-            streamed=sum(c.disk_bytes for c in snap.components),
+            resident=part_bytes,
+            rounds=a.repeat,
         )
-        m.unload_all()
 
 
 if __name__ == "__main__":
