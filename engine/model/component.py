@@ -271,7 +271,6 @@ class Component:
     def _map_host(self, u: Unit, tier: str, held) -> int:
         """The unit's RAM copy as a populated private mapping of its bytes in the file (see
         transfer.FileBlock): its tensors keep the file's dtype, so nothing needs converting."""
-        self._advise_after(u)
         block = self.file_block(u)
         out = {
             attr: block.view(self.data_start + info.begin, dt, shape)
@@ -284,17 +283,6 @@ class Component:
             old.release()
         self._flags(u)
         return sum(v.numel() * v.element_size() for v in out.values())
-
-    _READ_AHEAD = 64 << 20
-
-    def _advise_after(self, u: Unit) -> None:
-        """Cold loads read units in file order: ask the kernel for the next 64 MiB past this unit's
-        tensors while they are copied (once per stretch of the file)."""
-        end = self.data_start + max(i.end for i in u.infos.values())
-        start = max(end, getattr(self, "_advised_to", 0))
-        if start < end + self._READ_AHEAD // 2:
-            transfer.advise_willneed(self._fd, start, end + self._READ_AHEAD - start)
-            self._advised_to = end + self._READ_AHEAD
 
     def _to_device(self, u: Unit, copier) -> int:
         import torch
