@@ -7,9 +7,9 @@
 * A RAM copy that keeps the file's dtype and is not page-locked is a ``FileBlock``: a private mapping of
   the unit's span of the file, populated read-only (``MADV_POPULATE_READ``). The kernel maps the
   page-cache pages themselves — no fresh memory to fault in and zero, no copy: a warm load of SD1.5's
-  2.1 GB measured 0.13-0.19 s here against 0.6-1.0 s for ``load_file`` plus a copy, and 0.7-1.2 s for
-  the same reads by ``preadv`` into anonymous memory (two reader threads did not change that: the cost
-  was faulting the destination, not the copy). The mapping asks for huge pages (``MADV_HUGEPAGE``),
+  2.1 GB measured 0.08 s here against 0.18-0.35 s for ``load_file`` plus a copy into a built model's
+  parameters (benchmarks/bench_load.py), and 0.7-1.2 s for the same reads by ``preadv`` into fresh
+  anonymous memory (two reader threads did not change that: the cost was faulting the destination). The mapping asks for huge pages (``MADV_HUGEPAGE``),
   so a cold populate reads the file into 2 MiB page-cache folios, and every later mapping of them
   (the next load, a streamed step) costs one page-table entry per 2 MiB instead of 512: SD1.5's cold
   load 1.2-1.3 s against 2.4-2.6 s, and the warm loads after it 0.09 s against 0.19 s. (The
