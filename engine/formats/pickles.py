@@ -263,8 +263,10 @@ def load_pickle(path: str | os.PathLike) -> Any:
         if not needs_stubs:
             try:
                 return torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
-            except pickle.UnpicklingError:
-                pass  # weights_only refused something our allowlist admits: load it our way
+            except pickle.UnpicklingError as e:
+                # weights_only refused something our allowlist admits: load it our way. Its unpickler
+                # is freed now (see _unpickle.scan_load), or the collector frees it later, anywhere.
+                free_failure(e)
         return torch.load(
             p, map_location="cpu", weights_only=False, mmap=mmap, pickle_module=_LoadUnpicklerModule(p)
         )
