@@ -34,11 +34,22 @@ LEGACY_PROTOCOL = 1001
 MAX_WALK_NODES = 2_000_000
 
 
+# BYTEARRAY8, BINBYTES8, BINUNICODE8: an opcode, an 8-byte little-endian count, then that many bytes.
+_COUNTED8 = frozenset(b"\x96\x8e\x8d")
+
+
 class _BoundedReader:
-    """A file wrapper for the C unpickler that refuses to read past a budget (no peek: exact position)."""
+    """A file wrapper for the C unpickler that refuses to read past a budget (no peek: exact position).
+
+    Without peek the unpickler reads an unframed stream (torch's protocol 2) opcode by opcode, so a
+    count read right after a counted opcode is checked against the budget before the unpickler
+    allocates for it: a damaged count (BYTEARRAY8 of 10^18 bytes) is a FormatError, not a failed
+    allocation -- on which CPython reported "deallocated bytearray object has exported buffers"
+    through sys.excepthook (pytest-qt's, in the fuzz test)."""
 
     def __init__(self, f: Any, budget: int):
         self.f, self.budget = f, budget
+        self._opcode = -1  # the byte of the last 1-byte read: the opcode being read
 
     def _take(self, n: int) -> int:
         if n < 0 or n > self.budget:
@@ -48,12 +59,21 @@ class _BoundedReader:
 
     def read(self, n: int = -1) -> bytes:
         data = self.f.read(self._take(n if n >= 0 else self.budget))
+        counted = n == 8 and self._opcode in _COUNTED8 and len(data) == 8
+        if counted and int.from_bytes(data, "little") > self.budget:
+            raise FormatError("the pickle holds an item larger than the rest of the file")
+        self._opcode = data[0] if n == 1 and data else -1
         return data
 
     def readinto(self, b: Any) -> int:
-        return self.f.readinto(memoryview(b)[: self._take(len(b))])
+        # The budget is checked before any view of `b` is made (a view made first stayed alive in the
+        # refused read's traceback, holding the unpickler's buffer: the same CPython report as above).
+        self._opcode = -1
+        n = self._take(len(b))
+        return self.f.readinto(b if n == len(b) else memoryview(b)[:n])
 
     def readline(self) -> bytes:
+        self._opcode = -1
         line = self.f.readline(min(self.budget, 1 << 20) + 1)
         self._take(len(line))
         return line

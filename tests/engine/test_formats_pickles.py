@@ -328,3 +328,19 @@ def test_devices_and_dtypes_as_values_are_plain_data(tmp_path):
     assert set(open_index(p).tensors) == {"w"}
     obj = load_pickle(p)
     assert obj["device"] == torch.device("cpu") and obj["dtype"] is torch.float16
+
+
+@pytest.mark.parametrize("opcode", [pickle.BYTEARRAY8, pickle.BINBYTES8, pickle.BINUNICODE8])
+def test_a_counted_item_larger_than_the_file_is_refused_before_anything_is_allocated(
+    tmp_path, monkeypatch, opcode
+):
+    """A damaged 8-byte count (10^18 bytes) is a FormatError from the reader, quietly: left to the
+    unpickler, a BYTEARRAY8 failed its allocation and CPython printed "deallocated bytearray object has
+    exported buffers" through sys.excepthook (where pytest-qt turned it into a failure elsewhere)."""
+    hooked = []
+    monkeypatch.setattr(sys, "excepthook", lambda *a: hooked.append(a[1]))
+    p = tmp_path / "huge_count.pt"
+    p.write_bytes(b"\x80\x02" + opcode + (10**18).to_bytes(8, "little") + b"abc" + pickle.STOP)
+    with pytest.raises(FormatError, match="larger than the rest of the file"):
+        load_pickle(p)
+    assert hooked == []
