@@ -291,9 +291,10 @@ def main() -> None:
     # plain sequential reads (as a copy or a checksum reads it) -- the kernel caches it in large folios.
     # Left to the first run, the cache depends on who runs first: diffusers' load_file faults the file
     # in 4 KiB pages, and every streamed step then maps 3.1 GB of them (10 %: ~0.4 s/step more CPU).
+    from bench_load import drop_cache
+
+    drop_cache(model)
     with open(model, "rb", buffering=0) as f:
-        os.fsync(f.fileno())
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         while f.read(16 << 20):
             pass
     steps = str(a.steps)

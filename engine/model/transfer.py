@@ -9,13 +9,13 @@
   page-cache pages themselves — no fresh memory to fault in and zero, no copy: a warm load of SD1.5's
   2.1 GB measured 0.08 s here against 0.18-0.35 s for ``load_file`` plus a copy into a built model's
   parameters (benchmarks/bench_load.py), and 0.7-1.2 s for the same reads by ``preadv`` into fresh
-  anonymous memory (two reader threads did not change that: the cost was faulting the destination). The mapping asks for huge pages (``MADV_HUGEPAGE``),
-  so a cold populate reads the file into 2 MiB page-cache folios, and every later mapping of them
-  (the next load, a streamed step) costs one page-table entry per 2 MiB instead of 512: SD1.5's cold
-  load 1.2-1.3 s against 2.4-2.6 s, and the warm loads after it 0.09 s against 0.19 s. (The
-  ``POSIX_FADV_WILLNEED`` read-ahead used before filled the cache in 4 KiB pages, the reason warm
-  loads cost twice what they do now.) The pages count in the process's RSS and USS while
-  mapped, as a copy's would; they are clean file pages, so under memory pressure the kernel may drop
+  anonymous memory (two reader threads did not change that: the cost was faulting the destination).
+  The mapping asks for huge pages (``MADV_HUGEPAGE``), so a cold populate reads the file into 2 MiB
+  page-cache folios, and every later mapping of them (the next load, a streamed step) costs one
+  page-table entry per 2 MiB instead of 512: SD1.5's cold load 1.2-1.3 s against 2.4-2.6 s, and the
+  warm loads after it 0.09 s against 0.19 s. (The ``POSIX_FADV_WILLNEED`` read-ahead used before
+  filled the cache in 4 KiB pages, the reason warm loads cost twice what they do now.) The pages
+  count in the process's RSS and USS while mapped, as a copy's would; they are clean file pages, so under memory pressure the kernel may drop
   them and read them again on use instead of failing. A write (none is made: patches are on the fly)
   would copy just that page.
 * Other reads (a dtype conversion on the way, a page-locked block) go from the file into the
