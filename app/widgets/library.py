@@ -242,9 +242,10 @@ class LibraryPanel(QWidget):
 
     def set_progress(self, stage: str, done: int, total: int) -> None:
         self.progress.show()
-        self.progress.setRange(0, total if total else 0)
+        # In permille: QProgressBar counts in 32-bit ints, and a scan hashing a 3.4 GB file counts bytes
+        self.progress.setRange(0, 1000 if total else 0)
         if total:
-            self.progress.setValue(min(done, total))
+            self.progress.setValue(min(1000, done * 1000 // total))
         self.progress.setFormat(f"{stage} %p%" if total else stage)
 
     def hide_progress(self) -> None:

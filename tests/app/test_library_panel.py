@@ -144,3 +144,16 @@ def test_a_real_lycoris_file_reads_as_a_user_would_type_its_tags(qtbot):
     assert "smart falcon (umamusume)" in tags.replace("\u00a0", " ") and "\\(" not in tags
     assert "lokr" in text and "Components" not in text
     w.close()
+
+
+def test_the_progress_bar_takes_byte_counts_past_32_bits(qtbot):
+    """Hashing a 3.4 GB file reports bytes: QProgressBar's int range overflowed (a slot's exception)."""
+    from app.widgets.library import LibraryPanel
+
+    panel = LibraryPanel()
+    qtbot.addWidget(panel)
+    panel.set_progress("Hashing", 3_000_000_000, 6_000_000_000)
+    assert panel.progress.value() * 2 == panel.progress.maximum()
+    assert panel.progress.text() == "Hashing 50%"
+    panel.set_progress("Scanning", 0, 0)
+    assert panel.progress.maximum() == 0
