@@ -371,6 +371,19 @@ class ChannelRMSNorm(Castable, nn.Module):
         wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         return F.normalize(wide, dim=1).to(x.dtype) * (w * self.scale)
 
+    def silu_into(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """SiLU(self(x)) written into `out` (x's shape and dtype, any strides: e.g. the inside of a
+        convolution's padded buffer), with the same arithmetic as forward then F.silu but no tensor of
+        x's size of its own: F.normalize's x / max(||x||_C, 1e-12), rounded to x's dtype, times
+        gamma * sqrt(C), then SiLU, in place."""
+        x = _input_dtype(self, x)
+        w, _ = self.cast_params(x)
+        wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        denom = torch.linalg.vector_norm(wide, 2, dim=1, keepdim=True).clamp_min_(1e-12)
+        torch.div(wide, denom, out=out)
+        out.mul_(w * self.scale)
+        F.silu(out, inplace=True)
+
 
 class Embedding(FromFile, nn.Embedding):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
