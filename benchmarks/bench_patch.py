@@ -36,6 +36,7 @@ from _record import record  # noqa: E402
 
 from engine.lora.adapter import adapter_from_tensors  # noqa: E402
 from engine.lora.keymap import KeyMap  # noqa: E402
+from engine.memory import trim_heap  # noqa: E402
 from engine.patcher import LoraEntry, ModelPatcher  # noqa: E402
 
 PREFIX = "model.diffusion_model."
@@ -147,8 +148,10 @@ def main() -> None:
     w32 = {k: v.clone() for k, v in base.items()}
     ours_runs, fp32_runs = [], []
     for r in range(ROUNDS + 1):
+        trim_heap()  # each side starts from a heap with no free pages of the other's to reuse
         t_ours, _ = timed(lambda: p.apply([LoraEntry("A")]))
-        p.restore()  # each side starts from the heap the other left: the same state
+        p.restore()
+        trim_heap()
         t_fp32, _ = timed(lambda: fp32_loop(w32, a_t, keys, 1.0))
         if r:  # round 0 warms both up
             ours_runs.append(t_ours)

@@ -20,6 +20,7 @@ beside the weights, a backup, fp32 then round) is the idea; this is our own desi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,7 +161,10 @@ class ModelPatcher:
         w = original.to(torch.float32, copy=True)
         for c in contributions:
             module = self.adapter(c.file).modules[c.module]
-            fn = module.patch_bias if c.bias else module.patch_weight
+            if c.bias:
+                fn = module.patch_bias
+            else:  # w is this call's own float32 copy (and so is every view _apply_view hands over)
+                fn = functools.partial(module.patch_weight, owned=True)
             w = _apply_view(w, c.view, lambda t, fn=fn, s=c.strength: fn(t, s))
         return w.to(original.dtype)
 

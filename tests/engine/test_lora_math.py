@@ -179,3 +179,32 @@ def test_patch_weight_fast_path_equals_the_delta_formula(conv):
     want = w.float() + 0.7 * m.delta().reshape(w.shape)
     assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-6)
     assert m.scale == 0.5
+
+
+@pytest.mark.parametrize("conv", [False, True])
+def test_patch_weight_on_an_owned_copy_updates_it_in_place_with_the_same_bits(conv):
+    # The patcher hands patch_weight its own float32 copy (owned=True): the plain-LoRA case then adds
+    # in place. The bits must be those of the out-of-place call, which must leave its input untouched.
+    down = _r(4, 64, 3, 3, dtype=torch.float32, seed=1) if conv else _r(4, 300, dtype=torch.float32, seed=1)
+    up = _r(200, 4, 1, 1, dtype=torch.float32, seed=2) if conv else _r(200, 4, dtype=torch.float32, seed=2)
+    m = adapter_from_tensors(
+        {
+            "lora_unet_x.lora_down.weight": down,
+            "lora_unet_x.lora_up.weight": up,
+            "lora_unet_x.alpha": torch.tensor(2.0),
+        }
+    ).modules["lora_unet_x"]
+    w = _r(200, 64, 3, 3, dtype=torch.float32, seed=3) if conv else _r(200, 300, dtype=torch.float32, seed=3)
+    before = w.clone()
+    plain = m.patch_weight(w, 0.7)
+    assert torch.equal(w, before) and plain.data_ptr() != w.data_ptr()
+    own = w.clone()
+    got = m.patch_weight(own, 0.7, owned=True)
+    assert got.data_ptr() == own.data_ptr()
+    assert torch.equal(got, plain)
+    # A non-contiguous owned view (a transposed copy, as the patcher's "transpose" view hands over)
+    # keeps the out-of-place path, and so its input.
+    flat = before.reshape(200, -1)
+    t = flat.t().contiguous().t()
+    out = m.patch_weight(t, 0.7, owned=True)
+    assert torch.equal(t, flat) and torch.allclose(out, plain.reshape(200, -1), atol=1e-6)
