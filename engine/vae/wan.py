@@ -79,6 +79,13 @@ class CausalConv3d(ops.Conv3d):
     ) -> torch.Tensor:
         """`norm`: convolve SiLU(norm(x)), computed straight into the padded buffer (the pre-activation
         of every convolution in a residual block and the head), so it is never a tensor of its own."""
+        return self(self.pad(x, stream, norm))
+
+    def pad(
+        self, x: torch.Tensor, stream: Stream | None, norm: ops.ChannelRMSNorm | None = None
+    ) -> torch.Tensor:
+        """What this convolution convolves: x (or SiLU(norm(x))) with its history frames and zero borders,
+        the stream updated. Apart from `step` so that a caller can drop x before the convolution runs."""
         hist, (pl, pr, pt, pb) = self.history, self.space_pad
         if norm is not None and not (hist or pl or pr or pt or pb):
             x = F.silu(norm(x), inplace=True)
@@ -104,7 +111,7 @@ class CausalConv3d(ops.Conv3d):
                     stream.frames.pop(id(self), None)
             del inner
             x = buf
-        return super().forward(x)
+        return x
 
 
 def _onednn(x: torch.Tensor) -> bool:
@@ -166,8 +173,12 @@ class ResidualBlock(nn.Module):
 
     def step(self, x: torch.Tensor, stream: Stream | None) -> torch.Tensor:
         r = self.residual
-        h = r[2].step(x, stream, norm=r[0])
-        h = r[6].step(h, stream, norm=r[3])
+        # Padding and convolution apart, each result assigned over the last: the first convolution's
+        # output is gone before the second one's is made (x, one padded buffer, one output at most).
+        h = r[2].pad(x, stream, norm=r[0])
+        h = r[2](h)
+        h = r[6].pad(h, stream, norm=r[3])
+        h = r[6](h)
         if self.shortcut is not None:
             x = self.shortcut.step(x, stream)
         # In place on the convolution's fresh output (the same sum: addition commutes bit for bit): one
