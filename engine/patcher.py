@@ -20,7 +20,6 @@ beside the weights, a backup, fp32 then round) is the idea; this is our own desi
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,10 +161,10 @@ class ModelPatcher:
         for c in contributions:
             module = self.adapter(c.file).modules[c.module]
             if c.bias:
-                fn = module.patch_bias
+                fn = lambda t, m=module, s=c.strength: m.patch_bias(t, s)  # noqa: E731
             else:  # w is this call's own float32 copy (and so is every view _apply_view hands over)
-                fn = functools.partial(module.patch_weight, owned=True)
-            w = _apply_view(w, c.view, lambda t, fn=fn, s=c.strength: fn(t, s))
+                fn = lambda t, m=module, s=c.strength: m.patch_weight(t, s, owned=True)  # noqa: E731
+            w = _apply_view(w, c.view, fn)
         return w.to(original.dtype)
 
     # -- apply / restore -----------------------------------------------------------------------------

@@ -162,19 +162,20 @@ def test_real_lokr_module_matches_lycoris(shared_data):
         _close(m.delta(), ref, torch.float16)
 
 
+def _plain_lora(out_f: int, in_f: int, *, conv: bool, lora_dtype, weight_dtype):
+    """A rank-4 plain LoRA module (alpha 2: scale 0.5) on a linear or 3x3 conv layer, and a base weight."""
+    k = (3, 3) if conv else ()
+    down = _r(4, in_f, *k, dtype=lora_dtype, seed=1)
+    up = _r(out_f, 4, *((1, 1) if conv else ()), dtype=lora_dtype, seed=2)
+    tensors = {"lora_unet_x.lora_down.weight": down, "lora_unet_x.lora_up.weight": up}
+    m = adapter_from_tensors({**tensors, "lora_unet_x.alpha": torch.tensor(2.0)}).modules["lora_unet_x"]
+    return m, _r(out_f, in_f, *k, dtype=weight_dtype, seed=3)
+
+
 @pytest.mark.parametrize("conv", [False, True])
 def test_patch_weight_fast_path_equals_the_delta_formula(conv):
     # patch_weight fuses W + s·(alpha/rank)·up@down into one addmm; it must agree with ΔW from delta().
-    down = _r(4, 6, 3, 3, dtype=torch.float16, seed=1) if conv else _r(4, 6, dtype=torch.float16, seed=1)
-    up = _r(8, 4, 1, 1, dtype=torch.float16, seed=2) if conv else _r(8, 4, dtype=torch.float16, seed=2)
-    m = adapter_from_tensors(
-        {
-            "lora_unet_x.lora_down.weight": down,
-            "lora_unet_x.lora_up.weight": up,
-            "lora_unet_x.alpha": torch.tensor(2.0),
-        }
-    ).modules["lora_unet_x"]
-    w = _r(8, 6, 3, 3, dtype=torch.bfloat16, seed=3) if conv else _r(8, 6, dtype=torch.bfloat16, seed=3)
+    m, w = _plain_lora(8, 6, conv=conv, lora_dtype=torch.float16, weight_dtype=torch.bfloat16)
     got = m.patch_weight(w, 0.7)
     want = w.float() + 0.7 * m.delta().reshape(w.shape)
     assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-6)
@@ -185,16 +186,9 @@ def test_patch_weight_fast_path_equals_the_delta_formula(conv):
 def test_patch_weight_on_an_owned_copy_updates_it_in_place_with_the_same_bits(conv):
     # The patcher hands patch_weight its own float32 copy (owned=True): the plain-LoRA case then adds
     # in place. The bits must be those of the out-of-place call, which must leave its input untouched.
-    down = _r(4, 64, 3, 3, dtype=torch.float32, seed=1) if conv else _r(4, 300, dtype=torch.float32, seed=1)
-    up = _r(200, 4, 1, 1, dtype=torch.float32, seed=2) if conv else _r(200, 4, dtype=torch.float32, seed=2)
-    m = adapter_from_tensors(
-        {
-            "lora_unet_x.lora_down.weight": down,
-            "lora_unet_x.lora_up.weight": up,
-            "lora_unet_x.alpha": torch.tensor(2.0),
-        }
-    ).modules["lora_unet_x"]
-    w = _r(200, 64, 3, 3, dtype=torch.float32, seed=3) if conv else _r(200, 300, dtype=torch.float32, seed=3)
+    m, w = _plain_lora(
+        200, 64 if conv else 300, conv=conv, lora_dtype=torch.float32, weight_dtype=torch.float32
+    )
     before = w.clone()
     plain = m.patch_weight(w, 0.7)
     assert torch.equal(w, before) and plain.data_ptr() != w.data_ptr()
