@@ -48,11 +48,66 @@ class CausalConv3d(ops.Conv3d):
         return super()._conv_forward(x, w, b)
 
     def step(
-        self, x: torch.Tensor, stream: Stream | None, norm: ops.ChannelRMSNorm | None = None
+        self,
+        x: torch.Tensor,
+        stream: Stream | None,
+        norm: ops.ChannelRMSNorm | None = None,
+        frames: int | None = None,
     ) -> torch.Tensor:
         """`norm`: convolve SiLU(norm(x)), computed straight into the padded buffer (the pre-activation
-        of every convolution in a residual block and the head), so it is never a tensor of its own."""
+        of every convolution in a residual block and the head), so it is never a tensor of its own.
+        `frames`: convolve that many input frames at a time (see `sliced`)."""
+        if frames is not None and self.history and x.shape[2] > frames:
+            return self.sliced(x, stream, norm, frames)
         return self(self.pad(x, stream, norm))
+
+    def sliced(
+        self,
+        x: torch.Tensor,
+        stream: Stream | None,
+        norm: ops.ChannelRMSNorm | None = None,
+        frames: int = 1,
+        *,
+        inplace: bool = False,
+    ) -> torch.Tensor:
+        """The convolution `frames` input frames at a time through one rolling padded buffer of
+        history + `frames` frames, written into one output: the same sums as the whole convolution (as
+        between chunks, each output frame reads the same padded frames). The buffer is then a slice's,
+        not the chunk's plus its history: at one frame, 3 frames of input instead of T + 2. After each
+        slice the buffer's last `history` frames move to its front, the next slice's history, so no
+        frames are cloned on the way. `inplace` (cout == cin, x not needed after): each slice's output
+        overwrites its own input frames, already read into the buffer -- a residual block then holds
+        x, h and one slice, not x, a padded h and h's convolution."""
+        hist, (pl, pr, pt, pb) = self.history, self.space_pad
+        n, c, t, h, w = x.shape
+        prev = stream.frames.get(id(self)) if stream is not None else None
+        buf = torch.empty(n, c, hist + frames, pt + h + pb, pl + w + pr, dtype=x.dtype, device=x.device,
+                          memory_format=_conv_layout(x)).zero_()  # fmt: skip
+        inner = buf[:, :, :, pt : pt + h, pl : pl + w]
+        if prev is not None:
+            inner[:, :, :hist] = prev
+        del prev
+        out = x if inplace else None
+        for a in range(0, t, frames):
+            k = min(t, a + frames) - a
+            if norm is not None:
+                norm.silu_into(x[:, :, a : a + k], inner[:, :, hist : hist + k])
+            else:
+                inner[:, :, hist : hist + k] = x[:, :, a : a + k]
+            y = self(buf[:, :, : hist + k])
+            if out is None:
+                out = torch.empty((n, y.shape[1], t, *y.shape[3:]), dtype=y.dtype, device=y.device,
+                                  memory_format=_conv_layout(y))  # fmt: skip
+            out[:, :, a : a + k] = y
+            del y
+            for i in range(hist):  # frame by frame, front first: the copies never overlap
+                inner[:, :, i] = inner[:, :, k + i]
+        if stream is not None:
+            if stream.keep:
+                stream.frames[id(self)] = inner[:, :, :hist].clone()
+            else:
+                stream.frames.pop(id(self), None)
+        return out
 
     def pad(
         self, x: torch.Tensor, stream: Stream | None, norm: ops.ChannelRMSNorm | None = None

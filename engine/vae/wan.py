@@ -41,6 +41,16 @@ from .causal_conv import CausalConv3d, Stream
 # peak). A trim is a few ms per level boundary; the tiled peak went 404 -> 305 MB, the time unchanged.
 LEVEL_TRIM_SLACK = 16 << 20
 
+# Input frames per convolution call in the residual blocks and the head (CausalConv3d.sliced).
+SLICE_FRAMES = 1
+
+
+def _layout_2d(y: torch.Tensor) -> torch.memory_format:
+    """The layout a per-frame result keeps (channels-last where the convolution gave it)."""
+    if y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous():
+        return torch.channels_last
+    return torch.contiguous_format
+
 
 def _per_frame(fn, x: torch.Tensor) -> torch.Tensor:
     """Apply a 2-D op to every frame of (B, C, T, H, W)."""
@@ -77,12 +87,18 @@ class ResidualBlock(nn.Module):
 
     def step(self, x: torch.Tensor, stream: Stream | None) -> torch.Tensor:
         r = self.residual
-        # Padding and convolution apart, each result assigned over the last: the first convolution's
-        # output is gone before the second one's is made (x, one padded buffer, one output at most).
-        h = r[2].pad(x, stream, norm=r[0])
-        h = r[2](h)
-        h = r[6].pad(h, stream, norm=r[3])
-        h = r[6](h)
+        if x.shape[2] > SLICE_FRAMES:
+            # A slice of frames at a time, the second convolution over its own input (CausalConv3d.sliced):
+            # x, h and one slice's buffers at most
+            h = r[2].sliced(x, stream, r[0], SLICE_FRAMES)
+            h = r[6].sliced(h, stream, r[3], SLICE_FRAMES, inplace=True)
+        else:
+            # Padding and convolution apart, each result assigned over the last: the first convolution's
+            # output is gone before the second one's is made (x, one padded buffer, one output at most).
+            h = r[2].pad(x, stream, norm=r[0])
+            h = r[2](h)
+            h = r[6].pad(h, stream, norm=r[3])
+            h = r[6](h)
         if self.shortcut is not None:
             x = self.shortcut.step(x, stream)
         # In place on the convolution's fresh output (the same sum: addition commutes bit for bit): one
@@ -134,8 +150,18 @@ class Resample(nn.Module):
         if self.mode.startswith("up"):
             # Nearest x2 in one op (the original's nn.Upsample "nearest-exact": pixel i <- i // 2, a copy):
             # two repeat_interleave calls held a 2x and a 4x copy at once and lost the channels-last
-            # layout, so the convolution reordered its largest input -- the tiled decode's peak.
-            return conv(F.interpolate(x, scale_factor=2.0, mode="nearest-exact"))
+            # layout, so the convolution reordered its largest input. Frame by frame into one output:
+            # the upsampled input (twice the output's size at Wan 2.1's halved width) is then one
+            # frame's, not the chunk's -- it was the tiled decode's peak.
+            out = None
+            for i in range(x.shape[0]):
+                y = conv(F.interpolate(x[i : i + 1], scale_factor=2.0, mode="nearest-exact"))
+                if out is None:
+                    out = torch.empty((x.shape[0], *y.shape[1:]), dtype=y.dtype, device=y.device,
+                                      memory_format=_layout_2d(y))  # fmt: skip
+                out[i : i + 1] = y
+                del y
+            return out
         return conv(F.pad(x, (0, 1, 0, 1)))
 
     def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
@@ -234,7 +260,7 @@ class Head(nn.Module):
         self.add_module("2", CausalConv3d(cin, cout, 3, padding=1))
 
     def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
-        return self._modules["2"].step(x, stream, norm=self._modules["0"])
+        return self._modules["2"].step(x, stream, norm=self._modules["0"], frames=SLICE_FRAMES)
 
 
 @dataclass(frozen=True)

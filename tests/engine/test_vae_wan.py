@@ -122,6 +122,50 @@ def test_the_last_chunk_keeps_no_frames_and_gives_the_same_result(which, request
         assert kept.frames  # a chunk with more to come keeps them
 
 
+@pytest.mark.parametrize("frames", [1, 2])
+def test_a_convolution_in_slices_of_frames_equals_the_whole(frames):
+    """CausalConv3d.sliced (a rolling buffer of history + `frames` frames; the residual blocks' second
+    convolution over its own input) gives the whole convolution's bits, with and without carried
+    history, and leaves the stream holding the same last frames."""
+    from engine import ops
+    from engine.vae.causal_conv import CausalConv3d, Stream
+
+    torch.manual_seed(5)
+    conv, norm = CausalConv3d(8, 8, 3, padding=1), ops.ChannelRMSNorm(8)
+    with torch.no_grad():  # the castable ops' parameters start empty
+        norm.gamma.copy_(1 + 0.1 * torch.randn_like(norm.gamma))
+        conv.weight.copy_(0.1 * torch.randn_like(conv.weight))
+        conv.bias.copy_(torch.randn_like(conv.bias))
+    x = torch.randn(1, 8, 5, 12, 10).contiguous(memory_format=torch.channels_last_3d)
+    earlier = torch.randn(1, 8, 3, 12, 10)
+    with torch.inference_mode():
+        for carry in (False, True):
+            whole, parts = Stream(), Stream()
+            if carry:  # a later chunk: history from the frames before
+                conv.pad(earlier, whole, norm)
+                conv.pad(earlier, parts, norm)
+            want = conv(conv.pad(x, whole, norm))
+            got = conv.sliced(x.clone(), parts, norm, frames)
+            assert torch.equal(got, want)
+            assert torch.equal(parts.frames[id(conv)], whole.frames[id(conv)])
+            inplace = x.clone()
+            again = conv.sliced(inplace, Stream() if not carry else _carried(conv, earlier, norm), norm, frames,
+                                inplace=True)  # fmt: skip
+            assert again.data_ptr() == inplace.data_ptr() and torch.equal(again, want)
+        last = Stream()
+        last.keep = False
+        conv.sliced(x, last, norm, frames)
+        assert not last.frames
+
+
+def _carried(conv, earlier, norm):
+    from engine.vae.causal_conv import Stream
+
+    s = Stream()
+    conv.pad(earlier, s, norm)
+    return s
+
+
 def test_qwen_image_vae_is_the_wan21_network():
     ref = _reference("AutoencoderKLQwenImage", base_dim=16, z_dim=4)
     mine = _mine(ref)
