@@ -218,6 +218,25 @@ def dup_up(x: torch.Tensor, cout: int, ft: int, fs: int, first: bool) -> torch.T
     return x[:, :, ft - 1 :] if first else x
 
 
+def add_dup_up(out: torch.Tensor, x: torch.Tensor, ft: int, fs: int, first: bool) -> torch.Tensor:
+    """out += dup_up(x, out's width, ft, fs, first), in place and without dup_up's tensor (the level's
+    output size, held across the whole level it was the Wan 2.2 decode's peak): for each of the ft x fs x
+    fs patch positions, the channels that land there, added to out's strided view. The same sums, bit for
+    bit: each element is out's value plus a copy of one of x's."""
+    b, c, t, h, w = x.shape
+    cout = out.shape[1]
+    n = cout * ft * fs * fs
+    src = (torch.arange(n, device=x.device) // (n // c)).reshape(cout, ft, fs, fs)  # dup_up's channel order
+    skip = ft - 1 if first else 0
+    for a in range(ft):
+        t0 = 1 if a < skip else 0  # the clip's first latent frame keeps only its last phase
+        o0 = t0 * ft + a - skip
+        for p in range(fs):
+            for q in range(fs):
+                out[:, :, o0::ft, p::fs, q::fs] += x[:, :, t0:].index_select(1, src[:, a, p, q])
+    return out
+
+
 class Level(nn.Module):
     """Wan 2.2's residual level: blocks then a resample under `downsamples.N` / `upsamples.N`, with a
     parameter-free patch shortcut around them."""
@@ -231,13 +250,17 @@ class Level(nn.Module):
         inner: _Indexed = getattr(self, self._name)
         if self._name == "downsamples":
             short = avg_down(x, self.cout, self.ft, self.fs)
-        else:
-            first = id(self) not in stream.started
-            stream.started.add(id(self))
-            short = dup_up(x, self.cout, self.ft, self.fs, first) if self.fs > 1 else None
+            for m in inner._modules.values():
+                x = m.step(x, stream)
+            return x + short
+        first = id(self) not in stream.started
+        stream.started.add(id(self))
+        y = x
         for m in inner._modules.values():
-            x = m.step(x, stream)
-        return x + short if short is not None else x
+            y = m.step(y, stream)
+        # The shortcut from the level's input, kept instead of dup_up's tensor (8x its size when the
+        # level doubles time), added into the fresh output
+        return add_dup_up(y, x, self.ft, self.fs, first) if self.fs > 1 else y
 
 
 class Middle(nn.Module):
