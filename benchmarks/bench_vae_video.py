@@ -6,7 +6,8 @@ The decoder has the Wan 2.1 layout (dim_mult 1,2,4,4; 2 res blocks; temporal ups
 deepest levels) with random deterministic weights at base width `--dim` (96 = the real VAE; the default
 16 keeps a CPU run near a minute: activations scale with the width, FLOPs with its square). Threads: 2.
 
-    python benchmarks/bench_vae_video.py [--dim 16] [--size 832x480] [--latent-frames 2] [--tile 512]
+    python benchmarks/bench_vae_video.py [--family wan21|wan22] [--dim 16] [--size 832x480]
+                                         [--latent-frames 2] [--tile 512]
                                          [--overlap 64] [--repeat N] [--long]
 """
 
@@ -28,15 +29,21 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def _vae(dim: int):
-    """A Wan 2.1 VAE with deterministic random weights, built from diffusers' AutoencoderKLWan's layout."""
+def _vae(dim: int, family: str = "wan21"):
+    """A Wan 2.1 (or, `family` wan22, a Wan 2.2 48-channel) VAE with deterministic random weights, built
+    from diffusers' AutoencoderKLWan's layout. Wan 2.2's decoder is 1.6x its encoder's width (256 / 160
+    in the real one) and works on 2x2 patches."""
     import torch
     from diffusers import AutoencoderKLWan
 
     from engine.vae.loading import _build_wan
 
     with torch.device("meta"):
-        ref = AutoencoderKLWan(base_dim=dim, z_dim=16)
+        if family == "wan22":
+            ref = AutoencoderKLWan(base_dim=dim, decoder_base_dim=dim * 8 // 5, z_dim=48, is_residual=True,
+                                   in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16)  # fmt: skip
+        else:
+            ref = AutoencoderKLWan(base_dim=dim, z_dim=16)
     g = torch.Generator().manual_seed(0)
     sd = {}
     for n, p in ref.state_dict().items():
@@ -54,10 +61,13 @@ def run_child(cfg: dict) -> dict:
     from engine.vae import decode
     from engine.vae.run import RunInfo
 
-    vae = _vae(cfg["dim"])
-    w, h = cfg["width"], cfg["height"]
-    z = torch.randn(1, 16, cfg["latent_frames"], h // 8, w // 8, generator=torch.Generator().manual_seed(1))
+    vae = _vae(cfg["dim"], cfg.get("family", "wan21"))
+    w, h, f = cfg["width"], cfg["height"], vae.downscale
+    z = torch.randn(1, vae.latent_channels, cfg["latent_frames"], h // f, w // f,
+                    generator=torch.Generator().manual_seed(1))  # fmt: skip
     kw = {"budget": cfg["budget"]} if cfg.get("budget") else {}
+    if cfg.get("tile_frames"):  # latent frames per chunk; between chunks each causal conv keeps 2 frames
+        kw["tile_frames"] = cfg["tile_frames"]
     if cfg["mode"] == "tiled":  # spatial tiles, the same temporal chunks as the full decode
         kw.update(tiled=True, tile=cfg["tile"], overlap=cfg["overlap"])
     elif cfg["mode"] == "full":
@@ -96,7 +106,8 @@ def main() -> None:
     from _record import record
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--family", choices=("wan21", "wan22"), default="wan21")
+    ap.add_argument("--dim", type=int, default=16, help="the encoder's base width (Wan 2.2: decoder 1.6x)")
     ap.add_argument("--size", default="832x480")
     ap.add_argument("--latent-frames", type=int, default=2)
     ap.add_argument("--tile", type=int, default=512)
@@ -107,7 +118,7 @@ def main() -> None:
     w, h = (int(v) for v in a.size.split("x"))
     import torch
 
-    base = {"dim": a.dim, "width": w, "height": h, "latent_frames": a.latent_frames}
+    base = {"dim": a.dim, "width": w, "height": h, "latent_frames": a.latent_frames, "family": a.family}
     with tempfile.TemporaryDirectory() as d:
         fulls, tileds = [], []
         for i in range(a.repeat):  # alternate, so both kinds see the same moments of a busy machine
@@ -119,8 +130,8 @@ def main() -> None:
         x, y = torch.load(f"{d}/full.pt"), torch.load(f"{d}/tiled.pt")
         mse = float(((x - y) ** 2).mean())
         p = math.inf if mse == 0 else 10 * math.log10(1.0 / mse)  # images in [0, 1]
-    name = f"vae_video_wan21_{w}x{h}x{full['frames']}_dim{a.dim}"
-    goal = a.dim in (16, 96)
+    name = f"vae_video_{a.family}_{w}x{h}x{full['frames']}_dim{a.dim}"
+    goal = a.family == "wan21" and a.dim in (16, 96)
     record(f"{name}_tiled_vs_full_time", tiled["seconds"], "s", baseline="full-frame decode (same temporal chunks)",
            baseline_value=full["seconds"], goal=1.3 if goal else None, tiles=tiled["tiles"],
            tile_px=tiled["tile_px"], tile_frames=tiled["tile_frames"])  # fmt: skip
@@ -136,7 +147,7 @@ def main() -> None:
     if a.long:
         budget = 2 << 30
         r = child({**base, "width": 832, "height": 480, "latent_frames": 5, "mode": "auto", "budget": budget})
-        record(f"vae_video_wan21_832x480x{r['frames']}_dim{a.dim}_peak_under_2gib", r["peak_rss"], "B",
+        record(f"vae_video_{a.family}_832x480x{r['frames']}_dim{a.dim}_peak_under_2gib", r["peak_rss"], "B",
                baseline="the 2 GiB budget", baseline_value=budget, goal=1.0, mode=r["mode"], tiles=r["tiles"],
                tile_px=r["tile_px"], tile_frames=r["tile_frames"], seconds=r["seconds"])  # fmt: skip
 

@@ -33,13 +33,26 @@ K_STORE_TAESD = 64.0
 # gives 53 dB and 64 px 94 dB tiled-vs-full on a random-weight SD-layout decoder (see tests/bench);
 # the encoder's receptive field is wider (its deepest convs see 8 px per tap)
 CONTEXT_PX = {("kl", "decode"): 32, ("kl", "encode"): 64, ("taesd", "decode"): 32, ("taesd", "encode"): 64}
-# Wan-family video VAEs (engine.vae.wan), decode: channels alive per output pixel of a chunk's frames, per
-# unit of the last level's width per output pixel (`ch`: 96 for Wan 2.1 / Qwen-Image, 256 / 2x2 = 64 for
-# Wan 2.2). Calibrated on CPU, float32, fresh processes, peak RSS less the result (reduced-width decoders,
-# benchmarks/bench_vae_video.py prints estimate vs measured): Wan 2.1 16-19, Wan 2.2 28 (its shortcuts
-# keep the level input alive). The head (middle block) keeps ~8 tensors of its width per latent pixel of
-# the chunk, and its output for every latent frame waits for the tiles.
-K_VIDEO = {"wan21": 19.0, "wan22": 29.0}
+# Wan-family video VAEs (engine.vae.wan): channels alive per output pixel, per unit of the last level's
+# width per output pixel (`ch`: 96 for Wan 2.1 / Qwen-Image, 256 / 2x2 = 64 for Wan 2.2). The encoder's
+# (k_act): per pixel of its chunk's frames. The decoder's chunk: K_VIDEO_FRAME per output frame plus
+# K_VIDEO_CHUNK once -- its full-resolution levels convolve one frame at a time (engine.vae.causal_conv's
+# rolling buffer), so what grows with the frames is x and h of a residual block; the buffer, one frame's
+# upsampling and the conv outputs do not. Calibrated on CPU, float32, fresh processes, peak RSS less the
+# result and the head (reduced-width decoders at 832x480 with 1, 5, 9 and 13 frames, whole frames and
+# 512-px tiles; `bench_vae_video.py --family wan21|wan22` prints estimate vs measured): Wan 2.1 2.0 per
+# frame + 3.3, Wan 2.2 3.9 + 7 (its shortcuts read the level's input at the end); the figures below carry
+# ~25 % over that. The head (middle block) keeps ~8 tensors of its width per latent pixel of the chunk,
+# and its output for every latent frame waits for the tiles.
+# the encoder's, per pixel of its chunk's frames: not re-measured (the old decoder figures 19 / 29 x 1.5)
+K_VIDEO_ENCODE = {"wan21": 28.5, "wan22": 43.5}
+K_VIDEO_FRAME = {"wan21": 2.5, "wan22": 4.8}
+K_VIDEO_CHUNK = {"wan21": 4.0, "wan22": 8.0}
+# Between chunks every causal convolution keeps its last 2 input frames (engine.vae.causal_conv.Stream):
+# at 13 frames in chunks of one latent frame, 30 (Wan 2.1) and 46 (Wan 2.2) per unit of ch over the
+# single-chunk decode, carried ~20 % over. On a GPU a chunk also holds the previous cache as its retry
+# snapshot (engine.vae.video._can_retry): twice that.
+K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0}
 K_VIDEO_HEAD = 8.0
 VIDEO_KINDS = ("wan21", "wan22")
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
@@ -63,9 +76,7 @@ class VaeSpec:
 
     def k_act(self, direction: str) -> float:
         if self.video:
-            return (
-                K_VIDEO[self.kind] * self.ch if direction == "decode" else K_VIDEO[self.kind] * self.ch * 1.5
-            )
+            return (K_VIDEO_FRAME if direction == "decode" else K_VIDEO_ENCODE)[self.kind] * self.ch
         if self.kind == "taesd":
             return K_ACT_TAESD[direction]
         return K_ACT[("kl", direction)] * self.ch
@@ -87,8 +98,11 @@ class VaeSpec:
 
 
 def video_chunk_bytes(spec: VaeSpec, pixels: int, latent_frames: int, esize: int) -> int:
-    """Activations of one temporal chunk of `latent_frames` over `pixels` output pixels (one tile)."""
-    return int(spec.k_act("decode") * spec.time_factor * max(1, latent_frames) * pixels * esize)
+    """Activations of one temporal chunk of `latent_frames` over `pixels` output pixels (one tile): its
+    output frames counted as time_factor per latent frame (the clip's first chunk has fewer)."""
+    frames = spec.time_factor * max(1, latent_frames)
+    k = K_VIDEO_FRAME[spec.kind] * frames + K_VIDEO_CHUNK[spec.kind]
+    return int(k * spec.ch * pixels * esize)
 
 
 def video_bytes(
@@ -96,12 +110,15 @@ def video_bytes(
     tile_frames: int = 1, result_in_ram: bool = True,
 ) -> int:  # fmt: skip
     """Predicted peak of a video decode: runtime, weights, the head's output for every latent frame, one
-    chunk of `tile_frames` over the whole frame (or a tile_px tile), and the float32 result when it lives
-    in the same memory (a CPU decode)."""
+    chunk of `tile_frames` over the whole frame (or a tile_px tile) with the causal cache the chunks
+    carry (twice on a GPU, its retry snapshot), and the float32 result when it lives in the same memory
+    (a CPU decode, which keeps no snapshot)."""
     latent_px = frame_pixels // (spec.downscale**2)
     head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * tile_frames * latent_px * esize
     area = frame_pixels if tile_px is None else min(frame_pixels, tile_px * tile_px)
     chunk = video_chunk_bytes(spec, area, tile_frames, esize)
+    if tile_frames < latent_frames:
+        chunk += int(K_VIDEO_CACHE[spec.kind] * (1 if result_in_ram else 2) * spec.ch * area * esize)
     frames = 1 + spec.time_factor * (latent_frames - 1)
     result = 12 * frames * frame_pixels if result_in_ram else 0
     return int(RUNTIME_BYTES + spec.weight_bytes + head + max(chunk, head // 2) + result)
