@@ -208,21 +208,13 @@ def avg_down(x: torch.Tensor, cout: int, ft: int, fs: int) -> torch.Tensor:
     return x.mean(dim=2)
 
 
-def dup_up(x: torch.Tensor, cout: int, ft: int, fs: int, first: bool) -> torch.Tensor:
-    """Wan 2.2's DupUp3D shortcut: channels repeated then unfolded into ft x fs x fs patches; at the
-    clip's start the first ft - 1 frames are dropped (the first latent frame is one frame)."""
-    b, c, t, h, w = x.shape
-    x = x.repeat_interleave(cout * ft * fs * fs // c, dim=1)
-    x = x.reshape(b, cout, ft, fs, fs, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
-    x = x.reshape(b, cout, t * ft, h * fs, w * fs)
-    return x[:, :, ft - 1 :] if first else x
-
-
 def add_dup_up(out: torch.Tensor, x: torch.Tensor, ft: int, fs: int, first: bool) -> torch.Tensor:
-    """out += dup_up(x, out's width, ft, fs, first), in place and without dup_up's tensor (the level's
-    output size, held across the whole level it was the Wan 2.2 decode's peak): for each of the ft x fs x
-    fs patch positions, the channels that land there, added to out's strided view. The same sums, bit for
-    bit: each element is out's value plus a copy of one of x's."""
+    """Wan 2.2's DupUp3D shortcut added into `out`, in place: x's channels repeated then unfolded into
+    ft x fs x fs patches (channel k of the repeat lands at patch position k mod ft*fs*fs, in (frame, row,
+    column) order), the first ft - 1 frames dropped at the clip's start. Never built as a tensor of its own
+    (the level's output size, held across the whole level it was the Wan 2.2 decode's peak): for each
+    patch position, the channels that land there are added to out's strided view -- each element is
+    out's value plus a copy of one of x's, the sum of adding the built tensor."""
     b, c, t, h, w = x.shape
     cout = out.shape[1]
     n = cout * ft * fs * fs

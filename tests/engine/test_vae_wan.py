@@ -170,12 +170,21 @@ def _carried(conv, earlier, norm):
 def test_the_up_shortcut_added_in_place_equals_adding_its_tensor(ft, fs, first):
     """Wan 2.2's DupUp3D shortcut, added into the level's output patch position by patch position,
     gives the bits of adding dup_up's tensor."""
-    from engine.vae.wan import add_dup_up, dup_up
+    from engine.vae.wan import add_dup_up
 
     torch.manual_seed(6)
     x = torch.randn(1, 8, 3, 5, 4)
     cout = 8 * ft * fs * fs // 4
-    y = dup_up(x, cout, ft, fs, first)
+    # the shortcut built as a tensor, as Wan2.2's vae2_2.py DupUp3D writes it: channels repeated, then
+    # (cout, ft, fs, fs) unfolded into frames, rows and columns; the first ft - 1 frames dropped at the start
+    b, c, t, h, w = x.shape
+    y = x.repeat_interleave(cout * ft * fs * fs // c, dim=1)
+    y = (
+        y.reshape(b, cout, ft, fs, fs, t, h, w)
+        .permute(0, 1, 5, 2, 6, 3, 7, 4)
+        .reshape(b, cout, t * ft, h * fs, w * fs)
+    )
+    y = y[:, :, ft - 1 :] if first else y
     out = torch.randn(y.shape)
     want = out + y
     got = add_dup_up(out.clone(), x, ft, fs, first)
