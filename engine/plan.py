@@ -260,7 +260,7 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
 
     p, f = pf
     if architecture in VIDEO_VAES or len(size) == 3:
-        return _video_decode_step(pf, size, budget, device, architecture)
+        return _video_decode_step(pf, size, budget, device, architecture, path, prefix)
     w, h = size
     weights = sum(f.unit_sizes)
     dtype = p.compute_dtype if p.compute_dtype in ("float32", "float16", "bfloat16") else "float32"
@@ -376,9 +376,10 @@ def _sample_step(
 VIDEO_VAES = ("wan21", "wan22")
 
 
-def _video_decode_step(pf, size, budget: int, device: str, architecture) -> dict:
-    """A video decode (engine.vae.choice.choose_video on the family's published widths): full frames or
-    tiles, and latent frames per chunk, so that the estimate fits."""
+def _video_decode_step(pf, size, budget: int, device: str, architecture, path: str, prefix: str) -> dict:
+    """A video decode (engine.vae.choice.choose_video on the widths the file's header has, else the
+    family's published ones): full frames or tiles, and latent frames per chunk, so that the estimate
+    fits."""
     from .errors import UnsupportedModel
     from .vae import estimate
     from .vae.choice import Job, choose_video
@@ -389,7 +390,9 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture) -> dict
         )
     p, f = pf
     w, h, frames = size if len(size) == 3 else (*size, 1)
-    spec = estimate.video_spec(architecture, sum(f.unit_sizes))
+    spec = estimate.video_spec(
+        architecture, sum(f.unit_sizes), estimate.video_widths(path, architecture, prefix)
+    )
     ds, tf = spec.downscale, spec.time_factor
     latent_frames = 1 + max(0, frames - 1 + tf - 1) // tf
     dtype = p.compute_dtype if p.compute_dtype in ("float32", "float16", "bfloat16") else "float32"

@@ -10,16 +10,21 @@ from .requests import DecodeEstimate, EstimateDecode
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
-def _vae_facts(path: str) -> tuple[str, int | None]:
-    """('taesd' | 'kl' | 'wan21' | 'wan22', weight bytes or None) as the VAE's header says; an unreadable
-    VAE counts as a full KL VAE of the usual size (the estimate's defaults)."""
+def _vae_facts(path: str) -> tuple[str, int | None, tuple[int, int] | None]:
+    """('taesd' | 'kl' | 'wan21' | 'wan22', weight bytes or None, a video VAE's widths or None) as the
+    VAE's header says; an unreadable VAE counts as a full KL VAE of the usual size (the estimate's
+    defaults)."""
     from .detect import detect_file
+    from .vae.estimate import video_widths
 
     det = detect_file(path)
     kind = "taesd" if det.kind == "vae_approx" else "kl"
+    widths = None
     if det.kind == "vae" and det.architecture in ("wan21", "wan22"):
         kind = det.architecture
-    return kind, sum(int(c.bytes or 0) for c in det.components.values()) or None
+        comp = det.components.get("vae")
+        widths = video_widths(path, kind, comp.prefix if comp is not None else "")
+    return kind, sum(int(c.bytes or 0) for c in det.components.values()) or None, widths
 
 
 def estimate(req: EstimateDecode) -> DecodeEstimate:
@@ -43,7 +48,7 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
         raise
     except (OSError, ValueError) as e:  # missing, unreadable, not an image
         raise FormatError(str(e), path=req.source) from e
-    kind, weights = _vae_facts(req.vae)
+    kind, weights, widths = _vae_facts(req.vae)
     kw = dict(kind=kind, latent_channels=channels, batch=batch, weight_bytes=weights)
     frames = 0
     if direction == "decode":
@@ -52,6 +57,7 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
         if kind in ("wan21", "wan22"):
             t = shape[2] if len(shape) == 5 else 1
             kw["latent_frames"] = t
+            kw["widths"] = widths
             frames = 1 + 4 * (t - 1) if len(shape) == 5 else 0
     full = fn(width, height, **kw)
     tiled = fn(width, height, tile=req.tile, **kw)

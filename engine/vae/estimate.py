@@ -174,25 +174,55 @@ VIDEO_SPECS = {
 }
 
 
-def video_spec(kind: str, weight_bytes: int | None = None) -> VaeSpec:
-    """The spec of a video VAE family without loading it (`loadout plan`, the Decode panel)."""
+def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:
+    """The spec of a video VAE family without loading it (`loadout plan`, the Decode panel); `widths`
+    (ch, mid) from the file's header (`video_widths`) where it has them, else the published ones."""
     spec = VIDEO_SPECS[kind]
-    if weight_bytes is None:
-        return spec
-    return VaeSpec(spec.kind, spec.latent_channels, weight_bytes, spec.ch, spec.mid, spec.time_factor,
-                   spec.downscale)  # fmt: skip
+    ch, mid = widths if widths is not None else (spec.ch, spec.mid)
+    wb = spec.weight_bytes if weight_bytes is None else weight_bytes
+    return VaeSpec(spec.kind, spec.latent_channels, wb, ch, mid, spec.time_factor, spec.downscale)
 
 
-def _spec(kind: str, latent_channels: int, weight_bytes: int | None) -> VaeSpec:
+# The decoder's last convolution (its input: the last level's width) and first one (its output: the
+# middle block's width), in the original naming and diffusers'
+_VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight")
+_VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight")
+
+
+def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | None:
+    """(ch, mid) of a Wan-family VAE file from its safetensors header (no tensor data read): the
+    activations scale with the widths the file really has -- a pruned or reduced VAE is smaller than the
+    published one. None where the header does not say (another format, other keys)."""
+    from ..formats.safetensors import read_header
+
+    try:
+        tensors = read_header(path).tensors
+    except Exception:  # noqa: BLE001 -- an unreadable header: the published widths stand
+        return None
+
+    def shape(keys):
+        info = next((tensors[prefix + k] for k in keys if prefix + k in tensors), None)
+        return tuple(info.shape) if info is not None and len(info.shape) == 5 else None
+
+    head, first = shape(_VIDEO_HEAD_KEYS), shape(_VIDEO_MID_KEYS)
+    if head is None or first is None:
+        return None
+    patch = VIDEO_SPECS[kind].downscale // 8  # Wan 2.2 works on 2x2 patches
+    return max(1, head[1] // (patch * patch)), first[0]
+
+
+def _spec(kind: str, latent_channels: int, weight_bytes: int | None, widths=None) -> VaeSpec:
     if kind in VIDEO_SPECS:
-        return video_spec(kind, weight_bytes)
+        return video_spec(kind, weight_bytes, widths)
     k = "taesd" if kind in ("taesd", "vae_approx") else "kl"
     wb = weight_bytes if weight_bytes is not None else (SD_VAE_WEIGHTS if k == "kl" else 5_000_000)
     return VaeSpec(k, latent_channels, wb)  # SD-family width 128
 
 
-def _estimate(direction, px, kind, latent_channels, dtype, tile, weight_bytes, latent_frames=1) -> int:
-    spec = _spec(kind, latent_channels, weight_bytes)
+def _estimate(
+    direction, px, kind, latent_channels, dtype, tile, weight_bytes, latent_frames=1, widths=None
+) -> int:
+    spec = _spec(kind, latent_channels, weight_bytes, widths)
     esize = DTYPE_BYTES[dtype]
     if spec.video and direction == "decode":
         n = min(4, latent_frames) if tile is None else 1
@@ -213,12 +243,14 @@ def estimate_decode_bytes(
     batch: int = 1,
     weight_bytes: int | None = None,
     latent_frames: int = 1,
+    widths: tuple[int, int] | None = None,
 ) -> int:
     """Predicted peak bytes of decoding a width x height image (full, or with `tile`-px tiles whose
     states are spilled to disk); `weight_bytes` from the VAE's header when known. A video VAE (`kind`
-    wan21 / wan22) decodes `latent_frames` (in chunks of up to 4, one with tiles)."""
+    wan21 / wan22) decodes `latent_frames` (in chunks of up to 4, one with tiles), at `widths` (ch, mid:
+    `video_widths`) when known."""
     return _estimate("decode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes,
-                     latent_frames)  # fmt: skip
+                     latent_frames, widths)  # fmt: skip
 
 
 def estimate_encode_bytes(

@@ -78,7 +78,7 @@ def test_wrong_outputs_are_refused_before_decoding(clip_files, tmp_path, capsys)
 
 def test_plan_a_video_decode(clip_files, capsys):
     assert (
-        main(["plan", "--model", clip_files["vae"], "--decode", "832x480x81", "--vram", "4", "--json"]) == 0
+        main(["plan", "--model", clip_files["vae"], "--decode", "832x480x81", "--vram", "2", "--json"]) == 0
     )
     plan = json.loads(capsys.readouterr().out)
     (step,) = plan["steps"]

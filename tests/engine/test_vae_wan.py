@@ -256,6 +256,39 @@ def test_wan22_diffusers_layout_renames_onto_the_original():
     assert set(model.state_dict()) == set(wan_vae_original("2.2"))
 
 
+@pytest.mark.parametrize("version,naming", [("2.1", "original"), ("2.2", "original"), ("2.2", "diffusers")])
+def test_the_estimate_reads_a_video_vaes_widths_from_its_header(version, naming, tmp_path):
+    """The published layouts (sparse, header only) give the published widths; a reduced VAE's header gives
+    its own, and the Decode panel's estimate follows them."""
+    from engine.formats.safetensors import write_sparse
+    from engine.preflight import estimate as preflight
+    from engine.requests import EstimateDecode
+    from tests.support.wan_vae import write_wan_vae
+
+    kind = "wan22" if version == "2.2" else "wan21"
+    if naming == "diffusers":
+        with torch.device("meta"):
+            ref = diffusers.AutoencoderKLWan(**wan22_vae_diffusers_config())
+        rows = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
+    else:
+        rows = wan_vae_original(version)
+    path = tmp_path / "vae.safetensors"
+    write_sparse(path, [(k, "BF16", tuple(s)) for k, s in rows.items()])
+    want = (64, 1024) if kind == "wan22" else (96, 384)
+    assert est.video_widths(str(path), kind) == want == (est.VIDEO_SPECS[kind].ch, est.VIDEO_SPECS[kind].mid)
+    assert est.video_widths(str(tmp_path / "missing.safetensors"), kind) is None
+    if kind == "wan21":  # the test suite's reduced VAE: a quarter of the width or less
+        small = write_wan_vae(tmp_path / "small.safetensors")
+        ch, mid = est.video_widths(small, "wan21")
+        assert ch < 96 and mid < 384
+        from engine.formats.latent import write_latent
+
+        write_latent(tmp_path / "clip.latent", torch.zeros(1, 16, 5, 60, 104))
+        full, reduced = (preflight(EstimateDecode(v, str(tmp_path / "clip.latent"))).full_bytes
+                         for v in (str(path), small))  # fmt: skip
+        assert reduced < full / 2
+
+
 def test_a_missing_or_misshapen_key_is_named(wan21, tmp_path):
     from safetensors.torch import save_file
 
