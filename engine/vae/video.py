@@ -82,11 +82,22 @@ def decode_video(
     f, tf = vae.downscale, vae.time_factor
     n = tiling.tile_frames or t
     chunks = [(a, min(t, a + n)) for a in range(0, t, n)]
+    if tiling.tiled:
+        tile_l, overlap_l = max(1, tiling.tile_px // f), max(0, tiling.overlap_px // f)
+        tiles = plan_tiles(h, w, tile_l, overlap_l)
+        blend = min(tiling.overlap_px // 2, 32)
+    else:
+        tiles = [Tile((0, h, 0, w), (0, h, 0, w))]
+        blend = 0
     stream = Stream()
     parts = []
     for a, c in chunks:
         if token is not None:
             token.raise_if_cancelled()
+        # the head runs before any tile is done: say so, rather than leave the last stage's bar standing
+        report(
+            Progress(stage, 0, len(tiles) * len(chunks), f"middle block, latent frames {a}-{c - 1} of {t}")
+        )
         parts.append(vae.decode_head(z[:, :, a:c].to(device=device, dtype=dtype), stream))
     head = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
     del parts, stream
@@ -97,13 +108,6 @@ def decode_video(
     channels = vae.cfg.image_channels
     out = torch.zeros(b, frames_out(t, tf), channels, h * f, w * f)
     wsum = torch.zeros(1, 1, h * f, w * f)
-    if tiling.tiled:
-        tile_l, overlap_l = max(1, tiling.tile_px // f), max(0, tiling.overlap_px // f)
-        tiles = plan_tiles(h, w, tile_l, overlap_l)
-        blend = min(tiling.overlap_px // 2, 32)
-    else:
-        tiles = [Tile((0, h, 0, w), (0, h, 0, w))]
-        blend = 0
     ctx = _Ctx(vae, head, out, wsum, tf, f, blend, tiling.overlap_frames, device, dtype, token, report, counters,
                cpu_fallback)  # fmt: skip
     ctx.total = len(tiles) * len(chunks)
