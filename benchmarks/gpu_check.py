@@ -70,7 +70,10 @@ def video_vae(device: str, dim: int) -> None:
         seconds = time.perf_counter() - t0
         job = job_of(vae, z, "decode", torch.device(device), dtype)
         weights = sum(p.numel() * p.element_size() for p in vae.parameters())
-        predicted = job.video_bytes(info.tile_px if info.mode == "tiled" else None, info.tile_frames)
+        tiled = info.mode == "tiled"
+        predicted = job.video_bytes(
+            info.tile_px if tiled else None, info.tile_frames, info.overlap_px if tiled else None
+        )
         predicted -= RUNTIME_BYTES + weights
         peak = torch.cuda.max_memory_allocated() - base if cuda else None
         emit(check=f"wan21 dim{dim} 832x480x17 {name}", device=device, dtype=str(dtype).removeprefix("torch."),

@@ -407,7 +407,7 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
 
         cap = max(0, int(psutil.virtual_memory().available) - (1 << 30))
     t = choose_video(job, cap)
-    peak = job.video_bytes(t.tile_px if t.tiled else None, t.tile_frames)
+    peak = job.video_bytes(t.tile_px if t.tiled else None, t.tile_frames, t.overlap_px if t.tiled else None)
     detail = {
         "width": w,
         "height": h,

@@ -61,9 +61,21 @@ class Job:
     def pixels(self) -> int:
         return self.lat_hw[0] * self.lat_hw[1] * self.downscale**2 * self.batch
 
-    def video_bytes(self, tile_px: int | None, tile_frames: int) -> int:
+    def video_bytes(self, tile_px: int | None, tile_frames: int, overlap_px: int | None = None) -> int:
         return estimate.video_bytes(self.spec, self.pixels, self.frames, self.esize, tile_px=tile_px,
-                                    tile_frames=tile_frames, result_in_ram=not self.cuda)  # fmt: skip
+                                    tile_frames=tile_frames, result_in_ram=not self.cuda,
+                                    tile_area=self.largest_tile_area(tile_px, overlap_px))  # fmt: skip
+
+    def largest_tile_area(self, tile_px: int | None, overlap_px: int | None = None) -> int | None:
+        """Output pixels of the largest box a video tile computes (core plus context) when the frame is
+        cut into `tile_px` tiles with `overlap_px` (default: the family's context on each side) -- as the
+        run plans them: at 832x480, 512-px tiles are 272x448 boxes, not 512x512."""
+        if tile_px is None:
+            return None
+        f, (h, w) = self.downscale, self.lat_hw
+        overlap = self.spec.context_px(self.direction) * 2 if overlap_px is None else overlap_px
+        boxes = [t.pad for t in plan_tiles(h, w, max(1, tile_px // f), max(0, overlap // f))]
+        return max((y1 - y0) * (x1 - x0) for y0, y1, x0, x1 in boxes) * f * f * self.batch
 
 
 def default_tile_px(job: Job, budget: int) -> tuple[int, int]:
@@ -83,10 +95,10 @@ def default_tile_px(job: Job, budget: int) -> tuple[int, int]:
 MAX_TILE_FRAMES = 4  # latent frames per chunk: beyond this a chunk costs memory and gains no speed
 
 
-def tile_frames_for(job: Job, budget: int, tile_px: int | None) -> int:
+def tile_frames_for(job: Job, budget: int, tile_px: int | None, overlap_px: int | None = None) -> int:
     """Latent frames per temporal chunk: the most (up to MAX_TILE_FRAMES) whose chunk fits `budget`."""
     n = min(MAX_TILE_FRAMES, job.frames)
-    while n > 1 and job.video_bytes(tile_px, n) > budget:
+    while n > 1 and job.video_bytes(tile_px, n, overlap_px) > budget:
         n -= 1
     return max(1, n)
 
@@ -105,7 +117,7 @@ def choose_video(
     d_tile, d_overlap = default_tile_px(job, budget)
     tile = tile or d_tile
     overlap = d_overlap if overlap is None else overlap
-    n = tile_frames or tile_frames_for(job, budget, tile)
+    n = tile_frames or tile_frames_for(job, budget, tile, overlap)
     t = tiled(job, tile, overlap, 0)
     return Tiling("tiled", t.tile_px, t.overlap_px, t.rects, 0, n, overlap_frames)
 

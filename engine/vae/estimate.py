@@ -107,15 +107,16 @@ def video_chunk_bytes(spec: VaeSpec, pixels: int, latent_frames: int, esize: int
 
 def video_bytes(
     spec: VaeSpec, frame_pixels: int, latent_frames: int, esize: int, *, tile_px: int | None = None,
-    tile_frames: int = 1, result_in_ram: bool = True,
+    tile_frames: int = 1, result_in_ram: bool = True, tile_area: int | None = None,
 ) -> int:  # fmt: skip
     """Predicted peak of a video decode: runtime, weights, the head's output for every latent frame, one
     chunk of `tile_frames` over the whole frame (or a tile_px tile) with the causal cache the chunks
     carry (twice on a GPU, its retry snapshot), and the float32 result when it lives in the same memory
-    (a CPU decode, which keeps no snapshot)."""
+    (a CPU decode, which keeps no snapshot). `tile_area`: the largest tile's box in output pixels where
+    the caller planned the tiles (engine.vae.choice.Job), else tile_px squared."""
     latent_px = frame_pixels // (spec.downscale**2)
     head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * tile_frames * latent_px * esize
-    area = frame_pixels if tile_px is None else min(frame_pixels, tile_px * tile_px)
+    area = frame_pixels if tile_px is None else min(frame_pixels, tile_area or tile_px * tile_px)
     chunk = video_chunk_bytes(spec, area, tile_frames, esize)
     if tile_frames < latent_frames:
         chunk += int(K_VIDEO_CACHE[spec.kind] * (1 if result_in_ram else 2) * spec.ch * area * esize)

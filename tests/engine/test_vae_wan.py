@@ -358,6 +358,11 @@ def test_choice_picks_full_frames_then_tiles_and_chunks_by_budget():
     assert job.video_bytes(tight.tile_px, tight.tile_frames) <= 2 << 30
     # the estimate grows with frames per chunk and shrinks with the tile
     assert job.video_bytes(None, 2) > job.video_bytes(None, 1) > job.video_bytes(256, 1)
+    # a tile is estimated at the box the run computes: 512-px tiles over 832x480 are 272x448 with context
+    assert job.largest_tile_area(512) == 272 * 448 and job.largest_tile_area(512, 0) == 480 * 416
+    assert job.video_bytes(512, 1) < est.video_bytes(
+        spec, job.pixels, 21, 2, tile_px=512, result_in_ram=False
+    )
 
 
 def test_stop_mid_decode_raises_cancelled_and_the_next_decode_runs(wan21):
