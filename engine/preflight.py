@@ -60,5 +60,11 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
             kw["widths"] = widths
             frames = 1 + 4 * (t - 1) if len(shape) == 5 else 0
     full = fn(width, height, **kw)
+    if "latent_frames" in kw:  # a video tile computes its whole box: as the run plans it
+        from .vae.choice import largest_box_px
+        from .vae.estimate import VIDEO_SPECS
+
+        overlap = VIDEO_SPECS[kind].context_px("decode") * 2
+        kw["tile_area"] = largest_box_px((h, w), f, req.tile, overlap) * batch
     tiled = fn(width, height, tile=req.tile, **kw)
     return DecodeEstimate(direction, width, height, full, tiled, req.tile, frames)

@@ -72,10 +72,15 @@ class Job:
         run plans them: at 832x480, 512-px tiles are 272x448 boxes, not 512x512."""
         if tile_px is None:
             return None
-        f, (h, w) = self.downscale, self.lat_hw
         overlap = self.spec.context_px(self.direction) * 2 if overlap_px is None else overlap_px
-        boxes = [t.pad for t in plan_tiles(h, w, max(1, tile_px // f), max(0, overlap // f))]
-        return max((y1 - y0) * (x1 - x0) for y0, y1, x0, x1 in boxes) * f * f * self.batch
+        return largest_box_px(self.lat_hw, self.downscale, tile_px, overlap) * self.batch
+
+
+def largest_box_px(lat_hw: tuple[int, int], downscale: int, tile_px: int, overlap_px: int) -> int:
+    """Output pixels of the largest box (core plus context) of the tiles the run plans (plan_tiles)."""
+    f, (h, w) = downscale, lat_hw
+    boxes = [t.pad for t in plan_tiles(h, w, max(1, tile_px // f), max(0, overlap_px // f))]
+    return max((y1 - y0) * (x1 - x0) for y0, y1, x0, x1 in boxes) * f * f
 
 
 def default_tile_px(job: Job, budget: int) -> tuple[int, int]:

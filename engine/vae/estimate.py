@@ -221,13 +221,13 @@ def _spec(kind: str, latent_channels: int, weight_bytes: int | None, widths=None
 
 
 def _estimate(
-    direction, px, kind, latent_channels, dtype, tile, weight_bytes, latent_frames=1, widths=None
-) -> int:
+    direction, px, kind, latent_channels, dtype, tile, weight_bytes, latent_frames=1, widths=None, tile_area=None
+) -> int:  # fmt: skip
     spec = _spec(kind, latent_channels, weight_bytes, widths)
     esize = DTYPE_BYTES[dtype]
     if spec.video and direction == "decode":
         n = min(4, latent_frames) if tile is None else 1
-        return video_bytes(spec, px, latent_frames, esize, tile_px=tile, tile_frames=n)
+        return video_bytes(spec, px, latent_frames, esize, tile_px=tile, tile_frames=n, tile_area=tile_area)
     if tile is None:
         return full_bytes(spec, direction, px, esize)
     return tiled_bytes(spec, direction, px, tile, esize)
@@ -245,13 +245,15 @@ def estimate_decode_bytes(
     weight_bytes: int | None = None,
     latent_frames: int = 1,
     widths: tuple[int, int] | None = None,
+    tile_area: int | None = None,
 ) -> int:
     """Predicted peak bytes of decoding a width x height image (full, or with `tile`-px tiles whose
     states are spilled to disk); `weight_bytes` from the VAE's header when known. A video VAE (`kind`
     wan21 / wan22) decodes `latent_frames` (in chunks of up to 4, one with tiles), at `widths` (ch, mid:
-    `video_widths`) when known."""
+    `video_widths`) when known, its tiles' largest box `tile_area` (engine.vae.choice.largest_box_px)
+    when the caller planned them, else tile squared."""
     return _estimate("decode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes,
-                     latent_frames, widths)  # fmt: skip
+                     latent_frames, widths, tile_area)  # fmt: skip
 
 
 def estimate_encode_bytes(

@@ -287,6 +287,13 @@ def test_the_estimate_reads_a_video_vaes_widths_from_its_header(version, naming,
         full, reduced = (preflight(EstimateDecode(v, str(tmp_path / "clip.latent"))).full_bytes
                          for v in (str(path), small))  # fmt: skip
         assert reduced < full / 2
+        # the tiled figure counts the box a 512-px tile computes at 832x480 (272x448), not 512x512
+        from engine.preflight import _vae_facts
+
+        got = preflight(EstimateDecode(str(path), str(tmp_path / "clip.latent"))).tiled_bytes
+        kw = dict(kind="wan21", latent_frames=5, tile=512, weight_bytes=_vae_facts(str(path))[1])
+        boxed = est.estimate_decode_bytes(832, 480, tile_area=272 * 448, **kw)
+        assert got == boxed < est.estimate_decode_bytes(832, 480, **kw)
 
 
 def test_a_missing_or_misshapen_key_is_named(wan21, tmp_path):
