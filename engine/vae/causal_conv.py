@@ -78,15 +78,8 @@ class CausalConv3d(ops.Conv3d):
         frames are cloned on the way. `inplace` (cout == cin, x not needed after): each slice's output
         overwrites its own input frames, already read into the buffer -- a residual block then holds
         x, h and one slice, not x, a padded h and h's convolution."""
-        hist, (pl, pr, pt, pb) = self.history, self.space_pad
-        n, c, t, h, w = x.shape
-        prev = stream.frames.get(id(self)) if stream is not None else None
-        buf = torch.empty(n, c, hist + frames, pt + h + pb, pl + w + pr, dtype=x.dtype, device=x.device,
-                          memory_format=_conv_layout(x)).zero_()  # fmt: skip
-        inner = buf[:, :, :, pt : pt + h, pl : pl + w]
-        if prev is not None:
-            inner[:, :, :hist] = prev
-        del prev
+        hist, (n, _, t, _, _) = self.history, x.shape
+        buf, inner = self._buffer(x, frames, stream)
         out = x if inplace else None
         for a in range(0, t, frames):
             k = min(t, a + frames) - a
@@ -102,18 +95,14 @@ class CausalConv3d(ops.Conv3d):
             del y
             for i in range(hist):  # frame by frame, front first: the copies never overlap
                 inner[:, :, i] = inner[:, :, k + i]
-        if stream is not None:
-            if stream.keep:
-                stream.frames[id(self)] = inner[:, :, :hist].clone()
-            else:
-                stream.frames.pop(id(self), None)
+        self._carry(stream, inner[:, :, :hist])
         return out
 
     def pad(
         self, x: torch.Tensor, stream: Stream | None, norm: ops.ChannelRMSNorm | None = None
     ) -> torch.Tensor:
         """What this convolution convolves: x (or SiLU(norm(x))) with its history frames and zero borders,
-        the stream updated. Apart from `step` so that a caller can drop x before the convolution runs."""
+        the stream updated (what `step` convolves when it takes the chunk whole)."""
         hist, (pl, pr, pt, pb) = self.history, self.space_pad
         if norm is not None and not (hist or pl or pr or pt or pb):
             x = F.silu(norm(x), inplace=True)
@@ -121,25 +110,39 @@ class CausalConv3d(ops.Conv3d):
         if hist or pl or pr or pt or pb:
             # History frames and zero borders in one buffer, x copied in once (a cat and then a pad
             # held two copies of the chunk's input at once)
-            prev = stream.frames.get(id(self)) if stream is not None and hist else None
-            n, c, t, h, w = x.shape
-            buf = torch.empty(n, c, hist + t, pt + h + pb, pl + w + pr, dtype=x.dtype, device=x.device,
-                              memory_format=_conv_layout(x)).zero_()  # fmt: skip
-            inner = buf[:, :, :, pt : pt + h, pl : pl + w]
-            if prev is not None:
-                inner[:, :, :hist] = prev
+            buf, inner = self._buffer(x, x.shape[2], stream)
             if norm is not None:
                 norm.silu_into(x, inner[:, :, hist:])
             else:
                 inner[:, :, hist:] = x
-            if hist and stream is not None:
-                if stream.keep:
-                    stream.frames[id(self)] = inner[:, :, -hist:].clone()
-                else:  # read for the last time: let it go now
-                    stream.frames.pop(id(self), None)
+            self._carry(stream, inner[:, :, inner.shape[2] - hist :])
             del inner
             x = buf
         return x
+
+    def _buffer(
+        self, x: torch.Tensor, frames: int, stream: Stream | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A zeroed buffer for the history and `frames` frames of x's size with their zero borders (the
+        layout of _conv_layout), the stream's last frames in its history; and its inside (no borders)."""
+        hist, (pl, pr, pt, pb) = self.history, self.space_pad
+        n, c, _, h, w = x.shape
+        buf = torch.empty(n, c, hist + frames, pt + h + pb, pl + w + pr, dtype=x.dtype, device=x.device,
+                          memory_format=_conv_layout(x)).zero_()  # fmt: skip
+        inner = buf[:, :, :, pt : pt + h, pl : pl + w]
+        prev = stream.frames.get(id(self)) if stream is not None and hist else None
+        if prev is not None:
+            inner[:, :, :hist] = prev
+        return buf, inner
+
+    def _carry(self, stream: Stream | None, last: torch.Tensor) -> None:
+        """The stream keeps a copy of the last `history` input frames for the next chunk -- or, past the
+        clip's (or tile's) last chunk, drops them now."""
+        if self.history and stream is not None:
+            if stream.keep:
+                stream.frames[id(self)] = last.clone()
+            else:
+                stream.frames.pop(id(self), None)
 
 
 def _onednn(x: torch.Tensor) -> bool:

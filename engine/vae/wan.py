@@ -87,18 +87,10 @@ class ResidualBlock(nn.Module):
 
     def step(self, x: torch.Tensor, stream: Stream | None) -> torch.Tensor:
         r = self.residual
-        if x.shape[2] > SLICE_FRAMES:
-            # A slice of frames at a time, the second convolution over its own input (CausalConv3d.sliced):
-            # x, h and one slice's buffers at most
-            h = r[2].sliced(x, stream, r[0], SLICE_FRAMES)
-            h = r[6].sliced(h, stream, r[3], SLICE_FRAMES, inplace=True)
-        else:
-            # Padding and convolution apart, each result assigned over the last: the first convolution's
-            # output is gone before the second one's is made (x, one padded buffer, one output at most).
-            h = r[2].pad(x, stream, norm=r[0])
-            h = r[2](h)
-            h = r[6].pad(h, stream, norm=r[3])
-            h = r[6](h)
+        # A slice of frames at a time, the second convolution over its own input (CausalConv3d.sliced):
+        # x, h and one slice's buffers at most
+        h = r[2].sliced(x, stream, r[0], SLICE_FRAMES)
+        h = r[6].sliced(h, stream, r[3], SLICE_FRAMES, inplace=True)
         if self.shortcut is not None:
             x = self.shortcut.step(x, stream)
         # In place on the convolution's fresh output (the same sum: addition commutes bit for bit): one
@@ -240,18 +232,17 @@ class Level(nn.Module):
 
     def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
         inner: _Indexed = getattr(self, self._name)
-        if self._name == "downsamples":
-            short = avg_down(x, self.cout, self.ft, self.fs)
-            for m in inner._modules.values():
-                x = m.step(x, stream)
-            return x + short
+        down = self._name == "downsamples"
+        short = avg_down(x, self.cout, self.ft, self.fs) if down else None
         first = id(self) not in stream.started
         stream.started.add(id(self))
         y = x
         for m in inner._modules.values():
             y = m.step(y, stream)
-        # The shortcut from the level's input, kept instead of dup_up's tensor (8x its size when the
-        # level doubles time), added into the fresh output
+        if down:
+            return y + short
+        # The up shortcut from the level's input, kept instead of its built tensor (8x the input when
+        # the level doubles time), added into the fresh output
         return add_dup_up(y, x, self.ft, self.fs, first) if self.fs > 1 else y
 
 
