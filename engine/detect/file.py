@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import stat
 
 from ..errors import Cancelled, EngineError, FormatError
 from ..gcpause import gc_paused
@@ -51,11 +52,12 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
     size = None
     fmt = None
     try:
-        if os.path.isdir(p):
+        st = os.stat(p)  # one stat for both questions (a library scan asks them of every file)
+        if stat.S_ISDIR(st.st_mode):
             from .folder import detect_folder
 
             return detect_folder(p)
-        size = os.path.getsize(p)
+        size = st.st_size
         # Imported here, so the catalog's error_detection and guarded do not load the rules.
         from ..formats import open_index, sniff
         from .core import detect_index
@@ -70,7 +72,7 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
             if size < 64 and what != "a text file":
                 raise FormatError(f"the file is only {size} bytes long: a truncated download?")
             raise FormatError(f"this is {what}, not a model file")
-        index = open_index(p)  # headers only: safetensors JSON, a torch zip's data.pkl, GGUF tables
+        index = open_index(p, fmt)  # headers only: safetensors JSON, a torch zip's data.pkl, GGUF tables
         d = detect_index(index, path=p)
         if d.file_bytes is None:
             d = dataclasses.replace(d, file_bytes=size)

@@ -84,19 +84,22 @@ def index_of_header(h, path: str) -> ModelIndex:
     return ModelIndex(path, "safetensors", h.file_size, h.data_size, tensors, dict(h.metadata))
 
 
-def open_index(path: str | os.PathLike) -> ModelIndex:
+def open_index(path: str | os.PathLike, kind: str | None = None) -> ModelIndex:
     """Index a model file from its header: safetensors, torch zip, legacy/bare pickle or GGUF.
 
+    `kind`: what `sniff` said of this file, when the caller has asked already (a library scan's
+    detection does, to name what a non-model file is), so the file is not opened once more for it.
     Raises FormatError for a corrupt, truncated, hostile or unrecognised file (its message says which)
     and UnsupportedModel for a real container Loadout cannot read at all.
     """
     from . import sniff
 
     p = os.fspath(path)
-    try:
-        kind = sniff(p)
-    except OSError as e:
-        raise FormatError(f"{p}: cannot read the file ({e.strerror or e})", path=p) from e
+    if kind is None:
+        try:
+            kind = sniff(p)
+        except OSError as e:
+            raise FormatError(f"{p}: cannot read the file ({e.strerror or e})", path=p) from e
     if kind == "safetensors":
         return _from_safetensors(p)
     if kind in ("torch-zip", "pickle"):
