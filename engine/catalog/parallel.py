@@ -1,7 +1,8 @@
 """Reading many headers: in this process, or — for a big cold scan — in worker processes.
 
 Header parsing and detection are pure Python, so threads would queue on the GIL; worker processes
-(spawned, never forked: the GUI has threads, and a fork copies their locks) parse in parallel and send
+(forked from a one-thread command line, else spawned: the GUI has threads, and a fork copies their
+locks; see start_method) parse in parallel and send
 back Detection objects (pickled). Workers import engine.detect only (no torch, no Qt, not the catalog:
 the worker's function is engine.detect.file.detect_chunk, so a worker starts 40 ms sooner). Results arrive in completion
 order; the caller stores them as they come, so a cancel keeps everything finished so far.
@@ -58,6 +59,25 @@ def auto_workers(n_files: int, detector: Detector) -> int:
     return max(1, min(8, usable_cpus(), n_files // CHUNK))
 
 
+def start_method() -> str:
+    """How scan workers start: forked where that is safe, else spawned.
+
+    A forked worker starts with the rules already imported: 0.1 s sooner than a spawned one, which
+    starts an interpreter and imports engine.detect (5 % of a 1,000-file cold scan on 2 cores). Safe
+    means one thread in this process (the command line): a fork copies only the calling thread, so a
+    lock another thread held (the window's, torch's thread pools, Qt's) would stay locked in the
+    child. Never on macOS, whose system libraries refuse to run after a fork."""
+    import threading
+
+    if (
+        sys.platform.startswith("linux")
+        and threading.active_count() == 1
+        and not any(m in sys.modules for m in ("torch", "PySide6.QtCore"))
+    ):
+        return "fork"
+    return "spawn"
+
+
 def _lower_priority() -> None:
     """Worker initializer: below the app's priority, so a big scan never makes the window stutter."""
     try:
@@ -93,7 +113,7 @@ def detect_many(
     order = sorted(todo, key=lambda f: -f.size)
     chunks = [[(f.path, f.size) for f in order[i : i + CHUNK]] for i in range(0, n, CHUNK)]
     ex = cf.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
+        workers, mp_context=multiprocessing.get_context(start_method()), initializer=_lower_priority
     )
     try:
         futures = [ex.submit(detect_chunk, c) for c in chunks]

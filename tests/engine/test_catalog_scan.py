@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 
 import pytest
 
@@ -236,3 +237,38 @@ def test_scan_workers_run_below_the_app_s_priority():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     before, after = map(int, r.stdout.split())
     assert after == min(19, before + 5)
+
+
+_FORKED_SCAN = """
+import sys
+from engine.catalog import LibraryCache, scan
+from engine.catalog.parallel import start_method
+
+lib, d = sys.argv[1], sys.argv[2]
+with LibraryCache(d + "/serial.sqlite3") as c1, LibraryCache(d + "/forked.sqlite3") as c2:
+    serial = scan([lib], cache=c1, workers=1)
+    forked = scan([lib], cache=c2, workers=2)
+    same = [(e.path, e.detection) for e in forked.entries] == [(e.path, e.detection) for e in serial.entries]
+    print(start_method(), same, forked.read, len(c2.all()))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork on Linux only")
+def test_a_one_thread_command_line_forks_its_workers_and_gets_the_same_library(tmp_path):
+    import subprocess
+
+    from engine.catalog.parallel import start_method
+
+    assert start_method() == "spawn"  # this process has torch (and its thread pools) loaded
+    m = tmp_path / "lib"
+    layouts = ["sd1_checkpoint", "clip_l", "sd_vae", "embedding_sd1"]
+    for i in range(20):
+        synth.write(layouts[i % len(layouts)], m / f"{layouts[i % len(layouts)]}_{i}.safetensors")
+    r = subprocess.run(
+        [sys.executable, "-c", _FORKED_SCAN, str(m), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["fork", "True", "20", "20"]
