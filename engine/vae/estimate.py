@@ -97,25 +97,16 @@ class VaeSpec:
         return CONTEXT_PX[(self.kind, direction)]
 
 
-def video_chunk_bytes(
-    spec: VaeSpec, pixels: int, latent_frames: int, esize: int, frames: int | None = None
-) -> int:
+def video_chunk_bytes(spec: VaeSpec, pixels: int, latent_frames: int, esize: int) -> int:
     """Activations of one temporal chunk of `latent_frames` over `pixels` output pixels (one tile): its
-    `frames` output frames (default time_factor per latent frame, as every chunk but the clip's first)."""
-    frames = spec.time_factor * max(1, latent_frames) if frames is None else frames
+    output frames counted as time_factor per latent frame, the clip's first chunk too, though it decodes
+    fewer (its first latent frame gives one frame: 5 frames from 2). Counted at its real frames, a short
+    clip's estimate fell under the measured peak at small tiles (width 16, 832x480x5: 0.95 at 384 px,
+    0.97-0.99 at 256 and 192, where tiles of several sizes fragment the heap), so the over-count stays
+    as that margin (1.08-1.24 there, 1.5-1.65 at 512 px and whole frames)."""
+    frames = spec.time_factor * max(1, latent_frames)
     k = K_VIDEO_FRAME[spec.kind] * frames + K_VIDEO_CHUNK[spec.kind]
     return int(k * spec.ch * pixels * esize)
-
-
-def chunk_frames(time_factor: int, latent_frames: int, tile_frames: int) -> int:
-    """Output frames of a clip's biggest temporal chunk of `tile_frames` latent frames: the first chunk
-    decodes its first latent frame to one frame (1 + time_factor * (n - 1)), each later chunk gives
-    time_factor per latent frame. A clip in one chunk (5 frames from 2 latent frames) is estimated at
-    its own frames, as K_VIDEO_FRAME was calibrated (1, 5, 9, 13 frames), not at 8."""
-    n = max(1, min(tile_frames, latent_frames))
-    first = 1 + time_factor * (n - 1)
-    later = time_factor * min(n, latent_frames - n) if latent_frames > n else 0
-    return max(first, later)
 
 
 def video_bytes(
@@ -128,15 +119,10 @@ def video_bytes(
     (a CPU decode, which keeps no snapshot). `tile_area`: the largest tile's box in output pixels where
     the caller planned the tiles (engine.vae.choice.Job), else tile_px squared."""
     latent_px = frame_pixels // (spec.downscale**2)
-    n = max(1, min(tile_frames, latent_frames))  # a chunk holds no more latent frames than the clip
-    head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * n * latent_px * esize
+    head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * tile_frames * latent_px * esize
     area = frame_pixels if tile_px is None else min(frame_pixels, tile_area or tile_px * tile_px)
-    # ... but never fewer than time_factor frames: a one-frame decode (a Qwen-Image picture, a clip's
-    # first chunk of one latent frame) measured 231 MB at width 16, where 5 frames took 409 MB, so its
-    # fixed part is more than K_VIDEO_CHUNK (counted at 1 frame the estimate read 0.83-0.86 of it).
-    out = max(chunk_frames(spec.time_factor, latent_frames, n), spec.time_factor)
-    chunk = video_chunk_bytes(spec, area, n, esize, out)
-    if n < latent_frames:
+    chunk = video_chunk_bytes(spec, area, tile_frames, esize)
+    if tile_frames < latent_frames:
         chunk += int(K_VIDEO_CACHE[spec.kind] * (1 if result_in_ram else 2) * spec.ch * area * esize)
     frames = 1 + spec.time_factor * (latent_frames - 1)
     result = 12 * frames * frame_pixels if result_in_ram else 0

@@ -372,23 +372,6 @@ def test_choice_picks_full_frames_then_tiles_and_chunks_by_budget():
     )
 
 
-def test_a_chunk_is_estimated_at_the_frames_it_decodes():
-    # The clip's first latent frame decodes to one frame; every later one to time_factor (4 for Wan).
-    assert est.chunk_frames(4, 1, 4) == 1
-    assert est.chunk_frames(4, 2, 4) == 5  # a short clip in one chunk: 5 frames, not 8
-    assert est.chunk_frames(4, 5, 4) == 13  # chunks [0, 4) and [4, 5): 13 and 4 frames
-    assert est.chunk_frames(4, 21, 4) == 16  # 81 frames: the later chunks are the biggest
-    assert est.chunk_frames(4, 21, 1) == 4
-    assert est.chunk_frames(4, 4, 2) == 8
-    spec = est.video_spec("wan21")
-    short = est.video_bytes(spec, 832 * 480, 2, 4, tile_frames=2)
-    # the same chunk as a later one of a longer clip holds 8 frames (and, chunked, the causal cache)
-    later = est.video_bytes(spec, 832 * 480, 4, 4, tile_frames=2)  # chunks [0, 2) and [2, 4)
-    assert later > short + est.video_chunk_bytes(spec, 832 * 480, 2, 4, 8) - est.video_chunk_bytes(
-        spec, 832 * 480, 2, 4, 5
-    )
-
-
 def test_stop_mid_decode_raises_cancelled_and_the_next_decode_runs(wan21):
     from engine.errors import Cancelled
     from engine.jobs import CancelToken
