@@ -77,6 +77,9 @@ def _listing(folder: str) -> dict[str, str]:
         return {}
 
 
+_UNSET = object()
+
+
 class _Walker:
     def __init__(self, token: CancelToken, report: Report):
         self.token, self.report = token, report
@@ -85,6 +88,7 @@ class _Walker:
         self.unlisted: list[str] = []  # folders we could not list: their cached rows must be kept
         self._seen_dirs: set[tuple[int, int]] = set()
         self._seen_files: set[tuple[int, int]] = set()
+        self._kinds: dict[tuple[str, str, str | None], str | None] = {}  # a folder's hint, asked once
 
     def add_file(self, path: str, root: Root, names: dict[str, str] | None = None) -> None:
         try:
@@ -105,7 +109,10 @@ class _Walker:
         if names is None:
             names = _listing(folder)
         preview, notes = _sidecars(os.path.splitext(name)[0], names, folder)
-        kind = declared_kind_for_path(path, root.path, root.kind)
+        key = (folder, root.path, root.kind)
+        kind = self._kinds.get(key, _UNSET)
+        if kind is _UNSET:  # relpath and the folder names, once per folder, not per file
+            kind = self._kinds[key] = declared_kind_for_path(path, root.path, root.kind)
         self.found.append(
             Found(
                 path, root.path, kind, False, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino, preview, notes
