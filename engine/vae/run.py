@@ -20,7 +20,7 @@ from ..jobs import CancelToken, Progress, Report, no_report
 from ..memory import release_memory
 from . import choice, estimate
 from .choice import MIN_TILE_PX  # noqa: F401  (re-exported for callers of the run)
-from .tiling import DiskStore, NonFinite, TileStore, batch_tiles, plan_tiles, run_tiled
+from .tiling import DiskStore, NonFinite, TileStore, batch_tiles, box_px, plan_tiles, run_tiled
 
 
 @dataclass
@@ -365,7 +365,7 @@ def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, r
         # so the slack is that of the biggest batch's computed boxes, not of one tile: sized for one
         # 128-px tile, the demo's batches of 16 trimmed after every batch of every pass (264 trims,
         # 1.46x the full decode's time against 1.11x).
-        batch_box = max(sum(_box_px(tiles[i], f) for i in b) for b in batches)
+        batch_box = max(sum(box_px(tiles[i], f) for i in b) for b in batches)
         slack = estimate.tile_bytes(spec, max(tiling.tile_px, math.isqrt(batch_box)), esize, direction) // 4
         common = dict(
             tiles=tiles, latent_hw=lat_hw, store=store, token=token, report=report, stage=stage,
@@ -383,11 +383,6 @@ def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, r
         del xin
         _guard(y, dtype)
         return _finish(vae, vae.encode_tail(y.to(dtype)), direction)
-
-
-def _box_px(t, f: int) -> int:
-    """Image pixels of a tile's box (its `pad`), as batch_tiles counts them against a batch's size."""
-    return (t.pad[1] - t.pad[0]) * (t.pad[3] - t.pad[2]) * f * f
 
 
 def _pass_video(vae, x, direction, tiling, device, dtype, budget, token, report, info):

@@ -393,6 +393,11 @@ def _crop(x_whole: torch.Tensor, t: Tile, scale: float, halo: int, hw: tuple[int
     return x_whole[:, :, y0:y1, x0:x1]
 
 
+def box_px(t: Tile, px_scale: int) -> int:
+    """Image pixels of a tile's box (its `pad`): what a batch's size is counted in."""
+    return (t.pad[1] - t.pad[0]) * (t.pad[3] - t.pad[2]) * px_scale * px_scale
+
+
 def batch_tiles(tiles: list[Tile], px_scale: int, batch_px: int) -> list[list[int]]:
     """Tile indices grouped into batches of tiles of one shape (core size, and which image edges it
     lies on: every pass's region is then the same size), each at most `batch_px` image pixels of
@@ -408,8 +413,8 @@ def batch_tiles(tiles: list[Tile], px_scale: int, batch_px: int) -> list[list[in
         key = (y1 - y0, x1 - x0, y0 == 0, y1 == h, x0 == 0, x1 == w, t.pad[1] - t.pad[0], t.pad[3] - t.pad[2])
         groups.setdefault(key, []).append(i)
     out = []
-    for key, idx in groups.items():
-        k = max(1, batch_px // (key[6] * key[7] * px_scale * px_scale))
+    for idx in groups.values():
+        k = max(1, batch_px // box_px(tiles[idx[0]], px_scale))  # one shape per group
         out += [idx[j : j + k] for j in range(0, len(idx), k)]
     # The batch holding the last tile runs last: a pass's final progress report names the last tile,
     # as it did one tile at a time (a GUI that drops reports between frames still sees it).

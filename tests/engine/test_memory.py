@@ -218,44 +218,9 @@ def test_cuda_sample_agrees_with_mem_get_info_and_tracks_allocations():
     torch.cuda.empty_cache()
 
 
-_TRIM_PROBE = """
-import ctypes, sys
-import psutil
-from engine.memory import trim_heap
-
-libc = ctypes.CDLL("libc.so.6")
-if not hasattr(libc, "mallinfo2"):
-    print("skip"); sys.exit(0)
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-proc = psutil.Process()
-blocks = [libc.malloc(96 << 10) for _ in range(1200)]  # below the mmap threshold: on the heap
-for b in blocks:
-    ctypes.memset(b, 1, 96 << 10)
-for b in blocks[::2]:  # every other one: 56 MiB of free chunks the kept ones keep apart, so free()
-    libc.free(b)  # cannot hand them back by shrinking the heap's top
-held = proc.memory_info().rss
-trim_heap(1 << 40)  # more slack than free heap: kept
-kept = proc.memory_info().rss
-trim_heap(8 << 20)  # 56 MiB free is more than 8 MiB of slack: handed back
-print(held, kept, proc.memory_info().rss)
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim / mallinfo2")
-def test_trim_heap_keeps_free_heap_up_to_the_slack_and_returns_the_rest():
-    # In a fresh process: what earlier tests did to this one's heap (and to glibc's mmap threshold)
-    # would decide where the blocks land.
-    r = subprocess.run([sys.executable, "-c", _TRIM_PROBE], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    if r.stdout.strip() == "skip":
-        pytest.skip("glibc older than 2.33")
-    held, kept, trimmed = map(int, r.stdout.split())
-    assert kept > held - (8 << 20)
-    assert trimmed < held - (32 << 20)
-
-
-_RETRIM_PROBE = """
+# Both probes run in a fresh process: what earlier tests did to this one's heap (and to glibc's mmap
+# threshold) would decide where the blocks land.
+_HEAP_PRELUDE = """
 import ctypes, sys
 import psutil
 from engine import memory
@@ -268,14 +233,26 @@ libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 proc = psutil.Process()
 
-def churn(blocks):  # fault pages in, then free every other block (the kept ones pin the heap's top)
+def faulted(n):  # n blocks of 96 KiB, below the mmap threshold: on the heap, every page touched
+    blocks = [libc.malloc(96 << 10) for _ in range(n)]
     for b in blocks:
         ctypes.memset(b, 1, 96 << 10)
-    for b in blocks[::2]:
-        libc.free(b)
+    return blocks
 
-blocks = [libc.malloc(96 << 10) for _ in range(1200)]
-churn(blocks)
+blocks = faulted(1200)
+for b in blocks[::2]:  # every other one: 56 MiB of free chunks the kept ones keep apart, so free()
+    libc.free(b)  # cannot hand them back by shrinking the heap's top
+"""
+
+_TRIM_PROBE = """
+held = proc.memory_info().rss
+trim_heap(1 << 40)  # more slack than free heap: kept
+kept = proc.memory_info().rss
+trim_heap(8 << 20)  # 56 MiB free is more than 8 MiB of slack: handed back
+print(held, kept, proc.memory_info().rss)
+"""
+
+_RETRIM_PROBE = """
 trim_heap(8 << 20)  # the 56 MiB of free chunks go back; glibc still counts them as free heap
 trims = []
 real = memory._libc.malloc_trim
@@ -283,10 +260,7 @@ memory._libc.malloc_trim = lambda pad: trims.append(pad) or real(pad)
 low = proc.memory_info().rss
 trim_heap(8 << 20)  # nothing held was freed since: nothing to trim, however much glibc counts free
 again = len(trims)
-refill = [libc.malloc(96 << 10) for _ in range(600)]  # the freed chunks, faulted in again
-for b in refill:
-    ctypes.memset(b, 1, 96 << 10)
-for b in refill:
+for b in faulted(600):  # the freed chunks, faulted in again, and freed
     libc.free(b)
 held = proc.memory_info().rss
 trim_heap(8 << 20)  # 56 MiB held again and free: handed back
@@ -294,15 +268,28 @@ print(again, len(trims), low, held, proc.memory_info().rss)
 """
 
 
+def _heap_probe(code: str) -> list[int]:
+    r = subprocess.run(
+        [sys.executable, "-c", _HEAP_PRELUDE + code], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    if r.stdout.strip() == "skip":
+        pytest.skip("glibc older than 2.33")
+    return list(map(int, r.stdout.split()))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim / mallinfo2")
+def test_trim_heap_keeps_free_heap_up_to_the_slack_and_returns_the_rest():
+    held, kept, trimmed = _heap_probe(_TRIM_PROBE)
+    assert kept > held - (8 << 20)
+    assert trimmed < held - (32 << 20)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim / mallinfo2")
 def test_trim_heap_trims_only_what_was_freed_since_the_last_trim():
     # glibc keeps counting trimmed pages as free heap: a slack test on that count alone trimmed (and
     # re-faulted) on every call once a big run had left a big free heap behind.
-    r = subprocess.run([sys.executable, "-c", _RETRIM_PROBE], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    if r.stdout.strip() == "skip":
-        pytest.skip("glibc older than 2.33")
-    again, total, low, held, trimmed = map(int, r.stdout.split())
+    again, total, low, held, trimmed = _heap_probe(_RETRIM_PROBE)
     assert again == 0
     assert total == 1
     assert held > low + (40 << 20)
