@@ -97,9 +97,9 @@ def _diffusers_model(family: str):
         return UNet2DConditionModel(**SD15)
 
 
-def write_random(path: Path, family: str) -> None:
-    """Dense random float32 weights of diffusers' model (its own naming): matrices ~ N(0, 1/fan_in), norm
-    scales ~ 1, the rest small."""
+def write_random(path: Path, family: str, dtype=None) -> None:
+    """Dense random weights of diffusers' model (its own naming), float32 unless `dtype`: matrices
+    ~ N(0, 1/fan_in), norm scales ~ 1, the rest small."""
     import torch
 
     from engine.formats.safetensors import save_tensors
@@ -113,6 +113,8 @@ def write_random(path: Path, family: str) -> None:
             sd[k] = r / math.sqrt(math.prod(shape[1:]))
         else:
             sd[k] = (1.0 if "norm" in k and k.endswith("weight") else 0.0) + 0.1 * r
+        if dtype is not None:
+            sd[k] = sd[k].to(dtype)
     save_tensors(path, sd)
 
 

@@ -1,7 +1,11 @@
 """Every GPU check in one call, for the device tool's lent machine (its python3 holds a CUDA torch;
-diffusers and gguf travel as wheels in `.whl`, see /work/.library/device/README.md):
+msgspec, platformdirs, gguf, diffusers and importlib_metadata travel as wheels in `.whl`, see
+/work/.library/device/README.md; LOADOUT_TEST_DATA points at a carried copy of the manifests):
 
-    python3 benchmarks/gpu_check.py [--device cuda] [--dim 96] [--skip-tests] > gpu-check.txt
+    python3 benchmarks/gpu_check.py [--device cuda] [--dim 96] [--skip-tests] [--steps 10] [--dir /tmp] \
+        > $OUT/gpu-check.jsonl 2> $OUT/gpu-check.log
+
+(the log holds pytest's whole output). Commit both under benchmarks/gpu/, named by date and card.
 
 1. the `cuda`-marked tests (pytest -m cuda: residency streams and pinned memory, the step, VAE, GGUF);
 2. the Wan 2.1 video VAE (its real width 96, random weights, float16) decoding 832x480, 5 latent frames:
@@ -10,6 +14,12 @@ diffusers and gguf travel as wheels in `.whl`, see /work/.library/device/README.
    engine.vae.estimate's prediction for the same tiling (its CPU runtime left out), and the seconds.
    The estimate's coefficients were calibrated on the CPU only; these lines are what recalibrates
    them for CUDA (`K_VIDEO_*` in engine/vae/estimate.py).
+3. a sampling step of the SD1.5 UNet (every key and shape, dense random float16 weights) at a 64x64 latent:
+   Loadout fully resident, 50 % and 10 % resident with the rest streamed from pinned RAM on a side
+   stream; against diffusers' UNet2DConditionModel on the same file, plain and with
+   `apply_group_offloading(leaf_level, use_stream=True)` on exactly the modules Loadout streams, and on
+   the whole model (diffusers' documented use). s/step is the median after the first; peak is torch's
+   peak allocated bytes above the level before the weights; each output is compared (relative L2).
 
 Each figure is one JSON line on stdout. `--device cpu --dim 16` runs the same code here (peaks are then
 not measured) to check the script before a GPU session spends its minutes on it.
@@ -18,6 +28,7 @@ not measured) to check the script before a GPU session spends its minutes on it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -35,10 +46,13 @@ def emit(**fields) -> None:
 
 
 def cuda_tests() -> None:
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=str(ROOT))
+    # the carried wheels (PYTHONPATH=/tmp/site on the lent machine) stay importable
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PYTHONPATH=path)
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "pytest", "tests/engine", "-m", "cuda", "-q", "-p", "no:cacheprovider"],
                        cwd=ROOT, env=env, capture_output=True, text=True, check=False)  # fmt: skip
+    print(r.stdout + r.stderr, file=sys.stderr, flush=True)  # the whole log; stdout keeps one line per check
     tail = (r.stdout + r.stderr).strip().splitlines()[-15:]
     emit(check="pytest -m cuda", rc=r.returncode, seconds=round(time.perf_counter() - t0, 1), tail=tail)
 
@@ -82,11 +96,120 @@ def video_vae(device: str, dim: int) -> None:
              predicted_over_peak=round(predicted / peak, 3) if peak else None)  # fmt: skip
 
 
+def _step_loadout(model: str, budget: float | None, steps: int) -> dict:
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.formats.safetensors import SafetensorsFile
+    from engine.requests import Step
+
+    e = Engine()
+    e.detect(DeviceOptions(vram_budget_gb=budget))
+    e.residency.policy = dataclasses.replace(e.residency.policy, offload_tier="ram")
+    out = model + f".out{budget}.safetensors"
+    try:
+        r = e.run(Step(model, size=(512, 512), steps=steps, out=out))
+        layers = r.snapshot.get(r.component).layers
+        return {"steps": list(r.step_seconds), "peak": r.peak_device_bytes, "resident": r.resident_bytes,
+                "streamed": r.streamed_bytes_per_step, "prefetched": r.prefetched, "mode": r.mode,
+                "dtype": r.dtype, "streamed_modules": [p for p, tier, _ in layers if tier != "device"],
+                "out": SafetensorsFile(out).tensor("out").clone()}  # fmt: skip
+    finally:
+        e.close()
+
+
+def _step_diffusers(model: str, modules: list[str] | None, steps: int, device: str) -> dict:
+    """diffusers' own UNet on the same file, in float16 on the GPU (float32 on the CPU, for a dry run);
+    `modules` group-offloaded (leaf level, prefetched on a side stream from pinned RAM), the rest resident;
+    None: the whole model group-offloaded at leaf level, as diffusers' docs use it (nothing resident)."""
+    import torch
+    from bench_step import _diffusers_model, _inputs, _run_diffusers
+    from diffusers.hooks import apply_group_offloading
+    from safetensors.torch import load_file
+
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    dtype = torch.float16 if cuda else torch.float32
+    x = {k: v.to(dev, dtype if v.is_floating_point() else v.dtype) for k, v in _inputs(model, "sd15").items()}
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    unet = _diffusers_model("sd15")
+    unet.load_state_dict({k: v.to(dtype, copy=True) for k, v in load_file(model).items()}, assign=True)
+    unet.eval()
+    if modules is None:
+        apply_group_offloading(unet, onload_device=dev, offload_device=torch.device("cpu"), offload_type="leaf_level",
+                               use_stream=cuda)  # fmt: skip
+    for name in modules or ():
+        apply_group_offloading(unet.get_submodule(name), onload_device=dev, offload_device=torch.device("cpu"),
+                               offload_type="leaf_level", use_stream=cuda)  # fmt: skip
+    streamed = tuple(m + "." for m in modules or ())
+    for name, mod in unet.named_modules():
+        if modules is not None and not (name + ".").startswith(streamed):
+            for t in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
+                t.data = t.data.to(dev)
+    times = []
+    with torch.inference_mode():
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            y = _run_diffusers(unet, "sd15", x)
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() - base if cuda else None
+    out = y.float().cpu()
+    del unet, y
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"steps": times, "peak": peak, "out": out}
+
+
+def gpu_step(folder: Path, steps: int, device: str) -> None:
+    import statistics
+
+    import torch
+    from bench_step import write_random
+
+    model = folder / "sd15_unet_fp16.safetensors"
+    t0 = time.perf_counter()
+    write_random(model, "sd15", dtype=torch.float16)
+    total = model.stat().st_size
+    emit(check="step: weights written", bytes=total, seconds=round(time.perf_counter() - t0, 1))
+
+    def rel(a: dict, b: dict) -> float:
+        return float((a["out"] - b["out"]).norm() / b["out"].norm())
+
+    def med(r: dict) -> float:
+        return statistics.median(r["steps"][1:] or r["steps"])
+
+    full = _step_loadout(str(model), None, steps)
+    plain = _step_diffusers(str(model), [], steps, device)
+    emit(check="step sd15 64x64: loadout full vs diffusers plain", dtype=full["dtype"], mode=full["mode"],
+         rel_l2=rel(full, plain),
+         ours_s=round(med(full), 4), baseline_s=round(med(plain), 4), ratio=round(med(full) / med(plain), 3),
+         goal="<= 1.1", ours_peak=full["peak"], baseline_peak=plain["peak"])  # fmt: skip
+    for pct in (50, 10):
+        part = _step_loadout(str(model), total * pct / 100 / 1024**3, steps)
+        group = _step_diffusers(str(model), part["streamed_modules"], steps, device)
+        emit(check=f"step sd15 64x64: loadout {pct}% resident (rest from pinned RAM)", mode=part["mode"],
+             ours_s=round(med(part), 4), vs_full=round(med(part) / med(full), 3),
+             group_offload_s=round(med(group), 4), vs_group_offload=round(med(part) / med(group), 3),
+             ours_peak=part["peak"], group_offload_peak=group["peak"], resident=part["resident"],
+             streamed_per_step=part["streamed"], prefetched=part["prefetched"],
+             equals_full=bool(torch.equal(part["out"], full["out"])), group_vs_plain_rel_l2=rel(group, plain))  # fmt: skip
+    whole = _step_diffusers(str(model), None, steps, device)
+    emit(check="step sd15 64x64: diffusers whole-model leaf group offload (nothing resident)",
+         s=round(med(whole), 4), vs_loadout_full=round(med(whole) / med(full), 3), peak=whole["peak"],
+         rel_l2_vs_plain=rel(whole, plain))  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dim", type=int, default=96)
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--steps", type=int, default=8, help="forward passes per step configuration")
+    ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     a = ap.parse_args()
     import torch
 
@@ -95,6 +218,10 @@ def main() -> None:
     if not a.skip_tests:
         cuda_tests()
     video_vae(a.device, a.dim)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        gpu_step(Path(d), a.steps, a.device)
 
 
 if __name__ == "__main__":

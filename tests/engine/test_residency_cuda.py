@@ -37,6 +37,12 @@ def free_now() -> int:
 
 def test_free_device_memory_returns_after_unload(ckpt):
     a = cuda_comp(ckpt, "a")
+    # One cycle first: the process's first load takes device memory once that no unload gives back
+    # (70 MiB on an H200, torch 2.11, CUDA_MODULE_LOADING lazy and eager alike); every later cycle
+    # returns all of it (benchmarks/gpu_check.py's run, 2026-11-26).
+    warm = manager()
+    warm.load([a])
+    warm.unload(a)
     torch.cuda.empty_cache()
     before_free, before_alloc = free_now(), torch.cuda.memory_allocated()
     m = manager()

@@ -297,11 +297,13 @@ def test_ops_cancel_scope_is_per_thread():
 
 @pytest.mark.cuda
 def test_gpu_oom_retries_with_smaller_tiles():
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())  # the fraction needs an index
     m = small_kl(ch=64, seed=12).to(dev)
-    z = _z(h=256, w=256)  # 2048^2 output
+    z = _z(h=256, w=256)  # 2048^2 output: a full decode needs several GB
     torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(0.02, dev)
+    # 768 MiB above what is allocated, whatever the card's size (2 % of an H200 would be 2.9 GB)
+    cap = torch.cuda.memory_allocated(dev) + (768 << 20)
+    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(dev).total_memory, dev)
     try:
         info = RunInfo()
         out = decode(m, z, tiled=False, device=dev, budget=1 << 40, info=info)  # told it fits: it does not
