@@ -39,6 +39,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests" / "engine"))  # vae_fixtures: the KL VAE at a chosen width
+TITLES = {
+    "sd15": "sd15 64x64",
+    "flux": "flux-dev width 1+2 blocks 256x256",
+    "wan": "wan21 1.3B width 4 blocks 480x480",
+}
 
 
 def emit(**fields) -> None:
@@ -96,7 +102,52 @@ def video_vae(device: str, dim: int) -> None:
              predicted_over_peak=round(predicted / peak, 3) if peak else None)  # fmt: skip
 
 
-def _step_loadout(model: str, budget: float | None, steps: int) -> dict:
+def kl_vae(device: str, ch: int, sizes: list[int]) -> None:
+    """The SD VAE's layout at base width `ch` (random weights; float16 on CUDA): full decode against
+    512-px tiles with 64 px overlap -- their states kept on the device (the budget holds them), and in
+    pinned host RAM (a 1 GiB budget: smaller tiles, one at a time) -- seconds (after one warm-up),
+    peak above the weights, PSNR against the full decode."""
+    import torch
+    from vae_fixtures import psnr, small_kl
+
+    from engine.vae import decode
+    from engine.vae.run import RunInfo
+
+    cuda = device == "cuda"
+    dtype = torch.float16 if cuda else torch.float32
+    vae = small_kl(ch=ch, seed=5).to(device=device, dtype=dtype)
+    decode(vae, torch.randn(1, 4, 32, 32), tiled=False, device=device, dtype=dtype)  # warm-up
+    runs = (("full", dict(tiled=False)), ("512-px tiles", dict(tiled=True, tile=512, overlap=64)),
+            ("tiles under a 1 GiB budget", dict(tiled=True, budget=1 << 30)))  # fmt: skip
+    for size in sizes:
+        z = torch.randn(1, 4, size // 8, size // 8, generator=torch.Generator().manual_seed(size))
+        full = None
+        for name, kw in runs:
+            info = RunInfo()
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+            t0 = time.perf_counter()
+            out = decode(vae, z, device=device, dtype=dtype, info=info, **kw)
+            if cuda:
+                torch.cuda.synchronize()
+            seconds, peak = (
+                time.perf_counter() - t0,
+                torch.cuda.max_memory_allocated() - base if cuda else None,
+            )
+            if full is None:
+                full = (out, seconds, peak)
+            emit(check=f"kl vae ch{ch} {size}x{size}: {name}", device=device, dtype=str(dtype).removeprefix("torch."),
+                 mode=info.mode, store=info.store, tile_px=info.tile_px, tiles=info.tiles, seconds=round(seconds, 3),
+                 vs_full_time=round(seconds / full[1], 3), peak_bytes=peak,
+                 vs_full_peak=round(peak / full[2], 3) if peak else None, psnr_db=round(psnr(out, full[0]), 1))  # fmt: skip
+
+
+def _step_loadout(model: str, family: str, budget: float | None, steps: int) -> dict:
+    from bench_step import FAMILIES
+
     from engine.devices import DeviceOptions
     from engine.facade import Engine
     from engine.formats.safetensors import SafetensorsFile
@@ -107,7 +158,7 @@ def _step_loadout(model: str, budget: float | None, steps: int) -> dict:
     e.residency.policy = dataclasses.replace(e.residency.policy, offload_tier="ram")
     out = model + f".out{budget}.safetensors"
     try:
-        r = e.run(Step(model, size=(512, 512), steps=steps, out=out))
+        r = e.run(Step(model, size=FAMILIES[family][0], steps=steps, out=out))
         layers = r.snapshot.get(r.component).layers
         return {"steps": list(r.step_seconds), "peak": r.peak_device_bytes, "resident": r.resident_bytes,
                 "streamed": r.streamed_bytes_per_step, "prefetched": r.prefetched, "mode": r.mode,
@@ -117,8 +168,8 @@ def _step_loadout(model: str, budget: float | None, steps: int) -> dict:
         e.close()
 
 
-def _step_diffusers(model: str, modules: list[str] | None, steps: int, device: str) -> dict:
-    """diffusers' own UNet on the same file, in float16 on the GPU (float32 on the CPU, for a dry run);
+def _step_diffusers(model: str, family: str, modules: list[str] | None, steps: int, device: str) -> dict:
+    """diffusers' own model of the family on the same file, in float16 on the GPU (float32 on the CPU, for a dry run);
     `modules` group-offloaded (leaf level, prefetched on a side stream from pinned RAM), the rest resident;
     None: the whole model group-offloaded at leaf level, as diffusers' docs use it (nothing resident)."""
     import torch
@@ -129,13 +180,18 @@ def _step_diffusers(model: str, modules: list[str] | None, steps: int, device: s
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     dtype = torch.float16 if cuda else torch.float32
-    x = {k: v.to(dev, dtype if v.is_floating_point() else v.dtype) for k, v in _inputs(model, "sd15").items()}
+    x = {k: v.to(dev, dtype if v.is_floating_point() else v.dtype) for k, v in _inputs(model, family).items()}
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    unet = _diffusers_model("sd15")
+    unet = _diffusers_model(family)
     unet.load_state_dict({k: v.to(dtype, copy=True) for k, v in load_file(model).items()}, assign=True)
+    if family == "wan":  # its rotary tables are buffers computed at construction (meta there): make them real
+        from bench_step import WAN
+        from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+
+        unet.rope = WanRotaryPosEmbed(WAN["attention_head_dim"], WAN["patch_size"], WAN["rope_max_seq_len"])
     unet.eval()
     if modules is None:
         apply_group_offloading(unet, onload_device=dev, offload_device=torch.device("cpu"), offload_type="leaf_level",
@@ -152,7 +208,7 @@ def _step_diffusers(model: str, modules: list[str] | None, steps: int, device: s
     with torch.inference_mode():
         for _ in range(steps):
             t0 = time.perf_counter()
-            y = _run_diffusers(unet, "sd15", x)
+            y = _run_diffusers(unet, family, x)
             if cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
@@ -164,17 +220,18 @@ def _step_diffusers(model: str, modules: list[str] | None, steps: int, device: s
     return {"steps": times, "peak": peak, "out": out}
 
 
-def gpu_step(folder: Path, steps: int, device: str) -> None:
+def gpu_step(folder: Path, family: str, steps: int, device: str) -> None:
     import statistics
 
     import torch
     from bench_step import write_random
 
-    model = folder / "sd15_unet_fp16.safetensors"
+    model = folder / f"{family}_fp16.safetensors"
     t0 = time.perf_counter()
-    write_random(model, "sd15", dtype=torch.float16)
+    write_random(model, family, dtype=torch.float16)
     total = model.stat().st_size
-    emit(check="step: weights written", bytes=total, seconds=round(time.perf_counter() - t0, 1))
+    title = TITLES[family]
+    emit(check=f"step {title}: weights written", bytes=total, seconds=round(time.perf_counter() - t0, 1))
 
     def rel(a: dict, b: dict) -> float:
         return float((a["out"] - b["out"]).norm() / b["out"].norm())
@@ -182,23 +239,24 @@ def gpu_step(folder: Path, steps: int, device: str) -> None:
     def med(r: dict) -> float:
         return statistics.median(r["steps"][1:] or r["steps"])
 
-    full = _step_loadout(str(model), None, steps)
-    plain = _step_diffusers(str(model), [], steps, device)
-    emit(check="step sd15 64x64: loadout full vs diffusers plain", dtype=full["dtype"], mode=full["mode"],
+    full = _step_loadout(str(model), family, None, steps)
+    plain = _step_diffusers(str(model), family, [], steps, device)
+    emit(check=f"step {title}: loadout full vs diffusers plain", dtype=full["dtype"], mode=full["mode"],
          rel_l2=rel(full, plain),
          ours_s=round(med(full), 4), baseline_s=round(med(plain), 4), ratio=round(med(full) / med(plain), 3),
          goal="<= 1.1", ours_peak=full["peak"], baseline_peak=plain["peak"])  # fmt: skip
     for pct in (50, 10):
-        part = _step_loadout(str(model), total * pct / 100 / 1024**3, steps)
-        group = _step_diffusers(str(model), part["streamed_modules"], steps, device)
-        emit(check=f"step sd15 64x64: loadout {pct}% resident (rest from pinned RAM)", mode=part["mode"],
+        part = _step_loadout(str(model), family, total * pct / 100 / 1024**3, steps)
+        group = _step_diffusers(str(model), family, part["streamed_modules"], steps, device)
+        emit(check=f"step {title}: loadout {pct}% resident (rest from pinned RAM)", mode=part["mode"],
              ours_s=round(med(part), 4), vs_full=round(med(part) / med(full), 3),
              group_offload_s=round(med(group), 4), vs_group_offload=round(med(part) / med(group), 3),
              ours_peak=part["peak"], group_offload_peak=group["peak"], resident=part["resident"],
              streamed_per_step=part["streamed"], prefetched=part["prefetched"],
              equals_full=bool(torch.equal(part["out"], full["out"])), group_vs_plain_rel_l2=rel(group, plain))  # fmt: skip
-    whole = _step_diffusers(str(model), None, steps, device)
-    emit(check="step sd15 64x64: diffusers whole-model leaf group offload (nothing resident)",
+    whole = _step_diffusers(str(model), family, None, steps, device)
+    model.unlink()
+    emit(check=f"step {title}: diffusers whole-model leaf group offload (nothing resident)",
          s=round(med(whole), 4), vs_loadout_full=round(med(whole) / med(full), 3), peak=whole["peak"],
          rel_l2_vs_plain=rel(whole, plain))  # fmt: skip
 
@@ -210,18 +268,28 @@ def main() -> None:
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--steps", type=int, default=8, help="forward passes per step configuration")
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
+    ap.add_argument("--families", default="sd15,flux,wan", help="denoisers to step (bench_step's families)")
+    ap.add_argument("--sections", default="tests,video,kl,step", help="which checks run")
+    ap.add_argument("--kl-ch", type=int, default=128, help="the KL VAE's base width (128: the real SD VAE)")
+    ap.add_argument("--kl-sizes", default="1024,2048", help="output sizes of the KL VAE decodes")
     a = ap.parse_args()
     import torch
 
     emit(check="machine", torch=torch.__version__, cuda=torch.cuda.is_available(),
          gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)  # fmt: skip
-    if not a.skip_tests:
+    sections = a.sections.split(",")
+    if "tests" in sections and not a.skip_tests:
         cuda_tests()
-    video_vae(a.device, a.dim)
-    import tempfile
+    if "video" in sections:
+        video_vae(a.device, a.dim)
+    if "kl" in sections:
+        kl_vae(a.device, a.kl_ch, [int(v) for v in a.kl_sizes.split(",")])
+    if "step" in sections:
+        import tempfile
 
-    with tempfile.TemporaryDirectory(dir=a.dir) as d:
-        gpu_step(Path(d), a.steps, a.device)
+        with tempfile.TemporaryDirectory(dir=a.dir) as d:
+            for family in a.families.split(","):
+                gpu_step(Path(d), family, a.steps, a.device)
 
 
 if __name__ == "__main__":

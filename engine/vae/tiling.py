@@ -35,24 +35,38 @@ from .halo import Exchange, Plan, box, core_in, cut, gather
 
 
 class TileStore:
-    """Where tile states wait between lock-step passes: RAM (or host RAM for a GPU decode). A state
-    is a list of tensors (x, then the skip stack, bottom first); a pass that only carries an entry
-    gets None for it and puts None back: the stored one stays as it is."""
+    """Where tile states wait between lock-step passes: in RAM, or for a GPU decode on the GPU itself
+    (`on_device`: nothing is copied) or in pinned host RAM (copied without blocking, in stream order:
+    a state goes back to the device on the stream that wrote it, and torch's pinned-memory cache
+    reuses a buffer only after the copies that used it are done). A state is a list of tensors (x,
+    then the skip stack, bottom first); a pass that only carries an entry gets None for it and puts
+    None back: the stored one stays as it is."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, on_device: bool = False):
         self.device = device
+        self.home = device if on_device else torch.device("cpu")
+        self._pinned = device.type == "cuda" and not on_device
         self._items: dict[int, list[torch.Tensor]] = {}
+
+    def _keep(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device == self.home:
+            return t
+        if self._pinned:
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            return host
+        return t.to(self.home)
 
     def put(self, i: int, tensors: list[torch.Tensor | None]) -> None:
         old = self._items.get(i, [])
-        self._items[i] = [old[k] if t is None else t.to("cpu", copy=False) for k, t in enumerate(tensors)]
+        self._items[i] = [old[k] if t is None else self._keep(t) for k, t in enumerate(tensors)]
 
     def get(self, i: int, wanted: list[bool] | None = None) -> list[torch.Tensor | None]:
         items = self._items[i]
         out: list[torch.Tensor | None] = []
         for k, t in enumerate(items):
             if wanted is None or wanted[k]:
-                out.append(t.to(self.device))
+                out.append(t.to(self.device, non_blocking=self._pinned))
                 items[k] = None  # the caller's now: freed when it is done with it
             else:
                 out.append(None)
@@ -136,11 +150,12 @@ class NonFinite(Exception):
 BAND_BYTES = 2 << 20
 
 
-def _bands(conv: nn.Conv2d, n: int, hh: int, ww: int, esize: int):
+def _bands(conv: nn.Conv2d, n: int, hh: int, ww: int, esize: int, device: torch.device):
     """(r0, r1, a, b) per band of output rows [r0, r1) of `conv` over an input hh x ww: the band reads
     input rows [a, b), its rows plus the kernel's halo (zero padding only at the true edges)."""
     ph = conv.padding[0]
-    rows = max(1, BAND_BYTES // (n * conv.out_channels * ww * esize))
+    limit = BAND_BYTES if device.type == "cpu" else ops.GPU_BAND_BYTES
+    rows = max(1, limit // (n * conv.out_channels * ww * esize))
     for r0 in range(0, hh, rows):
         r1 = min(hh, r0 + rows)
         yield r0, r1, max(0, r0 - ph), min(hh, r1 + ph)
@@ -170,7 +185,7 @@ def _conv_rows(conv: nn.Conv2d, x: torch.Tensor, up: bool) -> torch.Tensor:
     259-267 MiB above the process to 190 MiB (the full decode's: 930-990 MiB)."""
     n, _, h, w = x.shape
     hh, ww = (2 * h, 2 * w) if up else (h, w)
-    bands = list(_bands(conv, n, hh, ww, x.element_size()))
+    bands = list(_bands(conv, n, hh, ww, x.element_size(), x.device))
     if len(bands) == 1 and not up:
         return conv(x)
     out = None
@@ -193,7 +208,7 @@ def _conv_rows(conv: nn.Conv2d, x: torch.Tensor, up: bool) -> torch.Tensor:
 def _add_conv_rows(x: torch.Tensor, conv: nn.Conv2d, r: torch.Tensor) -> None:
     """x += conv(r), in bands of rows as _conv_rows computes them (the same sums, added in place)."""
     n, _, hh, ww = r.shape
-    for r0, r1, a, b in _bands(conv, n, hh, ww, r.element_size()):
+    for r0, r1, a, b in _bands(conv, n, hh, ww, r.element_size(), r.device):
         y = conv(r[:, :, a:b])
         x[:, :, r0:r1] += y[:, :, r0 - a : r1 - a]
         del y

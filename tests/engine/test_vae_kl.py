@@ -326,3 +326,16 @@ def test_group_norm_with_combined_tile_statistics_equals_whole():
     mean, m2, n = acc
     assert n == 2 * 140
     torch.testing.assert_close(gn(x, (mean, m2 / n)), gn(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.cuda
+def test_gpu_tile_states_stay_on_the_device_or_wait_in_pinned_host_ram():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    m = small_kl(ch=32, seed=3).to(dev)
+    z = _z(h=64, w=64, seed=4)  # 512^2
+    full = decode(m, z, tiled=False, device=dev)
+    roomy, tight = RunInfo(), RunInfo()
+    a = decode(m, z, tiled=True, tile=256, overlap=64, device=dev, info=roomy)
+    b = decode(m, z, tiled=True, tile=256, overlap=64, device=dev, budget=64 << 20, info=tight)
+    assert (roomy.store, tight.store) == ("device", "host")
+    assert psnr(a, full) >= 40 and psnr(b, full) >= 40 and psnr(a, b) >= 60

@@ -80,3 +80,35 @@ def test_disk_store_keeps_one_copy_of_a_tensor_listed_twice(tmp_path):
         assert x is not a  # read back from the file
     finally:
         store.close()
+
+
+def test_bands_are_sized_by_the_device():
+    """A GPU band keeps the device busy (few launches), a CPU band keeps the cache warm."""
+    conv = _conv(128, 128, 3)
+    rows = {d: next(tiling._bands(conv, 1, 1024, 1024, 2, torch.device(d)))[1] for d in ("cpu", "cuda")}
+    assert rows["cpu"] == tiling.BAND_BYTES // (128 * 1024 * 2) == 8
+    assert rows["cuda"] == ops.GPU_BAND_BYTES // (128 * 1024 * 2) == 128
+    assert ops.band_bytes(torch.device("cpu")) == ops.BAND_BYTES < ops.band_bytes(torch.device("cuda"))
+
+
+def _job(cuda: bool, side: int = 1024):
+    from vae_fixtures import small_kl
+
+    from engine.vae.run import job_of
+
+    return job_of(small_kl(ch=32), torch.zeros(1, 4, side // 8, side // 8), "decode",
+                  torch.device("cuda" if cuda else "cpu"), torch.float16)  # fmt: skip
+
+
+def test_gpu_tile_states_stay_on_the_device_only_when_they_fit_and_never_after_an_oom():
+    from engine.vae import choice, estimate
+
+    job = _job(cuda=True)
+    t = choice.choose(job, 1 << 40, "tiled", 512, 64)
+    states = estimate.store_bytes(job.spec, "decode", job.pixels, job.esize)
+    assert choice.states_on_device(job, t, 1 << 40)
+    assert not choice.states_on_device(job, t, states)  # the states alone: no room for the tiles
+    assert not choice.states_on_device(_job(cuda=False), choice.choose(_job(cuda=False), 1 << 40, "tiled", 512, 64),
+                                       1 << 40)  # fmt: skip
+    after_oom = choice.retry(job, choice.choose(job, 1 << 40, "full"), 1 << 40)
+    assert after_oom.tiled and not choice.states_on_device(job, after_oom, 1 << 40)
