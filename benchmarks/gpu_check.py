@@ -12,14 +12,20 @@ msgspec, platformdirs, gguf, diffusers and importlib_metadata travel as wheels i
    whole frames in one chunk, whole frames in chunks of one latent frame, and 512-px tiles in chunks of
    one -- the device's peak (torch.cuda.max_memory_allocated above the weights) against
    engine.vae.estimate's prediction for the same tiling (its CPU runtime left out), and the seconds.
-   The estimate's coefficients were calibrated on the CPU only; these lines are what recalibrates
-   them for CUDA (`K_VIDEO_*` in engine/vae/estimate.py).
-3. a sampling step of the SD1.5 UNet (every key and shape, dense random float16 weights) at a 64x64 latent:
+   The estimate's coefficients (`K_VIDEO_*` in engine/vae/estimate.py) were calibrated on the CPU; on
+   an H200 (2026-11-26) they predicted 1.33-1.44x the device's peak, an over-count as on the CPU.
+3. the SD VAE's layout at its real width 128 (random weights, float16) decoding 1024^2 and 2048^2: full,
+   512-px tiles (states on the device), and tiles under a 1 GiB budget (states in pinned host RAM):
+   seconds, peak and PSNR against the full decode;
+4. a sampling step of the SD1.5 UNet (every key and shape, dense random float16 weights) at a 64x64 latent:
    Loadout fully resident, 50 % and 10 % resident with the rest streamed from pinned RAM on a side
    stream; against diffusers' UNet2DConditionModel on the same file, plain and with
    `apply_group_offloading(leaf_level, use_stream=True)` on exactly the modules Loadout streams, and on
    the whole model (diffusers' documented use). s/step is the median after the first; peak is torch's
    peak allocated bytes above the level before the weights; each output is compared (relative L2).
+   The same for FLUX.1-dev and Wan 2.1 1.3B at their real widths and reduced depth (bench_step's).
+
+`--sections tests,video,kl,step` picks checks; the whole run takes about 3 minutes on an H200.
 
 Each figure is one JSON line on stdout. `--device cpu --dim 16` runs the same code here (peaks are then
 not measured) to check the script before a GPU session spends its minutes on it.
