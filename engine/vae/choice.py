@@ -153,20 +153,25 @@ def choose(
     return tiled(job, tile, overlap, d_tile**2)
 
 
-def states_on_device(job: Job, tiling: Tiling, budget: int) -> bool:
-    """Whether a tiled GPU run keeps its tile states on the GPU between passes instead of in host RAM:
-    when the whole image's states fit `budget` beside a batch of tiles, the result and the head's
-    output. Copying them to the host and back each pass made a 1024^2 decode (SD VAE width, fp16,
-    512-px tiles, H200) take 17x the full decode's time, 2.4 s of its 3.3 s in the copies; kept on the
-    device, its peak is still 0.44x the full decode's. A retry's tiling (unbatched: the run ran out of
-    memory) keeps them on the host: it must really use less."""
-    if not (job.cuda and tiling.tiled and tiling.batch_px):
-        return False
+def store_for(job: Job, tiling: Tiling, budget: int, disk: bool | None = None) -> str:
+    """Where a tiled run's tile states wait between its lock-step passes: "disk" (temporary files; on
+    the CPU when the image's states would take over half the budget, or as `disk` says), "ram" (a CPU
+    run), "device" (a GPU run whose states fit `budget` beside a batch of tiles, the result and the
+    head's output) or "host" (pinned host RAM). Copying them to the host and back each pass made a
+    1024^2 decode (SD VAE width, fp16, 512-px tiles, H200) take 17x the full decode's time, 2.4 s of its
+    3.3 s in the copies; kept on the device, its peak is still 0.44x the full decode's. A retry's
+    tiling (unbatched: the run ran out of memory) keeps them on the host: it must really use less."""
+    states = estimate.store_bytes(job.spec, job.direction, job.pixels, job.esize)
+    if disk if disk is not None else (not job.cuda and states > budget / 2):
+        return "disk"
+    if not job.cuda:
+        return "ram"
+    if not tiling.batch_px:
+        return "host"
     side = max(tiling.tile_px, math.isqrt(tiling.batch_px))
-    need = estimate.store_bytes(job.spec, job.direction, job.pixels, job.esize)
-    need += estimate.tile_bytes(job.spec, side, job.esize, job.direction) + 16 * job.pixels
+    need = states + estimate.tile_bytes(job.spec, side, job.esize, job.direction) + 16 * job.pixels
     need += int(job.spec.k_head() * job.pixels // job.downscale**2 * job.esize)
-    return need <= budget
+    return "device" if need <= budget else "host"
 
 
 def retry(job: Job, previous: Tiling, budget: int) -> Tiling | None:

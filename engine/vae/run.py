@@ -341,13 +341,8 @@ def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, r
         tiles = plan_tiles(lat_hw[0], lat_hw[1], tiling.tile_px // f, tiling.overlap_px // f)
         spec = _spec(vae)
         esize = torch.empty((), dtype=dtype).element_size()
-        n = x.shape[0]
-        ram_store = estimate.store_bytes(spec, direction, lat_hw[0] * lat_hw[1] * f * f * n, esize)
-        use_disk = disk_store if disk_store is not None else (device.type == "cpu" and ram_store > budget / 2)
-        on_device = not use_disk and choice.states_on_device(
-            job_of(vae, x, direction, device, dtype), tiling, budget
-        )
-        store = DiskStore(device) if use_disk else TileStore(device, on_device)
+        where = choice.store_for(job_of(vae, x, direction, device, dtype), tiling, budget, disk_store)
+        store = DiskStore(device) if where == "disk" else TileStore(device, on_device=where == "device")
         info.mode, info.tile_px, info.overlap_px, info.tiles = (
             "tiled",
             tiling.tile_px,
@@ -359,9 +354,7 @@ def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, r
         per_batch = max(len(b) for b in batches)
         if per_batch > 1:  # say so: memory is that of the batch (<= the budget's tile), not of one tile
             info.notes.append(f"ran up to {per_batch} tiles at a time (at most {math.isqrt(batch_px)}² px)")
-        info.store = (
-            "disk" if use_disk else ("device" if on_device else "host" if device.type == "cuda" else "ram")
-        )
+        info.store = where
         # Free heap the next tile may reuse instead of faulting fresh pages in: a quarter of what the
         # estimate budgets for a tile's activations (k_act, calibrated before the executor ran its
         # convolutions in bands, which halved the real peak), so the estimate still bounds the peak.

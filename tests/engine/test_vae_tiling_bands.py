@@ -100,15 +100,18 @@ def _job(cuda: bool, side: int = 1024):
                   torch.device("cuda" if cuda else "cpu"), torch.float16)  # fmt: skip
 
 
-def test_gpu_tile_states_stay_on_the_device_only_when_they_fit_and_never_after_an_oom():
+def test_tile_states_wait_on_the_gpu_only_when_they_fit_and_never_after_an_oom():
     from engine.vae import choice, estimate
 
-    job = _job(cuda=True)
-    t = choice.choose(job, 1 << 40, "tiled", 512, 64)
-    states = estimate.store_bytes(job.spec, "decode", job.pixels, job.esize)
-    assert choice.states_on_device(job, t, 1 << 40)
-    assert not choice.states_on_device(job, t, states)  # the states alone: no room for the tiles
-    assert not choice.states_on_device(_job(cuda=False), choice.choose(_job(cuda=False), 1 << 40, "tiled", 512, 64),
-                                       1 << 40)  # fmt: skip
-    after_oom = choice.retry(job, choice.choose(job, 1 << 40, "full"), 1 << 40)
-    assert after_oom.tiled and not choice.states_on_device(job, after_oom, 1 << 40)
+    gpu, cpu = _job(cuda=True), _job(cuda=False)
+    t = choice.choose(gpu, 1 << 40, "tiled", 512, 64)
+    states = estimate.store_bytes(gpu.spec, "decode", gpu.pixels, gpu.esize)
+    assert choice.store_for(gpu, t, 1 << 40) == "device"
+    assert choice.store_for(gpu, t, states) == "host"  # the states alone: no room for the tiles
+    assert choice.store_for(gpu, t, 1 << 40, disk=True) == "disk"
+    after_oom = choice.retry(gpu, choice.choose(gpu, 1 << 40, "full"), 1 << 40)
+    assert after_oom.tiled and choice.store_for(gpu, after_oom, 1 << 40) == "host"
+    # the CPU: RAM, or files once the image's states would take over half the budget
+    tc = choice.choose(cpu, 1 << 40, "tiled", 512, 64)
+    assert choice.store_for(cpu, tc, 1 << 40) == "ram"
+    assert choice.store_for(cpu, tc, 2 * states - 1) == "disk"
