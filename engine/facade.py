@@ -23,16 +23,16 @@ from .loaded import LoadedModels
 log = logging.getLogger("loadout.engine")
 
 
-def _prefixes(f) -> dict[str, str]:
+def _prefixes(f) -> tuple[dict[str, str], str | None]:
     """name -> key prefix of every component detection finds in an open SafetensorsFile or GGUFFile
-    (from the header already read: detection never reads it again). The `other` bucket is not a
-    component."""
+    (from the header already read: detection never reads it again), and the file's architecture. The
+    `other` bucket is not a component."""
     from .detect.core import detect_index
 
     det = detect_index(f.index(), path=f.path)
     if det.error is not None and not det.components:
         raise FormatError(f"{os.path.basename(f.path)}: {det.error.message}")
-    return {n: c.prefix for n, c in det.components.items() if n != "other"}
+    return {n: c.prefix for n, c in det.components.items() if n != "other"}, det.architecture
 
 
 # request type -> how run() calls the facade (keyed by the class itself: a renamed or look-alike class
@@ -225,10 +225,10 @@ class Engine:
         from .model import build_components
 
         f = open_weights(path)
-        prefixes = _prefixes(f)
+        prefixes, architecture = _prefixes(f)
         todo = {n: p for n, p in prefixes.items() if n not in have}
         if todo:
-            built = build_components(f, todo, report=self.report)
+            built = build_components(f, todo, report=self.report, architecture=architecture)
             if "vae" in built:
                 built["vae"] = self._runnable_or(built["vae"], f)
             for n, c in built.items():

@@ -146,6 +146,7 @@ def make_plan(
             free_device=budget,
             free_cpu=report.ram_total,
             info=info,
+            architecture=det.architecture,
             **kw,
         )
         return p, component_facts(model, c.prefix, name, p.storage_dtype)

@@ -31,6 +31,7 @@ def build_components(
 
             raise FormatError(f"{path}: {det.error.message}")
         prefixes = {n: c.prefix for n, c in det.components.items() if n != "other"}
+        place_kw.setdefault("architecture", det.architecture)
     info = None
     if report is not None:
         device = report.selected.torch_device
@@ -64,6 +65,5 @@ def _build_one(f, name: str, prefix: str, device: str, info, report, place_kw: d
         if report.vae_device and name == "vae":
             kw.setdefault("force_device", report.vae_device)
     p = place(name, file_dtype, device, size_bytes=size, info=info, **kw)
-    return Component(
-        name, f, prefix, device=p.device, storage_dtype=p.storage_dtype, compute_dtype=p.compute_dtype
-    )
+    return Component(name, f, prefix, device=p.device, storage_dtype=p.storage_dtype,
+                     compute_dtype=p.compute_dtype, architecture=kw.get("architecture"))  # fmt: skip

@@ -91,6 +91,8 @@ def _held(info: TensorInfo, storage: str | None) -> tuple:
 class Component:
     """A component built from the file's header, its parameters bound to the mmap (disk tier)."""
 
+    architecture: str | None = None  # the file's (engine.detect's name): which dtypes a denoiser runs in
+
     @staticmethod
     def _in_file(info: TensorInfo) -> bool:
         """Whether a move off the disk tier reads this tensor from the file by offset (a ModuleComponent
@@ -106,8 +108,10 @@ class Component:
         device: str = "cpu",
         storage_dtype: str | None = None,
         compute_dtype: str = "float32",
+        architecture: str | None = None,
     ):
         self.name = name
+        self.architecture = architecture
         self.file = file if isinstance(file, SafetensorsFile) else open_weights(file)
         self.path = self.file.path
         self.prefix = prefix

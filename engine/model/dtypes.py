@@ -4,10 +4,14 @@ The rules are ComfyUI's facts (comfy/model_management.py and comfy/sd.py, read, 
 
 * what a device computes in: the CPU only float32 (``supports_dtype``: the CPU gets fp32 only); CUDA
   fp16 always, bf16 from compute capability 8.0, fp8 from 8.9 (``supports_fp8_compute``); MPS fp16.
-* diffusion models (``unet_dtype`` / ``unet_manual_cast``): fp8 weights stay fp8 in storage and are
-  cast for compute unless the device computes fp8; otherwise fp16 storage where the device computes
-  fp16, bf16 files stay bf16 where the device computes bf16; on a device that cannot compute the
-  storage dtype, weights are cast on the fly (the "manual cast").
+* diffusion models (``unet_dtype`` / ``unet_manual_cast``): each family runs in the dtypes its model
+  config lists, in that order of preference (``supported_inference_dtypes``: fp16, bf16, fp32 unless
+  the family says otherwise; FLUX.1-dev and Chroma prefer bf16, FLUX.1-schnell, Lumina 2, Z-Image and
+  Qwen-Image run in bf16 or fp32 only -- a Z-Image run in fp16 gives a flat image). fp8 weights stay fp8 in storage and are
+  cast for compute unless the device computes fp8; a file in a dtype its family runs in and the device
+  computes stays in it (zero-copy); otherwise storage is the family's first dtype the device computes,
+  and on a device that cannot compute the storage dtype, weights are cast on the fly (the "manual
+  cast") to the family's first dtype it does.
 * text encoders (``text_encoder_dtype``, ``text_encoder_device``): fp16 storage; on the GPU only in the
   NORMAL / HIGH VRAM states and when the device computes fp16, and only when memory allows
   (``text_encoder_initial_device``: a model above 1 GiB goes to the device when it fits with 20% to spare
@@ -29,6 +33,25 @@ TEXT_ENCODERS = ("clip_l", "clip_g", "clip_h", "t5xxl", "text_encoder")
 TEXT_ENCODER_FAMILIES = ("clip", "t5", "umt5", "qwen", "llama", "mistral", "gemma")
 DIFFUSION = ("unet", "transformer")
 GIB = 1024**3
+# The dtypes a family's diffusion model runs in, best first: ComfyUI's `supported_inference_dtypes`
+# (comfy/supported_models.py; BASE's default for every family not listed). Keys: engine.detect's
+# architecture names.
+DEFAULT_INFERENCE_DTYPES = ("float16", "bfloat16", "float32")
+INFERENCE_DTYPES = {
+    "flux1_dev": ("bfloat16", "float16", "float32"),
+    "flux1_schnell": ("bfloat16", "float32"),
+    "chroma": ("bfloat16", "float16", "float32"),
+    "flux2": ("bfloat16", "float16", "float32"),
+    "lumina2": ("bfloat16", "float32"),
+    "z_image": ("bfloat16", "float32"),
+    "qwen_image": ("bfloat16", "float32"),
+    "wan21": ("float16", "bfloat16", "float32"),
+    "wan22": ("float16", "bfloat16", "float32"),
+}
+
+
+def inference_dtypes(architecture: str | None) -> tuple[str, ...]:
+    return INFERENCE_DTYPES.get(architecture or "", DEFAULT_INFERENCE_DTYPES)
 
 
 @dataclass(frozen=True)
@@ -96,9 +119,11 @@ def place(
     compute: str | None = None,
     force_device: str | None = None,
     info=None,
+    architecture: str | None = None,
 ) -> Placement:
     """Choose device, storage and compute dtypes for one component (torch dtype names); the keyword
-    overrides win over every rule."""
+    overrides win over every rule. `architecture` (the file's, as engine.detect names it) picks the
+    dtypes a diffusion model runs in."""
     role = role_of(component)
     dev = force_device or device
     if force_device is None:
@@ -109,12 +134,13 @@ def place(
             if on_gpu and size_bytes > GIB and free_device is not None and free_cpu is not None:
                 on_gpu = free_device > 0.5 * free_cpu and size_bytes * 1.2 < free_device
             dev = device if on_gpu else "cpu"
-    st = storage or _storage_rule(role, file_dtype, dev, info)
-    cp = compute or compute_rule(role, st, dev, info)
+    order = inference_dtypes(architecture) if role == "diffusion" else DEFAULT_INFERENCE_DTYPES
+    st = storage or _storage_rule(role, file_dtype, dev, info, order)
+    cp = compute or compute_rule(role, st, dev, info, order)
     return Placement(dev, None if st == file_dtype else st, cp)
 
 
-def _storage_rule(role: str, file_dtype: str, dev: str, info=None) -> str:
+def _storage_rule(role: str, file_dtype: str, dev: str, info=None, order=DEFAULT_INFERENCE_DTYPES) -> str:
     if dev == "cpu":
         return file_dtype
     if role == "vae":
@@ -123,20 +149,20 @@ def _storage_rule(role: str, file_dtype: str, dev: str, info=None) -> str:
         return file_dtype
     if role == "text_encoder":
         return "float16" if file_dtype == "float32" else file_dtype
-    if file_dtype == "bfloat16" and computes(dev, "bfloat16", info):
-        return "bfloat16"
-    if computes(dev, "float16", info):
-        return "float16"
-    return file_dtype
+    half = [d for d in order if d != "float32"]
+    if file_dtype in half and computes(dev, file_dtype, info):
+        return file_dtype
+    return next((d for d in half if computes(dev, d, info)), file_dtype)
 
 
-def compute_rule(role: str, storage: str, dev: str, info=None) -> str:
-    if computes(dev, storage, info):
+def compute_rule(role: str, storage: str, dev: str, info=None, order=DEFAULT_INFERENCE_DTYPES) -> str:
+    if role == "vae":
+        return storage if computes(dev, storage, info) else next(
+            (d for d in ("bfloat16", "float32") if computes(dev, d, info)), "float32"
+        )  # fmt: skip
+    if computes(dev, storage, info) and (storage in order or storage.startswith("float8")):
         return storage
-    for cand in ("float16", "bfloat16") if role != "vae" else ("bfloat16",):
-        if computes(dev, cand, info):
-            return cand
-    return "float32"
+    return next((d for d in order if computes(dev, d, info)), "float32")
 
 
 _FLAG_DTYPES = {

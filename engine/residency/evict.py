@@ -179,7 +179,7 @@ class Unloading:
         """Explicit control: put the whole component on `where` now — "cpu" (runs on the CPU, weights in
         RAM), the manager's device (loaded there, by policy if it does not all fit), "ram" (kept for
         this device but offloaded to RAM) or "disk" (back on the mmap, still registered)."""
-        from ..model.dtypes import compute_rule, role_of  # the placement rule for a new device
+        from ..model.dtypes import compute_rule, inference_dtypes, role_of  # the rule for a new device
 
         e = self._register(component)
         c = component
@@ -196,7 +196,9 @@ class Unloading:
                     if u.tier == "device":
                         self._step(c, u, "disk", token)
                 c.device = where
-                c.compute_dtype = compute_rule(role_of(c.name), c.storage_dtype or _file_dtype(c), where)
+                role = role_of(c.name)
+                order = inference_dtypes(c.architecture if role == "diffusion" else None)
+                c.compute_dtype = compute_rule(role, c.storage_dtype or _file_dtype(c), where, order=order)
                 c.apply_dtypes()
             self.load([c], token=token)
         self._refresh()

@@ -80,3 +80,34 @@ def test_the_2026_text_encoders_are_placed_as_text_encoders():
     ):
         assert role_of(name) == "text_encoder", name
     assert (role_of("transformer"), role_of("vae"), role_of("other")) == ("diffusion", "vae", "other")
+
+
+def test_each_family_runs_in_the_dtypes_its_model_config_lists():
+    """ComfyUI's supported_inference_dtypes: FLUX.1-dev prefers bf16; Qwen-Image, Z-Image and FLUX.1-schnell
+    never run in fp16 (their lists leave it out); Wan and the UNets prefer fp16; a file already in a
+    dtype its family runs in stays in it."""
+    ampere = _gpu(capability=(8, 6), fp16=True, bf16=True)
+    turing = _gpu(capability=(7, 5), fp16=True)
+    ada = _gpu(capability=(8, 9), fp16=True, bf16=True, fp8_compute=True)
+
+    def dt(arch, file_dtype, info, name="transformer"):
+        p = place(name, file_dtype, "cuda:0", info=info, architecture=arch)
+        return p.storage_dtype or file_dtype, p.compute_dtype
+
+    assert dt("flux1_dev", "float32", ampere) == ("bfloat16", "bfloat16")
+    assert dt("flux1_dev", "float16", ampere) == ("float16", "float16")  # zero-copy: flux runs in fp16 too
+    assert dt("flux1_dev", "float32", turing) == ("float16", "float16")
+    assert dt("qwen_image", "float16", ampere) == ("bfloat16", "bfloat16")
+    assert dt("qwen_image", "float16", turing) == ("float16", "float32")  # cast on the fly, never fp16
+    assert dt("z_image", "float8_e4m3fn", ampere) == ("float8_e4m3fn", "bfloat16")
+    assert dt("z_image", "float8_e4m3fn", ada) == ("float8_e4m3fn", "float8_e4m3fn")
+    assert dt("flux1_schnell", "float16", ampere) == ("bfloat16", "bfloat16")
+    assert dt("wan21", "float32", ampere) == ("float16", "float16")
+    assert dt("sdxl", "bfloat16", ampere, "unet") == ("bfloat16", "bfloat16")
+    assert dt(None, "float32", ampere, "unet") == ("float16", "float16")
+    # only the diffusion model follows its family: the text encoder and the VAE keep their own rules
+    assert dt("qwen_image", "float32", ampere, "t5xxl") == ("float16", "float16")
+    assert dt("qwen_image", "float32", ampere, "vae") == ("bfloat16", "bfloat16")
+    # on the CPU everything computes in fp32, the file's dtype kept
+    p = place("transformer", "bfloat16", "cpu", architecture="qwen_image")
+    assert (p.storage_dtype, p.compute_dtype) == (None, "float32")
