@@ -6,8 +6,9 @@ The rules are ComfyUI's facts (comfy/model_management.py and comfy/sd.py, read, 
   fp16 always, bf16 from compute capability 8.0, fp8 from 8.9 (``supports_fp8_compute``); MPS fp16.
 * diffusion models (``unet_dtype`` / ``unet_manual_cast``): each family runs in the dtypes its model
   config lists, in that order of preference (``supported_inference_dtypes``: fp16, bf16, fp32 unless
-  the family says otherwise; FLUX.1-dev and Chroma prefer bf16, FLUX.1-schnell, Lumina 2, Z-Image and
-  Qwen-Image run in bf16 or fp32 only -- a Z-Image run in fp16 gives a flat image). fp8 weights stay fp8 in storage and are
+  the family says otherwise; the FLUX family and Chroma prefer bf16; Qwen-Image, Z-Image, Lumina 2,
+  HiDream, HunyuanVideo, LTX and Mochi run in bf16 or fp32 only -- a Z-Image run in fp16 gives a flat
+  image). fp8 weights stay fp8 in storage and are
   cast for compute unless the device computes fp8; a file in a dtype its family runs in and the device
   computes stays in it (zero-copy); otherwise storage is the family's first dtype the device computes,
   and on a device that cannot compute the storage dtype, weights are cast on the fly (the "manual
@@ -34,19 +35,32 @@ TEXT_ENCODER_FAMILIES = ("clip", "t5", "umt5", "qwen", "llama", "mistral", "gemm
 DIFFUSION = ("unet", "transformer")
 GIB = 1024**3
 # The dtypes a family's diffusion model runs in, best first: ComfyUI's `supported_inference_dtypes`
-# (comfy/supported_models.py; BASE's default for every family not listed). Keys: engine.detect's
-# architecture names.
+# (comfy/supported_models.py, read for the 2026 releases; BASE's default for every family not listed:
+# the UNets, SD3, AuraFlow, PixArt, Hunyuan-DiT). Keys: engine.detect's architecture names.
 DEFAULT_INFERENCE_DTYPES = ("float16", "bfloat16", "float32")
+_BF16_FIRST = ("bfloat16", "float16", "float32")
+_BF16_ONLY = ("bfloat16", "float32")  # their configs leave fp16 out (NaNs / a flat image in fp16)
 INFERENCE_DTYPES = {
-    "flux1_dev": ("bfloat16", "float16", "float32"),
-    "flux1_schnell": ("bfloat16", "float32"),
-    "chroma": ("bfloat16", "float16", "float32"),
-    "flux2": ("bfloat16", "float16", "float32"),
-    "lumina2": ("bfloat16", "float32"),
-    "z_image": ("bfloat16", "float32"),
-    "qwen_image": ("bfloat16", "float32"),
-    "wan21": ("float16", "bfloat16", "float32"),
-    "wan22": ("float16", "bfloat16", "float32"),
+    "flux1_dev": _BF16_FIRST,
+    "flux1_schnell": _BF16_FIRST,
+    "flux2": _BF16_FIRST,
+    "chroma": _BF16_FIRST,
+    "krea2": _BF16_FIRST,
+    "cosmos": _BF16_FIRST,
+    "cosmos_predict2": _BF16_FIRST,
+    "lumina2": _BF16_ONLY,
+    "z_image": _BF16_ONLY,
+    "qwen_image": _BF16_ONLY,
+    "hidream": _BF16_ONLY,
+    "hunyuan_video": _BF16_ONLY,
+    "hunyuan_image21": _BF16_ONLY,
+    "ltxv": _BF16_ONLY,
+    "ltx2": _BF16_ONLY,  # ComfyUI's LTXAV, an LTXV
+    "ltxav": _BF16_ONLY,
+    "mochi": _BF16_ONLY,
+    "wan21": DEFAULT_INFERENCE_DTYPES,
+    "wan22": DEFAULT_INFERENCE_DTYPES,
+    "hunyuan_video15": DEFAULT_INFERENCE_DTYPES,
 }
 
 

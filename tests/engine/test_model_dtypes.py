@@ -83,7 +83,7 @@ def test_the_2026_text_encoders_are_placed_as_text_encoders():
 
 
 def test_each_family_runs_in_the_dtypes_its_model_config_lists():
-    """ComfyUI's supported_inference_dtypes: FLUX.1-dev prefers bf16; Qwen-Image, Z-Image and FLUX.1-schnell
+    """ComfyUI's supported_inference_dtypes: FLUX.1 prefers bf16; Qwen-Image, Z-Image and HunyuanVideo
     never run in fp16 (their lists leave it out); Wan and the UNets prefer fp16; a file already in a
     dtype its family runs in stays in it."""
     ampere = _gpu(capability=(8, 6), fp16=True, bf16=True)
@@ -101,7 +101,8 @@ def test_each_family_runs_in_the_dtypes_its_model_config_lists():
     assert dt("qwen_image", "float16", turing) == ("float16", "float32")  # cast on the fly, never fp16
     assert dt("z_image", "float8_e4m3fn", ampere) == ("float8_e4m3fn", "bfloat16")
     assert dt("z_image", "float8_e4m3fn", ada) == ("float8_e4m3fn", "float8_e4m3fn")
-    assert dt("flux1_schnell", "float16", ampere) == ("bfloat16", "bfloat16")
+    assert dt("flux1_schnell", "float32", ampere) == ("bfloat16", "bfloat16")
+    assert dt("hunyuan_video", "float16", ampere) == ("bfloat16", "bfloat16")
     assert dt("wan21", "float32", ampere) == ("float16", "float16")
     assert dt("sdxl", "bfloat16", ampere, "unet") == ("bfloat16", "bfloat16")
     assert dt(None, "float32", ampere, "unet") == ("float16", "float16")
