@@ -8,11 +8,10 @@ The rules are ComfyUI's facts (comfy/model_management.py and comfy/sd.py, read, 
   config lists, in that order of preference (``supported_inference_dtypes``: fp16, bf16, fp32 unless
   the family says otherwise; the FLUX family and Chroma prefer bf16; Qwen-Image, Z-Image, Lumina 2,
   HiDream, HunyuanVideo, LTX and Mochi run in bf16 or fp32 only -- a Z-Image run in fp16 gives a flat
-  image). fp8 weights stay fp8 in storage and are
-  cast for compute unless the device computes fp8; a file in a dtype its family runs in and the device
-  computes stays in it (zero-copy); otherwise storage is the family's first dtype the device computes,
-  and on a device that cannot compute the storage dtype, weights are cast on the fly (the "manual
-  cast") to the family's first dtype it does.
+  image). fp8 weights stay fp8 in storage and are cast for compute unless the device computes fp8; a
+  file in a dtype its family runs in and the device computes stays in it (zero-copy); otherwise
+  storage is the family's first dtype the device computes, and on a device that cannot compute the
+  storage dtype, weights are cast on the fly (the "manual cast") to the family's first dtype it does.
 * text encoders (``text_encoder_dtype``, ``text_encoder_device``): fp16 storage; on the GPU only in the
   NORMAL / HIGH VRAM states and when the device computes fp16, and only when memory allows
   (``text_encoder_initial_device``: a model above 1 GiB goes to the device when it fits with 20% to spare
