@@ -69,13 +69,34 @@ def cuda_tests() -> None:
     emit(check="pytest -m cuda", rc=r.returncode, seconds=round(time.perf_counter() - t0, 1), tail=tail)
 
 
+def timed_decode(vae, z, device: str, dtype, **kw):
+    """engine.vae.decode(vae, z, ...) timed to the device's completion: (image, seconds, the device's
+    peak allocated bytes above the level before it -- None on the CPU --, RunInfo)."""
+    import torch
+
+    from engine.vae import decode
+    from engine.vae.run import RunInfo
+
+    cuda = torch.device(device).type == "cuda"
+    info = RunInfo()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    out = decode(vae, z, device=device, dtype=dtype, info=info, **kw)
+    if cuda:
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t0, torch.cuda.max_memory_allocated() - base if cuda else None, info
+
+
 def video_vae(device: str, dim: int) -> None:
     import torch
     from bench_vae_video import _vae
 
-    from engine.vae import decode
     from engine.vae.estimate import RUNTIME_BYTES
-    from engine.vae.run import RunInfo, job_of
+    from engine.vae.run import job_of
 
     cuda = device == "cuda"
     dtype = torch.float16 if cuda else torch.float32
@@ -84,16 +105,7 @@ def video_vae(device: str, dim: int) -> None:
     runs = (("full, one chunk", dict(tiled=False, tile_frames=5)), ("full, chunks of 1", dict(tiled=False, tile_frames=1)),
             ("512-px tiles, chunks of 1", dict(tiled=True, tile=512, overlap=64, tile_frames=1)))  # fmt: skip
     for name, kw in runs:
-        info = RunInfo()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-        t0 = time.perf_counter()
-        decode(vae, z, device=device, dtype=dtype, info=info, **kw)
-        if cuda:
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
+        _, seconds, peak, info = timed_decode(vae, z, device, dtype, **kw)
         job = job_of(vae, z, "decode", torch.device(device), dtype)
         weights = sum(p.numel() * p.element_size() for p in vae.parameters())
         tiled = info.mode == "tiled"
@@ -101,7 +113,6 @@ def video_vae(device: str, dim: int) -> None:
             info.tile_px if tiled else None, info.tile_frames, info.overlap_px if tiled else None
         )
         predicted -= RUNTIME_BYTES + weights
-        peak = torch.cuda.max_memory_allocated() - base if cuda else None
         emit(check=f"wan21 dim{dim} 832x480x17 {name}", device=device, dtype=str(dtype).removeprefix("torch."),
              mode=info.mode, tile_px=info.tile_px, tile_frames=info.tile_frames, oom_retries=info.oom_retries,
              seconds=round(seconds, 2), peak_bytes=peak, predicted_bytes=predicted,
@@ -117,7 +128,6 @@ def kl_vae(device: str, ch: int, sizes: list[int]) -> None:
     from vae_fixtures import psnr, small_kl
 
     from engine.vae import decode
-    from engine.vae.run import RunInfo
 
     cuda = device == "cuda"
     dtype = torch.float16 if cuda else torch.float32
@@ -129,20 +139,7 @@ def kl_vae(device: str, ch: int, sizes: list[int]) -> None:
         z = torch.randn(1, 4, size // 8, size // 8, generator=torch.Generator().manual_seed(size))
         full = None
         for name, kw in runs:
-            info = RunInfo()
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-            t0 = time.perf_counter()
-            out = decode(vae, z, device=device, dtype=dtype, info=info, **kw)
-            if cuda:
-                torch.cuda.synchronize()
-            seconds, peak = (
-                time.perf_counter() - t0,
-                torch.cuda.max_memory_allocated() - base if cuda else None,
-            )
+            out, seconds, peak, info = timed_decode(vae, z, device, dtype, **kw)
             if full is None:
                 full = (out, seconds, peak)
             emit(check=f"kl vae ch{ch} {size}x{size}: {name}", device=device, dtype=str(dtype).removeprefix("torch."),

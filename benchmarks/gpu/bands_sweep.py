@@ -8,16 +8,15 @@ Its output on an H200: benchmarks/gpu/2026-11-26-h200-bands.txt.
 """
 
 import sys
-import time
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "tests/engine")
+sys.path.insert(0, "benchmarks")
 import torch
+from gpu_check import timed_decode
 from vae_fixtures import psnr, small_kl
 
 from engine import ops
-from engine.vae import decode
-from engine.vae.run import RunInfo
 
 dev = sys.argv[1] if len(sys.argv) > 1 else "cuda"
 ch = int(sys.argv[2]) if len(sys.argv) > 2 else 128
@@ -27,27 +26,9 @@ dt = torch.float16 if cuda else torch.float32
 vae = small_kl(ch=ch, seed=5).to(dev, dt)
 
 
-def sync():
-    if cuda:
-        torch.cuda.synchronize()
-
-
 def run(z, **kw):
-    sync()
-    info = RunInfo()
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    t0 = time.perf_counter()
-    out = decode(vae, z, device=dev, dtype=dt, info=info, **kw)
-    sync()
-    return (
-        out,
-        time.perf_counter() - t0,
-        ((torch.cuda.max_memory_allocated() - base) if cuda else 0) / 2**20,
-        info,
-    )
+    out, seconds, peak, info = timed_decode(vae, z, dev, dt, **kw)
+    return out, seconds, (peak or 0) / 2**20, info
 
 
 run(torch.randn(1, 4, 32, 32), tiled=False)
