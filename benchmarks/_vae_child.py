@@ -20,7 +20,7 @@ def main() -> None:
     sys.path.insert(0, cfg["tests_dir"])
     from vae_fixtures import small_kl
 
-    from engine.vae import estimate, run
+    from engine.vae import run
 
     vae = small_kl(ch=cfg.get("ch", 128), seed=0)
     h, w = cfg["height"] // 8, cfg["width"] // 8
@@ -41,13 +41,7 @@ def main() -> None:
     )
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    spec = estimate.spec_of(vae)
-    px = cfg["height"] * cfg["width"]
-    est = (
-        estimate.tiled_bytes(spec, "decode", px, info.tile_px, 4, ram_store=info.store == "ram")
-        if tiled
-        else estimate.full_bytes(spec, "decode", px, 4)
-    )
+    est = info.tiling_estimate_bytes  # of what ran: a batch of tiles, states where they waited
     if cfg.get("save"):
         torch.save(img, cfg["save"])
     out = {"seconds": seconds, "peak_rss": peak, "base_rss": base, "estimate": est, **info.to_json()}

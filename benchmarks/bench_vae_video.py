@@ -81,18 +81,10 @@ def run_child(cfg: dict) -> dict:
     if cfg.get("save"):
         torch.save(out, cfg["save"])
     from engine.vae.estimate import RUNTIME_BYTES
-    from engine.vae.run import job_of
 
     # the estimate of the tiling that ran (info.estimate_bytes is the whole-frame one, the CLI's figure),
     # less its runtime constant: this process's own (torch, diffusers, the bench) is `base`
-    job = job_of(vae, z, "decode", torch.device("cpu"), torch.float32)
-    tiled = info.mode == "tiled"
-    estimate = (
-        job.video_bytes(
-            info.tile_px if tiled else None, info.tile_frames or 1, info.overlap_px if tiled else None
-        )
-        - RUNTIME_BYTES
-    )
+    estimate = info.tiling_estimate_bytes - RUNTIME_BYTES
     return {"seconds": seconds, "peak_rss": peak, "base_rss": base, "estimate": estimate,
             "tiles": info.tiles, "tile_px": info.tile_px, "tile_frames": info.tile_frames, "mode": info.mode,
             "frames": out.shape[1]}  # fmt: skip

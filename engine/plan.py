@@ -9,20 +9,17 @@ and the mode that fits, by the same rules the residency manager then applies.
   delta) — at most twice the largest weight × 4 bytes at a time. Streamed modules are patched on the
   fly, so when the patch does not fit the resident part shrinks to make room ("partial").
 * decode: the VAE's weights plus its activations, by engine.vae's estimate (calibrated against measured
-  decodes: engine/vae/estimate.py). When the whole image does not fit, tiles: the largest tile (in
-  the 64-px steps engine.vae uses) whose peak fits the budget.
+  decodes: engine/vae/estimate.py). When the whole image does not fit, the tiles engine.vae.choice
+  picks for what the budget leaves beside the VAE (the one place that decides), at their estimate.
 Sampling itself is out of scope; the minimum inference memory kept free for it is in each detail.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
 GIB = 1024**3
-TILES = tuple(range(1024, 127, -64))  # output pixels: engine.vae tiles in 64-px steps, 128 px at least
-TILE_OVERLAP = 64  # engine.vae: twice the 32-px context a tile needs on each side
 _ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "float64": 8}
 
 
@@ -257,7 +254,11 @@ def _latent_channels(path: str, prefix: str) -> int:
 
 
 def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, architecture=None) -> dict:
-    from .vae import estimate_decode_bytes
+    """An image decode, tiled as engine.vae.choice will tile it: the run's budget is what the plan's
+    leaves once the runtime and the VAE's weights are resident; its estimate counts what runs at once
+    (a batch of tiles) and where the tile states wait."""
+    from .vae import estimate
+    from .vae.choice import Job, choose, peak_bytes
 
     p, f = pf
     if architecture in VIDEO_VAES or len(size) == 3:
@@ -265,8 +266,11 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
     w, h = size
     weights = sum(f.unit_sizes)
     dtype = p.compute_dtype if p.compute_dtype in ("float32", "float16", "bfloat16") else "float32"
-    est = {"latent_channels": _latent_channels(path, prefix), "dtype": dtype, "weight_bytes": weights}
-    whole = estimate_decode_bytes(w, h, **est)
+    esize = estimate.DTYPE_BYTES[dtype]
+    spec = estimate.VaeSpec("kl", _latent_channels(path, prefix), weights)
+    job = Job(spec, "decode", (max(1, h // spec.downscale), max(1, w // spec.downscale)), 1, spec.downscale,
+              esize, p.device != "cpu")  # fmt: skip
+    whole = estimate.full_bytes(spec, "decode", job.pixels, esize)
     detail = {
         "width": w,
         "height": h,
@@ -279,24 +283,14 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
     cap = budget if p.device == device else None
     if cap is None or whole <= cap:
         return {"step": "decode", "peak_bytes": whole, "mode": "full", "fits": True, "detail": detail}
-    for t in TILES:
-        if t > max(w, h) and t != TILES[-1]:
-            continue
-        peak = estimate_decode_bytes(w, h, tile=t, **est)
-        if peak <= cap:
-            overlap = min(TILE_OVERLAP, t // 2)
-            step = t - overlap
-            tiles = math.ceil(max(w - overlap, 1) / step) * math.ceil(max(h - overlap, 1) / step)
-            detail.update(tile=t, overlap=overlap, tiles=tiles)
-            return {"step": "decode", "peak_bytes": peak, "mode": "tiled", "fits": True, "detail": detail}
-    t = TILES[-1]
-    detail.update(
-        tile=t,
-        overlap=min(TILE_OVERLAP, t // 2),
-        advice="not even the smallest tile fits beside the VAE: try --cpu-vae",
-    )
-    peak = estimate_decode_bytes(w, h, tile=t, **est)
-    return {"step": "decode", "peak_bytes": peak, "mode": "tiled", "fits": False, "detail": detail}
+    run_budget = max(0, cap - estimate.RUNTIME_BYTES - weights)
+    tiling = choose(job, run_budget)
+    peak = peak_bytes(job, tiling, run_budget)
+    detail.update(tile=tiling.tile_px, overlap=tiling.overlap_px, tiles=len(tiling.rects))
+    fits = peak <= cap
+    if not fits:
+        detail["advice"] = "not even the smallest tile fits beside the VAE: try --cpu-vae"
+    return {"step": "decode", "peak_bytes": peak, "mode": tiling.mode, "fits": fits, "detail": detail}
 
 
 # Families whose denoiser Loadout steps (engine.denoise.SUPPORTED), and the size they are made for.

@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"decoded {tuple(shape)} -> {size}{res.width}x{res.height} on {device} ({info['dtype']}, "
             f"{how}) in {res.seconds:.1f} s; estimate {human_bytes(info['estimate_bytes'])} for a full decode"
+            + (f", {human_bytes(info['tiling_estimate_bytes'])} as tiled" if info["mode"] == "tiled" else "")
         )
         for n in info["notes"]:
             print(f"  note: {n}")

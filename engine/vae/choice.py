@@ -168,10 +168,28 @@ def store_for(job: Job, tiling: Tiling, budget: int, disk: bool | None = None) -
         return "ram"
     if not tiling.batch_px:
         return "host"
-    side = max(tiling.tile_px, math.isqrt(tiling.batch_px))
-    need = states + estimate.tile_bytes(job.spec, side, job.esize, job.direction) + 16 * job.pixels
-    need += int(job.spec.k_head() * job.pixels // job.downscale**2 * job.esize)
+    # what the run adds to the resident runtime and weights, its states kept beside the batch
+    need = _tiled_peak(job, tiling, with_states=True) - estimate.RUNTIME_BYTES - job.spec.weight_bytes
     return "device" if need <= budget else "host"
+
+
+def _tiled_peak(job: Job, tiling: Tiling, with_states: bool) -> int:
+    return estimate.tiled_bytes(job.spec, job.direction, job.pixels, tiling.tile_px, job.esize,
+                                ram_store=with_states, batch_px=tiling.batch_px)  # fmt: skip
+
+
+def peak_bytes(job: Job, tiling: Tiling, budget: int, disk: bool | None = None) -> int:
+    """The estimate of running `tiling` as the run will (engine.vae.run): runtime and weights, then a
+    whole pass; or the head's output, a batch of tiles, the result, and the tile states where they wait
+    in the memory the pass computes in (RAM on a CPU, the device when store_for keeps them there); a
+    video decode's chunk of frames with its causal cache. `budget` and `disk` as the run has them."""
+    if job.spec.video:
+        tiled = tiling.tiled
+        return job.video_bytes(tiling.tile_px if tiled else None, tiling.tile_frames or job.frames,
+                               tiling.overlap_px if tiled else None)  # fmt: skip
+    if not tiling.tiled:
+        return estimate.full_bytes(job.spec, job.direction, job.pixels, job.esize)
+    return _tiled_peak(job, tiling, store_for(job, tiling, budget, disk) in ("ram", "device"))
 
 
 def retry(job: Job, previous: Tiling, budget: int) -> Tiling | None:

@@ -34,7 +34,8 @@ class RunInfo:
     dtype: str = "float32"
     fp32_rerun: bool = False
     oom_retries: int = 0
-    estimate_bytes: int = 0
+    estimate_bytes: int = 0  # the estimate of a full pass (the CLI's "estimate ... for a full decode")
+    tiling_estimate_bytes: int = 0  # the estimate of the tiling that ran (engine.vae.choice.peak_bytes)
     budget_bytes: int | None = None
     store: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -253,6 +254,7 @@ def _run(
             tiling = choice.choose(job, budget, mode, tile, overlap)
     info.dtype = _dtype_name(dtype)
     while True:
+        info.tiling_estimate_bytes = choice.peak_bytes(job, tiling, budget, disk_store)  # as it runs
         try:
             return _attempt_released(vae, x, direction, tiling, device, dtype, budget, disk_store, token, report,
                                      info, job.lat_hw)  # fmt: skip

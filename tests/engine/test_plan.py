@@ -10,9 +10,11 @@ from residency_files import SD15_MANIFEST, SD15_PREFIXES
 from engine.devices import DeviceOptions, HardwareFacts, build_report
 from engine.formats.safetensors import write_sparse
 from engine.model import build_components
-from engine.plan import TILES, make_plan
+from engine.plan import make_plan
 from engine.residency import Residency
 from engine.vae import estimate_decode_bytes
+from engine.vae.choice import Job, choose
+from engine.vae.estimate import RUNTIME_BYTES, VaeSpec, tile_bytes
 
 MIB = 1024**2
 
@@ -72,16 +74,28 @@ def test_decode_modes_and_the_documented_formula(sd15):
     report = cpu_report(vram_budget_gb=(need + 1) / 1024**3)
     small = make_plan(str(sd15), decode=(2048, 2048), report=report, free_bytes=1 << 40)
     dec = small["steps"][-1]
-    assert dec["mode"] == "tiled" and dec["peak_bytes"] <= small["budget_bytes"]
+    assert dec["mode"] == "tiled" and dec["fits"] and dec["peak_bytes"] <= small["budget_bytes"]
     # the decode fits; a 2048² SD1 sampling step on a budget sized for the VAE alone does not
     (step,) = [s for s in small["steps"] if s["step"] == "step"]
     assert not small["fits"] and step["peak_bytes"] > small["budget_bytes"]
+    # The tiles are those the run picks (engine.vae.choice, the one place that decides) for the memory
+    # it finds free with the runtime and the VAE resident: a tile's activations at most a quarter of it.
+    free_at_run = small["budget_bytes"] - RUNTIME_BYTES - vae
+    spec = VaeSpec("kl", 4, vae)
     tile = dec["detail"]["tile"]
-    assert tile == 512 and dec["peak_bytes"] == need
-    bigger = estimate_decode_bytes(
-        2048, 2048, dtype="float32", weight_bytes=vae, tile=TILES[TILES.index(tile) - 1]
+    assert 128 < tile < 512  # neither bound of the CPU's tile sizes: the budget decided
+    assert tile_bytes(spec, tile, 4) <= free_at_run / 4 < tile_bytes(spec, tile + 64, 4)
+    job = Job(spec, "decode", (256, 256), 1, 8, 4, False)
+    ran = choose(job, free_at_run)
+    assert (ran.tile_px, ran.overlap_px, len(ran.rects)) == (
+        tile,
+        dec["detail"]["overlap"],
+        dec["detail"]["tiles"],
     )
-    assert bigger > small["budget_bytes"]  # the next size up would not fit
+    # 2048² at these tiles: the states (9.7 GB) go to disk on the CPU, so the peak is one tile's
+    assert dec["peak_bytes"] == estimate_decode_bytes(
+        2048, 2048, dtype="float32", weight_bytes=vae, tile=tile
+    )
 
 
 def test_hypothetical_gpu_uses_fp16_and_patch_step(sd15, shared_data):

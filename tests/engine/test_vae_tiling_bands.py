@@ -115,3 +115,52 @@ def test_tile_states_wait_on_the_gpu_only_when_they_fit_and_never_after_an_oom()
     tc = choice.choose(cpu, 1 << 40, "tiled", 512, 64)
     assert choice.store_for(cpu, tc, 1 << 40) == "ram"
     assert choice.store_for(cpu, tc, 2 * states - 1) == "disk"
+
+
+def test_a_tilings_estimate_counts_its_batch_and_where_its_states_wait():
+    # The estimate of what runs (the plan's figure, RunInfo.tiling_estimate_bytes): small tiles batched
+    # up to the budget's tile are counted as that batch -- counted as one tile, a batched CPU run
+    # measured 7 % over its estimate -- and the states count where they share the pass's memory.
+    from engine.vae import choice, estimate
+
+    gpu, cpu = _job(cuda=True), _job(cuda=False)
+    spec, px, es = gpu.spec, gpu.pixels, gpu.esize
+    batched = choice.choose(gpu, 1 << 40, "tiled", 256, 64)
+    assert batched.batch_px == 1024**2  # the GPU's budget tile
+    side = 1024
+    on_device = estimate.tiled_bytes(spec, "decode", px, side, es, ram_store=True)
+    assert choice.peak_bytes(gpu, batched, 1 << 40) == on_device
+    assert on_device > estimate.tiled_bytes(spec, "decode", px, 256, es, ram_store=True)
+    # a budget that leaves no room for the states beside the batch: they wait in host RAM, not counted
+    tight = on_device - estimate.RUNTIME_BYTES - spec.weight_bytes - 1
+    assert choice.store_for(gpu, batched, tight) == "host"
+    assert choice.peak_bytes(gpu, batched, tight) == estimate.tiled_bytes(spec, "decode", px, side, es)
+    # after an out-of-memory the tiles run one at a time: that is the figure
+    one = choice.retry(gpu, batched, 1 << 40)
+    assert choice.peak_bytes(gpu, one, 1 << 40) == estimate.tiled_bytes(spec, "decode", px, 128, es)
+    # the CPU: states in RAM count, on disk they do not; a full pass is the full estimate
+    tc = choice.choose(cpu, 1 << 40, "tiled", 512, 64)
+    ram = choice.peak_bytes(cpu, tc, 1 << 40)
+    assert ram - choice.peak_bytes(cpu, tc, 1 << 40, disk=True) == estimate.store_bytes(
+        spec, "decode", px, es
+    )
+    full = choice.choose(cpu, 1 << 40, "full")
+    assert choice.peak_bytes(cpu, full, 1 << 40) == estimate.full_bytes(spec, "decode", px, es)
+
+
+def test_a_runs_info_carries_the_estimate_of_the_tiling_that_ran():
+    from vae_fixtures import small_kl
+
+    from engine.vae import choice, decode
+    from engine.vae.run import RunInfo, job_of
+
+    vae = small_kl(seed=3)
+    z = torch.randn(1, 4, 32, 32, generator=torch.Generator().manual_seed(1))
+    info = RunInfo()
+    decode(vae, z, tiled=True, tile=64, overlap=16, budget=1 << 34, info=info)
+    assert any("tiles at a time" in n for n in info.notes)  # 64-px tiles ran in batches
+    job = job_of(vae, z, "decode", torch.device("cpu"), torch.float32)
+    ran = choice.choose(job, 1 << 34, "tiled", 64, 16)
+    assert info.tiling_estimate_bytes == choice.peak_bytes(job, ran, 1 << 34)
+    one_at_a_time = choice.peak_bytes(job, choice.tiled(job, 64, 16, 0), 1 << 34)
+    assert info.tiling_estimate_bytes > one_at_a_time
