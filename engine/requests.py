@@ -237,6 +237,8 @@ class DecodeEstimate:
     width: int  # output pixels
     height: int
     full_bytes: int
+    # the least a tiled run needs: `tile`-px tiles one at a time, states on disk (a run with memory to
+    # spare batches small tiles up to a quarter of what is free, and may keep the states beside them)
     tiled_bytes: int
     tile: int
     frames: int = 0  # a video latent: output frames (0: an image)
