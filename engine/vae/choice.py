@@ -43,6 +43,34 @@ def plan_tiles(h: int, w: int, tile: int, overlap: int) -> list[Tile]:
     return tiles
 
 
+def box_px(t: Tile, px_scale: int) -> int:
+    """Image pixels of a tile's box (its `pad`): what a batch's size is counted in."""
+    return (t.pad[1] - t.pad[0]) * (t.pad[3] - t.pad[2]) * px_scale * px_scale
+
+
+def batch_tiles(tiles: list[Tile], px_scale: int, batch_px: int) -> list[list[int]]:
+    """Tile indices grouped into batches of tiles of one shape (core size, and which image edges it
+    lies on: every pass's region is then the same size), each at most `batch_px` image pixels of
+    computed box (always at least one tile). Small tiles run as few large ops instead of many small
+    ones: per op overhead and, on a busy CPU, the thread pool's barriers dominate 16x16 latents."""
+    if batch_px <= 0:
+        return [[i] for i in range(len(tiles))]
+    h = max(t.core[1] for t in tiles)
+    w = max(t.core[3] for t in tiles)
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tiles):
+        y0, y1, x0, x1 = t.core
+        key = (y1 - y0, x1 - x0, y0 == 0, y1 == h, x0 == 0, x1 == w, t.pad[1] - t.pad[0], t.pad[3] - t.pad[2])
+        groups.setdefault(key, []).append(i)
+    out = []
+    for idx in groups.values():
+        k = max(1, batch_px // box_px(tiles[idx[0]], px_scale))  # one shape per group
+        out += [idx[j : j + k] for j in range(0, len(idx), k)]
+    # The batch holding the last tile runs last: a pass's final progress report names the last tile,
+    # as it did one tile at a time (a GUI that drops reports between frames still sees it).
+    return sorted(out, key=max)
+
+
 @dataclass(frozen=True)
 class Job:
     """What is to be run: `lat_hw` latent rows and columns, `batch` images, `downscale` pixels per
@@ -173,9 +201,18 @@ def store_for(job: Job, tiling: Tiling, budget: int, disk: bool | None = None) -
     return "device" if need <= budget else "host"
 
 
+def computed_px(job: Job, tiling: Tiling) -> int:
+    """Output pixels a tiled pass computes at once at most: the boxes of its largest batch of tiles
+    (batch_tiles, as the run batches them), for every image of the latent."""
+    f = job.downscale
+    tiles = plan_tiles(*job.lat_hw, max(1, tiling.tile_px // f), max(0, tiling.overlap_px // f))
+    batches = batch_tiles(tiles, f, tiling.batch_px)
+    return max(sum(box_px(tiles[i], f) for i in b) for b in batches) * job.batch
+
+
 def _tiled_peak(job: Job, tiling: Tiling, with_states: bool) -> int:
     return estimate.tiled_bytes(job.spec, job.direction, job.pixels, tiling.tile_px, job.esize,
-                                ram_store=with_states, batch_px=tiling.batch_px)  # fmt: skip
+                                ram_store=with_states, computed_px=computed_px(job, tiling))  # fmt: skip
 
 
 def peak_bytes(job: Job, tiling: Tiling, budget: int, disk: bool | None = None) -> int:

@@ -14,7 +14,6 @@ normalised copy and the shortcut are alive together with 128-channel conv output
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 # Activation "channels" alive at the peak, per output pixel, per unit of the base width `ch` (128 for
@@ -163,15 +162,15 @@ def store_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int, overhead
 
 def tiled_bytes(
     spec: VaeSpec, direction: str, pixels: int, tile_px: int, esize: int, *, ram_store: bool = False,
-    batch_px: int = 0,
+    computed_px: int = 0,
 ) -> int:  # fmt: skip
-    """Predicted peak of a tiled pass: the head's output, what runs at once -- one `tile_px` tile, or a
-    batch of smaller tiles up to `batch_px` output pixels (engine.vae.tiling.batch_tiles) -- the float32
-    result, and the tile states where they wait in the same memory (`ram_store`). Counting one tile of
-    a batched run read 0.93 of the measured peak (256-px tiles batched to 512 px, KL 1024^2, width 32)."""
+    """Predicted peak of a tiled pass: the head's output, what runs at once -- one `tile_px` tile, or
+    `computed_px` output pixels where the caller knows the run's largest batch of tile boxes
+    (engine.vae.choice.computed_px) -- the float32 result, and the tile states where they wait in the
+    same memory (`ram_store`). Counting one tile of a batched run read 0.93 of the measured peak."""
     latent_px = pixels // (spec.downscale**2)
     total = RUNTIME_BYTES + spec.weight_bytes + spec.k_head() * latent_px * esize
-    total += tile_bytes(spec, max(tile_px, math.isqrt(max(0, batch_px))), esize, direction)
+    total += spec.k_act(direction) * max(tile_px * tile_px, computed_px) * esize
     total += 16 * pixels
     if ram_store:
         total += store_bytes(spec, direction, pixels, esize)
@@ -231,7 +230,8 @@ def _spec(kind: str, latent_channels: int, weight_bytes: int | None, widths=None
 
 
 def _estimate(
-    direction, px, kind, latent_channels, dtype, tile, weight_bytes, latent_frames=1, widths=None, tile_area=None
+    direction, px, kind, latent_channels, dtype, tile, weight_bytes, latent_frames=1, widths=None, tile_area=None,
+    batch=1,
 ) -> int:  # fmt: skip
     spec = _spec(kind, latent_channels, weight_bytes, widths)
     esize = DTYPE_BYTES[dtype]
@@ -240,7 +240,7 @@ def _estimate(
         return video_bytes(spec, px, latent_frames, esize, tile_px=tile, tile_frames=n, tile_area=tile_area)
     if tile is None:
         return full_bytes(spec, direction, px, esize)
-    return tiled_bytes(spec, direction, px, tile, esize)
+    return tiled_bytes(spec, direction, px, tile, esize, computed_px=tile * tile * batch)  # each image's tile
 
 
 def estimate_decode_bytes(
@@ -257,13 +257,13 @@ def estimate_decode_bytes(
     widths: tuple[int, int] | None = None,
     tile_area: int | None = None,
 ) -> int:
-    """Predicted peak bytes of decoding a width x height image (full, or with `tile`-px tiles whose
-    states are spilled to disk); `weight_bytes` from the VAE's header when known. A video VAE (`kind`
+    """Predicted peak bytes of decoding `batch` width x height images (full, or with `tile`-px tiles run
+    one at a time, each through every image, their states spilled to disk); `weight_bytes` from the VAE's header when known. A video VAE (`kind`
     wan21 / wan22) decodes `latent_frames` (in chunks of up to 4, one with tiles), at `widths` (ch, mid:
     `video_widths`) when known, its tiles' largest box `tile_area` (engine.vae.choice.largest_box_px)
     when the caller planned them, else tile squared."""
     return _estimate("decode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes,
-                     latent_frames, widths, tile_area)  # fmt: skip
+                     latent_frames, widths, tile_area, batch)  # fmt: skip
 
 
 def estimate_encode_bytes(
@@ -278,4 +278,6 @@ def estimate_encode_bytes(
     weight_bytes: int | None = None,
 ) -> int:
     """As estimate_decode_bytes, for encoding a width x height image."""
-    return _estimate("encode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes)
+    return _estimate(
+        "encode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes, batch=batch
+    )

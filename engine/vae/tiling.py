@@ -30,7 +30,7 @@ from torch import nn
 from .. import ops
 from ..jobs import CancelToken, Progress, Report, TileDone, no_report
 from ..memory import trim_heap
-from .choice import Tile, plan_tiles  # noqa: F401  (plan_tiles: the tiles run_tiled is given)
+from .choice import Tile, batch_tiles, box_px, plan_tiles  # noqa: F401  (the run's tiles and batches)
 from .halo import Exchange, Plan, box, core_in, cut, gather
 
 
@@ -406,31 +406,3 @@ def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _crop(x_whole: torch.Tensor, t: Tile, scale: float, halo: int, hw: tuple[int, int]) -> torch.Tensor:
     y0, y1, x0, x1 = box(t, scale, halo, hw)
     return x_whole[:, :, y0:y1, x0:x1]
-
-
-def box_px(t: Tile, px_scale: int) -> int:
-    """Image pixels of a tile's box (its `pad`): what a batch's size is counted in."""
-    return (t.pad[1] - t.pad[0]) * (t.pad[3] - t.pad[2]) * px_scale * px_scale
-
-
-def batch_tiles(tiles: list[Tile], px_scale: int, batch_px: int) -> list[list[int]]:
-    """Tile indices grouped into batches of tiles of one shape (core size, and which image edges it
-    lies on: every pass's region is then the same size), each at most `batch_px` image pixels of
-    computed box (always at least one tile). Small tiles run as few large ops instead of many small
-    ones: per op overhead and, on a busy CPU, the thread pool's barriers dominate 16x16 latents."""
-    if batch_px <= 0:
-        return [[i] for i in range(len(tiles))]
-    h = max(t.core[1] for t in tiles)
-    w = max(t.core[3] for t in tiles)
-    groups: dict[tuple, list[int]] = {}
-    for i, t in enumerate(tiles):
-        y0, y1, x0, x1 = t.core
-        key = (y1 - y0, x1 - x0, y0 == 0, y1 == h, x0 == 0, x1 == w, t.pad[1] - t.pad[0], t.pad[3] - t.pad[2])
-        groups.setdefault(key, []).append(i)
-    out = []
-    for idx in groups.values():
-        k = max(1, batch_px // box_px(tiles[idx[0]], px_scale))  # one shape per group
-        out += [idx[j : j + k] for j in range(0, len(idx), k)]
-    # The batch holding the last tile runs last: a pass's final progress report names the last tile,
-    # as it did one tile at a time (a GUI that drops reports between frames still sees it).
-    return sorted(out, key=max)

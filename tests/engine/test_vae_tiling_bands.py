@@ -119,24 +119,32 @@ def test_tile_states_wait_on_the_gpu_only_when_they_fit_and_never_after_an_oom()
 
 def test_a_tilings_estimate_counts_its_batch_and_where_its_states_wait():
     # The estimate of what runs (the plan's figure, RunInfo.tiling_estimate_bytes): small tiles batched
-    # up to the budget's tile are counted as that batch -- counted as one tile, a batched CPU run
-    # measured 7 % over its estimate -- and the states count where they share the pass's memory.
+    # up to the budget's tile count as the boxes of the largest batch the run makes -- counted as one
+    # tile, a batched CPU run measured 7 % over its estimate -- and the states count where they share
+    # the pass's memory.
     from engine.vae import choice, estimate
 
     gpu, cpu = _job(cuda=True), _job(cuda=False)
     spec, px, es = gpu.spec, gpu.pixels, gpu.esize
     batched = choice.choose(gpu, 1 << 40, "tiled", 256, 64)
     assert batched.batch_px == 1024**2  # the GPU's budget tile
-    side = 1024
-    on_device = estimate.tiled_bytes(spec, "decode", px, side, es, ram_store=True)
-    assert choice.peak_bytes(gpu, batched, 1 << 40) == on_device
-    assert on_device > estimate.tiled_bytes(spec, "decode", px, 256, es, ram_store=True)
+    tiles = choice.plan_tiles(128, 128, 32, 8)
+    biggest = max(sum(choice.box_px(tiles[i], 8) for i in b) for b in choice.batch_tiles(tiles, 8, 1024**2))
+    assert choice.computed_px(gpu, batched) == biggest
+    assert 256 * 256 < biggest <= 1024**2  # several tiles at once, never more than the budget's tile
+
+    def est(computed, states=False):
+        return estimate.tiled_bytes(spec, "decode", px, 256, es, ram_store=states, computed_px=computed)
+
+    on_device = est(biggest, True)
+    assert choice.peak_bytes(gpu, batched, 1 << 40) == on_device > est(0, True)
     # a budget that leaves no room for the states beside the batch: they wait in host RAM, not counted
     tight = on_device - estimate.RUNTIME_BYTES - spec.weight_bytes - 1
     assert choice.store_for(gpu, batched, tight) == "host"
-    assert choice.peak_bytes(gpu, batched, tight) == estimate.tiled_bytes(spec, "decode", px, side, es)
-    # after an out-of-memory the tiles run one at a time: that is the figure
+    assert choice.peak_bytes(gpu, batched, tight) == est(biggest)
+    # after an out-of-memory the tiles run one at a time, each no bigger than its tile
     one = choice.retry(gpu, batched, 1 << 40)
+    assert choice.computed_px(gpu, one) <= 128 * 128
     assert choice.peak_bytes(gpu, one, 1 << 40) == estimate.tiled_bytes(spec, "decode", px, 128, es)
     # the CPU: states in RAM count, on disk they do not; a full pass is the full estimate
     tc = choice.choose(cpu, 1 << 40, "tiled", 512, 64)
@@ -146,6 +154,9 @@ def test_a_tilings_estimate_counts_its_batch_and_where_its_states_wait():
     )
     full = choice.choose(cpu, 1 << 40, "full")
     assert choice.peak_bytes(cpu, full, 1 << 40) == estimate.full_bytes(spec, "decode", px, es)
+    # every image of the latent runs through each tile
+    two = choice.Job(spec, "decode", gpu.lat_hw, 2, 8, es, True)
+    assert choice.computed_px(two, batched) == 2 * biggest
 
 
 def test_a_runs_info_carries_the_estimate_of_the_tiling_that_ran():
@@ -164,3 +175,15 @@ def test_a_runs_info_carries_the_estimate_of_the_tiling_that_ran():
     assert info.tiling_estimate_bytes == choice.peak_bytes(job, ran, 1 << 34)
     one_at_a_time = choice.peak_bytes(job, choice.tiled(job, 64, 16, 0), 1 << 34)
     assert info.tiling_estimate_bytes > one_at_a_time
+
+
+def test_the_preflight_tiled_figure_runs_each_tile_through_every_image():
+    from engine.vae import estimate, estimate_decode_bytes
+
+    one = estimate_decode_bytes(512, 512, tile=256)
+    two = estimate_decode_bytes(512, 512, tile=256, batch=2)
+    spec = estimate.VaeSpec("kl", 4, estimate.SD_VAE_WEIGHTS)
+    # the second image adds its head, result and its share of the tile, which runs for both at once
+    assert two - one == int(
+        spec.k_head() * 64 * 64 * 4 + 16 * 512 * 512 + spec.k_act("decode") * 256 * 256 * 4
+    )
