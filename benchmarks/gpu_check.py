@@ -25,7 +25,8 @@ msgspec, platformdirs, gguf, diffusers and importlib_metadata travel as wheels i
    peak allocated bytes above the level before the weights; each output is compared (relative L2).
    The same for FLUX.1-dev and Wan 2.1 1.3B at their real widths and reduced depth (bench_step's).
    Each line has the CPU seconds per step beside the wall seconds (equal: the step is bound by launching
-   kernels), and the full run is repeated after the partial ones (a first-run effect shows as a change).
+   kernels), and the full run is repeated after the partial ones (a first-run effect shows as a change);
+   the card is kept busy for half a second before each timed configuration (warm_gpu).
 
 `--sections tests,video,kl,step` picks checks; the whole run takes about 3 minutes on an H200.
 
@@ -150,6 +151,24 @@ def kl_vae(device: str, ch: int, sizes: list[int]) -> None:
                  vs_full_peak=round(peak / full[2], 3) if peak else None, psnr_db=round(psnr(out, full[0]), 1))  # fmt: skip
 
 
+def warm_gpu(device: str, seconds: float = 0.5) -> None:
+    """Keep the GPU busy for `seconds` before a timed run: steps of a few milliseconds finish before an
+    idle card (it idled while the weights were written) has raised its clocks, so the first
+    configuration timed would run slower than the ones after it."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return
+    a = torch.randn(4096, 4096, device=device, dtype=torch.float16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
+    del a
+    torch.cuda.empty_cache()
+
+
 def _step_loadout(model: str, family: str, budget: float | None, steps: int) -> dict:
     from bench_step import FAMILIES
 
@@ -252,7 +271,9 @@ def gpu_step(folder: Path, family: str, steps: int, device: str) -> None:
     def med(r: dict, what: str = "steps") -> float:
         return statistics.median(r[what][1:] or r[what])
 
+    warm_gpu(device)
     full = _step_loadout(str(model), family, None, steps)
+    warm_gpu(device)
     plain = _step_diffusers(str(model), family, [], steps, device)
     emit(check=f"step {title}: loadout full vs diffusers plain", dtype=full["dtype"], mode=full["mode"],
          rel_l2=rel(full, plain),
@@ -261,7 +282,9 @@ def gpu_step(folder: Path, family: str, steps: int, device: str) -> None:
          # CPU seconds per step: a step whose CPU time is its wall time is bound by launching kernels
          ours_cpu_s=round(med(full, "cpu"), 4), baseline_cpu_s=round(med(plain, "cpu"), 4))  # fmt: skip
     for pct in (50, 10):
+        warm_gpu(device)
         part = _step_loadout(str(model), family, total * pct / 100 / 1024**3, steps)
+        warm_gpu(device)
         group = _step_diffusers(str(model), family, part["streamed_modules"], steps, device)
         emit(check=f"step {title}: loadout {pct}% resident (rest from pinned RAM)", mode=part["mode"],
              ours_s=round(med(part), 4), ours_cpu_s=round(med(part, "cpu"), 4), vs_full=round(med(part) / med(full), 3),
@@ -271,10 +294,12 @@ def gpu_step(folder: Path, family: str, steps: int, device: str) -> None:
              equals_full=bool(torch.equal(part["out"], full["out"])), group_vs_plain_rel_l2=rel(group, plain))  # fmt: skip
     # The full run again, after the partial ones: on the H200 (2026-11-26) Wan's full step took 2.4x
     # diffusers' and longer than its own 50 % partial step; a first-run effect shows here as a change.
+    warm_gpu(device)
     again = _step_loadout(str(model), family, None, steps)
     emit(check=f"step {title}: loadout full again (after the partial runs)", ours_s=round(med(again), 4),
          ours_cpu_s=round(med(again, "cpu"), 4), vs_first_full=round(med(again) / med(full), 3),
          steps_s=[round(t, 4) for t in again["steps"]], equals_full=bool(torch.equal(again["out"], full["out"])))  # fmt: skip
+    warm_gpu(device)
     whole = _step_diffusers(str(model), family, None, steps, device)
     model.unlink()
     emit(check=f"step {title}: diffusers whole-model leaf group offload (nothing resident)",
@@ -287,7 +312,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dim", type=int, default=96)
     ap.add_argument("--skip-tests", action="store_true")
-    ap.add_argument("--steps", type=int, default=8, help="forward passes per step configuration")
+    # 20: a reduced model's step takes milliseconds, and the median of 7 after the first did not settle
+    ap.add_argument("--steps", type=int, default=20, help="forward passes per step configuration")
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument("--families", default="sd15,flux,wan", help="denoisers to step (bench_step's families)")
     ap.add_argument("--sections", default="tests,video,kl,step", help="which checks run")
