@@ -253,6 +253,18 @@ def _latent_channels(path: str, prefix: str) -> int:
     return 4
 
 
+def _vae_cap(vae_device: str, device: str, budget: int) -> int:
+    """What a decode may use: the plan's budget where the VAE runs on the plan's device; a VAE on the
+    CPU (--cpu-vae) has the RAM available now, less the reserve engine.vae.run keeps."""
+    if vae_device == device:
+        return budget
+    import psutil
+
+    from .vae.estimate import CPU_RESERVE_BYTES
+
+    return max(0, int(psutil.virtual_memory().available) - CPU_RESERVE_BYTES)
+
+
 def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, architecture=None) -> dict:
     """An image decode, tiled as engine.vae.choice will tile it: the run's budget is what the plan's
     leaves once the runtime and the VAE's weights are resident; its estimate counts what runs at once
@@ -280,8 +292,8 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
         "activation_bytes": whole - weights,
         "estimate": "engine.vae.estimate (calibrated on measured decodes)",
     }
-    cap = budget if p.device == device else None
-    if cap is None or whole <= cap:
+    cap = _vae_cap(p.device, device, budget)
+    if whole <= cap:
         return {"step": "decode", "peak_bytes": whole, "mode": "full", "fits": True, "detail": detail}
     run_budget = max(0, cap - estimate.RUNTIME_BYTES - weights)
     tiling = choose(job, run_budget)
@@ -395,12 +407,7 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
     lat_hw = (max(1, h // ds), max(1, w // ds))
     cuda = p.device != "cpu"
     job = Job(spec, "decode", lat_hw, 1, ds, esize, cuda, latent_frames)
-    if p.device == device:
-        cap = budget
-    else:  # the VAE runs on the CPU: what RAM is available, less a reserve (as engine.vae.run does)
-        import psutil
-
-        cap = max(0, int(psutil.virtual_memory().available) - (1 << 30))
+    cap = _vae_cap(p.device, device, budget)
     t = choose_video(job, cap)
     peak = job.video_bytes(t.tile_px if t.tiled else None, t.tile_frames, t.overlap_px if t.tiled else None)
     detail = {

@@ -56,6 +56,9 @@ K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0}
 K_VIDEO_HEAD = 8.0
 VIDEO_KINDS = ("wan21", "wan22")
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
+CPU_RESERVE_BYTES = (
+    1 << 30
+)  # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget)
 SD_VAE_WEIGHTS = 334_643_238  # fp32 bytes of an SD1/SDXL AutoencoderKL (83.65 M parameters)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 

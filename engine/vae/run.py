@@ -58,7 +58,7 @@ def memory_budget(device: torch.device) -> int:
         return int(free)
     import psutil
 
-    return max(0, int(psutil.virtual_memory().available) - (1 << 30))
+    return max(0, int(psutil.virtual_memory().available) - estimate.CPU_RESERVE_BYTES)
 
 
 def _dtype_name(dt: torch.dtype) -> str:

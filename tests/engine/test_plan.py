@@ -189,3 +189,23 @@ def test_the_sampling_step_is_predicted_and_calibrated_from_a_measured_step(sd15
     assert d["s_per_step"] == d["s_per_step_partial"] > d["s_per_step_full"]
     # another file (or this one replaced) is not calibrated from these steps
     assert measured.latest_step(str(tmp_path / "cache"), report.selected.label) is None
+
+
+def test_a_vae_on_the_cpu_is_planned_against_the_ram_available(sd15, monkeypatch):
+    # --cpu-vae on a (hypothetical) GPU: the decode runs in RAM, so what RAM is free decides full or tiles,
+    # as engine.vae.run's budget does -- not "always full" because the VAE is off the device.
+    import psutil
+
+    from engine.vae.estimate import CPU_RESERVE_BYTES
+
+    real = psutil.virtual_memory()
+    report = cpu_report(cpu_vae=True)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=1 << 40))
+    dec = make_plan(str(sd15), decode=(2048, 2048), vram_gb=8, report=report)["steps"][-1]
+    assert dec["detail"]["vae_device"] == "cpu" and dec["mode"] == "full"
+    # RAM for a quarter of that full decode: tiles, sized for it, and the prediction fits in it
+    avail = CPU_RESERVE_BYTES + dec["peak_bytes"] // 4
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=avail))
+    tight = make_plan(str(sd15), decode=(2048, 2048), vram_gb=8, report=report)["steps"][-1]
+    assert tight["mode"] == "tiled" and tight["peak_bytes"] <= avail - CPU_RESERVE_BYTES
+    assert "advice" not in tight["detail"]
