@@ -56,9 +56,8 @@ K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0}
 K_VIDEO_HEAD = 8.0
 VIDEO_KINDS = ("wan21", "wan22")
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
-CPU_RESERVE_BYTES = (
-    1 << 30
-)  # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget)
+# RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
+CPU_RESERVE_BYTES = 1 << 30
 SD_VAE_WEIGHTS = 334_643_238  # fp32 bytes of an SD1/SDXL AutoencoderKL (83.65 M parameters)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -261,10 +260,10 @@ def estimate_decode_bytes(
     tile_area: int | None = None,
 ) -> int:
     """Predicted peak bytes of decoding `batch` width x height images (full, or with `tile`-px tiles run
-    one at a time, each through every image, their states spilled to disk); `weight_bytes` from the VAE's header when known. A video VAE (`kind`
-    wan21 / wan22) decodes `latent_frames` (in chunks of up to 4, one with tiles), at `widths` (ch, mid:
-    `video_widths`) when known, its tiles' largest box `tile_area` (engine.vae.choice.largest_box_px)
-    when the caller planned them, else tile squared."""
+    one at a time, each through every image, their states spilled to disk); `weight_bytes` from the
+    VAE's header when known. A video VAE (`kind` wan21 / wan22) decodes `latent_frames` (in chunks of
+    up to 4, one with tiles), at `widths` (ch, mid: `video_widths`) when known, its tiles' largest box
+    `tile_area` (engine.vae.choice.largest_box_px) when the caller planned them, else tile squared."""
     return _estimate("decode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes,
                      latent_frames, widths, tile_area, batch)  # fmt: skip
 
