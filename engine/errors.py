@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class EngineError(Exception):
     """Base of every error the engine reports on purpose (anything else is a bug)."""
@@ -59,7 +61,15 @@ class Cancelled(Exception):
         return {"type": self.type, "message": self.message}
 
 
-def from_json(error: dict) -> EngineError:
-    """The exception an `error` object (a Detection's, `to_json()`'s) describes; its type picks the kind."""
+def from_json(error: dict, path: str | os.PathLike | None = None) -> EngineError:
+    """The exception an `error` object (a Detection's, `to_json()`'s) describes; its type picks the kind.
+
+    With `path`, the message names the file unless it already does: a Detection keeps its path beside
+    its error, so some of its messages ("this is a text file, not a model file") do not repeat it, and
+    alone on a console they would not say which file they are about."""
     kinds = {k.type: k for k in (FormatError, UnsupportedModel, OutOfMemory, InvalidRequest)}
-    return kinds.get(error.get("type"), EngineError)(error.get("message") or "the file cannot be read")
+    message = error.get("message") or "the file cannot be read"
+    path = os.fspath(path) if path is not None else None
+    if path and path not in message:
+        message = f"{path}: {message}"
+    return kinds.get(error.get("type"), EngineError)(message, path=path)

@@ -96,15 +96,14 @@ def make_plan(
     `vram_gb` GiB; on a CPU-only machine that device is assumed to compute fp16 and bf16)."""
     from .detect import detect_file
     from .devices import DeviceInfo, budget_bytes, detect_devices, reserve_bytes_for
-    from .errors import FormatError, UnsupportedModel
+    from .errors import UnsupportedModel, from_json
     from .model.dtypes import overrides_from_options, place, role_of
     from .residency.placement import place_modules
 
     report = report or detect_devices()
     det = detect_file(model)
     if det.error is not None:
-        cls = UnsupportedModel if det.error.type == "unsupported" else FormatError
-        raise cls(det.error.message)
+        raise from_json(det.error.to_json(), model)
     if det.format not in ("safetensors", "gguf"):
         raise UnsupportedModel(f"{model}: plans are made for .safetensors and .gguf files for now")
     info = report.selected

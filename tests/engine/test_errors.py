@@ -57,3 +57,20 @@ def test_an_error_object_becomes_its_exception_again():
         e = from_json(kind("msg").to_json())
         assert type(e) is kind and e.message == "msg"
     assert type(from_json({"type": "error", "message": "a bug"})) is EngineError
+
+
+def test_an_error_raised_from_a_detection_names_its_file_once(tmp_path):
+    """A Detection's message may leave its path out (the path is beside it); the exception a command
+    raises from it names the file, and never twice."""
+    from engine.detect import detect_file
+    from engine.errors import from_json
+
+    text = tmp_path / "notes.safetensors"
+    text.write_text("just some words, not a model")
+    det = detect_file(text)
+    assert str(text) not in det.error.message
+    e = from_json(det.error.to_json(), text)
+    assert type(e) is FormatError and e.path == str(text)
+    assert e.message == f"{text}: {det.error.message}"
+    named = from_json({"type": "format", "message": f"{text}: truncated"}, str(text))
+    assert named.message == f"{text}: truncated"
