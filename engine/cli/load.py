@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     if det.error is not None:
         if args.json:
             print_json({"model": args.model, "error": det.error.to_json()})
-        raise from_json(det.error.to_json(), args.model)  # main() prints it and picks the exit code (3: a bad file)
+        # main() prints it and picks the exit code (3: a bad file)
+        raise from_json(det.error.to_json(), args.model)
     names = [n for n in det.components if n != "other"]
     if args.component:
         missing = set(args.component) - set(names)

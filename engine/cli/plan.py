@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if det.error is not None:
         if args.json:
             print_json({"model": args.model, "error": det.error.to_json()})
-        raise from_json(det.error.to_json(), args.model)  # main() prints it and picks the exit code (3: a bad file)
+        # main() prints it and picks the exit code (3: a bad file)
+        raise from_json(det.error.to_json(), args.model)
     engine.detect(options_from_args(args))
     try:
         plan = engine.run(PlanRequest(args.model, tuple(args.lora), decode, args.vram))

@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if det.error is not None:
         if args.json:
             print_json({"model": args.model, "error": det.error.to_json()})
-        raise from_json(det.error.to_json(), args.model)  # main() prints it and picks the exit code (3: a bad file)
+        # main() prints it and picks the exit code (3: a bad file)
+        raise from_json(det.error.to_json(), args.model)
     loras = None
     if args.lora:
         loras = tuple(StackItem(f, s, s) for f, s, _ in (parse_lora_spec(spec) for spec in args.lora))
