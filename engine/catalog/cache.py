@@ -9,7 +9,6 @@ connections must not be shared between threads).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sqlite3
@@ -25,6 +24,7 @@ from ..detect.result import Detection
 from ..errors import EngineError
 
 log = logging.getLogger("loadout.catalog")
+_ENCODE = msgspec.json.Encoder().encode
 SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -147,16 +147,25 @@ class LibraryCache:
         r = self._conn().execute(f"SELECT {self._COLS} FROM files WHERE path = ?", (path,)).fetchone()
         return self._row(r) if r else None
 
-    def get_many(self, paths: Iterable[str]) -> dict[str, CachedFile]:
+    def get_many(self, paths: Iterable[str], *, detections: bool = True) -> dict[str, CachedFile]:
+        """The rows of `paths` that are cached. `detections=False` leaves each row's detection None
+        unread: a scan that has just detected the files only wants their hash columns back, and
+        rebuilding 1,000 Detections from their JSON would cost 20 ms for nothing."""
         paths = list(paths)
         out: dict[str, CachedFile] = {}
         conn = self._conn()
+        cols = self._COLS if detections else self._COLS.replace("detection", "NULL")
+        row = self._row if detections else self._row_without_detection
         for i in range(0, len(paths), 500):  # SQLite limits the number of bound variables
             chunk = paths[i : i + 500]
-            q = f"SELECT {self._COLS} FROM files WHERE path IN ({','.join('?' * len(chunk))})"
+            q = f"SELECT {cols} FROM files WHERE path IN ({','.join('?' * len(chunk))})"
             for r in conn.execute(q, chunk):
-                out[r[0]] = self._row(r)
+                out[r[0]] = row(r)
         return out
+
+    @staticmethod
+    def _row_without_detection(r) -> CachedFile:
+        return CachedFile(r[0], r[1], r[2], r[3], None, r[5], r[6])
 
     def all(self) -> list[CachedFile]:
         """Every cached file (what the GUI shows before a scan has finished)."""
@@ -190,7 +199,9 @@ class LibraryCache:
                          size = excluded.size, mtime_ns = excluded.mtime_ns, dev = excluded.dev,
                          ino = excluded.ino, detector = excluded.detector, detection = excluded.detection,
                          scanned_at = excluded.scanned_at""",
-                    (path, size, mtime_ns, dev, ino, detector, json.dumps(detection.to_json()), now),
+                    # msgspec writes the row's JSON in a quarter of json.dumps' time (a cold scan stores
+                    # every file's); _row reads it back with msgspec too
+                    (path, size, mtime_ns, dev, ino, detector, _ENCODE(detection.to_json()).decode(), now),
                 )
             conn.execute("COMMIT")
         except BaseException:

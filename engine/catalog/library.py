@@ -216,7 +216,7 @@ def scan(
                 cache.put_detections(pending)
         report(Progress("Reading headers", len(todo), len(todo), "done"))
         if fresh:  # re-read the hash columns: a moved file takes its hashes along
-            cached.update(cache.get_many(fresh))
+            cached.update(cache.get_many(fresh, detections=False))
 
         seen = {f.path for f in found}
         gone = []
