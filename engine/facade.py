@@ -9,6 +9,7 @@ Torch is imported by the calls, never by importing this module.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -360,9 +361,26 @@ class Engine:
         token = token or CancelToken()
         self._components_of(req.model, ())
         comp = denoiser_of(self.loaded.of_file(req.model), req.component)
+        applied = None
         if req.loras is not None:
-            self.set_loras(req.model, req.loras, token=token, report=report)
-        return step(self._parts(), comp, req, token, report)
+            applied = self.set_loras(req.model, req.loras, token=token, report=report)
+        result = step(self._parts(), comp, req, token, report)
+        if applied is None:
+            return result
+        loras = tuple(
+            rq.frozen(
+                {
+                    "file": item.file,
+                    "strength_model": item.strength_model,
+                    "strength_clip": item.strength_clip,
+                    "modules": cov.coverage["modules"],
+                    "mapped": cov.coverage["mapped"],
+                    "warning": cov.coverage.get("warning"),
+                }
+            )
+            for item, cov in zip(applied.stack, applied.coverages, strict=True)
+        )
+        return dataclasses.replace(result, loras=loras)
 
     def _parts(self):
         from .decoding import Parts

@@ -317,11 +317,15 @@ class StepResult:
     step_cpu_seconds: tuple[
         float, ...
     ] = ()  # the process's CPU time per step (all threads, the reader's too)
+    # the LoRAs the request set on the model, one read-only mapping each: file, strength_model,
+    # strength_clip, modules, mapped (how many of them reach this model), warning (None, or why it fits badly)
+    loras: tuple[MappingProxyType, ...] = ()
 
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "snapshot"}
         d["step_seconds"] = list(self.step_seconds)
         d["step_cpu_seconds"] = list(self.step_cpu_seconds)
+        d["loras"] = [dict(x) for x in self.loras]
         d["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
         d["output_shape"] = list(self.output_shape)
         return d

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..devices import add_device_arguments, options_from_args
 from ._common import EXIT_OK, human_bytes, print_json, whole_number
@@ -36,7 +37,12 @@ _positive = whole_number(1)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="FILE", help="a checkpoint or a denoiser alone")
     p.add_argument(
-        "--lora", action="append", default=[], metavar="FILE[:S]", help="a LoRA at strength S (repeatable)"
+        "--lora",
+        action="append",
+        default=[],
+        metavar="FILE[:S]",
+        help="a LoRA at strength S (repeatable; FILE:S:C gives its text-encoder part strength C); "
+        "the output says how many of its modules reach the model",
     )
     p.add_argument("--inputs", metavar="IN.safetensors", help="the forward's inputs (default: random)")
     p.add_argument(
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise from_json(det.error.to_json(), args.model)
     loras = None
     if args.lora:
-        loras = tuple(StackItem(f, s, s) for f, s, _ in (parse_lora_spec(spec) for spec in args.lora))
+        loras = tuple(StackItem(*parse_lora_spec(spec)) for spec in args.lora)
     try:
         engine.detect(options_from_args(args))
         r = engine.run(
@@ -99,6 +105,13 @@ def run(args: argparse.Namespace) -> int:
         f"  {r.steps} step(s): {r.s_per_step:.3f} s/step (median), first {r.first_step_s:.3f} s; "
         f"peak {human_bytes(r.peak_device_bytes)} above the start"
     )
+    for lo in r.loras:
+        strength = f"{lo['strength_model']:g}"
+        if lo["strength_clip"] != lo["strength_model"]:
+            strength += f"/{lo['strength_clip']:g}"
+        # the warning, when there is one, says the counts too
+        fit = lo["warning"] or f"{lo['mapped']}/{lo['modules']} modules placed"
+        print(f"  LoRA {os.path.basename(lo['file'])} at {strength}: {fit}")
     print(f"  output {list(r.output_shape)}" + (f" written to {r.out}" if r.out else ""))
     return EXIT_OK
 

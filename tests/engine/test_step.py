@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from denoise_files import (
@@ -260,3 +262,25 @@ def test_a_partial_run_equals_the_full_run_with_convolutions_as_gemms(files, tmp
     r, got = _run(files, tmp_path, 0.0, name="none", steps=2)
     assert r.mode == "partial" and r.streamed_bytes_per_step > 0
     assert torch.equal(got, want)
+
+
+def test_the_step_says_how_each_lora_fits_its_model(files, capsys):
+    """`step --lora` reports each LoRA's coverage: a LoRA made for another family changes nothing, and
+    the user is told so instead of reading a timing as if the LoRA had run. FILE:S:C keeps both strengths."""
+    from engine.cli import main
+
+    lora = str(files["lora"])
+    n = sum(k.endswith(".lora_down.weight") for k in SafetensorsFile(lora).header.tensors)
+    for model, mapped in (("sd1", n), ("flux", 0)):
+        argv = ["step", "--model", str(files[model]), "--size", "64x64", "--cpu", "--lora", f"{lora}:0.8:0.5"]
+        assert main([*argv, "--json"]) == 0
+        (got,) = json.loads(capsys.readouterr().out)["loras"]
+        assert (got["file"], got["strength_model"], got["strength_clip"]) == (lora, 0.8, 0.5)
+        assert (got["modules"], got["mapped"]) == (n, mapped)
+        if mapped:
+            assert got["warning"] is None
+        else:
+            assert f"0/{n} modules map onto this FLUX.1" in got["warning"]
+        assert main(argv) == 0
+        line = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("LoRA ")]
+        assert line == [f"  LoRA lora.safetensors at 0.8/0.5: {got['warning'] or f'{n}/{n} modules placed'}"]
