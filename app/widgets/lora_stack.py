@@ -119,7 +119,7 @@ class StackRow(QWidget):
         self.warning.setText(f"⚠ {warning}" if warning else "")
         self.warning.setVisible(bool(warning))
         m, n = cov.get("mapped", 0), cov.get("modules", 0)
-        self.badge.setText(f"{m}/{n} keys")
+        self.badge.setText(f"{m}/{n} modules")  # the units of the coverage JSON and of the total below
         self.badge.setStyleSheet(
             "color: #27ae60; font-weight: bold" if m == n and n else "color: #d35400; font-weight: bold"
         )

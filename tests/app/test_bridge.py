@@ -118,7 +118,7 @@ def test_the_lora_stack_handles_its_own_coverage_result(qtbot, client, files):
     stack.on_library_changed([base])
     assert stack.base() == files["ckpt"]
     stack.add(files["lora"])
-    qtbot.waitUntil(lambda: stack.row_widget(0).badge.text() == "264/264 keys", timeout=30_000)
+    qtbot.waitUntil(lambda: stack.row_widget(0).badge.text() == "264/264 modules", timeout=30_000)
     assert stack.total.text().startswith("coverage 264/264 modules")
 
 

@@ -29,7 +29,7 @@ def test_stack_edits_send_the_right_requests_and_show_coverage(qtbot, window, fi
     cov = wait_job(qtbot, w, LoraCoverage)
     assert cov.coverage["mapped"] == cov.coverage["modules"] == 264
     row = w.stack.row_widget(0)
-    qtbot.waitUntil(lambda: row.badge.text() == "264/264 keys", timeout=5000)
+    qtbot.waitUntil(lambda: row.badge.text() == "264/264 modules", timeout=5000)
     box = w.stack.show_unmatched(files["lora"])  # the badge's click
     assert "264/264" in box.text() and "Every module is matched" in box.informativeText()
     box.close()
