@@ -52,9 +52,13 @@ class _StderrProgress:
         if final:
             self.finished = (p.stage, p.total)
         self.last = now
-        frac = f"{100 * p.fraction:5.1f}%" if p.fraction is not None else f"{p.done}"
-        extra = f" {human_bytes(p.done)} of {human_bytes(p.total)}" if p.stage == "Hashing" else ""
-        line = f"{p.stage}: {frac}{extra} {p.detail}"
+        if p.fraction is None:
+            count = f"{p.done} so far in"  # the walk: no total yet
+        elif p.stage == "Hashing":  # done and total are bytes
+            count = f"{100 * p.fraction:5.1f}% {human_bytes(p.done)} of {human_bytes(p.total)}"
+        else:  # files: the counts, then the share
+            count = f"{p.done}/{p.total} files ({100 * p.fraction:.0f}%)"
+        line = f"{p.stage}: {count} {p.detail}"
         if self.tty:
             sys.stderr.write("\r" + line[:120].ljust(120) + ("\n" if final else ""))
         else:

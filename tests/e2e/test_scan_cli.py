@@ -121,3 +121,24 @@ def test_an_unsupported_real_model_is_listed_without_failing_the_scan(cli, comfy
         "unsupported",
     )
     assert g["library"]["declared_kind"] == "diffusion_model" and g["library"]["kind_mismatch"] is False
+
+
+def test_a_long_scan_shows_its_counts_on_stderr(capsys):
+    """The progress line of `loadout scan`: files read out of files to read, then the share; bytes
+    while hashing; while walking, how many were found so far."""
+    from engine.cli.scan import _StderrProgress
+    from engine.jobs import Progress
+
+    for p, want in (
+        (
+            Progress("Reading headers", 480, 1000, "lora_7.safetensors"),
+            "Reading headers: 480/1000 files (48%) lora_7.safetensors",
+        ),
+        (Progress("Finding model files", 12, 0, "/models"), "Finding model files: 12 so far in /models"),
+        (
+            Progress("Hashing", 1 << 30, 4 << 30, "sd.safetensors"),
+            "Hashing:  25.0% 1.0 GiB of 4.0 GiB sd.safetensors",
+        ),
+    ):
+        _StderrProgress()(p)
+        assert capsys.readouterr().err.strip("\r\n").strip() == want
