@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         "image": args.image,
         "output": args.out,
         "latent_shape": res.info["latent_shape"],
+        "encoded_size": res.info["encoded_size"],  # [width, height] encoded: cropped to whole latent pixels
         "device": device,
         "seconds": round(res.seconds, 3),
         **info,
@@ -53,8 +54,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
+        used = tuple(res.info["encoded_size"])  # whole latent pixels: the rest was cropped
+        crop = f" (cropped to {used[0]}x{used[1]})" if used != (w, h) else ""
         print(
-            f"encoded {w}x{h} -> latent {tuple(res.info['latent_shape'])} on {device} "
+            f"encoded {w}x{h}{crop} -> latent {tuple(res.info['latent_shape'])} on {device} "
             f"({info['dtype']}, {info['mode']}) in {res.seconds:.1f} s; wrote {args.out}"
         )
     return EXIT_OK

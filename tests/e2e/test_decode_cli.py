@@ -119,6 +119,7 @@ def test_encode_then_decode(cli, files):
     )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["latent_shape"] == [1, 4, 6, 8]
+    assert json.loads(r.stdout)["encoded_size"] == [64, 48]  # 70x50 cropped to whole latent pixels
     assert MARKER in read_header(files / "e.latent").tensors
     assert read_latent(files / "e.latent").shape == (1, 4, 6, 8)
     r = cli(
@@ -131,6 +132,9 @@ def test_encode_then_decode(cli, files):
         str(files / "e.png"),
     )
     assert r.returncode == 0 and Image.open(files / "e.png").size == (64, 48)
+    r = cli("encode", "--vae", str(files / "model.safetensors"), "--image", str(files / "in.png"),
+            "--out", str(files / "e2.latent"))  # fmt: skip
+    assert r.returncode == 0 and "encoded 70x50 (cropped to 64x48) -> latent (1, 4, 6, 8)" in r.stdout
 
 
 def test_taef2_round_trip_via_cli(cli, files, shared_data):
