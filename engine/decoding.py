@@ -263,5 +263,5 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
     f = comp.module.downscale  # the encoder crops the image to whole latent pixels (as ComfyUI does)
     out = {**info.to_json(), "latent_shape": list(lat.shape), "out": req.out, "vae_component": comp.name,
            "shown": shown, "device": str(device),
-           "encoded_size": [lat.shape[-1] * f, lat.shape[-2] * f]}  # fmt: skip
+           "encoded_size": [lat.shape[-1] * f, lat.shape[-2] * f], "image_size": list(im.size)}  # fmt: skip
     return DecodeResult(w, h, rgb, frozen(out), time.perf_counter() - t0, req.out)

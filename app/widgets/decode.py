@@ -419,6 +419,9 @@ class DecodePanel(QWidget):
             f", {info.get('tiles')} tiles of {info.get('tile_px')} px" if info.get("mode") == "tiled" else ""
         )
         wrote = f" · wrote {os.path.basename(result.source)}" if info.get("out") else ""  # an encode's latent
+        if info.get("encoded_size") and info.get("image_size") != info.get("encoded_size"):
+            (w, h), (ew, eh) = info["image_size"], info["encoded_size"]
+            wrote += f" · {w}×{h} cropped to {ew}×{eh} (whole latent pixels)"
         frames = getattr(result, "frames", ())
         if frames:
             mode += f", {len(frames)} frames in chunks of {info.get('tile_frames')} latent frames"

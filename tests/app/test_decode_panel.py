@@ -126,7 +126,8 @@ def test_a_dropped_photo_picks_an_encoder_and_shows_the_round_trip(qtbot, window
     sparse = synth.write("sd_vae", tmp_path / "sparse_vae.safetensors")  # header-faithful: a hole for data
     PV.write_photo(tmp_path / "big.png")
     photo = tmp_path / "photo.png"
-    Image.open(tmp_path / "big.png").convert("RGB").resize((128, 128), Image.Resampling.BOX).save(photo)
+    # 130x100: not whole latent pixels, so the encode crops it to 128x96 and says so
+    Image.open(tmp_path / "big.png").convert("RGB").resize((130, 100), Image.Resampling.BOX).save(photo)
     PV.write_latent(tmp_path / "scene.latent")
     w, dec = window, window.decode
     _library(qtbot, w, [str(sparse), str(dec_file), str(enc_file)])
@@ -136,8 +137,9 @@ def test_a_dropped_photo_picks_an_encoder_and_shows_the_round_trip(qtbot, window
     assert dec.vae_box.currentData() == str(enc_file) and dec.run_button.text() == "Encode"
     dec.run_button.click()
     res = wait_job(qtbot, w, Encode)
-    assert res.info["shown"] == "round trip" and (res.width, res.height) == (128, 128)
+    assert res.info["shown"] == "round trip" and (res.width, res.height) == (128, 96)
     assert (tmp_path / "photo.latent").is_file() and "wrote photo.latent" in dec.eta.text()
+    assert "130×100 cropped to 128×96" in dec.eta.text()
 
 
 def test_opening_the_demo_library_puts_its_latent_in_decode(qtbot, window, tmp_path):
