@@ -80,7 +80,7 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
             d = _check_values(p, d)
         return d
     except EngineError as e:
-        return Detection(path=p, file_bytes=size, format=fmt, error=Failure(e.type, e.message))
+        return Detection(path=p, file_bytes=size, format=fmt, error=failure_of(e, p))
     except OSError as e:
         msg = f"cannot read the file ({e.strerror or e})"
         return Detection(path=p, file_bytes=size, format=fmt, error=Failure("format", msg))
@@ -88,6 +88,19 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
         log.debug("detecting %s failed", p, exc_info=True)  # no stack on a user's console
         msg = f"Loadout could not read this file ({type(e).__name__}: {e}); please report it"
         return Detection(path=p, file_bytes=size, format=fmt, error=Failure("error", msg))
+
+
+def failure_of(e: EngineError, path: str) -> Failure:
+    """A Detection's `error` from the exception a reader raised: its message without the file's path
+    in front (a reader names the file for a caller that has nothing else; the Detection holds its path
+    beside the message, and every listing shows it there). errors.from_json puts it back for a
+    command that stops on the file."""
+    message = e.message
+    for prefix in (f"{path}: ", f"{os.path.basename(path)}: "):
+        if message.startswith(prefix) and len(message) > len(prefix):
+            message = message[len(prefix) :]
+            break
+    return Failure(e.type, message)
 
 
 def error_detection(path: str, size: int | None, error: Failure) -> Detection:
@@ -104,7 +117,7 @@ def guarded(detector, path: str, size: int | None) -> tuple[Detection, bool]:
     except Cancelled:
         raise
     except EngineError as e:
-        return error_detection(path, size, Failure(e.type, e.message)), True
+        return error_detection(path, size, failure_of(e, path)), True
     except Exception as e:  # a bug in detection must not hide the rest of the library; not cached
         log.exception("detection failed on %s", path)
         msg = (

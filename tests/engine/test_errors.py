@@ -74,3 +74,11 @@ def test_an_error_raised_from_a_detection_names_its_file_once(tmp_path):
     assert e.message == f"{text}: {det.error.message}"
     named = from_json({"type": "format", "message": f"{text}: truncated"}, str(text))
     assert named.message == f"{text}: truncated"
+    # A reader's own message names the file too (for callers that have nothing else): the Detection
+    # keeps it without the path, as every listing shows the path beside it; the command adds it once.
+    cut = tmp_path / "cut.safetensors"
+    synth.write("sd_vae", tmp_path / "whole.safetensors")
+    cut.write_bytes((tmp_path / "whole.safetensors").read_bytes()[:1000])
+    msg = detect_file(cut).error.message
+    assert "claims" in msg and str(cut) not in msg and not msg.startswith("cut.safetensors")
+    assert from_json(detect_file(cut).error.to_json(), cut).message == f"{cut}: {msg}"
