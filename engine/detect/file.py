@@ -9,40 +9,12 @@ import os
 import stat
 
 from ..errors import Cancelled, EngineError, FormatError
+from ..formats.magic import HEAD_BYTES, what_is
 from ..gcpause import gc_paused
 from ..jobs import CancelToken, Progress, Report, no_report
 from .result import Detection, Evidence, Failure
 
 log = logging.getLogger(__name__)
-
-# What a non-model file is, from its first bytes (for a message the user can act on).
-_MAGIC = (
-    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
-    (b"\xff\xd8\xff", "a JPEG image"),
-    (b"GIF8", "a GIF image"),
-    (b"%PDF", "a PDF document"),
-    (b"\x1f\x8b", "a gzip archive"),
-    (b"7z\xbc\xaf", "a 7-Zip archive"),
-    (b"Rar!", "a RAR archive"),
-    (b"<!DOCTYPE html", "an HTML page (a download that saved an error page?)"),
-    (b"<html", "an HTML page (a download that saved an error page?)"),
-    (b"version https://git-lfs", "a Git LFS pointer, not the model itself (run `git lfs pull`)"),
-)
-
-
-def _what_is(head: bytes) -> str:
-    for magic, what in _MAGIC:
-        if head.startswith(magic):
-            return what
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "a WebP image"
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        text = ""
-    if text and sum(c.isprintable() or c in "\r\n\t" for c in text) >= 0.95 * len(text):
-        return "a text file"
-    return "data in no format Loadout knows"
 
 
 def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detection:
@@ -67,8 +39,8 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
             raise FormatError("the file is empty (0 bytes): an interrupted download or copy?")
         if fmt == "unknown":
             with open(p, "rb") as f:
-                head = f.read(64)
-            what = _what_is(head)
+                head = f.read(HEAD_BYTES)
+            what = what_is(head)
             if size < 64 and what != "a text file":
                 raise FormatError(f"the file is only {size} bytes long: a truncated download?")
             raise FormatError(f"this is {what}, not a model file")

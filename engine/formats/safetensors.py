@@ -26,6 +26,7 @@ from ..errors import FormatError
 from ..gcpause import gc_paused
 from .atomic import atomic_output
 from .dtypes import DTYPES, nbytes_for, torch_dtype
+from .magic import HEAD_BYTES, what_is
 
 # The reference implementation refuses headers above 100 MB; a real SDXL header is ~200 KB and the
 # largest real ones (Flux all-in-one with T5-XXL) are under 1 MB.
@@ -343,6 +344,9 @@ def read_raw_header(p: str) -> tuple[bytes, int]:
                 raise FormatError(f"{p}: the file is {size} bytes long, too short to be a safetensors file")
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER_BYTES:
+                first = head + f.read(HEAD_BYTES - 8)
+                if first[8:9] != b"{":  # no JSON where the header should start: some other file
+                    raise FormatError(f"{p}: this is {what_is(first)}, not a safetensors file")
                 raise FormatError(
                     f"{p}: the header claims {n:,} bytes (limit {MAX_HEADER_BYTES:,}): "
                     "not a safetensors file, or a corrupt one"

@@ -248,9 +248,12 @@ def load_adapter(path: str | os.PathLike) -> Adapter:
 
         return adapter_from_tensors(load_state_dict(p), {}, p)
     if kind != "safetensors":
-        raise FormatError(
-            f"{p}: not an adapter file (found: {kind}); LoRAs are .safetensors or pickled .pt files"
-        )
+        from ..formats.magic import what_file_is
+
+        what = {"empty": "an empty file", "gguf": "a GGUF file", "directory": "a folder"}.get(
+            kind
+        ) or what_file_is(p)
+        raise FormatError(f"{p}: this is {what}, not a LoRA: LoRAs are .safetensors or pickled .pt files")
     from ..formats.safetensors import SafetensorsFile
 
     f = SafetensorsFile(p)

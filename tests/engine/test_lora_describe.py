@@ -167,9 +167,12 @@ def test_load_adapter_reads_pickled_adapters_and_names_what_it_found(tmp_path):
     torch.save(t, tmp_path / "old.pt")
     a = load_adapter(tmp_path / "old.pt")
     assert a.modules["lora_unet_x"].delta().shape == (8, 4)
-    (tmp_path / "x.png").write_bytes(b"\\x89PNG\\r\\n\\x1a\\n" + b"0" * 32)
-    with pytest.raises(FormatError, match="not an adapter file"):
+    (tmp_path / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 32)
+    with pytest.raises(FormatError, match="this is a PNG image, not a LoRA"):
         load_adapter(tmp_path / "x.png")
+    (tmp_path / "notes.txt").write_text("a prompt, saved by mistake as the LoRA")
+    with pytest.raises(FormatError, match="this is a text file, not a LoRA"):
+        load_adapter(tmp_path / "notes.txt")
 
 
 def _grouped_by_split_key(keys):

@@ -72,3 +72,17 @@ def test_overlapping_offsets(tmp_path):
     p.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 12)
     with pytest.raises(FormatError, match="overlaps"):
         read_header(p)
+
+
+def test_a_file_that_is_no_safetensors_is_named_for_what_it_is(tmp_path):
+    """A text file or an image given where a .safetensors is expected (an --inputs file, a VAE) is
+    refused as what it is; a huge length prefix before JSON stays a damaged safetensors header."""
+    (tmp_path / "in.safetensors").write_text("x = latent, t = 500, prompt = a cat")
+    with pytest.raises(FormatError, match="this is a text file, not a safetensors file"):
+        read_header(tmp_path / "in.safetensors")
+    (tmp_path / "img.safetensors").write_bytes(b"\xff\xd8\xff\xe0" + bytes(200))
+    with pytest.raises(FormatError, match="this is a JPEG image, not a safetensors file"):
+        read_header(tmp_path / "img.safetensors")
+    (tmp_path / "big.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b'{"a": 1}')
+    with pytest.raises(FormatError, match="the header claims 1,099,511,627,776 bytes"):
+        read_header(tmp_path / "big.safetensors")

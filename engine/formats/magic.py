@@ -1,0 +1,42 @@
+"""What a file that is no model is, from its first bytes: the sentence a refusal gives the user
+("this is a JPEG image, not a model file") instead of a parser's complaint about its bytes."""
+
+from __future__ import annotations
+
+import os
+
+HEAD_BYTES = 64  # what `what_is` looks at
+
+_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"GIF8", "a GIF image"),
+    (b"%PDF", "a PDF document"),
+    (b"\x1f\x8b", "a gzip archive"),
+    (b"7z\xbc\xaf", "a 7-Zip archive"),
+    (b"Rar!", "a RAR archive"),
+    (b"<!DOCTYPE html", "an HTML page (a download that saved an error page?)"),
+    (b"<html", "an HTML page (a download that saved an error page?)"),
+    (b"version https://git-lfs", "a Git LFS pointer, not the model itself (run `git lfs pull`)"),
+)
+
+
+def what_is(head: bytes) -> str:
+    """'a PNG image', 'a text file', … for a file's first bytes (HEAD_BYTES of them suffice)."""
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return what
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "a WebP image"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        text = ""
+    if text and sum(c.isprintable() or c in "\r\n\t" for c in text) >= 0.95 * len(text):
+        return "a text file"
+    return "data in no format Loadout knows"
+
+
+def what_file_is(path: str | os.PathLike) -> str:
+    with open(path, "rb") as f:
+        return what_is(f.read(HEAD_BYTES))
