@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..devices import add_device_arguments
-from ..errors import EngineError
+from ..errors import EngineError, FormatError
 from ._common import EXIT_OK, human_bytes, print_json
 from ._vae_common import StderrProgress, add_tile_arguments, engine_for, run_info, tiling, write_pngs
 
@@ -43,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
     from ..formats.video_out import kind_of, write_clip
     from ..requests import Decode
 
-    shape = latent_info(args.latent).shape  # header only: a bad latent is refused before torch loads
+    try:
+        shape = latent_info(args.latent).shape  # header only: a bad latent is refused before torch loads
+    except FormatError as e:
+        _image_instead(args, e)
+        raise
     kind = kind_of(args.out)  # a wrong suffix is refused before the decode, not after
     if len(shape) == 4 and kind in ("mp4", "webp"):
         raise EngineError(f"{args.latent} is an image latent {list(shape)}: write a .png or a folder/")
@@ -92,3 +96,16 @@ def run(args: argparse.Namespace) -> int:
         for p in paths:
             print(f"  wrote {p}")
     return EXIT_OK
+
+
+def _image_instead(args: argparse.Namespace, e: FormatError) -> None:
+    """An image given as the latent: say which command makes a latent of it."""
+    import os
+
+    from ..formats.magic import what_file_is
+
+    if os.path.isfile(args.latent) and what_file_is(args.latent).endswith(" image"):
+        raise FormatError(
+            f"{e.message}; make a latent of it first: "
+            f"loadout encode --vae VAE --image {args.latent} --out {os.path.splitext(args.latent)[0]}.latent"
+        ) from e

@@ -22,7 +22,16 @@ _MAGIC = (
 
 
 def what_is(head: bytes) -> str:
-    """'a PNG image', 'a text file', … for a file's first bytes (HEAD_BYTES of them suffice)."""
+    """'a PNG image', 'a text file', … for a file's first bytes (HEAD_BYTES of them suffice). The
+    model containers too, for a file given where something else was wanted (a latent as the image)."""
+    if head[:4] == b"GGUF":
+        return "a GGUF file"
+    if head[:4] == b"PK\x03\x04":
+        return "a zip archive (a torch .pt / .ckpt?)"
+    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
+        return "a Python pickle (a torch .pt / .ckpt?)"
+    if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") >= 2:
+        return "a safetensors file"
     for magic, what in _MAGIC:
         if head.startswith(magic):
             return what

@@ -186,3 +186,28 @@ def test_a_batch_latent_decodes_to_one_png_per_image(cli, files):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["outputs"] == [str(files / "batch_0.png"), str(files / "batch_1.png")]
     assert Image.open(files / "batch_1.png").size == (64, 64)
+
+
+def test_an_image_and_a_latent_swapped_are_named_for_what_they_are(files, tmp_path, capsys):
+    """decode given a photo as the latent says how to make a latent of it; encode given a latent or a
+    text file as the image says what the file is; a missing image is a read error."""
+    from PIL import Image
+
+    from engine.cli import main
+
+    photo = tmp_path / "photo.jpg"
+    Image.new("RGB", (32, 32), (10, 200, 30)).save(photo)
+    (tmp_path / "notes.png").write_text("not really a picture")
+    vae = str(files / "model.safetensors")
+    assert main(["decode", "--vae", vae, "--latent", str(photo), "--out", str(tmp_path / "o.png")]) == 3
+    err = capsys.readouterr().err
+    assert "this is a JPEG image" in err and f"loadout encode --vae VAE --image {photo}" in err
+    for image, what in (
+        (files / "z.latent", "this is a safetensors file, not an image"),
+        (tmp_path / "notes.png", "this is a text file, not an image"),
+        (tmp_path / "gone.png", "cannot read the image (No such file or directory)"),
+    ):
+        argv = ["encode", "--vae", vae, "--image", str(image), "--out", str(tmp_path / "o.latent")]
+        assert main(argv) == 3
+        assert what in capsys.readouterr().err, image
+    assert not (tmp_path / "o.png").exists() and not (tmp_path / "o.latent").exists()
