@@ -9,7 +9,6 @@ import os
 import stat
 
 from ..errors import Cancelled, EngineError, FormatError
-from ..formats.magic import HEAD_BYTES, what_is
 from ..gcpause import gc_paused
 from ..jobs import CancelToken, Progress, Report, no_report
 from .result import Detection, Evidence, Failure
@@ -32,6 +31,7 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
         size = st.st_size
         # Imported here, so the catalog's error_detection and guarded do not load the rules.
         from ..formats import open_index, sniff
+        from ..formats.magic import HEAD_BYTES, what_is
         from .core import detect_index
 
         fmt = sniff(p)
