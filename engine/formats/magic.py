@@ -30,8 +30,11 @@ def what_is(head: bytes) -> str:
         return "a zip archive (a torch .pt / .ckpt?)"
     if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
         return "a Python pickle (a torch .pt / .ckpt?)"
-    if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") >= 2:
-        return "a safetensors file"
+    if len(head) >= 9 and head[8:9] == b"{":
+        from .safetensors import MAX_HEADER_BYTES  # here: that module imports this one
+
+        if 2 <= int.from_bytes(head[:8], "little") <= MAX_HEADER_BYTES:
+            return "a safetensors file"
     for magic, what in _MAGIC:
         if head.startswith(magic):
             return what
