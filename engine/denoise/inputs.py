@@ -172,6 +172,10 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
         if not ok or t.shape[0] != b:
             want_s = "[" + ", ".join("·" if s is None else str(s) for s in shape) + "]"
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}; expected {want_s} (batch {b})")
+        if t.numel() == 0:
+            raise FormatError(f"{source}: input {n} has shape {list(t.shape)}: it holds no values")
+        if not torch.isfinite(t).all():
+            raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
     return got
 
 

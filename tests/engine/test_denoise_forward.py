@@ -144,6 +144,11 @@ def test_inputs_are_checked_by_name_and_shape(unet_files, flux_files):
         den.check_inputs({**good, "context": torch.zeros(1, 77, 768)}, "in.safetensors")
     with pytest.raises(FormatError, match="multiples of 8"):
         den.random_inputs(100, 64)
+    empty = {k: v[:0] for k, v in good.items()}  # a batch of none: refused, not a crash in a reshape
+    with pytest.raises(FormatError, match=r"x has shape \[0, 4, 8, 8\]: it holds no values"):
+        den.check_inputs(empty, "in.safetensors")
+    with pytest.raises(FormatError, match="x holds NaN or infinite values"):
+        den.check_inputs({**good, "x": torch.full_like(good["x"], float("nan"))}, "in.safetensors")
     fden = denoise.bind(Component("transformer", flux_files["flux1_schnell"][1]["bfl"], ""), "flux1_schnell")
     with pytest.raises(FormatError, match="multiples of 16"):
         fden.random_inputs(72, 64)
