@@ -64,9 +64,16 @@ def latent_info(path: str | os.PathLike) -> LatentInfo:
 
 def read_latent(path: str | os.PathLike):
     """The latent as a float32 tensor in the VAE's space (old-format files rescaled as ComfyUI does)."""
+    import torch
+
     info = latent_info(path)
     with SafetensorsFile(path) as f:
         t = f.tensor(info.key).float()
+    if not torch.isfinite(t).all():  # decoded, it would be a black or garbled picture, silently
+        raise FormatError(
+            f"{os.fspath(path)}: the latent holds NaN or infinite values (a sampler that diverged, or a "
+            "damaged file): there is no picture to decode in it"
+        )
     if info.scale != 1.0:
         return t * info.scale
     return t.clone()  # detach from the file mapping

@@ -91,3 +91,13 @@ def test_write_refuses_what_is_no_latent(tmp_path):
         with pytest.raises(ValueError):
             write_latent(tmp_path / "x.latent", bad)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_latent_of_nan_or_inf_is_refused_not_decoded_to_a_black_picture(tmp_path, bad):
+    z = torch.zeros(1, 4, 8, 8)
+    z[0, 1, 2, 3] = bad
+    write_latent(tmp_path / "diverged.latent", z)
+    assert latent_info(tmp_path / "diverged.latent").shape == (1, 4, 8, 8)  # the header is fine
+    with pytest.raises(FormatError, match="NaN or infinite values"):
+        read_latent(tmp_path / "diverged.latent")
