@@ -219,7 +219,10 @@ def make_plan(
                 }
             )
     if diffusion is not None:  # the sampling step, after load and patch (DESIGN: load, patch, step, decode)
-        step = _sample_step(model, det, diffusion, decode, f, p, total_b, resident, budget + min_inf, info,
+        # what the step may use: the weights' budget and the reserve kept for it, but never more than
+        # the device has (the reserve alone exceeds a small device's memory)
+        room = min(free, budget + min_inf)
+        step = _sample_step(model, det, diffusion, decode, f, p, total_b, resident, room, info,
                             calibrate=vram_gb is None)  # fmt: skip
         if step is not None:
             steps.append(step)
@@ -376,7 +379,14 @@ def _sample_step(
         detail["advice"] = "no step measured for this file on this device: Try a step (or loadout step) once"
     peak = full_peak if mode == "full" else partial_peak
     # the weights were placed within the budget; the activations must fit in what is free beside them
-    return {"step": "step", "peak_bytes": peak, "mode": mode, "fits": peak <= free, "detail": detail}
+    fits = peak <= free
+    if not fits:
+        detail["room_bytes"] = free
+        detail["advice"] = (
+            f"a {w}x{h} step needs {peak / 2**20:,.0f} MiB (activations {act / 2**20:,.0f} MiB) and the device "
+            f"has {free / 2**20:,.0f} MiB for it: a smaller size, or the CPU (--cpu)"
+        )
+    return {"step": "step", "peak_bytes": peak, "mode": mode, "fits": fits, "detail": detail}
 
 
 VIDEO_VAES = ("wan21", "wan22")

@@ -85,13 +85,13 @@ def render_text(model: str, plan: dict) -> str:
                 line += "; s/step: not measured yet)"
             if d["streamed_bytes_per_step"]:
                 line += f"\n    streams {human_bytes(d['streamed_bytes_per_step'])} per step"
-            line += "".join(f"\n    advice: {d['advice']}" for _ in [0] if "advice" in d)
         elif s["step"] == "decode" and s["mode"] == "tiled":
             line += f" (tile {d['tile']} px, overlap {d['overlap']} px)"
         if s["step"] == "decode" and "frames" in d:
             line += f", {d['frames']} frames in chunks of {d['tile_frames']} latent frames"
             line += f"; full frames would need {human_bytes(d['full_bytes'])}" if s["mode"] == "tiled" else ""
-            line += "".join(f"\n    advice: {d['advice']}" for _ in [0] if "advice" in d)
+        if "advice" in d:  # any step's: what to change when it does not fit, or what to measure
+            line += f"\n    advice: {d['advice']}"
         lines.append(line)
     if plan["steps"]:
         lines.append(

@@ -209,3 +209,20 @@ def test_a_vae_on_the_cpu_is_planned_against_the_ram_available(sd15, monkeypatch
     tight = make_plan(str(sd15), decode=(2048, 2048), vram_gb=8, report=report)["steps"][-1]
     assert tight["mode"] == "tiled" and tight["peak_bytes"] <= avail - CPU_RESERVE_BYTES
     assert "advice" not in tight["detail"]
+
+
+def test_a_device_smaller_than_the_sampling_reserve_does_not_fit_a_step(sd15):
+    """The reserve kept for sampling (1.2 GiB here) is no memory a 0.1 GiB device has: the step's peak
+    is judged against what the device holds, and the plan says why it does not fit, as it does for a
+    decode whose smallest tile does not fit."""
+    from engine.cli.plan import render_text
+
+    small = make_plan(str(sd15), decode=(1024, 1024), vram_gb=0.1, report=cpu_report())
+    step = next(s for s in small["steps"] if s["step"] == "step")
+    assert step["peak_bytes"] > 0.1 * 2**30 and not small["fits"]
+    assert step["detail"]["room_bytes"] == int(0.1 * 2**30)
+    text = render_text(str(sd15), small)
+    assert "advice: a 1024x1024 step needs" in text and "has 102 MiB for it" in text
+    assert "advice: not even the smallest tile fits beside the VAE" in text  # the decode's, printed too
+    roomy = make_plan(str(sd15), decode=(512, 512), vram_gb=8, report=cpu_report())
+    assert roomy["fits"] and all("needs" not in s["detail"].get("advice", "") for s in roomy["steps"])
