@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import MappingProxyType
 
 from . import requests as rq
-from .errors import EngineError, FormatError
+from .errors import EngineError, FormatError, InvalidRequest
 from .events import EventLog, Unpatched
 from .jobs import CancelToken, Progress, Report, no_report
 from .loaded import LoadedModels
@@ -33,7 +33,16 @@ def _prefixes(f) -> tuple[dict[str, str], str | None]:
     det = detect_index(f.index(), path=f.path)
     if det.error is not None and not det.components:
         raise FormatError(f"{os.path.basename(f.path)}: {det.error.message}")
+    if det.kind in _NOT_LOADED_ALONE:
+        raise InvalidRequest(f"{os.path.basename(f.path)} is {_NOT_LOADED_ALONE[det.kind]}")
     return {n: c.prefix for n, c in det.components.items() if n != "other"}, det.architecture
+
+
+# Files that hold weights but are no model to load by themselves (their tensors are no component).
+_NOT_LOADED_ALONE = {
+    "lora": "a LoRA: it patches a loaded model (the LoRA stack, or --lora), and is not loaded alone",
+    "embedding": "a textual-inversion embedding: it belongs in a prompt, and is not loaded alone",
+}
 
 
 # request type -> how run() calls the facade (keyed by the class itself: a renamed or look-alike class

@@ -61,8 +61,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device_arguments(p)
 
 
+# Kinds of file `step` refuses before loading anything, with what runs them instead. (An `unknown` or
+# a controlnet file goes on: a DiT of no known release may still run, read from its shapes.)
+_RUNS = "`loadout step` runs a checkpoint's or a diffusion model's denoiser, or a text encoder"
+_NOT_STEPPED = {
+    "lora": f"a LoRA: give it with --lora beside the model it patches; {_RUNS}",
+    "embedding": f"a textual-inversion embedding (it belongs in a prompt); {_RUNS}",
+    "vae": f"a VAE: `loadout decode` and `encode` run it; {_RUNS}",
+    "vae_approx": f"a TAESD-family preview VAE: `loadout decode` and `encode` run it; {_RUNS}",
+    "upscaler": f"an upscaler; {_RUNS}",
+    "clip_vision": f"a CLIP vision encoder; {_RUNS}",
+    "ip_adapter": f"an IP-Adapter; {_RUNS}",
+}
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..errors import from_json
+    from ..errors import InvalidRequest, from_json
     from ..facade import Engine
     from ..requests import Inspect, StackItem, Step
     from .bake import parse_lora_spec
@@ -74,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
             print_json({"model": args.model, "error": det.error.to_json()})
         # main() prints it and picks the exit code (3: a bad file)
         raise from_json(det.error.to_json(), args.model)
+    if det.kind in _NOT_STEPPED:  # a file that has no forward of its own to time: say what runs it
+        e = InvalidRequest(f"{args.model}: this is {_NOT_STEPPED[det.kind]}")
+        if args.json:
+            print_json({"model": args.model, "error": e.to_json()})
+        raise e
     loras = None
     if args.lora:
         loras = tuple(StackItem(*parse_lora_spec(spec)) for spec in args.lora)

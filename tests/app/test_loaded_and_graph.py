@@ -110,8 +110,10 @@ def test_load_error_is_a_message_and_the_app_keeps_working(qtbot, window, files)
     qtbot.waitUntil(lambda: window.messages.shown, timeout=30_000)
     assert "broken.safetensors" in window.messages.text
     assert not window.reporter.dialogs  # an expected error: no dialog
-    window.client.submit(Load(files["lora"]))  # a LoRA has no loadable component: also a message
+    window.client.submit(Load(files["lora"]))  # a LoRA is applied, not loaded: also a message, saying so
     qtbot.waitUntil(lambda: "style.safetensors" in window.messages.text, timeout=30_000)
+    assert "is a LoRA: it patches a loaded model" in window.messages.text
+    assert not window.reporter.dialogs
 
 
 def test_try_a_step_reports_speed_and_memory_and_stop_keeps_the_ledger(qtbot, window, tmp_path):

@@ -284,3 +284,17 @@ def test_the_step_says_how_each_lora_fits_its_model(files, capsys):
         assert main(argv) == 0
         line = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("LoRA ")]
         assert line == [f"  LoRA lora.safetensors at 0.8/0.5: {got['warning'] or f'{n}/{n} modules placed'}"]
+
+
+def test_a_lora_given_as_the_model_is_a_usage_error_that_says_what_runs_it(files, capsys):
+    """`step --model LORA` (or a VAE) is refused before anything loads, saying where that file goes;
+    `load LORA` says a LoRA is applied, not loaded alone. Both are usage errors (exit 2)."""
+    from engine.cli import main
+
+    lora = str(files["lora"])
+    assert main(["step", "--model", lora, "--cpu"]) == 2
+    assert (
+        f"{lora}: this is a LoRA: give it with --lora beside the model it patches" in capsys.readouterr().err
+    )
+    assert main(["load", lora, "--cpu"]) == 2
+    assert "lora.safetensors is a LoRA: it patches a loaded model" in capsys.readouterr().err
