@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..devices import add_device_arguments, options_from_args
-from ._common import EXIT_OK, human_bytes, print_json
+from ._common import EXIT_OK, human_bytes, print_json, whole_number
 
 NAME = "load"
 HELP = "load a model's components under the memory budget and show where every byte went"
@@ -20,7 +20,12 @@ DESCRIPTION = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="FILE", help="a checkpoint, diffusion model, VAE or text encoder")
     parser.add_argument("--component", action="append", default=[], help="only these components")
-    parser.add_argument("--unload-bytes", type=int, metavar="N", help="then free N bytes of the first one")
+    parser.add_argument(
+        "--unload-bytes",
+        type=whole_number(0, "bytes"),
+        metavar="N",
+        help="then free N bytes of the first one",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_device_arguments(parser)
 
