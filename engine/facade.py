@@ -324,7 +324,13 @@ class Engine:
         from .lora.coverage import coverage
 
         lo, ba = open_index(lora), open_index(base)
-        arch = detect_index(ba).architecture  # header-only; names the base in a "does not fit" warning
+        base_det = detect_index(ba)  # header-only; names the base in a "does not fit" warning
+        if base_det.kind in _NOT_LOADED_ALONE:  # two LoRAs: no model for the coverage to be about
+            raise InvalidRequest(
+                f"the base {os.path.basename(base)} is {_NOT_LOADED_ALONE[base_det.kind].split(':')[0]}: "
+                "give the model the LoRA patches"
+            )
+        arch = base_det.architecture
         shapes = {k: tuple(v.shape) for k, v in ba.tensors.items()}
         cov = coverage(lo, shapes, lora_path=lora, base_path=base, base_architecture=arch)
         return rq.CoverageResult(lora, base, rq.frozen(cov.to_json()))

@@ -8,6 +8,7 @@ import pytest
 from residency_files import SD15_MANIFEST, SD15_PREFIXES
 
 from engine.devices import DeviceOptions, HardwareFacts, build_report
+from engine.errors import InvalidRequest
 from engine.formats.safetensors import write_sparse
 from engine.model import build_components
 from engine.plan import make_plan
@@ -226,3 +227,16 @@ def test_a_device_smaller_than_the_sampling_reserve_does_not_fit_a_step(sd15):
     assert "advice: not even the smallest tile fits beside the VAE" in text  # the decode's, printed too
     roomy = make_plan(str(sd15), decode=(512, 512), vram_gb=8, report=cpu_report())
     assert roomy["fits"] and all("needs" not in s["detail"].get("advice", "") for s in roomy["steps"])
+
+
+def test_a_lora_as_the_model_or_as_the_base_is_a_usage_error(sd15, shared_data, capsys):
+    """`plan --model LORA` printed an empty plan that 'fits', and `lora inspect LORA --base LORA` a
+    coverage of 0/350 'on this SD1 model': both now say where the LoRA goes (exit 2)."""
+    from engine.cli import main
+
+    lora = str(shared_data("weights/smart_falcon_8_lokr.safetensors"))
+    with pytest.raises(InvalidRequest, match="this is a LoRA: give the model it patches with --model"):
+        make_plan(lora, report=cpu_report())
+    assert main(["lora", "inspect", lora, "--base", lora]) == 2
+    assert "is a LoRA: give the model the LoRA patches" in capsys.readouterr().err
+    assert main(["lora", "inspect", lora, "--base", str(sd15), "--json"]) == 0  # the model as base: fine
