@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 import os
-import struct
 
 from ..errors import FormatError
 from .gguf import GGUFFile
 from .index import IndexedTensor, ModelIndex, open_index
-from .safetensors import MAX_HEADER_BYTES, SafetensorsFile, SafetensorsHeader, TensorInfo, read_header
+from .magic import container_of
+from .safetensors import SafetensorsFile, SafetensorsHeader, TensorInfo, read_header
 
 __all__ = [
     "sniff",
@@ -49,17 +49,7 @@ def sniff(path: str | os.PathLike) -> str:
         head = f.read(16)
     if not head:
         return "empty"
-    if head[:4] == b"GGUF":
-        return "gguf"
-    if head[:4] == b"PK\x03\x04":
-        return "torch-zip"
-    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
-        return "pickle"
-    if len(head) >= 9:
-        (n,) = struct.unpack("<Q", head[:8])
-        if 2 <= n <= MAX_HEADER_BYTES and head[8:9] == b"{":
-            return "safetensors"
-    return "unknown"
+    return container_of(head) or "unknown"
 
 
 def open_weights(path: str | os.PathLike) -> SafetensorsFile:

@@ -21,20 +21,37 @@ _MAGIC = (
 )
 
 
-def what_is(head: bytes) -> str:
-    """'a PNG image', 'a text file', … for a file's first bytes (HEAD_BYTES of them suffice). The
-    model containers too, for a file given where something else was wanted (a latent as the image)."""
+def container_of(head: bytes) -> str | None:
+    """The model container a file's first bytes (16 suffice) open: 'gguf', 'torch-zip' (torch.save since
+    1.6), 'pickle' (legacy torch.save or a bare pickle), 'safetensors'; None for anything else."""
     if head[:4] == b"GGUF":
-        return "a GGUF file"
+        return "gguf"
     if head[:4] == b"PK\x03\x04":
-        return "a zip archive (a torch .pt / .ckpt?)"
+        return "torch-zip"
     if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
-        return "a Python pickle (a torch .pt / .ckpt?)"
+        return "pickle"
     if len(head) >= 9 and head[8:9] == b"{":
         from .safetensors import MAX_HEADER_BYTES  # here: that module imports this one
 
         if 2 <= int.from_bytes(head[:8], "little") <= MAX_HEADER_BYTES:
-            return "a safetensors file"
+            return "safetensors"
+    return None
+
+
+_CONTAINERS = {
+    "gguf": "a GGUF file",
+    "torch-zip": "a zip archive (a torch .pt / .ckpt?)",
+    "pickle": "a Python pickle (a torch .pt / .ckpt?)",
+    "safetensors": "a safetensors file",
+}
+
+
+def what_is(head: bytes) -> str:
+    """'a PNG image', 'a text file', … for a file's first bytes (HEAD_BYTES of them suffice). The
+    model containers too, for a file given where something else was wanted (a latent as the image)."""
+    container = container_of(head)
+    if container is not None:
+        return _CONTAINERS[container]
     for magic, what in _MAGIC:
         if head.startswith(magic):
             return what
