@@ -6,6 +6,10 @@ from __future__ import annotations
 import os
 
 HEAD_BYTES = 64  # what `what_is` looks at
+# The reference safetensors implementation refuses headers above 100 MB; a real SDXL header is ~200 KB
+# and the largest real ones (Flux all-in-one with T5-XXL) are under 1 MB. Defined here, where the
+# first bytes are recognised (sniff, once per file of a library scan), and read by the reader too.
+MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 _MAGIC = (
     (b"\x89PNG\r\n\x1a\n", "a PNG image"),
@@ -30,11 +34,8 @@ def container_of(head: bytes) -> str | None:
         return "torch-zip"
     if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
         return "pickle"
-    if len(head) >= 9 and head[8:9] == b"{":
-        from .safetensors import MAX_HEADER_BYTES  # here: that module imports this one
-
-        if 2 <= int.from_bytes(head[:8], "little") <= MAX_HEADER_BYTES:
-            return "safetensors"
+    if len(head) >= 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= MAX_HEADER_BYTES:
+        return "safetensors"
     return None
 
 

@@ -26,11 +26,10 @@ from ..errors import FormatError
 from ..gcpause import gc_paused
 from .atomic import atomic_output
 from .dtypes import DTYPES, nbytes_for, torch_dtype
-from .magic import HEAD_BYTES, what_is
+from .magic import HEAD_BYTES, MAX_HEADER_BYTES, what_is
 
-# The reference implementation refuses headers above 100 MB; a real SDXL header is ~200 KB and the
-# largest real ones (Flux all-in-one with T5-XXL) are under 1 MB.
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+# MAX_HEADER_BYTES (engine.formats.magic, which recognises a safetensors file by it): the largest
+# header this reader accepts.
 MAX_DIMS = 16
 
 
