@@ -168,8 +168,9 @@ def tiled_bytes(
 ) -> int:  # fmt: skip
     """Predicted peak of a tiled pass: the head's output, what runs at once -- one `tile_px` tile, or
     `computed_px` output pixels where the caller knows the run's largest batch of tile boxes
-    (engine.vae.choice.computed_px) -- the float32 result, and the tile states where they wait in the
-    same memory (`ram_store`). Counting one tile of a batched run read 0.93 of the measured peak."""
+    (engine.vae.choice.computed_px), whichever is more (`tile_px` 0: `computed_px` alone) -- the
+    float32 result, and the tile states where they wait in the same memory (`ram_store`). Counting one
+    tile of a batched run read 0.93 of the measured peak."""
     latent_px = pixels // (spec.downscale**2)
     total = RUNTIME_BYTES + spec.weight_bytes + spec.k_head() * latent_px * esize
     total += spec.k_act(direction) * max(tile_px * tile_px, computed_px) * esize
@@ -233,7 +234,7 @@ def _spec(kind: str, latent_channels: int, weight_bytes: int | None, widths=None
 
 def _estimate(
     direction, px, kind, latent_channels, dtype, tile, weight_bytes, latent_frames=1, widths=None, tile_area=None,
-    batch=1,
+    batch=1, hw=None,
 ) -> int:  # fmt: skip
     spec = _spec(kind, latent_channels, weight_bytes, widths)
     esize = DTYPE_BYTES[dtype]
@@ -242,7 +243,10 @@ def _estimate(
         return video_bytes(spec, px, latent_frames, esize, tile_px=tile, tile_frames=n, tile_area=tile_area)
     if tile is None:
         return full_bytes(spec, direction, px, esize)
-    return tiled_bytes(spec, direction, px, tile, esize, computed_px=tile * tile * batch)  # each image's tile
+    # each image's tile, which cannot be larger than the image: a 256^2 image in 512-px tiles is one
+    # 256^2 tile, never a 512^2 one (that read 2x the full decode's estimate for a single-tile run)
+    th, tw = (tile, tile) if hw is None else (min(tile, hw[0]), min(tile, hw[1]))
+    return tiled_bytes(spec, direction, px, 0, esize, computed_px=th * tw * batch)
 
 
 def estimate_decode_bytes(
@@ -265,7 +269,7 @@ def estimate_decode_bytes(
     up to 4, one with tiles), at `widths` (ch, mid: `video_widths`) when known, its tiles' largest box
     `tile_area` (engine.vae.choice.largest_box_px) when the caller planned them, else tile squared."""
     return _estimate("decode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes,
-                     latent_frames, widths, tile_area, batch)  # fmt: skip
+                     latent_frames, widths, tile_area, batch, (height, width))  # fmt: skip
 
 
 def estimate_encode_bytes(
@@ -281,5 +285,13 @@ def estimate_encode_bytes(
 ) -> int:
     """As estimate_decode_bytes, for encoding a width x height image."""
     return _estimate(
-        "encode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes, batch=batch
+        "encode",
+        width * height * batch,
+        kind,
+        latent_channels,
+        dtype,
+        tile,
+        weight_bytes,
+        batch=batch,
+        hw=(height, width),
     )

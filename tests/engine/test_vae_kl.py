@@ -17,7 +17,7 @@ from engine import ops
 from engine.errors import Cancelled, FormatError
 from engine.formats.safetensors import save_tensors
 from engine.jobs import CancelToken
-from engine.vae import LATENT_FORMATS, estimate_decode_bytes, load_vae
+from engine.vae import LATENT_FORMATS, estimate_decode_bytes, estimate_encode_bytes, load_vae
 from engine.vae.autoencoder_kl import AutoencoderKL, KLConfig
 from engine.vae.run import RunInfo, decode, encode
 
@@ -199,6 +199,21 @@ def test_mode_is_decided_up_front_from_the_estimate():
     assert info.mode == "tiled" and info.store == "disk"
     assert estimate_decode_bytes(2048, 2048) > 3 * estimate_decode_bytes(1024, 1024)
     assert estimate_decode_bytes(2048, 2048, tile=512) < estimate_decode_bytes(2048, 2048) / 3
+
+
+def test_a_tile_larger_than_the_image_is_estimated_as_the_image():
+    # A 256x192 image in 512-px tiles is one 256x192 tile: its estimate is the full pass's and the
+    # tiled run's own overheads (the head's output, the float32 result), not a 512x512 tile's.
+    from engine.vae import estimate
+
+    full = estimate_decode_bytes(256, 192)
+    one_tile = estimate_decode_bytes(256, 192, tile=512)
+    overhead = estimate.VaeSpec("kl", 4, estimate.SD_VAE_WEIGHTS).k_head() * 32 * 24 * 4 + 16 * 256 * 192
+    assert one_tile == full + overhead
+    # a tile that covers one side only is clipped on that side
+    wide = estimate_decode_bytes(1024, 256, tile=512)
+    assert wide < estimate_decode_bytes(1024, 1024, tile=512)
+    assert estimate_encode_bytes(256, 192, tile=512) < estimate_encode_bytes(512, 512, tile=512)
 
 
 def _rss():
