@@ -71,7 +71,9 @@ def holds_weights(path: str) -> bool:
 
 
 class ZoomView(QGraphicsView):
-    """Wheel zooms about the cursor; drag pans."""
+    """Wheel zooms about the cursor; drag pans. Fitted (Fit, or a new image) it stays fitted as it is
+    resized or first shown: a result that arrives while the Decode tab is hidden was fitted into a
+    viewport of no real size and showed as a thumbnail until Fit was pressed."""
 
     def __init__(self, scene: QGraphicsScene) -> None:
         super().__init__(scene)
@@ -79,10 +81,30 @@ class ZoomView(QGraphicsView):
         self.setTransformationAnchor(QGraphicsView.ViewportAnchor.AnchorUnderMouse)
         self.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform)
         self.setBackgroundBrush(QBrush(QColor("#2d3436")))
+        self.fitted = True
+
+    def fit(self) -> None:
+        self.fitted = True
+        self.fitInView(self.sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
+
+    def actual_size(self) -> None:
+        self.fitted = False
+        self.resetTransform()
 
     def wheelEvent(self, e) -> None:
+        self.fitted = False
         f = 1.25 if e.angleDelta().y() > 0 else 0.8
         self.scale(f, f)
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        if self.fitted:
+            self.fitInView(self.sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
+
+    def showEvent(self, e) -> None:
+        super().showEvent(e)
+        if self.fitted:
+            self.fitInView(self.sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
 
     def zoom(self) -> float:
         return self.transform().m11()
@@ -154,7 +176,7 @@ class DecodePanel(QWidget):
         self.run_button.clicked.connect(self._on_run_clicked)
         self.save_button.clicked.connect(self._on_save_clicked)
         fit.clicked.connect(self.fit)
-        one.clicked.connect(lambda: self.view.resetTransform())
+        one.clicked.connect(self.view.actual_size)
 
         form = QFormLayout()
         form.addRow("VAE", self.vae_box)
@@ -454,7 +476,7 @@ class DecodePanel(QWidget):
 
     @Slot()
     def fit(self) -> None:
-        self.view.fitInView(self.scene.sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
+        self.view.fit()
 
     @Slot()
     def _on_browse_clicked(self) -> None:

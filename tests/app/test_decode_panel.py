@@ -227,3 +227,28 @@ def test_a_video_latent_plays_in_the_panel_and_saves_as_mp4_and_frames(qtbot, wi
     qtbot.waitUntil(lambda: len([s for s in saved if s.startswith("Saved")]) == 2, timeout=30_000)
     assert (tmp_path / "clip.mp4").stat().st_size > 0
     assert len(list((tmp_path / "frames").glob("*.png"))) == 9
+
+
+def test_a_result_that_arrives_while_the_tab_is_hidden_fills_the_view_when_shown(qtbot, window, decode_files):
+    # The round trip (or a decode) can finish while another tab of the dock area is in front: the view
+    # was then fitted into a viewport of no real size, and the picture showed as a thumbnail until Fit.
+    w, dec = window, window.decode
+    _library(qtbot, w, [decode_files["taesd"]])
+    dec.set_vae(decode_files["taesd"])
+    dec.set_input(decode_files["small"])
+    w.docks["inspector"].raise_()  # the tab that shares its place, in front of Decode
+    dec.run_button.click()
+    wait_job(qtbot, w, Decode)
+    w.docks["decode"].raise_()
+    qtbot.waitUntil(dec.view.isVisible, timeout=5_000)
+    vp = dec.view.viewport().size()
+    fitted = min(vp.width() / 256, vp.height() / 256)
+    qtbot.waitUntil(lambda: abs(dec.view.zoom() - fitted) < 0.05 * fitted, timeout=5_000)
+    assert dec.view.fitted
+    # once the user zooms, a resize keeps the zoom; 100 % is the image's own pixels
+    dec.view.actual_size()
+    dec.view.resize(dec.view.width() + 40, dec.view.height())
+    qtbot.wait(50)
+    assert dec.view.zoom() == 1 and not dec.view.fitted
+    dec.fit()
+    assert dec.view.fitted
