@@ -29,20 +29,14 @@ def _prefixes(f) -> tuple[dict[str, str], str | None]:
     (from the header already read: detection never reads it again), and the file's architecture. The
     `other` bucket is not a component."""
     from .detect.core import detect_index
+    from .detect.result import NOT_A_MODEL
 
     det = detect_index(f.index(), path=f.path)
     if det.error is not None and not det.components:
         raise FormatError(f"{os.path.basename(f.path)}: {det.error.message}")
-    if det.kind in _NOT_LOADED_ALONE:
-        raise InvalidRequest(f"{os.path.basename(f.path)} is {_NOT_LOADED_ALONE[det.kind]}")
+    if det.kind in NOT_A_MODEL:  # weights, but no model to load by themselves (no component)
+        raise InvalidRequest(f"{os.path.basename(f.path)} is {NOT_A_MODEL[det.kind]}")
     return {n: c.prefix for n, c in det.components.items() if n != "other"}, det.architecture
-
-
-# Files that hold weights but are no model to load by themselves (their tensors are no component).
-_NOT_LOADED_ALONE = {
-    "lora": "a LoRA: it patches a loaded model (the LoRA stack, or --lora), and is not loaded alone",
-    "embedding": "a textual-inversion embedding: it belongs in a prompt, and is not loaded alone",
-}
 
 
 # request type -> how run() calls the facade (keyed by the class itself: a renamed or look-alike class
@@ -320,14 +314,15 @@ class Engine:
     def lora_coverage(self, lora: str, base: str):
         """DESIGN.md's coverage JSON of `lora` on `base` (headers only)."""
         from .detect import detect_index
+        from .detect.result import NOT_A_MODEL
         from .formats import open_index
         from .lora.coverage import coverage
 
         lo, ba = open_index(lora), open_index(base)
         base_det = detect_index(ba)  # header-only; names the base in a "does not fit" warning
-        if base_det.kind in _NOT_LOADED_ALONE:  # two LoRAs: no model for the coverage to be about
+        if base_det.kind in NOT_A_MODEL:  # two LoRAs: no model for the coverage to be about
             raise InvalidRequest(
-                f"the base {os.path.basename(base)} is {_NOT_LOADED_ALONE[base_det.kind].split(':')[0]}: "
+                f"the base {os.path.basename(base)} is {NOT_A_MODEL[base_det.kind].split(':')[0]}: "
                 "give the model the LoRA patches"
             )
         arch = base_det.architecture

@@ -95,6 +95,7 @@ def make_plan(
     """The Plan JSON of DESIGN.md for `model` on the selected device (or a hypothetical one of
     `vram_gb` GiB; on a CPU-only machine that device is assumed to compute fp16 and bf16)."""
     from .detect import detect_file
+    from .detect.result import NOT_A_MODEL
     from .devices import DeviceInfo, budget_bytes, detect_devices, reserve_bytes_for
     from .errors import InvalidRequest, UnsupportedModel, from_json
     from .model.dtypes import overrides_from_options, place, role_of
@@ -104,13 +105,8 @@ def make_plan(
     det = detect_file(model)
     if det.error is not None:
         raise from_json(det.error.to_json(), model)
-    if det.kind in ("lora", "embedding"):  # weights of no model: there is nothing to place
-        what = (
-            "a LoRA: give the model it patches with --model and the LoRA with --lora"
-            if det.kind == "lora"
-            else ("a textual-inversion embedding: it belongs in a prompt; give the model with --model")
-        )
-        raise InvalidRequest(f"{model}: this is {what}")
+    if det.kind in NOT_A_MODEL:  # weights of no model: there is nothing to place
+        raise InvalidRequest(f"{model}: this is {NOT_A_MODEL[det.kind]}; give the model with --model")
     if det.format not in ("safetensors", "gguf"):
         raise UnsupportedModel(f"{model}: plans are made for .safetensors and .gguf files for now")
     info = report.selected

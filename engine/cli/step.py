@@ -65,14 +65,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # a controlnet file goes on: a DiT of no known release may still run, read from its shapes.)
 _RUNS = "`loadout step` runs a checkpoint's or a diffusion model's denoiser, or a text encoder"
 _NOT_STEPPED = {
-    "lora": f"a LoRA: give it with --lora beside the model it patches; {_RUNS}",
-    "embedding": f"a textual-inversion embedding (it belongs in a prompt); {_RUNS}",
     "vae": f"a VAE: `loadout decode` and `encode` run it; {_RUNS}",
     "vae_approx": f"a TAESD-family preview VAE: `loadout decode` and `encode` run it; {_RUNS}",
     "upscaler": f"an upscaler; {_RUNS}",
     "clip_vision": f"a CLIP vision encoder; {_RUNS}",
     "ip_adapter": f"an IP-Adapter; {_RUNS}",
 }
+
+
+def _not_stepped(kind: str) -> str | None:
+    """What a file of `kind` is and what runs it, when `step` has no forward of its own to time."""
+    from ..detect.result import NOT_A_MODEL  # LoRAs and embeddings: no model at all
+
+    if kind in NOT_A_MODEL:
+        return f"{NOT_A_MODEL[kind]}; {_RUNS}"
+    return _NOT_STEPPED.get(kind)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
             print_json({"model": args.model, "error": det.error.to_json()})
         # main() prints it and picks the exit code (3: a bad file)
         raise from_json(det.error.to_json(), args.model)
-    if det.kind in _NOT_STEPPED:  # a file that has no forward of its own to time: say what runs it
-        e = InvalidRequest(f"{args.model}: this is {_NOT_STEPPED[det.kind]}")
+    what = _not_stepped(det.kind)
+    if what is not None:  # a file that has no forward of its own to time: say what runs it
+        e = InvalidRequest(f"{args.model}: this is {what}")
         if args.json:
             print_json({"model": args.model, "error": e.to_json()})
         raise e

@@ -31,6 +31,15 @@ KINDS = (
 )
 COMPONENT_ORDER = ("unet", "transformer", "clip_l", "clip_g", "clip_h", "t5xxl", "vae", "other")
 
+# Kinds whose weights are no model of their own, each with what it is and where it goes: every command
+# that takes a model (load, the coverage's base, plan, step) refuses them in these words. The one place
+# that lists them.
+NOT_A_MODEL = {
+    "lora": "a LoRA: it patches a model (give it with --lora beside the model, or add it to the LoRA stack), "
+    "and is not loaded alone",
+    "embedding": "a textual-inversion embedding: it belongs in a prompt, and is not loaded alone",
+}
+
 _EMPTY: Mapping = MappingProxyType({})
 
 

@@ -112,7 +112,7 @@ def test_load_error_is_a_message_and_the_app_keeps_working(qtbot, window, files)
     assert not window.reporter.dialogs  # an expected error: no dialog
     window.client.submit(Load(files["lora"]))  # a LoRA is applied, not loaded: also a message, saying so
     qtbot.waitUntil(lambda: "style.safetensors" in window.messages.text, timeout=30_000)
-    assert "is a LoRA: it patches a loaded model" in window.messages.text
+    assert "is a LoRA: it patches a model" in window.messages.text
     assert not window.reporter.dialogs
 
 

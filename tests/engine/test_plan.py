@@ -235,7 +235,7 @@ def test_a_lora_as_the_model_or_as_the_base_is_a_usage_error(sd15, shared_data, 
     from engine.cli import main
 
     lora = str(shared_data("weights/smart_falcon_8_lokr.safetensors"))
-    with pytest.raises(InvalidRequest, match="this is a LoRA: give the model it patches with --model"):
+    with pytest.raises(InvalidRequest, match="this is a LoRA: it patches a model"):
         make_plan(lora, report=cpu_report())
     assert main(["lora", "inspect", lora, "--base", lora]) == 2
     assert "is a LoRA: give the model the LoRA patches" in capsys.readouterr().err

@@ -294,7 +294,8 @@ def test_a_lora_given_as_the_model_is_a_usage_error_that_says_what_runs_it(files
     lora = str(files["lora"])
     assert main(["step", "--model", lora, "--cpu"]) == 2
     assert (
-        f"{lora}: this is a LoRA: give it with --lora beside the model it patches" in capsys.readouterr().err
+        f"{lora}: this is a LoRA: it patches a model (give it with --lora beside the model"
+        in capsys.readouterr().err
     )
     assert main(["load", lora, "--cpu"]) == 2
-    assert "lora.safetensors is a LoRA: it patches a loaded model" in capsys.readouterr().err
+    assert "lora.safetensors is a LoRA: it patches a model" in capsys.readouterr().err
