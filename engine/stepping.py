@@ -128,6 +128,7 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
     from .denoise.patches import baked_resident
     from .denoise.stream import Streamer
     from .formats.safetensors import save_tensors
+    from .memory import trim_heap
 
     if req.steps < 1:
         raise FormatError("--steps must be at least 1")
@@ -141,7 +142,10 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
         inputs = den.random_inputs(req.size[0], req.size[1], seed=req.seed)
     res = parts.residency
     meter = PeakMeter(device)
-    res.load([comp], extra_memory=_activation_bytes(den, inputs, dtype), token=token, report=report)
+    act = _activation_bytes(den, inputs, dtype)
+    res.load([comp], extra_memory=act, token=token, report=report)
+    # what the device holds beside the weights and the activations: the room for baked LoRA patches
+    room = res.budget(act) if comp.device == res.device else None
     tiers = comp.tier_bytes()
     mode = "full" if tiers["ram"] == tiers["disk"] == 0 else "partial"
     x = {k: v.to(device) for k, v in inputs.items()}
@@ -150,7 +154,7 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
     stream = Streamer(comp, den.op_order(), device, steps=req.steps, pinned=getattr(res, "pinned", None))
     t_job = time.perf_counter()
     try:
-        with ops.cancel_scope(token), torch.inference_mode(), baked_resident(comp, token), stream:
+        with ops.cancel_scope(token), torch.inference_mode(), baked_resident(comp, token, room), stream:
             for i in range(req.steps):
                 token.raise_if_cancelled()
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -165,6 +169,9 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
         parts.events.emit(JobCancelled(comp.name, 0, time.perf_counter() - t_job, at="step",
                                        tiers=Tiers.of(comp.tier_bytes())))  # fmt: skip
         raise
+    finally:
+        if device.type == "cpu":  # the baked copies and activations are freed: give their pages back
+            trim_heap()
     peak = meter.read()
     res.note_streamed(comp, stream.bytes_per_step if mode == "partial" else 0)
     if req.out:

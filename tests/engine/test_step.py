@@ -299,3 +299,35 @@ def test_a_lora_given_as_the_model_is_a_usage_error_that_says_what_runs_it(files
     )
     assert main(["load", lora, "--cpu"]) == 2
     assert "lora.safetensors is a LoRA: it patches a model" in capsys.readouterr().err
+
+
+def test_baked_patches_take_only_the_room_the_device_has_and_give_the_same_bits(files, tmp_path):
+    """A baked patch is a second copy of its weight for the run: it takes only the room beside the
+    weights and the activations, and the modules beyond it patch on the fly -- the same numbers."""
+    from engine.denoise.patches import baked_resident
+
+    stack = (StackItem(str(files["lora"]), 0.8, 0.8),)
+    roomy, want = _run(files, tmp_path, name="roomy", loras=stack)
+    # a budget of exactly the weights: no room for a second copy of any of them
+    tight, got = _run(files, tmp_path, roomy.resident_bytes / 1024**3, name="tight", loras=stack)
+    assert roomy.mode == tight.mode == "full"
+    assert torch.equal(got, want)
+
+    e = _engine()
+    try:
+        e.run(Step(str(files["sd1"]), stack, size=(64, 64)))
+        (comp,) = [c for (_, name), c in e.loaded.items() if name == "unet"]
+        before = _patch_state(e)
+        patched = [
+            (u.module, u.module.weight) for u in comp.units if getattr(u.module, "weight_functions", None)
+        ]
+        first = patched[0][1].numel() * patched[0][1].element_size()
+        with baked_resident(comp, room=0) as n:
+            assert n == 0 and all(m.weight is w for m, w in patched)
+        with baked_resident(comp, room=first) as n:
+            assert n == 1 and patched[0][0].weight is not patched[0][1] and not patched[0][0].weight_functions
+        with baked_resident(comp) as n:
+            assert n >= len(patched)
+        assert _patch_state(e) == before  # every op has its own tensor and its functions back
+    finally:
+        e.close()
