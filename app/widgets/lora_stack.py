@@ -23,7 +23,9 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMessageBox,
     QPushButton,
+    QSizePolicy,
     QSlider,
+    QStyle,
     QVBoxLayout,
     QWidget,
 )
@@ -62,6 +64,27 @@ class Strength(QWidget):
         self.changed.emit(v)
 
 
+class ElidedCheckBox(QCheckBox):
+    """A check box whose label is elided in the middle to the width it is given (a LoRA's name can be
+    long and the stack shares its dock with the badge): the start and the end of a name are what
+    tell two versions of a LoRA apart. The whole name stays in `full_text`."""
+
+    def __init__(self, text: str, parent: QWidget | None = None) -> None:
+        super().__init__(text, parent)
+        self.full_text = text
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, self.sizePolicy().verticalPolicy())
+        self.setMinimumWidth(self.fontMetrics().horizontalAdvance("M" * 8))
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        st = self.style()
+        room = (self.width() - st.pixelMetric(QStyle.PixelMetric.PM_IndicatorWidth, None, self)
+                - st.pixelMetric(QStyle.PixelMetric.PM_CheckBoxLabelSpacing, None, self) - 4)  # fmt: skip
+        self.setText(
+            self.fontMetrics().elidedText(self.full_text, Qt.TextElideMode.ElideMiddle, max(room, 0))
+        )
+
+
 class StackRow(QWidget):
     changed = Signal()
     coverage_clicked = Signal()
@@ -69,7 +92,8 @@ class StackRow(QWidget):
     def __init__(self, item: StackItem, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.item = item
-        self.enabled = QCheckBox(os.path.basename(item.file))
+        name = os.path.basename(item.file)
+        self.enabled = ElidedCheckBox(name.removesuffix(".safetensors"))  # the file kind goes without saying
         self.enabled.setChecked(item.enabled)
         self.enabled.setToolTip(item.file)
         self.model = Strength("model", item.strength_model)

@@ -116,3 +116,23 @@ def test_a_lora_made_for_another_model_shows_the_engines_warning(qtbot, window, 
     assert row.warning.text() == f"⚠ {cov.coverage['warning']}"
     assert cov.coverage["warning"].startswith("made for SD1: ")
     assert "onto this SDXL model" in cov.coverage["warning"]
+
+
+def test_a_long_lora_name_is_elided_in_the_middle_to_the_rows_width(qtbot):
+    # Two versions of a LoRA differ at the end of their names: the row keeps the start and the end,
+    # drops ".safetensors", and the whole path is the tooltip.
+    from app.widgets.lora_stack import StackRow
+
+    path = "/loras/a_very_long_character_lora_name_trained_for_sdxl_v2_epoch_000040.safetensors"
+    row = StackRow(StackItem(path))
+    qtbot.addWidget(row)
+    row.resize(320, 60)
+    row.show()
+    qtbot.waitUntil(lambda: "…" in row.enabled.text(), timeout=2_000)
+    shown = row.enabled.text()
+    assert shown.startswith("a_very") and shown.endswith("000040") and ".safetensors" not in shown
+    assert row.enabled.toolTip() == path
+    row.resize(1200, 60)
+    qtbot.waitUntil(
+        lambda: row.enabled.text() == os.path.basename(path).removesuffix(".safetensors"), timeout=2_000
+    )
