@@ -128,7 +128,6 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
     from .denoise.patches import baked_resident
     from .denoise.stream import Streamer
     from .formats.safetensors import save_tensors
-    from .memory import trim_heap
 
     if req.steps < 1:
         raise FormatError("--steps must be at least 1")
@@ -169,9 +168,6 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
         parts.events.emit(JobCancelled(comp.name, 0, time.perf_counter() - t_job, at="step",
                                        tiers=Tiers.of(comp.tier_bytes())))  # fmt: skip
         raise
-    finally:
-        if device.type == "cpu":  # the baked copies and activations are freed: give their pages back
-            trim_heap()
     peak = meter.read()
     res.note_streamed(comp, stream.bytes_per_step if mode == "partial" else 0)
     if req.out:

@@ -24,7 +24,7 @@ from engine.events import StepFinished
 from engine.facade import Engine
 from engine.formats.safetensors import SafetensorsFile, save_tensors
 from engine.jobs import CancelToken
-from engine.requests import StackItem, Step
+from engine.requests import Bake, StackItem, Step
 
 MIB = 1024**2
 
@@ -329,5 +329,33 @@ def test_baked_patches_take_only_the_room_the_device_has_and_give_the_same_bits(
         with baked_resident(comp) as n:
             assert n >= len(patched)
         assert _patch_state(e) == before  # every op has its own tensor and its functions back
+    finally:
+        e.close()
+
+
+def test_a_step_and_a_bake_give_their_freed_heap_back_when_they_end(files, tmp_path, monkeypatch):
+    """glibc keeps freed heap pages: once a step (finished or cancelled) or a bake has ended the engine
+    trims the heap, or the memory graph shows a job's working memory as the app's long after it."""
+    import engine.memory
+
+    events, trims = [], []
+    real = engine.memory.trim_heap
+    # a spy: the real trim runs; each call notes how many events had been emitted by then
+    monkeypatch.setattr(
+        engine.memory, "trim_heap", lambda *a, **k: (trims.append(len(events)), real(*a, **k))
+    )
+    stack = (StackItem(str(files["lora"]), 0.8, 0.8),)
+    e = _engine(events=events)
+    try:
+        e.run(Step(str(files["sd1"]), stack, size=(64, 64)))
+        done = max(i for i, ev in enumerate(events) if isinstance(ev, StepFinished))
+        assert trims and trims[-1] > done, "no trim once the step had finished"
+        with pytest.raises(Cancelled):
+            e.run(Step(str(files["sd1"]), size=(64, 64), steps=2), token=CancelAfter(50))
+        stopped = max(i for i, ev in enumerate(events) if type(ev).__name__ == "JobCancelled")
+        assert trims[-1] > stopped, "no trim once the step was cancelled"
+        trims.clear()
+        e.run(Bake(str(files["sd1"]), stack, str(tmp_path / "baked.safetensors")))
+        assert trims, "no trim after a bake"
     finally:
         e.close()
