@@ -62,11 +62,17 @@ def main() -> None:
 
     direct()  # warm the page cache and torch's kernels for both sides
     base = best(direct, a.repeat)
-    engine = Engine()
-    engine.detect(DeviceOptions())
-    t0 = time.perf_counter()
-    engine.decode(Decode(vae, str(lat), mode="full"))
-    first = time.perf_counter() - t0
+    # The first call of an engine places the VAE: best over `repeat` fresh engines (one shot read 1.05x
+    # or 1.29x the baseline with nothing changed).
+    first = float("inf")
+    for _ in range(a.repeat):
+        engine = Engine()
+        engine.detect(DeviceOptions())
+        t0 = time.perf_counter()
+        engine.decode(Decode(vae, str(lat), mode="full"))
+        first = min(first, time.perf_counter() - t0)
+        if _ < a.repeat - 1:
+            engine.close()
     row = engine.snapshot().get("vae")
     record("facade_decode_first_call_places_vae", first, "s",
            baseline="engine.vae.decode straight from the file (load_vae + decode)", baseline_value=base,
@@ -76,14 +82,15 @@ def main() -> None:
            baseline="engine.vae.decode straight from the file (load_vae + decode)", baseline_value=base,
            size_px=a.size, ch=a.ch)  # fmt: skip
 
-    det = best(lambda: detect_devices(DeviceOptions()), a.repeat)
+    # sub-millisecond calls: best of 30 each, or the ratio of two single shots is mostly noise
+    det = best(lambda: detect_devices(DeviceOptions()), max(a.repeat, 30))
     n = [0]
 
     def configure():
         n[0] += 1
         engine.configure(DeviceOptions(vram_budget_gb=1.0 + n[0] / 100))
 
-    conf = best(configure, a.repeat)
+    conf = best(configure, max(a.repeat, 30))
     record("configure_budget_change_keeps_models", conf, "s",
            baseline="detect_devices (what a restart would redo, without torch import)", baseline_value=det,
            loaded=len(engine.snapshot().components))  # fmt: skip

@@ -177,7 +177,8 @@ def main() -> None:
     ours_one, rep = best(lambda: p.apply(ab), lambda: p.apply(ab03))
     assert sorted(rep.patched) == sorted(b_keys)
     n0 = p.keys_computed
-    ours_same, _ = timed(lambda: p.apply(ab03))
+    # a no-op of a fraction of a millisecond: best of 20 (one shot read 0.35 ms or 0.22 ms by chance)
+    ours_same = min(timed(lambda: p.apply(ab03))[0] for _ in range(20))
     assert p.keys_computed == n0
     ours_restore, _ = best(lambda: p.apply(ab03), p.restore)
     assert all(p.weights[k] is base[k] for k in keys)
