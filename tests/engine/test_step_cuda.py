@@ -86,3 +86,31 @@ def test_the_unet_on_cuda_equals_diffusers(files, tmp_path):
     inputs = denoise.bind(Component("unet", files["sd1"], PREFIX), "sd1").random_inputs(64, 64)
     want = run_diffusers_unet(model.cuda(), {k: v.cuda() for k, v in inputs.items()}).cpu()
     assert rel_l2(got, want) <= 1e-3
+
+
+def test_lora_patches_bake_only_into_the_room_the_card_has(files, tmp_path):
+    # A baked patch is a second copy of its weight on the card for the run: with a budget of exactly
+    # the weights there is no room for one, the patched ops patch on the fly, and the step's peak stays
+    # below the roomy run's, at the same output.
+    from test_step import _lora
+
+    from engine.requests import StackItem
+
+    lora = _lora(tmp_path / "lora.safetensors", files["sd1"])
+    stack = (StackItem(str(lora), 0.8, 0.8),)
+
+    def run(name, budget=None):
+        e = Engine()
+        e.detect(DeviceOptions(vram_budget_gb=budget))
+        try:
+            r = e.run(Step(str(files["sd1"]), stack, size=(256, 256), steps=2,
+                           out=str(tmp_path / f"{name}.safetensors")))  # fmt: skip
+        finally:
+            e.close()
+        return r, SafetensorsFile(r.out).tensor("out").clone()
+
+    roomy, want = run("roomy")
+    tight, got = run("tight", roomy.resident_bytes / 1024**3)
+    assert roomy.mode == tight.mode == "full"
+    assert tight.peak_device_bytes < roomy.peak_device_bytes
+    assert rel_l2(got, want) < 1e-3
