@@ -39,7 +39,8 @@ def test_decode_a_dropped_latent_shows_estimate_tiles_result_and_saves(qtbot, wi
     assert dec.input_edit.text() == decode_files["small"]
     qtbot.waitUntil(lambda: "decode: full" in dec.estimate.text(), timeout=10_000)  # read off the GUI thread
     assert (
-        dec.estimate.text().startswith("256×256 decode: full ≈") and "tiled at 512 px" in dec.estimate.text()
+        dec.estimate.text().startswith("256×256 decode: full ≈")
+        and "tiled at 512 px (one tile: the image is smaller)" in dec.estimate.text()
     )
     dec.mode_box.setCurrentIndex(dec.mode_box.findData("tiled"))
     dec.tile_spin.setValue(128)
