@@ -333,7 +333,7 @@ class DecodePanel(QWidget):
             else:
                 verdict = f" · <b style='color:#27ae60'>fits</b> ({human_bytes(free)} free)"
         frames = f"×{est.frames} frames" if est.frames else ""
-        one = " (one tile: the image is smaller)" if est.tile >= max(est.width, est.height) else ""
+        one = " (one tile: the image is smaller)" if (est.tile or 0) >= max(est.width, est.height) else ""
         return (f"{est.width}×{est.height}{frames} {est.direction}: full ≈ {human_bytes(est.full_bytes)}, tiled at "
                 f"{est.tile} px{one} ≈ {human_bytes(est.tiled_bytes)}{verdict}")  # fmt: skip
 
