@@ -13,7 +13,7 @@ import time
 from functools import partial
 
 from PySide6.QtCore import QRectF, Qt, Signal, Slot
-from PySide6.QtGui import QBrush, QColor, QImage, QPainter, QPen, QPixmap
+from PySide6.QtGui import QBrush, QColor, QImage, QPen, QPixmap
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QGraphicsPixmapItem,
     QGraphicsRectItem,
     QGraphicsScene,
-    QGraphicsView,
     QHBoxLayout,
     QLabel,
     QLineEdit,
@@ -34,6 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.widgets.clip_player import ClipPlayer
+from app.widgets.zoom_view import ZoomView
 from engine.events import EventKind
 from engine.formatting import human_bytes
 from engine.requests import Decode, DecodeEstimate, Encode, EstimateDecode, SaveClip
@@ -68,46 +68,6 @@ def holds_weights(path: str) -> bool:
         return not is_sparse(os.stat(path))
     except OSError:
         return False
-
-
-class ZoomView(QGraphicsView):
-    """Wheel zooms about the cursor; drag pans. Fitted (Fit, or a new image) it stays fitted as it is
-    resized or first shown: a result that arrives while the Decode tab is hidden was fitted into a
-    viewport of no real size and showed as a thumbnail until Fit was pressed."""
-
-    def __init__(self, scene: QGraphicsScene) -> None:
-        super().__init__(scene)
-        self.setDragMode(QGraphicsView.DragMode.ScrollHandDrag)
-        self.setTransformationAnchor(QGraphicsView.ViewportAnchor.AnchorUnderMouse)
-        self.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform)
-        self.setBackgroundBrush(QBrush(QColor("#2d3436")))
-        self.fitted = True
-
-    def fit(self) -> None:
-        self.fitted = True
-        self.fitInView(self.sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
-
-    def actual_size(self) -> None:
-        self.fitted = False
-        self.resetTransform()
-
-    def wheelEvent(self, e) -> None:
-        self.fitted = False
-        f = 1.25 if e.angleDelta().y() > 0 else 0.8
-        self.scale(f, f)
-
-    def resizeEvent(self, e) -> None:
-        super().resizeEvent(e)
-        if self.fitted:
-            self.fitInView(self.sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
-
-    def showEvent(self, e) -> None:
-        super().showEvent(e)
-        if self.fitted:
-            self.fitInView(self.sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
-
-    def zoom(self) -> float:
-        return self.transform().m11()
 
 
 class DecodePanel(QWidget):

@@ -13,7 +13,6 @@ from PySide6.QtCore import QSize, Qt, Signal, Slot
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
@@ -23,13 +22,12 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMessageBox,
     QPushButton,
-    QSizePolicy,
     QSlider,
-    QStyle,
     QVBoxLayout,
     QWidget,
 )
 
+from app.widgets.elided_check_box import ElidedCheckBox
 from engine.formatting import human_bytes
 from engine.requests import Bake, LoraCoverage, SetLoras, StackItem
 
@@ -62,27 +60,6 @@ class Strength(QWidget):
         self.slider.setValue(round(max(-2.0, min(2.0, v)) * 20))
         self.slider.blockSignals(False)
         self.changed.emit(v)
-
-
-class ElidedCheckBox(QCheckBox):
-    """A check box whose label is elided in the middle to the width it is given (a LoRA's name can be
-    long and the stack shares its dock with the badge): the start and the end of a name are what
-    tell two versions of a LoRA apart. The whole name stays in `full_text`."""
-
-    def __init__(self, text: str, parent: QWidget | None = None) -> None:
-        super().__init__(text, parent)
-        self.full_text = text
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, self.sizePolicy().verticalPolicy())
-        self.setMinimumWidth(self.fontMetrics().horizontalAdvance("M" * 8))
-
-    def resizeEvent(self, e) -> None:
-        super().resizeEvent(e)
-        st = self.style()
-        room = (self.width() - st.pixelMetric(QStyle.PixelMetric.PM_IndicatorWidth, None, self)
-                - st.pixelMetric(QStyle.PixelMetric.PM_CheckBoxLabelSpacing, None, self) - 4)  # fmt: skip
-        self.setText(
-            self.fontMetrics().elidedText(self.full_text, Qt.TextElideMode.ElideMiddle, max(room, 0))
-        )
 
 
 class StackRow(QWidget):
