@@ -14,3 +14,9 @@ def human_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def tiles_text(tiles: int, tile_px: int) -> str:
+    """How a tiled run cut its image: '12 tiles of 512 px', or 'one tile (the whole image)' when the
+    tile asked for covers it all."""
+    return "one tile (the whole image)" if tiles == 1 else f"{tiles} tiles of {tile_px} px"

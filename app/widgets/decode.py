@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
 from app.widgets.clip_player import ClipPlayer
 from app.widgets.zoom_view import ZoomView
 from engine.events import EventKind
-from engine.formatting import human_bytes
+from engine.formatting import human_bytes, tiles_text
 from engine.requests import Decode, DecodeEstimate, Encode, EstimateDecode, SaveClip
 
 LATENT_SUFFIXES = (".latent", ".safetensors")
@@ -399,7 +399,7 @@ class DecodePanel(QWidget):
         self.fit()
         info = result.info
         mode = f"{info.get('mode')}" + (
-            f", {info.get('tiles')} tiles of {info.get('tile_px')} px" if info.get("mode") == "tiled" else ""
+            f", {tiles_text(info.get('tiles'), info.get('tile_px'))}" if info.get("mode") == "tiled" else ""
         )
         wrote = f" · wrote {os.path.basename(result.source)}" if info.get("out") else ""  # an encode's latent
         if info.get("encoded_size") and info.get("image_size") != info.get("encoded_size"):

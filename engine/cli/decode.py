@@ -7,6 +7,7 @@ import argparse
 
 from ..devices import add_device_arguments
 from ..errors import EngineError, FormatError
+from ..formatting import tiles_text
 from ._common import EXIT_OK, human_bytes, print_json
 from ._vae_common import StderrProgress, add_tile_arguments, engine_for, run_info, tiling, write_pngs
 
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         how = (
-            f"{info['tiles']} tiles of {info['tile_px']} px (overlap {info['overlap_px']})"
+            tiles_text(info["tiles"], info["tile_px"])
+            + (f" (overlap {info['overlap_px']})" if info["tiles"] > 1 else "")
             if info["mode"] == "tiled"
             else "full"
         )

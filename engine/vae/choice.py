@@ -211,8 +211,12 @@ def computed_px(job: Job, tiling: Tiling) -> int:
 
 
 def _tiled_peak(job: Job, tiling: Tiling, with_states: bool) -> int:
-    return estimate.tiled_bytes(job.spec, job.direction, job.pixels, tiling.tile_px, job.esize,
-                                ram_store=with_states, computed_px=computed_px(job, tiling))  # fmt: skip
+    # at least one whole tile -- no larger than the image: a 2048x768 decode asked for 4096-px tiles
+    # runs one 2048x768 tile, and was estimated at 10x the full decode as a 4096^2 one
+    h, w = (v * job.downscale for v in job.lat_hw)
+    tile = min(tiling.tile_px, h) * min(tiling.tile_px, w)
+    return estimate.tiled_bytes(job.spec, job.direction, job.pixels, 0, job.esize, ram_store=with_states,
+                                computed_px=max(tile, computed_px(job, tiling)))  # fmt: skip
 
 
 def peak_bytes(job: Job, tiling: Tiling, budget: int, disk: bool | None = None) -> int:

@@ -354,3 +354,24 @@ def test_gpu_tile_states_stay_on_the_device_or_wait_in_pinned_host_ram():
     b = decode(m, z, tiled=True, tile=256, overlap=64, device=dev, budget=64 << 20, info=tight)
     assert (roomy.store, tight.store) == ("device", "host")
     assert psnr(a, full) >= 40 and psnr(b, full) >= 40 and psnr(a, b) >= 60
+
+
+def test_the_run_estimate_of_a_tile_larger_than_the_image_is_the_images():
+    # `decode --tile 4096` on a 2048x768 latent runs one 2048x768 tile: its estimate (the run's and the
+    # CLI's "as tiled") read 10x the full decode's, counting a 4096^2 tile.
+    from engine.formatting import tiles_text
+    from engine.vae import choice, estimate
+
+    spec = estimate.VaeSpec("kl", 4, estimate.SD_VAE_WEIGHTS)
+    job = choice.Job(spec, "decode", (96, 256), 1, 8, 4, False)
+    one = choice.choose(job, 1 << 40, "tiled", 4096, 64)
+    assert len(one.rects) == 1
+    full = estimate.full_bytes(spec, "decode", job.pixels, 4)
+    tiled = choice.peak_bytes(job, one, 1 << 40, disk=True)  # the tile states on disk: not counted
+    assert full < tiled < 1.1 * full  # the head's output and the float32 result beside the one tile
+    # where the image is bigger than the tile, a tile still counts whole
+    small = choice.choose(job, 1 << 40, "tiled", 256, 64)
+    assert choice.peak_bytes(job, small, 1 << 40, disk=True) >= estimate.tiled_bytes(
+        spec, "decode", job.pixels, 256, 4
+    )
+    assert tiles_text(1, 4096) == "one tile (the whole image)" and tiles_text(12, 512) == "12 tiles of 512 px"
