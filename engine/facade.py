@@ -29,13 +29,14 @@ def _prefixes(f) -> tuple[dict[str, str], str | None]:
     (from the header already read: detection never reads it again), and the file's architecture. The
     `other` bucket is not a component."""
     from .detect.core import detect_index
-    from .detect.result import NOT_A_MODEL
+    from .detect.result import not_a_model
 
     det = detect_index(f.index(), path=f.path)
     if det.error is not None and not det.components:
         raise FormatError(f"{os.path.basename(f.path)}: {det.error.message}")
-    if det.kind in NOT_A_MODEL:  # weights, but no model to load by themselves (no component)
-        raise InvalidRequest(f"{os.path.basename(f.path)} is {NOT_A_MODEL[det.kind]}")
+    what = not_a_model(det.kind)
+    if what is not None:  # weights, but no model to load by themselves (no component)
+        raise InvalidRequest(f"{os.path.basename(f.path)} is {what}")
     return {n: c.prefix for n, c in det.components.items() if n != "other"}, det.architecture
 
 
@@ -331,7 +332,7 @@ class Engine:
         base_det = detect_index(ba)  # header-only; names the base in a "does not fit" warning
         if base_det.kind in NOT_A_MODEL:  # two LoRAs: no model for the coverage to be about
             raise InvalidRequest(
-                f"the base {os.path.basename(base)} is {NOT_A_MODEL[base_det.kind].split(':')[0]}: "
+                f"the base {os.path.basename(base)} is {NOT_A_MODEL[base_det.kind]}: "
                 "give the model the LoRA patches"
             )
         arch = base_det.architecture

@@ -95,7 +95,7 @@ def make_plan(
     """The Plan JSON of DESIGN.md for `model` on the selected device (or a hypothetical one of
     `vram_gb` GiB; on a CPU-only machine that device is assumed to compute fp16 and bf16)."""
     from .detect import detect_file
-    from .detect.result import NOT_A_MODEL
+    from .detect.result import not_a_model
     from .devices import DeviceInfo, budget_bytes, detect_devices, reserve_bytes_for
     from .errors import InvalidRequest, UnsupportedModel, from_json
     from .model.dtypes import overrides_from_options, place, role_of
@@ -105,8 +105,9 @@ def make_plan(
     det = detect_file(model)
     if det.error is not None:
         raise from_json(det.error.to_json(), model)
-    if det.kind in NOT_A_MODEL:  # weights of no model: there is nothing to place
-        raise InvalidRequest(f"{model}: this is {NOT_A_MODEL[det.kind]}; give the model with --model")
+    what = not_a_model(det.kind)
+    if what is not None:  # weights of no model: there is nothing to place
+        raise InvalidRequest(f"{model}: this is {what}; give the model with --model")
     if det.format not in ("safetensors", "gguf"):
         raise UnsupportedModel(f"{model}: plans are made for .safetensors and .gguf files for now")
     info = report.selected

@@ -75,11 +75,10 @@ _NOT_STEPPED = {
 
 def _not_stepped(kind: str) -> str | None:
     """What a file of `kind` is and what runs it, when `step` has no forward of its own to time."""
-    from ..detect.result import NOT_A_MODEL  # LoRAs and embeddings: no model at all
+    from ..detect.result import not_a_model  # LoRAs and embeddings: no model at all
 
-    if kind in NOT_A_MODEL:
-        return f"{NOT_A_MODEL[kind]}; {_RUNS}"
-    return _NOT_STEPPED.get(kind)
+    what = not_a_model(kind)
+    return f"{what}; {_RUNS}" if what is not None else _NOT_STEPPED.get(kind)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,16 +31,14 @@ def detect_file(path: str | os.PathLike, *, read_values: bool = False) -> Detect
         size = st.st_size
         # Imported here, so the catalog's error_detection and guarded do not load the rules.
         from ..formats import open_index, sniff
-        from ..formats.magic import HEAD_BYTES, what_is
+        from ..formats.magic import what_file_is
         from .core import detect_index
 
         fmt = sniff(p)
         if fmt == "empty":
             raise FormatError("the file is empty (0 bytes): an interrupted download or copy?")
         if fmt == "unknown":
-            with open(p, "rb") as f:
-                head = f.read(HEAD_BYTES)
-            what = what_is(head)
+            what = what_file_is(p)
             if size < 64 and what != "a text file":
                 raise FormatError(f"the file is only {size} bytes long: a truncated download?")
             raise FormatError(f"this is {what}, not a model file")

@@ -31,14 +31,20 @@ KINDS = (
 )
 COMPONENT_ORDER = ("unet", "transformer", "clip_l", "clip_g", "clip_h", "t5xxl", "vae", "other")
 
-# Kinds whose weights are no model of their own, each with what it is and where it goes: every command
+# Kinds whose weights are no model of their own, with what each is and where it goes: every command
 # that takes a model (load, the coverage's base, plan, step) refuses them in these words. The one place
 # that lists them.
-NOT_A_MODEL = {
-    "lora": "a LoRA: it patches a model (give it with --lora beside the model, or add it to the LoRA stack), "
-    "and is not loaded alone",
-    "embedding": "a textual-inversion embedding: it belongs in a prompt, and is not loaded alone",
+NOT_A_MODEL = {"lora": "a LoRA", "embedding": "a textual-inversion embedding"}
+_GOES = {
+    "lora": "it patches a model (give it with --lora beside the model, or add it to the LoRA stack)",
+    "embedding": "it belongs in a prompt",
 }
+
+
+def not_a_model(kind: str) -> str | None:
+    """'a LoRA: it patches a model (…), and is not loaded alone' for a kind in NOT_A_MODEL, else None."""
+    return f"{NOT_A_MODEL[kind]}: {_GOES[kind]}, and is not loaded alone" if kind in NOT_A_MODEL else None
+
 
 _EMPTY: Mapping = MappingProxyType({})
 

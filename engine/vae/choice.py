@@ -211,10 +211,8 @@ def computed_px(job: Job, tiling: Tiling) -> int:
 
 
 def _tiled_peak(job: Job, tiling: Tiling, with_states: bool) -> int:
-    # at least one whole tile -- no larger than the image: a 2048x768 decode asked for 4096-px tiles
-    # runs one 2048x768 tile, and was estimated at 10x the full decode as a 4096^2 one
-    h, w = (v * job.downscale for v in job.lat_hw)
-    tile = min(tiling.tile_px, h) * min(tiling.tile_px, w)
+    # at least one whole tile (estimate.one_tile_px: never larger than the image)
+    tile = estimate.one_tile_px(tiling.tile_px, tuple(v * job.downscale for v in job.lat_hw))
     return estimate.tiled_bytes(job.spec, job.direction, job.pixels, 0, job.esize, ram_store=with_states,
                                 computed_px=max(tile, computed_px(job, tiling)))  # fmt: skip
 

@@ -162,6 +162,13 @@ def store_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int, overhead
     return int(spec.k_store(direction) * pixels * esize * overhead)
 
 
+def one_tile_px(tile_px: int, hw: tuple[int, int]) -> int:
+    """Output pixels of one `tile_px` tile of an (h, w) image: never more than the image -- a 256x192
+    image in 512-px tiles is one 256x192 tile (counted as 512^2 it read 2x the full decode's estimate,
+    and a 4096-px tile of a 2048x768 latent 10x)."""
+    return min(tile_px, hw[0]) * min(tile_px, hw[1])
+
+
 def tiled_bytes(
     spec: VaeSpec, direction: str, pixels: int, tile_px: int, esize: int, *, ram_store: bool = False,
     computed_px: int = 0,
@@ -243,10 +250,8 @@ def _estimate(
         return video_bytes(spec, px, latent_frames, esize, tile_px=tile, tile_frames=n, tile_area=tile_area)
     if tile is None:
         return full_bytes(spec, direction, px, esize)
-    # each image's tile, which cannot be larger than the image: a 256^2 image in 512-px tiles is one
-    # 256^2 tile, never a 512^2 one (that read 2x the full decode's estimate for a single-tile run)
-    th, tw = (tile, tile) if hw is None else (min(tile, hw[0]), min(tile, hw[1]))
-    return tiled_bytes(spec, direction, px, 0, esize, computed_px=th * tw * batch)
+    one = tile * tile if hw is None else one_tile_px(tile, hw)
+    return tiled_bytes(spec, direction, px, 0, esize, computed_px=one * batch)  # each image's tile
 
 
 def estimate_decode_bytes(
@@ -284,14 +289,5 @@ def estimate_encode_bytes(
     weight_bytes: int | None = None,
 ) -> int:
     """As estimate_decode_bytes, for encoding a width x height image."""
-    return _estimate(
-        "encode",
-        width * height * batch,
-        kind,
-        latent_channels,
-        dtype,
-        tile,
-        weight_bytes,
-        batch=batch,
-        hw=(height, width),
-    )
+    return _estimate("encode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes,
+                     batch=batch, hw=(height, width))  # fmt: skip
