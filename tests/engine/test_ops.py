@@ -155,3 +155,53 @@ def test_the_gemm_convolution_gives_the_same_bits_wherever_the_weight_lives():
         assert moved.data_ptr() % 64 == op.weight.data_ptr() % 64
         op.weight = nn.Parameter(moved, requires_grad=False)
         assert torch.equal(op(x), want)
+
+
+def test_group_statistics_from_channel_statistics():
+    """The law of total variance: per-channel means and variances give each group's exactly, also for a
+    channel that is constant and groups whose channels sit far apart."""
+    g = torch.Generator().manual_seed(3)
+    x = (
+        torch.randn(2, 8, 6, 5, generator=g, dtype=torch.float64) * 2
+        + torch.randn(2, 8, 1, 1, generator=g) * 40
+    )
+    x[1, 3] = 7.0
+    var_c, mean_c = torch.var_mean(x, dim=(2, 3), correction=0)
+    mean, var = ops.groups_of_channels(mean_c, var_c, 4)
+    want_var, want_mean = torch.var_mean(x.reshape(2, 4, -1), dim=2, correction=0)
+    assert mean.dtype == var.dtype == torch.float32
+    torch.testing.assert_close(mean, want_mean.float(), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(var, want_var.float(), rtol=1e-6, atol=1e-5)
+    w, b = torch.rand(8, dtype=torch.float64) + 0.5, torch.randn(8, dtype=torch.float64)
+    got = ops.group_norm_with_stats(x.float(), 4, mean, var, w.float(), b.float(), 1e-6)
+    torch.testing.assert_close(
+        got, torch.nn.functional.group_norm(x, 4, w, b, 1e-6).float(), rtol=1e-4, atol=1e-4
+    )
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_large_groups_on_cuda_normalise_as_torch_does():
+    """Above FAST_GN_ELEMS a GroupNorm on the GPU takes per-channel statistics (group_stats): the same
+    result as torch's kernel to fp16 rounding, a constant channel included; below it, torch's own."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shape = (2, 64, 512, 512)  # 2^19 elements per group of 2 channels
+    x = (
+        torch.randn(shape, device="cuda", generator=g) * 3
+        + torch.randn(2, 64, 1, 1, device="cuda", generator=g) * 5
+    )
+    x[0, 5] = 2.5
+    w = 1 + 0.1 * torch.randn(64, device="cuda", generator=g)
+    b = 0.1 * torch.randn(64, device="cuda", generator=g)
+    assert x[0, 0].numel() * 2 >= ops.FAST_GN_ELEMS
+    want = torch.nn.functional.group_norm(x.double(), 32, w.double(), b.double(), 1e-6)
+    torch.testing.assert_close(ops.group_norm(x, 32, w, b, 1e-6).double(), want, rtol=1e-4, atol=1e-4)
+    h, wh, bh = x.half(), w.half(), b.half()
+    native = torch.nn.functional.group_norm(h, 32, wh, bh, 1e-6).double()
+    ours = ops.group_norm(h, 32, wh, bh, 1e-6)
+    assert ours.dtype == torch.float16
+    assert (ours.double() - want).abs().max() <= 2 * (native - want).abs().max()
+    small = x[:, :, :8, :8].contiguous()
+    assert torch.equal(
+        ops.group_norm(small, 32, w, b, 1e-6), torch.nn.functional.group_norm(small, 32, w, b, 1e-6)
+    )
