@@ -125,7 +125,7 @@ def video_vae(device: str, dim: int) -> None:
 def kl_vae(device: str, ch: int, sizes: list[int]) -> None:
     """The SD VAE's layout at base width `ch` (random weights; float16 on CUDA): full decode against
     512-px tiles with 64 px overlap -- their states kept on the device (the budget holds them), and in
-    pinned host RAM (a 1 GiB budget: smaller tiles, one at a time) -- seconds (after one warm-up),
+    pinned host RAM (a 1 GiB budget: smaller tiles, one at a time) -- seconds (the best of two),
     peak above the weights, PSNR against the full decode."""
     import torch
     from vae_fixtures import psnr, small_kl
@@ -142,7 +142,10 @@ def kl_vae(device: str, ch: int, sizes: list[int]) -> None:
         z = torch.randn(1, 4, size // 8, size // 8, generator=torch.Generator().manual_seed(size))
         full = None
         for name, kw in runs:
+            # the best of two: a tiled run's first one also pays for each new tile shape's first
+            # convolutions (0.29-0.59 s for the same 1024^2 tiling on an H100, 2026-11-26)
             out, seconds, peak, info = timed_decode(vae, z, device, dtype, **kw)
+            seconds = min(seconds, timed_decode(vae, z, device, dtype, **kw)[1])
             if full is None:
                 full = (out, seconds, peak)
             emit(check=f"kl vae ch{ch} {size}x{size}: {name}", device=device, dtype=str(dtype).removeprefix("torch."),
