@@ -48,7 +48,9 @@ def sd15(tmp_path_factory):
     config = diffusers_unet_config(SD1, "sd1")
     diff = write(d / "sd15_unet_diffusers.safetensors", convert_ldm_unet_checkpoint(w, config))
     del w
-    return d, ldm, diff
+    yield d, ldm, diff
+    for p in (ldm, diff):  # 6.9 GB: not left for pytest's tmp-path retention
+        p.unlink(missing_ok=True)
 
 
 @pytest.mark.slow
