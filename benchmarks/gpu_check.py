@@ -28,7 +28,7 @@ msgspec, platformdirs, gguf, diffusers and importlib_metadata travel as wheels i
    kernels), and the full run is repeated after the partial ones (a first-run effect shows as a change);
    the card is kept busy for half a second before each timed configuration (warm_gpu).
 
-`--sections tests,video,kl,step` picks checks; the whole run takes about 3 minutes on an H200.
+`--sections tests,video,kl,gn,step` picks checks (gn: torch's GroupNorm against ops.group_norm); the whole run takes about 3 minutes on an H200.
 
 Each figure is one JSON line on stdout. `--device cpu --dim 16` runs the same code here (peaks are then
 not measured) to check the script before a GPU session spends its minutes on it.
@@ -310,6 +310,24 @@ def gpu_step(folder: Path, family: str, steps: int, device: str) -> None:
          rel_l2_vs_plain=rel(whole, plain))  # fmt: skip
 
 
+def groupnorm(device: str) -> None:
+    """torch's GroupNorm against ops.group_norm (per-channel statistics above ops.FAST_GN_ELEMS) on
+    the VAE's and a UNet's shapes, fp16: milliseconds and errors against float64 (GPU only)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    from groupnorm_probe import SHAPES, one_shape
+
+    g = torch.Generator(device=device).manual_seed(0)
+    for shape in SHAPES:
+        row = one_shape(shape, g)
+        emit(check=f"groupnorm {'x'.join(map(str, shape))} fp16", **row,
+             speedup=round(row["native"]["ms"] / row["ops"]["ms"], 3))  # fmt: skip
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -319,7 +337,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="forward passes per step configuration")
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument("--families", default="sd15,flux,wan", help="denoisers to step (bench_step's families)")
-    ap.add_argument("--sections", default="tests,video,kl,step", help="which checks run")
+    ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")
     ap.add_argument("--kl-ch", type=int, default=128, help="the KL VAE's base width (128: the real SD VAE)")
     ap.add_argument("--kl-sizes", default="1024,2048", help="output sizes of the KL VAE decodes")
     a = ap.parse_args()
@@ -334,6 +352,8 @@ def main() -> None:
         video_vae(a.device, a.dim)
     if "kl" in sections:
         kl_vae(a.device, a.kl_ch, [int(v) for v in a.kl_sizes.split(",")])
+    if "gn" in sections:
+        groupnorm(a.device)
     if "step" in sections:
         import tempfile
 

@@ -8,6 +8,7 @@ repository root (the wheels of gpu_check on the path):
 Its output on an H100: benchmarks/gpu/2026-11-26-h100-groupnorm.txt.
 """
 
+import json
 import statistics
 import sys
 import time
@@ -40,7 +41,8 @@ def cuda_ms(fn, reps: int = 20) -> float:
     return statistics.median(ts)
 
 
-def one_shape(shape, g) -> str:
+def one_shape(shape, g) -> dict:
+    """Each way's milliseconds and its largest and RMS error against float64, for one fp16 input."""
     x = torch.randn(shape, device="cuda", generator=g) * 3
     x = (x + torch.randn(shape[:2] + (1, 1), device="cuda", generator=g) * 5).half()
     c = shape[1]
@@ -55,12 +57,12 @@ def one_shape(shape, g) -> str:
     ways = {"native": lambda x: F.group_norm(x, 32, w, b, 1e-6), "ops": lambda x: ops.group_norm(x, 32, w, b, 1e-6),
             "ops-force": lambda x: ops.group_norm_with_stats(x, 32, *ops.group_stats(x, 32), w, b, 1e-6),
             "moments": moments}  # fmt: skip
-    row = [f"{shape}", f"row={x[0, 0].numel() * c // 32}"]
+    row = {"shape": list(shape), "per_group": x[0, 0].numel() * c // 32}
     for name, fn in ways.items():
         d = fn(x).double() - ref
-        row.append(f"{name} {cuda_ms(lambda fn=fn: fn(x)):.3f}ms maxerr {float(d.abs().max()):.2e} "
-                   f"rms {float(d.square().mean().sqrt()):.2e}")  # fmt: skip
-    return " | ".join(row)
+        row[name] = {"ms": round(cuda_ms(lambda fn=fn: fn(x)), 4), "max_err": float(d.abs().max()),
+                     "rms_err": float(d.square().mean().sqrt())}  # fmt: skip
+    return row
 
 
 def decodes() -> None:
@@ -88,7 +90,7 @@ def decodes() -> None:
 def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     for shape in SHAPES:
-        print(one_shape(shape, g), flush=True)
+        print(json.dumps(one_shape(shape, g)), flush=True)
         torch.cuda.empty_cache()
     decodes()
 
