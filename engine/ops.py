@@ -280,16 +280,16 @@ def group_stats(x: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.T
     return groups_of_channels(mean_c.view(n, c), var_c.view(n, c), num_groups)
 
 
-def groups_of_channels(mean_c: torch.Tensor, var_c: torch.Tensor, num_groups: int):
-    """(N, C) per-channel means and biased variances -> (N, groups) ones, in float32: the law of total
+def groups_of_channels(mean_c: torch.Tensor, var_c: torch.Tensor, num_groups: int, dtype=torch.float32):
+    """(N, C) per-channel means and biased variances -> (N, groups) ones, in `dtype`: the law of total
     variance over channels of equal size -- the mean of the channels' variances plus the variance of
-    their means --, in float64."""
+    their means --, computed in float64."""
     n, c = mean_c.shape
     mean_c = mean_c.double().view(n, num_groups, c // num_groups)
     var_c = var_c.double().view(n, num_groups, c // num_groups)
     mean = mean_c.mean(dim=2)
     var = var_c.mean(dim=2) + (mean_c - mean.unsqueeze(2)).square().mean(dim=2)
-    return mean.float(), var.float()
+    return mean.to(dtype), var.to(dtype)
 
 
 def group_norm_with_stats(x, num_groups, mean, var, weight, bias, eps):
@@ -315,8 +315,9 @@ def group_moments(x: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch
     """Per-(N, group) count, mean and M2 (sum of squared deviations) of x, in float64, for combining
     statistics over tiles with Chan's parallel formula. Per channel first, in two passes: the mean
     (a plain sum), then the squared distances from it, a band of rows at a time, so a non-contiguous
-    crop of x is never copied whole. As stable as Welford's var_mean (the second pass is centred)
-    and 5x sooner: 16 ms against 94 ms for 32 x 1028^2 in float32, 2 threads."""
+    crop of x is never copied whole; then per group (groups_of_channels). As stable as Welford's
+    var_mean (the second pass is centred) and 5x sooner: 16 ms against 94 ms for 32 x 1028^2 in
+    float32, 2 threads."""
     n, c = x.shape[:2]
     dims = tuple(range(2, x.dim()))
     m = x[0, 0].numel()
@@ -329,11 +330,9 @@ def group_moments(x: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch
         band = x[:, :, r : r + rows].float() - shift
         m2_c += torch.linalg.vector_norm(band, dim=dims).double().square()
         del band
-    mean_c = mean_c.double().view(n, num_groups, c // num_groups)
-    m2_c = m2_c.view(n, num_groups, c // num_groups)
-    mean_g = mean_c.mean(dim=2)
-    m2_g = m2_c.sum(dim=2) + (m * (mean_c - mean_g.unsqueeze(2)) ** 2).sum(dim=2)
-    return mean_g, m2_g, m * (c // num_groups)
+    count = m * (c // num_groups)
+    mean_g, var_g = groups_of_channels(mean_c, m2_c / m, num_groups, torch.float64)
+    return mean_g, var_g * count, count
 
 
 BAND_BYTES = 2 << 20  # group_moments' temporary: a band of rows of x in float32
