@@ -166,12 +166,16 @@ def box(t: Tile, scale: float, halo: int, hw: tuple[int, int]) -> tuple[int, int
 
 
 class Exchange:
-    """The strips of each tile's core that its neighbours' next pass reads as halo: copied out
-    (small) when a tile's pass ends, so a core is needed by its own tile only and leaves the store
-    when that tile runs again."""
+    """The strips of each tile's core that its neighbours' next pass reads as halo, given when a tile's
+    pass ends. A neighbour that runs that pass no later than the giver (its batch comes first, or is
+    the same) reads the strip straight from the giver's state: a view, when the store keeps that very
+    tensor (`shared`), for nothing touches a core before its own tile runs again. A neighbour that runs
+    later gets a copy (small), so a core is needed by its own tile only and leaves the store when that
+    tile runs again. Copies are what a GPU decode pays for in launches: half of them are saved."""
 
-    def __init__(self, tiles: list[Tile], hw: tuple[int, int], reach: int):
+    def __init__(self, tiles: list[Tile], hw: tuple[int, int], reach: int, order: list[int] | None = None):
         self.tiles, self.hw = tiles, hw
+        self.order = order or list(range(len(tiles)))  # per tile, its batch's place in a pass
         self.strips: dict[tuple[int, int, int], list[tuple[int, int, torch.Tensor]]] = {}
         # the tiles whose core may lie in tile i's halo: within `reach` latent units of its core
         self.near = [
@@ -179,9 +183,12 @@ class Exchange:
             for i, a in enumerate(tiles)
         ]
 
-    def give(self, p: int, i: int, k: int, core: torch.Tensor, scale: float, halo: int) -> None:
+    def give(
+        self, p: int, i: int, k: int, core: torch.Tensor, scale: float, halo: int, shared: bool = False
+    ) -> None:
         """Tile i's core of state entry k (at `scale`) as its neighbours' halos of `halo` px in pass
-        p (a neighbour may still have to run the pass before: strips are kept per pass)."""
+        p (a neighbour may still have to run the pass before: strips are kept per pass). `shared`:
+        `core` is a view of what the store keeps, untouched until tile i runs pass p."""
         if halo <= 0:
             return
         mine = box(self.tiles[i], scale, 0, self.hw)
@@ -190,7 +197,9 @@ class Exchange:
             y0, y1 = max(mine[0], want[0]), min(mine[1], want[1])
             x0, x1 = max(mine[2], want[2]), min(mine[3], want[3])
             if y0 < y1 and x0 < x1:
-                part = core[:, :, y0 - mine[0] : y1 - mine[0], x0 - mine[2] : x1 - mine[2]].clone()
+                part = core[:, :, y0 - mine[0] : y1 - mine[0], x0 - mine[2] : x1 - mine[2]]
+                if not (shared and self.order[j] <= self.order[i]):
+                    part = part.clone()
                 self.strips.setdefault((p, j, k), []).append((y0 - want[0], x0 - want[2], part))
 
     def take(self, out: torch.Tensor, p: int, j: int, k: int) -> None:

@@ -31,6 +31,7 @@ from .. import ops
 from ..jobs import CancelToken, Progress, Report, TileDone, no_report
 from ..memory import trim_heap
 from .choice import Tile, batch_tiles, box_px, plan_tiles  # noqa: F401  (the run's tiles and batches)
+from .groupstats import Moments
 from .halo import Exchange, Plan, box, core_in, cut, gather
 
 
@@ -56,6 +57,10 @@ class TileStore:
             host.copy_(t, non_blocking=True)
             return host
         return t.to(self.home)
+
+    def keeps(self, t: torch.Tensor) -> bool:
+        """Whether `put` keeps t itself (not a copy): it stays as it is until `get` hands it back."""
+        return t.device == self.home
 
     def put(self, i: int, tensors: list[torch.Tensor | None]) -> None:
         old = self._items.get(i, [])
@@ -90,6 +95,9 @@ class DiskStore(TileStore):
         # rewriting pages the page cache already holds is cheaper than allocating fresh ones.
         self._spare: list[Path] = []
         self._files = 0
+
+    def keeps(self, t: torch.Tensor) -> bool:
+        return False
 
     def _file(self) -> Path:
         if self._spare:
@@ -323,13 +331,18 @@ def run_tiled(
     px = max(in_scale, out_scale)  # image pixels per latent unit, either way
     batches = batch_tiles(tiles, px, batch_px)
     reach = max([h / sc for sc, h in plan.x] + [h / sc for st in plan.stack for sc, h in st])
-    ex = Exchange(tiles, hw, max(1, math.ceil(reach)))
+    order = [0] * len(tiles)
+    for b, batch in enumerate(batches):
+        for i in batch:
+            order[i] = b
+    ex = Exchange(tiles, hw, max(1, math.ceil(reach)), order)
     cpu = dev.type == "cpu"
+    finite: list[torch.Tensor] = []  # per pass with statistics: whether they are finite
     try:
         for p, seg in enumerate(segs):
             last = p == len(segs) - 1
             scale, halo = plan.x[p]
-            acc = None
+            moments = Moments(n)
             for b, batch in enumerate(batches):
                 if token is not None:
                     token.raise_if_cancelled()
@@ -343,10 +356,9 @@ def run_tiled(
                     kept = [h for _, h in plan.kept[p - 1]]
                     held, stack = gather(stored, kept, want, ex, p, tiles, batch, hw, n)
                     del stored
-                bstats = None if stats is None else tuple(v.repeat(len(batch), 1) for v in stats)
                 # x may be overwritten in place unless it is (a view of) a tensor on the skip stack
                 own = not any(t is not None and _shares(held[0], t) for t in stack)
-                x, end = _run_steps(seg, held, stack, scale, bstats, own=own)
+                x, end = _run_steps(seg, held, stack, scale, stats, own=own)
                 if last:
                     for j, i in enumerate(batch):
                         ys, xs = core_in(tiles[i], end, halo * end / scale, hw)
@@ -356,6 +368,8 @@ def run_tiled(
                     groups = segs[p + 1][0][1].num_groups if segs[p + 1][0][0] == "gn" else 0
                     state = [x, *stack]
                     kept = plan.kept[p]
+                    if groups:
+                        _add_moments(moments, x, [core_in(tiles[i], *kept[0], hw) for i in batch], n)
                     for j, i in enumerate(batch):
                         for k, (t, (sc, h)) in enumerate(zip(state, kept, strict=True)):
                             if t is None:  # carried, still in the store: its strips were given
@@ -363,9 +377,7 @@ def run_tiled(
                             ys, xs = core_in(tiles[i], sc, h, hw)
                             core = t[j * n : (j + 1) * n, :, ys, xs]
                             q, want = plan.next_use(p, k)
-                            ex.give(q, i, k, core, sc, want)
-                            if k == 0 and groups:
-                                acc = ops.combine_moments(acc, ops.group_moments(core, groups))
+                            ex.give(q, i, k, core, sc, want, store.keeps(t))
                             del core
                     # The whole tensors, halo and all: the next pass reads them in place (a view)
                     # where its halo is no wider, and only the halo is replaced (by the strips).
@@ -386,17 +398,36 @@ def run_tiled(
                             stage, done, total, f"pass {p + 1}/{len(segs)}, tile {i + 1}/{len(tiles)}", tile
                         )
                     )
-            if acc is not None:
-                mean, m2, cnt = acc
-                stats = (mean, m2 / cnt)
-                if check_finite and not (torch.isfinite(mean).all() and torch.isfinite(stats[1]).all()):
-                    raise NonFinite(f"GroupNorm statistics overflowed in pass {p + 1}")
+            if moments.parts:
+                stats = moments.stats(groups)
+                if check_finite:
+                    finite.append(torch.isfinite(stats.mean).all() & torch.isfinite(stats.var).all())
+                    if cpu:
+                        _check_finite(finite)
             elif not last:
                 stats = None
-            del acc
+            del moments
+        # On a GPU, checked once: a check at every pass would wait there for the GPU to catch up
+        _check_finite(finite)
     finally:
         store.close()
     return out
+
+
+def _add_moments(moments: Moments, x: torch.Tensor, cores: list[tuple[slice, slice]], n: int) -> None:
+    """The moments of a batch's cores (tile j's: rows j*n.. of x, region cores[j]): in one reduction
+    when every core lies in the same region of its tile (tiles of one shape away from the image's
+    edges), else tile by tile."""
+    if all(c == cores[0] for c in cores):
+        moments.add(x[:, :, cores[0][0], cores[0][1]])
+        return
+    for j, (ys, xs) in enumerate(cores):
+        moments.add(x[j * n : (j + 1) * n, :, ys, xs])
+
+
+def _check_finite(finite: list[torch.Tensor]) -> None:
+    if finite and not bool(torch.stack(finite).all()):
+        raise NonFinite("GroupNorm statistics overflowed")
 
 
 def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:

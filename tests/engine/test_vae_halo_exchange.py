@@ -108,3 +108,34 @@ def test_disk_store_keeps_a_carried_entry_without_reading_or_writing_it(tmp_path
         assert sorted(p.name for p in store.dir.iterdir()) == files  # x's old file was overwritten
     finally:
         store.close()
+
+
+def test_halos_read_in_place_equal_halos_copied(monkeypatch):
+    """A neighbour that runs a pass no later than the giver reads its halo straight from the giver's
+    stored state (RAM store: no copy); the disk store copies every strip. Both give the same image bit
+    for bit — with a batch of 2 latents, uneven tiles on every side, one tile at a time and batched —
+    and the RAM run copies about half as many strips."""
+    vae = small_kl(seed=4)
+    z = torch.randn(2, 4, 21, 19, generator=_gen(9))
+    clones = {"ram": 0, "disk": 0}
+    real_give = halo.Exchange.give
+
+    def give(self, p, i, k, core, scale, h, shared=False):
+        before = {key: len(v) for key, v in self.strips.items()}
+        real_give(self, p, i, k, core, scale, h, shared)
+        new = [part for key, v in self.strips.items() for _, _, part in v[before.get(key, 0) :]]
+        home = core.untyped_storage().data_ptr()
+        clones[kind] += sum(part.untyped_storage().data_ptr() != home for part in new)
+
+    monkeypatch.setattr(halo.Exchange, "give", give)
+    out = {}
+    for kind, disk in (("ram", False), ("disk", True)):
+        out[kind] = decode(vae, z, tiled=True, tile=64, overlap=16, disk_store=disk)
+    assert torch.equal(out["ram"], out["disk"])
+    assert 0 < clones["ram"] < 0.6 * clones["disk"]
+    real = tiling.batch_tiles
+    monkeypatch.setattr(tiling, "batch_tiles", lambda tiles, s, px: real(tiles, s, 64 * 64 * 4))
+    info = RunInfo()
+    batched = decode(vae, z, tiled=True, tile=64, overlap=16, disk_store=False, info=info)
+    assert info.tiles == 16
+    torch.testing.assert_close(batched, out["ram"], rtol=0, atol=2e-5)

@@ -19,6 +19,7 @@ from engine.formats.safetensors import save_tensors
 from engine.jobs import CancelToken
 from engine.vae import LATENT_FORMATS, estimate_decode_bytes, estimate_encode_bytes, load_vae
 from engine.vae.autoencoder_kl import AutoencoderKL, KLConfig
+from engine.vae.groupstats import Moments
 from engine.vae.run import RunInfo, decode, encode
 
 
@@ -228,6 +229,7 @@ from engine.errors import Cancelled
 from engine.jobs import CancelToken
 from engine.memory import trim_heap
 from engine.vae.autoencoder_kl import AutoencoderKL, KLConfig
+from engine.vae.groupstats import Moments
 from engine.vae.run import decode
 
 def rss():
@@ -328,19 +330,26 @@ def test_gpu_oom_retries_with_smaller_tiles():
 
 
 def test_group_norm_with_combined_tile_statistics_equals_whole():
-    """ops.GroupNorm with statistics combined over pieces (Chan's formula) is the whole-image norm."""
+    """ops.GroupNorm with statistics combined over pieces of unequal sizes (Chan's formula, a piece
+    holding two tiles' cores stacked on the batch among them) is the whole-image norm."""
     g = torch.Generator().manual_seed(3)
     gn = ops.GroupNorm(4, 8)
     with torch.no_grad():
         gn.weight.copy_(torch.randn(8, generator=g))
         gn.bias.copy_(torch.randn(8, generator=g))
-    x = torch.randn(2, 8, 10, 14, generator=g) * 3 + 1
-    acc = None
-    for part in (x[:, :, :4, :5], x[:, :, :4, 5:], x[:, :, 4:, :]):
-        acc = ops.combine_moments(acc, ops.group_moments(part, 4))
-    mean, m2, n = acc
-    assert n == 2 * 140
-    torch.testing.assert_close(gn(x, (mean, m2 / n)), gn(x), atol=1e-5, rtol=1e-5)
+    x = torch.randn(2, 8, 10, 14, generator=g) * 3 + torch.randn(1, 8, 1, 1, generator=g) * 20
+    moments = Moments(2)
+    moments.add(torch.cat([x[:, :, :4, :5], x[:, :, :4, 5:10]]))  # two tiles of one shape, one part
+    for part in (x[:, :, :4, 10:], x[:, :, 4:, :]):
+        moments.add(part)
+    stats = moments.stats(4)
+    want_var, want_mean = torch.var_mean(x.double().reshape(2, 4, -1), dim=2, correction=0)
+    torch.testing.assert_close(stats.mean, want_mean, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(stats.var, want_var, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gn(x, stats), gn(x), atol=1e-5, rtol=1e-5)
+    # a batch of two tiles, each normalised with the image's statistics: the same as one by one
+    two = torch.cat([x[:, :, :5], x[:, :, 5:]])
+    torch.testing.assert_close(gn(two, stats), torch.cat([gn(x[:, :, :5], stats), gn(x[:, :, 5:], stats)]))
 
 
 @pytest.mark.cuda
