@@ -1,11 +1,12 @@
 """Child process for bench_vae.py: one decode/encode in a fresh interpreter, peak RSS measured.
 
 Prints one JSON line: seconds, peak RSS (ru_maxrss) before and after, the run's info, and where asked
-the output saved for PSNR comparisons by the parent.
+the output saved for PSNR comparisons by the parent, or (`count_ops`) the number of torch ops run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import sys
@@ -27,25 +28,53 @@ def main() -> None:
     z = torch.randn(1, 4, h, w, generator=torch.Generator().manual_seed(1))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     info = run.RunInfo()
+    counter = _counter(cfg) if cfg.get("count_ops") else contextlib.nullcontext()
     t0 = time.perf_counter()
     tiled = cfg["mode"] == "tiled"
-    img = run.decode(
-        vae,
-        z,
-        tiled=tiled,
-        tile=cfg.get("tile"),
-        overlap=cfg.get("overlap"),
-        info=info,
-        disk_store=cfg.get("disk_store"),
-        budget=cfg.get("budget"),
-    )
+    with counter:
+        img = run.decode(
+            vae,
+            z,
+            tiled=tiled,
+            tile=cfg.get("tile"),
+            overlap=cfg.get("overlap"),
+            info=info,
+            disk_store=cfg.get("disk_store"),
+            budget=cfg.get("budget"),
+        )
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     est = info.tiling_estimate_bytes  # of what ran: a batch of tiles, states where they waited
     if cfg.get("save"):
         torch.save(img, cfg["save"])
     out = {"seconds": seconds, "peak_rss": peak, "base_rss": base, "estimate": est, **info.to_json()}
+    if cfg.get("count_ops"):
+        out["ops"] = counter.ops
     print(json.dumps(out))
+
+
+def _counter(cfg: dict):
+    """A dispatch mode counting the torch ops a decode runs (views aside: they launch nothing): on a
+    GPU each is a kernel launch or more, and a tiled decode there is bound by launching them. With
+    `gpu_bands` the executor's bands are sized as on a GPU (engine.ops.GPU_BAND_BYTES), so the count
+    is what a GPU run would dispatch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if cfg.get("gpu_bands"):
+        from engine import ops
+        from engine.vae import tiling
+
+        ops.BAND_BYTES = tiling.BAND_BYTES = ops.GPU_BAND_BYTES
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    return Count()
 
 
 if __name__ == "__main__":

@@ -119,6 +119,22 @@ def kl_bench(ch: int, size: int, big: int, tile: int, overlap: int, repeat: int 
             seconds=r["seconds"],
             ch=ch,
         )
+    # What a GPU run launches (ops with a GPU's bands, states kept in place), tiled against full: a
+    # tiled decode on a GPU is bound by launching kernels (benchmarks/gpu/*-kl-tiled-profile.txt).
+    # Deterministic: the bench check flags any growth.
+    ops = {
+        mode: child({**cfg, "count_ops": True, "gpu_bands": True, "disk_store": False})
+        for mode, cfg in (("full", full_cfg), ("tiled", tiled_cfg))
+    }
+    record(
+        f"{name}_tiled_vs_full_ops",
+        ops["tiled"]["ops"],
+        "ops",
+        baseline="full decode, torch ops (GPU-sized bands)",
+        baseline_value=ops["full"]["ops"],
+        tiles=ops["tiled"]["tiles"],
+        ch=ch,
+    )
     if big:
         tb = child(
             {
