@@ -253,6 +253,8 @@ class GroupNorm(FromFile, nn.GroupNorm):
 # 0.22 -> 0.28 ms (launches: the path's fixed cost), and a UNet's 320 x 64^2 0.04 -> 0.28 ms. The
 # full decode (from 2^20): 1.40x as fast at 1024^2, 1.29x at 2048^2, 1.19x at 512^2, 64.6-69.7 dB
 # from torch's GroupNorm (fp16 rounding), the same peak (benchmarks/gpu/2026-11-26-h100-groupnorm.txt).
+# Those timings rounded the scale and shift to fp16 before the last kernel; it now reads them in
+# float32 (scale_shift: one mixed-dtype kernel, as precise as torch's), not yet timed on a GPU.
 FAST_GN_ELEMS = 1 << 19
 
 
@@ -290,12 +292,13 @@ def groups_of_channels(mean_c: torch.Tensor, var_c: torch.Tensor, num_groups: in
     return mean.to(dtype), var.to(dtype)
 
 
-def group_scale_shift(c, num_groups, mean, var, weight, bias, eps, dtype):
+def group_scale_shift(c, num_groups, mean, var, weight, bias, eps, like: torch.dtype):
     """Per-(N, C) scale and shift, for C channels, that normalise with per-(N, group) mean and variance
-    and apply the affine weight and bias: computed in fp32 at least, returned in `dtype`."""
-    cdt = torch.promote_types(dtype, torch.float32)
+    and apply the affine weight and bias, for an input of dtype `like`: in float32 at least (float64
+    for a float64 input)."""
+    cdt = torch.promote_types(like, torch.float32)
     per = c // num_groups
-    rstd = torch.rsqrt(var.to(cdt) + eps)  # (N, G)
+    rstd = torch.rsqrt(var.to(cdt) + eps)  # (N, G); float64 statistics are rounded to cdt first
     scale = rstd.repeat_interleave(per, dim=1)  # (N, C)
     shift = -mean.to(cdt).repeat_interleave(per, dim=1) * scale
     if weight is not None:
@@ -303,23 +306,29 @@ def group_scale_shift(c, num_groups, mean, var, weight, bias, eps, dtype):
         shift = shift * weight.to(cdt)
     if bias is not None:
         shift = shift + bias.to(cdt)
-    return scale.to(dtype), shift.to(dtype)
+    return scale, shift
 
 
 def scale_shift(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """x * scale + shift per channel, one kernel: x (B * N, C, ...) holds B batches of N items (tiles
-    of a batch each), scale and shift are (N, C) and broadcast over the B (no copies of them)."""
+    """x * scale + shift per channel, in one kernel: x (B * N, C, ...) holds B batches of N items (tiles
+    of a batch each), scale and shift are (N, C) and broadcast over the B. They stay float32 for a
+    16-bit x, computed in float32 and rounded once into x's dtype (as torch's GroupNorm does):
+    rounded to fp16 / bf16 first, shift = bias - mean * scale loses the digits that cancel against
+    x * scale, and a channel whose mean is 16x its spread gave 6x torch's RMS error (bf16: 0.010
+    against 0.0017; fp16: 0.0013 against 0.00022)."""
     n, c = scale.shape
     view = (1, n, c) + (1,) * (x.dim() - 2)
-    y = torch.addcmul(shift.view(view), x.unflatten(0, (x.shape[0] // n, n)), scale.view(view))
-    return y.flatten(0, 1)
+    xs = x.unflatten(0, (x.shape[0] // n, n))
+    if x.dtype == scale.dtype:
+        return torch.addcmul(shift.view(view), xs, scale.view(view)).flatten(0, 1)
+    out = torch.empty_like(xs)
+    return torch.addcmul(shift.view(view), xs, scale.view(view), out=out).flatten(0, 1)
 
 
 def group_norm_with_stats(x, num_groups, mean, var, weight, bias, eps):
     """GroupNorm of x (N, C, ...) with given per-(N, group) mean and variance, computed in fp32 at
     least and returned in x's dtype: x * scale + shift with per-channel scale and shift."""
-    c = x.shape[1]
-    return scale_shift(x, *group_scale_shift(c, num_groups, mean, var, weight, bias, eps, x.dtype))
+    return scale_shift(x, *group_scale_shift(x.shape[1], num_groups, mean, var, weight, bias, eps, x.dtype))
 
 
 class GroupStats:
