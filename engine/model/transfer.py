@@ -16,8 +16,9 @@
   warm loads after it 0.09 s against 0.19 s. (The ``POSIX_FADV_WILLNEED`` read-ahead used before
   filled the cache in 4 KiB pages, the reason warm loads cost twice what they do now.) The pages
   count in the process's RSS and USS while mapped, as a copy's would; they are clean file pages, so under memory pressure the kernel may drop
-  them and read them again on use instead of failing. A write (none is made: patches are on the fly)
-  would copy just that page.
+  them and read them again on use instead of failing. A write copies just that page: the one write
+  made is a run's in-place bake of a LoRA (engine.denoise.patches), undone by dropping the copied
+  pages (`FileBlock.revert`), so the file's bytes come back.
 * Other reads (a dtype conversion on the way, a page-locked block) go from the file into the
   destination with ``os.preadv`` — one copy.
 * On CUDA a RAM block can be page-locked (``cudaHostRegister``), up to a cap given as a share of RAM, so
@@ -154,8 +155,40 @@ class FileBlock:
         n = math.prod(shape) * dtype.itemsize
         return self.base[off : off + n].view(dtype).view(shape)
 
+    def span_of(self, t) -> tuple[int, int] | None:
+        """The pages of this mapping (page-aligned offsets [lo, hi)) that tensor t's bytes lie in, or
+        None when t is not a view of it."""
+        off = t.data_ptr() - self.base.data_ptr()
+        n = t.numel() * t.element_size()
+        if off < 0 or off + n > self.base.numel():
+            return None
+        page = mmap.PAGESIZE
+        return off // page * page, min(len(self.mm), -(-(off + n) // page) * page)
+
+    def revert(self, spans: list[tuple[int, int]]) -> None:
+        """Give up what writes made of the pages in `spans`: MADV_DONTNEED drops a private mapping's
+        copied pages, and the mapping reads the file's bytes again (every byte of those pages, not just
+        the written ones: nothing else ever writes here), populated as when it was made. The restore
+        of an in-place bake (engine.denoise.patches): exact, since the file is the backup."""
+        for lo, hi in _merged(spans):
+            self.mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            try:
+                self.mm.madvise(_POPULATE_READ, lo, hi - lo)
+            except (OSError, ValueError):
+                pass
+
     def release(self) -> None:
         pass
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def layout(sizes: list[int]) -> tuple[list[int], int]:

@@ -302,8 +302,10 @@ def test_a_lora_given_as_the_model_is_a_usage_error_that_says_what_runs_it(files
 
 
 def test_baked_patches_take_only_the_room_the_device_has_and_give_the_same_bits(files, tmp_path):
-    """A baked patch is a second copy of its weight for the run: it takes only the room beside the
-    weights and the activations, and the modules beyond it patch on the fly -- the same numbers."""
+    """A baked patch is a second copy of its weight for the run, unless the weight is a view of the
+    file's mapping (the CPU's resident copies): that one is baked in place and the file's bytes come
+    back afterwards. A second copy takes only the room beside the weights and the activations, and the
+    modules beyond it patch on the fly -- the same numbers either way."""
     from engine.denoise.patches import baked_resident
 
     stack = (StackItem(str(files["lora"]), 0.8, 0.8),)
@@ -313,7 +315,9 @@ def test_baked_patches_take_only_the_room_the_device_has_and_give_the_same_bits(
     assert roomy.mode == tight.mode == "full"
     assert torch.equal(got, want)
 
-    e = _engine()
+    # stored as float16 (the file is float32): RAM copies, not the file's mapping -- the room decides
+    e = Engine()
+    e.detect(DeviceOptions(cpu=True, unet_dtype="fp16"))
     try:
         e.run(Step(str(files["sd1"]), stack, size=(64, 64)))
         (comp,) = [c for (_, name), c in e.loaded.items() if name == "unet"]
@@ -321,6 +325,7 @@ def test_baked_patches_take_only_the_room_the_device_has_and_give_the_same_bits(
         patched = [
             (u.module, u.module.weight) for u in comp.units if getattr(u.module, "weight_functions", None)
         ]
+        assert patched[0][1].dtype == torch.float16
         first = patched[0][1].numel() * patched[0][1].element_size()
         with baked_resident(comp, room=0) as n:
             assert n == 0 and all(m.weight is w for m, w in patched)
@@ -329,6 +334,58 @@ def test_baked_patches_take_only_the_room_the_device_has_and_give_the_same_bits(
         with baked_resident(comp) as n:
             assert n >= len(patched)
         assert _patch_state(e) == before  # every op has its own tensor and its functions back
+    finally:
+        e.close()
+
+
+def _file_weights(comp, path) -> dict[str, torch.Tensor]:
+    f = SafetensorsFile(path)
+    return {f"{u.path}.{a}": f.tensor(key).clone() for u in comp.units for a, key in u.keys.items()}
+
+
+def _weights(comp) -> dict[str, torch.Tensor]:
+    return {f"{u.path}.{a}": getattr(u.module, a).detach().clone() for u in comp.units for a in u.keys}
+
+
+class _CancelAfter(CancelToken):
+    """A token that is cancelled at its n-th check, as a Stop pressed while the bake runs."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def raise_if_cancelled(self) -> None:
+        self.n -= 1
+        if self.n == 0:
+            self.cancel()
+        super().raise_if_cancelled()
+
+
+def test_resident_weights_of_the_file_bake_in_place_and_get_the_files_bytes_back(files):
+    """On the CPU the resident weights are views of the file's private mapping: a step bakes the LoRA
+    into them in place (no second copy, so no room is needed), and afterwards -- finished or cancelled
+    mid-bake -- every byte is the file's again, and the ops have their own tensors and functions."""
+    from engine.denoise.patches import baked_resident
+
+    stack = (StackItem(str(files["lora"]), 0.8, 0.8),)
+    e = _engine()
+    try:
+        e.run(Step(str(files["sd1"]), stack, size=(64, 64)))
+        (comp,) = [c for (_, name), c in e.loaded.items() if name == "unet"]
+        before, disk = _patch_state(e), _file_weights(comp, files["sd1"])
+        assert all(torch.equal(v, disk[k]) for k, v in _weights(comp).items())
+        patched = [(u.module, u.module.weight) for u in comp.units if u.module.weight_functions]
+        want = [w.detach().clone() for w in (fn(w) for m, w in patched for fn in m.weight_functions[:1])]
+        with baked_resident(comp, room=0) as n:
+            assert n >= len(patched)
+            assert all(m.weight is w and not m.weight_functions for m, w in patched)  # the same tensors...
+            assert all(torch.equal(w, x) for (_, w), x in zip(patched, want, strict=True))  # ...patched
+        assert _patch_state(e) == before
+        assert all(torch.equal(v, disk[k]) for k, v in _weights(comp).items())
+        with pytest.raises(Cancelled), baked_resident(comp, _CancelAfter(5), room=0):
+            pass
+        assert _patch_state(e) == before
+        assert all(torch.equal(v, disk[k]) for k, v in _weights(comp).items())
     finally:
         e.close()
 
