@@ -158,6 +158,8 @@ class FileBlock:
     def span_of(self, t) -> tuple[int, int] | None:
         """The pages of this mapping (page-aligned offsets [lo, hi)) that tensor t's bytes lie in, or
         None when t is not a view of it."""
+        if t.device.type != "cpu":
+            return None
         off = t.data_ptr() - self.base.data_ptr()
         n = t.numel() * t.element_size()
         if off < 0 or off + n > self.base.numel():
