@@ -159,14 +159,37 @@ def _run_diffusers(model, family: str, x: dict):
     return model(x["x"], x["timesteps"], x["context"]).sample
 
 
-def worker_loadout(model: str, family: str, budget: float | None, steps: int, out: str) -> dict:
+def write_lora(path: Path, rank: int = 16) -> None:
+    """A kohya LoRA (float32, rank `rank`) over every UNet module an SD1 LoRA trains (264 with the text
+    encoder's; its 192 UNet ones patch the step): down ~ N(0, 1/in), up small."""
+    import torch
+
+    from engine.catalog.demo_weights import sd1_lora_modules
+    from engine.formats.safetensors import save_tensors
+
+    g = torch.Generator().manual_seed(3)
+    t = {}
+    for name, i, o, conv in sd1_lora_modules():
+        k = (1, 1) if conv else ()
+        t[f"{name}.lora_down.weight"] = torch.randn(rank, i, *k, generator=g) / i**0.5
+        t[f"{name}.lora_up.weight"] = torch.randn(o, rank, *k, generator=g) * 0.01
+        t[f"{name}.alpha"] = torch.tensor(float(rank))
+    save_tensors(str(path), t)
+
+
+def worker_loadout(
+    model: str, family: str, budget: float | None, steps: int, out: str, lora: str | None = None
+) -> dict:
     from engine.devices import DeviceOptions
     from engine.facade import Engine
-    from engine.requests import Step
+    from engine.requests import StackItem, Step
 
     e = Engine()
     e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
-    r = e.run(Step(model, size=FAMILIES[family][0], steps=steps, out=out))
+    stack = (StackItem(lora, 1.0, 1.0),) if lora else ()
+    r = e.run(Step(model, stack or None, size=FAMILIES[family][0], steps=steps, out=out))
+    if lora:
+        assert r.loras and r.loras[0]["mapped"] > 0, r.loras
     layers = r.snapshot.get(r.component).layers
     return {
         "steps": list(r.step_seconds), "cpu": list(r.step_cpu_seconds), "peak": r.peak_device_bytes,
@@ -268,7 +291,7 @@ def main() -> None:
         kind, model, steps, out, *rest = a.worker
         if kind == "loadout":
             budget = None if rest[0] == "none" else float(rest[0])
-            res = worker_loadout(model, a.family, budget, int(steps), out)
+            res = worker_loadout(model, a.family, budget, int(steps), out, *rest[1:])
         else:
             res = worker_diffusers(model, a.family, json.loads(rest[0]), int(steps), out, rest[1])
         print(json.dumps(res))
@@ -301,6 +324,9 @@ def main() -> None:
             pass
     steps = str(a.steps)
     runs: dict[str, list[dict]] = {}
+    lora = d / "sd15_lora_r16.safetensors"
+    if fam == "sd15" and not lora.exists():
+        write_lora(lora)
 
     def out(name: str) -> str:
         return str(d / f"out_{name}.safetensors")
@@ -313,7 +339,13 @@ def main() -> None:
     # changing alike; the steps of every round are pooled.
     for _ in range(a.rounds):
         record("diffusers plain", _spawn(fam, "diffusers", str(model), steps, out("dplain"), "[]", str(d)))
-        record("loadout full", _spawn(fam, "loadout", str(model), steps, out("full"), "none"))
+        full_run = record("loadout full", _spawn(fam, "loadout", str(model), steps, out("full"), "none"))
+        if fam == "sd15":  # a LoRA over every trained module: baked for the run, roomy and with no room
+            record("loadout lora", _spawn(fam, "loadout", str(model), steps, out("lora"), "none", str(lora)))
+            gb = f"{full_run['resident'] / 1024**3:.4f}"  # the weights' bytes: no room for a second copy
+            record(
+                "loadout lora tight", _spawn(fam, "loadout", str(model), steps, out("lorat"), gb, str(lora))
+            )
         for pct in (50, 10):
             gb = total * pct / 100 / 1024**3
             lo = record(
@@ -379,6 +411,10 @@ def main() -> None:
     for pct in (50, 10):
         line(f"step_{pct}pct_vs_full", f"loadout {pct}%", "loadout full", "<= 1.3" if pct == 50 else "")
         line(f"step_{pct}pct_vs_group_offload", f"loadout {pct}%", f"diffusers group {pct}%", "< 1")
+    if fam == "sd15":
+        # on the CPU the LoRA is baked in place into the file's mapping: no second copy, no on-the-fly
+        line("step_lora_vs_full", "loadout lora", "loadout full", "")
+        line("step_lora_no_room_vs_full", "loadout lora tight", "loadout full", "")
     full = o("full")
     same = all(torch.equal(o(f"l{p}"), full) for p in (50, 10))
     err = float((full - o("dplain")).norm() / o("dplain").norm())
