@@ -347,20 +347,6 @@ def _weights(comp) -> dict[str, torch.Tensor]:
     return {f"{u.path}.{a}": getattr(u.module, a).detach().clone() for u in comp.units for a in u.keys}
 
 
-class _CancelAfter(CancelToken):
-    """A token that is cancelled at its n-th check, as a Stop pressed while the bake runs."""
-
-    def __init__(self, n: int):
-        super().__init__()
-        self.n = n
-
-    def raise_if_cancelled(self) -> None:
-        self.n -= 1
-        if self.n == 0:
-            self.cancel()
-        super().raise_if_cancelled()
-
-
 def test_resident_weights_of_the_file_bake_in_place_and_get_the_files_bytes_back(files):
     """On the CPU the resident weights are views of the file's private mapping: a step bakes the LoRA
     into them in place (no second copy, so no room is needed), and afterwards -- finished or cancelled
@@ -382,7 +368,7 @@ def test_resident_weights_of_the_file_bake_in_place_and_get_the_files_bytes_back
             assert all(torch.equal(w, x) for (_, w), x in zip(patched, want, strict=True))  # ...patched
         assert _patch_state(e) == before
         assert all(torch.equal(v, disk[k]) for k, v in _weights(comp).items())
-        with pytest.raises(Cancelled), baked_resident(comp, _CancelAfter(5), room=0):
+        with pytest.raises(Cancelled), baked_resident(comp, CancelAfter(5), room=0):
             pass
         assert _patch_state(e) == before
         assert all(torch.equal(v, disk[k]) for k, v in _weights(comp).items())
