@@ -2,7 +2,9 @@
 device), three timings each, twice; then torch.profiler of one tiled run (by GPU and by CPU time) and of
 one full run, and cProfile of a tiled run. Run from the repository root (gpu_check's wheels on the path):
 
-    python3 benchmarks/gpu/kl_profile.py [SIZE]
+    python3 benchmarks/gpu/kl_profile.py [SIZE] [host]
+
+(`host`: the tiled run under a 1 GiB budget instead, its states in pinned host RAM.)
 
 Its output on an H100: benchmarks/gpu/2026-11-26-h100-kl-tiled-profile.txt.
 """
@@ -26,7 +28,10 @@ TILED = {"tiled": True, "tile": 512, "overlap": 64}
 
 
 def main() -> None:
+    global TILED
     size = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
+    if sys.argv[2:] == ["host"]:
+        TILED = {"tiled": True, "budget": 1 << 30}
     vae = small_kl(ch=128, seed=5).to("cuda", torch.float16)
     z = torch.randn(1, 4, size // 8, size // 8, generator=torch.Generator().manual_seed(1))
 
