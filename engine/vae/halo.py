@@ -17,6 +17,8 @@ runs the passes is engine.vae.tiling.run_tiled.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -160,7 +162,11 @@ def _span(c0: int, c1: int, scale: float, halo: int, n: int) -> tuple[int, int]:
     return max(0, round(c0 * scale) - halo), min(round(n * scale), round(c1 * scale) + halo)
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def box(t: Tile, scale: float, halo: int, hw: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Tile t's core plus `halo` px at `scale`, clipped to the image. Pure, and asked for the same few
+    hundred boxes tens of thousands of times by a decode (each tile, pass and neighbour): remembered,
+    as Python arithmetic is part of the per-tile cost a GPU's launch-bound tiled decode waits on."""
     y0, y1, x0, x1 = t.core
     return (*_span(y0, y1, scale, halo, hw[0]), *_span(x0, x1, scale, halo, hw[1]))
 
