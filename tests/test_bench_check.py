@@ -136,6 +136,52 @@ def test_main_compares_files_prints_the_flags_and_the_table_and_exits_nonzero(tm
     assert check.main(argv[:-2] + ["--baseline", str(best), "--best", str(tmp_path / "b2.jsonl")]) == 0
 
 
+FAKE_BENCH = """
+import os, sys
+sys.path.insert(0, {benchmarks!r})
+from _record import record
+n = int(os.environ["LOADOUT_BENCH_ROUND"])
+record("noisy", 1.5 if n == 1 else 1.0, "s", baseline="x", baseline_value=1.0)  # round 1 met a burst of load
+record("real", 1.5, "s", baseline="x", baseline_value=1.0)  # slower every time: a real regression
+"""
+
+
+def test_a_flag_counts_only_if_it_shows_again_in_the_confirming_rounds(tmp_path, monkeypatch, capsys):
+    # a real (tiny) benchmark script, run by the check as it runs the real ones: a subprocess per round
+    monkeypatch.setattr(check, "HERE", tmp_path)
+    (tmp_path / "bench_fake.py").write_text(FAKE_BENCH.format(benchmarks=str(BENCHMARKS)))
+    monkeypatch.setattr(check, "DEFAULT", (check.Bench(("bench_fake.py",)),))
+    latest = tmp_path / "latest.jsonl"
+    baseline = write(tmp_path / "baseline.jsonl", [line("noisy", 1.0), line("real", 1.0)])
+    argv = ["--rounds", "1", "--confirm", "2", "--latest", str(latest), "--baseline", str(baseline),
+            "--best", str(tmp_path / "best.jsonl")]  # fmt: skip
+    assert check.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSED    real: ratio 1.5" in out and "REGRESSED    noisy" not in out
+    assert "2 flag(s); 1 still flagged; cleared: noisy 1.5 -> 1" in out
+    assert sorted(json.loads(s)["round"] for s in latest.read_text().splitlines()) == [1, 1, 2, 2, 3, 3]
+    # nothing flagged: nothing runs again
+    write(baseline, [line("noisy", 2.0), line("real", 2.0)])
+    assert check.main(argv) == 0
+    assert "confirm" not in capsys.readouterr().out
+    assert sorted(json.loads(s)["round"] for s in latest.read_text().splitlines()) == [1, 1]
+
+
+def test_flagged_figures_name_the_benchmarks_to_run_again():
+    best = {
+        "a": line("a", 2.0, bench="load"),
+        "b": line("b", 1.0, goal=0.5, bench="vae"),
+        "c": line("c", 1.0, bench="scan"),
+    }
+    rep = check.compare(best, check.best_of([line("a", 1.0), line("c", 1.0)]))
+    benches = (
+        check.Bench(("bench_scan.py",)),
+        check.Bench(("bench_vae.py", "--big", "0")),
+        check.Bench(("bench_load.py",)),
+    )
+    assert check.flagged_benches(rep, best, benches) == benches[1:]
+
+
 def test_main_without_a_baseline_still_checks_goals(tmp_path, capsys):
     latest = write(tmp_path / "latest.jsonl", [line("a", 1.0, goal=1.0)])
     argv = ["--rounds", "0", "--latest", str(latest), "--baseline", str(tmp_path / "none.jsonl"),
