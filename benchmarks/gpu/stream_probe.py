@@ -60,7 +60,9 @@ def main() -> None:
         prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
         print("profiled", run(model, family, budget, 4, prof), flush=True)
         prof.export_chrome_trace(str(out / f"{family}-{int(pct)}-trace.json"))
-        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))
+        print(
+            prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60)
+        )
 
 
 if __name__ == "__main__":
