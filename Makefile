@@ -37,7 +37,7 @@ test-engine: setup
 # benchmarks/results/latest.jsonl; `bench-check` takes each figure's best of ROUNDS runs and compares it
 # with benchmarks/baseline.jsonl (more than 20 % worse, or a missed goal, still so after CONFIRM more
 # rounds of the benchmarks behind it: exit 1); `bench-full` adds the
-# VAE at width 128, the 2048^2 tiled decode and the TAEF2 round trip; `bench-baseline` makes the last
+# VAE at width 128, the 2048^2 tiled decode, the TAEF2 round trip and the SD1.5 step (bench_step); `bench-baseline` makes the last
 # check's best figures the baseline (commit it on its own, saying why).
 ROUNDS ?= 3
 CONFIRM ?= 2

@@ -2,8 +2,8 @@
 
     python benchmarks/check.py [--rounds 3] [--confirm 2] [--full] [--no-compare] [--latest F] [--baseline F]
 
-Runs the default set (`--full` adds the VAE at the real SD width, 128, the 2048^2 tiled decode and the
-TAEF2 round trip) `--rounds` times — benchmarks
+Runs the default set (`--full` adds the VAE at the real SD width, 128, the 2048^2 tiled decode, the
+TAEF2 round trip and the SD1.5 sampling step against diffusers) `--rounds` times — benchmarks
 that repeat inside one process get `--repeat N` once instead — with every line appended to
 `benchmarks/results/latest.jsonl`. Then keeps each figure's best line by its `better` direction
 (`results/best.jsonl`), and prints every figure more than 20 % worse than `benchmarks/baseline.jsonl`,
@@ -73,6 +73,8 @@ FULL = (
     Bench(
         ("bench_vae.py", "--ch", "128", "--big", "0", "--skip-taef2", "--skip-small-tiles"), repeat="--repeat"
     ),
+    # the SD1.5 step against diffusers (issue 15's goals): 2.5 min a round here, its rounds interleaved inside
+    Bench(("bench_step.py",), repeat="--rounds"),
 )
 
 
