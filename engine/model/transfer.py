@@ -28,9 +28,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import ctypes
 import mmap
 import os
+import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 ALIGN = 64
 _ANON_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
@@ -109,6 +114,77 @@ class HostBlock:
             pass
 
 
+def _libc_madvise():
+    """libc's madvise through ctypes, which lets go of the GIL while the kernel works (Python's own
+    mmap.madvise holds it): populates can then run side by side. None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        f = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return f
+
+
+_MADVISE = _libc_madvise()
+_POPULATOR: contextvars.ContextVar[_Populator | None] = contextvars.ContextVar(
+    "loadout_populator", default=None
+)
+
+
+class _Populator:
+    """The FileBlocks made inside `populating()`, populated together when it exits, on worker threads.
+    Not while the loading thread is still mapping: making a mapping takes the process's mmap lock for
+    writing, and a populate holds it for reading, so the two only took turns (a partial SD1.5 load went
+    0.033 -> 0.050 s populating each block as it was made)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.blocks: list[FileBlock] = []
+
+    def submit(self, block: FileBlock) -> None:
+        self.blocks.append(block)
+
+    def wait(self) -> None:
+        blocks, self.blocks = self.blocks, []
+        if len(blocks) < 2:
+            for b in blocks:
+                b.populate()
+            return
+        with ThreadPoolExecutor(
+            min(self.workers, len(blocks)), thread_name_prefix="loadout-populate"
+        ) as pool:
+            list(pool.map(FileBlock.populate, blocks))
+
+
+@contextlib.contextmanager
+def populating(workers: int | None = None):
+    """FileBlocks made inside are populated when the block exits, however it exits, on `workers`
+    threads (default: the usable CPUs, at most 4): a load returns, or is cancelled, with every mapped
+    page in place, so the ledger says what the process holds. The kernel maps page-cache pages (and
+    reads a cold file's) for several mappings at once. On 2 cores, SD1.5's 2.1 GB (615 units): the
+    populates of a warm load 0.039 -> 0.019 s of wall time, the whole load 0.052 -> 0.042 s, a 50 %
+    partial load (471 units) 0.033 -> 0.030 s; bench_load's warm load 0.066 -> 0.058-0.060 s; a cold
+    load unchanged (0.60-0.64 s: the disk's). Nested: the outer one populates."""
+    if _MADVISE is None or _POPULATOR.get() is not None:
+        yield
+        return
+    if workers is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = min(4, cpus)
+    if workers < 2:
+        yield
+        return
+    pop = _Populator(workers)
+    token = _POPULATOR.set(pop)
+    try:
+        yield
+    finally:
+        _POPULATOR.reset(token)
+        pop.wait()
+
+
 class FileBlock:
     """A unit's RAM copy as a private, pre-populated mapping of its span of the file: the kernel maps
     the page-cache pages into the process (reading them in first when cold, in large requests) instead
@@ -138,14 +214,26 @@ class FileBlock:
             self.mm.madvise(_HUGEPAGE)
         except (OSError, ValueError):
             pass
-        # Fault every page in now, read-only (MADV_POPULATE_READ, Linux 5.14): the page-cache pages
-        # themselves are mapped; a later write would copy just that page. MAP_POPULATE would not do:
-        # on a writable private mapping it write-faults, copying every page.
+        self.base = torch.frombuffer(self.mm, dtype=torch.uint8)
+        pop = _POPULATOR.get()
+        if pop is not None:
+            pop.submit(self)
+        else:
+            self.populate()
+
+    def populate(self) -> None:
+        """Fault every page in now, read-only (MADV_POPULATE_READ, Linux 5.14): the page-cache pages
+        themselves are mapped; a later write would copy just that page. MAP_POPULATE would not do: on
+        a writable private mapping it write-faults, copying every page. Where the kernel refuses, a
+        read-ahead hint instead (the pages then come on first use)."""
+        if _MADVISE is not None:
+            if _MADVISE(self.base.data_ptr(), len(self.mm), _POPULATE_READ) != 0:
+                _MADVISE(self.base.data_ptr(), len(self.mm), mmap.MADV_WILLNEED)
+            return
         try:
             self.mm.madvise(_POPULATE_READ)
         except (OSError, ValueError):
             self.mm.madvise(mmap.MADV_WILLNEED)
-        self.base = torch.frombuffer(self.mm, dtype=torch.uint8)
 
     def view(self, file_start: int, dtype, shape):
         """A tensor over the file's bytes at `file_start` (inside this block's span)."""

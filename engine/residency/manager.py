@@ -19,6 +19,7 @@ from ..events import EventLog, Evicted, JobCancelled, Loaded, PartiallyOffloaded
 from ..gcpause import gc_paused
 from ..jobs import CancelToken, Progress, Report, no_report
 from ..memory import default_probe
+from ..model import transfer
 from ..model.component import Component, Unit
 from .evict import Unloading, _must_place
 from .ledger import ComponentState, LedgerSnapshot, Policy
@@ -306,25 +307,28 @@ class Residency(Unloading):
         # then move in file order: sequential reads keep the kernel's readahead working on a cold file
         chosen.sort(key=lambda u: min(i.begin for i in u.infos.values()))
         full = False
-        for u in chosen:
-            size = c.unit_bytes(u, "device")
-            if full:
-                offloaded.append(u)
-                continue
-            try:
-                self._step(c, u, "device", token)
-            except _DeviceFull:
-                offloaded.append(u)
-                full = True
-                continue
-            placed += size
-            moved += size
-            done[0] += size
-            report(Progress("load", done[0], total, c.name))
-        for u in offloaded:
-            tier = self._offload_tier(c, c.unit_bytes(u, "ram"), keep)
-            if tier != u.tier:
-                moved += self._step(c, u, tier, token)
+        # RAM copies that map the file are populated on worker threads, all done before this returns
+        # (cancelled or not), so the ledger below says what the process holds
+        with transfer.populating():
+            for u in chosen:
+                size = c.unit_bytes(u, "device")
+                if full:
+                    offloaded.append(u)
+                    continue
+                try:
+                    self._step(c, u, "device", token)
+                except _DeviceFull:
+                    offloaded.append(u)
+                    full = True
+                    continue
+                placed += size
+                moved += size
+                done[0] += size
+                report(Progress("load", done[0], total, c.name))
+            for u in offloaded:
+                tier = self._offload_tier(c, c.unit_bytes(u, "ram"), keep)
+                if tier != u.tier:
+                    moved += self._step(c, u, tier, token)
         self._refresh()
         dur = time.perf_counter() - t0
         t = c.tier_bytes()
