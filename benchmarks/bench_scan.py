@@ -33,7 +33,8 @@ from _record import record  # noqa: E402
 
 from engine.catalog import LibraryCache, scan  # noqa: E402
 from engine.catalog.demo_weights import sd1_lora_modules  # noqa: E402
-from engine.catalog.parallel import auto_workers, default_detector, usable_cpus  # noqa: E402
+from engine.catalog.parallel import auto_workers, default_detector  # noqa: E402
+from engine.cpus import usable_cpus  # noqa: E402
 from engine.formats.safetensors import write_sparse  # noqa: E402
 from tests.support import synth  # noqa: E402
 

@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
+from ..cpus import usable_cpus
 from ..detect.file import detect_chunk, guarded
 from ..detect.result import Detection
 from ..jobs import CancelToken, Progress, Report
@@ -36,13 +37,6 @@ def default_detector(path: str):
 def detect_one(detector: Detector, path: str, size: int) -> tuple[Detection, bool]:
     """(detection, cacheable). Errors become the entry's `error`; one bad file never stops a scan."""
     return guarded(detector, path, size)
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def auto_workers(n_files: int, detector: Detector) -> int:

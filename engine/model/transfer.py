@@ -37,6 +37,8 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ..cpus import usable_cpus
+
 ALIGN = 64
 _ANON_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
 _HUGE = 2 * 1024 * 1024
@@ -187,8 +189,7 @@ def populating(workers: int | None = None):
         yield
         return
     if workers is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        workers = min(4, cpus)
+        workers = min(4, usable_cpus())
     if workers < 2:
         yield
         return
