@@ -105,15 +105,17 @@ class VramGraph(QWidget):
         # The y range comes from running maxima kept with the samples (see _set_ranges): pyqtgraph's
         # auto-range would scan every item's data on every redraw.
         self.plot.disableAutoRange()
-        # An opaque box (cheap to paint, unlike a translucent one) in the window's own colours: the curves
-        # under the top-left corner are the oldest samples, and the labels stay readable over them.
+        # The legend sits in a row of its own above the plot, not over it: inside the view it covered the
+        # oldest samples (the top-left corner, where a load's first rise is drawn). It wraps into as many
+        # rows as the plot's width needs (_fit_legend), the title's row of the PlotItem's grid.
         pal = self.palette()
-        self.legend = self.plot.addLegend(
-            offset=(8, 8), labelTextSize="8pt", labelTextColor=pal.text().color(),
-            brush=pg.mkBrush(pal.base().color()), pen=pg.mkPen(pal.mid().color()),
-        )  # fmt: skip
-        self.legend.setColumnCount(3)  # a wide, low box: it covers less of the curves than a tall one
+        self.legend = pg.LegendItem(labelTextSize="8pt", labelTextColor=pal.text().color(), frame=False)
+        self.plot.getPlotItem().layout.removeItem(self.plot.getPlotItem().titleLabel)
+        self.plot.getPlotItem().titleLabel.hide()
+        self.legend.setMinimumWidth(0)  # its entries' widths must not keep the dock from narrowing: it wraps
+        self.plot.getPlotItem().layout.addItem(self.legend, 0, 1, alignment=Qt.AlignmentFlag.AlignLeft)
         vb = self.plot.getViewBox()
+        vb.sigResized.connect(self._fit_legend)
         vb.sigRangeChangedManually.connect(self._on_range_changed_manually)
         self.curves = {
             "total": self.plot.plot(pen=pg.mkPen("#7f8c8d", width=1, style=Qt.PenStyle.DashLine), name="device total"),
@@ -324,6 +326,7 @@ class VramGraph(QWidget):
                 )
                 item.setZValue(-10 - i)  # earlier components in front, stacked bottom-up
                 self.plot.addItem(item)
+                self._rebuild_legend()
             item.setClipToView(decimate)
             item.setDownsampling(auto=decimate)
             item.setData(*runs_compressed(xs, top), connect="all", skipFiniteCheck=True)
@@ -406,6 +409,24 @@ class VramGraph(QWidget):
                 self.legend.addItem(curve, curve.name())
         for label, item in self.area_items.items():
             self.legend.addItem(item, label)
+        self._fit_legend()
+
+    def _fit_legend(self) -> None:
+        """As many entries a row as the plot's width holds (all in one row when they fit)."""
+        entries = self.legend.items
+        if not entries:
+            self.plot.getPlotItem().layout.setRowFixedHeight(0, 0)
+            return
+        # the labels' natural widths, not their widths now: the layout stretches those to their column
+        gap = 2 * self.legend.layout.horizontalSpacing()  # sample to label, then to the next entry
+        widest = max(s.boundingRect().width() + lab.minimumWidth() for s, lab in entries) + gap
+        room = self.plot.getPlotItem().vb.width() or self.plot.width()
+        cols = max(1, min(len(entries), int(room // widest)))
+        self.legend.columnCount = 0  # setColumnCount only lays out again on a change
+        self.legend.setColumnCount(cols)
+        rows = math.ceil(len(entries) / cols)
+        row_h = max(max(s.boundingRect().height(), lab.boundingRect().height()) for s, lab in entries)
+        self.plot.getPlotItem().layout.setRowFixedHeight(0, rows * row_h)  # the title's row: 0 until now
 
     @Slot(bool)
     def _on_device_lines_toggled(self, _on: bool) -> None:

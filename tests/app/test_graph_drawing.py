@@ -178,3 +178,36 @@ def test_legend_lists_only_what_is_drawn(graph):
     assert _legend(graph)[-1] == "unet"
     graph.device_box.setChecked(False)
     assert _legend(graph) == ["process RAM", "unet"]
+
+
+def _scene_rect(item):
+    return item.mapRectToScene(item.boundingRect())
+
+
+def test_legend_sits_above_the_curves_and_wraps_to_the_width(graph, qtbot):
+    """The legend has its own row above the plot, so it never covers the oldest samples (the top-left
+    corner); it holds as many entries a row as the width allows, and never keeps the graph wide."""
+    graph.show()
+    qtbot.waitExposed(graph)
+    graph.add_sample(_sample(0.0, GIB, {"unet": 2 * GIB, "clip_l": GIB // 4, "vae": GIB // 6}))
+    graph.device_box.setChecked(True)
+    graph.redraw(force=True)
+    qtbot.wait(20)
+    vb = graph.plot.getPlotItem().vb
+    entries = graph.legend.items
+    assert len(entries) == 6
+    for sample, label in entries:
+        for item in (sample, label):
+            rect = _scene_rect(item)
+            assert not rect.intersects(_scene_rect(vb)), item
+            assert rect.right() <= graph.plot.width()
+    wide_rows = {round(_scene_rect(label).top()) for _, label in entries}
+
+    graph.resize(420, 320)
+    qtbot.wait(20)
+    narrow_rows = {round(_scene_rect(label).top()) for _, label in entries}
+    assert len(narrow_rows) > len(wide_rows)
+    assert graph.plot.width() <= 420
+    for _, label in entries:
+        assert _scene_rect(label).right() <= graph.plot.width()
+        assert not _scene_rect(label).intersects(_scene_rect(vb))
