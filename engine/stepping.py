@@ -183,7 +183,7 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
         resident_bytes=comp.tier_bytes()["device"], streamed_bytes_per_step=streamed,
         input_shapes=MappingProxyType({k: tuple(v.shape) for k, v in inputs.items()}),
         output_shape=tuple(out.shape), out=req.out, snapshot=res.snapshot(),
-        prefetched=stream.hits / max(1, len(stream.plan)) if stream.units else 0.0, step_cpu_seconds=tuple(cpu),
+        prefetched=stream.prefetched if stream.units else 0.0, step_cpu_seconds=tuple(cpu),
     )  # fmt: skip
     _record(parts, req, den, inputs, result)
     return result

@@ -3,35 +3,51 @@
 The ops of a forward run in a known order (the denoiser lists it: `op_order()`), so the weights of the
 next offloaded modules can be on their way while the current ones compute:
 
-* a reader thread makes them ready, in that order, at most the ring's size ahead of the compute: on
-  the CPU a disk-tier module is mapped from the file (a populated private mapping of its span, as a
-  load's RAM copy: the page-cache pages themselves, no copy; unmapped once its op returns), anything
-  else is read into a ring of host memory (`os.preadv` straight from the file for the disk tier, or a
-  copy of a RAM-tier tensor); either way RSS holds only what is in flight;
+* the streamed modules go in batches: runs of consecutive modules of that order, of the same kind
+  (mapped, staged or pinned; see below), up to the largest module's bytes (BATCH_MIN at least). Each
+  batch is made ready, waited for, copied and let go as one, so the costs paid per hand-over (waking
+  the reader, a mapping, a device copy's event) are paid per batch, not per module: a model of many
+  small modules streamed a module at a time spent most of its step handing modules over;
+* a reader thread makes the batches ready, in that order, at most the ring's size ahead of the
+  compute: on the CPU a batch of disk-tier modules is mapped from the file (populated private
+  mappings of its spans, one per run of neighbouring bytes, as a load's RAM copy: the page-cache pages
+  themselves, no copy; unmapped once the compute has moved past the batch), anything else is read into
+  a ring of host memory (`os.preadv` straight from the file for the disk tier, or a copy of a RAM-tier
+  tensor); either way RSS holds only what is in flight;
 * on the CPU the op computes from those bytes directly (cast and patched by the op as its own weight
   would be: the bytes are the file's, at the file's alignment, so a partial run gives the full run's
   bits). Mapping instead of copying saved 0.76 s of CPU per step streaming 3.1 GB (SD1.5 at 10 %);
-* on CUDA the ring is page-locked and the main thread issues each module's host→device copy on a side
-  stream a few modules ahead, records an event, and makes the compute stream wait for it just before
-  the op runs (the idea of ComfyUI's async offload — a copy stream, pinned buffers, events; our own
-  code). Pinned RAM-tier tensors skip the ring and are copied from where they are.
+* on CUDA the ring is page-locked and the main thread issues each batch's host→device copies on a side
+  stream a few batches ahead, records an event, and makes the compute stream wait for it just before
+  the batch's first op runs (the idea of ComfyUI's async offload — a copy stream, pinned buffers,
+  events; our own code). Pinned RAM-tier tensors skip the ring and are copied from where they are.
 
 Every streamed byte is counted, so the ledger and the Step result say what one step streamed.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
+from ..model import transfer
 from ..model.transfer import ALIGN, HostBlock, read_into, view_in
 from ..ops import Castable, Embedding
 
 MIN_RING = 64 * 1024 * 1024
-LOOKAHEAD_COPIES = 3  # device copies in flight ahead of the compute (CUDA)
+LOOKAHEAD_COPIES = 3  # batches whose device copies are in flight ahead of the compute (CUDA)
+# A batch gathers modules up to the largest module's bytes, and at least this many: the memory in flight
+# stays what one large module would hold, while a model of many small ones (Wan's 30 blocks of ~12 modules
+# each, a tiny-width test model) hands over tens of them at a time.
+BATCH_MIN = 4 * 1024 * 1024
+# Neighbouring spans of a batch's tensors in the file closer than this are mapped as one (the gap's pages
+# are read and mapped too: a few headers' worth, not a module's).
+MAP_GAP = 64 * 1024
+WINDOW = 8  # how far ahead of the expected module (in modules) an op is still taken as the plan's order
 
 
 def _aligned(n: int) -> int:
@@ -52,14 +68,17 @@ class _Slot:
 
 
 @dataclass
-class _Item:
-    unit: object
+class _Batch:
+    units: list
+    mode: str  # "map" (CPU, from the file's pages), "stage" (into the ring) or "direct" (pinned, CUDA)
+    need: int  # ring bytes ("direct": none)
     ready: threading.Event = field(default_factory=threading.Event)
-    host: dict | None = None
+    host: list | None = None  # per unit: attr -> host tensor
     slot: _Slot | None = None
-    device: dict | None = None
+    device: list | None = None  # CUDA, per unit: attr -> device tensor
     event: object = None
-    mapped: object = None  # CPU, disk tier: the file mapping its host tensors view (transfer.FileBlock)
+    mapped: list | None = None  # CPU, "map": the file mappings its host tensors view (transfer.FileBlock)
+    hit: bool = False  # ready (CPU) / its copy issued (CUDA) when the compute came to it
 
 
 class Streamer:
@@ -73,21 +92,31 @@ class Streamer:
         per_step = [self.units[id(op)] for op in order if id(op) in self.units]
         listed = {id(u) for u in per_step}
         per_step += [u for u in self.units.values() if id(u) not in listed]  # unlisted: at the end
-        self.plan = [_Item(u) for _ in range(steps) for u in per_step]
         self.unit_bytes = {id(u): u.nbytes_now for u in self.units.values()}
         self.bytes_per_step = sum(self.unit_bytes.values())
-        needs = [self._need(u) for u in self.units.values()]
+        self._pinned = pinned
+        batches = self._batches(per_step)
+        # per step: unit -> its position in the order; position -> its batch and its place in the batch
+        self._n, self._nb, self._steps = len(per_step), len(batches), steps
+        self._flat = {id(u): i for i, u in enumerate(per_step)}
+        self._batch_of, self._member = [], []
+        for j, (units, _, _) in enumerate(batches):
+            self._batch_of += [j] * len(units)
+            self._member += range(len(units))
+        self.plan = [_Batch(units, mode, need) for _ in range(steps) for units, mode, need in batches]
+        needs = [need for _, _, need in batches]
         largest, total = max(needs, default=0), sum(needs)
-        # Two of the largest modules at least (one computing, the next arriving); never more than one
+        # Two of the largest batches at least (one computing, the next arriving); never more than one
         # step's worth (a small model streams whole without holding more than it reads).
         want = ring_bytes or max(MIN_RING, 2 * largest)
         self.ring_bytes = max(largest, min(max(want, 2 * largest), total))
         self.streamed = 0  # bytes handed to ops so far
+        self.fetched = 0  # modules handed to ops so far
         self.sync_reads = 0  # modules read on demand (not in the plan's order)
         self.hits = 0  # modules whose bytes were already there (host: read; CUDA: copy issued) when asked
-        self._pinned = pinned
-        self._next = 0  # the plan position the compute will ask for next
-        self._issued = 0  # CUDA: plan positions whose device copy is issued
+        self._g = 0  # the position (over all steps, in modules) the compute will ask for next
+        self._k = -1  # the batch the compute is in
+        self._issued = 0  # CUDA: batches whose device copies are issued
         self._slots: deque[_Slot] = deque()
         self._head = 0
         self._cond = threading.Condition()
@@ -96,6 +125,32 @@ class Streamer:
         self._thread: threading.Thread | None = None
         self._block: HostBlock | None = None
         self._stream = None
+
+    @property
+    def prefetched(self) -> float:
+        """The share of the modules handed to ops whose bytes were on their way before they were asked."""
+        return self.hits / max(1, self.fetched)
+
+    def _batches(self, per_step: list) -> list[tuple[list, str, int]]:
+        """Runs of consecutive units of one mode, each of at most max(largest unit, BATCH_MIN) bytes."""
+        modes = [self._mode(u) for u in per_step]
+        needs = [0 if m == "direct" else self._need(u) for u, m in zip(per_step, modes, strict=True)]
+        cap = max(
+            max((self.unit_bytes[id(u)] for u in per_step), default=0), max(needs, default=0), BATCH_MIN
+        )
+        out: list[tuple[list, str, int]] = []
+        size = 0
+        for u, mode, need in zip(per_step, modes, needs, strict=True):
+            nbytes = self.unit_bytes[id(u)]
+            if out and out[-1][1] == mode and size + nbytes <= cap:
+                units, _, total = out[-1]
+                units.append(u)
+                out[-1] = (units, mode, total + need)
+                size += nbytes
+            else:
+                out.append(([u], mode, need))
+                size = nbytes
+        return out
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def __enter__(self) -> Streamer:
@@ -124,8 +179,8 @@ class Streamer:
             self._thread = None
         if self.cuda and self._stream is not None:
             self._stream.synchronize()
-        for it in self.plan:
-            it.host = it.device = it.slot = it.event = it.mapped = None
+        for b in self.plan:
+            b.host = b.device = b.slot = b.event = b.mapped = None
         self._slots.clear()
         if self._block is not None:
             self._block.release()
@@ -139,31 +194,46 @@ class Streamer:
             _aligned(t.numel() * t.element_size()) + ALIGN for t in (getattr(u.module, a) for a in u.infos)
         )
 
-    def _direct(self, u) -> bool:
-        """CUDA copies a pinned RAM-tier unit from where it is: no staging."""
-        return self.cuda and u.tier == "ram" and u.block is not None and getattr(u.block, "pinned", False)
+    def _mode(self, u) -> str:
+        """How unit u streams: "direct" (CUDA copies a pinned RAM-tier unit from where it is), "map" (on
+        the CPU a disk-tier unit is computed from the file's own pages, see _map) or "stage" (read into
+        the ring, see _stage)."""
+        c = self.c
+        if self.cuda and u.tier == "ram" and u.block is not None and getattr(u.block, "pinned", False):
+            return "direct"
+        if (
+            not self.cuda
+            and u.tier == "disk"
+            and getattr(c, "file", None) is not None
+            and all(c._in_file(i) for i in u.infos.values())
+        ):
+            return "map"
+        return "stage"
 
     def _read_all(self) -> None:
         try:
-            for it in self.plan:
-                if self._direct(it.unit):
-                    it.host = {a: getattr(it.unit.module, a) for a in it.unit.infos}
+            for b in self.plan:
+                if b.mode == "direct":
+                    b.host = [{a: getattr(u.module, a) for a in u.infos} for u in b.units]
                 else:
-                    # The ring's room bounds how far ahead the reader goes, mapped units included
+                    # The ring's room bounds how far ahead the reader goes, mapped batches included
                     # (their pages count in RSS while mapped, as the ring's do).
-                    slot = self._alloc(self._need(it.unit))
+                    slot = self._alloc(b.need)
                     if slot is None:
                         return
-                    it.slot = slot
-                    if self._mappable(it.unit):
-                        it.host, it.mapped = self._map(it.unit)
+                    b.slot = slot
+                    if b.mode == "map":
+                        b.host, b.mapped = self._map(b.units)
                     else:
-                        it.host = self._stage(it.unit, slot.start)
-                it.ready.set()
+                        pos, b.host = slot.start, []
+                        for u in b.units:
+                            got, pos = self._stage(u, pos)
+                            b.host.append(got)
+                b.ready.set()
         except BaseException as e:  # handed to the compute thread, which raises it
             self._error = e
-            for it in self.plan:
-                it.ready.set()
+            for b in self.plan:
+                b.ready.set()
 
     def _alloc(self, n: int) -> _Slot | None:
         """A region of n bytes in the ring, waiting until the ops that used it are done."""
@@ -192,33 +262,39 @@ class Streamer:
             with self._cond:
                 pending.event = None
 
-    def _mappable(self, u) -> bool:
-        """On the CPU a disk-tier unit is computed from the file's own pages, mapped (see _stage)."""
+    def _map(self, units: list) -> tuple[list, list]:
+        """The units' tensors as views of populated private mappings of their spans of the file
+        (transfer.FileBlock, as a load's RAM copy), one mapping per run of spans closer than MAP_GAP:
+        the kernel maps the page-cache pages themselves, so a warm stream costs page-table work, not a
+        copy of every byte into the ring (and, cold, the reader thread's populate is the read-ahead).
+        The views keep the file's offsets, hence the alignment a resident copy has: a partial run
+        still gives the full run's bits."""
         c = self.c
-        return (
-            not self.cuda
-            and u.tier == "disk"
-            and getattr(c, "file", None) is not None
-            and all(c._in_file(i) for i in u.infos.values())
+        spans = sorted(
+            (c.data_start + info.begin, c.data_start + info.end) for u in units for info in u.infos.values()
         )
+        runs: list[list[int]] = []
+        for lo, hi in spans:
+            if runs and lo <= runs[-1][1] + MAP_GAP:
+                runs[-1][1] = max(runs[-1][1], hi)
+            else:
+                runs.append([lo, hi])
+        blocks = [transfer.FileBlock(c._fd, lo, hi) for lo, hi in runs]
+        starts = [lo for lo, _ in runs]
+        host = []
+        for u in units:
+            out = {}
+            for attr, info in u.infos.items():
+                src = getattr(u.module, attr)
+                at = c.data_start + info.begin
+                out[attr] = blocks[bisect.bisect_right(starts, at) - 1].view(at, src.dtype, tuple(src.shape))
+            host.append(out)
+        return host, blocks
 
-    def _map(self, u) -> tuple[dict, object]:
-        """Unit u's tensors as views of a populated private mapping of its span of the file
-        (transfer.FileBlock, as a load's RAM copy): the kernel maps the page-cache pages themselves, so
-        a warm stream costs page-table work, not a copy of every byte into the ring (and, cold, the
-        reader thread's populate is the read-ahead). The views keep the file's offsets, hence the
-        alignment a resident copy has: a partial run still gives the full run's bits."""
-        c = self.c
-        block = c.file_block(u)
-        out = {}
-        for attr, info in u.infos.items():
-            src = getattr(u.module, attr)
-            out[attr] = block.view(c.data_start + info.begin, src.dtype, tuple(src.shape))
-        return out, block
-
-    def _stage(self, u, offset: int | None) -> dict:
+    def _stage(self, u, offset: int | None) -> tuple[dict, int | None]:
         """Read unit u's tensors into the ring at `offset` (None: into new tensors), as stored: from the
-        file by offset for the disk tier, else a copy of the RAM-tier tensor."""
+        file by offset for the disk tier, else a copy of the RAM-tier tensor. Returns them and the
+        ring offset after them."""
         out, pos = {}, offset
         c = self.c
         for attr, info in u.infos.items():
@@ -238,83 +314,91 @@ class Streamer:
             else:
                 dst.copy_(src)
             out[attr] = dst
-        return out
+        return out, pos
 
     # -- the compute side ---------------------------------------------------------------------------
     def _fetch(self, op) -> dict:
         u = self.units[id(op)]
-        k = self._find(u)
         self.streamed += self.unit_bytes[id(u)]
-        if k is None:  # asked out of the plan's order: read it now
+        self.fetched += 1
+        f = self._flat[id(u)]
+        g = self._g + (f - self._g) % self._n  # the next position of u in the plan
+        if g - self._g >= WINDOW or g >= self._n * self._steps:  # out of the plan's order: read it now
             self.sync_reads += 1
-            got = self._stage(u, None)
+            got, _ = self._stage(u, None)
             return {a: t.to(self.device) for a, t in got.items()} if self.cuda else got
-        for j in range(self._next, k):  # skipped plan entries (the order changed): let their bytes go
+        self._g = g + 1
+        k = g // self._n * self._nb + self._batch_of[f]
+        if k != self._k:
+            self._enter(k)
+        b = self.plan[k]
+        self.hits += b.hit
+        return (b.device if self.cuda else b.host)[self._member[f]]
+
+    def _enter(self, k: int) -> None:
+        """The compute moves on to batch k: the batches before it are done with (the ops that used them
+        have returned on the CPU; on CUDA their work is queued after their tensors' record_stream), and
+        batch k's bytes are waited for."""
+        if self._k >= 0:
+            self._done(self.plan[self._k])
+        for j in range(self._k + 1, k):  # skipped (the order changed): let their bytes go
             self._skip(self.plan[j])
-        self._next = k + 1
-        it = self.plan[k]
-        self.hits += it.ready.is_set() and (not self.cuda or k < self._issued)
+        self._k = k
+        b = self.plan[k]
         if not self.cuda:
-            # The previous op has returned (the CPU computes synchronously): its bytes go first, so the
-            # reader always has room for this one, however the ring is fragmented.
-            if k > 0:
-                self._done(self.plan[k - 1])
-            self._wait(it)
-            return it.host
+            b.hit = b.ready.is_set()
+            self._wait(b)
+            return
+        b.hit = k < self._issued
         self._issue(k)
         compute = torch.cuda.current_stream(self.device)
-        compute.wait_event(it.event)
-        out = it.device
-        for t in out.values():
-            t.record_stream(compute)  # allocated on the copy stream, used on this one
-        it.device = it.event = None
-        return out
+        compute.wait_event(b.event)
+        for out in b.device:
+            for t in out.values():
+                t.record_stream(compute)  # allocated on the copy stream, used on this one
+        b.event = None
 
-    def _skip(self, it: _Item) -> None:
-        self._wait(it)
-        if it.event is not None:  # CUDA: copied already; its ring bytes go once the copy is done
-            it.device = it.event = None
-        else:
-            self._done(it)
+    def _skip(self, b: _Batch) -> None:
+        if self.cuda and b.device is not None:  # copied already: its ring bytes go once the copy is done
+            b.device = b.event = None
+            return
+        self._wait(b)
+        self._done(b)
 
-    def _find(self, u) -> int | None:
-        for j in range(self._next, min(len(self.plan), self._next + 8)):
-            if self.plan[j].unit is u:
-                return j
-        return None
-
-    def _wait(self, it: _Item) -> None:
-        it.ready.wait()
+    def _wait(self, b: _Batch) -> None:
+        b.ready.wait()
         if self._error is not None:
             raise self._error
 
-    def _done(self, it: _Item, event=None) -> None:
+    def _done(self, b: _Batch, event=None) -> None:
+        """Batch b's ring bytes may be reused (CUDA: once `event`, its copy, is done); the CPU lets go of
+        its host tensors and mappings, CUDA of the device tensors the compute has used."""
         with self._cond:
-            if it.slot is not None:
-                it.slot.consumed = True
-                it.slot.event = event
-                it.slot = None
+            if b.slot is not None:
+                b.slot.consumed = True
+                b.slot.event = event
+                b.slot = None
                 self._cond.notify_all()
-        if not self.cuda:
-            it.host = it.mapped = None
+        if event is None:
+            b.host = b.mapped = b.device = None
 
     def _issue(self, k: int) -> None:
-        """Issue the device copies of plan entries k, k+1, … (k always; the next ones when their host
-        bytes are ready), each with an event the compute stream waits for."""
+        """Issue the device copies of batches k, k+1, … (k always; the next ones when their host bytes
+        are ready), each with an event the compute stream waits for."""
         self._issued = max(self._issued, k)
         end = min(len(self.plan), k + 1 + LOOKAHEAD_COPIES)
         while self._issued < end:
-            it = self.plan[self._issued]
-            if self._issued > k and not it.ready.is_set():
+            b = self.plan[self._issued]
+            if self._issued > k and not b.ready.is_set():
                 break
-            self._wait(it)
+            self._wait(b)
             # No wait on the compute stream: the buffers come from the copy stream's own pool, and
-            # record_stream in _fetch keeps them from being reused before the compute is done with them.
+            # record_stream in _enter keeps them from being reused before the compute is done with them.
             with torch.cuda.stream(self._stream):
-                it.device = {a: t.to(self.device, non_blocking=True) for a, t in it.host.items()}
+                b.device = [{a: t.to(self.device, non_blocking=True) for a, t in h.items()} for h in b.host]
                 ev = torch.cuda.Event()
                 ev.record(self._stream)
-            it.event = ev
-            self._done(it, ev)
-            it.host = None
+            b.event = ev
+            self._done(b, ev)
+            b.host = None
             self._issued += 1

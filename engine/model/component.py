@@ -267,7 +267,7 @@ class Component:
 
     def file_block(self, u: Unit) -> transfer.FileBlock:
         """The unit's span of the file as a populated private mapping (transfer.FileBlock): a RAM copy
-        that keeps the file's dtype, and on the CPU what a streamed disk-tier unit computes from."""
+        that keeps the file's dtype (a streamed batch maps its own spans: engine.denoise.stream)."""
         start = self.data_start + min(i.begin for i in u.infos.values())
         end = self.data_start + max(i.end for i in u.infos.values())
         return transfer.FileBlock(self._fd, start, end)

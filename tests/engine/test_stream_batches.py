@@ -1,0 +1,94 @@
+"""The streamer hands offloaded modules over in batches: each op still gets exactly its own bytes, in the
+plan's order or not, with a ring far smaller than a step, and a batch never holds more than the largest
+module (or BATCH_MIN) nor mixes ways of streaming."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from denoise_files import SD1_TINY, random_weights, unet_rows, write
+
+from engine import denoise
+from engine.denoise import stream
+from engine.denoise.stream import BATCH_MIN, WINDOW, Streamer
+from engine.devices import DeviceOptions
+from engine.facade import Engine
+from engine.requests import Step
+
+
+class Staging(Streamer):
+    """Streams every module by reading it into the ring (what CUDA does with unpinned ones), here on the
+    CPU, where a disk-tier module would be mapped instead."""
+
+    def _mode(self, u) -> str:
+        return "stage"
+
+
+@pytest.fixture(scope="module")
+def placed(tmp_path_factory):
+    """The tiny SD1 UNet after a step with no room at all: every castable module in the disk tier."""
+    path = write(
+        tmp_path_factory.mktemp("batches") / "sd1.safetensors", random_weights(unet_rows(SD1_TINY), 5)
+    )
+    e = Engine()
+    e.detect(DeviceOptions(cpu=True, vram_budget_gb=0.0))
+    assert e.run(Step(str(path), size=(64, 64))).mode == "partial"
+    (comp,) = [c for (_, name), c in e.loaded.items() if name == "unet"]
+    yield comp, denoise.bind(comp, "sd1").op_order()
+    e.close()
+
+
+def _own(op) -> dict:
+    return {a: getattr(op, a) for a in (op.weight_attr, "bias") if getattr(op, a, None) is not None}
+
+
+def _check(st: Streamer, op) -> None:
+    got = st._fetch(op)
+    for attr, want in _own(op).items():
+        assert torch.equal(got[attr], want), attr
+
+
+@pytest.mark.parametrize("kind", [Streamer, Staging])
+def test_batches_gather_small_modules_of_one_kind_up_to_the_largest(placed, kind):
+    comp, order = placed
+    st = kind(comp, order, "cpu", steps=2)
+    n = len(st.units)
+    assert n > 20 and all(u.tier == "disk" for u in st.units.values())
+    assert len(st.plan) == 2 * st._nb and st._nb < n / 4  # the tiny model's modules go dozens at a time
+    cap = max(max(st.unit_bytes.values()), BATCH_MIN)
+    for b in st.plan:
+        assert {st._mode(u) for u in b.units} == {b.mode} == {"map" if kind is Streamer else "stage"}
+        assert sum(st.unit_bytes[id(u)] for u in b.units) <= cap
+    assert [u for b in st.plan[: st._nb] for u in b.units] == [
+        st.units[id(op)] for op in order if id(op) in st.units
+    ]
+
+
+@pytest.mark.parametrize("kind", [Streamer, Staging])
+@pytest.mark.parametrize("ring", [None, 1])
+def test_every_op_gets_its_own_bytes_in_order_skipped_or_out_of_order(placed, monkeypatch, ring, kind):
+    """Steps in the plan's order, then one that skips modules (within the window) and asks for one far
+    ahead (read on demand): every op gets its own bytes. ring=1: the smallest ring (two of the largest
+    batches), so the reader waits for a batch's ops to be done before it reads over its bytes (Staging:
+    copies into the ring) -- no deadlock, no reuse too early."""
+    comp, order = placed
+    monkeypatch.setattr(stream, "BATCH_MIN", 1 << 16)  # several batches even in this tiny model
+    ops = [op for op in order if id(op) in {id(u.module) for u in comp.units if stream.streamable(u)}]
+    st = kind(comp, order, "cpu", steps=3, ring_bytes=ring)
+    assert st._nb > 3
+    with st:
+        for op in ops:
+            _check(st, op)
+        assert st.sync_reads == 0 and st.prefetched > 0
+        for op in ops:  # the second step: nothing read on demand
+            _check(st, op)
+        assert st.sync_reads == 0
+        _check(st, ops[0])
+        _check(st, ops[WINDOW - 1])  # skips WINDOW - 2 modules
+        _check(st, ops[WINDOW + 40])  # out of the window: read on demand
+        assert st.sync_reads == 1
+        for op in ops[WINDOW:]:
+            _check(st, op)
+        assert st.sync_reads == 1
+    assert st.fetched == 3 * len(ops) - (WINDOW - 2) + 1
+    assert all(b.host is None and b.mapped is None for b in st.plan)  # nothing held after the run
