@@ -5,7 +5,11 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * flux: FLUX.1-dev at its real width (3072, 24 heads, MLP 12288, T5 4096 / CLIP 768 inputs) at reduced
     depth (1 double and 2 single blocks: 0.62 B parameters, 2.5 GB) at 256×256 pixels with 512 T5 tokens;
   * wan: Wan 2.1 T2V 1.3B at its real width (1536, 12 heads, FFN 8960, umT5 4096 context) at reduced
-    depth (4 blocks) on one 480×480 latent frame (900 tokens) with 512 context tokens.
+    depth (4 blocks) on one 480×480 latent frame (900 tokens) with 512 context tokens;
+  * wan_narrow: Wan 2.1 at the 1.3B's full depth (30 blocks) but one 128-wide head (FFN 256) on a
+    64×64-pixel frame: ~360 modules of ~70 KB, so a step is almost nothing but the cost each op pays
+    around its arithmetic (a streamed module's hand-over included). On a GPU small models are bound by
+    that cost (launching, not computing): this is where it shows on a CPU. `make bench-check` runs it.
 
 The weights: every key and shape of the SD1.5 UNet (the reference manifest), dense random float32
 (3.4 GB), saved in diffusers' naming (diffusers' own converter), so both sides read one file. Each
@@ -40,7 +44,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|wan] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|wan|wan_narrow] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -77,9 +81,14 @@ FLUX = dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=2, att
 WAN = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
            text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
            eps=1e-6, rope_max_seq_len=1024)  # fmt: skip
+WAN_NARROW = {**WAN, "num_attention_heads": 1, "ffn_dim": 256, "num_layers": 30}
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
-            "wan": ((480, 480), "transformer", "wan21")}  # fmt: skip
+            "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21")}  # fmt: skip
+
+
+def _wan(family: str) -> dict:
+    return WAN_NARROW if family == "wan_narrow" else WAN
 
 
 def _diffusers_model(family: str):
@@ -91,10 +100,10 @@ def _diffusers_model(family: str):
             from diffusers import FluxTransformer2DModel
 
             return FluxTransformer2DModel(**FLUX)
-        if family == "wan":
+        if family.startswith("wan"):
             from diffusers import WanTransformer3DModel
 
-            return WanTransformer3DModel(**WAN)
+            return WanTransformer3DModel(**_wan(family))
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
@@ -157,7 +166,7 @@ def _run_diffusers(model, family: str, x: dict):
         return model(hidden_states=x["img"], encoder_hidden_states=x["txt"], pooled_projections=x["y"],
                      timestep=x["timesteps"], img_ids=x["img_ids"][0], txt_ids=x["txt_ids"][0],
                      guidance=x["guidance"]).sample  # fmt: skip
-    if family == "wan":
+    if family.startswith("wan"):
         return model(hidden_states=x["x"], timestep=x["t"], encoder_hidden_states=x["context"]).sample
     return model(x["x"], x["timesteps"], x["context"]).sample
 
@@ -215,10 +224,11 @@ def worker_diffusers(model: str, family: str, modules: list[str], steps: int, ou
     sd = load_file(model)  # safetensors maps the file: the parameters stay views of it (as from_pretrained's)
     unet.load_state_dict(sd, assign=True)
     del sd
-    if family == "wan":  # its rotary tables are buffers computed at construction: make them real
+    if family.startswith("wan"):  # its rotary tables are buffers computed at construction: make them real
         from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 
-        unet.rope = WanRotaryPosEmbed(WAN["attention_head_dim"], WAN["patch_size"], WAN["rope_max_seq_len"])
+        cfg = _wan(family)
+        unet.rope = WanRotaryPosEmbed(cfg["attention_head_dim"], cfg["patch_size"], cfg["rope_max_seq_len"])
     unet.eval()
     if modules:
         # Private copies first: the group hooks read every offloaded tensor once to write it to disk, which
@@ -393,7 +403,8 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
         return SafetensorsFile(out(name)).tensor("out").clone().double()
 
     title = {"sd15": "SD1.5 UNet, 64x64 latent", "flux": "FLUX.1-dev width, 1+2 blocks, 256x256",
-             "wan": "Wan 2.1 1.3B width, 4 blocks, one 480x480 frame"}[fam]  # fmt: skip
+             "wan": "Wan 2.1 1.3B width, 4 blocks, one 480x480 frame",
+             "wan_narrow": "Wan 2.1 1.3B depth (30 blocks), one 128-wide head, one 64x64 frame"}[fam]  # fmt: skip
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip
     for name, r in st.items():

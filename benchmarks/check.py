@@ -2,7 +2,8 @@
 
     python benchmarks/check.py [--rounds 3] [--confirm 2] [--full] [--no-compare] [--latest F] [--baseline F]
 
-Runs the default set (`--full` adds the VAE at the real SD width, 128, the 2048^2 tiled decode, the
+Runs the default set (with the sampling step of a narrow 30-block Wan: ops and hand-overs, little
+arithmetic; `--full` adds the VAE at the real SD width, 128, the 2048^2 tiled decode, the
 TAEF2 round trip and the SD1.5 sampling step against diffusers) `--rounds` times — benchmarks
 that repeat inside one process get `--repeat N` once instead — with every line appended to
 `benchmarks/results/latest.jsonl`. Then keeps each figure's best line by its `better` direction
@@ -65,6 +66,8 @@ DEFAULT = (
     Bench(VAE_DEFAULT, repeat="--repeat"),
     Bench(("bench_vae_video.py",), repeat="--repeat"),
     Bench(("bench_gui.py",)),
+    # the per-op cost of a step (streamed modules' hand-over included): ~360 small modules, ~1 min a round
+    Bench(("bench_step.py", "--family", "wan_narrow", "--steps", "20"), repeat="--rounds"),
 )
 # The full set: every VAE figure at width 32 (its defaults), and the real SD VAE width, 128.
 FULL = (

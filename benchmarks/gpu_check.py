@@ -53,6 +53,7 @@ TITLES = {
     "sd15": "sd15 64x64",
     "flux": "flux-dev width 1+2 blocks 256x256",
     "wan": "wan21 1.3B width 4 blocks 480x480",
+    "wan_narrow": "wan21 30 blocks one head 64x64",  # per-op cost: launches and hand-overs, little arithmetic
 }
 
 
@@ -224,11 +225,14 @@ def _step_diffusers(model: str, family: str, modules: list[str] | None, steps: i
     keep = tuple(getattr(unet, "_keep_in_fp32_modules", None) or ())
     unet.load_state_dict({k: v.to(torch.float32 if any(n in k for n in keep) else dtype, copy=True)
                           for k, v in load_file(model).items()}, assign=True)  # fmt: skip
-    if family == "wan":  # its rotary tables are buffers computed at construction (meta there): make them real
-        from bench_step import WAN
+    if family.startswith(
+        "wan"
+    ):  # its rotary tables are buffers computed at construction (meta there): make them real
+        from bench_step import _wan
         from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 
-        unet.rope = WanRotaryPosEmbed(WAN["attention_head_dim"], WAN["patch_size"], WAN["rope_max_seq_len"])
+        cfg = _wan(family)
+        unet.rope = WanRotaryPosEmbed(cfg["attention_head_dim"], cfg["patch_size"], cfg["rope_max_seq_len"])
     unet.eval()
     if modules is None:
         apply_group_offloading(unet, onload_device=dev, offload_device=torch.device("cpu"), offload_type="leaf_level",
@@ -339,7 +343,9 @@ def main() -> None:
     # 20: a reduced model's step takes milliseconds, and the median of 7 after the first did not settle
     ap.add_argument("--steps", type=int, default=20, help="forward passes per step configuration")
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
-    ap.add_argument("--families", default="sd15,flux,wan", help="denoisers to step (bench_step's families)")
+    ap.add_argument(
+        "--families", default="sd15,flux,wan,wan_narrow", help="denoisers to step (bench_step's families)"
+    )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")
     ap.add_argument("--kl-ch", type=int, default=128, help="the KL VAE's base width (128: the real SD VAE)")
     ap.add_argument("--kl-sizes", default="1024,2048", help="output sizes of the KL VAE decodes")
