@@ -10,11 +10,15 @@
   2.1 GB measured 0.08 s here against 0.18-0.35 s for ``load_file`` plus a copy into a built model's
   parameters (benchmarks/bench_load.py), and 0.7-1.2 s for the same reads by ``preadv`` into fresh
   anonymous memory (two reader threads did not change that: the cost was faulting the destination).
-  The mapping asks for huge pages (``MADV_HUGEPAGE``), so a cold populate reads the file into 2 MiB
-  page-cache folios, and every later mapping of them (the next load, a streamed step) costs one
-  page-table entry per 2 MiB instead of 512: SD1.5's cold load 1.2-1.3 s against 2.4-2.6 s, and the
-  warm loads after it 0.09 s against 0.19 s. (The ``POSIX_FADV_WILLNEED`` read-ahead used before
-  filled the cache in 4 KiB pages, the reason warm loads cost twice what they do now.) The pages
+  The populate itself is the read-ahead: it faults the span in, and the kernel reads a cold file into
+  large page-cache folios (Linux 6.18, ext4: 1.9 of SD1.5's 2.1 GB in 2 MiB folios), which every
+  later mapping of them (the next load, a streamed step) maps a folio at a time. (The
+  ``POSIX_FADV_WILLNEED`` read-ahead used at first filled the cache in 4 KiB pages, which made warm
+  loads cost twice what they do now.) The mapping asks for no huge pages: the kernel makes large
+  folios without being asked, and ``MADV_HUGEPAGE`` on the mapping (used until 2026-11-26; it had
+  been measured against the WILLNEED read-ahead, never against a plain populate) made SD1.5's warm
+  load slower, 0.084 s against 0.061 s (medians of 6 alternated runs, every run slower), and its
+  cold load no faster (0.86 s against 0.81 s; cold reads here vary 0.6-1.5 s from run to run). The pages
   count in the process's RSS and USS while mapped, as a copy's would; they are clean file pages, so under memory pressure the kernel may drop
   them and read them again on use instead of failing. A write copies just that page: the one write
   made is a run's in-place bake of a LoRA (engine.denoise.patches), undone by dropping the copied
@@ -43,7 +47,6 @@ ALIGN = 64
 _ANON_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
 _HUGE = 2 * 1024 * 1024
 _POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux's value where Python lacks the name
-_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 
 
 def _align(n: int) -> int:
@@ -224,13 +227,6 @@ class FileBlock:
         self.mm = mmap.mmap(
             fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=lo
         )
-        # Huge pages first (see the module's docstring): a cold populate then reads in 2 MiB folios,
-        # and 2 MiB folios already cached are mapped with one entry each. Only a hint: refused where
-        # the kernel has no transparent huge pages, and then nothing changes.
-        try:
-            self.mm.madvise(_HUGEPAGE)
-        except (OSError, ValueError):
-            pass
         self.base = torch.frombuffer(self.mm, dtype=torch.uint8)
         pop = _POPULATOR.get()
         if pop is not None:
