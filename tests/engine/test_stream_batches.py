@@ -4,6 +4,8 @@ module (or BATCH_MIN) nor mixes ways of streaming."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from denoise_files import SD1_TINY, random_weights, unet_rows, write
@@ -13,6 +15,7 @@ from engine.denoise import stream
 from engine.denoise.stream import BATCH_MIN, WINDOW, Streamer
 from engine.devices import DeviceOptions
 from engine.facade import Engine
+from engine.model import transfer
 from engine.requests import Step
 
 
@@ -73,6 +76,15 @@ def test_every_op_gets_its_own_bytes_in_order_skipped_or_out_of_order(placed, mo
     copies into the ring) -- no deadlock, no reuse too early."""
     comp, order = placed
     monkeypatch.setattr(stream, "BATCH_MIN", 1 << 16)  # several batches even in this tiny model
+    unmapped = [0]
+    real_unmap = transfer.FileBlock.unmap_pages
+
+    def unmap_pages(block):
+        assert threading.current_thread().name == "loadout-stream"
+        unmapped[0] += 1
+        real_unmap(block)
+
+    monkeypatch.setattr(transfer.FileBlock, "unmap_pages", unmap_pages)
     ops = [op for op in order if id(op) in {id(u.module) for u in comp.units if stream.streamable(u)}]
     st = kind(comp, order, "cpu", steps=3, ring_bytes=ring)
     assert st._nb > 3
@@ -92,3 +104,5 @@ def test_every_op_gets_its_own_bytes_in_order_skipped_or_out_of_order(placed, mo
         assert st.sync_reads == 1
     assert st.fetched == 3 * len(ops) - (WINDOW - 2) + 1
     assert all(b.host is None and b.mapped is None for b in st.plan)  # nothing held after the run
+    # mapped batches are unmapped by the reader thread, beside the compute (not on the compute thread)
+    assert (unmapped[0] > 0) == (kind is Streamer)
