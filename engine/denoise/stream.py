@@ -11,7 +11,8 @@ next offloaded modules can be on their way while the current ones compute:
 * a reader thread makes the batches ready, in that order, at most the ring's size ahead of the
   compute: on the CPU a batch of disk-tier modules is mapped from the file (populated private
   mappings of its spans, one per run of neighbouring bytes, as a load's RAM copy: the page-cache pages
-  themselves, no copy; unmapped once the compute has moved past the batch), anything else is read into
+  themselves, no copy; unmapped by the reader once the compute has moved past the batch, so the
+  compute thread does not wait on the page-table work), anything else is read into
   a ring of host memory (`os.preadv` straight from the file for the disk tier, or a copy of a RAM-tier
   tensor); either way RSS holds only what is in flight;
 * on the CPU the op computes from those bytes directly (cast and patched by the op as its own weight
