@@ -100,10 +100,8 @@ class Castable:
         if not dtype.is_floating_point:
             dtype = _float_dtype(weight)
         if plain:
-            # A weight already where and as the computation wants it (a resident module in its compute
-            # dtype: most ops of a full run) is used as it is. _prepare would hand back the same
-            # tensors through four no-op `to` calls: ~5 us an op, which a step of many small ops (a
-            # GPU's launch-bound step) pays hundreds of times.
+            # A weight already where and as the computation wants it (most ops of a full run) is used as
+            # it is: _prepare's four no-op `to` calls cost ~5 us an op (a launch-bound step pays it often).
             dev = like.device
             if (weight is None or (weight.dtype == dtype and weight.device == dev)) and (
                 bias is None or (bias.dtype == dtype and bias.device == dev)
