@@ -114,11 +114,15 @@ def video_vae(device: str, dim: int) -> None:
         weights = sum(p.numel() * p.element_size() for p in vae.parameters())
         tiled = info.mode == "tiled"
         predicted = job.video_bytes(
-            info.tile_px if tiled else None, info.tile_frames, info.overlap_px if tiled else None
+            info.tile_px if tiled else None,
+            info.tile_frames,
+            info.overlap_px if tiled else None,
+            info.snapshot or "device",
         )
         predicted -= RUNTIME_BYTES + weights
         emit(check=f"wan21 dim{dim} 832x480x17 {name}", device=device, dtype=str(dtype).removeprefix("torch."),
              mode=info.mode, tile_px=info.tile_px, tile_frames=info.tile_frames, oom_retries=info.oom_retries,
+             snapshot=info.snapshot,
              seconds=round(seconds, 2), peak_bytes=peak, predicted_bytes=predicted,
              predicted_over_peak=round(predicted / peak, 3) if peak else None)  # fmt: skip
 

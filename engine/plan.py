@@ -402,7 +402,7 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
     fits."""
     from .errors import UnsupportedModel
     from .vae import estimate
-    from .vae.choice import Job, choose_video
+    from .vae.choice import Job, choose_video, peak_bytes, snapshot_for
 
     if architecture not in VIDEO_VAES:
         raise UnsupportedModel(
@@ -422,7 +422,7 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
     job = Job(spec, "decode", lat_hw, 1, ds, esize, cuda, latent_frames)
     cap = _vae_cap(p.device, device, budget)
     t = choose_video(job, cap)
-    peak = job.video_bytes(t.tile_px if t.tiled else None, t.tile_frames, t.overlap_px if t.tiled else None)
+    peak = peak_bytes(job, t, cap)  # with its retry snapshot where the run will keep it
     detail = {
         "width": w,
         "height": h,
@@ -432,6 +432,7 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
         "vae_device": p.device,
         "compute_dtype": dtype,
         "tile_frames": t.tile_frames,
+        "retry_snapshot": snapshot_for(job, t, cap),
         "full_bytes": job.video_bytes(None, 1),
         "estimate": "engine.vae.estimate (video: calibrated on measured Wan decodes)",
     }

@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if res.frames:
             how += f", {info['tile_frames']} latent frames per chunk"
+            how += ", retry snapshots in host RAM" if info.get("snapshot") == "host" else ""
         size = f"{len(res.frames)} frames of " if res.frames else ""
         print(
             f"decoded {tuple(shape)} -> {size}{res.width}x{res.height} on {device} ({info['dtype']}, "

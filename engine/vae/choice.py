@@ -89,10 +89,15 @@ class Job:
     def pixels(self) -> int:
         return self.lat_hw[0] * self.lat_hw[1] * self.downscale**2 * self.batch
 
-    def video_bytes(self, tile_px: int | None, tile_frames: int, overlap_px: int | None = None) -> int:
+    def video_bytes(
+        self, tile_px: int | None, tile_frames: int, overlap_px: int | None = None, snapshot: str = "device"
+    ) -> int:
+        """A video decode's peak (estimate.video_bytes); `snapshot`: where a GPU run keeps its chunks'
+        retry snapshot ("device" or "host", see snapshot_for)."""
         return estimate.video_bytes(self.spec, self.pixels, self.frames, self.esize, tile_px=tile_px,
                                     tile_frames=tile_frames, result_in_ram=not self.cuda,
-                                    tile_area=self.largest_tile_area(tile_px, overlap_px))  # fmt: skip
+                                    tile_area=self.largest_tile_area(tile_px, overlap_px),
+                                    snapshot_on_device=self.cuda and snapshot == "device")  # fmt: skip
 
     def largest_tile_area(self, tile_px: int | None, overlap_px: int | None = None) -> int | None:
         """Output pixels of the largest box a video tile computes (core plus context) when the frame is
@@ -111,13 +116,13 @@ def largest_box_px(lat_hw: tuple[int, int], downscale: int, tile_px: int, overla
     return max((y1 - y0) * (x1 - x0) for y0, y1, x0, x1 in boxes) * f * f
 
 
-def default_tile_px(job: Job, budget: int) -> tuple[int, int]:
+def default_tile_px(job: Job, budget: int, snapshot: str = "device") -> tuple[int, int]:
     """Tile and overlap in output pixels: as big as a quarter of the budget allows, in 64-px steps;
     the overlap gives each tile the context its receptive field needs (see estimate.CONTEXT_PX)."""
     overlap = job.spec.context_px(job.direction) * 2
     tile = 1024 if job.cuda else 512
     if job.spec.video:  # one latent frame per chunk; what the head's output leaves of the budget
-        while tile > MIN_TILE_PX and job.video_bytes(tile, 1) > budget:
+        while tile > MIN_TILE_PX and job.video_bytes(tile, 1, snapshot=snapshot) > budget:
             tile -= 64
         return tile, min(overlap, tile // 2)
     while tile > MIN_TILE_PX and estimate.tile_bytes(job.spec, tile, job.esize, job.direction) > budget / 4:
@@ -128,10 +133,12 @@ def default_tile_px(job: Job, budget: int) -> tuple[int, int]:
 MAX_TILE_FRAMES = 4  # latent frames per chunk: beyond this a chunk costs memory and gains no speed
 
 
-def tile_frames_for(job: Job, budget: int, tile_px: int | None, overlap_px: int | None = None) -> int:
+def tile_frames_for(
+    job: Job, budget: int, tile_px: int | None, overlap_px: int | None = None, snapshot: str = "device"
+) -> int:
     """Latent frames per temporal chunk: the most (up to MAX_TILE_FRAMES) whose chunk fits `budget`."""
     n = min(MAX_TILE_FRAMES, job.frames)
-    while n > 1 and job.video_bytes(tile_px, n, overlap_px) > budget:
+    while n > 1 and job.video_bytes(tile_px, n, overlap_px, snapshot) > budget:
         n -= 1
     return max(1, n)
 
@@ -142,17 +149,53 @@ def choose_video(
 ) -> Tiling:  # fmt: skip
     """A video decode's tiling: full frames when one chunk of a latent frame fits `budget` (the head's
     output and, on a CPU, the result included), else the biggest tiles that do; then as many latent
-    frames per chunk as fit. The causal cache makes every chunking exact."""
-    full_fits = job.video_bytes(None, 1) <= budget
+    frames per chunk as fit. The causal cache makes every chunking exact. On a GPU the plan that keeps
+    each chunk's retry snapshot on the device is taken while it has latent frames per chunk to give;
+    at one, where the snapshot in host RAM lets the frame go in bigger tiles (or whole), or lets the
+    smallest tile fit at all, the plan for that, and the run keeps the snapshot there (snapshot_for).
+    (Bigger tiles recompute less context; more frames per chunk gain little, and each chunk's
+    snapshot is a copy over the bus.)"""
+    args = (job, budget, mode, tile, overlap, tile_frames, overlap_frames)
+    on_device = _choose_video(*args, snapshot="device")
+    if not job.cuda or on_device.tile_frames > 1:
+        return on_device
+    on_host = _choose_video(*args, snapshot="host")
+    if _frame_area(on_host) > _frame_area(on_device) or snapshot_for(job, on_device, budget) == "host":
+        return on_host
+    return on_device
+
+
+def _frame_area(t: Tiling) -> float:
+    return float("inf") if not t.tiled else t.tile_px
+
+
+def _choose_video(job, budget, mode, tile, overlap, tile_frames, overlap_frames, snapshot) -> Tiling:
+    full_fits = job.video_bytes(None, 1, snapshot=snapshot) <= budget
     if mode == "full" or (mode == "auto" and tile is None and full_fits):
-        n = tile_frames or tile_frames_for(job, budget, None)
+        n = tile_frames or tile_frames_for(job, budget, None, snapshot=snapshot)
         return Tiling("full", tile_frames=n, overlap_frames=overlap_frames)
-    d_tile, d_overlap = default_tile_px(job, budget)
+    d_tile, d_overlap = default_tile_px(job, budget, snapshot)
     tile = tile or d_tile
     overlap = d_overlap if overlap is None else overlap
-    n = tile_frames or tile_frames_for(job, budget, tile, overlap)
+    n = tile_frames or tile_frames_for(job, budget, tile, overlap, snapshot)
     t = tiled(job, tile, overlap, 0)
     return Tiling("tiled", t.tile_px, t.overlap_px, t.rects, 0, n, overlap_frames)
+
+
+def snapshot_for(job: Job, tiling: Tiling, budget: int) -> str | None:
+    """Where a GPU video decode keeps each chunk's retry snapshot (the causal cache the chunk started
+    from, engine.vae.video): None on a CPU (its failed allocations are not retried); "device" when the
+    plan fits `budget` with it there (a reference: free of copies) or there is one chunk (an empty
+    cache); else "host", copied to pinned RAM beside the compute, which frees a whole cache of device
+    memory -- at one latent frame per chunk the cache is over twice the chunk's activations
+    (estimate.K_VIDEO_CACHE against K_VIDEO_FRAME), so a tight budget gets far bigger tiles."""
+    if not job.cuda:
+        return None
+    n = tiling.tile_frames or job.frames
+    if n >= job.frames:
+        return "device"
+    tile = (tiling.tile_px, tiling.overlap_px) if tiling.tiled else (None, None)
+    return "device" if job.video_bytes(tile[0], n, tile[1], "device") <= budget else "host"
 
 
 def tiled(job: Job, tile_px: int, overlap_px: int, batch_px: int) -> Tiling:
@@ -225,7 +268,7 @@ def peak_bytes(job: Job, tiling: Tiling, budget: int, disk: bool | None = None) 
     if job.spec.video:
         tiled = tiling.tiled
         return job.video_bytes(tiling.tile_px if tiled else None, tiling.tile_frames or job.frames,
-                               tiling.overlap_px if tiled else None)  # fmt: skip
+                               tiling.overlap_px if tiled else None, snapshot_for(job, tiling, budget) or "")  # fmt: skip
     if not tiling.tiled:
         return estimate.full_bytes(job.spec, job.direction, job.pixels, job.esize)
     return _tiled_peak(job, tiling, store_for(job, tiling, budget, disk) in ("ram", "device"))
@@ -251,8 +294,8 @@ def _retry_video(job: Job, previous: Tiling, budget: int) -> Tiling | None:
     if previous.tile_frames != 1:
         return Tiling(previous.mode, previous.tile_px, previous.overlap_px, previous.rects, 0, 1,
                       previous.overlap_frames)  # fmt: skip
-    if not previous.tiled:
-        t = tiled(job, *default_tile_px(job, budget), 0)
+    if not previous.tiled:  # the tiles of the least memory: the retry snapshots in host RAM if need be
+        t = tiled(job, *default_tile_px(job, budget, "host"), 0)
     elif previous.tile_px // 2 < MIN_TILE_PX:
         return None
     else:

@@ -50,8 +50,9 @@ K_VIDEO_FRAME = {"wan21": 2.5, "wan22": 4.8}
 K_VIDEO_CHUNK = {"wan21": 4.0, "wan22": 8.0}
 # Between chunks every causal convolution keeps its last 2 input frames (engine.vae.causal_conv.Stream):
 # at 13 frames in chunks of one latent frame, 30 (Wan 2.1) and 46 (Wan 2.2) per unit of ch over the
-# single-chunk decode, carried ~20 % over. On a GPU a chunk also holds the previous cache as its retry
-# snapshot (engine.vae.video._can_retry): twice that.
+# single-chunk decode, carried ~20 % over. On a GPU a chunk also keeps the previous cache as its retry
+# snapshot: twice that when the snapshot stays on the device, once when it waits in host RAM
+# (engine.vae.choice.snapshot_for decides).
 K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0}
 K_VIDEO_HEAD = 8.0
 VIDEO_KINDS = ("wan21", "wan22")
@@ -114,18 +115,20 @@ def video_chunk_bytes(spec: VaeSpec, pixels: int, latent_frames: int, esize: int
 def video_bytes(
     spec: VaeSpec, frame_pixels: int, latent_frames: int, esize: int, *, tile_px: int | None = None,
     tile_frames: int = 1, result_in_ram: bool = True, tile_area: int | None = None,
+    snapshot_on_device: bool = False,
 ) -> int:  # fmt: skip
     """Predicted peak of a video decode: runtime, weights, the head's output for every latent frame, one
     chunk of `tile_frames` over the whole frame (or a tile_px tile) with the causal cache the chunks
-    carry (twice on a GPU, its retry snapshot), and the float32 result when it lives in the same memory
-    (a CPU decode, which keeps no snapshot). `tile_area`: the largest tile's box in output pixels where
-    the caller planned the tiles (engine.vae.choice.Job), else tile_px squared."""
+    carry (twice with `snapshot_on_device`: a GPU's retry snapshot kept beside it), and the float32
+    result when it lives in the same memory (a CPU decode, which keeps no snapshot). `tile_area`: the
+    largest tile's box in output pixels where the caller planned the tiles (engine.vae.choice.Job), else
+    tile_px squared."""
     latent_px = frame_pixels // (spec.downscale**2)
     head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * tile_frames * latent_px * esize
     area = frame_pixels if tile_px is None else min(frame_pixels, tile_area or tile_px * tile_px)
     chunk = video_chunk_bytes(spec, area, tile_frames, esize)
     if tile_frames < latent_frames:
-        chunk += int(K_VIDEO_CACHE[spec.kind] * (1 if result_in_ram else 2) * spec.ch * area * esize)
+        chunk += int(K_VIDEO_CACHE[spec.kind] * (2 if snapshot_on_device else 1) * spec.ch * area * esize)
     frames = 1 + spec.time_factor * (latent_frames - 1)
     result = 12 * frames * frame_pixels if result_in_ram else 0
     return int(RUNTIME_BYTES + spec.weight_bytes + head + max(chunk, head // 2) + result)

@@ -38,6 +38,7 @@ class RunInfo:
     tiling_estimate_bytes: int = 0  # the estimate of the tiling that ran (engine.vae.choice.peak_bytes)
     budget_bytes: int | None = None
     store: str | None = None
+    snapshot: str | None = None  # video on a GPU: where the chunks' retry snapshots waited (device / host)
     notes: list[str] = field(default_factory=list)
     tile_frames: int | None = None  # video: latent frames per chunk
     overlap_frames: int | None = None
@@ -422,9 +423,11 @@ def _pass_video(vae, x, direction, tiling, device, dtype, budget, token, report,
             with _compute(vae, torch.device("cpu"), torch.float32, None):
                 yield
 
+        snapshot = choice.snapshot_for(job_of(vae, x, direction, device, dtype), tiling, budget)
         clip = decode_video(vae, z, tiling, device=device, dtype=dtype, token=token, report=report,
                             counters=counters, cpu_fallback=on_cpu if device.type == "cuda" else None,
-                            stage=stage)  # fmt: skip
+                            stage=stage, snapshot=snapshot)  # fmt: skip
+        info.snapshot = counters.snapshot
         info.oom_retries += counters.oom_retries
         info.cpu_fallback = counters.cpu_fallback
         clip = ((clip + 1) / 2).clamp_(0, 1)

@@ -9,7 +9,8 @@ chunk to chunk, so chunk boundaries are exact. Tiles are blended into the output
 across their core borders (engine.vae.tiling's blend). Memory is that of one chunk of one tile, its cache,
 the head's output and the result.
 
-After an out-of-memory (on a GPU) a chunk is retried from a snapshot of its tile's cache with half the frames
+After an out-of-memory (on a GPU) a chunk is retried from a snapshot of its tile's cache (on the device, or
+in pinned host RAM where the budget is tight: `Snapshots`) with half the frames
 (exact), then with the full-resolution levels one output frame at a time (exact); then the tile's
 remaining work is split into four smaller tiles, which restart at that
 chunk without a cache, warmed up on `overlap_frames` earlier latent frames whose output is discarded
@@ -48,17 +49,67 @@ class Counters:
     oom_retries: int = 0
     cpu_fallback: bool = False
     notes: list[str] | None = None
+    snapshot: str | None = None  # where the chunks' retry snapshots were kept: "device", "host" or None
+
+
+class Snapshots:
+    """Each chunk's retry snapshot: the causal cache its tile had before it, to run it again from after
+    an out-of-memory. `where` "device": the cache's own tensors (entries are replaced, never mutated), so
+    the old cache stays on the device beside the new one while the chunk runs. "host": copies in pinned
+    host RAM, made on a side stream beside the compute (each old tensor is kept for that stream until
+    its copy is done), copied back only after a failure -- the device then holds one cache. Where RAM
+    cannot be pinned, the rest of the decode keeps them on the device."""
+
+    def __init__(self, device: torch.device, where: str, counters: Counters):
+        self.device, self.where, self.counters = device, where, counters
+        self.side = torch.cuda.Stream(device) if where == "host" and device.type == "cuda" else None
+        counters.snapshot = where
+
+    def take(self, stream: Stream) -> Stream:
+        if self.where == "device":
+            return stream.copy()
+        snap = Stream()
+        snap.started, snap.keep = set(stream.started), stream.keep
+        try:
+            if self.side is None:  # a host snapshot of a CPU run (tests): plain copies
+                snap.frames = {k: t.clone() for k, t in stream.frames.items()}
+                return snap
+            self.side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.side):
+                for k, t in stream.frames.items():
+                    h = torch.empty_like(t, device="cpu", pin_memory=True)
+                    h.copy_(t, non_blocking=True)
+                    t.record_stream(self.side)  # not reused by the compute before the copy has read it
+                    snap.frames[k] = h
+        except RuntimeError as e:  # pinned RAM refused (a locked-memory limit)
+            self.where = self.counters.snapshot = "device"
+            if self.counters.notes is not None:
+                self.counters.notes.append(f"retry snapshots stay on the device: host RAM not pinned ({e})")
+            return stream.copy()
+        return snap
+
+    def back(self, snap: Stream) -> Stream:
+        """A stream to run the chunk again from; `snap` stays as it was (it may be needed again)."""
+        if self.device.type == "cpu" or all(t.device.type != "cpu" for t in snap.frames.values()):
+            return snap.copy()  # on the device already (or a CPU run's): its tensors are never mutated
+        if self.side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.side)
+        out = Stream()
+        out.started, out.keep = set(snap.started), snap.keep
+        out.frames = {k: h.to(self.device, non_blocking=True) for k, h in snap.frames.items()}
+        return out
 
 
 class _Ctx:
     """What every tile of one decode shares."""
 
     def __init__(self, vae, head, out, wsum, tf, f, blend, overlap_frames, device, dtype, token, report, counters,
-                 on_oom):  # fmt: skip
+                 on_oom, snapshot):  # fmt: skip
         self.vae, self.head, self.out, self.wsum = vae, head, out, wsum
         self.tf, self.f, self.blend, self.overlap_frames = tf, f, blend, overlap_frames
         self.device, self.dtype, self.token, self.report = device, dtype, token, report
         self.counters, self.on_oom = counters, on_oom
+        self.snapshots = Snapshots(device, snapshot, counters) if snapshot and _can_retry(device) else None
         self.done, self.total = 0, 1
 
 
@@ -74,9 +125,12 @@ def decode_video(
     counters: Counters | None = None,
     cpu_fallback: Callable[[], object] | None = None,
     stage: str = "VAE decode",
+    snapshot: str | None = "device",
 ) -> torch.Tensor:
     """(B, z, T, h, w) VAE-space latent -> (B, F, C, H, W) float32 on the CPU in [-1, 1], F = 1 + 4 (T - 1).
-    `tiling`: full (one tile) or tiled, with `tile_frames` latent frames per chunk (0: all)."""
+    `tiling`: full (one tile) or tiled, with `tile_frames` latent frames per chunk (0: all). `snapshot`:
+    where each chunk's retry snapshot waits on a GPU ("device" or "host": Snapshots; None: no retries;
+    engine.vae.choice.snapshot_for decides)."""
     counters = counters if counters is not None else Counters(notes=[])
     b, _, t, h, w = z.shape
     f, tf = vae.downscale, vae.time_factor
@@ -109,7 +163,7 @@ def decode_video(
     out = torch.zeros(b, frames_out(t, tf), channels, h * f, w * f)
     wsum = torch.zeros(1, 1, h * f, w * f)
     ctx = _Ctx(vae, head, out, wsum, tf, f, blend, tiling.overlap_frames, device, dtype, token, report, counters,
-               cpu_fallback)  # fmt: skip
+               cpu_fallback, snapshot)  # fmt: skip
     ctx.total = len(tiles) * len(chunks)
     for i, tile in enumerate(tiles):
         _tile(ctx, tile, (h, w), chunks, 0, i, len(tiles), stage)
@@ -158,19 +212,26 @@ def _tile(ctx: _Ctx, tile: Tile, hw, chunks, start: int, index: int, count: int,
     if warm_from is not None:  # one latent frame at a time: the restart is after an out-of-memory
         for a in range(warm_from, chunks[start][0]):
             _run_chunk(ctx, tile, (a, a + 1), stream, None, fa)
-    j = start
+    j, snap, again = start, None, False
+    snaps = ctx.snapshots if ctx.snapshots is not None and ctx.snapshots.device == ctx.device else None
     while j < len(chunks):
         a, c = chunks[j]
         if ctx.token is not None:
             ctx.token.raise_if_cancelled()
-        snap = stream.copy() if _can_retry(ctx.device) else None
+        if not again:  # a chunk run again starts from the snapshot it already has
+            snap = None
+            snap = snaps.take(stream) if snaps is not None else None
+        again = False
         stream.keep = j < len(chunks) - 1  # the tile's last chunk: no frames to carry on
         try:
             _run_chunk(ctx, tile, (a, c), stream, region, fa)
+            failed = False
         except torch.OutOfMemoryError:
             if snap is None:
                 raise
-            stream = snap
+            failed = True
+        if failed:  # out of the except block: the failure's frames (and their tensors) are gone
+            stream = None
             _release(ctx.device)
             ctx.counters.oom_retries += 1
             if c - a > 1:  # the same chunk in halves, from the cache it started with: exact
@@ -178,13 +239,14 @@ def _tile(ctx: _Ctx, tile: Tile, hw, chunks, start: int, index: int, count: int,
                 chunks = chunks[:j] + [(a, a + half), (a + half, c)] + chunks[j + 1 :]
                 ctx.total += 1
                 _note(ctx, f"out of memory; {c - a} latent frames per chunk -> {half}")
-                continue
-            if fa is None:  # the full-resolution levels one output frame at a time: exact again
+            elif fa is None:  # the full-resolution levels one output frame at a time: exact again
                 fa = 1
                 _note(ctx, "out of memory; the full-resolution levels run one frame at a time")
-                continue
-            _split(ctx, tile, hw, chunks, j, index, count, stage, region)
-            return
+            else:
+                _split(ctx, tile, hw, chunks, j, index, count, stage, region)
+                return
+            stream, again = snaps.back(snap), True
+            continue
         j += 1
         ctx.done += 1
         rect = tuple(v * ctx.f for v in tile.core)
@@ -227,10 +289,11 @@ def _split(ctx: _Ctx, tile: Tile, hw, chunks, j: int, index: int, count: int, st
 
 
 def _can_retry(device: torch.device) -> bool:
-    """Whether a chunk keeps a snapshot of its tile's cache to be retried from. The snapshot holds the
-    cache's previous frames until the chunk is done -- a second cache (at 832x480, width 16, chunks of
-    one latent frame: 1.58 GB peak with it, 1.0 GB without). On the CPU an allocation that fails is a
-    RuntimeError, never torch's OutOfMemoryError, so nothing there is retried: no snapshot."""
+    """Whether a chunk keeps a snapshot of its tile's cache to be retried from (Snapshots). Kept on the
+    device it holds the cache's previous frames until the chunk is done -- a second cache (at 832x480,
+    width 16, chunks of one latent frame: 1.58 GB peak with it, 1.0 GB without). On the CPU an
+    allocation that fails is a RuntimeError, never torch's OutOfMemoryError, so nothing there is
+    retried: no snapshot."""
     return device.type != "cpu"
 
 
