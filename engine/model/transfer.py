@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
+import functools
 import mmap
 import os
 import sys
@@ -92,6 +93,7 @@ class HostBlock:
             except OSError:  # THP disabled: plain pages
                 pass
         self.base = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self.typed: dict = {}  # dtype -> base seen as that dtype (typed_view)
         self.pinned = False
         self._account = None
         if pinned_account is not None and torch.cuda.is_available() and pinned_account.take(self.nbytes):
@@ -228,6 +230,7 @@ class FileBlock:
             fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=lo
         )
         self.base = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self.typed: dict = {}  # dtype -> base seen as that dtype (typed_view)
         pop = _POPULATOR.get()
         if pop is not None:
             pop.submit(self)
@@ -250,11 +253,7 @@ class FileBlock:
 
     def view(self, file_start: int, dtype, shape):
         """A tensor over the file's bytes at `file_start` (inside this block's span)."""
-        import math
-
-        off = self.offset + file_start - self.start
-        n = math.prod(shape) * dtype.itemsize
-        return self.base[off : off + n].view(dtype).view(shape)
+        return typed_view(self, self.offset + file_start - self.start, dtype, shape)
 
     def unmap_pages(self) -> None:
         """Take the mapping's pages out of the process now (MADV_DONTNEED), with the GIL let go
@@ -314,10 +313,34 @@ def layout(sizes: list[int]) -> tuple[list[int], int]:
 
 def view_in(block: HostBlock, offset: int, dtype, shape):
     """A tensor of `dtype`/`shape` over the block's bytes at `offset`."""
+    return typed_view(block, offset, dtype, shape)
+
+
+def typed_view(block, offset: int, dtype, shape: tuple):
+    """A tensor of `dtype`/`shape` over `block.base`'s bytes (uint8) at `offset`: one as_strided of the
+    block's bytes seen as `dtype` (made once per block and dtype) where the offset is a multiple of the
+    element size, 0.9 us against 2.4 us for a slice and two views -- a streamed step makes one per
+    tensor of every module it streams (~900 a step for a model of many small modules). Elsewhere the
+    slice: the same tensor."""
+    size = dtype.itemsize
+    if offset % size == 0:
+        typed = block.typed.get(dtype)
+        if typed is None:
+            base = block.base
+            typed = block.typed[dtype] = base[: base.numel() // size * size].view(dtype)
+        return typed.as_strided(shape, _strides(shape), offset // size)
     import math
 
-    n = math.prod(shape) * dtype.itemsize
-    return block.base[offset : offset + n].view(dtype).view(shape)
+    return block.base[offset : offset + math.prod(shape) * size].view(dtype).view(shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _strides(shape: tuple) -> tuple:
+    out, n = [], 1
+    for d in reversed(shape):
+        out.append(n)
+        n *= d
+    return tuple(reversed(out))
 
 
 def read_into(fd: int, file_offset: int, dst) -> None:
