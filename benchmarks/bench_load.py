@@ -76,6 +76,21 @@ def drop_cache(path: Path) -> None:
         os.close(fd)
 
 
+def cold_start(path: Path) -> None:
+    """The file out of this machine's page cache, from the same state every time: read through once
+    sequentially, then dropped. On this (virtual) machine a cold read is fed by the host's cache of the
+    disk, and how fast depends on how the file was read last: a plain read of 2.1 GB took 0.65 s after a
+    plain read, 2.2-2.5 s after load_file's and 1.5-2.9 s after our populate (2026-11-26, 3 runs each;
+    a 10 s pause changed nothing, and the guest's page counters -- faults, THP, compaction -- were the
+    same). Our cold load read 0.67-0.68 s after a plain read against 1.0-1.5 s after load_file, which
+    is what made load_cold depend on which side ran first. On a disk of its own, the read leaves nothing."""
+    drop_cache(path)
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 << 20):
+            pass
+    drop_cache(path)
+
+
 def settle() -> None:
     """The same starting heap for every timed load: garbage collected, free heap pages handed back."""
     from engine.memory import trim_heap
@@ -150,14 +165,14 @@ def main() -> None:
         freed = 0
 
         def baseline_cold() -> None:
-            drop_cache(path)  # cold: this file's pages out of the page cache
+            cold_start(path)  # cold: this file's pages out of the page cache
             dt, params = baseline(path)
             best["b_cold"] = min(best["b_cold"], dt)
             del params
             gc.collect()
 
         def ours_cold() -> int:
-            drop_cache(path)
+            cold_start(path)
             build, o_cold, m, comps = ours(path)
             best["o_cold"] = min(best["o_cold"], build + o_cold)
             t = time.perf_counter()
@@ -168,10 +183,9 @@ def main() -> None:
             return freed
 
         for r in range(a.repeat):
-            # The cold pair swaps its order each round: a cold load that follows load_file's cold read is slower
-            # than one that follows nothing (ours, 2026-11-26, 3 runs each: 0.78-1.13 s against
-            # 0.64-0.65 s; after a plain sequential read of the file, 0.65 s), so whichever ran second
-            # carried that cost in every round. The best of each side now includes a round as the first.
+            # The cold pair swaps its order each round, and each starts from cold_start's state: a cold
+            # load right after load_file's cold read took 0.78-1.13 s against 0.64-0.65 s after a plain
+            # read, so whichever ran second carried that cost in every round (see cold_start).
             if r % 2 == 0:
                 baseline_cold()
                 freed = ours_cold()
