@@ -20,7 +20,10 @@ DESCRIPTION = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base", required=True, metavar="CKPT", help="the base checkpoint")
+    p.add_argument(
+        "--base", "--model", dest="base", required=True, metavar="CKPT",
+        help="the base checkpoint (--model, as `step` and `plan` call it, works too)",
+    )  # fmt: skip
     p.add_argument(
         "--lora",
         action="append",

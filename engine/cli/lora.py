@@ -17,8 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     ins.add_argument("lora", metavar="LORA", help="the adapter file (.safetensors)")
     ins.add_argument(
-        "--base", required=True, metavar="CKPT", help="the base checkpoint (header only is read)"
-    )
+        "--base", "--model", dest="base", required=True, metavar="CKPT",
+        help="the base checkpoint, header only read (--model, as `step` and `plan` call it, works too)",
+    )  # fmt: skip
     ins.add_argument("--json", action="store_true", help="print the coverage JSON")
     ins.add_argument("--all", action="store_true", help="list every unmatched module (default: the first 20)")
 

@@ -24,6 +24,9 @@ def test_inspect_real_lokr_on_sd15_layout(cli, shared_data, tmp_path):
     assert j["error"] is None
     human = cli("lora", "inspect", str(lokr), "--base", str(base))
     assert human.returncode == 0 and "350/350 modules mapped (100.0%)" in human.stdout
+    # `--model`, as `step` and `plan` name the base, is the same option
+    alias = cli("lora", "inspect", str(lokr), "--model", str(base), "--json")
+    assert alias.returncode == 0 and json.loads(alias.stdout) == j
 
 
 def test_inspect_sdxl_dump_on_sd15_reports_mismatches(cli, tmp_path):
@@ -134,7 +137,8 @@ def test_bake_refuses_to_write_over_an_input(cli, shared_data, tmp_path):
     hard = tmp_path / "hard.safetensors"
     os.link(base_path, hard)
     for out in (base_path, link, hard):
-        r = cli("bake", "--base", str(base_path), "--lora", str(lokr), "--out", str(out))
+        flag = "--model" if out is hard else "--base"  # --model: the base under the name step and plan use
+        r = cli("bake", flag, str(base_path), "--lora", str(lokr), "--out", str(out))
         assert r.returncode == 2, (out, r.stderr)
         assert "is one of the inputs" in r.stderr
     assert base_path.read_bytes() == before and os.readlink(link) == str(lokr)
