@@ -18,9 +18,10 @@ next offloaded modules can be on their way while the current ones compute:
 * on the CPU the op computes from those bytes directly (cast and patched by the op as its own weight
   would be: the bytes are the file's, at the file's alignment, so a partial run gives the full run's
   bits). Mapping instead of copying saved 0.76 s of CPU per step streaming 3.1 GB (SD1.5 at 10 %);
-* on CUDA the ring is page-locked and the main thread issues each batch's host→device copies on a side
-  stream a few batches ahead, records an event, and makes the compute stream wait for it just before
-  the batch's first op runs (the idea of ComfyUI's async offload — a copy stream, pinned buffers,
+* on CUDA the ring is page-locked and the main thread issues each batch's host→device copy (one for a
+  staged batch's whole ring region, its tensors views of the device buffer) on a side stream a few
+  batches ahead, records an event, and makes the compute stream wait for it just before the batch's
+  first op runs (the idea of ComfyUI's async offload — a copy stream, pinned buffers,
   events; our own code). Pinned RAM-tier tensors skip the ring and are copied from where they are.
 
 Every streamed byte is counted, so the ledger and the Step result say what one step streamed.
@@ -55,6 +56,23 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def carve(buf: torch.Tensor, at: int, host: list) -> list:
+    """Views of `buf` (a copy of the bytes starting at host address `at`) for each host tensor in
+    `host` (per unit, attr -> tensor, every one inside those bytes), at the same offsets."""
+    holder = _Bytes(buf)
+    return [
+        {a: transfer.typed_view(holder, t.data_ptr() - at, t.dtype, tuple(t.shape)) for a, t in h.items()}
+        for h in host
+    ]
+
+
+class _Bytes:
+    """A uint8 tensor as transfer.typed_view takes it."""
+
+    def __init__(self, base: torch.Tensor):
+        self.base, self.typed = base, {}
+
+
 def streamable(u) -> bool:
     """An offloaded unit whose op reads its tensors through Castable.cast_params."""
     return u.tier != "device" and isinstance(u.module, Castable) and not isinstance(u.module, Embedding)
@@ -77,6 +95,7 @@ class _Batch:
     host: list | None = None  # per unit: attr -> host tensor
     slot: _Slot | None = None
     device: list | None = None  # CUDA, per unit: attr -> device tensor
+    buffer: torch.Tensor | None = None  # CUDA, "stage": the one device allocation `device` views
     event: object = None
     mapped: list | None = None  # CPU, "map": the file mappings its host tensors view (transfer.FileBlock)
     hit: bool = False  # ready (CPU) / its copy issued (CUDA) when the compute came to it
@@ -184,7 +203,7 @@ class Streamer:
         if self.cuda and self._stream is not None:
             self._stream.synchronize()
         for b in self.plan:
-            b.host = b.device = b.slot = b.event = b.mapped = None
+            b.host = b.device = b.buffer = b.slot = b.event = b.mapped = None
         self._unmap.clear()
         self._slots.clear()
         if self._block is not None:
@@ -376,14 +395,17 @@ class Streamer:
         self._issue(k)
         compute = torch.cuda.current_stream(self.device)
         compute.wait_event(b.event)
-        for out in b.device:
-            for t in out.values():
-                t.record_stream(compute)  # allocated on the copy stream, used on this one
+        if b.buffer is not None:  # one allocation holds the batch's tensors
+            b.buffer.record_stream(compute)  # allocated on the copy stream, used on this one
+        else:
+            for out in b.device:
+                for t in out.values():
+                    t.record_stream(compute)
         b.event = None
 
     def _skip(self, b: _Batch) -> None:
         if self.cuda and b.device is not None:  # copied already: its ring bytes go once the copy is done
-            b.device = b.event = None
+            b.device = b.buffer = b.event = None
             return
         self._wait(b)
         self._done(b)
@@ -408,7 +430,21 @@ class Streamer:
                 b.slot = None
                 self._cond.notify_all()
         if event is None:
-            b.host = b.mapped = b.device = None
+            b.host = b.mapped = b.device = b.buffer = None
+
+    def _device_copies(self, b: _Batch) -> tuple[torch.Tensor | None, list]:
+        """Batch b's tensors on the device, copied without blocking (on CUDA, from page-locked host
+        memory): a staged batch as one copy of its ring region into one device buffer, its tensors
+        views of it at their offsets in the region (a launch-bound step paid a copy, and the compute a
+        record_stream, for each of a batch's ~100 tensors), so they keep the staged alignment modulo
+        ALIGN; pinned RAM-tier tensors ("direct") one by one, from where they are. Returns the buffer
+        (None for "direct") and, per unit, attr -> tensor."""
+        if b.mode != "stage" or b.slot is None:
+            return None, [{a: t.to(self.device, non_blocking=True) for a, t in h.items()} for h in b.host]
+        lo, hi = b.slot.start, b.slot.end
+        buf = torch.empty(hi - lo, dtype=torch.uint8, device=self.device)
+        buf.copy_(self._block.base[lo:hi], non_blocking=True)
+        return buf, carve(buf, self._block.base.data_ptr() + lo, b.host)
 
     def _issue(self, k: int) -> None:
         """Issue the device copies of batches k, k+1, … (k always; the next ones when their host bytes
@@ -423,7 +459,7 @@ class Streamer:
             # No wait on the compute stream: the buffers come from the copy stream's own pool, and
             # record_stream in _enter keeps them from being reused before the compute is done with them.
             with torch.cuda.stream(self._stream):
-                b.device = [{a: t.to(self.device, non_blocking=True) for a, t in h.items()} for h in b.host]
+                b.buffer, b.device = self._device_copies(b)
                 ev = torch.cuda.Event()
                 ev.record(self._stream)
             b.event = ev

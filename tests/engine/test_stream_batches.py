@@ -106,3 +106,29 @@ def test_every_op_gets_its_own_bytes_in_order_skipped_or_out_of_order(placed, mo
     assert all(b.host is None and b.mapped is None for b in st.plan)  # nothing held after the run
     # mapped batches are unmapped by the reader thread, beside the compute (not on the compute thread)
     assert (unmapped[0] > 0) == (kind is Streamer)
+
+
+def test_a_staged_batch_goes_to_the_device_as_one_copy_its_tensors_views_of_it(placed, monkeypatch):
+    """What CUDA does with a staged batch (_device_copies), run on the CPU: one buffer holding the batch's
+    ring region, each tensor a view of it at its offset there -- its own bytes, its dtype and shape, and
+    its address modulo ALIGN as staged (what keeps a partial step's numbers those of the full step)."""
+    comp, order = placed
+    monkeypatch.setattr(stream, "BATCH_MIN", 1 << 16)
+    st = Staging(comp, order, "cpu", steps=1)
+    with st:
+        b = st.plan[1]
+        st._wait(b)
+        buf, device = st._device_copies(b)
+        assert buf is not None and buf.numel() == b.slot.end - b.slot.start
+        region = (buf.data_ptr(), buf.data_ptr() + buf.numel())
+        ring_at = st._block.base.data_ptr() + b.slot.start
+        assert buf.data_ptr() % stream.ALIGN == 0 == ring_at % stream.ALIGN
+        assert len(device) == len(b.units) > 1
+        for h, d in zip(b.host, device, strict=True):
+            assert h.keys() == d.keys()
+            for a, t in h.items():
+                got = d[a]
+                assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t), a
+                assert region[0] <= got.data_ptr() < region[1]  # a view of the one buffer, not the ring
+                assert got.data_ptr() - buf.data_ptr() == t.data_ptr() - ring_at  # where it was staged
+                assert got.data_ptr() % stream.ALIGN == t.data_ptr() % stream.ALIGN
