@@ -408,6 +408,7 @@ class DecodePanel(QWidget):
         frames = getattr(result, "frames", ())
         if frames:
             mode += f", {len(frames)} frames in chunks of {info.get('tile_frames')} latent frames"
+            mode += ", retry snapshots in host RAM" if info.get("snapshot") == "host" else ""
         self.player.set_result(result)
         self.eta.setText(f"done in {result.seconds:.2f} s ({mode}){wrote}")
         self.eta.setToolTip(result.source)

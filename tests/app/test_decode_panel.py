@@ -210,7 +210,14 @@ def test_a_video_latent_plays_in_the_panel_and_saves_as_mp4_and_frames(qtbot, wi
     assert len(res.frames) == 9 and res.fps == 16 and (res.width, res.height) == (64, 48)
     assert dec.player.isVisible() and dec.player.frame_slider.maximum() == 8
     assert dec.tiles_done == len(dec.tile_items) > 1
-    assert "9 frames in chunks of" in dec.eta.text()
+    assert "9 frames in chunks of" in dec.eta.text() and "snapshots" not in dec.eta.text()  # a CPU keeps none
+    # a GPU run that kept its retry snapshots in host RAM (choice.snapshot_for) says so
+    import dataclasses
+    from types import MappingProxyType
+
+    dec._on_done(dataclasses.replace(res, info=MappingProxyType({**res.info, "snapshot": "host"})))
+    assert dec.eta.text().endswith("latent frames, retry snapshots in host RAM)")
+    dec._on_done(res)
     first = dec.pixmap_item.pixmap().toImage().copy()
     dec.player.frame_slider.setValue(8)
     assert dec.player.frame_label.text().startswith("9/9") and dec.pixmap_item.pixmap().toImage() != first
