@@ -76,6 +76,9 @@ def drop_cache(path: Path) -> None:
         os.close(fd)
 
 
+PARTIAL_PAIRS = 5  # partial loads (ours, then the baseline's) per round
+
+
 def cold_start(path: Path) -> None:
     """The file out of this machine's page cache, from the same state every time: read through once
     sequentially, then dropped. On this (virtual) machine a cold read is fed by the host's cache of the
@@ -203,17 +206,23 @@ def main() -> None:
             best["build"] = min(best["build"], build)
             m.unload_all()
             del m, comps
-            # partial, warm: half the bytes allowed; the baseline copies the same modules' tensors
-            build, o_part, m, comps = ours(path, budget=size // 2)
-            best["o_part"] = min(best["o_part"], build + o_part)
-            got = {k for c in comps.values() for u in c.units if u.tier == "device" for k in u.keys.values()}
-            assert resident is None or got == resident, "the plan changed between rounds"
-            resident, part_bytes = got, m.snapshot().device_bytes
-            m.unload_all()
-            del m, comps
-            dt, params = baseline(path, resident)
-            best["b_part"] = min(best["b_part"], dt)
-            del params
+            # partial, warm: half the bytes allowed; the baseline copies the same modules' tensors. Five
+            # pairs a round: each side takes ~0.05 s, and the baseline's moved between 0.047 and 0.075 s
+            # from one run to the next (the ratio with it: 0.68-0.92 on unchanged code), so a best of
+            # three rounds flagged noise
+            for _ in range(PARTIAL_PAIRS):
+                build, o_part, m, comps = ours(path, budget=size // 2)
+                best["o_part"] = min(best["o_part"], build + o_part)
+                got = {
+                    k for c in comps.values() for u in c.units if u.tier == "device" for k in u.keys.values()
+                }
+                assert resident is None or got == resident, "the plan changed between rounds"
+                resident, part_bytes = got, m.snapshot().device_bytes
+                m.unload_all()
+                del m, comps
+                dt, params = baseline(path, resident)
+                best["b_part"] = min(best["b_part"], dt)
+                del params
         common = dict(baseline="load_file + copy", bytes=size, rounds=a.repeat)
         # The issue's goals: every load at most as slow as load_file + copy (issue 14).
         record(
