@@ -81,12 +81,16 @@ PARTIAL_PAIRS = 5  # partial loads (ours, then the baseline's) per round
 
 def cold_start(path: Path) -> None:
     """The file out of this machine's page cache, from the same state every time: read through once
-    sequentially, then dropped. On this (virtual) machine a cold read is fed by the host's cache of the
-    disk, and how fast depends on how the file was read last: a plain read of 2.1 GB took 0.65 s after a
-    plain read, 2.2-2.5 s after load_file's and 1.5-2.9 s after our populate (2026-11-26, 3 runs each;
-    a 10 s pause changed nothing, and the guest's page counters -- faults, THP, compaction -- were the
-    same). Our cold load read 0.67-0.68 s after a plain read against 1.0-1.5 s after load_file, which
-    is what made load_cold depend on which side ran first. On a disk of its own, the read leaves nothing."""
+    sequentially, then dropped. On this (virtual) machine a guest-cold read is fed by the host's cache
+    of the disk for a few seconds after the file was last read: a plain read of the 2.1 GB file took
+    0.64-0.74 s right after another, 1.17 s a second later, 2.5 s after 3 s, 3.0 s after 10 s; and
+    right after load_file's read (2.2-2.5 s) or our populate (1.5-2.9 s) it was slow as well (the
+    guest's own counters -- faults, file THP, compaction, allocations -- were the same in every case).
+    Our cold load read 0.67-0.68 s after a plain read against 1.0-1.5 s after load_file, which is what
+    made load_cold depend on which side ran first. So load_cold compares both sides guest-cold but
+    host-warm. Read cold from the disk itself (10 s after the drop, 2026-11-26, 5 runs each) our load
+    took 1.46-1.64 s and load_file + copy 1.04-1.14 s: that goal is not met (see the issue's notes).
+    On a disk of its own, the read leaves nothing behind."""
     drop_cache(path)
     with open(path, "rb", buffering=0) as f:
         while f.read(16 << 20):
