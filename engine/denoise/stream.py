@@ -59,18 +59,11 @@ def _aligned(n: int) -> int:
 def carve(buf: torch.Tensor, at: int, host: list) -> list:
     """Views of `buf` (a copy of the bytes starting at host address `at`) for each host tensor in
     `host` (per unit, attr -> tensor, every one inside those bytes), at the same offsets."""
-    holder = _Bytes(buf)
+    typed: dict = {}
     return [
-        {a: transfer.typed_view(holder, t.data_ptr() - at, t.dtype, tuple(t.shape)) for a, t in h.items()}
+        {a: transfer.typed_view(buf, typed, t.data_ptr() - at, t.dtype, tuple(t.shape)) for a, t in h.items()}
         for h in host
     ]
-
-
-class _Bytes:
-    """A uint8 tensor as transfer.typed_view takes it."""
-
-    def __init__(self, base: torch.Tensor):
-        self.base, self.typed = base, {}
 
 
 def streamable(u) -> bool:

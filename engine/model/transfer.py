@@ -253,7 +253,7 @@ class FileBlock:
 
     def view(self, file_start: int, dtype, shape):
         """A tensor over the file's bytes at `file_start` (inside this block's span)."""
-        return typed_view(self, self.offset + file_start - self.start, dtype, shape)
+        return typed_view(self.base, self.typed, self.offset + file_start - self.start, dtype, shape)
 
     def unmap_pages(self) -> None:
         """Take the mapping's pages out of the process now (MADV_DONTNEED), with the GIL let go
@@ -313,25 +313,24 @@ def layout(sizes: list[int]) -> tuple[list[int], int]:
 
 def view_in(block: HostBlock, offset: int, dtype, shape):
     """A tensor of `dtype`/`shape` over the block's bytes at `offset`."""
-    return typed_view(block, offset, dtype, shape)
+    return typed_view(block.base, block.typed, offset, dtype, shape)
 
 
-def typed_view(block, offset: int, dtype, shape: tuple):
-    """A tensor of `dtype`/`shape` over `block.base`'s bytes (uint8) at `offset`: one as_strided of the
-    block's bytes seen as `dtype` (made once per block and dtype) where the offset is a multiple of the
+def typed_view(base, typed: dict, offset: int, dtype, shape: tuple):
+    """A tensor of `dtype`/`shape` over the bytes of `base` (uint8) at `offset`: one as_strided of the
+    bytes seen as `dtype` (made once per dtype and kept in `typed`) where the offset is a multiple of the
     element size, 0.9 us against 2.4 us for a slice and two views -- a streamed step makes one per
     tensor of every module it streams (~900 a step for a model of many small modules). Elsewhere the
     slice: the same tensor."""
     size = dtype.itemsize
     if offset % size == 0:
-        typed = block.typed.get(dtype)
-        if typed is None:
-            base = block.base
-            typed = block.typed[dtype] = base[: base.numel() // size * size].view(dtype)
-        return typed.as_strided(shape, _strides(shape), offset // size)
+        seen = typed.get(dtype)
+        if seen is None:
+            seen = typed[dtype] = base[: base.numel() // size * size].view(dtype)
+        return seen.as_strided(shape, _strides(shape), offset // size)
     import math
 
-    return block.base[offset : offset + math.prod(shape) * size].view(dtype).view(shape)
+    return base[offset : offset + math.prod(shape) * size].view(dtype).view(shape)
 
 
 @functools.lru_cache(maxsize=4096)
