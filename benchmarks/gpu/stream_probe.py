@@ -19,7 +19,7 @@ import torch
 from bench_step import FAMILIES, write_random
 from torch.profiler import ProfilerActivity, profile
 
-import engine.denoise.stream as stream_mod
+import engine.denoise.device_copies as copies_mod
 from engine.devices import DeviceOptions
 from engine.facade import Engine
 from engine.requests import Step
@@ -52,11 +52,11 @@ def main() -> None:
         budget = model.stat().st_size * pct / 100 / 1024**3
         print("full", run(model, family, None, 12), flush=True)
         for look in (3, 8, 3, 8):
-            stream_mod.LOOKAHEAD_COPIES = look
+            copies_mod.LOOKAHEAD_COPIES = look
             t0 = time.perf_counter()
             r = run(model, family, budget, 12)
             print(f"lookahead {look}", r, f"({time.perf_counter() - t0:.1f} s)", flush=True)
-        stream_mod.LOOKAHEAD_COPIES = 3
+        copies_mod.LOOKAHEAD_COPIES = 3
         prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
         print("profiled", run(model, family, budget, 4, prof), flush=True)
         prof.export_chrome_trace(str(out / f"{family}-{int(pct)}-trace.json"))

@@ -23,6 +23,8 @@ next offloaded modules can be on their way while the current ones compute:
   batches ahead, records an event, and makes the compute stream wait for it just before the batch's
   first op runs (the idea of ComfyUI's async offload — a copy stream, pinned buffers,
   events; our own code). Pinned RAM-tier tensors skip the ring and are copied from where they are.
+  The card holds at most FLIGHT_BATCHES batch caps of streamed weights at once: the CPU waits for the
+  GPU to pass old batches before it copies the one it needs (engine.denoise.device_copies).
 
 Every streamed byte is counted, so the ledger and the Step result say what one step streamed.
 """
@@ -39,9 +41,10 @@ import torch
 from ..model import transfer
 from ..model.transfer import ALIGN, HostBlock, read_into, view_in
 from ..ops import Castable, Embedding
+from . import device_copies as copies
+from .device_copies import DeviceCopies
 
 MIN_RING = 64 * 1024 * 1024
-LOOKAHEAD_COPIES = 3  # batches whose device copies are in flight ahead of the compute (CUDA)
 # A batch gathers modules up to the largest module's bytes, and at least this many: the memory in flight
 # stays what one large module would hold, while a model of many small ones (Wan's 30 blocks of ~12 modules
 # each, a tiny-width test model) hands over tens of them at a time.
@@ -54,16 +57,6 @@ WINDOW = 8  # how far ahead of the expected module (in modules) an op is still t
 
 def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def carve(buf: torch.Tensor, at: int, host: list) -> list:
-    """Views of `buf` (a copy of the bytes starting at host address `at`) for each host tensor in
-    `host` (per unit, attr -> tensor, every one inside those bytes), at the same offsets."""
-    typed: dict = {}
-    return [
-        {a: transfer.typed_view(buf, typed, t.data_ptr() - at, t.dtype, tuple(t.shape)) for a, t in h.items()}
-        for h in host
-    ]
 
 
 def streamable(u) -> bool:
@@ -87,17 +80,21 @@ class _Batch:
     ready: threading.Event = field(default_factory=threading.Event)
     host: list | None = None  # per unit: attr -> host tensor
     slot: _Slot | None = None
+    device_bytes: int = 0  # CUDA: what its device copies hold
     device: list | None = None  # CUDA, per unit: attr -> device tensor
     buffer: torch.Tensor | None = None  # CUDA, "stage": the one device allocation `device` views
     event: object = None
     mapped: list | None = None  # CPU, "map": the file mappings its host tensors view (transfer.FileBlock)
     hit: bool = False  # ready (CPU) / its copy issued (CUDA) when the compute came to it
+    flight: list | None = None  # CUDA: its entry in Streamer._flight while the compute has not passed it
 
 
-class Streamer:
+class Streamer(DeviceCopies):
     """Attach to a component for a run of `steps` forwards; `with` it around the steps."""
 
-    def __init__(self, component, order: list, device, *, steps: int, pinned=None, ring_bytes=None):
+    def __init__(
+        self, component, order: list, device, *, steps: int, pinned=None, ring_bytes=None, flight_bytes=None
+    ):
         self.c = component
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
@@ -116,7 +113,16 @@ class Streamer:
         for j, (units, _, _) in enumerate(batches):
             self._batch_of += [j] * len(units)
             self._member += range(len(units))
-        self.plan = [_Batch(units, mode, need) for _ in range(steps) for units, mode, need in batches]
+        self.plan = [
+            _Batch(units, mode, need, device_bytes=need or sum(self.unit_bytes[id(u)] for u in units))
+            for _ in range(steps)
+            for units, mode, need in batches
+        ]
+        # CUDA: [bytes, the compute stream's event once the CPU has moved past the batch (None before)]
+        self._flight: deque[list] = deque()
+        self._in_flight = 0  # the bytes in _flight
+        self.flight_bytes = flight_bytes or copies.FLIGHT_BATCHES * self.cap
+        self.peak_flight = 0  # the most streamed bytes the device held at once (CUDA)
         needs = [need for _, _, need in batches]
         largest, total = max(needs, default=0), sum(needs)
         # Two of the largest batches at least (one computing, the next arriving); never more than one
@@ -151,7 +157,7 @@ class Streamer:
         """Runs of consecutive units of one mode, each of at most max(largest unit, BATCH_MIN) bytes."""
         modes = [self._mode(u) for u in per_step]
         needs = [0 if m == "direct" else self._need(u) for u, m in zip(per_step, modes, strict=True)]
-        cap = max(
+        cap = self.cap = max(
             max((self.unit_bytes[id(u)] for u in per_step), default=0), max(needs, default=0), BATCH_MIN
         )
         out: list[tuple[list, str, int]] = []
@@ -196,7 +202,9 @@ class Streamer:
         if self.cuda and self._stream is not None:
             self._stream.synchronize()
         for b in self.plan:
-            b.host = b.device = b.buffer = b.slot = b.event = b.mapped = None
+            b.host = b.device = b.buffer = b.slot = b.event = b.mapped = b.flight = None
+        self._flight.clear()
+        self._in_flight = 0
         self._unmap.clear()
         self._slots.clear()
         if self._block is not None:
@@ -374,6 +382,8 @@ class Streamer:
         """The compute moves on to batch k: the batches before it are done with (the ops that used them
         have returned on the CPU; on CUDA their work is queued after their tensors' record_stream), and
         batch k's bytes are waited for."""
+        if self.cuda:
+            self._passed(k)
         if self._k >= 0:
             self._done(self.plan[self._k])
         for j in range(self._k + 1, k):  # skipped (the order changed): let their bytes go
@@ -424,38 +434,3 @@ class Streamer:
                 self._cond.notify_all()
         if event is None:
             b.host = b.mapped = b.device = b.buffer = None
-
-    def _device_copies(self, b: _Batch) -> tuple[torch.Tensor | None, list]:
-        """Batch b's tensors on the device, copied without blocking (on CUDA, from page-locked host
-        memory): a staged batch as one copy of its ring region into one device buffer, its tensors
-        views of it at their offsets in the region (a launch-bound step paid a copy, and the compute a
-        record_stream, for each of a batch's ~100 tensors), so they keep the staged alignment modulo
-        ALIGN; pinned RAM-tier tensors ("direct") one by one, from where they are. Returns the buffer
-        (None for "direct") and, per unit, attr -> tensor."""
-        if b.mode != "stage" or b.slot is None:
-            return None, [{a: t.to(self.device, non_blocking=True) for a, t in h.items()} for h in b.host]
-        lo, hi = b.slot.start, b.slot.end
-        buf = torch.empty(hi - lo, dtype=torch.uint8, device=self.device)
-        buf.copy_(self._block.base[lo:hi], non_blocking=True)
-        return buf, carve(buf, self._block.base.data_ptr() + lo, b.host)
-
-    def _issue(self, k: int) -> None:
-        """Issue the device copies of batches k, k+1, … (k always; the next ones when their host bytes
-        are ready), each with an event the compute stream waits for."""
-        self._issued = max(self._issued, k)
-        end = min(len(self.plan), k + 1 + LOOKAHEAD_COPIES)
-        while self._issued < end:
-            b = self.plan[self._issued]
-            if self._issued > k and not b.ready.is_set():
-                break
-            self._wait(b)
-            # No wait on the compute stream: the buffers come from the copy stream's own pool, and
-            # record_stream in _enter keeps them from being reused before the compute is done with them.
-            with torch.cuda.stream(self._stream):
-                b.buffer, b.device = self._device_copies(b)
-                ev = torch.cuda.Event()
-                ev.record(self._stream)
-            b.event = ev
-            self._done(b, ev)
-            b.host = None
-            self._issued += 1

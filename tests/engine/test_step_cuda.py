@@ -114,3 +114,45 @@ def test_lora_patches_bake_only_into_the_room_the_card_has(files, tmp_path):
     assert roomy.mode == tight.mode == "full"
     assert tight.peak_device_bytes < roomy.peak_device_bytes
     assert rel_l2(got, want) < 1e-3
+
+
+def test_the_streamed_weights_on_the_card_stay_within_the_flight_bound(files, monkeypatch):
+    # The CPU queues a step's work far ahead of a busy GPU. Were copies issued by the CPU's position
+    # alone, each batch's device copy would wait for the compute stream to pass it, and the card would
+    # hold every batch the CPU had queued. Here the GPU sleeps while the CPU queues the whole step: the
+    # device's peak grows by at most the streamer's flight bound, not by the bytes the step streams.
+    import torch
+
+    from engine import denoise
+    from engine.denoise import stream
+
+    monkeypatch.setattr(stream, "BATCH_MIN", 64 * 1024)  # batches of the tiny model's own size
+    e = Engine()
+    e.detect(DeviceOptions(vram_budget_gb=0.0005))  # ~10 % of the tiny UNet's 5.7 MB in float16
+    e.residency.policy = dataclasses.replace(e.residency.policy, offload_tier="ram")
+    try:
+        assert e.run(Step(str(files["sd1"]), size=(64, 64))).mode == "partial"
+        (comp,) = [c for (_, name), c in e.loaded.items() if name == "unet"]
+        assert comp.device.startswith("cuda")
+        den = denoise.bind(comp, "sd1", torch.float16)
+        x = {k: v.cuda() for k, v in den.random_inputs(256, 256).items()}
+
+        def peak(sleep: bool) -> tuple[int, stream.Streamer]:
+            st = stream.Streamer(comp, den.op_order(), "cuda", steps=1, pinned=e.residency.pinned)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            with torch.inference_mode(), st:
+                if sleep:
+                    torch.cuda._sleep(2_000_000_000)  # ~1 s of the compute stream
+                den(x)
+                torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() - base, st
+
+        idle, st = peak(False)
+        busy, st = peak(True)
+    finally:
+        e.close()
+    assert st.bytes_per_step > 8 * st.flight_bytes  # unbounded, the busy run would hold all of them
+    assert st.peak_flight <= st.flight_bytes
+    assert busy <= idle + st.flight_bytes + 256 * 1024, (busy, idle, st.flight_bytes, st.bytes_per_step)
