@@ -243,7 +243,9 @@ def test_on_the_cpu_a_partial_run_maps_its_streamed_modules_instead_of_copying_t
     monkeypatch.setattr(stream, "read_into", lambda *a: copied.append(a) or real_read(*a))
     r, got = _run(files, tmp_path, 0.0, name="none")
     assert r.mode == "partial" and torch.equal(got, want)
-    assert sum(mapped) >= r.streamed_bytes_per_step > 0  # every streamed module mapped, each step
+    assert (
+        sum(mapped) >= r.streamed_bytes_per_step > 0
+    )  # every streamed module mapped (once: populated each step)
     assert not copied
 
 
