@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..model import transfer
+from ..model.transfer import ALIGN
 
 if TYPE_CHECKING:
     from .stream import _Batch as Batch
@@ -33,6 +34,20 @@ def carve(buf: torch.Tensor, at: int, host: list) -> list:
         {a: transfer.typed_view(buf, typed, t.data_ptr() - at, t.dtype, tuple(t.shape)) for a, t in h.items()}
         for h in host
     ]
+
+
+def _span(base: torch.Tensor, tensors) -> tuple[int, int] | None:
+    """The byte range [lo, hi) of `base` (a host block's bytes) that holds every one of `tensors`, from
+    the ALIGN boundary at or before the first, or None when one lies outside it."""
+    start, end = base.data_ptr(), base.data_ptr() + base.numel()
+    lo, hi = end, start
+    for t in tensors:
+        p = t.data_ptr()
+        lo, hi = min(lo, p), max(hi, p + t.numel() * t.element_size())
+    if lo < start or hi > end or lo >= hi:
+        return None
+    # from an ALIGN boundary: the copies keep their host addresses modulo ALIGN, as a staged batch's do
+    return max(start, lo - lo % ALIGN) - start, hi - start
 
 
 class DeviceCopies:
@@ -69,19 +84,35 @@ class DeviceCopies:
             self._in_flight -= size
         return True
 
-    def _device_copies(self, b: Batch) -> tuple[torch.Tensor | None, list]:
+    def _device_copies(self, b: Batch) -> tuple[list, list]:
         """Batch b's tensors on the device, copied without blocking (on CUDA, from page-locked host
-        memory): a staged batch as one copy of its ring region into one device buffer, its tensors
-        views of it at their offsets in the region (a launch-bound step paid a copy, and the compute a
-        record_stream, for each of a batch's ~100 tensors), so they keep the staged alignment modulo
-        ALIGN; pinned RAM-tier tensors ("direct") one by one, from where they are. Returns the buffer
-        (None for "direct") and, per unit, attr -> tensor."""
-        if b.mode != "stage" or b.slot is None:
-            return None, [{a: t.to(self.device, non_blocking=True) for a, t in h.items()} for h in b.host]
-        lo, hi = b.slot.start, b.slot.end
-        buf = torch.empty(hi - lo, dtype=torch.uint8, device=self.device)
-        buf.copy_(self._block.base[lo:hi], non_blocking=True)
-        return buf, carve(buf, self._block.base.data_ptr() + lo, b.host)
+        memory), a span of host bytes at a time into one device buffer, the tensors views of it at
+        their offsets in the span (so they keep their host alignment modulo ALIGN): a staged batch's
+        whole ring region; a pinned RAM-tier unit ("direct") its block's span, copied from where it is.
+        A launch-bound step paid a copy, and the compute a record_stream, for each tensor. Returns the
+        device allocations (what the compute stream records) and, per unit, attr -> tensor."""
+        if b.mode == "stage" and b.slot is not None:
+            lo, hi = b.slot.start, b.slot.end
+            buf = self._span_copy(self._block.base[lo:hi])
+            return [buf], carve(buf, self._block.base.data_ptr() + lo, b.host)
+        bufs, out = [], []
+        for u, h in zip(b.units, b.host, strict=True):
+            base = getattr(u.block, "base", None)
+            span = _span(base, h.values()) if base is not None else None
+            if span is None:  # not all in its block (cannot happen for a RAM-tier unit): one by one
+                d = {a: t.to(self.device, non_blocking=True) for a, t in h.items()}
+                bufs += d.values()
+            else:
+                buf = self._span_copy(base[span[0] : span[1]])
+                bufs.append(buf)
+                d = carve(buf, base.data_ptr() + span[0], [h])[0]
+            out.append(d)
+        return bufs, out
+
+    def _span_copy(self, host: torch.Tensor) -> torch.Tensor:
+        buf = torch.empty(host.numel(), dtype=torch.uint8, device=self.device)
+        buf.copy_(host, non_blocking=True)
+        return buf
 
     def _issue(self, k: int) -> None:
         """Issue the device copies of batches k, k+1, … (k always; the next ones when their host bytes
@@ -98,7 +129,7 @@ class DeviceCopies:
             # No wait on the compute stream: the buffers come from the copy stream's own pool, and
             # record_stream in _enter keeps them from being reused before the compute is done with them.
             with torch.cuda.stream(self._stream):
-                b.buffer, b.device = self._device_copies(b)
+                b.buffers, b.device = self._device_copies(b)
                 ev = torch.cuda.Event()
                 ev.record(self._stream)
             b.event = ev

@@ -23,7 +23,8 @@ next offloaded modules can be on their way while the current ones compute:
   staged batch's whole ring region, its tensors views of the device buffer) on a side stream a few
   batches ahead, records an event, and makes the compute stream wait for it just before the batch's
   first op runs (the idea of ComfyUI's async offload — a copy stream, pinned buffers,
-  events; our own code). Pinned RAM-tier tensors skip the ring and are copied from where they are.
+  events; our own code). Pinned RAM-tier units skip the ring and are copied from where they are, a
+  unit's block in one copy.
   The card holds at most FLIGHT_BATCHES batch caps of streamed weights at once: the CPU waits for the
   GPU to pass old batches before it copies the one it needs (engine.denoise.device_copies).
 
@@ -83,7 +84,7 @@ class _Batch:
     slot: _Slot | None = None
     device_bytes: int = 0  # CUDA: what its device copies hold
     device: list | None = None  # CUDA, per unit: attr -> device tensor
-    buffer: torch.Tensor | None = None  # CUDA, "stage": the one device allocation `device` views
+    buffers: list | None = None  # CUDA: the device allocations `device` views
     event: object = None
     mapped: list | None = None  # CPU, "map": the file mappings its host tensors view (transfer.FileBlock)
     hit: bool = False  # ready (CPU) / its copy issued (CUDA) when the compute came to it
@@ -206,7 +207,7 @@ class Streamer(DeviceCopies):
         if self.cuda and self._stream is not None:
             self._stream.synchronize()
         for b in self.plan:
-            b.host = b.device = b.buffer = b.slot = b.event = b.mapped = b.flight = None
+            b.host = b.device = b.buffers = b.slot = b.event = b.mapped = b.flight = None
         self._flight.clear()
         self._in_flight = 0
         self._unmap.clear()
@@ -409,17 +410,13 @@ class Streamer(DeviceCopies):
         self._issue(k)
         compute = torch.cuda.current_stream(self.device)
         compute.wait_event(b.event)
-        if b.buffer is not None:  # one allocation holds the batch's tensors
-            b.buffer.record_stream(compute)  # allocated on the copy stream, used on this one
-        else:
-            for out in b.device:
-                for t in out.values():
-                    t.record_stream(compute)
+        for buf in b.buffers:  # allocated on the copy stream, used on this one
+            buf.record_stream(compute)
         b.event = None
 
     def _skip(self, b: _Batch) -> None:
         if self.cuda and b.device is not None:  # copied already: its ring bytes go once the copy is done
-            b.device = b.buffer = b.event = None
+            b.device = b.buffers = b.event = None
             return
         self._wait(b)
         self._done(b)
@@ -446,4 +443,4 @@ class Streamer(DeviceCopies):
                 b.slot = None
                 self._cond.notify_all()
         if event is None:
-            b.host = b.mapped = b.device = b.buffer = None
+            b.host = b.mapped = b.device = b.buffers = None

@@ -118,8 +118,8 @@ def test_a_staged_batch_goes_to_the_device_as_one_copy_its_tensors_views_of_it(p
     with st:
         b = st.plan[1]
         st._wait(b)
-        buf, device = st._device_copies(b)
-        assert buf is not None and buf.numel() == b.slot.end - b.slot.start
+        (buf,), device = st._device_copies(b)
+        assert buf.numel() == b.slot.end - b.slot.start
         region = (buf.data_ptr(), buf.data_ptr() + buf.numel())
         ring_at = st._block.base.data_ptr() + b.slot.start
         assert buf.data_ptr() % stream.ALIGN == 0 == ring_at % stream.ALIGN
@@ -132,3 +132,43 @@ def test_a_staged_batch_goes_to_the_device_as_one_copy_its_tensors_views_of_it(p
                 assert region[0] <= got.data_ptr() < region[1]  # a view of the one buffer, not the ring
                 assert got.data_ptr() - buf.data_ptr() == t.data_ptr() - ring_at  # where it was staged
                 assert got.data_ptr() % stream.ALIGN == t.data_ptr() % stream.ALIGN
+
+
+class Direct(Streamer):
+    """Streams every module as CUDA streams a pinned RAM-tier one (copied from where it is), on the CPU."""
+
+    def _mode(self, u) -> str:
+        return "direct"
+
+
+def test_a_ram_tier_unit_goes_to_the_device_as_one_copy_of_its_block(placed, monkeypatch):
+    """What CUDA does with a batch of pinned RAM-tier units, run on the CPU: one copy per unit of the span
+    of its block holding its tensors (not one per tensor), each tensor a view of that copy at its offset
+    in the block -- its own bytes, dtype, shape and alignment modulo ALIGN."""
+    comp, order = placed
+    monkeypatch.setattr(stream, "BATCH_MIN", 1 << 16)
+    units = [u for u in comp.units if stream.streamable(u)]
+    for u in units:
+        comp.move_unit(u, "ram")
+    try:
+        st = Direct(comp, order, "cpu", steps=1)
+        with st:
+            b = st.plan[1]
+            st._wait(b)
+            bufs, device = st._device_copies(b)
+            assert len(bufs) == len(device) == len(b.units) > 1
+            assert sum(len(h) for h in b.host) > len(b.units)  # weights and biases: fewer copies than tensors
+            for u, h, d, buf in zip(b.units, b.host, device, bufs, strict=True):
+                first = min(t.data_ptr() for t in h.values())
+                first -= first % stream.ALIGN  # the copy starts at the ALIGN boundary before the first
+                assert u.block.base.data_ptr() <= first
+                for a, t in h.items():
+                    got = d[a]
+                    assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t), a
+                    assert buf.data_ptr() <= got.data_ptr() < buf.data_ptr() + buf.numel()
+                    assert got.data_ptr() - buf.data_ptr() == t.data_ptr() - first
+                    assert got.data_ptr() % stream.ALIGN == t.data_ptr() % stream.ALIGN
+    finally:
+        for u in units:
+            comp.move_unit(u, "disk")
+    assert all(u.tier == "disk" for u in units)
