@@ -32,9 +32,11 @@ class LibraryPaths:
         """The saved library folders that still exist and are not roots yet (the next start's library)."""
         return [p for p in app_settings.library_folders() if os.path.exists(p) and p not in self.paths]
 
-    def keep_folders(self, folders: list[str]) -> list[str]:
-        """Settings' folder list was saved: drop the root folders not in it; returns those dropped."""
-        removed = [p for p in self.paths if os.path.isdir(p) and p not in folders]
+    def keep_folders(self, folders: list[str], listed: list[str]) -> list[str]:
+        """Settings' folder list was saved: drop the root folders the user took out of it (`listed` when
+        the dialog opened, not in `folders` now); returns those dropped. Roots from elsewhere — the
+        command line's, which are not saved — stay: changing a budget must not empty the library."""
+        removed = [p for p in self.paths if os.path.isdir(p) and p in listed and p not in folders]
         self.paths = [p for p in self.paths if p not in removed]
         return removed
 

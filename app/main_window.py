@@ -337,7 +337,8 @@ class MainWindow(QMainWindow):
         """Apply what Settings saved, now: the sample rate, the library folders (rescanned) and the
         device options (the engine re-detects and rebuilds its budget)."""
         self.device_status.set_rate(app_settings.sample_rate_hz())
-        self.library.keep_folders([os.path.abspath(p) for p in dlg.folders()])
+        self.library.keep_folders([os.path.abspath(p) for p in dlg.folders()],
+                                  [os.path.abspath(p) for p in dlg.listed])  # fmt: skip
         if not self.device_status.configure(dlg.device_options()):
             self.notify("Settings saved.")
 

@@ -124,7 +124,8 @@ class SettingsDialog(QDialog):
         lib = QGroupBox("Library folders")
         ll = QVBoxLayout(lib)
         self.list = QListWidget()
-        self.list.addItems(S.library_folders())
+        self.listed = S.library_folders()  # as opened: what Save may take out of the library
+        self.list.addItems(self.listed)
         add, remove = QPushButton("Add…"), QPushButton("Remove")
         add.clicked.connect(self._on_add_clicked)
         remove.clicked.connect(lambda: self.list.takeItem(self.list.currentRow()))

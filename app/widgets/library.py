@@ -130,9 +130,10 @@ class LibraryPanel(QWidget):
                                on_progress=self._on_progress, on_cancelled=self.hide_progress)  # fmt: skip
         return found
 
-    def keep_folders(self, folders: list[str]) -> None:
-        """Settings saved this folder list: forget the roots left out, scan the ones added."""
-        removed = self.roots.keep_folders(folders)
+    def keep_folders(self, folders: list[str], listed: list[str]) -> None:
+        """Settings saved this folder list (it listed `listed` when opened): forget the roots taken out,
+        scan the ones added."""
+        removed = self.roots.keep_folders(folders, listed)
         if removed:
             self.remove_under(removed)
         if removed or any(p not in self.roots for p in folders):

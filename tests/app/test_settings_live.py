@@ -147,3 +147,20 @@ def test_every_device_flag_of_the_command_line_is_in_settings_and_persists(qtbot
     assert dlg2.dtypes["vae_dtype"].currentData() == "fp16" and dlg2.smart.isChecked()
     assert dlg2.dtypes["force_dtype"].currentData() is None and dlg2.device_index.value() == -1
     dlg2.reject()
+
+
+def test_saving_settings_keeps_the_folders_given_on_the_command_line(qtbot, window, files):
+    """`loadout ~/models` opens the library on a folder that is not saved (not in Settings' list):
+    changing the budget in Settings must not take it out of the library."""
+    import os
+
+    w = window
+    folder = os.path.dirname(files["ckpt"])
+    w.library.add_paths([folder], persist=False, select_first=False)  # what the command line does
+    qtbot.waitUntil(lambda: w.library.model.row_of(files["ckpt"]) is not None, timeout=30_000)
+    dlg, save = _open(qtbot, w)
+    assert folder not in dlg.folders()
+    dlg.budget.setValue(2.0)
+    save.click()
+    wait_job(qtbot, w, Configure)
+    assert folder in w.library.roots.paths and w.library.model.row_of(files["ckpt"]) is not None
