@@ -344,6 +344,7 @@ def _sample_step(
     from a step measured on this file and device (Try a step, `loadout step`), scaled to the size and
     the streaming; none without one."""
     from .catalog import measured
+    from .model.streaming import in_flight_bytes
 
     kind = STEP_KINDS.get(det.architecture or "")
     if kind is None:
@@ -355,7 +356,8 @@ def _sample_step(
     act = measured.activation_bytes(kind, n, esize)
     largest = max(facts.unit_sizes) if facts.unit_sizes else 0
     full_peak = total_b + act
-    partial_peak = resident + act + 2 * largest  # the streamer keeps a module in flight and one read ahead
+    # the streamer's batches in flight beside the resident weights (engine.model.streaming: its own rule)
+    partial_peak = resident + act + in_flight_bytes(largest, total_b - resident, info.is_accelerator)
     mode = "full" if resident >= total_b else "partial"
     detail = {
         "component": diffusion,

@@ -12,18 +12,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..model import transfer
+from ..model.streaming import FLIGHT_BATCHES  # noqa: F401  (the card's bound; the streamer reads it here)
 from ..model.transfer import ALIGN
 
 if TYPE_CHECKING:
     from .stream import _Batch as Batch
 
 LOOKAHEAD_COPIES = 3  # batches whose device copies are in flight ahead of the compute (CUDA)
-# CUDA: the streamed weights the device may hold at once (batches being copied, computed from, or not
-# yet passed by the GPU), in batch caps: double buffering. Batches counted ahead of the CPU's position
-# (which runs ahead of the GPU) bounded nothing. On an H100 (benchmarks/gpu/*-flight-probe*), against no
-# bound: SD1.5 at 10 % peaked 366 MB (463), FLUX.1 at 50 % 908 MB (1149), at 10 % 411 MB (581), in the
-# same time within noise; 3 and 4 caps held more, no faster.
-FLIGHT_BATCHES = 2
 
 
 def carve(buf: torch.Tensor, at: int, host: list) -> list:

@@ -40,17 +40,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model import transfer
+from ..model import streaming, transfer
+from ..model.streaming import BATCH_MIN
 from ..model.transfer import ALIGN, HostBlock, read_into, view_in
 from ..ops import Castable, Embedding
 from . import device_copies as copies
 from .device_copies import DeviceCopies
 
-MIN_RING = 64 * 1024 * 1024
-# A batch gathers modules up to the largest module's bytes, and at least this many: the memory in flight
-# stays what one large module would hold, while a model of many small ones (Wan's 30 blocks of ~12 modules
-# each, a tiny-width test model) hands over tens of them at a time.
-BATCH_MIN = 4 * 1024 * 1024
 # Neighbouring spans of a batch's tensors in the file closer than this are mapped as one (the gap's pages
 # are read and mapped too: a few headers' worth, not a module's).
 MAP_GAP = 64 * 1024
@@ -127,10 +123,7 @@ class Streamer(DeviceCopies):
         self.peak_flight = 0  # the most streamed bytes the device held at once (CUDA)
         needs = [need for _, _, need in batches]
         largest, total = max(needs, default=0), sum(needs)
-        # Two of the largest batches at least (one computing, the next arriving); never more than one
-        # step's worth (a small model streams whole without holding more than it reads).
-        want = ring_bytes or max(MIN_RING, 2 * largest)
-        self.ring_bytes = max(largest, min(max(want, 2 * largest), total))
+        self.ring_bytes = streaming.ring_bytes(largest, total, ring_bytes)
         self.streamed = 0  # bytes handed to ops so far
         self.fetched = 0  # modules handed to ops so far
         self.sync_reads = 0  # modules read on demand (not in the plan's order)
@@ -162,9 +155,8 @@ class Streamer(DeviceCopies):
         """Runs of consecutive units of one mode, each of at most max(largest unit, BATCH_MIN) bytes."""
         modes = [self._mode(u) for u in per_step]
         needs = [0 if m == "direct" else self._need(u) for u, m in zip(per_step, modes, strict=True)]
-        cap = self.cap = max(
-            max((self.unit_bytes[id(u)] for u in per_step), default=0), max(needs, default=0), BATCH_MIN
-        )
+        largest = max(max((self.unit_bytes[id(u)] for u in per_step), default=0), max(needs, default=0))
+        cap = self.cap = streaming.batch_cap(largest, BATCH_MIN)
         out: list[tuple[list, str, int]] = []
         size = 0
         for u, mode, need in zip(per_step, modes, needs, strict=True):
