@@ -1,4 +1,4 @@
-"""How many batch caps of streamed weights the card may hold at once (engine.denoise.device_copies.FLIGHT_BATCHES):
+"""How many batch caps of streamed weights the card may hold at once (engine.model.streaming.FLIGHT_BATCHES):
 the step's time and the device's peak at 50 % and 10 % resident, for a few bounds and for none (the
 bound before it existed: copies limited only by LOOKAHEAD_COPIES batches ahead of the CPU).
 
@@ -30,7 +30,7 @@ def main() -> None:
     import torch
     from bench_step import write_random
 
-    from engine.denoise import device_copies
+    from engine.model import streaming
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a dry run of the script
 
@@ -45,7 +45,7 @@ def main() -> None:
             emit(family=family, pct=100, s=round(full_s, 5), peak=full["peak"])
             for pct in (50, 10):
                 for bound in (int(b) for b in a.bounds.split(",")):
-                    device_copies.FLIGHT_BATCHES = bound
+                    streaming.FLIGHT_BATCHES = bound
                     warm_gpu(dev)
                     r = _step_loadout(str(model), family, total * pct / 100 / 1024**3, a.steps)
                     s = statistics.median(r["steps"][1:])

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..model import transfer
-from ..model.streaming import FLIGHT_BATCHES  # noqa: F401  (the card's bound; the streamer reads it here)
 from ..model.transfer import ALIGN
 
 if TYPE_CHECKING:

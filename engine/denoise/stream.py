@@ -44,7 +44,6 @@ from ..model import streaming, transfer
 from ..model.streaming import BATCH_MIN
 from ..model.transfer import ALIGN, HostBlock, read_into, view_in
 from ..ops import Castable, Embedding
-from . import device_copies as copies
 from .device_copies import DeviceCopies
 
 # Neighbouring spans of a batch's tensors in the file closer than this are mapped as one (the gap's pages
@@ -119,7 +118,7 @@ class Streamer(DeviceCopies):
         # CUDA: [bytes, the compute stream's event once the CPU has moved past the batch (None before)]
         self._flight: deque[list] = deque()
         self._in_flight = 0  # the bytes in _flight
-        self.flight_bytes = flight_bytes or copies.FLIGHT_BATCHES * self.cap
+        self.flight_bytes = flight_bytes or streaming.FLIGHT_BATCHES * self.cap
         self.peak_flight = 0  # the most streamed bytes the device held at once (CUDA)
         needs = [need for _, _, need in batches]
         largest, total = max(needs, default=0), sum(needs)
