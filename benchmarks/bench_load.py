@@ -88,8 +88,9 @@ def cold_start(path: Path) -> None:
     guest's own counters -- faults, file THP, compaction, allocations -- were the same in every case).
     Our cold load read 0.67-0.68 s after a plain read against 1.0-1.5 s after load_file, which is what
     made load_cold depend on which side ran first. So load_cold compares both sides guest-cold but
-    host-warm. Read cold from the disk itself (10 s after the drop, 2026-11-26, 5 runs each) our load
-    took 1.46-1.64 s and load_file + copy 1.04-1.14 s: that goal is not met (see the issue's notes).
+    host-warm. Read cold from the disk itself (10 s after the drop, 2026-11-26) our load took 1.46-1.66 s
+    in two sessions, load_file + copy 1.04-1.14 s in the first and 1.9-3.9 s in the second (a plain
+    read 3.65 s): the host's disk sets that side, so how the two compare there is not settled here.
     On a disk of its own, the read leaves nothing behind."""
     drop_cache(path)
     with open(path, "rb", buffering=0) as f:
