@@ -327,7 +327,9 @@ class MainWindow(QMainWindow):
 
         snap = self.client.snapshot()
         loaded = len(snap.components) if snap else 0
-        dlg = SettingsDialog(self, options=self.device_status.options, loaded=loaded)
+        saved = {os.path.abspath(p) for p in app_settings.library_folders()}
+        session = [p for p in self.library.roots.paths if os.path.isdir(p) and p not in saved]
+        dlg = SettingsDialog(self, options=self.device_status.options, loaded=loaded, session=session)
         dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dlg.accepted.connect(partial(self._apply_settings, dlg))
         self.settings_dialog = dlg

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
+    QLabel,
     QListWidget,
     QMessageBox,
     QPushButton,
@@ -73,10 +74,16 @@ MODE_FLAGS = tuple(key for _, key in VRAM_MODES if key)
 
 class SettingsDialog(QDialog):
     """`options` are the device options in effect (the command line's flags with the saved ones);
-    `loaded` is how many components are loaded now (Save warns before options unload them)."""
+    `loaded` is how many components are loaded now (Save warns before options unload them);
+    `session` the library's folders this run only (the command line's: not saved, not in the list)."""
 
     def __init__(
-        self, parent: QWidget | None = None, *, options: DeviceOptions | None = None, loaded: int = 0
+        self,
+        parent: QWidget | None = None,
+        *,
+        options: DeviceOptions | None = None,
+        loaded: int = 0,
+        session: list[str] | None = None,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Loadout settings")
@@ -135,6 +142,17 @@ class SettingsDialog(QDialog):
         row.addStretch(1)
         ll.addWidget(self.list)
         ll.addLayout(row)
+        # Folders from the command line are in the library but not saved: say so, or the empty list
+        # reads as if the library had none.
+        self.session_label = QLabel()
+        self.session_label.setWordWrap(True)
+        self.session_label.setVisible(bool(session))
+        if session:
+            self.session_label.setText(
+                "Also in the library for this session (given on the command line, not saved): "
+                + ", ".join(session)
+            )
+        ll.addWidget(self.session_label)
 
         graph = QGroupBox("Memory graph")
         gf = QFormLayout(graph)

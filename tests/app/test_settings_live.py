@@ -160,6 +160,8 @@ def test_saving_settings_keeps_the_folders_given_on_the_command_line(qtbot, wind
     qtbot.waitUntil(lambda: w.library.model.row_of(files["ckpt"]) is not None, timeout=30_000)
     dlg, save = _open(qtbot, w)
     assert folder not in dlg.folders()
+    # the dialog says the folder is there for this session, so the list does not read as the whole library
+    assert dlg.session_label.isVisibleTo(dlg) and folder in dlg.session_label.text()
     dlg.budget.setValue(2.0)
     save.click()
     wait_job(qtbot, w, Configure)
