@@ -32,6 +32,11 @@ class LibraryPaths:
         """The saved library folders that still exist and are not roots yet (the next start's library)."""
         return [p for p in app_settings.library_folders() if os.path.exists(p) and p not in self.paths]
 
+    def unsaved_folders(self) -> list[str]:
+        """The root folders this run only (the command line's): in the library, not in the saved list."""
+        saved = {os.path.abspath(p) for p in app_settings.library_folders()}
+        return [p for p in self.paths if os.path.isdir(p) and p not in saved]
+
     def keep_folders(self, folders: list[str], listed: list[str]) -> list[str]:
         """Settings' folder list was saved: drop the root folders the user took out of it (`listed` when
         the dialog opened, not in `folders` now); returns those dropped. Roots from elsewhere — the

@@ -327,8 +327,7 @@ class MainWindow(QMainWindow):
 
         snap = self.client.snapshot()
         loaded = len(snap.components) if snap else 0
-        saved = {os.path.abspath(p) for p in app_settings.library_folders()}
-        session = [p for p in self.library.roots.paths if os.path.isdir(p) and p not in saved]
+        session = self.library.roots.unsaved_folders()
         dlg = SettingsDialog(self, options=self.device_status.options, loaded=loaded, session=session)
         dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dlg.accepted.connect(partial(self._apply_settings, dlg))
