@@ -24,7 +24,7 @@ ROUND_ENV = "LOADOUT_BENCH_ROUND"  # which of several rounds this run is (benchm
 
 STANDARD = (
     "name", "bench", "value", "unit", "baseline", "baseline_value", "ratio", "judged", "goal", "better",
-    "goal_met", "round", "machine",
+    "goal_met", "slack", "round", "machine",
 )  # fmt: skip
 
 
@@ -88,13 +88,16 @@ def record(
     judged: str | None = None,
     goal: float | None = None,
     better: str = "lower",
+    slack: float | None = None,
     **extra,
 ) -> dict:
     """Print one figure as a JSON line and append it to $LOADOUT_BENCH_OUT when set.
 
     `ratio` defaults to value / baseline_value. `judged` ("ratio" or "value") names the figure that
     `goal` bounds and the regression check compares; it defaults to the ratio when there is a baseline
-    figure.
+    figure. `slack` (in the judged figure's units) is a change too small to mean anything for a user,
+    whatever its percentage: the check flags a regression only when the figure is worse by more than
+    its tolerance *and* by more than this.
     """
     if better not in ("lower", "higher"):
         raise ValueError(f"better must be 'lower' or 'higher', not {better!r}")
@@ -121,6 +124,8 @@ def record(
         "better": better,
     }
     line["goal_met"] = goal_met(line[judged], goal, better)
+    if slack is not None:
+        line["slack"] = slack
     line.update(extra)
     if os.environ.get(ROUND_ENV):
         line["round"] = int(os.environ[ROUND_ENV])

@@ -1,7 +1,7 @@
 """GUI responsiveness: the event loop's worst delay (a 10 ms timer's lateness) while the engine loads a
-160 MiB dense VAE and decodes a latent, against the same window idle; and the memory graph's CPU cost
-per second of sampling (GUI-thread CPU time with the graph fed at 10 samples/s, its dock shown and then
-hidden), against an event loop whose 10 Hz timer only takes the memory sample. One JSON line per
+160 MiB dense VAE and decodes a latent (goal <= 50 ms; the idle window's worst beside it); and the
+memory graph's CPU cost per second of sampling (GUI-thread CPU time with the graph fed at 10 samples/s,
+its dock shown and then hidden), against an event loop whose 10 Hz timer only takes the memory sample. One JSON line per
 measurement.
 
     python benchmarks/bench_gui.py            (offscreen; about a minute)
@@ -130,9 +130,14 @@ def main() -> None:
     busy_s = time.perf_counter() - t0
     probe.stop()
     worst, p99 = probe.worst(), probe.p99()
-    record("event_loop_worst_delay_during_load_and_decode", worst, "s",
-           baseline="idle window event loop (5 s)", baseline_value=idle_worst, p99_s=round(p99, 4),
-          baseline_p99_s=round(idle_p99, 4), ticks=len(probe.delays), baseline_ticks=idle_n,
+    # Judged by the worst delay itself, not by its ratio to the idle window's worst: that denominator is
+    # one scheduler hiccup of 1-4 ms here, and moved the ratio by 3x between identical runs. What a user
+    # feels is a frozen window, so the goal is absolute (50 ms: well under the ~100 ms at which a
+    # response stops feeling instant), and a change of less than one 60 Hz frame is never a regression:
+    # on two shared cores the same code's worst delay varied 6-16 ms from run to run.
+    record("event_loop_worst_delay_during_load_and_decode", worst, "s", judged="value", goal=0.05,
+           slack=round(1 / 60, 4), baseline="idle window event loop (5 s)", baseline_value=idle_worst,
+           p99_s=round(p99, 4), baseline_p99_s=round(idle_p99, 4), ticks=len(probe.delays), baseline_ticks=idle_n,
           engine_busy_s=round(busy_s, 2), tick_ms=TICK_MS)  # fmt: skip
 
     # 2) the graph's CPU cost: GUI-thread CPU per wall second, graph fed at 10 Hz vs sample only

@@ -7,8 +7,8 @@ arithmetic; `--full` adds the VAE at the real SD width, 128, the 2048^2 tiled de
 TAEF2 round trip and the SD1.5 sampling step against diffusers) `--rounds` times — benchmarks
 that repeat inside one process get `--repeat N` once instead — with every line appended to
 `benchmarks/results/latest.jsonl`. Then keeps each figure's best line by its `better` direction
-(`results/best.jsonl`), and prints every figure more than 20 % worse than `benchmarks/baseline.jsonl`,
-every missed goal, and a table of all figures. Exits 1 when anything was flagged or a benchmark
+(`results/best.jsonl`), and prints every figure more than 20 % worse than `benchmarks/baseline.jsonl`
+(and worse by more than its line's `slack`, where it has one), every missed goal, and a table of all figures. Exits 1 when anything was flagged or a benchmark
 failed, 0 otherwise. A flag counts only if it shows again: the benchmarks behind flagged figures run
 `--confirm` more rounds (default 2) and each figure keeps its best over all rounds; what cleared is
 printed. `--rounds 0` compares the lines already in `latest.jsonl` without running.
@@ -166,6 +166,8 @@ def compare(
         base = baseline.get(name)
         then = figure(base) if base is not None else None
         change = worse_by(now, then, better) if now is not None and then is not None else None
+        slack = line.get("slack", base.get("slack") if base else None) or 0.0
+        beyond_slack = change is not None and abs(now - then) > slack
         rows.append(
             Row(
                 name=name,
@@ -175,7 +177,7 @@ def compare(
                 then=then,
                 change=change,
                 goal=goal,
-                regressed=change is not None and change > tolerance,
+                regressed=change is not None and change > tolerance and beyond_slack,
                 missed_goal=goal_met(now, goal, better) is False,
                 new=base is None,
                 measured=_measured(line),

@@ -96,6 +96,18 @@ def test_a_judged_value_is_compared_instead_of_the_ratio():
     assert row(rep, "disk").regressed and row(rep, "disk").missed_goal
 
 
+def test_a_change_within_the_lines_slack_is_no_regression_however_large_its_percentage():
+    # the event loop's worst delay: 6 ms -> 12 ms is +100 %, but less than one 60 Hz frame
+    base = [line("delay", value=0.006, judged="value", goal=0.05, slack=1 / 60)]
+    rep = report([line("delay", value=0.012, judged="value", goal=0.05, slack=1 / 60)], base)
+    assert row(rep, "delay").change == pytest.approx(1.0) and not row(rep, "delay").regressed and rep.ok
+    rep = report([line("delay", value=0.03, judged="value", goal=0.05, slack=1 / 60)], base)
+    assert row(rep, "delay").regressed and not row(rep, "delay").missed_goal
+    # a baseline line's slack holds for a latest line that does not carry one (and the other way round)
+    rep = report([line("delay", value=0.012, judged="value")], base)
+    assert not row(rep, "delay").regressed
+
+
 def test_best_of_rounds_follows_each_figures_direction():
     lines = [
         line("t", 1.3, round=1),
