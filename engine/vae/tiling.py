@@ -32,7 +32,7 @@ from ..jobs import CancelToken, Progress, Report, TileDone, no_report
 from ..memory import trim_heap
 from .choice import Tile, batch_tiles, box_px, plan_tiles  # noqa: F401  (the run's tiles and batches)
 from .groupstats import Moments
-from .halo import Exchange, Plan, box, core_in, cut, gather
+from .halo import Exchange, InPlace, Plan, box, core_in, cut, gather
 
 
 class TileStore:
@@ -61,6 +61,10 @@ class TileStore:
     def keeps(self, t: torch.Tensor) -> bool:
         """Whether `put` keeps t itself (not a copy): it stays as it is until `get` hands it back."""
         return t.device == self.home
+
+    def held(self, i: int) -> list[torch.Tensor | None]:
+        """Batch i's stored tensors themselves, to be written into in place (only where `keeps`)."""
+        return self._items[i]
 
     def put(self, i: int, tensors: list[torch.Tensor | None]) -> None:
         old = self._items.get(i, [])
@@ -331,11 +335,12 @@ def run_tiled(
     px = max(in_scale, out_scale)  # image pixels per latent unit, either way
     batches = batch_tiles(tiles, px, batch_px)
     reach = max([h / sc for sc, h in plan.x] + [h / sc for st in plan.stack for sc, h in st])
-    order = [0] * len(tiles)
-    for b, batch in enumerate(batches):
-        for i in batch:
-            order[i] = b
-    ex = Exchange(tiles, hw, max(1, math.ceil(reach)), order)
+    # Where the store keeps each state itself, neighbours write their strips straight into each
+    # other's stored states (InPlace); else each strip is given aside and taken (Exchange).
+    in_place = store.keeps(x_whole)
+    swap = InPlace(tiles, hw, max(1, math.ceil(reach)), batches) if in_place else None
+    ex = None if in_place else Exchange(tiles, hw, max(1, math.ceil(reach)))
+    stored_halos = plan.stored(in_place)
     cpu = dev.type == "cpu"
     finite: list[torch.Tensor] = []  # per pass with statistics: whether they are finite
     try:
@@ -353,8 +358,7 @@ def run_tiled(
                     wanted = [True, *plan.touch[p]]
                     want = [(scale, halo), *plan.stack[p]]
                     stored = store.get(b, wanted)
-                    kept = [h for _, h in plan.kept[p - 1]]
-                    held, stack = gather(stored, kept, want, ex, p, tiles, batch, hw, n)
+                    held, stack = gather(stored, stored_halos[p - 1], want, ex, p, tiles, batch, hw, n)
                     del stored
                 # x may be overwritten in place unless it is (a view of) a tensor on the skip stack
                 own = not any(t is not None and _shares(held[0], t) for t in stack)
@@ -370,14 +374,20 @@ def run_tiled(
                     kept = plan.kept[p]
                     if groups:
                         _add_moments(moments, x, [core_in(tiles[i], *kept[0], hw) for i in batch], n)
+                    if swap is not None:
+                        # a state that is (a view of) the input latent is not written into
+                        state = [t.clone() if t is not None and _shares(t, x_whole) else t for t in state]
+                        wants = [plan.next_use(p, k)[1] for k in range(len(state))]
+                        state = swap.settle(state, kept, stored_halos[p], wants, b, batch, n,
+                                            lambda b2, k: store.held(b2)[k])  # fmt: skip
                     for j, i in enumerate(batch):
                         for k, (t, (sc, h)) in enumerate(zip(state, kept, strict=True)):
-                            if t is None:  # carried, still in the store: its strips were given
+                            if ex is None or t is None:  # in place, or carried: strips given already
                                 continue
                             ys, xs = core_in(tiles[i], sc, h, hw)
                             core = t[j * n : (j + 1) * n, :, ys, xs]
                             q, want = plan.next_use(p, k)
-                            ex.give(q, i, k, core, sc, want, store.keeps(t))
+                            ex.give(q, i, k, core, sc, want)
                             del core
                     # The whole tensors, halo and all: the next pass reads them in place (a view)
                     # where its halo is no wider, and only the halo is replaced (by the strips).
