@@ -146,17 +146,28 @@ def kl_vae(device: str, ch: int, sizes: list[int]) -> None:
     dtype = torch.float16 if cuda else torch.float32
     vae = small_kl(ch=ch, seed=5).to(device=device, dtype=dtype)
     decode(vae, torch.randn(1, 4, 32, 32), tiled=False, device=device, dtype=dtype)  # warm-up
-    runs = (("full", dict(tiled=False)), ("512-px tiles", dict(tiled=True, tile=512, overlap=64)),
+    from engine.vae import tiling
+
+    tiles = dict(tiled=True, tile=512, overlap=64)
+    # "strips given and taken": the same run with the halo exchange a store of copies uses (clone and
+    # copy per strip), against the in-place one the device store uses since 3c29467 (one copy)
+    runs = (("full", dict(tiled=False)), ("512-px tiles", tiles), ("512-px tiles, strips given and taken", tiles),
             ("tiles under a 1 GiB budget", dict(tiled=True, budget=1 << 30)))  # fmt: skip
+    keeps = tiling.TileStore.keeps
     for size in sizes:
         z = torch.randn(1, 4, size // 8, size // 8, generator=torch.Generator().manual_seed(size))
         full = None
         for name, kw in runs:
+            if "given" in name:
+                tiling.TileStore.keeps = lambda self, t: False
             # the best of two: a tiled run's first one also pays for each new tile shape's first
             # convolutions (0.29-0.59 s for the same 1024^2 tiling on an H100, 2026-11-26)
-            out, seconds, peak, info = timed_decode(vae, z, device, dtype, **kw)
-            c0 = time.process_time()
-            again = timed_decode(vae, z, device, dtype, **kw)[1]
+            try:
+                out, seconds, peak, info = timed_decode(vae, z, device, dtype, **kw)
+                c0 = time.process_time()
+                again = timed_decode(vae, z, device, dtype, **kw)[1]
+            finally:
+                tiling.TileStore.keeps = keeps
             # the CPU seconds of that run: close to its wall time, the run waits on launching kernels
             cpu_s, seconds = time.process_time() - c0, min(seconds, again)
             if full is None:
