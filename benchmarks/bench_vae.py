@@ -231,7 +231,7 @@ def small_tiles_bench(reps: int = 2) -> None:
     for overlap in (64,):
         info = RunInfo()
         t_tiled, tiled = best(tiled=True, tile=128, overlap=overlap, info=info)
-        tiling.batch_tiles = lambda tiles, s, px: real(tiles, s, 0)
+        tiling.batch_tiles = lambda tiles, s, px, reach=1: real(tiles, s, 0, reach)
         try:
             t_single, _ = best(1, tiled=True, tile=128, overlap=overlap)
         finally:

@@ -48,19 +48,25 @@ def box_px(t: Tile, px_scale: int) -> int:
     return (t.pad[1] - t.pad[0]) * (t.pad[3] - t.pad[2]) * px_scale * px_scale
 
 
-def batch_tiles(tiles: list[Tile], px_scale: int, batch_px: int) -> list[list[int]]:
-    """Tile indices grouped into batches of tiles of one shape (core size, and which image edges it
-    lies on: every pass's region is then the same size), each at most `batch_px` image pixels of
-    computed box (always at least one tile). Small tiles run as few large ops instead of many small
-    ones: per op overhead and, on a busy CPU, the thread pool's barriers dominate 16x16 latents."""
+def batch_tiles(tiles: list[Tile], px_scale: int, batch_px: int, reach: int = 1) -> list[list[int]]:
+    """Tile indices grouped into batches of tiles of one shape (core size, and how near each image
+    edge it lies, up to `reach` latent units -- the widest halo any pass reads: every pass's region,
+    clipped to the image, is then the same for all), each at most `batch_px` image pixels of computed
+    box (always at least one tile). Small tiles run as few large ops instead of many small ones: per
+    op overhead and, on a busy CPU, the thread pool's barriers dominate 16x16 latents. (Grouped by
+    which edges a core touches only, 8-px tiles -- 1-latent cores, a pass reading 2 px of halo at the
+    latent's scale -- put tiles one unit from an edge, their halo clipped, in a batch with tiles that
+    were not: the decode came out wrong.)"""
     if batch_px <= 0:
         return [[i] for i in range(len(tiles))]
     h = max(t.core[1] for t in tiles)
     w = max(t.core[3] for t in tiles)
+    r = max(1, reach)
     groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(tiles):
         y0, y1, x0, x1 = t.core
-        key = (y1 - y0, x1 - x0, y0 == 0, y1 == h, x0 == 0, x1 == w, t.pad[1] - t.pad[0], t.pad[3] - t.pad[2])
+        near = (min(y0, r), min(h - y1, r), min(x0, r), min(w - x1, r))
+        key = (y1 - y0, x1 - x0, *near, t.pad[1] - t.pad[0], t.pad[3] - t.pad[2])
         groups.setdefault(key, []).append(i)
     out = []
     for idx in groups.values():

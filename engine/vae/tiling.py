@@ -333,8 +333,8 @@ def run_tiled(
     total, done = len(segs) * len(tiles), 0
     stats = None
     px = max(in_scale, out_scale)  # image pixels per latent unit, either way
-    batches = batch_tiles(tiles, px, batch_px)
     reach = max([h / sc for sc, h in plan.x] + [h / sc for st in plan.stack for sc, h in st])
+    batches = batch_tiles(tiles, px, batch_px, math.ceil(reach))
     # Where the store keeps each state itself, neighbours write their strips straight into each
     # other's stored states (InPlace); else each strip is given aside and taken (Exchange).
     in_place = store.keeps(x_whole)

@@ -30,7 +30,7 @@ def _one_at_a_time(monkeypatch):
     import engine.vae.tiling as tiling
 
     real = tiling.batch_tiles
-    monkeypatch.setattr(tiling, "batch_tiles", lambda tiles, s, px: real(tiles, s, 0))
+    monkeypatch.setattr(tiling, "batch_tiles", lambda tiles, s, px, reach=1: real(tiles, s, 0, reach))
 
 
 def test_batched_kl_tiles_equal_single_tiles_through_groupnorm(monkeypatch):
@@ -85,7 +85,7 @@ def test_the_heap_slack_is_the_batchs_not_one_tiles(monkeypatch):
     batched = decode(vae, z, tiled=True, tile=64, overlap=32, info=info)
     assert info.tiles == 64 and info.notes  # ran in batches
     _one_at_a_time(monkeypatch)
-    monkeypatch.setattr(run, "batch_tiles", lambda tiles, s, px: real_batches(tiles, s, 0))
+    monkeypatch.setattr(run, "batch_tiles", lambda tiles, s, px, reach=1: real_batches(tiles, s, 0, reach))
     single = decode(vae, z, tiled=True, tile=64, overlap=32)
     assert psnr(batched, single) > 80
     one_tile = run.estimate.tile_bytes(run._spec(vae), 64, 4) // 4
