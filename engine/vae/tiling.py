@@ -338,7 +338,7 @@ def run_tiled(
     # Where the store keeps each state itself, neighbours write their strips straight into each
     # other's stored states (InPlace); else each strip is given aside and taken (Exchange).
     in_place = store.keeps(x_whole)
-    swap = InPlace(tiles, hw, max(1, math.ceil(reach)), batches) if in_place else None
+    swap = InPlace(tiles, hw, max(1, math.ceil(reach)), batches, n) if in_place else None
     ex = None if in_place else Exchange(tiles, hw, max(1, math.ceil(reach)))
     stored_halos = plan.stored(in_place)
     cpu = dev.type == "cpu"
@@ -374,12 +374,10 @@ def run_tiled(
                     kept = plan.kept[p]
                     if groups:
                         _add_moments(moments, x, [core_in(tiles[i], *kept[0], hw) for i in batch], n)
-                    if swap is not None:
+                    if swap is not None:  # its halos are written when the pass has ended
                         # a state that is (a view of) the input latent is not written into
                         state = [t.clone() if t is not None and _shares(t, x_whole) else t for t in state]
-                        wants = [plan.next_use(p, k)[1] for k in range(len(state))]
-                        state = swap.settle(state, kept, stored_halos[p], wants, b, batch, n,
-                                            lambda b2, k: store.held(b2)[k])  # fmt: skip
+                        state = swap.widen(state, kept, stored_halos[p], tiles[batch[0]])
                     for j, i in enumerate(batch):
                         for k, (t, (sc, h)) in enumerate(zip(state, kept, strict=True)):
                             if ex is None or t is None:  # in place, or carried: strips given already
@@ -408,6 +406,10 @@ def run_tiled(
                             stage, done, total, f"pass {p + 1}/{len(segs)}, tile {i + 1}/{len(tiles)}", tile
                         )
                     )
+            if swap is not None and not last:
+                made = [k for k, new in enumerate(plan.made[p]) if new]
+                swap.exchange([(k, plan.kept[p][k][0], stored_halos[p][k], plan.next_use(p, k)[1]) for k in made],
+                              store.held)  # fmt: skip
             if moments.parts:
                 stats = moments.stats(groups)
                 if check_finite:
