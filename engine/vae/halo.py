@@ -238,8 +238,9 @@ class InPlace:
     lies in the halo. Where strips were given (a clone where the neighbour ran later) and taken (a
     copy), a 1024^2 decode in 9 tiles (width 32, GPU-sized bands) dispatched 4,829 ops; with one copy
     per neighbour, 3,711; in two sweeps, 3,263 (the full decode: 187) -- the kernel launches a GPU's
-    tiled decode waits on; the window's TAESD preview in 16 batched tiles, 4,701 -> 2,566. Each copy reads cores, or halos the first sweep has written, and writes
-    halos of another tile's region, so no copy reads what a later one writes."""
+    tiled decode waits on; the window's TAESD preview in 16 batched tiles, 4,701 -> 2,566. A copy
+    reads a core (in the second sweep, with the halo columns the first has written) and writes a
+    halo, so no copy reads what a later one writes."""
 
     def __init__(self, tiles: list[Tile], hw: tuple[int, int], reach: int, batches: list[list[int]], n: int):
         self.tiles, self.hw, self.n = tiles, hw, n
@@ -380,6 +381,8 @@ def gather(stored, kept, want, ex, p, tiles, batch, hw, n):
         elif h <= e:
             view = t[:, :, need[0] - have[0] : need[1] - have[0], need[2] - have[2] : need[3] - have[2]]
         else:
+            if ex is None:  # in place, a state waits as wide as its use reads (Plan.stored)
+                raise ValueError("a state stored narrower than the pass reading it in place")
             view = t.new_empty(t.shape[0], t.shape[1], need[1] - need[0], need[3] - need[2])
             view[:, :, have[0] - need[0] : have[1] - need[0], have[2] - need[2] : have[3] - need[2]] = t
         if h > 0 and ex is not None:

@@ -335,8 +335,8 @@ def run_tiled(
     px = max(in_scale, out_scale)  # image pixels per latent unit, either way
     reach = max([h / sc for sc, h in plan.x] + [h / sc for st in plan.stack for sc, h in st])
     batches = batch_tiles(tiles, px, batch_px, math.ceil(reach))
-    # Where the store keeps each state itself, neighbours write their strips straight into each
-    # other's stored states (InPlace); else each strip is given aside and taken (Exchange).
+    # Where the store keeps each state itself, each pass's halos are written straight into the stored
+    # states when the pass has ended (InPlace); else each strip is given aside and taken (Exchange).
     in_place = store.keeps(x_whole)
     swap = InPlace(tiles, hw, max(1, math.ceil(reach)), batches, n) if in_place else None
     ex = None if in_place else Exchange(tiles, hw, max(1, math.ceil(reach)))
@@ -378,9 +378,9 @@ def run_tiled(
                         # a state that is (a view of) the input latent is not written into
                         state = [t.clone() if t is not None and _shares(t, x_whole) else t for t in state]
                         state = swap.widen(state, kept, stored_halos[p], tiles[batch[0]])
-                    for j, i in enumerate(batch):
+                    for j, i in enumerate(batch if ex is not None else ()):
                         for k, (t, (sc, h)) in enumerate(zip(state, kept, strict=True)):
-                            if ex is None or t is None:  # in place, or carried: strips given already
+                            if t is None:  # carried, still in the store: its strips were given
                                 continue
                             ys, xs = core_in(tiles[i], sc, h, hw)
                             core = t[j * n : (j + 1) * n, :, ys, xs]
