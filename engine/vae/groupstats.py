@@ -1,10 +1,12 @@
 """A tiled pass's GroupNorm statistics: the whole image's, gathered from the tiles' cores.
 
 Each tile's core gives per-channel moments (count, mean, M2 = the sum of squared deviations); when
-the pass ends, all of them are combined at once — per channel by the parallel formula of Chan et al.
-over any number of parts, in float64, then the channels into groups by the law of total variance
-(`ops.groups_of_channels`). Per tile that is three kernels: a sum, and per band of rows a difference
-and a norm. Combining is a fixed two dozen per pass, whatever the number of tiles. On a GPU, where a
+the pass ends, all of them are combined at once into each group's, in float64, by the parallel
+formula of Chan et al. over every (tile, channel) of the group -- the law of total variance over the
+channels in the same step. Per tile that is three kernels: a sum, and per band of rows a difference
+and a norm. Combining is a fixed dozen per pass, whatever the number of tiles (it was two dozen with
+the channels' statistics formed first: with the scale and shift, 30 of a 1024^2 decode's ~130 kernels
+a pass in 9 tiles). On a GPU, where a
 tiled decode is bound by launching kernels, this matters: combining pairwise, tile by tile, and
 forming groups per tile cost ~20 kernels a tile at every GroupNorm (225 calls, ~4,500 of the ~14,700
 kernels of a 1024^2 SD-VAE decode, benchmarks/gpu/2026-11-26-h100-kl-tiled-profile.txt).
@@ -54,15 +56,18 @@ class Moments:
     def stats(self, num_groups: int) -> ops.GroupStats:
         n, parts = self.n, self.parts
         c = parts[0][0].shape[1]
-        sum_p = torch.cat([p[0] for p in parts]).double().view(-1, n, c)  # (tiles, n, C)
-        norm_p = torch.cat([p[1] for p in parts]).double().view(-1, n, c)
-        per_tile = [m for total, _, m in parts for _ in range(total.shape[0] // n)]
-        count = torch.tensor(per_tile, dtype=torch.float64).view(-1, 1, 1)
+        g, per = num_groups, c // num_groups
+        # every part's sums, then every part's norms, in one tensor: (sum | norm, tile, n, group, channel)
+        both = torch.cat([p[0] for p in parts] + [p[1] for p in parts]).double().view(2, -1, n, g, per)
+        sum_p, norm_p = both[0], both[1]
+        per_part = [m for total, _, m in parts for _ in range(total.shape[0] // n)]
+        count = torch.tensor(per_part, dtype=torch.float64).view(-1, 1, 1, 1)
         if sum_p.is_cuda:  # from pinned memory: a copy from pageable memory would wait for the GPU
             count = count.pin_memory().to(sum_p.device, non_blocking=True)
-        total = float(sum(per_tile))
-        mean = sum_p.sum(dim=0) / total  # (n, C)
-        # Chan et al.: the parts' M2 plus each part's count times its mean's squared distance from the mean
-        m2 = norm_p.square_().sum(dim=0) + ((sum_p / count - mean).square_() * count).sum(dim=0)
-        mean_g, var_g = ops.groups_of_channels(mean, m2 / total, num_groups, torch.float64)
-        return ops.GroupStats(mean_g, var_g)
+        total = float(sum(per_part)) * per  # elements per (item, group)
+        # Chan et al. over every (part, channel) of a group at once: the parts' M2 plus each one's count
+        # times its mean's squared distance from the group's mean (the law of total variance, in one)
+        mean = sum_p.sum(dim=(0, 3)) / total  # (n, G)
+        dev = (sum_p / count - mean.unsqueeze(2)).square_() * count
+        m2 = norm_p.square_().sum(dim=(0, 3)) + dev.sum(dim=(0, 3))
+        return ops.GroupStats(mean, m2 / total)
