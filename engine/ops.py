@@ -304,19 +304,15 @@ def groups_of_channels(mean_c: torch.Tensor, var_c: torch.Tensor, num_groups: in
 def group_scale_shift(c, num_groups, mean, var, weight, bias, eps, like: torch.dtype):
     """Per-(N, C) scale and shift, for C channels, that normalise with per-(N, group) mean and variance
     and apply the affine weight and bias, for an input of dtype `like`: in float32 at least (float64
-    for a float64 input)."""
+    for a float64 input). Each group's figures broadcast over its channels (N, G, per): 7 kernels, not
+    the 11 of repeating them per channel (a GPU's tiled decode launches them at every GroupNorm)."""
     cdt = torch.promote_types(like, torch.float32)
     n, per = var.shape[0], c // num_groups
-    # Per group, broadcast over its channels (N, G, per): the values of repeating each group's figures
-    # per channel, multiplied in the same order, in 7 kernels instead of 11 -- a tiled decode on a GPU
-    # works these out at every GroupNorm of every pass, and waits on launching them.
     rstd = torch.rsqrt(var.to(cdt) + eps).unsqueeze(2)  # float64 statistics are rounded to cdt first
-    shift = -mean.to(cdt).unsqueeze(2) * rstd
-    scale = rstd.expand(n, num_groups, per)
+    scale, shift = rstd.expand(n, num_groups, per), -mean.to(cdt).unsqueeze(2) * rstd
     if weight is not None:
         w = weight.to(cdt).view(num_groups, per)
-        scale = scale * w
-        shift = shift * w
+        scale, shift = scale * w, shift * w
     if bias is not None:
         shift = shift + bias.to(cdt).view(num_groups, per)
     return scale.reshape(n, c), shift.expand(n, num_groups, per).reshape(n, c)
