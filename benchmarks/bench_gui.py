@@ -1,8 +1,8 @@
 """GUI responsiveness: the event loop's worst delay (a 10 ms timer's lateness) while the engine loads a
 160 MiB dense VAE and decodes a latent (goal <= 50 ms; the idle window's worst beside it); and the
 memory graph's CPU cost per second of sampling (GUI-thread CPU time with the graph fed at 10 samples/s,
-its dock shown and then hidden), against an event loop whose 10 Hz timer only takes the memory sample. One JSON line per
-measurement.
+its dock shown and then hidden, above an event loop whose 10 Hz timer only takes the memory sample;
+goal <= 1 % of a core). One JSON line per measurement.
 
     python benchmarks/bench_gui.py            (offscreen; about a minute)
 """
@@ -162,21 +162,25 @@ def main() -> None:
         t.stop()
         return (time.thread_time() - c0) / (time.perf_counter() - t0), n[0]
 
+    # Judged by the graph's own cost (its CPU per second above the loop that only samples), not by
+    # the ratio of the two: the sampling loop's 5-18 ms/s moved with the machine, and the ratio with
+    # it (1.22 -> 1.49-1.92 on unchanged code), while the graph's own cost read 3.8-4.5 ms/s throughout.
+    # Goal: at most 1 % of a core; a change under 2 ms/s (that noise, doubled) is none.
     base, _ = measure(False)
     draws0 = w.graph.draws
     ours, samples = measure(True)
     draws = w.graph.draws - draws0
-    record("graph_cpu_per_second_at_10hz", ours, "s/s",
+    record("graph_cpu_per_second_at_10hz", ours - base, "s/s", judged="value", goal=0.01, slack=0.002,
            baseline="event loop with a 10 Hz timer taking memory.sample() only", baseline_value=base,
-           graph_only_cpu_s_per_s=round(ours - base, 5),
-          samples=samples, redraws=draws, points_kept=len(w.graph.t), dock="visible")  # fmt: skip
+           ratio=ours / base, total_cpu_s_per_s=round(ours, 5),
+           samples=samples, redraws=draws, points_kept=len(w.graph.t), dock="visible")  # fmt: skip
     w.docks["graph"].hide()  # a closed dock (or a background tab): samples are kept, nothing is drawn
     draws0 = w.graph.draws
     hidden, samples = measure(True)
-    record("graph_cpu_per_second_at_10hz_dock_hidden", hidden, "s/s",
-           baseline="event loop with a 10 Hz timer taking memory.sample() only", baseline_value=base,
-           graph_only_cpu_s_per_s=round(hidden - base, 5),
-          samples=samples, redraws=w.graph.draws - draws0, points_kept=len(w.graph.t), dock="hidden")  # fmt: skip
+    record("graph_cpu_per_second_at_10hz_dock_hidden", hidden - base, "s/s", judged="value", goal=0.002,
+           slack=0.002, baseline="event loop with a 10 Hz timer taking memory.sample() only",
+           baseline_value=base, ratio=hidden / base, total_cpu_s_per_s=round(hidden, 5),
+           samples=samples, redraws=w.graph.draws - draws0, points_kept=len(w.graph.t), dock="hidden")  # fmt: skip
     w.docks["graph"].show()
     w.close()
 
