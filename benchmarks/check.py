@@ -211,6 +211,8 @@ def _status(r: Row) -> str:
     marks = [m for m, on in (("REGRESSED", r.regressed), ("MISSED GOAL", r.missed_goal)) if on]
     if r.new:
         marks.append("new")
+    if not r.regressed and r.change is not None and r.change > TOLERANCE:
+        marks.append("ok (within its slack)")
     return ", ".join(marks) or "ok"
 
 

@@ -101,6 +101,7 @@ def test_a_change_within_the_lines_slack_is_no_regression_however_large_its_perc
     base = [line("delay", value=0.006, judged="value", goal=0.05, slack=1 / 60)]
     rep = report([line("delay", value=0.012, judged="value", goal=0.05, slack=1 / 60)], base)
     assert row(rep, "delay").change == pytest.approx(1.0) and not row(rep, "delay").regressed and rep.ok
+    assert check._status(row(rep, "delay")) == "ok (within its slack)"  # the table says why it passed
     rep = report([line("delay", value=0.03, judged="value", goal=0.05, slack=1 / 60)], base)
     assert row(rep, "delay").regressed and not row(rep, "delay").missed_goal
     # a baseline line's slack holds for a latest line that does not carry one (and the other way round)
