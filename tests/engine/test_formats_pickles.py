@@ -250,6 +250,25 @@ def test_storage_mismatches_are_corruption(tmp_path):
             open_index(q)
 
 
+@pytest.mark.parametrize("member", ["data.pkl", "data/0"])
+def test_a_member_marked_encrypted_is_corruption(tmp_path, member):
+    """A damaged general-purpose flag can mark a member encrypted (the fuzz test found one): zipfile
+    then raised a RuntimeError where a FormatError belongs. torch.save never encrypts."""
+    p = tmp_path / "m.pt"
+    torch.save({"w": torch.zeros(8)}, p)
+    raw = bytearray(p.read_bytes())
+    with zipfile.ZipFile(p) as zf:
+        info = next(i for i in zf.infolist() if i.filename.endswith("/" + member))
+    raw[info.header_offset + 6] |= 1  # the local header's flag
+    for at in range(len(raw) - 46):  # and the central directory's (its entry names that header)
+        entry = raw[at : at + 4] == b"PK\x01\x02"
+        if entry and int.from_bytes(raw[at + 42 : at + 46], "little") == info.header_offset:
+            raw[at + 8] |= 1
+    p.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match="encrypted"):
+        open_index(p)
+
+
 def test_tensor_view_past_its_storage_is_corruption(tmp_path):
     p = tmp_path / "v.pt"
     torch.save({"w": torch.zeros(8)}, p)
