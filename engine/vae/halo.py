@@ -212,8 +212,7 @@ class Exchange:
         mine = box(self.tiles[i], scale, 0, self.hw)
         for j in self.near[i]:
             want = box(self.tiles[j], scale, halo, self.hw)
-            y0, y1 = max(mine[0], want[0]), min(mine[1], want[1])
-            x0, x1 = max(mine[2], want[2]), min(mine[3], want[3])
+            y0, y1, x0, x1 = _overlap(mine, want)
             if y0 < y1 and x0 < x1:
                 part = core[:, :, y0 - mine[0] : y1 - mine[0], x0 - mine[2] : x1 - mine[2]].clone()
                 self.strips.setdefault((p, j, k), []).append((y0 - want[0], x0 - want[2], part))
@@ -327,12 +326,16 @@ def _grid(tiles: list[Tile]) -> dict[tuple[int, int], int] | None:
 def _strip(dst, dst_box, src, src_box, core, want) -> None:
     """Copy src's part of `core` that lies in `want` into dst (tensors holding the regions dst_box
     and src_box of the image, in pixels at one scale)."""
-    y0, y1 = max(core[0], want[0]), min(core[1], want[1])
-    x0, x1 = max(core[2], want[2]), min(core[3], want[3])
+    y0, y1, x0, x1 = _overlap(core, want)
     if y0 < y1 and x0 < x1:
         dst[:, :, y0 - dst_box[0] : y1 - dst_box[0], x0 - dst_box[2] : x1 - dst_box[2]] = src[
             :, :, y0 - src_box[0] : y1 - src_box[0], x0 - src_box[2] : x1 - src_box[2]
         ]
+
+
+def _overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """The rows and columns two boxes (y0, y1, x0, x1) share (empty where an end is not past a start)."""
+    return max(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), min(a[3], b[3])
 
 
 def _widen(t: torch.Tensor, t0: Tile, sc: float, e: int, s: int, hw: tuple[int, int]) -> torch.Tensor:
@@ -383,8 +386,7 @@ def gather(stored, kept, want, ex, p, tiles, batch, hw, n):
         else:
             if ex is None:  # in place, a state waits as wide as its use reads (Plan.stored)
                 raise ValueError("a state stored narrower than the pass reading it in place")
-            view = t.new_empty(t.shape[0], t.shape[1], need[1] - need[0], need[3] - need[2])
-            view[:, :, have[0] - need[0] : have[1] - need[0], have[2] - need[2] : have[3] - need[2]] = t
+            view = _widen(t, t0, sc, e, h, hw)
         if h > 0 and ex is not None:
             for j, i in enumerate(batch):
                 ex.take(view[j * n : (j + 1) * n], p, i, k)
