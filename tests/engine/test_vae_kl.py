@@ -365,6 +365,26 @@ def test_gpu_tile_states_stay_on_the_device_or_wait_in_pinned_host_ram():
     assert psnr(a, full) >= 40 and psnr(b, full) >= 40 and psnr(a, b) >= 60
 
 
+@pytest.mark.cuda
+def test_a_gpu_run_given_cuda_without_an_index_computes_where_its_weights_and_states_are(monkeypatch):
+    """torch.device("cuda") != a tensor's cuda:0: told "cuda", a decode treated its resident weights as
+    offloaded (cast in every op) and its device-kept tile states as copies (strips given and taken)."""
+    from engine.vae import tiling
+
+    m = small_kl(ch=32, seed=3).to("cuda", torch.float16)
+    z = _z(h=64, w=64, seed=4)
+    monkeypatch.setattr(tiling, "Exchange", lambda *a: pytest.fail("strips given and taken on the device"))
+    info = RunInfo()
+    out = decode(m, z, tiled=True, tile=256, overlap=64, device="cuda", dtype=torch.float16, info=info)
+    assert info.store == "device" and out.shape == (1, 3, 512, 512)
+    # every op's weights are where it computes: none is marked offloaded during the run
+    marked = []
+    for _, mod in ops.castable_modules(m):
+        mod.register_forward_pre_hook(lambda mod, args: marked.append(mod.offload))
+    decode(m, z, tiled=False, device="cuda", dtype=torch.float16)
+    assert marked and not any(marked)
+
+
 def test_the_run_estimate_of_a_tile_larger_than_the_image_is_the_images():
     # `decode --tile 4096` on a 2048x768 latent runs one 2048x768 tile: its estimate (the run's and the
     # CLI's "as tiled") read 10x the full decode's, counting a 4096^2 tile.
