@@ -6,7 +6,8 @@ one full run, and cProfile of a tiled run. Run from the repository root (gpu_che
 
 (`host`: the tiled run under a 1 GiB budget instead, its states in pinned host RAM.)
 
-Its output on an H100: benchmarks/gpu/2026-11-26-h100-kl-tiled-profile.txt.
+Its output on an H100: benchmarks/gpu/2026-11-26-h100-kl-tiled-profile.txt; on 21a4382 (halos given and
+taken: the device's index missing) and bedf609 (in place): benchmarks/gpu/2026-11-27-h100-*-profile.txt.
 """
 
 import cProfile
