@@ -320,10 +320,14 @@ class StepResult:
     # the LoRAs the request set on the model, one read-only mapping each: file, strength_model,
     # strength_clip, modules, mapped (how many of them reach this model), warning (None, or why it fits badly)
     loras: tuple[MappingProxyType, ...] = ()
+    # tensors of the --inputs file this model's forward does not take (e.g. SDXL's `y` given to SD1):
+    # not an error -- one file may serve two variants -- but said, since a misspelt name lands here
+    ignored_inputs: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "snapshot"}
         d["step_seconds"] = list(self.step_seconds)
+        d["ignored_inputs"] = list(self.ignored_inputs)
         d["step_cpu_seconds"] = list(self.step_cpu_seconds)
         d["loras"] = [dict(x) for x in self.loras]
         d["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}

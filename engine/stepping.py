@@ -135,8 +135,11 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
     device = torch.device(comp.device)
     dtype = torch.float32 if device.type == "cpu" else getattr(torch, comp.compute_dtype)
     den = bind(comp, arch, dtype)
+    ignored: tuple[str, ...] = ()
     if req.inputs:
-        inputs = den.check_inputs(read_inputs(req.inputs), os.path.basename(req.inputs))
+        given = read_inputs(req.inputs)
+        inputs = den.check_inputs(given, os.path.basename(req.inputs))
+        ignored = tuple(sorted(set(given) - set(inputs)))
     else:
         inputs = den.random_inputs(req.size[0], req.size[1], seed=req.seed)
     res = parts.residency
@@ -183,7 +186,7 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
         resident_bytes=comp.tier_bytes()["device"], streamed_bytes_per_step=streamed,
         input_shapes=MappingProxyType({k: tuple(v.shape) for k, v in inputs.items()}),
         output_shape=tuple(out.shape), out=req.out, snapshot=res.snapshot(),
-        prefetched=stream.prefetched if stream.units else 0.0, step_cpu_seconds=tuple(cpu),
+        prefetched=stream.prefetched if stream.units else 0.0, step_cpu_seconds=tuple(cpu), ignored_inputs=ignored,
     )  # fmt: skip
     _record(parts, req, den, inputs, result)
     return result

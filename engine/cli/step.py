@@ -138,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
         # the warning, when there is one, says the counts too
         fit = lo["warning"] or f"{lo['mapped']}/{lo['modules']} modules placed"
         print(f"  LoRA {os.path.basename(lo['file'])} at {strength}: {fit}")
+    if r.ignored_inputs:
+        took = ", ".join(r.input_shapes)
+        print(f"  ignored input(s) {', '.join(r.ignored_inputs)}: this model takes {took}")
     print(f"  output {list(r.output_shape)}" + (f" written to {r.out}" if r.out else ""))
     return EXIT_OK
 

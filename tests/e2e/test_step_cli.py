@@ -115,7 +115,16 @@ def test_step_text_output_and_inputs(cli, tiny):
     r = cli("step", "--model", str(model), "--inputs", str(d / "in.safetensors"), "--steps", "2", "--cpu")
     assert r.returncode == 0, r.stderr
     assert "sd1 unet (ldm naming) on cpu in float32, full" in r.stdout and "2 step(s)" in r.stdout
-    assert "output [2, 4, 8, 8]" in r.stdout
+    assert "output [2, 4, 8, 8]" in r.stdout and "ignored" not in r.stdout
+    # a tensor this model does not take (SDXL's ADM vector, a misspelt name) is run without, and said
+    save_tensors(d / "extra.safetensors", {"x": torch.randn(1, 4, 8, 8), "timesteps": torch.tensor([10.0]),
+                                           "context": torch.randn(1, 77, 768), "y": torch.randn(1, 2816),
+                                           "timestep": torch.tensor([3.0])})  # fmt: skip
+    r = cli("step", "--model", str(model), "--inputs", str(d / "extra.safetensors"), "--cpu")
+    assert r.returncode == 0, r.stderr
+    assert "ignored input(s) timestep, y: this model takes x, timesteps, context" in r.stdout
+    r = cli("step", "--model", str(model), "--inputs", str(d / "extra.safetensors"), "--cpu", "--json")
+    assert json.loads(r.stdout)["ignored_inputs"] == ["timestep", "y"]
 
 
 def test_step_exit_codes(cli, tiny):
