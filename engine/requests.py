@@ -327,9 +327,9 @@ class StepResult:
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "snapshot"}
         d["step_seconds"] = list(self.step_seconds)
-        d["ignored_inputs"] = list(self.ignored_inputs)
         d["step_cpu_seconds"] = list(self.step_cpu_seconds)
         d["loras"] = [dict(x) for x in self.loras]
+        d["ignored_inputs"] = list(self.ignored_inputs)
         d["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
         d["output_shape"] = list(self.output_shape)
         return d
