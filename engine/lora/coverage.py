@@ -197,7 +197,14 @@ def coverage(
         if bad:
             tc.unsupported.append({"module": name, "algo": bad[0]})
             continue
-        change = change_shape(parts, shapes)
+        try:
+            change = change_shape(parts, shapes)
+        except (IndexError, TypeError, ValueError):  # broken factors (a 0-d down): a change of no shape
+            got = {p: list(shapes[k]) for p, k in parts.items() if p != "alpha"}
+            tc.shape_mismatch.append(
+                {"module": name, "key": t.key, "lora_shape": got, "base_shape": list(t.shape)}
+            )
+            continue
         ok = True
         if change is not None and not fits(change, t.shape):
             ok = False

@@ -142,6 +142,62 @@ def test_broken_factor_pair_is_refused_with_the_module_named():
         adapter_from_tensors({"model.diffusion_model.out.2.weight": torch.zeros(4, 4)})
 
 
+def _hostile_adapters():
+    import torch
+
+    q = "lora_unet_input_blocks_1_1_transformer_blocks_0_attn1_to_q"
+    up, down = f"{q}.lora_up.weight", f"{q}.lora_down.weight"
+    pair = {up: torch.randn(32, 4), down: torch.randn(4, 32)}
+    return [
+        ("alpha holds 3 values", {**pair, f"{q}.alpha": torch.ones(3)}),
+        ("alpha is nan.*diverged", {**pair, f"{q}.alpha": torch.tensor(float("nan"))}),
+        (
+            "1 module.*NaN or infinite.*diverged",
+            {up: torch.full((32, 4), float("inf")), down: torch.randn(4, 32)},
+        ),
+        ("NaN or infinite", {up: torch.randn(32, 4).half(), down: torch.full((4, 32), float("nan")).half()}),
+        ("lacks its up/down partner", {down: torch.randn(4, 32)}),
+        (
+            r"(up|down) has shape \[(32, 0|0, 32)\]: it holds no values",
+            {up: torch.zeros(32, 0), down: torch.zeros(0, 32)},
+        ),
+        ("do not share a rank", {up: torch.randn(32, 4), down: torch.tensor(1.0)}),
+        ("DoRA magnitude holds 7 values", {**pair, f"{q}.dora_scale": torch.randn(7, 1)}),
+    ]
+
+
+def test_hostile_adapters_are_refused_before_any_weight_is_touched():
+    """Adapters whose parts cannot make a finite weight change are FormatErrors that name the module and
+    what is wrong. Each of these reached the patch before (a 0-d down, an empty rank, a DoRA magnitude
+    of the wrong size: torch's IndexError or reshape error out of `loadout step --lora`) or was taken
+    silently (a vector alpha as none; NaN alphas and factors: every output NaN)."""
+    import pytest
+    import torch
+
+    from engine.errors import FormatError
+    from engine.lora.adapter import adapter_from_tensors
+
+    for match, tensors in _hostile_adapters():
+        with pytest.raises(FormatError, match=match):
+            adapter_from_tensors(tensors, path="bad.safetensors")
+    # large finite halves are finite (the norms are taken in float32), and int8 factors are cast
+    big = {"lora_unet_x.lora_up.weight": torch.full((32, 4), 60000.0).half(),
+           "lora_unet_x.lora_down.weight": torch.full((4, 32), 60000.0).half()}  # fmt: skip
+    assert adapter_from_tensors(big).modules["lora_unet_x"].rank == 4
+
+
+def test_coverage_of_factors_that_make_no_change_is_a_shape_mismatch(tmp_path):
+    """`loadout lora inspect` reads shapes from the header only: a 0-d down is reported, not an IndexError."""
+    from engine.lora.coverage import coverage
+
+    q = "lora_unet_input_blocks_1_1_transformer_blocks_0_attn1_to_q"
+    rows = [(f"{q}.lora_up.weight", "F32", (32, 4)), (f"{q}.lora_down.weight", "F32", ())]
+    base = {"model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn1.to_q.weight": (32, 32)}
+    cov = coverage(_lora(tmp_path, "scalar.safetensors", rows), base)
+    (tc,) = cov.targets.values()
+    assert tc.mapped == 0 and tc.shape_mismatch[0]["lora_shape"] == {"up": [32, 4], "down": []}
+
+
 def test_header_side_modules_do_not_import_torch():
     import subprocess
     import sys
