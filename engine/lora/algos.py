@@ -76,7 +76,10 @@ def lokr_delta(w1=None, w1a=None, w1b=None, w2=None, w2a=None, w2b=None, t2=None
             w2 = (w2a @ w2b.reshape(rank, -1)).reshape(w2a.shape[0], *w2b.shape[1:])
     while w1.dim() < w2.dim():
         w1 = w1.unsqueeze(-1)
-    return torch.kron(w1, w2.contiguous())
+    # Standard strides, not just "contiguous": a Tucker w2 of a 1x1 kernel comes out of einsum with
+    # strides (3, 1, 6, 6) on its size-1 dims, which .contiguous() keeps and torch.kron's view refuses
+    # (found by tests/engine/test_lora_shapes.py). The flat view gives the same values with plain strides.
+    return torch.kron(w1.reshape(-1).view(w1.shape), w2.reshape(-1).view(w2.shape))
 
 
 def lokr_rank(w1a=None, w1b=None, w2a=None, w2b=None) -> int | None:
@@ -107,8 +110,13 @@ def dora_apply(weight, delta, magnitude, strength: float, *, peft: bool):
     w = _f32(weight)
     merged = w + _f32(delta)
     m = _f32(magnitude)
-    out_ch = w.shape[0]
+    out_ch = w.shape[0] if w.dim() >= 2 else 0
     on_out = peft or (m.numel() == out_ch and (m.dim() <= 1 or m.shape[0] == out_ch))
+    if m.numel() != (out_ch if on_out else w.shape[1] if w.dim() >= 2 else 0):
+        raise ValueError(
+            f"a DoRA magnitude of shape {list(m.shape)} fits neither the output nor the input channels "
+            f"of a weight of shape {list(w.shape)}"
+        )
     rest = [1] * (w.dim() - 1)
     eps = torch.finfo(torch.float32).eps
     if on_out:
@@ -122,3 +130,60 @@ def dora_apply(weight, delta, magnitude, strength: float, *, peft: bool):
         m = m.reshape(1, in_ch, *rest[1:])
     decomposed = merged * (m / norm)
     return w + strength * (decomposed - w)
+
+
+def delta_shape(p: dict, algo: str) -> tuple[int, ...] | None:
+    """The shape lora_delta / loha_delta / lokr_delta give for parts of these shapes (part -> shape),
+    without computing anything; a ValueError where they would fail, or where the factors are not the
+    matrices the formats write (2-D `_a` / `_b` halves, an up of (out, rank) or (out, rank, 1, 1)).
+    None for parts that are not one of those three (a full `diff`, a norm: their own shape)."""
+    if algo in ("lora", "locon"):
+        up, down, mid = p["up"], p["down"], p.get("mid")
+        if len(up) < 2 or len(down) < 2:
+            raise ValueError(f"up {list(up)} and down {list(down)} are not matrices")
+        cols, rank, ins = math.prod(up[1:]), down[0], math.prod(down[1:])
+        if mid is None:
+            if cols != rank:
+                raise ValueError(f"up {list(up)} does not multiply down {list(down)}")
+            return (up[0], down[1], *down[2:])
+        if len(mid) < 2 or mid[0] != cols or mid[1] != rank:
+            raise ValueError(f"the Tucker core {list(mid)} joins neither up {list(up)} nor down {list(down)}")
+        return (up[0], ins, *mid[2:])
+    if algo == "loha":
+        if "hada_t1" in p and "hada_t2" in p:
+            one = _tucker_shape(p["hada_t1"], p["hada_w1_a"], p["hada_w1_b"])
+            two = _tucker_shape(p["hada_t2"], p["hada_w2_a"], p["hada_w2_b"])
+        else:
+            one = _product_shape(p["hada_w1_a"], p["hada_w1_b"])
+            two = _product_shape(p["hada_w2_a"], p["hada_w2_b"])
+        if one != two:
+            raise ValueError(f"the two halves are {list(one)} and {list(two)}")
+        return one
+    if algo == "lokr":
+        w1 = p.get("lokr_w1") or _product_shape(p["lokr_w1_a"], p["lokr_w1_b"], whole=True)
+        w2 = p.get("lokr_w2")
+        if w2 is None:
+            if "lokr_t2" in p:
+                w2 = _tucker_shape(p["lokr_t2"], p["lokr_w2_a"], p["lokr_w2_b"])
+            else:
+                w2 = (p["lokr_w2_a"][0], *p["lokr_w2_b"][1:])
+                _product_shape(p["lokr_w2_a"], p["lokr_w2_b"])
+        if not w1 or not w2:
+            raise ValueError(f"a Kronecker half of no dimension ({list(w1)}, {list(w2)})")
+        w1 = tuple(w1) + (1,) * (len(w2) - len(w1))  # lokr_delta's trailing unsqueeze
+        w2 = (1,) * (len(w1) - len(w2)) + tuple(w2)  # torch.kron's leading one
+        return tuple(a * b for a, b in zip(w1, w2, strict=True))
+    return None
+
+
+def _product_shape(a, b, whole: bool = False) -> tuple[int, ...]:
+    """a @ b.reshape(b[0], -1) (`whole`: a @ b, both matrices)."""
+    if len(a) != 2 or len(b) < (2 if whole else 1) or (whole and len(b) != 2) or a[1] != b[0]:
+        raise ValueError(f"{list(a)} @ {list(b)} do not multiply")
+    return (a[0], math.prod(b[1:]))
+
+
+def _tucker_shape(t, wa, wb) -> tuple[int, ...]:
+    if len(t) < 2 or len(wa) != 2 or len(wb) != 2 or wa[0] != t[0] or wb[0] != t[1]:
+        raise ValueError(f"the Tucker core {list(t)} joins neither {list(wa)} nor {list(wb)}")
+    return (wa[1], wb[1], *t[2:])

@@ -231,6 +231,10 @@ class ModuleFacts(NamedTuple):
     in_features: int | None  # for convolutions: input channels (kernel excluded) where knowable
 
 
+def _at(shape, i: int) -> int | None:
+    return shape[i] if shape is not None and len(shape) > i else None
+
+
 def _dims(shape) -> tuple[int, ...]:
     return shape if type(shape) is tuple else tuple(int(s) for s in shape)
 
@@ -255,30 +259,32 @@ def module_facts(parts: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]
 
     algos: list[str] = []
     rank = out_f = in_f = None
+    # Hostile or broken shapes (a 0-d factor, a missing partner) give None where a dim is not there:
+    # this runs on headers only (scans, `lora inspect`), and must describe what it cannot use.
     if "hada_w1_a" in parts:
         algos.append("loha")
         w1b, w1a = sh("hada_w1_b"), sh("hada_w1_a")
-        rank = w1b[0] if w1b else None
+        rank = _at(w1b, 0)
         if "hada_t1" in parts:  # Tucker: w1_a is (rank, out), w1_b is (rank, in)
-            out_f, in_f = w1a[1], w1b[1]
+            out_f, in_f = _at(w1a, 1), _at(w1b, 1)
         else:
-            out_f, in_f = w1a[0], w1b[1]
+            out_f, in_f = _at(w1a, 0), _at(w1b, 1)
     elif "lokr_w1" in parts or "lokr_w1_a" in parts:
         algos.append("lokr")
         w1 = sh("lokr_w1")
         if w1 is None:
             a, b = sh("lokr_w1_a"), sh("lokr_w1_b")
-            w1 = (a[0], b[1]) if a and b else None
-            rank = b[0] if b else None
+            w1 = (_at(a, 0), _at(b, 1))
+            rank = _at(b, 0)
         w2 = sh("lokr_w2")
         if w2 is None:
             a, b = sh("lokr_w2_a"), sh("lokr_w2_b")
-            rank = b[0] if b else rank
-            if "lokr_t2" in parts and a and b:  # Tucker: w2_a (rank, out), w2_b (rank, in)
-                w2 = (a[1], b[1])
-            elif a and b:
-                w2 = (a[0], b[1])
-        if w1 and w2:
+            rank = _at(b, 0) if b else rank
+            if "lokr_t2" in parts:  # Tucker: w2_a (rank, out), w2_b (rank, in)
+                w2 = (_at(a, 1), _at(b, 1))
+            else:
+                w2 = (_at(a, 0), _at(b, 1))
+        if None not in (_at(w1, 0), _at(w1, 1), _at(w2, 0), _at(w2, 1)):
             out_f = w1[0] * w2[0]
             # Linear: `in`; a conv LoKr without Tucker folds the kernel into w2's columns.
             in_f = w1[1] * w2[1]

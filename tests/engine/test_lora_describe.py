@@ -196,6 +196,11 @@ def test_coverage_of_factors_that_make_no_change_is_a_shape_mismatch(tmp_path):
     cov = coverage(_lora(tmp_path, "scalar.safetensors", rows), base)
     (tc,) = cov.targets.values()
     assert tc.mapped == 0 and tc.shape_mismatch[0]["lora_shape"] == {"up": [32, 4], "down": []}
+    # half a LoHa, a 1-D LoKr half: described (module_facts) and reported, not a TypeError / IndexError
+    for rows in ([(f"{q}.hada_w1_a", "F32", (32, 4))],
+                 [(f"{q}.lokr_w1", "F32", (4,)), (f"{q}.lokr_w2_a", "F32", (8,)), (f"{q}.lokr_w2_b", "F32", (2,))]):  # fmt: skip
+        cov = coverage(_lora(tmp_path, "half.safetensors", rows), base)
+        assert sum(t.mapped for t in cov.targets.values()) == 0
 
 
 def test_header_side_modules_do_not_import_torch():
