@@ -10,9 +10,10 @@ Written from the published architectures (see unet.py and flux.py for the facts 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from ..errors import UnsupportedModel
+from ..errors import FormatError, UnsupportedModel
 from .common import Ops
 from .inputs import check_inputs, names, random_inputs
 
@@ -24,6 +25,11 @@ CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (
 MMDIT = ("sd3", "sd3.5_medium", "sd3.5_large", "mmdit")
 QWEN = ("qwen_image",)  # engine.denoise.qwen_image
 SUPPORTED = UNETS + FLUX + CHROMA + MMDIT + QWEN + WAN
+_MISFIT = re.compile(
+    r"shapes cannot be multiplied|Given groups=|expected input\[|must match the size of tensor|"
+    r"size of tensor a|is invalid for input of size|Expected weight to be a vector|normalized_shape|"
+    r"input to conv[123]d, but got input of size|split_with_sizes expects"
+)
 
 
 @dataclass
@@ -36,7 +42,19 @@ class Denoiser:
     model: object
 
     def __call__(self, inputs: dict):
-        return self.model(**inputs)
+        try:
+            return self.model(**inputs)
+        except (AttributeError, NotImplementedError) as e:
+            raise FormatError(f"{self._what()} ({e}): a damaged or edited file?") from e
+        except RuntimeError as e:
+            # torch's own words for a weight that does not fit its input: a layer of the wrong shape
+            # (binding reads the architecture from a few shapes; a header edited elsewhere lands here)
+            if type(e) is not RuntimeError or not _MISFIT.search(str(e)):
+                raise
+            raise FormatError(f"{self._what()} ({str(e).splitlines()[0]}): a damaged or edited file?") from e
+
+    def _what(self) -> str:
+        return f"the file's layers do not compute as a {self.architecture} {self.kind}"
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -55,6 +73,16 @@ class Denoiser:
 def bind(component, architecture: str | None, dtype=None) -> Denoiser:
     """The forward pass of `component` (its castable ops, as they are now) for `architecture`, computing
     in `dtype` (default: the component's compute dtype)."""
+    try:
+        return _bind(component, architecture, dtype)
+    except AttributeError as e:  # an op of another kind than the layout's (a norm's scale of 2 dims)
+        raise FormatError(
+            f"{component.name} of {component.path}: its layers are not those of a {architecture} ({e}): "
+            "a damaged or edited file?"
+        ) from e
+
+
+def _bind(component, architecture: str | None, dtype=None) -> Denoiser:
     import torch
 
     from ..model.dtypes import role_of

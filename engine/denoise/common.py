@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from ..errors import UnsupportedModel
+from ..errors import FormatError, UnsupportedModel
 
 
 def wshape(op) -> tuple[int, ...]:
@@ -94,10 +94,28 @@ class Ops:
         m = self.by_path.get(path)
         if m is None:
             raise UnsupportedModel(f"{self.what}: no module {path!r} — not a layout Loadout can run")
-        return m
+        return self._layer(path, m)
 
     def get(self, path: str):
-        return self.by_path.get(path)
+        m = self.by_path.get(path)
+        return None if m is None else self._layer(path, m)
+
+    def _layer(self, path: str, m):
+        """`m` where it is an op. A bare holder of a `weight` (the component builds one where a module's
+        tensors fit no op: a norm whose bias is int8, a conv weight of one dimension) is a damaged
+        file, said here rather than as torch's missing `forward` or `kernel_size` mid-step; holders of
+        other tensors (SD3's `pos_embed`) are what some layouts keep beside their layers."""
+        if type(m) is torch.nn.Module and ("weight" in m._parameters or "weight" in m._buffers):
+            held = ", ".join(
+                f"{k} {str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+                for k, t in (*m._parameters.items(), *m._buffers.items())
+                if t is not None
+            )
+            raise FormatError(
+                f"{self.what}: {path!r} holds {held or 'no tensors'}, not the tensors of a layer "
+                "(a damaged or edited file?)"
+            )
+        return m
 
     def __contains__(self, path: str) -> bool:
         return path in self.by_path
