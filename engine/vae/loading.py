@@ -198,6 +198,16 @@ def strict_load(model: nn.Module, sd: dict[str, torch.Tensor], path: str) -> Non
     missing = sorted(set(expected) - set(sd))
     unexpected = sorted(set(sd) - set(expected))
     bad = [k for k in expected if k in sd and tuple(sd[k].shape) != tuple(expected[k].shape)]
+    # a weight stored as integers (not a quantized block format: those are their own tensor type)
+    ints = [k for k in expected if k in sd and type(sd[k]) is torch.Tensor and expected[k].is_floating_point()
+            and not sd[k].is_floating_point()]  # fmt: skip
+    if ints:
+        k = ints[0]
+        raise FormatError(
+            f"{path}: {len(ints)} weight(s) stored as {str(sd[k].dtype).removeprefix('torch.')} (e.g. {k}): "
+            "a VAE's weights are floating point (a damaged or edited file?)",
+            path=path,
+        )
     if missing or unexpected or bad:
         parts = []
         if missing:
@@ -270,7 +280,7 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     if is_diffusers(sd):
         sd = diffusers_to_ldm(sd)
     cfg = kl_config(sd, p)
-    model = AutoencoderKL(cfg)
+    model = _made(p, lambda: AutoencoderKL(cfg))
     strict_load(model, sd, p)
     _hold_quantized(model, quantized)
     # FLUX.2 files carry the batch-norm statistics of the patchified latent: recorded, used where
@@ -286,10 +296,20 @@ def _build_wan(sd: dict[str, torch.Tensor], path: str) -> WanVAE:
         sd = wan_loading.diffusers_to_original(sd)
     cfg = wan_loading.wan_config(sd, path)
     with torch.device("meta"):
-        model = WanVAE(cfg)
+        model = _made(path, lambda: WanVAE(cfg))
     strict_load(model, sd, path)
     model.source = path
     return model
+
+
+def _made(path: str, build):
+    """The model `build` makes from a config read off the file's shapes; a config no model can have
+    (an input conv of 3 channels read as the base width: GroupNorm's 32 groups do not divide it) is
+    the file's fault, not a ValueError out of torch."""
+    try:
+        return build()
+    except (ValueError, RuntimeError, ZeroDivisionError) as e:
+        raise FormatError(f"{path}: its shapes describe no VAE Loadout can build ({e})", path=path) from e
 
 
 def _sibling(path: str) -> str | None:
@@ -310,7 +330,9 @@ def _build_taesd(parts: dict[str, dict[str, torch.Tensor]], path: str) -> TAESD:
         raise FormatError(f"{path}: TAESD encoder without its output conv (14.weight)", path=path)
     channels = dec["1.weight"].shape[1] if dec is not None else enc["14.weight"].shape[0]
     mid_gn = any(".pool." in k for part in parts.values() for k in part)
-    model = TAESD(_taesd_name(path, channels), channels, mid_gn, enc is not None, dec is not None)
+    model = _made(
+        path, lambda: TAESD(_taesd_name(path, channels), channels, mid_gn, enc is not None, dec is not None)
+    )
     sd = {f"encoder.{k}": v for k, v in (enc or {}).items()}
     sd.update({f"decoder.{k}": v for k, v in (dec or {}).items()})
     strict_load(model, sd, path)

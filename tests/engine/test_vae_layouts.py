@@ -25,3 +25,29 @@ def test_synth_layouts_load_strictly(tmp_path, arch, naming):
     assert sum(p.numel() for p in vae.parameters()) > 80_000_000
     keys = {r[0] for r in b.rows}
     assert set(vae.latent_norm) == {k for k in keys if k.startswith("bn.")}  # FLUX.2's latent statistics
+
+
+def test_a_vae_whose_header_was_edited_is_a_format_error(tmp_path):
+    """Sizes kept consistent, shapes or dtypes edited: a weight stored as int32, an input conv whose
+    axes were swapped (read as a base width of 3, which no GroupNorm of 32 groups divides). Both were a
+    RuntimeError / ValueError out of `loadout decode` (a fuzz of such edits on the KL and Wan VAEs)."""
+    import torch
+    from safetensors.torch import save_file
+    from vae_fixtures import small_kl
+
+    from engine.errors import FormatError
+
+    sd = {k: v.contiguous() for k, v in small_kl(ch=32, seed=1).state_dict().items()}
+    key = next(k for k in sd if k.endswith(".bias") and k.startswith("decoder."))
+    cases = {
+        "int": ({key: sd[key].to(torch.int32)}, "stored as int32"),
+        "swap": (
+            {"encoder.conv_in.weight": sd["encoder.conv_in.weight"].permute(3, 2, 1, 0).contiguous()},
+            "describe no VAE",
+        ),  # fmt: skip
+    }
+    for name, (edit, says) in cases.items():
+        path = tmp_path / f"{name}.safetensors"
+        save_file({**sd, **edit}, str(path))
+        with pytest.raises(FormatError, match=says):
+            load_vae(path)
