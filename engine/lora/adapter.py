@@ -215,11 +215,10 @@ def adapter_from_tensors(
         if bad:
             unsupported[name] = bad[0]
             continue
-        lora_part = ("up" in parts) != ("down" in parts)  # one half of a pair: no change to make
-        if lora_part or (facts.algos and facts.algos[0] in ("lora", "locon") and "up" not in parts):
+        if ("up" in parts) != ("down" in parts):  # half a pair (module_facts then names no algorithm)
             raise FormatError(f"{where}module {name!r} has a LoRA part but lacks its up/down partner")
         _check_ranks(name, parts, shapes, where)
-        _check_shapes(name, parts, shapes, where, facts.algos)
+        _check_shapes(name, parts, shapes, where, next((a for a in facts.algos if a != "dora"), ""))
         tensors_by_part = {part: tensors[key] for part, key in parts.items() if part != "alpha"}
         alpha = alphas.get(parts["alpha"]) if "alpha" in parts else None
         if alpha is None and "alpha" not in parts and info.format in ("peft", "diffusers", "ai-toolkit"):
@@ -229,46 +228,23 @@ def adapter_from_tensors(
     return Adapter(path, info, modules, dict(metadata or {}), unsupported, shapes)
 
 
-def _check_shapes(name: str, parts: dict[str, str], shapes: dict[str, tuple], where: str, algos_=()) -> None:
-    """Refuse parts that hold nothing, factors whose shapes make no weight change (a 0-d `down`),
-    and a DoRA magnitude that is neither one per output nor one per input channel of that change:
-    each failed later, in the middle of a patch, with torch's reshape error."""
+def _check_shapes(name: str, parts: dict[str, str], shapes: dict[str, tuple], where: str, algo: str) -> None:
+    """Refuse, from the shapes alone, parts that hold nothing; factors whose weight change does not
+    compute (algos.delta_shape, the math's shape rules: computing it on torch's meta device cost 0.85 s
+    the first time, a LoKr's first load) or has another size than coverage's reckoning (change_shape,
+    which decides where the module may go); and a DoRA magnitude that is neither one per output nor
+    one per input channel of that change. Each failed mid-patch with torch's error before."""
     from .coverage import change_shape
 
-    for part, key in parts.items():
-        if part != "alpha" and 0 in shapes[key]:
-            raise FormatError(
-                f"{where}module {name!r}: {part} has shape {list(shapes[key])}: it holds no values"
-            )
+    got = {p: tuple(shapes[k]) for p, k in parts.items() if p != "alpha"}
+    listed = ", ".join(f"{p} {list(sh)}" for p, sh in got.items())
+    for part, sh in got.items():
+        if 0 in sh:
+            raise FormatError(f"{where}module {name!r}: {part} has shape {list(sh)}: it holds no values")
     try:
         change = change_shape(parts, shapes)
-    except (IndexError, TypeError, ValueError):
-        got = ", ".join(f"{p} {list(shapes[k])}" for p, k in parts.items() if p != "alpha")
-        raise FormatError(f"{where}module {name!r}: its parts ({got}) make no weight change") from None
-    if change is not None:
-        _check_computes(name, parts, shapes, change, where, algos_)
-    mag = parts.get("dora_scale", parts.get("magnitude"))
-    if mag is not None and change is not None and len(change) >= 2:
-        n = math.prod(shapes[mag])
-        if n not in (change[0], change[1]):
-            raise FormatError(
-                f"{where}module {name!r}: its DoRA magnitude holds {n} values, for a change of shape "
-                f"{list(change)} (one per output or per input channel)"
-            )
-
-
-def _check_computes(
-    name: str, parts: dict[str, str], shapes: dict[str, tuple], change, where: str, algos_
-) -> None:
-    """The module's weight change computes, and to as many elements as `change` (coverage's reckoning
-    from the shapes, which decides where it may go), judged from the shapes alone (algos.delta_shape:
-    computing them on torch's meta device cost 0.85 s the first time, a LoKr's first load)."""
-    got = {p: tuple(shapes[k]) for p, k in parts.items() if p != "alpha"}
-    algo = next((a for a in algos_ if a != "dora"), "")
-    try:
-        d_shape = algos.delta_shape(got, algo)
-    except (ValueError, KeyError) as e:
-        listed = ", ".join(f"{p} {list(sh)}" for p, sh in got.items())
+        d_shape = algos.delta_shape(got, algo) if change is not None else None
+    except (IndexError, TypeError, ValueError, KeyError) as e:
         why = f"no {e}" if isinstance(e, KeyError) else str(e)
         raise FormatError(
             f"{where}module {name!r}: its parts ({listed}) make no weight change ({why})"
@@ -277,6 +253,14 @@ def _check_computes(
         raise FormatError(
             f"{where}module {name!r}: its parts make a change of shape {list(d_shape)}, not {list(change)}"
         )
+    mag = parts.get("dora_scale", parts.get("magnitude"))
+    if mag is not None and change is not None and len(change) >= 2:
+        n = math.prod(shapes[mag])
+        if n not in (change[0], change[1]):
+            raise FormatError(
+                f"{where}module {name!r}: its DoRA magnitude holds {n} values, for a change of shape "
+                f"{list(change)} (one per output or per input channel)"
+            )
 
 
 def _check_finite(modules: dict[str, AdapterModule], where: str) -> None:

@@ -110,9 +110,11 @@ def dora_apply(weight, delta, magnitude, strength: float, *, peft: bool):
     w = _f32(weight)
     merged = w + _f32(delta)
     m = _f32(magnitude)
-    out_ch = w.shape[0] if w.dim() >= 2 else 0
+    if w.dim() < 2:
+        raise ValueError(f"a DoRA magnitude cannot decompose a weight of shape {list(w.shape)}")
+    out_ch = w.shape[0]
     on_out = peft or (m.numel() == out_ch and (m.dim() <= 1 or m.shape[0] == out_ch))
-    if m.numel() != (out_ch if on_out else w.shape[1] if w.dim() >= 2 else 0):
+    if m.numel() != (out_ch if on_out else w.shape[1]):
         raise ValueError(
             f"a DoRA magnitude of shape {list(m.shape)} fits neither the output nor the input channels "
             f"of a weight of shape {list(w.shape)}"
