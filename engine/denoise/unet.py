@@ -252,7 +252,7 @@ def _transformer(ops: Ops, p: str, architecture: str, upcast: bool) -> Transform
     norm = ops[f"{p}.norm"]
     norm.eps = TRANSFORMER_NORM_EPS
     proj_in = ops[f"{p}.proj_in"]
-    linear = proj_in.weight.dim() == 2
+    linear = len(wshape(proj_in)) == 2  # the logical shape: a GGUF weight is held as flat bytes
     blocks = []
     for i in ops.children(f"{p}.transformer_blocks"):
         b = f"{p}.transformer_blocks.{i}"
