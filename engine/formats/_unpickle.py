@@ -128,14 +128,21 @@ MAX_DIMS = 16
 def refusal(path: str, full: str) -> EngineError:
     """The error for a global outside every table; says what it is and what the user can do.
 
-    torch's own tensor-rebuild functions we do not handle (quantized, sparse, subclass tensors) mean
-    a real checkpoint Loadout cannot read: UnsupportedModel. Anything else is treated as hostile.
+    torch's own tensor-rebuild functions we do not handle (quantized, sparse, subclass tensors) and
+    storages of element types no weight has (complex) mean a real checkpoint Loadout cannot read:
+    UnsupportedModel. Anything else is treated as hostile.
     """
     module, _, name = full.rpartition(".")
     if module.split(".", 1)[0] == "torch" and name.startswith("_rebuild") and name.isidentifier():
         return UnsupportedModel(
             f"{path}: holds tensors of a kind Loadout cannot read yet ({full}: quantized, sparse or "
             "subclassed tensors)",
+            path=path,
+        )
+    if module == "torch" and name.endswith("Storage") and name.isidentifier():  # e.g. ComplexFloatStorage
+        return UnsupportedModel(
+            f"{path}: holds tensors of an element type Loadout cannot use ({full}: complex, quantized "
+            "or other non-weight storage)",
             path=path,
         )
     why = _DANGER.get(full)

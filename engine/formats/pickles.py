@@ -314,7 +314,12 @@ def load_state_dict(path: str | os.PathLike) -> dict[str, Any]:
     import torch
 
     obj = load_pickle(path)
-    return flatten(tensor_root(obj), lambda o: isinstance(o, torch.Tensor))
+    found = flatten(tensor_root(obj), lambda o: isinstance(o, torch.Tensor))
+    # A file may pickle nn.Parameters (a trainer's state_dict): they come back requiring grad, and
+    # every delta or scale computed from them would build an autograd graph. Plain tensors, same data.
+    return {
+        k: v.detach() if v.requires_grad or isinstance(v, torch.nn.Parameter) else v for k, v in found.items()
+    }
 
 
 __all__ = ["index_pickle", "load_pickle", "load_state_dict", "Stub", "MAX_PICKLE_BYTES"]

@@ -189,6 +189,7 @@ def test_tensor_sharing_and_parameters_survive_load(tmp_path):
     assert idx.data_size == 48 + 8 and idx.tensors["row"].shape == (4,)
     sd = load_state_dict(p)
     assert torch.equal(sd["row"], w[1]) and torch.equal(sd["p"], torch.ones(2))
+    assert type(sd["p"]) is torch.Tensor and not sd["p"].requires_grad  # data, not a trainable leaf
 
 
 def _zip_with_data_pkl(path, payload: bytes, *, lie_size: int | None = None):
@@ -339,6 +340,11 @@ def test_torch_tensor_kinds_we_cannot_read_are_unsupported_not_hostile(tmp_path)
         open_index(p)
     with pytest.raises(UnsupportedModel):
         load_pickle(p)
+    # a complex tensor is a real torch object no weight uses: unsupported, never "would run code"
+    torch.save({"w": torch.ones(2, dtype=torch.complex64)}, p)
+    for read in (open_index, load_pickle):
+        with pytest.raises(UnsupportedModel, match="element type .*ComplexFloatStorage"):
+            read(p)
 
 
 def test_devices_and_dtypes_as_values_are_plain_data(tmp_path):
