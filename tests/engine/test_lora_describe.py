@@ -184,6 +184,15 @@ def test_hostile_adapters_are_refused_before_any_weight_is_touched():
     big = {"lora_unet_x.lora_up.weight": torch.full((32, 4), 60000.0).half(),
            "lora_unet_x.lora_down.weight": torch.full((4, 32), 60000.0).half()}  # fmt: skip
     assert adapter_from_tensors(big).modules["lora_unet_x"].rank == 4
+    # float64 factors (a pickled LoRA trained in double) are checked in their own width: torch refuses
+    # a float32 norm of them; and a float32 tensor whose norm overflows while every value is finite
+    # is finite, while one infinity among float64 values is not
+    wide = {"lora_unet_x.lora_up.weight": torch.randn(32, 4, dtype=torch.float64),
+            "lora_unet_x.lora_down.weight": torch.full((4, 32), 3e38)}  # fmt: skip
+    assert adapter_from_tensors(wide).modules["lora_unet_x"].rank == 4
+    wide["lora_unet_x.lora_up.weight"][3, 1] = float("inf")
+    with pytest.raises(FormatError, match="1 module.* NaN or infinite values .lora_unet_x"):
+        adapter_from_tensors(wide)
 
 
 def test_coverage_of_factors_that_make_no_change_is_a_shape_mismatch(tmp_path):
@@ -228,6 +237,12 @@ def test_load_adapter_reads_pickled_adapters_and_names_what_it_found(tmp_path):
     torch.save(t, tmp_path / "old.pt")
     a = load_adapter(tmp_path / "old.pt")
     assert a.modules["lora_unet_x"].delta().shape == (8, 4)
+    # a trainer's nn.Parameters come back as plain tensors: no autograd graph behind any delta
+    torch.save({k: torch.nn.Parameter(v) for k, v in t.items()}, tmp_path / "params.pt")
+    a = load_adapter(tmp_path / "params.pt")
+    parts = [p for m in a.modules.values() for p in m.parts.values()]
+    assert parts and all(type(p) is torch.Tensor and not p.requires_grad for p in parts)
+    assert not a.modules["lora_unet_x"].delta().requires_grad
     (tmp_path / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 32)
     with pytest.raises(FormatError, match="this is a PNG image, not a LoRA"):
         load_adapter(tmp_path / "x.png")
