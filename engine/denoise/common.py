@@ -103,9 +103,11 @@ class Ops:
     def _layer(self, path: str, m):
         """`m` where it is an op. A bare holder of a `weight` (the component builds one where a module's
         tensors fit no op: a norm whose bias is int8, a conv weight of one dimension) is a damaged
-        file, said here rather than as torch's missing `forward` or `kernel_size` mid-step; holders of
-        other tensors (SD3's `pos_embed`) are what some layouts keep beside their layers."""
-        if type(m) is torch.nn.Module and ("weight" in m._parameters or "weight" in m._buffers):
+        file, said here rather than as torch's missing `forward` or `kernel_size` mid-step; so is a
+        holder of a `bias` alone (a layer whose weight is missing); holders of other tensors (SD3's
+        `pos_embed`) are what some layouts keep beside their layers."""
+        held_names = {*m._parameters, *m._buffers}
+        if type(m) is torch.nn.Module and ("weight" in held_names or "bias" in held_names):
             held = ", ".join(
                 f"{k} {str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
                 for k, t in (*m._parameters.items(), *m._buffers.items())

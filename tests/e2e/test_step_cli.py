@@ -129,9 +129,10 @@ def test_step_text_output_and_inputs(cli, tiny):
 
 def test_a_damaged_layout_is_a_format_error_not_a_torch_error(cli, tmp_path):
     """Header edits that keep every size consistent -- a conv weight stored flat, a norm with an int8
-    bias, a linear weight with an extra axis, a conv kernel folded into its input channels -- are
-    exit 3 naming the layer or the misfit, not torch's missing `forward`, `kernel_size` or
-    `Given groups=` out of the step (a fuzz of such edits on SDXL and FLUX.1 layouts found all four)."""
+    bias, a linear weight with an extra axis, a conv kernel folded into its input channels, a norm
+    whose weight is gone -- are exit 3 naming the layer or the misfit, not torch's missing `forward`,
+    `kernel_size`, `Given groups=` or "'Module' object has no attribute 'weight'" out of the step
+    (fuzzes of such edits on SDXL and FLUX.1 layouts, safetensors and GGUF, found all five)."""
     base = random_weights(unet_rows(SD1_TINY))
     p = PREFIX + "output_blocks.1.0."
     conv, norm = p + "out_layers.3.weight", PREFIX + "output_blocks.8.1.norm.bias"
@@ -141,9 +142,11 @@ def test_a_damaged_layout_is_a_format_error_not_a_torch_error(cli, tmp_path):
         "int8": (norm, torch.zeros(4 * base[norm].numel(), dtype=torch.int8), "bias int8"),
         "axis": (lin, base[lin].unsqueeze(-1), "do not compute as a sd1 unet"),
         "fold": (conv, base[conv].reshape(base[conv].shape[0], -1), "damaged or edited file"),
+        "gone": (norm.replace(".bias", ".weight"), None, "'output_blocks.8.1.norm' holds bias float32"),
     }
     for name, (key, t, says) in edits.items():
-        model = write(tmp_path / f"{name}.safetensors", {**base, key: t})
+        edited = {**base, key: t} if t is not None else {k: v for k, v in base.items() if k != key}
+        model = write(tmp_path / f"{name}.safetensors", edited)
         r = cli("step", "--model", str(model), "--size", "64x64", "--cpu")
         assert r.returncode == 3 and says in r.stderr and "damaged or edited file" in r.stderr, (
             name,
