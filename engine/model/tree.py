@@ -123,8 +123,15 @@ def make_op(spec: ModuleSpec):
     quantized = _quant_specs(spec)
     if quantized and spec.kind == "plain":
         name, q = next(iter(quantized.items()))
+        kind = getattr(q, "ggml_type", None) or q.fmt
+        if "weight" in spec.tensors:  # a layer's tensors whose shapes fit no layer: say what they are
+            held = ", ".join(f"{a} {list(i.shape)}" for a, i in spec.tensors.items())
+            raise UnsupportedModel(
+                f"{spec.path}: a {kind} layer whose tensors ({held}) fit no linear, convolution, embedding "
+                "or norm layer, where Loadout cannot dequantize it (a damaged or edited file?)"
+            )
         raise UnsupportedModel(
-            f"{spec.tensors[name].name}: a {getattr(q, 'ggml_type', None) or q.fmt} tensor outside a linear, convolution, "
+            f"{spec.tensors[name].name}: a {kind} tensor outside a linear, convolution, "
             "embedding or norm layer, where Loadout cannot dequantize it"
         )
     op = _make_op(spec)

@@ -393,3 +393,31 @@ def test_loadout_load_puts_the_quantized_bytes_in_the_ledger(cli, tmp_path):
     (row,) = json.loads(r.stdout)["ledger"]
     assert row["name"] == "transformer" and row["full_bytes"] == quantized < bf16 / 3
     assert row["device_bytes"] > 0 and row["device_bytes"] + row["disk_bytes"] == quantized
+
+
+def test_quantized_tensors_no_op_can_take_are_named(tmp_path):
+    """A quantized weight whose bias does not fit it (an edited orig_shape) names the layer and its
+    shapes; a quantized bare parameter (converters keep Wan's `modulation` in float) says where it is."""
+    from engine.model import build_components
+
+    rng = np.random.default_rng(8)
+    for key, stored, orig, says in (
+        (
+            "blocks.0.mlp.0.weight",
+            (64, 96),
+            [96, 64],
+            r"blocks.0.mlp.0: a Q8_0 layer whose tensors \(weight ",
+        ),
+        ("blocks.0.modulation", (6, 96), None, "blocks.0.modulation: a Q8_0 tensor outside a linear"),
+    ):
+        w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), arch="flux")
+        w.add_tensor(key, _random_bytes("Q8_0", stored, rng), raw_dtype=T["Q8_0"])
+        w.add_tensor("blocks.0.mlp.0.bias", np.zeros(64, np.float32))
+        if orig:
+            w.add_array(f"comfy.gguf.orig_shape.{key}", orig)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with pytest.raises(UnsupportedModel, match=says):
+            build_components(tmp_path / "m.gguf", {"transformer": ""})
