@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 PIPC   := $(PIP) install -c constraints.txt
 STAMP  := $(VENV)/.loadout-installed
 
-.PHONY: run test test-engine bench bench-check bench-full bench-baseline lint format sysdeps setup clean demo package install-desktop screenshots
+.PHONY: run test test-engine fuzz bench bench-check bench-full bench-baseline lint format sysdeps setup clean demo package install-desktop screenshots
 
 setup: $(STAMP) sysdeps
 
@@ -32,6 +32,13 @@ test: setup
 
 test-engine: setup
 	$(PY) -m pytest tests/engine
+
+# Hostile files through the command line (tests/support/fuzz.py): N seeded cases per target, every
+# run must end as the exit-code contract says. `make test` runs a few of each; this runs many.
+N ?= 150
+SEED ?= 0
+fuzz: setup
+	$(PY) -m tests.support.fuzz -n $(N) --seed $(SEED) $(TARGETS)
 
 # Benchmarks (timings: never part of `make test`). `bench` runs the default set once and writes
 # benchmarks/results/latest.jsonl; `bench-check` takes each figure's best of ROUNDS runs and compares it

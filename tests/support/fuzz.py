@@ -1,0 +1,440 @@
+"""Hostile files through the command line, as a user would meet them: seeded edits of small real layouts
+(a denoiser's or a VAE's safetensors header, a GGUF written with wrong shapes or types, LoRA part sets,
+pickled LoRAs of odd tensor objects), each run through the `loadout` commands that read it.
+
+Every run must end as the contract says (exit 0, 2, 3 or 4: done, usage, bad input, out of memory) —
+never a traceback (a bug's exit 1) and never a warning out of Loadout's own code. The runs are
+in-process calls of `engine.cli.main`, the function the installed `loadout` runs.
+
+    python -m tests.support.fuzz [TARGET…] [--seed S] [-n N]     # `make fuzz`: every target, N=150
+
+The suite runs each target a few times at fixed seeds (tests/engine/test_fuzz_hostile.py); the
+findings of longer runs became their own tests and fixes (the commits that say "found by a fuzz").
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+import struct
+import traceback
+import warnings
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+CONTRACT_EXITS = (0, 2, 3, 4)
+ENGINE_DIR = str(Path(__file__).resolve().parents[2] / "engine")
+ITEM = {"F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "F8_E4M3": 1, "I64": 8, "F64": 8}
+
+
+Case = tuple[str, list[list[str]]]  # (what was done to the file, the loadout command lines to run on it)
+
+
+@dataclass
+class Finding:
+    target: str
+    case: str
+    argv: list[str]
+    what: str  # "exit 1: KeyError: ..." or "warning: ..."
+
+
+def run(argv: list[str]) -> tuple[int, str | None]:
+    """Run `loadout ARGV` in-process: its exit code, and None when it ended as the contract says, else
+    what went wrong (a traceback's exit 1, an exit code outside the contract, a warning of ours)."""
+    from engine.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with redirect_stdout(out), redirect_stderr(err):
+                code = main(argv)
+        except Exception as e:  # what the installed command would print as a traceback, exit 1
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            at = f"at {where.name}, {Path(where.filename).name}"
+            return 1, f"exit 1: {type(e).__name__}: {str(e)[:200]} ({at})"
+    if code not in CONTRACT_EXITS:
+        return code, f"exit {code}: {err.getvalue().strip()[-200:]}"
+    ours = [w for w in caught if str(w.filename).startswith(ENGINE_DIR)]
+    if ours:
+        w = ours[0]
+        return (
+            code,
+            f"warning: {w.category.__name__}: {str(w.message)[:200]} ({Path(w.filename).name}:{w.lineno})",
+        )
+    return code, None
+
+
+# -- safetensors header edits that keep every size consistent -------------------------------------------
+
+
+HEADER_EDITS = ("1d", "dtype", "swap", "drop", "add_dim", "flatten")
+
+
+def names(base: dict) -> list[str]:
+    """The base files' names (keys starting with _ are the fuzz's own bookkeeping)."""
+    return sorted(k for k in base if not k.startswith("_"))
+
+
+def next_kind(base: dict, kinds: tuple[str, ...]) -> str:
+    """The kinds of edit in turn, so that a run of len(kinds) cases makes every one (the files and
+    tensors they hit stay random)."""
+    i = base["_turn"] = base.get("_turn", -1) + 1
+    return kinds[i % len(kinds)]
+
+
+def edit_header(raw: bytes, rng: random.Random, kind: str) -> tuple[bytes, str]:
+    """One tensor's entry changed the way a careless converter or a hand edit would, data untouched."""
+    n = struct.unpack("<Q", raw[:8])[0]
+    header, body = json.loads(raw[8 : 8 + n]), raw[8 + n :]
+    key = rng.choice(sorted(k for k in header if k != "__metadata__"))
+    e = header[key]
+    if kind == "1d":
+        e["shape"] = [(e["data_offsets"][1] - e["data_offsets"][0]) // ITEM[e["dtype"]]]
+    elif kind == "dtype":  # another type of the same width: int8 for fp8, int32 for float32, ...
+        e["dtype"] = rng.choice([d for d, s in ITEM.items() if s == ITEM[e["dtype"]] and d != e["dtype"]])
+    elif kind == "swap" and len(e["shape"]) >= 2:
+        e["shape"] = list(reversed(e["shape"]))
+    elif kind == "add_dim":
+        e["shape"] = [*e["shape"], 1]
+    elif kind == "flatten" and len(e["shape"]) >= 3:
+        e["shape"] = [e["shape"][0], math.prod(e["shape"][1:])]
+    else:
+        kind = "drop"
+        del header[key]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + body, f"{kind} {key} -> {e.get('dtype')} {e.get('shape')}"
+
+
+# -- the targets: set-up once (base files), then one case per call ---------------------------------------
+
+
+def _weights(rows, seed=0):
+    from tests.engine.denoise_files import random_weights
+
+    return random_weights(rows, seed)
+
+
+def _denoisers(d: Path) -> dict:
+    from engine.formats.safetensors import save_tensors
+    from tests.engine.denoise_files import FLUX_DEV_TINY, SD1_TINY, SDXL_TINY, flux_rows, unet_rows
+
+    out = {}
+    for name, rows, size in (
+        ("sd1", unet_rows(SD1_TINY), "64x64"),
+        ("sdxl", unet_rows(SDXL_TINY), "64x64"),
+        ("flux", flux_rows(FLUX_DEV_TINY), "128x128"),
+    ):
+        out[name] = (save_tensors(d / f"{name}.safetensors", _weights(rows)).read_bytes(), size)
+    return out
+
+
+def denoiser_header(rng: random.Random, base: dict, d: Path, control: str | None = None) -> Case:
+    name = control or rng.choice(names(base))
+    raw, size = base[name]
+    edited, what = (raw, "as written") if control else edit_header(raw, rng, next_kind(base, HEADER_EDITS))
+    (d / "model.safetensors").write_bytes(edited)
+    step = ["step", "--model", str(d / "model.safetensors"), "--cpu", "--size", size, "--steps", "1"]
+    return f"{name}: {what}", [step, [*step, "--vram-budget", "0"]]
+
+
+def _vaes(d: Path) -> dict:
+    import torch
+
+    from engine.formats.latent import write_latent
+    from engine.formats.safetensors import save_tensors
+    from engine.vae.autoencoder_kl import AutoencoderKL, KLConfig
+    from tests.support.wan_vae import write_wan_vae
+
+    g = torch.Generator().manual_seed(0)
+    kl = {
+        k: torch.randn(v.shape, generator=g) * 0.1
+        for k, v in AutoencoderKL(KLConfig(ch=32)).state_dict().items()
+    }
+    write_latent(d / "image.latent", torch.randn(1, 4, 16, 16, generator=g))
+    write_latent(d / "clip.latent", torch.randn(1, 16, 2, 4, 4, generator=g))
+    return {
+        "kl": (
+            save_tensors(d / "kl.safetensors", kl).read_bytes(),
+            d / "image.latent",
+            "out.png",
+            ["--tile", "64", "--overlap", "32"],
+        ),
+        "wan": (
+            Path(write_wan_vae(d / "wan.safetensors")).read_bytes(),
+            d / "clip.latent",
+            "frames/",
+            ["--tile-frames", "1"],
+        ),  # fmt: skip
+    }
+
+
+def vae_header(rng: random.Random, base: dict, d: Path, control: str | None = None) -> Case:
+    name = control or rng.choice(names(base))
+    raw, latent, out, tiled = base[name]
+    edited, what = (raw, "as written") if control else edit_header(raw, rng, next_kind(base, HEADER_EDITS))
+    (d / "vae.safetensors").write_bytes(edited)
+    decode = ["decode", "--vae", str(d / "vae.safetensors"), "--latent", str(latent), "--out", f"{d}/{out}"]
+    return f"{name}: {what}", [[*decode, "--cpu", "--quiet"], [*decode, "--cpu", "--quiet", *tiled]]
+
+
+# LoRA parts: every name the adapters of LoRA, LoHa, LoKr, DoRA, GLoRA, (IA)^3 and full-diff use
+PARTS = (
+    "lora_up.weight", "lora_down.weight", "lora_mid.weight", "alpha", "hada_w1_a", "hada_w1_b", "hada_w2_a",
+    "hada_w2_b", "hada_t1", "hada_t2", "lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b",
+    "lokr_t2", "diff", "diff_b", "dora_scale", "on_input", "weight", "a1.weight", "a2.weight", "b1.weight",
+    "b2.weight", "w_norm", "b_norm",
+)  # fmt: skip
+
+
+def _sd1(d: Path) -> dict:
+    from engine.formats.safetensors import save_tensors
+    from tests.engine.denoise_files import SD1_TINY, unet_rows
+
+    weights = _weights(unet_rows(SD1_TINY))
+    path = save_tensors(d / "sd1.safetensors", weights)
+    prefix = "model.diffusion_model."
+    layers = {k[len(prefix) : -len(".weight")]: tuple(t.shape) for k, t in weights.items()}
+    layers = {
+        k: s
+        for k, s in layers.items()
+        if k.startswith(("input_blocks", "output_blocks")) and len(s) in (2, 4)
+    }
+    return {"base": str(path), "layers": sorted(layers.items()), "_controls": ["sd1"]}
+
+
+def lora_parts(rng: random.Random, base: dict, d: Path, control: str | None = None) -> Case:
+    """Random part sets, of shapes near the target layer's, on one real SD1 layer (kohya naming)."""
+    import torch
+
+    from engine.formats.safetensors import save_tensors
+
+    layer, shape = rng.choice(base["layers"])
+    name = "lora_unet_" + layer.replace(".", "_")
+    parts = set(rng.sample(PARTS, rng.randint(1, 4)))
+    for group, p in ((("lora_up.weight", "lora_down.weight"), 0.5), (("hada_w1_a", "hada_w1_b"), 0.15),
+                     (("lokr_w1", "lokr_w2"), 0.15)):  # fmt: skip
+        if rng.random() < p:
+            parts |= set(group)
+    dims = [*shape, 4, 2, 1, 3, 0]
+    tensors = {}
+    for p in sorted(parts):
+        nd = 0 if p == "alpha" and rng.random() < 0.8 else rng.choice([0, 1, 2, 2, 2, 4])
+        tensors[f"{name}.{p}"] = torch.randn([rng.choice(dims) for _ in range(nd)])
+    if control:  # a well-formed pair of rank 4 instead
+        tail = (1, 1) if len(shape) == 4 else ()
+        tensors = {f"{name}.lora_up.weight": torch.randn(shape[0], 4, *tail) * 0.1,
+                   f"{name}.lora_down.weight": torch.randn(4, *shape[1:]) * 0.1}  # fmt: skip
+    path = save_tensors(d / "lora.safetensors", tensors)
+    label = f"{layer} {list(shape)}: " + ", ".join(f"{p.split('.')[-2] if p.count('.') > 1 else p.rsplit('.', 1)[-1]} "
+                                                  f"{list(t.shape)}" for p, t in tensors.items())  # fmt: skip
+    return label, [
+        ["lora", "inspect", str(path), "--base", base["base"], "--json"],
+        [
+            "step",
+            "--model",
+            base["base"],
+            "--lora",
+            f"{path}:0.7",
+            "--cpu",
+            "--size",
+            "64x64",
+            "--steps",
+            "1",
+        ],
+    ]
+
+
+def _pickled(d: Path) -> dict:
+    return _sd1(d)
+
+
+PICKLED_KINDS = ("transposed", "view", "shared", "expanded", "parameter", "grad", "nested", "list", "half",
+                 "bfloat16", "float64", "int64", "bool", "complex", "sparse", "legacy")  # fmt: skip
+
+
+def pickled_lora(rng: random.Random, base: dict, d: Path, control: str | None = None) -> Case:
+    """A LoRA pickled with torch.save from the tensor objects a trainer or a script really holds."""
+    import torch
+
+    layer, shape = next((k, s) for k, s in base["layers"] if len(s) == 2)
+    n = "lora_unet_" + layer.replace(".", "_")
+    out_f, in_f = shape
+    t = {f"{n}.alpha": torch.tensor(4.0), f"{n}.lora_down.weight": torch.randn(4, in_f),
+         f"{n}.lora_up.weight": torch.randn(out_f, 4)}  # fmt: skip
+    down, up = f"{n}.lora_down.weight", f"{n}.lora_up.weight"
+    kind = "plain" if control else next_kind(base, PICKLED_KINDS)
+    if kind == "transposed":
+        t[up] = torch.randn(4, out_f).t()
+    elif kind == "view":
+        t[down] = torch.randn(4 * in_f + 9)[7 : 7 + 4 * in_f].view(4, in_f)
+    elif kind == "shared":
+        both = torch.randn(4 * (in_f + out_f))
+        t[down], t[up] = both[: 4 * in_f].view(4, in_f), both[4 * in_f :].view(out_f, 4)
+    elif kind == "expanded":
+        t[down] = torch.randn(1, in_f).expand(4, in_f)
+    elif kind == "parameter":
+        t = {k: torch.nn.Parameter(v) for k, v in t.items()}
+    elif kind == "grad":
+        t[down].requires_grad_(True)
+    elif kind == "nested":
+        t = {"state_dict": t, "epoch": 3}
+    elif kind == "list":
+        t = list(t.values())
+    elif kind in ("half", "bfloat16", "float64", "int64", "bool"):
+        t[down] = t[down].to(getattr(torch, kind))
+    elif kind == "complex":
+        t[down] = torch.complex(t[down], t[down])
+    elif kind == "sparse":
+        t[down] = t[down].to_sparse()
+    path = d / "lora.pt"
+    torch.save(t, path, _use_new_zipfile_serialization=kind != "legacy")
+    out = d / "baked.safetensors"
+    out.unlink(missing_ok=True)
+    return kind, [
+        ["lora", "inspect", str(path), "--base", base["base"], "--json"],
+        ["inspect", str(path), "--json"],
+        ["step", "--model", base["base"], "--lora", str(path), "--cpu", "--size", "64x64", "--steps", "1"],
+        ["bake", "--base", base["base"], "--lora", str(path), "--out", str(out), "--json"],
+    ]
+
+
+def _ggufs(d: Path) -> dict:
+    from tests.engine.denoise_files import FLUX_DEV_TINY, SDXL_TINY, flux_rows, unet_rows
+
+    return {
+        "sdxl": (_weights(unet_rows(SDXL_TINY, prefix="")), "sdxl", "64x64"),
+        "flux": (_weights(flux_rows(FLUX_DEV_TINY)), "flux", "128x128"),
+    }
+
+
+GGUF_EDITS = ("orig_perm", "orig_flat", "orig_extra", "orig_bad", "orig_zero", "swap", "int32", "int8",
+              "float64", "drop", "qtype", "extra")  # fmt: skip
+
+
+def gguf_model(rng: random.Random, base: dict, d: Path, control: str | None = None) -> Case:
+    """A GGUF as ComfyUI-GGUF writes one (layer weights quantized, the rest float; rows that are not
+    whole blocks reshaped, the shape under comfy.gguf.orig_shape) with one tensor written wrong."""
+    import gguf
+    import numpy as np
+
+    name = control or rng.choice(names(base))
+    weights, arch, size = base[name]
+    qtype = rng.choice(["Q8_0", "Q4_0", "Q5_1", "F16"])
+    edit, target = ("none", None) if control else (next_kind(base, GGUF_EDITS), rng.choice(sorted(weights)))
+    w = gguf.GGUFWriter(str(d / "model.gguf"), arch=arch)
+    for k, t in weights.items():
+        if edit == "drop" and k == target:
+            continue
+        x = t.float().numpy()
+        shape, orig = tuple(x.shape), None
+        q = getattr(
+            gguf.GGMLQuantizationType,
+            rng.choice(["Q4_0", "Q8_0", "Q5_0"]) if edit == "qtype" and k == target else qtype,
+        )
+        block = gguf.GGML_QUANT_SIZES[q][0]
+        pick = k.endswith(".weight") and x.ndim >= 2 and x.size % block == 0
+        if pick and shape[-1] % block:
+            x, orig = x.reshape(-1, block), list(shape)
+        if k == target:
+            first = [shape[0] + 1] if edit == "orig_bad" else [0] if edit == "orig_zero" else []
+            orig = {"orig_perm": list(reversed(shape)), "orig_flat": [shape[0], math.prod(shape[1:])],
+                    "orig_extra": [*shape, 1], "orig_bad": first + list(shape[1:]),
+                    "orig_zero": first + list(shape[1:])}.get(edit, orig)  # fmt: skip
+            if edit == "swap" and not pick and x.ndim >= 2:
+                x = np.ascontiguousarray(x.reshape(tuple(reversed(x.shape))))
+            elif edit in ("int32", "int8", "float64"):
+                x, pick = (x * 100).astype(getattr(np, edit)), False
+        if orig is not None:
+            w.add_array(f"comfy.gguf.orig_shape.{k}", orig)
+        if pick:
+            w.add_tensor(k, gguf.quants.quantize(x, q), raw_dtype=q)
+        else:
+            w.add_tensor(k, x)
+    if edit == "extra":
+        w.add_tensor("stray.weight", np.zeros((3, 3), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    path = str(d / "model.gguf")
+    step = ["step", "--model", path, "--cpu", "--size", size, "--steps", "1"]
+    return f"{name} {qtype}: {edit} {target}", [
+        ["inspect", path, "--json"],
+        step,
+        [*step, "--vram-budget", "0"],
+    ]
+
+
+TARGETS = {
+    "denoiser-header": (_denoisers, denoiser_header),
+    "vae-header": (_vaes, vae_header),
+    "lora-parts": (_sd1, lora_parts),
+    "pickled-lora": (_pickled, pickled_lora),
+    "gguf": (_ggufs, gguf_model),
+}
+
+
+def fuzz(
+    target: str, seed: int, n: int, workdir: Path, echo=None, exits: dict | None = None
+) -> list[Finding]:
+    """`n` cases of `target` from `seed`; the findings (one per distinct failure). `exits` collects
+    how often each command ended with each exit code."""
+    setup, case = TARGETS[target]
+    workdir.mkdir(parents=True, exist_ok=True)
+    base = setup(workdir)
+    rng = random.Random(seed)
+    found: dict[tuple, Finding] = {}
+
+    def note(label: str, argv: list[str], what: str) -> None:
+        key = (argv[0], what[:60])
+        if key not in found:
+            found[key] = Finding(target, label, argv, what)
+            if echo:
+                echo(f"{target}: {label}\n  loadout {' '.join(argv)}\n  {what}")
+
+    # First each base file as written: every command must succeed on it, or an edit's exit 3 might
+    # be the valid file's own (an SDXL GGUF once failed its step as "damaged" that way, unedited).
+    for control in base.get("_controls", names(base)):
+        label, runs = case(rng, base, workdir, control=control)
+        for argv in runs:
+            code, what = run(argv)
+            if what or code:
+                note(f"{control} {label}", argv, what or f"exit {code} on the file as written")
+    for _ in range(n):
+        label, runs = case(rng, base, workdir)
+        for argv in runs:
+            code, what = run(argv)
+            if exits is not None:
+                exits[(argv[0], code)] = exits.get((argv[0], code), 0) + 1
+            if what:
+                note(label, argv, what)
+    return list(found.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import tempfile
+
+    p = argparse.ArgumentParser(prog="python -m tests.support.fuzz", description=__doc__.split("\n\n")[0])
+    p.add_argument("targets", nargs="*", choices=[[], *TARGETS], default=[], metavar="TARGET")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-n", type=int, default=150, help="cases per target (default 150)")
+    args = p.parse_args(argv)
+    findings = []
+    for target in args.targets or TARGETS:
+        exits: dict = {}
+        with tempfile.TemporaryDirectory(prefix=f"loadout-fuzz-{target}-") as d:
+            got = fuzz(target, args.seed, args.n, Path(d), echo=print, exits=exits)
+        ends = ", ".join(f"{cmd} exit {code}: {k}" for (cmd, code), k in sorted(exits.items(), key=str))
+        print(f"{target}: {args.n} cases from seed {args.seed}, {len(got)} finding(s) ({ends})", flush=True)
+        findings += got
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
