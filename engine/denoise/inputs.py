@@ -164,6 +164,9 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             f"{source}: missing input(s) {', '.join(missing)}; this model takes {', '.join(want)}"
         )
     got = {n: tensors[n].float() for n in want}
+    for n, t in got.items():  # every input has a batch axis; a bare number has none to read
+        if t.dim() == 0:
+            raise FormatError(f"{source}: input {n} is a single number; it needs a batch axis ([B, ...])")
     b = got[want[0]].shape[0]
     expect = _shapes(model, got)
     for n, shape in expect.items():
@@ -210,7 +213,8 @@ def _shapes(model, got) -> dict:
         if model.adm_channels:
             out["y"] = (None, model.adm_channels)
         return out
-    n_img, n_txt = got["img"].shape[1], got["txt"].shape[1] if got["txt"].dim() == 3 else None
+    n_img = got["img"].shape[1] if got["img"].dim() == 3 else None
+    n_txt = got["txt"].shape[1] if got["txt"].dim() == 3 else None
     out = {
         "img": (None, None, model.in_channels),
         "img_ids": (None, n_img, 3),

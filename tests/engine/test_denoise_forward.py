@@ -156,6 +156,13 @@ def test_inputs_are_checked_by_name_and_shape(unet_files, flux_files):
     bad["img_ids"] = bad["img_ids"][:, :3]
     with pytest.raises(FormatError, match="img_ids"):
         fden.check_inputs(bad, "in.safetensors")
+    # a bare number, or an image of packed patches saved flat: said, not an IndexError
+    with pytest.raises(FormatError, match=r"input x is a single number; it needs a batch axis"):
+        den.check_inputs({**good, "x": torch.tensor(0.5)}, "in.safetensors")
+    flat = fden.random_inputs(64, 64)
+    flat["img"] = flat["img"].reshape(-1)
+    with pytest.raises(FormatError, match=r"input img has shape \[1024\]; expected \[·, ·, 64\]"):
+        fden.check_inputs(flat, "in.safetensors")
 
 
 def test_an_architecture_without_a_forward_is_refused_by_name(unet_files):
