@@ -228,24 +228,14 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
     really get from this image; without a decoder it shows the image that was encoded."""
     import numpy as np
     import torch
-    from PIL import Image, UnidentifiedImageError
 
     from .formats.latent import write_latent
     from .vae import decode as vae_decode
     from .vae import encode as vae_encode
+    from .vae.images import read_rgb
     from .vae.run import RunInfo
 
-    try:
-        im = Image.open(req.image).convert("RGB")
-    except UnidentifiedImageError as e:  # a file, but no image format PIL knows: say what it is
-        from .formats.magic import what_file_is
-
-        what = what_file_is(req.image)
-        raise FormatError(
-            f"{os.path.basename(req.image)}: this is {what}, not an image Loadout can read"
-        ) from e
-    except OSError as e:  # missing, unreadable, or an image cut short
-        raise FormatError(f"{os.path.basename(req.image)}: cannot read the image ({e.strerror or e})") from e
+    im = read_rgb(req.image)
     comp = vae_for(parts, req.vae)
     if not hasattr(comp.module, "encoder"):
         raise FormatError(

@@ -33,10 +33,9 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
 
     try:
         if req.source.lower().endswith(IMAGE_SUFFIXES):
-            from PIL import Image
+            from .vae.images import image_size
 
-            with Image.open(req.source) as im:  # the header only: no pixel is decoded
-                width, height = im.size
+            width, height = image_size(req.source)
             batch, channels, fn, direction = 1, 4, estimate_encode_bytes, "encode"
         else:
             from .formats.latent import latent_info

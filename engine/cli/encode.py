@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         engine.close()
     info = run_info(res.info)
     device = res.info.get("device", report.vae_device)
-    w, h = _image_size(args.image)
+    w, h = res.info["image_size"]
     result = {
         "vae": args.vae,
         "image": args.image,
@@ -61,10 +61,3 @@ def run(args: argparse.Namespace) -> int:
             f"({info['dtype']}, {info['mode']}) in {res.seconds:.1f} s; wrote {args.out}"
         )
     return EXIT_OK
-
-
-def _image_size(path: str) -> tuple[int, int]:
-    from PIL import Image
-
-    with Image.open(path) as im:
-        return im.size

@@ -11,20 +11,50 @@ from ..errors import FormatError
 from ..formats.atomic import atomic_output
 
 
-def load_image(path: str | os.PathLike) -> torch.Tensor:
-    """(1, 3, H, W) float32 in [0, 1]; alpha is dropped, greyscale expanded."""
+def _unreadable(p: str, e: Exception) -> FormatError:
+    """The one message for an image Loadout cannot take, by what went wrong."""
     from PIL import Image, UnidentifiedImageError
+
+    name = os.path.basename(p)
+    if isinstance(e, UnidentifiedImageError):  # a file, but no image format Pillow knows: say what it is
+        from ..formats.magic import what_file_is
+
+        return FormatError(f"{name}: this is {what_file_is(p)}, not an image Loadout can read", path=p)
+    if isinstance(e, Image.DecompressionBombError):  # a header claiming billions of pixels
+        return FormatError(f"{name}: too large to decode safely, or a damaged header ({e})", path=p)
+    return FormatError(f"{name}: cannot read the image ({getattr(e, 'strerror', None) or e})", path=p)
+
+
+def image_size(path: str | os.PathLike) -> tuple[int, int]:
+    """(width, height) from the header only: no pixel is decoded."""
+    from PIL import Image
 
     p = os.fspath(path)
     try:
         with Image.open(p) as im:
-            im = im.convert("RGB")
-            data = torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8)
-            w, h = im.size
-    except FileNotFoundError as e:
-        raise FormatError(f"{p}: no such file", path=p) from e
-    except (UnidentifiedImageError, OSError) as e:
-        raise FormatError(f"{p}: not an image Pillow can read ({e})", path=p) from e
+            return im.size
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise _unreadable(p, e) from e
+
+
+def read_rgb(path: str | os.PathLike):
+    """The image as 8-bit RGB (alpha dropped, greyscale and palettes expanded, a 16-bit or float image
+    scaled by Pillow), decoded in full with the file closed; a FormatError that says why otherwise."""
+    from PIL import Image
+
+    p = os.fspath(path)
+    try:
+        with Image.open(p) as im:
+            return im.convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError) as e:  # UnidentifiedImageError is an OSError
+        raise _unreadable(p, e) from e
+
+
+def load_image(path: str | os.PathLike) -> torch.Tensor:
+    """(1, 3, H, W) float32 in [0, 1]; alpha is dropped, greyscale expanded."""
+    im = read_rgb(path)
+    data = torch.frombuffer(bytearray(im.tobytes()), dtype=torch.uint8)
+    w, h = im.size
     return data.view(h, w, 3).permute(2, 0, 1).unsqueeze(0).float().div_(255)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -206,8 +208,36 @@ def test_an_image_and_a_latent_swapped_are_named_for_what_they_are(files, tmp_pa
         (files / "z.latent", "this is a safetensors file, not an image"),
         (tmp_path / "notes.png", "this is a text file, not an image"),
         (tmp_path / "gone.png", "cannot read the image (No such file or directory)"),
+        (_png_claiming(tmp_path / "bomb.png", 100_000, 100_000), "bomb.png: too large to decode safely"),
+        (_cut_short(tmp_path / "cut.png"), "cut.png: cannot read the image (image file is truncated"),
     ):
         argv = ["encode", "--vae", vae, "--image", str(image), "--out", str(tmp_path / "o.latent")]
-        assert main(argv) == 3
+        with warnings.catch_warnings(record=True) as caught:  # and each image file is closed, read or not
+            warnings.simplefilter("always", ResourceWarning)
+            assert main(argv) == 3
+            gc.collect()
         assert what in capsys.readouterr().err, image
+        assert not [w for w in caught if issubclass(w.category, ResourceWarning)], image
     assert not (tmp_path / "o.png").exists() and not (tmp_path / "o.latent").exists()
+
+
+def _png_claiming(path, width: int, height: int):
+    """A PNG whose header claims width x height pixels, with almost no data (a decompression bomb):
+    Pillow refuses it before decoding; Loadout says so (it was a DecompressionBombError traceback)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)))
+    return path
+
+
+def _cut_short(path):
+    from PIL import Image
+
+    Image.new("RGB", (64, 64), (1, 2, 3)).save(path)
+    path.write_bytes(path.read_bytes()[:70])
+    return path
