@@ -99,9 +99,17 @@ def diffusers_to_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def _shape(sd, key: str, path: str) -> tuple[int, ...]:
+    """The shape of one of the causal 3-D convolutions the configuration is read from (every key asked
+    for here is one: [out, in, t, h, w])."""
     t = sd.get(key)
     if t is None:
         raise FormatError(f"{path}: incomplete Wan VAE, tensor {key} is missing", path=path)
+    if t.dim() != 5:
+        raise FormatError(
+            f"{path}: {key} has shape {list(t.shape)}; a Wan VAE's convolutions are 3-D "
+            "([out, in, t, h, w]): a damaged or edited file?",
+            path=path,
+        )
     return tuple(t.shape)
 
 

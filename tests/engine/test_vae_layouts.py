@@ -51,3 +51,18 @@ def test_a_vae_whose_header_was_edited_is_a_format_error(tmp_path):
         save_file({**sd, **edit}, str(path))
         with pytest.raises(FormatError, match=says):
             load_vae(path)
+
+
+def test_a_wan_vae_whose_convolution_was_stored_flat_is_a_format_error(tmp_path):
+    """The configuration is read from the causal 3-D convolutions' shapes: one stored flat (a header
+    edit, sizes consistent) was an IndexError out of `loadout decode` (found by `make fuzz`)."""
+    from safetensors.torch import load_file, save_file
+
+    from engine.errors import FormatError
+    from tests.support.wan_vae import write_wan_vae
+
+    sd = load_file(write_wan_vae(tmp_path / "wan.safetensors"))
+    for key in ("decoder.conv1.weight", "encoder.conv1.weight", "decoder.head.2.weight"):
+        save_file({**sd, key: sd[key].reshape(-1)}, str(tmp_path / "flat.safetensors"))
+        with pytest.raises(FormatError, match=rf"{key} has shape \[\d+\]; a Wan VAE's convolutions are 3-D"):
+            load_vae(tmp_path / "flat.safetensors")
