@@ -1,9 +1,10 @@
 """Hostile files through the command line, as a user would meet them: seeded edits of small real layouts
 (a denoiser's or a VAE's safetensors header, a GGUF written with wrong shapes or types, LoRA part sets,
-pickled LoRAs of odd tensor objects), each run through the `loadout` commands that read it.
+pickled LoRAs of odd tensor objects) and of what users feed them (`--inputs` tensors, latents, images),
+each run through the `loadout` commands that read it.
 
 Every run must end as the contract says (exit 0, 2, 3 or 4: done, usage, bad input, out of memory) —
-never a traceback (a bug's exit 1) and never a warning out of Loadout's own code. The runs are
+never a traceback (a bug's exit 1), a warning out of Loadout's own code or a file left open. The runs are
 in-process calls of `engine.cli.main`, the function the installed `loadout` runs.
 
     python -m tests.support.fuzz [TARGET…] [--seed S] [-n N]     # `make fuzz`: every target, N=150
@@ -43,7 +44,8 @@ class Finding:
 
 def run(argv: list[str]) -> tuple[int, str | None]:
     """Run `loadout ARGV` in-process: its exit code, and None when it ended as the contract says, else
-    what went wrong (a traceback's exit 1, an exit code outside the contract, a warning of ours)."""
+    what went wrong (a traceback's exit 1, an exit code outside the contract, a warning of ours, a file
+    left open)."""
     from engine.cli import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -58,7 +60,10 @@ def run(argv: list[str]) -> tuple[int, str | None]:
             return 1, f"exit 1: {type(e).__name__}: {str(e)[:200]} ({at})"
     if code not in CONTRACT_EXITS:
         return code, f"exit {code}: {err.getvalue().strip()[-200:]}"
-    ours = [w for w in caught if str(w.filename).startswith(ENGINE_DIR)]
+    # warnings out of engine/, and any unclosed file (reported wherever the collector happens to run)
+    ours = [
+        w for w in caught if str(w.filename).startswith(ENGINE_DIR) or issubclass(w.category, ResourceWarning)
+    ]
     if ours:
         w = ours[0]
         return (
@@ -370,12 +375,161 @@ def gguf_model(rng: random.Random, base: dict, d: Path, control: str | None = No
     ]
 
 
+# -- what users feed the models: --inputs tensors, latents, images ---------------------------------------
+
+TENSOR_EDITS = ("half", "bfloat16", "float64", "int32", "bool", "float8_e4m3fn", "nan", "inf", "flat",
+                "extra_dim", "scalar", "empty", "batch", "drop", "huge", "transposed")  # fmt: skip
+
+
+def edit_tensor(t, kind: str):
+    """`t` changed as a script writing a file by hand might change it (None: left out of the file)."""
+    import torch
+
+    if kind in ("half", "bfloat16", "float64", "int32", "bool", "float8_e4m3fn"):
+        return t > 0 if kind == "bool" else t.to(getattr(torch, kind))
+    if kind in ("nan", "inf"):
+        t = t.clone()
+        t.view(-1)[0] = float(kind)
+        return t
+    edits = {"flat": lambda: t.reshape(-1), "extra_dim": lambda: t.unsqueeze(0), "scalar": lambda: t.reshape(-1)[0],
+             "empty": lambda: t[:0], "batch": lambda: torch.cat([t, t, t]), "drop": lambda: None,
+             "huge": lambda: t * 1e30, "transposed": lambda: t.transpose(-1, -2).contiguous() if t.dim() > 1 else t}  # fmt: skip
+    return edits[kind]()
+
+
+def _inputs(d: Path) -> dict:
+    import torch
+
+    base = {name: (raw, size) for name, (raw, size) in _denoisers(d).items()}
+    for name, (raw, _) in base.items():
+        (d / f"{name}.safetensors").write_bytes(raw)
+    g = torch.Generator().manual_seed(1)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    unet = {"x": r(1, 4, 8, 8), "timesteps": torch.tensor([500.0]), "context": r(1, 77, 768)}
+    inputs = {
+        "sd1": unet,
+        "sdxl": {**unet, "context": r(1, 77, 2048), "y": r(1, 2816)},
+        "flux": {"img": r(1, 16, 64), "img_ids": torch.zeros(1, 16, 3), "txt": r(1, 8, 4096),
+                 "txt_ids": torch.zeros(1, 8, 3), "timesteps": torch.tensor([0.5]), "y": r(1, 768),
+                 "guidance": torch.tensor([3.5])},
+    }  # fmt: skip
+    return {name: (d / f"{name}.safetensors", inputs[name]) for name in base}
+
+
+def step_inputs(rng: random.Random, base: dict, d: Path, control: str | None = None) -> Case:
+    """An --inputs file with one tensor of the wrong type, shape or values."""
+    from engine.formats.safetensors import save_tensors
+
+    name = control or rng.choice(names(base))
+    model, good = base[name]
+    tensors, what = dict(good), "as written"
+    if not control:
+        key, kind = rng.choice(sorted(good)), next_kind(base, TENSOR_EDITS)
+        tensors[key], what = edit_tensor(good[key], kind), f"{kind} {key}"
+        tensors = {k: v for k, v in tensors.items() if v is not None}
+    save_tensors(d / "inputs.safetensors", tensors)
+    step = ["step", "--model", str(model), "--inputs", str(d / "inputs.safetensors"), "--cpu"]
+    return f"{name}: {what}", [[*step, "--out", str(d / "out.safetensors")], [*step, "--vram-budget", "0"]]
+
+
+def latent(rng: random.Random, base: dict, d: Path, control: str | None = None) -> Case:
+    """A .latent (ComfyUI's: safetensors, `latent_tensor`) with its tensor of the wrong type, shape or
+    values, decoded full and tiled."""
+    from engine.formats.latent import read_latent
+    from engine.formats.safetensors import save_tensors
+
+    name = control or rng.choice(names(base))
+    raw, good, out, tiled = base[name]
+    (d / "vae.safetensors").write_bytes(raw)
+    t, what = read_latent(good), "as written"
+    if not control:
+        kind = next_kind(base, TENSOR_EDITS)
+        t, what = edit_tensor(t, kind), kind
+    save_tensors(d / "x.latent", {} if t is None else {"latent_tensor": t})
+    decode = [
+        "decode",
+        "--vae",
+        str(d / "vae.safetensors"),
+        "--latent",
+        str(d / "x.latent"),
+        "--out",
+        f"{d}/{out}",
+    ]
+    return f"{name}: {what}", [[*decode, "--cpu", "--quiet"], [*decode, "--cpu", "--quiet", *tiled]]
+
+
+IMAGE_KINDS = ("gray", "rgba", "palette", "i16", "float_tiff", "one_px", "odd", "tall", "cmyk_jpeg", "gif",
+               "truncated", "not_a_png", "bomb", "empty", "text", "webp", "la")  # fmt: skip
+
+
+def _png_claiming(width: int, height: int) -> bytes:
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+
+
+def image(rng: random.Random, base: dict, d: Path, control: str | None = None) -> Case:
+    """An image of an odd mode, size or container, or not an image at all, encoded by a KL VAE (full
+    and tiled) and a Wan VAE."""
+    import numpy as np
+    from PIL import Image
+
+    kind = "rgb" if control else next_kind(base, IMAGE_KINDS)
+    px = np.random.default_rng(rng.randrange(1 << 30)).integers(0, 256, (48, 64, 4), dtype=np.uint8)
+    suffix = {"float_tiff": ".tiff", "cmyk_jpeg": ".jpg", "gif": ".gif", "webp": ".webp"}.get(kind, ".png")
+    path = d / f"image{suffix}"
+    modes = {"rgb": "RGB", "gray": "L", "rgba": "RGBA", "la": "LA", "cmyk_jpeg": "CMYK", "webp": "RGB"}
+    if kind in modes:
+        Image.fromarray(px[..., : len(modes[kind])] if kind not in ("gray", "la") else px[..., :2]).convert(
+            modes[kind]
+        ).save(path)
+    elif kind == "palette":
+        Image.fromarray(px[..., :3]).convert("P").save(path)
+    elif kind == "i16":
+        Image.fromarray(px[..., 0].astype(np.uint16) * 257).save(path)
+    elif kind == "float_tiff":
+        Image.fromarray(px[..., 0].astype(np.float32) / 255, "F").save(path)
+    elif kind in ("one_px", "odd", "tall"):
+        Image.new("RGB", {"one_px": (1, 1), "odd": (67, 45), "tall": (8, 1200)}[kind], (9, 99, 200)).save(
+            path
+        )
+    elif kind == "gif":
+        frames = [Image.fromarray(px[..., :3]).convert("P") for _ in range(2)]
+        frames[0].save(path, save_all=True, append_images=frames[1:])
+    elif kind == "truncated":
+        Image.fromarray(px[..., :3]).save(path)
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        path.write_bytes({"not_a_png": b"\x89PNG\r\n\x1a\n" + bytes(100), "bomb": _png_claiming(100_000, 100_000),
+                          "empty": b"", "text": b"a prompt saved as the image"}[kind])  # fmt: skip
+    runs = []
+    for name in names(base):
+        raw, _, _, tiled = base[name]
+        (d / f"{name}_vae.safetensors").write_bytes(raw)
+        encode = ["encode", "--vae", str(d / f"{name}_vae.safetensors"), "--image", str(path)]
+        runs.append([*encode, "--out", str(d / "x.latent"), "--cpu", "--quiet"])
+        if name == "kl":
+            runs.append([*encode, "--out", str(d / "x.latent"), "--cpu", "--quiet", *tiled])
+    return kind, runs
+
+
+def _vaes_once(d: Path) -> dict:
+    return {**_vaes(d), "_controls": ["kl"]}
+
+
 TARGETS = {
     "denoiser-header": (_denoisers, denoiser_header),
     "vae-header": (_vaes, vae_header),
     "lora-parts": (_sd1, lora_parts),
     "pickled-lora": (_pickled, pickled_lora),
     "gguf": (_ggufs, gguf_model),
+    "step-inputs": (_inputs, step_inputs),
+    "latent": (_vaes, latent),
+    "image": (_vaes_once, image),
 }
 
 
