@@ -17,6 +17,7 @@ from engine.formats.safetensors import SafetensorsFile
 from engine.model import Component
 from engine.requests import Step
 from tests.support.gguf_files import write_gguf_twin
+from tests.support.scaled_files import scaled_fp8_twin
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -149,16 +150,8 @@ def test_a_scaled_fp8_wan_steps_like_its_dequantized_twin(tmp_path):
     in float8_e4m3fn): the forward equals the dequantized twin's."""
     from engine.detect import detect_file
 
-    q, twin = {}, {}
-    for k, t in _weights(TINY, seed=6).items():
-        if k.startswith("blocks.") and k.endswith(".weight") and t.dim() == 2:
-            scale = (t.abs().max() / torch.finfo(torch.float8_e4m3fn).max).float()
-            w = (t / scale).to(torch.float8_e4m3fn)
-            q[k], twin[k] = w, w.float() * scale
-            q[k[: -len("weight")] + "scale_weight"] = scale.reshape(())
-        else:
-            q[k] = twin[k] = t
-    q["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    blocks = lambda k, t: k.startswith("blocks.") and k.endswith(".weight") and t.dim() == 2  # noqa: E731
+    q, twin = scaled_fp8_twin(_weights(TINY, seed=6), blocks)
     qp, tp = write(tmp_path / "q.safetensors", q), write(tmp_path / "twin.safetensors", twin)
     assert detect_file(str(qp)).architecture == "wan21"
     dens = [

@@ -26,6 +26,7 @@ from layouts_2026.video import WanConfig, wan_original
 from engine import denoise
 from engine.model import Component
 from tests.support.gguf_files import write_gguf_twin
+from tests.support.scaled_files import scaled_fp8_twin
 from tests.support.synth import mmdit as _mmdit
 from tests.support.synth._build import Builder
 
@@ -77,20 +78,6 @@ FAMILIES = {
 }
 
 
-def _scaled_fp8(weights: dict) -> tuple[dict, dict]:
-    q, twin = {}, {}
-    for k, t in weights.items():
-        if k.endswith(".weight") and t.dim() >= 2:
-            scale = (t.abs().max() / torch.finfo(torch.float8_e4m3fn).max).float()
-            f8 = (t / scale).to(torch.float8_e4m3fn)
-            q[k], twin[k] = f8, f8.float() * scale
-            q[k[: -len("weight")] + "scale_weight"] = scale.reshape(())
-        else:
-            q[k] = twin[k] = t
-    q["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
-    return q, twin
-
-
 def _short_text(inputs: dict) -> dict:
     for k in ("txt", "txt_ids", "context"):  # a short prompt: the test's cost is the text length
         if k in inputs and inputs[k].dim() == 3 and inputs[k].shape[1] > 16:
@@ -111,7 +98,7 @@ def test_a_quantized_file_steps_like_its_dequantized_twin(tmp_path, family, stor
         twin, quantized = write_gguf_twin(path, weights, "loadout-test", pick, store)
         assert quantized
     else:
-        q, twin = _scaled_fp8(weights)
+        q, twin = scaled_fp8_twin(weights, lambda k, t: k.endswith(".weight") and t.dim() >= 2)
         path = write(tmp_path / "model.safetensors", q)
     dens = [
         denoise.bind(Component("transformer", str(p), "", compute_dtype="float32"), architecture)
