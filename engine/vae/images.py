@@ -38,16 +38,34 @@ def image_size(path: str | os.PathLike) -> tuple[int, int]:
 
 
 def read_rgb(path: str | os.PathLike):
-    """The image as 8-bit RGB (alpha dropped, greyscale and palettes expanded, a 16-bit or float image
-    scaled by Pillow), decoded in full with the file closed; a FormatError that says why otherwise."""
-    from PIL import Image
+    """The image as 8-bit RGB, upright, decoded in full with the file closed; a FormatError that says
+    why otherwise. Alpha is dropped, greyscale and palettes expanded; the EXIF orientation a camera
+    writes is applied (as ComfyUI's LoadImage does); 16-bit greyscale (a 16-bit PNG opens as I;16 or I)
+    is scaled to 8 bits and a float image taken as 0..1, where Pillow's own conversion would clip
+    them to white and black."""
+    from PIL import Image, ImageOps
 
     p = os.fspath(path)
     try:
         with Image.open(p) as im:
-            return im.convert("RGB")
+            return _rgb8(ImageOps.exif_transpose(im))
     except (OSError, ValueError, Image.DecompressionBombError) as e:  # UnidentifiedImageError is an OSError
         raise _unreadable(p, e) from e
+
+
+def _rgb8(im):
+    import numpy as np
+    from PIL import Image
+
+    if im.mode not in ("I", "F") and not im.mode.startswith("I;16"):
+        return im.convert("RGB")
+    a = np.asarray(im, dtype=np.float64)
+    if im.mode == "F":  # float samples: 0..1 as written by float pipelines; 0..255 if larger
+        a = a * (255.0 if a.size and np.nanmax(a) <= 1.0 else 1.0)
+    else:  # 16-bit samples
+        a = a / 257.0
+    a = np.nan_to_num(a, nan=0.0, posinf=255.0, neginf=0.0).clip(0, 255).round().astype(np.uint8)
+    return Image.fromarray(a, "L").convert("RGB")
 
 
 def load_image(path: str | os.PathLike) -> torch.Tensor:
