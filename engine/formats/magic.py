@@ -32,10 +32,12 @@ def container_of(head: bytes) -> str | None:
         return "gguf"
     if head[:4] == b"PK\x03\x04":
         return "torch-zip"
-    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
-        return "pickle"
+    # safetensors before pickle: a header of 640, 896, 1,152 or 1,408 bytes starts 80 02..80 05, which is
+    # also how a pickle starts (PROTO 2-5); a pickle has no '{' after eight bytes that read as a size
     if len(head) >= 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= MAX_HEADER_BYTES:
         return "safetensors"
+    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
+        return "pickle"
     return None
 
 

@@ -86,3 +86,26 @@ def test_a_file_that_is_no_safetensors_is_named_for_what_it_is(tmp_path):
     (tmp_path / "big.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b'{"a": 1}')
     with pytest.raises(FormatError, match="the header claims 1,099,511,627,776 bytes"):
         read_header(tmp_path / "big.safetensors")
+
+
+@pytest.mark.parametrize("header_len", [640, 896, 1152, 1408])
+def test_a_header_size_that_starts_like_a_pickle_is_still_safetensors(tmp_path, header_len):
+    """A header of 0x280, 0x380, 0x480 or 0x580 bytes makes the file start 80 02..80 05, a pickle's
+    PROTO opcode: such files (small LoRAs, embeddings) were indexed as damaged pickles. The size is
+    the only thing odd about them; the reference reader opens them."""
+    from safetensors import safe_open
+
+    from engine.formats import open_index
+
+    text = json.dumps({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}).encode()
+    text += b" " * (header_len - len(text))
+    p = tmp_path / "small.safetensors"
+    p.write_bytes(struct.pack("<Q", header_len) + text + struct.pack("<4f", 1, 2, 3, 4))
+    assert p.read_bytes()[:2] == bytes([0x80, header_len >> 8])
+    with safe_open(str(p), "pt") as f:
+        assert list(f.keys()) == ["w"]
+    assert sniff(p) == "safetensors" and open_index(p).tensors["w"].shape == (2, 2)
+    with SafetensorsFile(p) as f:
+        assert f.tensor("w").tolist() == [[1, 2], [3, 4]]
+    torch.save({"w": torch.ones(2)}, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    assert sniff(tmp_path / "old.pt") == "pickle"  # a real pickle is still one
