@@ -109,3 +109,54 @@ def test_a_header_size_that_starts_like_a_pickle_is_still_safetensors(tmp_path, 
         assert f.tensor("w").tolist() == [[1, 2], [3, 4]]
     torch.save({"w": torch.ones(2)}, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
     assert sniff(tmp_path / "old.pt") == "pickle"  # a real pickle is still one
+
+
+def test_any_valid_file_reads_as_the_reference_reader_reads_it(tmp_path):
+    """Valid files of every shape a writer can give them -- names in any script, empty and 0-d tensors,
+    every torch dtype safetensors stores, metadata or none, headers padded to any length (the sizes
+    that start like a pickle included) -- give the same keys, shapes and values through our sniffer,
+    index, header reader and tensor reader as through the reference `safe_open`."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from safetensors import safe_open
+
+    from engine.formats import open_index
+
+    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+              torch.int16, torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2]  # fmt: skip
+    names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12).filter(
+        lambda k: k != "__metadata__"  # the format's own key
+    )
+    tensor = st.tuples(st.sampled_from(dtypes), st.lists(st.integers(0, 3), max_size=3))
+    files = st.dictionaries(names, tensor, min_size=1, max_size=5)
+    meta = st.none() | st.dictionaries(st.text(max_size=6), st.text(max_size=20), max_size=3)
+
+    lengths = st.integers(0, 1500) | st.sampled_from([640, 896, 1152, 1408])  # those that start 80 0x
+
+    @settings(max_examples=60, deadline=None)
+    @given(files, meta, lengths)
+    def check(spec, metadata, length):
+        g = torch.Generator().manual_seed(len(spec))
+        ts = {k: (torch.randn(shape, generator=g) * 50).to(dt) for k, (dt, shape) in spec.items()}
+        p = tmp_path / "any.safetensors"
+        save_file(ts, str(p), metadata=metadata)
+        raw = p.read_bytes()  # re-pad the header: spaces after the JSON are valid
+        n = int.from_bytes(raw[:8], "little")
+        pad = max(0, length - n)
+        p.write_bytes((n + pad).to_bytes(8, "little") + raw[8 : 8 + n] + b" " * pad + raw[8 + n :])
+        assert sniff(p) == "safetensors"
+        h, idx = read_header(p), open_index(p)
+        with safe_open(str(p), "pt") as ref, SafetensorsFile(p) as ours:
+            keys = ref.keys()  # a safe_open handle is not iterable itself
+            assert set(h.tensors) == set(idx.tensors) == set(keys)
+            for k in keys:
+                want = ref.get_tensor(k)
+                assert h.tensors[k].shape == idx.tensors[k].shape == tuple(want.shape)
+                got = ours.tensor(k)
+                bits = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731  (NaN == NaN, -0 != 0)
+                assert (
+                    got.shape == want.shape and got.dtype == want.dtype and torch.equal(bits(got), bits(want))
+                )
+            assert (ref.metadata() or {}) == (h.metadata or {})
+
+    check()
