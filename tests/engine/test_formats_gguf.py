@@ -170,3 +170,85 @@ def test_string_cap_is_enforced_before_reading(tmp_path):
     p.write_bytes(_header(0, 1) + _s(b"k") + struct.pack("<IQ", 8, MAX_STRING_BYTES + 1) + bytes(64))
     with pytest.raises(FormatError, match="limit"):
         open_index(p)
+
+
+def test_any_file_the_reference_writer_writes_reads_as_the_reference_reader_reads_it(tmp_path):
+    """Valid GGUFs of every shape gguf-py writes them -- names in any script, metadata of every value
+    type (strings, ints, floats, bools, arrays), any alignment, float / integer / block-quantized
+    tensors of 1 to 4 dims -- give the same tensors (type, dims, offset, bytes) and the same metadata
+    through our reader as through gguf-py's GGUFReader."""
+    gguf = pytest.importorskip("gguf")
+    np = pytest.importorskip("numpy")
+    import torch
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from engine.formats.gguf import GGUFFile
+
+    T = gguf.GGMLQuantizationType
+    types = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.I8, T.I16, T.I32]
+    text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=10)
+    value = st.one_of(text, st.integers(-(2**31), 2**31 - 1), st.floats(allow_nan=False, width=32),
+                      st.booleans(), st.lists(st.integers(0, 1000), min_size=1, max_size=4),
+                      st.lists(text, min_size=1, max_size=3))  # fmt: skip
+    tensor = st.tuples(st.sampled_from(types), st.lists(st.integers(1, 3), min_size=0, max_size=3))
+    files = st.tuples(
+        st.dictionaries(text.map(lambda k: "t." + k), tensor, min_size=1, max_size=4),
+        st.dictionaries(text.map(lambda k: "kv." + k), value, max_size=4),
+        st.sampled_from([None, 8, 16, 64, 256]),
+    )
+
+    @settings(max_examples=40, deadline=None)
+    @given(files)
+    def check(spec):
+        tensors, kvs, alignment = spec
+        p = tmp_path / "any.gguf"
+        w = gguf.GGUFWriter(str(p), "loadout-test")
+        if alignment:
+            w.add_custom_alignment(alignment)
+        for k, v in kvs.items():
+            if isinstance(v, str):
+                w.add_string(k, v)
+            elif isinstance(v, bool):
+                w.add_bool(k, v)
+            elif isinstance(v, int):
+                w.add_int32(k, v)
+            elif isinstance(v, float):
+                w.add_float32(k, v)
+            else:
+                w.add_array(k, v)
+        rng = np.random.default_rng(len(tensors))
+        for name, (qt, dims) in tensors.items():
+            block, size = gguf.GGML_QUANT_SIZES[qt]
+            shape = (*dims, block * 2)  # rows of whole blocks
+            if qt in (T.I8, T.I16, T.I32):
+                w.add_tensor(name, rng.integers(-100, 100, shape).astype({T.I8: np.int8, T.I16: np.int16,
+                                                                         T.I32: np.int32}[qt]))  # fmt: skip
+            elif qt in (T.F32, T.F16):
+                w.add_tensor(
+                    name, rng.standard_normal(shape).astype(np.float32 if qt == T.F32 else np.float16)
+                )
+            else:  # random bytes in the type's layout: the reader never interprets them
+                nbytes = int(np.prod(shape)) // block * size
+                raw = rng.integers(0, 256, nbytes, dtype=np.uint8).reshape(*shape[:-1], -1)
+                w.add_tensor(name, raw, raw_dtype=qt)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        ref, ours = gguf.GGUFReader(str(p)), read_gguf(p)
+        assert set(ours.tensors) == {t.name for t in ref.tensors}
+        with GGUFFile(p) as f:
+            for t in ref.tensors:
+                o = ours.tensors[t.name]
+                assert o.ggml_type == t.tensor_type.name and list(o.dims) == [int(d) for d in t.shape]
+                assert o.nbytes == t.n_bytes and o.offset == t.data_offset
+                got = f.tensor(t.name).reshape(-1).view(torch.uint8).numpy()
+                assert got.tobytes() == np.asarray(t.data).tobytes()
+        for k, v in kvs.items():
+            field = ref.fields[k]
+            want = field.contents()
+            got = ours.metadata[k]
+            assert got == want or (isinstance(v, float) and np.float32(got) == np.float32(want)), k
+
+    check()
