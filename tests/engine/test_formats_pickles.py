@@ -1,5 +1,6 @@
 """Pickled checkpoints: hostile pickles never run, Lightning metadata is stubbed, bombs are refused."""
 
+import collections
 import io
 import os
 import pickle
@@ -15,7 +16,15 @@ import torch
 
 from engine.errors import FormatError
 from engine.formats import open_index
-from engine.formats.pickles import MAX_PICKLE_BYTES, Stub, index_pickle, load_pickle, load_state_dict
+from engine.formats.pickles import (
+    MAX_PICKLE_BYTES,
+    Stub,
+    flatten,
+    index_pickle,
+    load_pickle,
+    load_state_dict,
+    tensor_root,
+)
 
 ENTRY_POINTS = {
     "open_index": open_index,
@@ -369,3 +378,63 @@ def test_a_counted_item_larger_than_the_file_is_refused_before_anything_is_alloc
     with pytest.raises(FormatError, match="larger than the rest of the file"):
         load_pickle(p)
     assert hooked == []
+
+
+def test_any_checkpoint_torch_saves_indexes_and_loads_as_torch_load_reads_it(tmp_path):
+    """Valid torch.save files of the structures scripts and trainers save -- nested dicts, lists and
+    tuples, OrderedDicts, `state_dict` wrappers with scalars beside them, views sharing one storage,
+    non-contiguous and expanded tensors, 0-d and empty ones, every dtype a weight has, Parameters --
+    in the zip and the legacy container: our header-only index names every tensor with torch.load's
+    shape and dtype, and our restricted load gives torch.load's values."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from engine.formats.dtypes import DTYPES
+
+    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+              torch.int8, torch.uint8, torch.bool]  # fmt: skip
+    shape = st.lists(st.integers(0, 3), max_size=3)
+
+    @st.composite
+    def tensors(draw):
+        dt, s = draw(st.sampled_from(dtypes)), draw(shape)
+        base = (torch.arange(max(1, 2 * int(np.prod(s or [1])) + 3)) % 7 - 3).to(dt)
+        how = draw(st.sampled_from(["plain", "view", "transposed", "expanded", "parameter"]))
+        n = int(np.prod(s)) if s else 1
+        t = base[:n].reshape(s) if how != "view" else base[2 : 2 + n].reshape(s)
+        if how == "transposed" and t.dim() >= 2:
+            t = t.transpose(0, 1)
+        elif how == "expanded" and t.dim() >= 1 and t.shape[0] == 1:
+            t = t.expand(3, *t.shape[1:])
+        elif how == "parameter" and dt.is_floating_point:
+            t = torch.nn.Parameter(t, requires_grad=False)
+        return t
+
+    names = st.text(
+        st.characters(blacklist_categories=("Cs",), blacklist_characters="."), min_size=1, max_size=8
+    )
+    tree = st.recursive(
+        tensors(),
+        lambda kids: st.dictionaries(names, kids, max_size=3) | st.lists(kids, max_size=3),
+        max_leaves=8,
+    )
+    wrap = st.sampled_from(["bare", "state_dict", "ordered"])
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.dictionaries(names, tree, min_size=1, max_size=3), wrap, st.booleans())
+    def check(obj, how, use_zip):
+        obj = {"state_dict": obj, "global_step": 7} if how == "state_dict" else obj
+        if how == "ordered":
+            obj = collections.OrderedDict(obj)
+        p = tmp_path / "any.ckpt"
+        torch.save(obj, p, _use_new_zipfile_serialization=use_zip)
+        want = flatten(tensor_root(torch.load(p, weights_only=True)), lambda o: isinstance(o, torch.Tensor))
+        idx = open_index(p)
+        assert set(idx.tensors) == set(want)
+        got = load_state_dict(p)
+        for k, t in want.items():
+            assert idx.tensors[k].shape == tuple(t.shape), k
+            assert DTYPES[idx.tensors[k].dtype][1] == str(t.dtype).removeprefix("torch."), k
+            assert got[k].dtype == t.dtype and torch.equal(got[k], t), k
+
+    check()
