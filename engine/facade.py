@@ -225,10 +225,6 @@ class Engine:
         a VAE an earlier decode built stands for the file's `vae`, so it is never held twice. The
         header is read once here and handed to detection, the component build and the VAE's."""
         path = os.path.abspath(path)
-        if not path.endswith((".safetensors", ".sft", ".gguf")):
-            raise FormatError(
-                f"{os.path.basename(path)}: only .safetensors and .gguf files can be loaded for now."
-            )
         have = self.loaded.of_file(path)
         runnable = self.loaded.runnable_vae(path)
         if runnable is not None:

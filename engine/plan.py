@@ -35,7 +35,7 @@ class ComponentFacts:
 
 
 def component_facts(path: str, prefix: str, name: str, storage: str | None) -> ComponentFacts:
-    """Module sizes of one component from the file's header (safetensors or GGUF), at `storage` (None =
+    """Module sizes of one component from the file's header (safetensors, GGUF or torch zip), at `storage` (None =
     file dtypes). Quantized tensors (ggml blocks) and scales count as stored: they stay so when loaded."""
     from .formats import open_weights
     from .formats.dtypes import dominant_float_dtype
@@ -108,8 +108,11 @@ def make_plan(
     what = not_a_model(det.kind)
     if what is not None:  # weights of no model: there is nothing to place
         raise InvalidRequest(f"{model}: this is {what}; give the model with --model")
-    if det.format not in ("safetensors", "gguf"):
-        raise UnsupportedModel(f"{model}: plans are made for .safetensors and .gguf files for now")
+    if det.format not in ("safetensors", "gguf", "torch-zip"):  # what engine.formats.open_weights loads
+        raise UnsupportedModel(
+            f"{model}: a legacy torch file (saved before torch 1.6); plans are made for the files Loadout "
+            "loads: .safetensors, .gguf and torch zip checkpoints"
+        )
     info = report.selected
     min_inf = report.min_inference_bytes
     if vram_gb is not None:

@@ -6,7 +6,7 @@
   never imports torch.
 * `safetensors`: the validated header reader, lazy mmap tensors, atomic writers; `pickles`: safe
   loading of .ckpt/.pt/.bin; `latent`: ComfyUI .latent files; `gguf`: the GGUF header reader.
-* `open_weights(path)`: a loader's lazy, zero-copy view of a safetensors or GGUF file's tensors.
+* `open_weights(path)`: a loader's lazy, zero-copy view of a safetensors, GGUF or torch zip file's tensors.
 """
 
 from __future__ import annotations
@@ -64,6 +64,14 @@ def open_weights(path: str | os.PathLike) -> SafetensorsFile:
         return GGUFFile(path)
     if kind == "safetensors":
         return SafetensorsFile(path)
+    if kind in ("torch-zip", "pickle"):  # .ckpt / .pt / .pth / .bin (a legacy pickle is refused there, said)
+        from .torchzip import TorchZipFile
+
+        return TorchZipFile(path)
+    from .magic import what_file_is
+
+    what = "a folder" if kind == "directory" else "an empty file" if kind == "empty" else what_file_is(p)
     raise FormatError(
-        f"{os.path.basename(p)}: only safetensors and GGUF files can be loaded for now.", path=p
+        f"{os.path.basename(p)}: this is {what}; Loadout loads safetensors, GGUF and torch checkpoint files",
+        path=p,
     )

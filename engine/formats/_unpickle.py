@@ -218,10 +218,13 @@ class StorageRef:
 
 
 class TensorRef:
-    """Scan mode: a tensor view of a storage: dtype and shape, no data."""
+    """Scan mode: a tensor view of a storage: dtype, shape, and where in the storage (element offset and
+    strides), no data."""
 
-    def __init__(self, storage: StorageRef, shape: tuple[int, ...]):
-        self.storage, self.shape = storage, shape
+    def __init__(
+        self, storage: StorageRef, shape: tuple[int, ...], offset: int = 0, strides: tuple[int, ...] = ()
+    ):
+        self.storage, self.shape, self.offset, self.strides = storage, shape, offset, strides
 
     @property
     def dtype(self) -> str:
@@ -258,7 +261,7 @@ def _record_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_rest: An
                 f"a tensor of shape {list(shape)} reaches element {last:,} of a storage of "
                 f"{storage.numel:,}: the file is corrupt"
             )
-    return TensorRef(storage, shape)
+    return TensorRef(storage, shape, offset, strides)
 
 
 def _record_parameter(data: Any, *_rest: Any) -> Any:
