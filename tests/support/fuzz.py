@@ -1,6 +1,7 @@
 """Hostile files through the command line, as a user would meet them: seeded edits of small real layouts
 (a denoiser's or a VAE's safetensors header, a GGUF written with wrong shapes or types, LoRA part sets,
-pickled LoRAs of odd tensor objects) and of what users feed them (`--inputs` tensors, latents, images),
+pickled LoRAs of odd tensor objects, torch checkpoints as training scripts save them) and of what users
+feed them (`--inputs` tensors, latents, images),
 each run through the `loadout` commands that read it.
 
 Every run must end as the contract says (exit 0, 2, 3 or 4: done, usage, bad input, out of memory) —
@@ -517,6 +518,58 @@ def image(rng: random.Random, base: dict, d: Path, control: str | None = None) -
     return kind, runs
 
 
+CKPT_KINDS = ("transposed", "offset_view", "shared", "parameters", "half", "bfloat16", "nested", "legacy",
+              "deflated", "int64", "dropped", "extra_scalars")  # fmt: skip
+
+
+def _ckpts(d: Path) -> dict:
+    from tests.engine.denoise_files import SD1_TINY, unet_rows
+
+    return {"sd1": _weights(unet_rows(SD1_TINY), seed=4), "_controls": ["sd1"]}
+
+
+def torch_checkpoint(rng: random.Random, base: dict, d: Path, control: str | None = None) -> Case:
+    """An SD1 .ckpt written by torch.save from the objects a training script holds: views, Parameters,
+    other dtypes, nesting, the legacy container, a re-zipped archive; inspected, planned, loaded and
+    stepped (full and streamed)."""
+    import zipfile
+
+    import torch
+
+    sd = dict(base["sd1"])
+    kind = "plain" if control else next_kind(base, CKPT_KINDS)
+    key = rng.choice(sorted(k for k, t in sd.items() if t.dim() == 2))
+    if kind == "transposed":
+        sd[key] = sd[key].t().contiguous().t()
+    elif kind == "offset_view":
+        flat = torch.cat([torch.zeros(5), sd[key].reshape(-1)])
+        sd[key] = flat[5:].view(sd[key].shape)
+    elif kind == "shared":
+        other = rng.choice(sorted(k for k, t in sd.items() if t.shape == sd[key].shape))
+        sd[other] = sd[key]
+    elif kind == "parameters":
+        sd = {k: torch.nn.Parameter(t) for k, t in sd.items()}
+    elif kind in ("half", "bfloat16", "int64"):
+        sd[key] = sd[key].to(getattr(torch, kind))
+    elif kind == "dropped":
+        del sd[key]
+    obj = {"state_dict": sd, "global_step": 3, "epoch": 1}
+    if kind == "nested":
+        obj = {"model": {"state_dict": sd}}
+    elif kind == "extra_scalars":
+        obj = {**obj, "hyper": {"lr": 1e-4, "name": "run", "steps": [1, 2]}}
+    path = d / "model.ckpt"
+    torch.save(obj, path, _use_new_zipfile_serialization=kind != "legacy")
+    if kind == "deflated":
+        with zipfile.ZipFile(path) as src, zipfile.ZipFile(d / "re.ckpt", "w") as dst:
+            for i in src.infolist():
+                dst.writestr(i.filename, src.read(i), compress_type=zipfile.ZIP_DEFLATED)
+        (d / "re.ckpt").replace(path)
+    step = ["step", "--model", str(path), "--cpu", "--size", "64x64", "--steps", "1"]
+    return f"{kind} {key}", [["inspect", str(path), "--json"], ["plan", "--model", str(path), "--cpu"],
+                             ["load", str(path), "--cpu"], step, [*step, "--vram-budget", "0"]]  # fmt: skip
+
+
 def _vaes_once(d: Path) -> dict:
     return {**_vaes(d), "_controls": ["kl"]}
 
@@ -530,6 +583,7 @@ TARGETS = {
     "step-inputs": (_inputs, step_inputs),
     "latent": (_vaes, latent),
     "image": (_vaes_once, image),
+    "torch-checkpoint": (_ckpts, torch_checkpoint),
 }
 
 
