@@ -93,6 +93,8 @@ def read_torch_zip(path: str | os.PathLike) -> TorchZipTable:
                     path=p,
                 )
             starts[key] = _member_data_offset(f, m, p)
+            if starts[key] + m.file_size > size:  # a local header longer than the directory said
+                raise FormatError(f"{p}: storage {key!r} runs past the end of the file: truncated", path=p)
     tensors: dict[str, TensorInfo] = {}
     for name, t in found.items():
         if not _contiguous(t.shape, t.strides):

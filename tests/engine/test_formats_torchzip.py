@@ -89,3 +89,21 @@ def test_a_ckpt_steps_like_its_safetensors_twin_and_keeps_the_ledger_true(tmp_pa
         e.close()
     assert torch.equal(outs["full"], outs["partial"])  # bit for bit
     assert rel_l2(outs["full"], outs["twin"]) <= 1e-5  # the same weights, other alignments
+
+
+def test_a_local_header_that_pushes_a_storage_past_the_end_is_corruption(tmp_path):
+    """The zip directory says where a member's header starts; its own header says how long it is. One
+    that claims a long extra field would put the storage's bytes past the end of the file."""
+    import struct
+
+    from engine.errors import FormatError
+
+    p = tmp_path / "m.ckpt"
+    torch.save({"w": torch.randn(16)}, p)
+    raw = bytearray(p.read_bytes())
+    with zipfile.ZipFile(p) as zf:
+        info = next(i for i in zf.infolist() if i.filename.endswith("data/0"))
+    raw[info.header_offset + 28 : info.header_offset + 30] = struct.pack("<H", 65535)  # extra length
+    p.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match="runs past the end of the file"):
+        open_weights(p)
