@@ -63,6 +63,7 @@ DEFAULT = (
     Bench(("bench_load.py",), repeat="--repeat"),
     Bench(("bench_conv_gemm.py",), repeat="--repeat"),
     Bench(("bench_gguf_load.py",), repeat="--repeat"),
+    Bench(("bench_ckpt_load.py",), repeat="--repeat"),
     Bench(VAE_DEFAULT, repeat="--repeat"),
     Bench(("bench_vae_video.py",), repeat="--repeat"),
     Bench(("bench_gui.py",)),
