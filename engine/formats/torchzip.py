@@ -77,11 +77,46 @@ def read_torch_zip(path: str | os.PathLike) -> TorchZipTable:
             path=p,
         )
     found = flatten(tensor_root(obj), lambda o: isinstance(o, TensorRef))
+    try:
+        starts = _storage_starts(p, size, storages)
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        EOFError,
+        OSError,
+        ValueError,
+        struct.error,
+        NotImplementedError,
+    ) as e:
+        # a damaged directory or local header, a name that is not text: _scan read the pickle through
+        # the directory alone; this is the first look at the members' own headers and bytes
+        raise FormatError(
+            f"{p}: the checkpoint's zip entries are damaged ({e}): the file is corrupt", path=p
+        ) from None
+    tensors: dict[str, TensorInfo] = {}
+    for name, t in found.items():
+        if not _contiguous(t.shape, t.strides):
+            raise UnsupportedModel(
+                f"{os.path.basename(p)}: tensor {name!r} is a strided view of its storage; {CONVERT}", path=p
+            )
+        begin = starts[t.storage.key] + t.offset * t.storage.stype.itemsize
+        tensors[name] = TensorInfo(name, t.dtype, t.shape, begin, begin + t.nbytes)
+    return TorchZipTable(p, size, tensors, _scalar_metadata(obj))
+
+
+def _small(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """A short text member's first bytes, never inflating more (a member may lie about its size)."""
+    with zf.open(info) as m:
+        return m.read(16)
+
+
+def _storage_starts(p: str, size: int, storages: dict) -> dict[str, int]:
+    """Each storage's first byte in the file (UnicodeDecodeError is a ValueError)."""
     with zipfile.ZipFile(p) as zf, open(p, "rb") as f:
         members = {i.filename: i for i in zf.infolist()}
         prefix = next(n[: -len("data.pkl")] for n in members if n.endswith("data.pkl") and n.count("/") == 1)
         order = members.get(f"{prefix}byteorder")
-        if order is not None and zf.read(order).strip() not in (b"", b"little"):
+        if order is not None and _small(zf, order).strip() not in (b"", b"little"):
             raise UnsupportedModel(f"{os.path.basename(p)}: a big-endian torch checkpoint; {CONVERT}", path=p)
         starts: dict[str, int] = {}
         for key in storages:
@@ -95,15 +130,7 @@ def read_torch_zip(path: str | os.PathLike) -> TorchZipTable:
             starts[key] = _member_data_offset(f, m, p)
             if starts[key] + m.file_size > size:  # a local header longer than the directory said
                 raise FormatError(f"{p}: storage {key!r} runs past the end of the file: truncated", path=p)
-    tensors: dict[str, TensorInfo] = {}
-    for name, t in found.items():
-        if not _contiguous(t.shape, t.strides):
-            raise UnsupportedModel(
-                f"{os.path.basename(p)}: tensor {name!r} is a strided view of its storage; {CONVERT}", path=p
-            )
-        begin = starts[t.storage.key] + t.offset * t.storage.stype.itemsize
-        tensors[name] = TensorInfo(name, t.dtype, t.shape, begin, begin + t.nbytes)
-    return TorchZipTable(p, size, tensors, _scalar_metadata(obj))
+    return starts
 
 
 class TorchZipFile(SafetensorsFile):
