@@ -18,7 +18,6 @@ Usage: bench_ckpt_load.py [--repeat N]
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 import tempfile
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _record import record  # noqa: E402
+from bench_load import ours, settle  # noqa: E402  (the safetensors load bench's own build + load)
 
 
 def write_ckpt(path: Path) -> int:
@@ -55,7 +55,7 @@ def baseline(path: Path) -> float:
     for p in params.values():  # untimed: a built model's parameters exist, their pages faulted in
         p.fill_(0)
     del sd
-    gc.collect()
+    settle()
     t = time.perf_counter()
     sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["state_dict"]
     with torch.no_grad():
@@ -63,7 +63,6 @@ def baseline(path: Path) -> float:
             p.copy_(sd[k])
     dt = time.perf_counter() - t
     del sd, params
-    gc.collect()
     return dt
 
 
@@ -73,9 +72,6 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
-    from engine.model import build_components
-    from engine.residency import Policy, Residency
-
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     with tempfile.TemporaryDirectory(prefix="bench_ckpt_") as d:
         path = Path(d) / "sd1_ch160.ckpt"
@@ -83,22 +79,12 @@ def main() -> None:
         best = {"build": float("inf"), "ours": float("inf"), "base": float("inf")}
         held = 0
         for _ in range(a.repeat):
-            gc.collect()
-            m = Residency(
-                "cpu",
-                probe=lambda: 1 << 50,
-                policy=Policy(reserve_bytes=0, min_inference_bytes=0, vram_budget=None, auto_top_up=False),
-            )
-            t = time.perf_counter()
-            comp = build_components(path, {"unet": "model.diffusion_model."})["unet"]
-            built = time.perf_counter()
-            m.load([comp])
-            best["build"] = min(best["build"], built - t)
-            best["ours"] = min(best["ours"], time.perf_counter() - t)
-            held = comp.tier_bytes()["device"]
+            t_build, t_load, m, comps = ours(path, prefixes={"unet": "model.diffusion_model."})
+            best["build"] = min(best["build"], t_build)
+            best["ours"] = min(best["ours"], t_build + t_load)
+            held = comps["unet"].tier_bytes()["device"]
             m.unload_all()
-            del m, comp
-            gc.collect()
+            del m, comps
             best["base"] = min(best["base"], baseline(path))
         record("ckpt_build", best["build"], "s", baseline=None, judged="value", file_bytes=file_bytes)
         record(

@@ -132,13 +132,15 @@ def baseline(path: Path, keys: set | None = None) -> tuple[float, dict]:
     return dt, params
 
 
-def ours(path: Path, budget: int | None = None):
+def ours(path: Path, budget: int | None = None, prefixes: dict | None = None):
+    """Build `prefixes`' components (default: SD1.5's three) on the disk tier, then Residency.load() them
+    on the CPU under `budget`: (build s, load s, the Residency, the components). bench_ckpt_load's too."""
     from engine.model import build_components
     from engine.residency import Policy, Residency
 
     settle()
     t = time.perf_counter()
-    comps = build_components(path, PREFIXES)
+    comps = build_components(path, prefixes or PREFIXES)
     t_build = time.perf_counter() - t
     m = Residency(
         "cpu",
