@@ -250,11 +250,17 @@ def _scalar_metadata(obj: Any) -> dict[str, str]:
 def index_pickle(path: str | os.PathLike) -> ModelIndex:
     """Header-only index of a torch zip, legacy torch or bare pickle file; no tensor data is read."""
     p = os.fspath(path)
-    fmt, obj, allow, storages, size = _scan(p)
+    return index_of_scan(p, *_scan(p))[0]
+
+
+def index_of_scan(p: str, fmt, obj, allow, storages, size) -> tuple[ModelIndex, dict[str, TensorRef]]:
+    """The ModelIndex of one `_scan`, and its tensors as found (engine.formats.torchzip reads their
+    storages and offsets from the same scan)."""
     found = flatten(tensor_root(obj), lambda o: isinstance(o, TensorRef))
     tensors = {k: IndexedTensor(k, t.dtype, t.shape, t.nbytes) for k, t in found.items()}
     data_size = sum(s.nbytes for s in storages.values())
-    return ModelIndex(p, fmt, size, data_size, tensors, _scalar_metadata(obj), tuple(sorted(allow.seen)))
+    meta = _scalar_metadata(obj)
+    return ModelIndex(p, fmt, size, data_size, tensors, meta, tuple(sorted(allow.seen))), found
 
 
 class _LoadUnpicklerModule:

@@ -19,6 +19,7 @@ import os
 import struct
 import zipfile
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import FormatError, UnsupportedModel
 from .safetensors import SafetensorsFile, TensorInfo
@@ -36,6 +37,7 @@ class TorchZipTable:
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str] = field(default_factory=dict)
     data_start: int = 0
+    index: Any = None  # the file's ModelIndex, from the same scan of the pickle
 
     @property
     def data_size(self) -> int:
@@ -65,18 +67,18 @@ def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
 def read_torch_zip(path: str | os.PathLike) -> TorchZipTable:
     """The TensorInfo table of a torch zip checkpoint, from its pickle (restricted scan) and zip directory;
     reads no tensor data."""
-    from ._unpickle import TensorRef
-    from .pickles import _scalar_metadata, _scan, flatten, tensor_root
+    from .pickles import _scan, index_of_scan
 
     p = os.fspath(path)
-    fmt, obj, _allow, storages, size = _scan(p)
+    scan = _scan(p)
+    fmt, storages, size = scan[0], scan[3], scan[4]
     if fmt != "torch-zip":
         raise UnsupportedModel(
             f"{os.path.basename(p)}: a legacy torch file (saved before torch 1.6): Loadout loads torch "
             f"checkpoints in the zip format only; {CONVERT}",
             path=p,
         )
-    found = flatten(tensor_root(obj), lambda o: isinstance(o, TensorRef))
+    index, found = index_of_scan(p, *scan)  # detection's index, from the one scan of the pickle
     try:
         starts = _storage_starts(p, size, storages)
     except (
@@ -101,7 +103,7 @@ def read_torch_zip(path: str | os.PathLike) -> TorchZipTable:
             )
         begin = starts[t.storage.key] + t.offset * t.storage.stype.itemsize
         tensors[name] = TensorInfo(name, t.dtype, t.shape, begin, begin + t.nbytes)
-    return TorchZipTable(p, size, tensors, _scalar_metadata(obj))
+    return TorchZipTable(p, size, tensors, dict(index.metadata), index=index)
 
 
 def _small(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
@@ -144,9 +146,7 @@ class TorchZipFile(SafetensorsFile):
         self._mm = None
 
     def index(self):
-        from .pickles import index_pickle
-
-        return index_pickle(self.path)
+        return self.header.index  # type: ignore[attr-defined]
 
 
 __all__ = ["TorchZipFile", "TorchZipTable", "read_torch_zip"]
