@@ -157,7 +157,15 @@ class ModelPatcher:
         """The patched tensor: fp32 from the original, every contribution in order, one rounding."""
         import torch
 
-        w = original.to(torch.float32, copy=True)
+        from .model.transfer import ALIGN, aligned_like
+
+        # On the CPU the result sits at the original's address modulo ALIGN (transfer.aligned_like): a
+        # weight patched on the fly then computes the bits of the one baked in place in its file mapping.
+        cpu = original.device.type == "cpu" and original.numel() > 0
+        if cpu and original.dtype == torch.float32:
+            w = aligned_like(original).copy_(original)  # patched in place by the common LoRA: stays put
+        else:
+            w = original.to(torch.float32, copy=True)
         for c in contributions:
             module = self.adapter(c.file).modules[c.module]
             if c.bias:
@@ -165,7 +173,10 @@ class ModelPatcher:
             else:  # w is this call's own float32 copy (and so is every view _apply_view hands over)
                 fn = lambda t, m=module, s=c.strength: m.patch_weight(t, s, owned=True)  # noqa: E731
             w = _apply_view(w, c.view, fn)
-        return w.to(original.dtype)
+        out = w.to(original.dtype)
+        if cpu and (out.data_ptr() - original.data_ptr()) % ALIGN:
+            out = aligned_like(original).copy_(out)
+        return out
 
     # -- apply / restore -----------------------------------------------------------------------------
     def original(self, key: str):

@@ -311,6 +311,21 @@ def layout(sizes: list[int]) -> tuple[list[int], int]:
     return offsets, pos
 
 
+def aligned_like(t):
+    """An empty CPU tensor of t's dtype and shape whose address is t's modulo ALIGN. The CPU's matmul
+    kernels choose their code by the operands' alignment (a single-row linear, MKL's gemv, rounds
+    differently at another offset), so a patched copy of a file-mapped weight must sit where the weight
+    does for a streamed op to compute the resident op's bits."""
+    import math
+
+    import torch
+
+    nbytes = math.prod(t.shape) * t.element_size()
+    raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
+    off = (t.data_ptr() - raw.data_ptr()) % ALIGN
+    return raw[off : off + nbytes].view(t.dtype).view(t.shape)
+
+
 def view_in(block: HostBlock, offset: int, dtype, shape):
     """A tensor of `dtype`/`shape` over the block's bytes at `offset`."""
     return typed_view(block.base, block.typed, offset, dtype, shape)
