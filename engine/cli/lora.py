@@ -54,6 +54,4 @@ def run(args: argparse.Namespace) -> int:
             print(f"    … and {len(t['unmatched']) - limit} more unmatched (--all lists them)")
         for sm in t["shape_mismatch"]:
             print(f"    shape mismatch: {sm['module']} {sm['lora_shape']} vs {sm['key']} {sm['base_shape']}")
-        for u in t.get("unsupported", ()):
-            print(f"    unsupported algorithm {u['algo']}: {u['module']}")
     return EXIT_OK

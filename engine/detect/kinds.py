@@ -3,7 +3,7 @@
 Facts (cited, not copied):
 * LoRA / LyCORIS suffixes: kohya sd-scripts `networks/lora.py` (`lora_down`, `lora_up`, `alpha`, module
   names `lora_unet_*`, `lora_te*_`), LyCORIS `lycoris/modules` (`hada_w1_a`…, `lokr_w1`…, `oft_blocks`,
-  `dora_scale`, full `diff`/`diff_b`), PEFT (`lora_A`/`lora_B`), diffusers (`lora.down`/`lora.up`,
+  `on_input`, `dora_scale`, full `diff`/`diff_b`), PEFT (`lora_A`/`lora_B`), diffusers (`lora.down`/`lora.up`,
   `lora_linear_layer`). The LoRA facts themselves come from `engine.lora.describe_lora`.
 * Textual inversion: A1111 `modules/textual_inversion` (`string_to_param` dict with `*`, safetensors
   `emb_params`), SDXL embeddings with one tensor per encoder named `clip_l` / `clip_g`.
@@ -41,11 +41,12 @@ _STRONG = (
     ".oft_blocks",
     ".oft_diag",
     ".oft_R",
+    ".on_input",  # (IA)³'s flag (LyCORIS `modules/ia3.py`); no model names a tensor so
 )
 _STRONG_NAMED = re.compile(r".*\.lora_(?:A|B)\.[A-Za-z0-9_]+\.weight$")  # PEFT with an adapter name
 # XLabs FLUX LoRAs (x-flux `LoRALinearLayer` inside attention processors).
 _XLABS = re.compile(r".*\.processor\.(?:qkv|proj)_lora[12]?\.(?:up|down)\.weight$")
-_WEAK = (".alpha", ".dora_scale", ".diff", ".diff_b", ".w_norm", ".b_norm", ".on_input")
+_WEAK = (".alpha", ".dora_scale", ".diff", ".diff_b", ".w_norm", ".b_norm")
 _KOHYA = ("lora_unet_", "lora_te_", "lora_te1_", "lora_te2_", "lora_te3_", "lora_transformer_", "lycoris_")
 
 
@@ -92,7 +93,9 @@ def lora_evidence(ix: KeyIndex) -> Evidence | None:
     kohya = [k for k in keys if k.startswith(_KOHYA)]
     if kohya:
         k = min(kohya)
-        return _ev(ix, k, "kohya module names with weight differences only → full-diff LoRA")
+        if any(key.endswith((".diff", ".diff_b")) for key in kohya):
+            return _ev(ix, k, "kohya module names with weight differences only → full-diff LoRA")
+        return _ev(ix, k, "adapter parts under kohya / LyCORIS module names → LoRA / LyCORIS")
     # Weight and bias differences only, under the model's own module names (ComfyUI's and
     # lightx2v's `.diff` / `.diff_b`): no checkpoint names a tensor so.
     diffs = [k for k in keys if k.endswith((".diff", ".diff_b"))]

@@ -10,10 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import weighted
 from .describe import describe_lora, infer_base, target_of
 from .keymap import KeyMap, Target
 from .naming import classify
-from .parts import UNSUPPORTED_ALGOS, group_modules, module_facts
+from .parts import group_modules, module_facts
 
 _ORDER = ("unet", "transformer", "clip_l", "clip_g", "clip_h", "t5xxl", "other")
 
@@ -116,18 +117,14 @@ class TargetCoverage:
     mapped: int = 0
     unmatched: list[str] = field(default_factory=list)
     shape_mismatch: list[dict] = field(default_factory=list)
-    unsupported: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        d = {
+        return {
             "modules": self.modules,
             "mapped": self.mapped,
             "unmatched": self.unmatched,
             "shape_mismatch": self.shape_mismatch,
         }
-        if self.unsupported:
-            d["unsupported"] = self.unsupported
-        return d
 
 
 @dataclass
@@ -193,13 +190,15 @@ def coverage(
         if t is None:
             tc.unmatched.append(name)
             continue
-        bad = [a for a in facts[name].algos if a in UNSUPPORTED_ALGOS]
-        if bad:
-            tc.unsupported.append({"module": name, "algo": bad[0]})
-            continue
+        algo = next((a for a in facts[name].algos if a != "dora"), "")
         try:
             change = change_shape(parts, shapes)
-        except (IndexError, TypeError, ValueError):  # broken factors (a 0-d down): a change of no shape
+            if algo in weighted.WEIGHTED:  # rotates / scales the weight: its shape says which fit
+                got = {p: shapes[k] for p, k in parts.items() if p != "alpha"}
+                weighted.check(algo, got)
+                if not weighted.fits_weight(algo, got, tuple(t.shape)):
+                    raise ValueError
+        except (IndexError, TypeError, ValueError, KeyError):  # broken factors (a 0-d down), no fit
             got = {p: list(shapes[k]) for p, k in parts.items() if p != "alpha"}
             tc.shape_mismatch.append(
                 {"module": name, "key": t.key, "lora_shape": got, "base_shape": list(t.shape)}

@@ -10,7 +10,9 @@ vocabulary adapter trainers write (facts from kohya sd-scripts `networks/lora.py
 * LoHa: `hada_w1_a/b`, `hada_w2_a/b`, `hada_t1/t2`; LoKr: `lokr_w1`, `lokr_w1_a/b`, `lokr_w2`,
   `lokr_w2_a/b`, `lokr_t2`;
 * DoRA: `dora_scale` (LyCORIS, kohya) or `lora_magnitude_vector` (PEFT);
-* full diffs `diff` / `diff_b`, `set_weight` (replace), LyCORIS norm diffs `w_norm` / `b_norm`.
+* full diffs `diff` / `diff_b`, `set_weight` (replace), LyCORIS norm diffs `w_norm` / `b_norm`;
+* OFT / BOFT `oft_blocks` (+ `rescale`), GLoRA `a1/a2/b1/b2(.weight)` (+ `bm`), (IA)³ `weight` +
+  `on_input` (LyCORIS `lycoris/modules/{diag_oft,boft,glora,ia3}.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
+
+from . import weighted
 
 # suffix -> canonical part name. Longer suffixes first so ".lora_linear_layer.up.weight" wins over
 # ".up.weight" style endings.
@@ -54,14 +58,18 @@ _SUFFIXES: tuple[tuple[str, str], ...] = (
     ("set_weight", "set_weight"),
     ("w_norm", "w_norm"),
     ("b_norm", "b_norm"),
-    # Recognised so they are reported by name, not silently dropped (no math for them yet).
+    # Weight-dependent algorithms (engine/lora/weighted.py): OFT (3-D blocks) and BOFT (4-D) share
+    # `oft_blocks` (LyCORIS 1 named OFT's `oft_diag`), with an optional `rescale`; GLoRA's four factors
+    # and Tucker core; (IA)³'s flag (its vector is the module's bare `.weight`, paired in group_modules).
     ("oft_blocks", "oft_blocks"),
     ("oft_diag", "oft_blocks"),
-    ("boft_blocks", "boft_blocks"),
+    ("rescale", "rescale"),
     ("a1.weight", "glora_a1"),
     ("a2.weight", "glora_a2"),
     ("b1.weight", "glora_b1"),
     ("b2.weight", "glora_b2"),
+    ("bm.weight", "glora_bm"),
+    ("on_input", "on_input"),
 )
 
 # Old diffusers attention-processor LoRAs: "...attn1.processor.to_q_lora.up.weight".
@@ -89,11 +97,10 @@ WEIGHT_PARTS = frozenset(
         "w_norm",
         "b_norm",
         "oft_blocks",
-        "boft_blocks",
         "glora_a1",
+        "ia3",
     }
 )
-UNSUPPORTED_ALGOS = frozenset({"oft", "boft", "glora"})
 
 
 # The suffixes by their number of dotted segments: a key is split by looking its last three, two and
@@ -214,9 +221,25 @@ def group_modules(keys: Iterable[str]) -> tuple[dict[str, dict[str, str]], list[
         if parts is None:
             modules[mod] = parts = {}
         parts[part] = key
+    pair_ia3(modules, other)
     for name in [n for n, parts in modules.items() if WEIGHT_PARTS.isdisjoint(parts)]:
         other.extend(modules.pop(name).values())
     return modules, other
+
+
+def pair_ia3(modules: dict[str, dict[str, str]], other: list[str]) -> None:
+    """An (IA)³ module stores its vector as `<module>.weight` beside `<module>.on_input` (LyCORIS
+    `modules/ia3.py`): a bare `.weight` no suffix names, so it joins the module that holds the flag."""
+    flagged = [n for n, parts in modules.items() if "on_input" in parts]
+    if not flagged:
+        return
+    left = set(other)
+    for name in flagged:
+        key = name + ".weight"
+        if key in left:
+            modules[name]["ia3"] = key
+            left.discard(key)
+    other[:] = [k for k in other if k in left]
 
 
 class ModuleFacts(NamedTuple):
@@ -303,11 +326,14 @@ def module_facts(parts: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]
         d = sh("w_norm") or sh("b_norm")
         out_f = d[0] if d else None
     elif "oft_blocks" in parts:
-        algos.append("oft")
-    elif "boft_blocks" in parts:
-        algos.append("boft")
+        algo = "boft" if len(sh("oft_blocks")) == 4 else "oft"
+        algos.append(algo)
+        rank, out_f, in_f = weighted.facts(algo, {"oft_blocks": sh("oft_blocks")})
     elif "glora_a1" in parts:
         algos.append("glora")
+        rank, out_f, in_f = weighted.facts("glora", {p: sh(p) for p in parts if p.startswith("glora_")})
+    elif "ia3" in parts:
+        algos.append("ia3")
     elif "diff_b" in parts:
         algos.append("full")
     if "dora_scale" in parts or "magnitude" in parts:

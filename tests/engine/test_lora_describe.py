@@ -262,6 +262,10 @@ def _grouped_by_split_key(keys):
             other.append(key)
         else:
             modules.setdefault(sp[0], {})[sp[1]] = key
+    for name, parts in modules.items():  # (IA)³: the flag's module takes its bare `.weight`
+        if "on_input" in parts and f"{name}.weight" in other:
+            parts["ia3"] = f"{name}.weight"
+            other.remove(f"{name}.weight")
     for name in [n for n, parts in modules.items() if not (parts.keys() & WEIGHT_PARTS)]:
         other.extend(modules.pop(name).values())
     return modules, other
@@ -286,6 +290,7 @@ def test_group_modules_splits_every_key_as_split_key_does():
         "",
         "lora",
         "a.lora_linear_layer",
+        "lora_unet_x",  # with "weight" and "on_input": an (IA)³ module
     ]
     tails = [
         ".processor.to_q_lora.up.weight",

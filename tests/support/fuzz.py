@@ -188,12 +188,12 @@ def vae_header(rng: random.Random, base: dict, d: Path, control: str | None = No
     return f"{name}: {what}", [[*decode, "--cpu", "--quiet"], [*decode, "--cpu", "--quiet", *tiled]]
 
 
-# LoRA parts: every name the adapters of LoRA, LoHa, LoKr, DoRA, GLoRA, (IA)^3 and full-diff use
+# LoRA parts: every name the adapters of LoRA, LoHa, LoKr, DoRA, OFT/BOFT, GLoRA, (IA)^3 and full-diff use
 PARTS = (
     "lora_up.weight", "lora_down.weight", "lora_mid.weight", "alpha", "hada_w1_a", "hada_w1_b", "hada_w2_a",
     "hada_w2_b", "hada_t1", "hada_t2", "lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b",
     "lokr_t2", "diff", "diff_b", "dora_scale", "on_input", "weight", "a1.weight", "a2.weight", "b1.weight",
-    "b2.weight", "w_norm", "b_norm",
+    "b2.weight", "bm.weight", "w_norm", "b_norm", "oft_blocks", "rescale",
 )  # fmt: skip
 
 
@@ -223,7 +223,8 @@ def lora_parts(rng: random.Random, base: dict, d: Path, control: str | None = No
     name = "lora_unet_" + layer.replace(".", "_")
     parts = set(rng.sample(PARTS, rng.randint(1, 4)))
     for group, p in ((("lora_up.weight", "lora_down.weight"), 0.5), (("hada_w1_a", "hada_w1_b"), 0.15),
-                     (("lokr_w1", "lokr_w2"), 0.15)):  # fmt: skip
+                     (("lokr_w1", "lokr_w2"), 0.15), (("weight", "on_input"), 0.1),
+                     (("a1.weight", "a2.weight", "b1.weight", "b2.weight"), 0.1)):  # fmt: skip
         if rng.random() < p:
             parts |= set(group)
     dims = [*shape, 4, 2, 1, 3, 0]
@@ -231,6 +232,10 @@ def lora_parts(rng: random.Random, base: dict, d: Path, control: str | None = No
     for p in sorted(parts):
         nd = 0 if p == "alpha" and rng.random() < 0.8 else rng.choice([0, 1, 2, 2, 2, 4])
         tensors[f"{name}.{p}"] = torch.randn([rng.choice(dims) for _ in range(nd)])
+    if "oft_blocks" in parts and rng.random() < 0.7:  # blocks near the layer's rows: (B)OFT shapes
+        b = rng.choice([2, 3, 4, 8])
+        lead = [rng.choice([1, 2, 3, 5])] if rng.random() < 0.5 else []
+        tensors[f"{name}.oft_blocks"] = torch.randn(*lead, shape[0] // b + rng.choice([0, 0, 1]), b, b) * 0.1
     if control:  # a well-formed pair of rank 4 instead
         tail = (1, 1) if len(shape) == 4 else ()
         tensors = {f"{name}.lora_up.weight": torch.randn(shape[0], 4, *tail) * 0.1,
