@@ -20,3 +20,26 @@ def tiles_text(tiles: int, tile_px: int) -> str:
     """How a tiled run cut its image: '12 tiles of 512 px', or 'one tile (the whole image)' when the
     tile asked for covers it all."""
     return "one tile (the whole image)" if tiles == 1 else f"{tiles} tiles of {tile_px} px"
+
+
+# How adapter algorithms are written (the names their authors use: LyCORIS' README, the DoRA and
+# (IA)³ papers); an id not listed is shown as it is.
+_ALGO_NAMES = {
+    "lora": "LoRA",
+    "locon": "LoCon",
+    "loha": "LoHa",
+    "lokr": "LoKr",
+    "dora": "DoRA",
+    "oft": "OFT",
+    "boft": "BOFT",
+    "glora": "GLoRA",
+    "ia3": "IA³",
+    "full": "full",
+    "norm": "norm",
+    "set": "set",
+}
+
+
+def algo_names(algos) -> str:
+    """'LoKr, DoRA' for ('lokr', 'dora')."""
+    return ", ".join(_ALGO_NAMES.get(a, a) for a in algos)

@@ -8,7 +8,7 @@ import os
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QSortFilterProxyModel, Qt
 from PySide6.QtGui import QColor, QIcon, QPixmap
 
-from engine.formatting import human_bytes
+from engine.formatting import algo_names, human_bytes
 
 COLUMNS = ("Name", "Kind", "Architecture", "Size", "Params", "Dtype", "Hash", "LoRA base")
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -38,8 +38,8 @@ def lora_base(e) -> str:
     lora = e.detection.lora
     base = (lora and lora.base) or ""
     algos = lora.algos if lora else ()
-    if base and algos and algos != ("lora",):
-        return f"{base} ({', '.join(a.upper() if len(a) <= 4 else a for a in algos)})"
+    if algos and algos != ("lora",):  # the algorithm says what kind of adapter, base known or not
+        return f"{base or '?'} ({algo_names(algos)})"
     return base
 
 

@@ -8,9 +8,9 @@ import os
 
 from PySide6.QtWidgets import QTextBrowser, QVBoxLayout, QWidget
 
-from app.models.library_model import human_params, lora_base
+from app.models.library_model import human_params
 from engine.detect.result import thaw
-from engine.formatting import human_bytes
+from engine.formatting import algo_names, human_bytes
 
 CHIP = ("<span style='background-color:{bg}; color:#111; padding:2px 6px; border-radius:8px;'>"
         "&nbsp;{text}&nbsp;</span>&nbsp; ")  # fmt: skip
@@ -86,9 +86,9 @@ def render(entry, sha256: str | None = None) -> str:
     lora = d.lora
     if lora:
         out.append("<h3>LoRA</h3><p>")
-        out.append(f"format <b>{_e(lora.format)}</b> · algorithms {_e(', '.join(lora.algos))}"
+        out.append(f"format <b>{_e(lora.format)}</b> · algorithms {_e(algo_names(lora.algos))}"
                    f" · rank {_e(lora.rank)} · alpha {_e(lora.alpha)}"
-                   f" · base <b>{_e(lora_base(entry) or 'unknown')}</b>"
+                   f" · base <b>{_e(lora.base or 'unknown')}</b>"
                    f" · targets {_e(', '.join(lora.targets))}")  # fmt: skip
         out.append("</p>")
     words = trigger_words(entry)

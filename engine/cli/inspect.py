@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..formatting import algo_names
 from ._common import EXIT_BAD_INPUT, EXIT_OK, human_bytes, print_json
 
 NAME = "inspect"
@@ -84,7 +85,7 @@ def format_text(d) -> str:
         lr = d.lora
         facts = [
             f"format {lr.format or '?'}",
-            "algos " + ", ".join(lr.algos) if lr.algos else None,
+            "algos " + algo_names(lr.algos) if lr.algos else None,
             f"rank {lr.rank}" if lr.rank is not None else None,
             f"alpha {lr.alpha:g}" if isinstance(lr.alpha, (int, float)) else None,
             "targets " + ", ".join(lr.targets) if lr.targets else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..formatting import algo_names
 from ._common import EXIT_OK, exit_code, print_json
 
 NAME = "lora"
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     pct = 100.0 * cov["mapped"] / cov["modules"] if cov["modules"] else 0.0
     print(f"{args.lora}")
-    print(f"  format {cov['format']}, algorithms {', '.join(cov['algos'])}")
+    print(f"  format {cov['format']}, algorithms {algo_names(cov['algos'])}")
     print(f"  on {args.base}: {cov['mapped']}/{cov['modules']} modules mapped ({pct:.1f}%)")
     if cov.get("warning"):
         print(f"  warning: {cov['warning']}")

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+from ..formatting import algo_names
 from ..jobs import Progress, no_report
 from ._common import EXIT_BAD_INPUT, EXIT_OK, human_bytes, print_error, print_json
 
@@ -92,7 +93,7 @@ def _print_human(lib, notes: dict) -> None:
         lora = e.detection.lora
         arch = e.architecture or "-"
         if lora and lora.algos:
-            arch += f" ({','.join(lora.algos)})"
+            arch += f" ({algo_names(lora.algos)})"
         rel = os.path.relpath(e.path, e.root)
         flag = ""
         if e.error:

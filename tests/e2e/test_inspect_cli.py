@@ -44,7 +44,7 @@ def test_text_output(cli, tmp_path):
     for comp in ("transformer", "clip_l", "t5xxl", "vae"):
         assert f"\n    {comp} " in text
     assert "no guidance embedding" in text  # the evidence, readable
-    assert "LoRA          format kohya · algos lokr · rank 8" in text
+    assert "LoRA          format kohya · algos LoKr · rank 8" in text
     assert "targets unet, clip_l · base sd1" in text
     assert "top tags      smart falcon" in text
 
