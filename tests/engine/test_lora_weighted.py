@@ -204,21 +204,24 @@ class _Index:
 
 
 NETWORKS = [
-    ("sd1", "diag-oft", {"linear_dim": 4}),
-    ("sd1", "boft", {"linear_dim": 4}),
-    ("sd1", "glora", {"linear_dim": 4, "linear_alpha": 2}),
-    ("sd1", "ia3", {}),
+    ("sd1", "diag-oft", {"linear_dim": 4}, 0.7),
+    ("sd1", "boft", {"linear_dim": 4}, 0.7),
+    ("sd1", "glora", {"linear_dim": 4, "linear_alpha": 2}, 0.7),
+    ("sd1", "ia3", {}, 0.7),
     # FLUX.1 in diffusers' names (SimpleTuner trains so) onto a BFL file: q/k/v land on fused rows
-    ("flux1_dev", "diag-oft", {"linear_dim": 8}),
-    ("flux1_dev", "boft", {"linear_dim": 8}),
-    ("flux1_dev", "loha", {"linear_dim": 4, "linear_alpha": 2}),
+    ("flux1_dev", "diag-oft", {"linear_dim": 8}, 0.7),
+    ("flux1_dev", "boft", {"linear_dim": 8}, 0.7),
+    ("flux1_dev", "loha", {"linear_dim": 4, "linear_alpha": 2}, 0.7),
+    # DoRA at strength 1 (below 1 LyCORIS' forward keeps ΔW whole and scales only the magnitude's
+    # step; Loadout moves W toward the decomposed weight, as ComfyUI and A1111 do: strength 0 = W)
+    ("flux1_dev", "lokr", {"linear_dim": 4, "linear_alpha": 2, "factor": 8, "dora_wd": True}, 1.0),
 ]
 
 
-@pytest.mark.parametrize(("arch", "algo", "kw"), NETWORKS)
-def test_a_whole_network_steps_as_lycoris_runs_it(arch, algo, kw, tmp_path):
+@pytest.mark.parametrize(("arch", "algo", "kw", "strength"), NETWORKS)
+def test_a_whole_network_steps_as_lycoris_runs_it(arch, algo, kw, strength, tmp_path):
     """LyCORIS' own network over every layer of a (reduced) model's blocks, saved as LyCORIS saves it
-    (`lycoris_` names over diffusers' modules), running in diffusers' model at strength 0.7: `step
+    (`lycoris_` names over diffusers' modules), running in diffusers' model: `step
     --lora` on the original-format file gives that output, fully resident and streamed alike (bit for
     bit). (LyCORIS' forward, not its merge helper: lycoris-lora 4.1's LohaModule.get_merged_weight
     applies alpha/rank twice, its forward once, as ComfyUI does.)"""
@@ -247,7 +250,7 @@ def test_a_whole_network_steps_as_lycoris_runs_it(arch, algo, kw, tmp_path):
     LycorisNetwork.apply_preset(
         {"target_module": blocks, "target_name": [], "module_algo_map": {}, "name_algo_map": {}}
     )
-    net = create_lycoris(model, 0.7, algo=algo, **kw)
+    net = create_lycoris(model, strength, algo=algo, **kw)
     net.apply_to()
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
@@ -257,7 +260,7 @@ def test_a_whole_network_steps_as_lycoris_runs_it(arch, algo, kw, tmp_path):
     lora = tmp_path / f"{algo}.safetensors"
     save_tensors(lora, {k: v.detach().clone().contiguous() for k, v in net.state_dict().items()})
     runs = df.step_full_and_partial(
-        base, tmp_path, 0.0005, loras=(StackItem(str(lora), 0.7, 0.7),), size=size
+        base, tmp_path, 0.0005, loras=(StackItem(str(lora), strength, strength),), size=size
     )
     (full, out), (_, streamed) = runs["full"], runs["partial"]
     inputs = denoise.bind(Component(comp, base, prefix), arch).random_inputs(*size, seed=0)
