@@ -320,7 +320,10 @@ def aligned_like(t):
 
     import torch
 
-    nbytes = math.prod(t.shape) * t.element_size()
+    size = t.element_size()
+    if t.data_ptr() % size:  # a tensor off its own element grid (a packed file's): no view can match it
+        return torch.empty(t.shape, dtype=t.dtype)
+    nbytes = math.prod(t.shape) * size
     raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
     off = (t.data_ptr() - raw.data_ptr()) % ALIGN
     return raw[off : off + nbytes].view(t.dtype).view(t.shape)
