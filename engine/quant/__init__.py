@@ -6,8 +6,8 @@ float tensor when an op runs (engine.ops). The decoders (`kernels`) are vectoris
 device the bytes are, bit-exact in float32 against the `gguf` package's numpy dequantization.
 
 Supported: the types ComfyUI-GGUF loads (city96/ComfyUI-GGUF dequant.py) — F32, F16, BF16, Q8_0,
-Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Any other ggml type is an UnsupportedModel that
-names it.
+Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and the non-linear 4-bit IQ4_NL and IQ4_XS. Any
+other ggml type is an UnsupportedModel that names it.
 
 Torch-free at import (the byte counts are used by `loadout plan` and the library scan); `dequantize`
 imports torch when called.
@@ -38,7 +38,20 @@ __all__ = [
 _BY_NAME: dict[str, tuple[int, int]] = {name: (blk, size) for name, blk, size in GGML_TYPES.values()}
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
-BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+BLOCK_TYPES = (
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+)
 SUPPORTED = (*FLOAT_TYPES, *BLOCK_TYPES)
 
 

@@ -1,7 +1,8 @@
 """ggml block decoders in torch: every block of a tensor at once (no loop over blocks), on the tensor's
 own device, in float32.
 
-Block layouts are ggml's (ggml/src/ggml-common.h, `block_q4_0` … `block_q6_K`; QK_K = 256) and the
+Block layouts are ggml's (ggml/src/ggml-common.h, `block_q4_0` … `block_q6_K`, `block_iq4_nl`,
+`block_iq4_xs`; QK_K = 256) and the
 element order and scale formulas those of `dequantize_row_*` in ggml/src/ggml-quants.c. The float
 operations are done in the same order as there (and as in gguf-py's gguf/quants.py, the reference the
 tests compare against), each rounded to float32 on its own — no fused multiply-add — so the results
@@ -162,6 +163,37 @@ def _q6_k(b: torch.Tensor, out: torch.Tensor) -> None:
     torch.mul(d, q.view(n, 16, 16).to(F32), out=out.view(n, 16, 16))
 
 
+# kvalues_iq4nl (ggml-common.h): the 16 levels a 4-bit IQ4 index stands for, non-uniformly spaced.
+_IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+_levels: dict[torch.device, torch.Tensor] = {}
+
+
+def _iq4(q: torch.Tensor) -> torch.Tensor:
+    """uint8 4-bit indices -> their kvalues_iq4nl levels as float32 (on q's device)."""
+    lv = _levels.get(q.device)
+    if lv is None:
+        lv = _levels[q.device] = torch.tensor(_IQ4_LEVELS, dtype=F32, device=q.device)
+    return lv[q.long()]
+
+
+def _iq4_nl(b: torch.Tensor, out: torch.Tensor) -> None:
+    # block_iq4_nl (18 bytes): d: half, qs: uint8[16] with Q4_0's nibble order.  y = d * level[q]
+    torch.mul(_half(b[:, 0:2]), _iq4(_split(b[:, 2:], 4).reshape(-1, 32)), out=out)
+
+
+def _iq4_xs(b: torch.Tensor, out: torch.Tensor) -> None:
+    # block_iq4_xs (136 bytes): d: half, scales_h: uint16 (bits 2i..2i+1: sub-block i's high bits),
+    # scales_l: uint8[4] (nibble i % 2 of byte i // 2: its low bits), qs: uint8[128] (16 bytes per
+    # 32-element sub-block, Q4_0's nibble order).  y = (d * (ls - 32)) * level[q]
+    n = b.shape[0]
+    low = _split(b[:, 4:8], 4, axis=-1).reshape(n, 8)
+    high = _split(b[:, 2:4], 2, axis=-1).reshape(n, 8)
+    ls = ((low | (high << 4)).view(torch.int8) - 32).to(F32)
+    dl = (_half(b[:, 0:2]) * ls).view(n, 8, 1)
+    q = _split(b[:, 8:].reshape(n, 8, 16), 4).reshape(n, 8, 32)
+    torch.mul(dl, _iq4(q), out=out.view(n, 8, 32))
+
+
 _DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "Q8_0": _q8_0,
     "Q4_0": _q4_0,
@@ -173,6 +205,8 @@ _DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "Q4_K": _q4_k,
     "Q5_K": _q5_k,
     "Q6_K": _q6_k,
+    "IQ4_NL": _iq4_nl,
+    "IQ4_XS": _iq4_xs,
 }
 _FLOATS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 

@@ -30,6 +30,8 @@ HALVES = {
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),
     "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
 }
 FLOAT_SHAPES = [(7, 13), (3,), (2, 3, 5), (1, 1)]
 
@@ -168,7 +170,7 @@ def test_blocks_at_any_offset_and_in_any_shape():
     assert dequantize(as_rows, "Q8_0", (8, 4, 2, 4)).shape == (8, 4, 2, 4)
 
 
-@pytest.mark.parametrize("name", ["IQ2_XXS", "TQ1_0", "Q8_1", "IQ4_NL", "MXFP4", "I8", 16, 9999])
+@pytest.mark.parametrize("name", ["IQ2_XXS", "TQ1_0", "Q8_1", "IQ3_S", "MXFP4", "I8", 16, 9999])
 def test_unsupported_types_are_named(name):
     label = {16: "IQ2_XXS", 9999: "ggml type 9999"}.get(name, name)
     for call in (

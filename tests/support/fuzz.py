@@ -335,7 +335,9 @@ def gguf_model(rng: random.Random, base: dict, d: Path, control: str | None = No
 
     name = control or rng.choice(names(base))
     weights, arch, size = base[name]
-    qtype = rng.choice(["Q8_0", "Q4_0", "Q5_1", "F16"])
+    from tests.support.gguf_files import quantize_blocks
+
+    qtype = rng.choice(["Q8_0", "Q4_0", "Q5_1", "IQ4_NL", "IQ4_XS", "F16"])
     edit, target = ("none", None) if control else (next_kind(base, GGUF_EDITS), rng.choice(sorted(weights)))
     w = gguf.GGUFWriter(str(d / "model.gguf"), arch=arch)
     for k, t in weights.items():
@@ -345,7 +347,7 @@ def gguf_model(rng: random.Random, base: dict, d: Path, control: str | None = No
         shape, orig = tuple(x.shape), None
         q = getattr(
             gguf.GGMLQuantizationType,
-            rng.choice(["Q4_0", "Q8_0", "Q5_0"]) if edit == "qtype" and k == target else qtype,
+            rng.choice(["Q4_0", "Q8_0", "Q5_0", "IQ4_XS"]) if edit == "qtype" and k == target else qtype,
         )
         block = gguf.GGML_QUANT_SIZES[q][0]
         pick = k.endswith(".weight") and x.ndim >= 2 and x.size % block == 0
@@ -363,7 +365,7 @@ def gguf_model(rng: random.Random, base: dict, d: Path, control: str | None = No
         if orig is not None:
             w.add_array(f"comfy.gguf.orig_shape.{k}", orig)
         if pick:
-            w.add_tensor(k, gguf.quants.quantize(x, q), raw_dtype=q)
+            w.add_tensor(k, quantize_blocks(gguf, x, q, q.name), raw_dtype=q)
         else:
             w.add_tensor(k, x)
     if edit == "extra":
