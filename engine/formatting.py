@@ -34,6 +34,7 @@ _ALGO_NAMES = {
     "boft": "BOFT",
     "glora": "GLoRA",
     "ia3": "IA³",
+    "tlora": "T-LoRA",
     "full": "full",
     "norm": "norm",
     "set": "set",

@@ -246,6 +246,12 @@ def adapter_from_tensors(
             f"{where}no adapter modules found (no lora_up/lora_down, lora_A/lora_B, hada_*, lokr_*, diff "
             f"or dora_scale keys): this is not a LoRA or LyCORIS file"
         )
+    if "tlora" in info.algos:
+        raise UnsupportedModel(
+            f"{where}this is a T-LoRA (LyCORIS tlora): its change depends on each sampling step's "
+            "timestep (ranks masked by the noise level), so it is no fixed weight to bake or patch. "
+            "Loadout cannot apply it yet"
+        )
     groups, _ = group_modules(tensors)
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     modules: dict[str, AdapterModule] = {}

@@ -70,6 +70,10 @@ _SUFFIXES: tuple[tuple[str, str], ...] = (
     ("b2.weight", "glora_b2"),
     ("bm.weight", "glora_bm"),
     ("on_input", "on_input"),
+    # T-LoRA (LyCORIS `modules/tlora.py`): recognised to be named; its change depends on the timestep
+    ("q_layer.weight", "tlora_q"),
+    ("p_layer.weight", "tlora_p"),
+    ("lambda_layer", "tlora_lambda"),
 )
 
 # Old diffusers attention-processor LoRAs: "...attn1.processor.to_q_lora.up.weight".
@@ -99,6 +103,7 @@ WEIGHT_PARTS = frozenset(
         "oft_blocks",
         "glora_a1",
         "ia3",
+        "tlora_lambda",
     }
 )
 
@@ -334,6 +339,9 @@ def module_facts(parts: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]
         rank, out_f, in_f = weighted.facts("glora", {p: sh(p) for p in parts if p.startswith("glora_")})
     elif "ia3" in parts:
         algos.append("ia3")
+    elif "tlora_lambda" in parts:  # P (out, r) · diag(λ · mask(t)) · Q (r, in)
+        algos.append("tlora")
+        rank, out_f, in_f = _at(sh("tlora_lambda"), 1), _at(sh("tlora_p"), 0), _at(sh("tlora_q"), 1)
     elif "diff_b" in parts:
         algos.append("full")
     if "dora_scale" in parts or "magnitude" in parts:

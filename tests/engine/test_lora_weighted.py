@@ -271,3 +271,18 @@ def test_a_whole_network_steps_as_lycoris_runs_it(arch, algo, kw, strength, tmp_
     assert df.rel_l2(out, want) <= 1e-5 and torch.equal(out, streamed)
     (placed,) = full.loras
     assert placed["mapped"] == placed["modules"] >= 40, placed
+
+
+def test_a_t_lora_is_named_and_refused_with_the_reason():
+    """T-LoRA masks its ranks by each step's timestep: no fixed weight exists to bake, so it is
+    described (algorithm, rank, targets) and refused by name, not taken for "no adapter"."""
+    from lycoris.modules.tlora import TLoraModule
+
+    from engine.errors import UnsupportedModel
+
+    mod = TLoraModule("x", nn.Linear(64, 96), 1.0, lora_dim=4, alpha=2)
+    t = _state(mod, "lora_unet_down_blocks_0_attentions_0_proj_in")
+    info = describe_lora(_Index(t))
+    assert info.algos == ("tlora",) and info.rank == 4 and info.targets == ("unet",)
+    with pytest.raises(UnsupportedModel, match="T-LoRA .* timestep"):
+        adapter_from_tensors(t, path="t.safetensors")
