@@ -140,8 +140,8 @@ class AdapterModule:
         mag = p.get("dora_scale", p.get("magnitude"))
         if self.algo in weighted.WEIGHTED:
             try:
-                if mag is None:
-                    return self._weighted(w, p, strength)
+                if mag is None:  # w may be updated in place when it is ours: handed over, or our copy
+                    return self._weighted(w, p, strength, in_place=owned or w is not weight)
                 d = self._weighted(w, p, 1.0) - w
             except ValueError as e:  # coverage placed it by a header-only reckoning; the weight disagrees
                 raise FormatError(f"{self.name}: {e}") from None
@@ -164,8 +164,11 @@ class AdapterModule:
                 raise FormatError(f"{self.name}: {e}") from None
         return w + strength * d
 
-    def _weighted(self, w, p, strength: float):
-        """The patched weight of a weight-dependent algorithm (engine/lora/weighted.py) at `strength`."""
+    def _weighted(self, w, p, strength: float, *, in_place: bool = False):
+        """The patched weight of a weight-dependent algorithm (engine/lora/weighted.py) at `strength`
+        (`in_place`: w may be overwritten with it, where the algorithm can)."""
+        import torch
+
         a = self.algo
         if a in ("oft", "boft"):
             constraint = float(self.alpha or 0.0)
@@ -174,11 +177,12 @@ class AdapterModule:
         if a == "ia3":
             flag = p.get("on_input")
             on_input = bool(flag is not None and float(flag.reshape(-1)[0]) != 0)
-            return weighted.ia3_weight(w, p["ia3"], on_input, strength)
+            return weighted.ia3_weight(w, p["ia3"], on_input, strength, in_place=in_place)
         d = weighted.glora_delta(
             w, p["glora_a1"], p["glora_a2"], p["glora_b1"], p["glora_b2"], p.get("glora_bm")
         )
-        return w + (strength * self.scale) * d
+        c = strength * self.scale  # one kernel either way (the same bits in place or not)
+        return w.add_(d, alpha=c) if in_place else torch.add(w, d, alpha=c)
 
     def _plain_lora_fits(self, w) -> bool:
         up, down = self.parts["up"], self.parts["down"]
