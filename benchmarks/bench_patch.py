@@ -61,6 +61,22 @@ def sdxl_shapes() -> dict[str, tuple[int, ...]]:
     return {k: tuple(s) for k, _, s in synth.layout("sdxl_checkpoint")}
 
 
+def layer_keys(shapes, fraction: float) -> tuple[list[str], list[str]]:
+    """(every attention / feed-forward weight, those of whole transformer blocks — all ten layers each —
+    evenly spread over the UNet, `fraction` of the blocks)."""
+    every = sorted(k for k in shapes if k.startswith(PREFIX) and LAYER.search(k))
+    blocks = sorted(
+        {
+            k.rsplit(".transformer_blocks.", 1)[0]
+            + ".transformer_blocks."
+            + k.split(".transformer_blocks.")[1].split(".")[0]
+            for k in every
+        }
+    )
+    chosen = set(blocks[:: max(1, round(1 / fraction))])
+    return every, [k for k in every if any(k.startswith(b + ".") for b in chosen)]
+
+
 def lora(keys, shapes, rank, alpha, seed):
     g = torch.Generator().manual_seed(seed)
     t = {}
@@ -109,19 +125,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = sdxl_shapes()
-    every = sorted(k for k in shapes if k.startswith(PREFIX) and LAYER.search(k))
-    # Whole transformer blocks (all ten layers each), evenly spread over the UNet.
-    blocks = sorted(
-        {
-            k.rsplit(".transformer_blocks.", 1)[0]
-            + ".transformer_blocks."
-            + k.split(".transformer_blocks.")[1].split(".")[0]
-            for k in every
-        }
-    )
-    step = max(1, round(1 / args.fraction))
-    chosen = set(blocks[::step])
-    keys = [k for k in every if any(k.startswith(b + ".") for b in chosen)]
+    every, keys = layer_keys(shapes, args.fraction)
     nbytes = sum(math.prod(shapes[k]) * 2 for k in keys)
     g = torch.Generator().manual_seed(0)
     base = {k: (torch.randn(*shapes[k], generator=g) * 0.02).half() for k in keys}

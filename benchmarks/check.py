@@ -59,6 +59,7 @@ DEFAULT = (
     Bench(("bench_sample.py",)),
     Bench(("bench_scan.py",)),
     Bench(("bench_patch.py",)),
+    Bench(("bench_lycoris.py",), repeat="--repeat"),
     Bench(("bench_facade.py",), repeat="--repeat"),
     Bench(("bench_load.py",), repeat="--repeat"),
     Bench(("bench_conv_gemm.py",), repeat="--repeat"),
