@@ -208,6 +208,8 @@ NETWORKS = [
     ("sd1", "boft", {"linear_dim": 4}, 0.7),
     ("sd1", "glora", {"linear_dim": 4, "linear_alpha": 2}, 0.7),
     ("sd1", "ia3", {}, 0.7),
+    # LoKr with LyCORIS' norm modules (w_norm / b_norm on every GroupNorm and LayerNorm)
+    ("sd1", "lokr", {"linear_dim": 4, "linear_alpha": 2, "factor": 8, "train_norm": True}, 0.8),
     # FLUX.1 in diffusers' names (SimpleTuner trains so) onto a BFL file: q/k/v land on fused rows
     ("flux1_dev", "diag-oft", {"linear_dim": 8}, 0.7),
     ("flux1_dev", "boft", {"linear_dim": 8}, 0.7),
