@@ -103,3 +103,84 @@ def test_a_kohya_sd1_lora_steps_as_diffusers_loads_it(tmp_path):
     assert df.rel_l2(out, want) <= 1e-5
     model.set_adapters(["k"], weights=[0.0])
     assert df.rel_l2(df.run_diffusers_unet(model, inputs, (96, 64)), want) > 1e-2  # the LoRA does change it
+
+
+def test_a_kohya_sdxl_lora_in_sgm_names_steps_as_diffusers_loads_it(tmp_path):
+    """SDXL LoRAs from kohya name modules by the original (SGM) paths, `lora_unet_input_blocks_4_1_…`:
+    diffusers maps them by its own block arithmetic (`lora_state_dict` with the UNet's config)."""
+    from diffusers.loaders.lora_pipeline import StableDiffusionXLLoraLoaderMixin
+
+    w = df.random_weights(df.unet_rows(df.SDXL_TINY), seed=5)
+    base = df.write(tmp_path / "sdxl.safetensors", w)
+    model, _ = df.diffusers_unet(df.SDXL_TINY, "sdxl", w)
+    parts = ("attn", "proj_", "ff.net", "in_layers.2", "out_layers.3", "emb_layers.1", "skip_connection", "op.",
+             "time_embed", "label_emb")  # fmt: skip
+
+    def names(key, t):
+        if t.dim() not in (2, 4) or not key.endswith(".weight") or not any(s in key for s in parts):
+            return None
+        return "lora_unet_" + key[: -len(".weight")].replace(".", "_")
+
+    kohya = _kohya(w, names, seed=3, strip=df.PREFIX)
+    assert len(kohya) // 3 > 200
+    sd, alphas = StableDiffusionXLLoraLoaderMixin.lora_state_dict(
+        {k: v.clone() for k, v in kohya.items()}, unet_config=model.config
+    )
+    model.load_lora_adapter(sd, prefix="unet", network_alphas=alphas, adapter_name="k")
+    model.set_adapters(["k"], weights=[STRENGTH])
+    lora = tmp_path / "kohya.safetensors"
+    save_tensors(lora, kohya)
+    out, inputs = _run(base, df.PREFIX, "unet", "sdxl", lora, tmp_path, (64, 64))
+    want = df.run_diffusers_unet(model, inputs, (64, 64))
+    assert df.rel_l2(out, want) <= 1e-5
+
+
+@pytest.mark.parametrize("form", ["original", "musubi"])
+def test_wan_loras_of_two_trainers_step_as_diffusers_loads_them(form, tmp_path):
+    """Wan 2.1 LoRAs as diffusion-pipe / ComfyUI write them (`diffusion_model.blocks.N.self_attn.q.lora_A`)
+    and as musubi-tuner does (`lora_unet_blocks_N_self_attn_q`), each through diffusers' converter for
+    that form, against step --lora on the original-named file."""
+    import diffusers
+    from diffusers.loaders import lora_conversion_utils as conv
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+    from layouts_2026.video import WanConfig, wan_original
+
+    c = WanConfig(dim=256, ffn=512, layers=2, text_dim=64)
+    w = df.random_weights([(k, "F32", s) for k, s in wan_original(c).items()], seed=1)
+    base = df.write(tmp_path / "wan.safetensors", w)
+    ref = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=c.dim // 128, attention_head_dim=128, in_channels=16,
+        out_channels=16, text_dim=c.text_dim, freq_dim=256, ffn_dim=c.ffn, num_layers=c.layers,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
+    ).eval()  # fmt: skip
+    ref.load_state_dict(convert_wan_transformer_to_diffusers(dict(w)), strict=False)
+
+    def names(key, t):
+        if t.dim() != 2 or not key.startswith("blocks.") or not any(s in key for s in ("_attn.", "ffn.")):
+            return None
+        m = key[: -len(".weight")]
+        return f"diffusion_model.{m}" if form == "original" else "lora_unet_" + m.replace(".", "_")
+
+    lora_t = _kohya(w, names, seed=7)
+    if form == "original":  # diffusion-pipe writes PEFT's names
+        lora_t = {k.replace("lora_down", "lora_A").replace("lora_up", "lora_B"): v for k, v in lora_t.items()}
+    assert len(lora_t) // 3 == 20
+    to_diffusers = (
+        conv._convert_non_diffusers_wan_lora_to_diffusers
+        if form == "original"
+        else conv._convert_musubi_wan_lora_to_diffusers
+    )
+    ref.load_lora_adapter(to_diffusers({k: v.clone() for k, v in lora_t.items()}), prefix="transformer",
+                          adapter_name="k")  # fmt: skip
+    ref.set_adapters(["k"], weights=[STRENGTH])
+    lora = tmp_path / f"{form}.safetensors"
+    save_tensors(lora, lora_t)
+    out, inputs = _run(base, "", "transformer", "wan21", lora, tmp_path, (96, 64))
+    with torch.inference_mode():
+        want = ref(
+            hidden_states=inputs["x"],
+            timestep=inputs["t"],
+            encoder_hidden_states=inputs["context"],
+            return_dict=False,
+        )[0]
+    assert df.rel_l2(out, want) <= 1e-5
