@@ -184,3 +184,59 @@ def test_wan_loras_of_two_trainers_step_as_diffusers_loads_them(form, tmp_path):
             return_dict=False,
         )[0]
     assert df.rel_l2(out, want) <= 1e-5
+
+
+def test_a_diffusers_sd35_medium_lora_steps_on_the_sai_file_as_diffusers_loads_it(tmp_path):
+    """A diffusers-format LoRA for SD3.5 Medium (MMDiT-X: a second attention in the first blocks) over
+    every linear of the transformer blocks, on the SAI-named file (q/k/v fused, adaLN modulations in
+    SAI's order): diffusers' SD3Transformer2DModel with the LoRA through PEFT is the reference."""
+    from diffusers import SD3Transformer2DModel
+    from diffusers.loaders.single_file_utils import convert_sd3_transformer_checkpoint_to_diffusers
+
+    from tests.support.synth import mmdit as _mmdit
+    from tests.support.synth._build import Builder
+
+    c = _mmdit.MMDiTConfig(depth=3, pos_embed_max_size=16, qk_norm=True, dual_attention_layers=(0, 1))
+    b = Builder("F32", "model.diffusion_model.")
+    _mmdit.mmdit_native(b, c)
+    w = df.random_weights(b.rows, seed=8)
+    base = df.write(tmp_path / "sd35m.safetensors", w)
+    dsd = convert_sd3_transformer_checkpoint_to_diffusers(dict(w))
+    ref = SD3Transformer2DModel(
+        sample_size=16, patch_size=2, in_channels=16, out_channels=16, num_layers=c.depth, attention_head_dim=64,
+        num_attention_heads=c.depth, joint_attention_dim=4096, caption_projection_dim=c.hidden,
+        pooled_projection_dim=2048, pos_embed_max_size=16, qk_norm="rms_norm",
+        dual_attention_layers=c.dual_attention_layers,
+    ).eval()  # fmt: skip
+    ref.load_state_dict(dsd, strict=True)
+
+    def names(key, t):
+        if t.dim() != 2 or not key.startswith("transformer_blocks.") or "norm_" in key:
+            return None
+        return "transformer." + key[: -len(".weight")]
+
+    lora_t = _kohya(dsd, names, seed=5)
+    lora_t = {  # PEFT's names, no alpha (PEFT's alpha then equals the rank: scale 1)
+        k.replace("lora_down", "lora_A").replace("lora_up", "lora_B"): v
+        for k, v in lora_t.items()
+        if not k.endswith(".alpha")
+    }
+    assert len(lora_t) // 2 > 40
+    ref.load_lora_adapter(dict(lora_t), prefix="transformer", adapter_name="k")
+    ref.set_adapters(["k"], weights=[STRENGTH])
+    lora = tmp_path / "diffusers.safetensors"
+    save_tensors(lora, lora_t)
+    out, inputs = _run(
+        base, "model.diffusion_model.", "transformer", "sd3.5_medium", lora, tmp_path, (96, 64)
+    )
+    with torch.inference_mode():
+        want = ref(
+            hidden_states=inputs["x"], encoder_hidden_states=inputs["context"], pooled_projections=inputs["y"],
+            timestep=inputs["t"],
+        ).sample  # fmt: skip
+        ref.set_adapters(["k"], weights=[0.0])
+        plain = ref(
+            hidden_states=inputs["x"], encoder_hidden_states=inputs["context"], pooled_projections=inputs["y"],
+            timestep=inputs["t"],
+        ).sample  # fmt: skip
+    assert df.rel_l2(out, want) <= 1e-5 and df.rel_l2(plain, want) > 1e-2
