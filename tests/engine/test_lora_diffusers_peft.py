@@ -240,3 +240,54 @@ def test_a_diffusers_sd35_medium_lora_steps_on_the_sai_file_as_diffusers_loads_i
             timestep=inputs["t"],
         ).sample  # fmt: skip
     assert df.rel_l2(out, want) <= 1e-5 and df.rel_l2(plain, want) > 1e-2
+
+
+def test_a_kohya_qwen_image_lora_steps_as_diffusers_loads_it(tmp_path):
+    """Qwen-Image LoRAs from musubi-tuner / kohya (`lora_unet_transformer_blocks_N_attn_to_q`, the image and
+    text streams' modulations and MLPs) through diffusers' Qwen converter and PEFT."""
+    import math
+
+    from diffusers import QwenImageTransformer2DModel
+    from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_qwen_lora_to_diffusers
+
+    ref = QwenImageTransformer2DModel(num_layers=2, num_attention_heads=2, joint_attention_dim=96)
+    g = torch.Generator().manual_seed(4)
+    sd = {}
+    for k, p in ref.state_dict().items():
+        r = torch.randn(p.shape, generator=g)
+        sd[k] = r / math.sqrt(p.shape[1]) if p.dim() == 2 else (1 + 0.1 * r if "norm" in k else 0.1 * r)
+    ref.load_state_dict(sd, strict=True)
+    ref.eval()
+    base = df.write(tmp_path / "qwen_image.safetensors", sd)
+
+    def names(key, t):
+        if t.dim() != 2 or not key.startswith("transformer_blocks."):
+            return None
+        return "lora_unet_" + key[: -len(".weight")].replace(".", "_")
+
+    kohya = _kohya(sd, names, seed=12)
+    assert len(kohya) // 3 > 20
+    ref.load_lora_adapter(
+        _convert_non_diffusers_qwen_lora_to_diffusers({k: v.clone() for k, v in kohya.items()}),
+        prefix="transformer",
+        adapter_name="k",
+    )
+    ref.set_adapters(["k"], weights=[STRENGTH])
+    lora = tmp_path / "kohya.safetensors"
+    save_tensors(lora, kohya)
+    out, inputs = _run(base, "", "transformer", "qwen_image", lora, tmp_path, (64, 96))
+    b, c, h, w = inputs["x"].shape
+    packed = inputs["x"].reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c * 4)
+    with torch.inference_mode():
+        want = ref(
+            hidden_states=packed, encoder_hidden_states=inputs["context"], timestep=inputs["timesteps"],
+            img_shapes=[(1, h // 2, w // 2)] * b,
+        ).sample  # fmt: skip
+        ref.set_adapters(["k"], weights=[0.0])
+        plain = ref(
+            hidden_states=packed, encoder_hidden_states=inputs["context"], timestep=inputs["timesteps"],
+            img_shapes=[(1, h // 2, w // 2)] * b,
+        ).sample  # fmt: skip
+    want = want.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+    plain = plain.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+    assert df.rel_l2(out, want) <= 1e-5 and df.rel_l2(plain, want) > 1e-2
