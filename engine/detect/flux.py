@@ -124,6 +124,10 @@ def flux(ix: KeyIndex) -> Backbone | None:
     if (own or bias) and not _plain_mlp(v, hidden):
         return None  # FLUX.1-style blocks with a gated MLP (Ovis-Image...): another model, no guess
     if own:
+        text = "txt_in.weight" if naming == "bfl" else "context_embedder.weight"
+        width = v.dim(text, 1) if v.has(text) else None
+        if width is not None and width != 4096:
+            return None  # FLUX.1 reads T5-XXL (4096 wide): FLUX.1 blocks on another encoder (LongCat-Image: 3584)
         return _flux1(v, b, naming, own_key)
     if bias:
         v.because(b, bias_key, "FLUX.1 blocks (biased attention) without their own modulation → Chroma")

@@ -36,6 +36,8 @@ def nextdit(ix: KeyIndex) -> Backbone | None:
             break
     else:
         return None
+    if v.has("perceiver.latent_queries"):
+        return None  # captions resampled by a perceiver (Bria FIBO 2): NextDiT blocks in another model
     hidden = v.dim(attn, 1)
     family, mod_key, t_width = _modulation(v, attn)
     if family is None:

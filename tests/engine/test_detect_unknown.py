@@ -92,7 +92,16 @@ diffusers = pytest.importorskip("diffusers")
 
 
 @pytest.mark.parametrize(
-    "cls", ["QwenImage21Transformer2DModel", "OvisImageTransformer2DModel", "Flux3Transformer2DModel"]
+    "cls",
+    [
+        "QwenImage21Transformer2DModel",
+        "OvisImageTransformer2DModel",
+        "Flux3Transformer2DModel",
+        # FLUX.1's blocks on a Qwen2.5-VL text input (3584 wide, no pooled CLIP): once read as FLUX.1 schnell
+        "LongCatImageTransformer2DModel",
+        # NextDiT blocks with a perceiver over the captions: once read as Z-Image at an unknown size
+        "BriaFibo2Transformer2DModel",
+    ],
 )
 def test_structures_no_rule_knows_are_never_guessed(cls):
     from layouts_2026.common import meta_shapes
