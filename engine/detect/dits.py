@@ -95,6 +95,9 @@ def pixart(ix: KeyIndex) -> Backbone | None:
         key = "caption_projection.linear_1.weight"
     if p is None:
         return None
+    patch = ix.shape(p + "pos_embed.proj.weight") or ix.shape(p + "x_embedder.proj.weight")
+    if patch and patch[0] != 1152:
+        return None  # PixArt-α and Σ (XL/2) are 1152 wide: PixArt's blocks in another model (Allegro: 2304)
     # PixArt-α/Σ predict eps (with a learned variance: 8 output channels).
     b = Backbone(p, "transformer", "pixart", architecture="pixart", prediction="eps")
     b.because(ix, p + key, "single adaLN table + T5 caption projection into cross-attention → PixArt")

@@ -78,6 +78,8 @@ def _find(ix: KeyIndex) -> tuple[View, str, str] | None:
         if naming == "diffusers":
             if v.has("pos_embed.proj.weight") or v.has("transformer_blocks.#.img_mod.1.weight"):
                 return None  # SD3's MMDiT / Qwen-Image: joint blocks of another family
+            if v.has("x_embedder.proj.weight") or v.has("context_embedder.linear_1.weight"):
+                return None  # a patch convolution, text through an MLP (Motif-Video...): FLUX's are linear
             if "#" in anchor and not any(
                 v.has(s)
                 for s in (
@@ -123,6 +125,10 @@ def flux(ix: KeyIndex) -> Backbone | None:
     bias, bias_key = _biased(v, naming, anchor)
     if (own or bias) and not _plain_mlp(v, hidden):
         return None  # FLUX.1-style blocks with a gated MLP (Ovis-Image...): another model, no guess
+    if own and v.has("time_embed.timestep_embedder.linear_1.weight"):
+        return (
+            None  # a timestep-only embedding, no pooled text beside it (Bria 3.x, LongCat-Image): not FLUX.1
+        )
     if own:
         text = "txt_in.weight" if naming == "bfl" else "context_embedder.weight"
         width = v.dim(text, 1) if v.has(text) else None

@@ -112,6 +112,8 @@ def _blocks_only(ix: KeyIndex) -> Backbone | None:
             continue
         if v.has("img_in.weight") or v.has("x_embedder.weight") or v.has("vector_in.in_layer.weight"):
             return None  # FLUX's linear patch embedding: not this family
+        if v.has("context_embedder.linear_1.weight"):
+            return None  # text through an MLP, not HunyuanVideo's token refiner (Motif-Video): another model
         key = double if v.has(double) else single
         hidden = v.dim(key, 1)  # every one of these keys is [n x hidden, hidden]
         family, release = HIDDEN.get(hidden or 0, (None, None))

@@ -141,6 +141,9 @@ def sana(ix: KeyIndex) -> Backbone | None:
         v = find_view(ix, names[0], names[1])
     if v is None:
         return None
+    for patch in ("x_embedder.proj.weight", "patch_embed.proj.weight", "patch_embedding.weight"):
+        if len(v.shape(patch) or ()) == 5:
+            return None  # a 3-D patch embedding: a video model on Sana's blocks (SANA-Video), no Sana release
     b = Backbone(v.prefix, "transformer", "sana", architecture="sana", prediction="flow")
     hidden = v.dim(names[2], 1)
     v.because(

@@ -101,6 +101,16 @@ diffusers = pytest.importorskip("diffusers")
         "LongCatImageTransformer2DModel",
         # NextDiT blocks with a perceiver over the captions: once read as Z-Image at an unknown size
         "BriaFibo2Transformer2DModel",
+        # FLUX.1's blocks with a timestep-only embedding (no pooled CLIP): once FLUX.1 schnell
+        "BriaTransformer2DModel",
+        "BriaFiboTransformer2DModel",
+        # PixArt's blocks at 2304 wide, a video model: once PixArt
+        "AllegroTransformer3DModel",
+        # FLUX-style video blocks, text through an MLP, no token refiner: once HunyuanVideo
+        "MotifVideoTransformer3DModel",
+        # Sana's blocks under a 3-D patch embedding: once Sana
+        "SanaVideoTransformer3DModel",
+        "SanaWMTransformer3DModel",
     ],
 )
 def test_structures_no_rule_knows_are_never_guessed(cls):
