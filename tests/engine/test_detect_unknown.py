@@ -119,3 +119,14 @@ def test_structures_no_rule_knows_are_never_guessed(cls):
     d = detect(meta_shapes(getattr(diffusers, cls)))
     assert (d.kind, d.architecture) == ("diffusion_model", None), d.evidence
     assert "no known release" in d.evidence[0].reason
+
+
+@pytest.mark.parametrize("cls", ["AutoencoderKLCogVideoX"])
+def test_video_vaes_no_rule_knows_are_never_guessed(cls):
+    """A causal 3-D VAE of 16 latent channels that is not HunyuanVideo's (CogVideoX's decoder, its norms
+    conditioned on the latent): once read as the HunyuanVideo VAE, whose scaling it lacks."""
+    from layouts_2026.common import meta_shapes
+
+    d = detect(meta_shapes(getattr(diffusers, cls)))
+    assert (d.kind, d.architecture) == ("vae", None), d.evidence
+    assert "not HunyuanVideo's" in " ".join(e.reason for e in d.evidence)
