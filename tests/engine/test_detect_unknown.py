@@ -121,10 +121,11 @@ def test_structures_no_rule_knows_are_never_guessed(cls):
     assert "no known release" in d.evidence[0].reason
 
 
-@pytest.mark.parametrize("cls", ["AutoencoderKLCogVideoX"])
+@pytest.mark.parametrize("cls", ["AutoencoderKLCogVideoX", "AutoencoderKLKVAEVideo"])
 def test_video_vaes_no_rule_knows_are_never_guessed(cls):
-    """A causal 3-D VAE of 16 latent channels that is not HunyuanVideo's (CogVideoX's decoder, its norms
-    conditioned on the latent): once read as the HunyuanVideo VAE, whose scaling it lacks."""
+    """Causal 3-D VAEs of 16 latent channels that are not HunyuanVideo's (CogVideoX's and Kandinsky's KVAE
+    decoders, their norms conditioned on the latent): once read as the HunyuanVideo VAE, whose scaling
+    they lack."""
     from layouts_2026.common import meta_shapes
 
     d = detect(meta_shapes(getattr(diffusers, cls)))
