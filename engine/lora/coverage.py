@@ -243,6 +243,8 @@ def coverage(
         cov.warning = fit_warning(
             {"mapped": cov.mapped, "modules": cov.modules}, info.base, base_architecture
         )
+    if "tlora" in info.algos:  # its modules fit, but no fixed weight exists to apply (adapter.py refuses it)
+        cov.warning = "a T-LoRA: its change depends on each step's timestep; Loadout cannot apply it yet"
     return cov
 
 

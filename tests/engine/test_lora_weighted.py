@@ -288,3 +288,6 @@ def test_a_t_lora_is_named_and_refused_with_the_reason():
     assert info.algos == ("tlora",) and info.rank == 4 and info.targets == ("unet",)
     with pytest.raises(UnsupportedModel, match="T-LoRA .* timestep"):
         adapter_from_tensors(t, path="t.safetensors")
+    # its modules land, but coverage says it will not be applied
+    cov = coverage(_Index(t), {P + "input_blocks.1.1.proj_in.weight": (96, 64)})
+    assert cov.mapped == 1 and "T-LoRA" in cov.warning
