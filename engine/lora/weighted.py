@@ -1,8 +1,8 @@
 """Adapters whose change depends on the weight they patch: OFT, BOFT, GLoRA and (IA)³, in fp32.
 
 A LoRA adds ΔW whatever W is; these rotate, rescale or multiply W itself, so their patch is computed
-from the weight (`patched(algo, weight, parts, …)`), and the header can only say which weights they fit
-(`fits_weight`). Formulas (facts of LyCORIS `lycoris/modules/{diag_oft,boft,glora,ia3}.py` and
+from the weight (`AdapterModule.patch_weight` calls the functions below), and the header can only say
+which weights they fit (`fits_weight`). Formulas (facts of LyCORIS `lycoris/modules/{diag_oft,boft,glora,ia3}.py` and
 `lycoris/functional/{diag_oft,boft}.py`, the reference that writes these files; no code copied):
 
 * Diag-OFT (`oft_blocks` (n, b, b), n·b = out): Q = B − Bᵀ per block (skew), scaled down to norm
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+
+from .algos import _f32
 
 WEIGHTED = frozenset({"oft", "boft", "glora", "ia3"})
 
@@ -119,12 +121,6 @@ def fits_weight(algo: str, sh: Mapping[str, tuple[int, ...]], target: tuple[int,
 
 
 # ---------------------------------------------------------------- the math (torch, fp32)
-
-
-def _f32(t):
-    import torch
-
-    return None if t is None else t.to(torch.float32)
 
 
 def cayley(blocks, constraint: float):
