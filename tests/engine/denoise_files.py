@@ -196,6 +196,21 @@ def diffusers_flux(cfg, bfl: dict):
     return model.eval(), sd
 
 
+def diffusers_qwen_image(seed: int = 4):
+    """A reduced Qwen-Image (2 layers of 2 heads, 96-wide text) in diffusers' class, well-scaled random
+    weights (Qwen-Image has one naming: its state dict is the file's): (model, state dict)."""
+    from diffusers import QwenImageTransformer2DModel
+
+    model = QwenImageTransformer2DModel(num_layers=2, num_attention_heads=2, joint_attention_dim=96)
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for k, p in model.state_dict().items():
+        r = torch.randn(p.shape, generator=g)
+        sd[k] = r / math.sqrt(p.shape[1]) if p.dim() == 2 else (1 + 0.1 * r if "norm" in k else 0.1 * r)
+    model.load_state_dict(sd, strict=True)
+    return model.eval(), sd
+
+
 def run_diffusers_unet(model, inputs: dict, size: tuple[int, int] | None = None) -> torch.Tensor:
     """diffusers' UNet on Loadout's input names; SDXL's `y` is split back into the pooled embedding and
     the six size numbers diffusers embeds itself (so the ADM layout is checked, not assumed)."""

@@ -4,11 +4,9 @@ depth, float32, CPU; its positions, op order, and a step fully and partially res
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from denoise_files import recorded_order, rel_l2, step_full_and_partial, write
+from denoise_files import diffusers_qwen_image, recorded_order, rel_l2, step_full_and_partial, write
 
 from engine import denoise
 from engine.detect import detect_file
@@ -19,17 +17,9 @@ TOL = 1e-3
 
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
-    from diffusers import QwenImageTransformer2DModel
-
-    ref = QwenImageTransformer2DModel(num_layers=2, num_attention_heads=2, joint_attention_dim=96)
-    g = torch.Generator().manual_seed(4)
-    sd = {}
-    for k, p in ref.state_dict().items():
-        r = torch.randn(p.shape, generator=g)
-        sd[k] = r / math.sqrt(p.shape[1]) if p.dim() == 2 else (1 + 0.1 * r if "norm" in k else 0.1 * r)
-    ref.load_state_dict(sd, strict=True)
+    ref, sd = diffusers_qwen_image()
     path = write(tmp_path_factory.mktemp("qwen") / "qwen_image.safetensors", sd)
-    return path, ref.eval()
+    return path, ref
 
 
 def test_qwen_image_equals_diffusers(qwen):

@@ -35,7 +35,17 @@ def _kohya(weights: dict, names, seed: int, strip: str = "") -> dict:
     return out
 
 
-def _run(base, prefix, component, arch, lora, tmp_path, size):
+def _with_lora(model, diffusers_tensors: dict, prefix: str, **kw) -> None:
+    """The reference: diffusers' model with the LoRA loaded through PEFT, at STRENGTH."""
+    model.load_lora_adapter(dict(diffusers_tensors), prefix=prefix, adapter_name="k", **kw)
+    model.set_adapters(["k"], weights=[STRENGTH])
+
+
+def _run(base, prefix, component, arch, tensors, tmp_path, size, name="lora"):
+    """`step --lora` with `tensors` written as a LoRA file, full and partial (bit-equal, every module
+    placed): the output and the forward's inputs."""
+    lora = tmp_path / f"{name}.safetensors"
+    save_tensors(lora, tensors)
     runs = df.step_full_and_partial(
         base, tmp_path, 0.0005, loras=(StackItem(str(lora), STRENGTH, STRENGTH),), size=size
     )
@@ -64,12 +74,9 @@ def test_a_kohya_flux_lora_and_its_diffusers_form_step_as_diffusers_loads_them(t
     kohya = _kohya(w, names, seed=9)
     assert len(kohya) // 3 == 24
     diffusers_form = _convert_kohya_flux_lora_to_diffusers({k: v.clone() for k, v in kohya.items()})
-    model.load_lora_adapter(dict(diffusers_form), prefix="transformer", adapter_name="k")
-    model.set_adapters(["k"], weights=[STRENGTH])
+    _with_lora(model, diffusers_form, "transformer")
     for form, tensors in (("kohya", kohya), ("diffusers", diffusers_form)):
-        lora = tmp_path / f"{form}.safetensors"
-        save_tensors(lora, tensors)
-        out, inputs = _run(base, "", "transformer", "flux1_dev", lora, tmp_path, (128, 96))
+        out, inputs = _run(base, "", "transformer", "flux1_dev", tensors, tmp_path, (128, 96), form)
         want = df.run_diffusers_flux(model, inputs)
         assert df.rel_l2(out, want) <= 1e-5, form
     model.set_adapters(["k"], weights=[0.0])
@@ -94,11 +101,8 @@ def test_a_kohya_sd1_lora_steps_as_diffusers_loads_it(tmp_path):
     kohya = _kohya(dsd, names, seed=11)
     assert len(kohya) // 3 > 60
     converted, alphas = _convert_non_diffusers_lora_to_diffusers({k: v.clone() for k, v in kohya.items()})
-    model.load_lora_adapter(converted, prefix="unet", network_alphas=alphas, adapter_name="k")
-    model.set_adapters(["k"], weights=[STRENGTH])
-    lora = tmp_path / "kohya.safetensors"
-    save_tensors(lora, kohya)
-    out, inputs = _run(base, df.PREFIX, "unet", "sd1", lora, tmp_path, (96, 64))
+    _with_lora(model, converted, "unet", network_alphas=alphas)
+    out, inputs = _run(base, df.PREFIX, "unet", "sd1", kohya, tmp_path, (96, 64))
     want = df.run_diffusers_unet(model, inputs, (96, 64))
     assert df.rel_l2(out, want) <= 1e-5
     model.set_adapters(["k"], weights=[0.0])
@@ -126,11 +130,8 @@ def test_a_kohya_sdxl_lora_in_sgm_names_steps_as_diffusers_loads_it(tmp_path):
     sd, alphas = StableDiffusionXLLoraLoaderMixin.lora_state_dict(
         {k: v.clone() for k, v in kohya.items()}, unet_config=model.config
     )
-    model.load_lora_adapter(sd, prefix="unet", network_alphas=alphas, adapter_name="k")
-    model.set_adapters(["k"], weights=[STRENGTH])
-    lora = tmp_path / "kohya.safetensors"
-    save_tensors(lora, kohya)
-    out, inputs = _run(base, df.PREFIX, "unet", "sdxl", lora, tmp_path, (64, 64))
+    _with_lora(model, sd, "unet", network_alphas=alphas)
+    out, inputs = _run(base, df.PREFIX, "unet", "sdxl", kohya, tmp_path, (64, 64))
     want = df.run_diffusers_unet(model, inputs, (64, 64))
     assert df.rel_l2(out, want) <= 1e-5
 
@@ -170,12 +171,8 @@ def test_wan_loras_of_two_trainers_step_as_diffusers_loads_them(form, tmp_path):
         if form == "original"
         else conv._convert_musubi_wan_lora_to_diffusers
     )
-    ref.load_lora_adapter(to_diffusers({k: v.clone() for k, v in lora_t.items()}), prefix="transformer",
-                          adapter_name="k")  # fmt: skip
-    ref.set_adapters(["k"], weights=[STRENGTH])
-    lora = tmp_path / f"{form}.safetensors"
-    save_tensors(lora, lora_t)
-    out, inputs = _run(base, "", "transformer", "wan21", lora, tmp_path, (96, 64))
+    _with_lora(ref, to_diffusers({k: v.clone() for k, v in lora_t.items()}), "transformer")
+    out, inputs = _run(base, "", "transformer", "wan21", lora_t, tmp_path, (96, 64), form)
     with torch.inference_mode():
         want = ref(
             hidden_states=inputs["x"],
@@ -222,12 +219,9 @@ def test_a_diffusers_sd35_medium_lora_steps_on_the_sai_file_as_diffusers_loads_i
         if not k.endswith(".alpha")
     }
     assert len(lora_t) // 2 > 40
-    ref.load_lora_adapter(dict(lora_t), prefix="transformer", adapter_name="k")
-    ref.set_adapters(["k"], weights=[STRENGTH])
-    lora = tmp_path / "diffusers.safetensors"
-    save_tensors(lora, lora_t)
+    _with_lora(ref, lora_t, "transformer")
     out, inputs = _run(
-        base, "model.diffusion_model.", "transformer", "sd3.5_medium", lora, tmp_path, (96, 64)
+        base, "model.diffusion_model.", "transformer", "sd3.5_medium", lora_t, tmp_path, (96, 64)
     )
     with torch.inference_mode():
         want = ref(
@@ -245,19 +239,9 @@ def test_a_diffusers_sd35_medium_lora_steps_on_the_sai_file_as_diffusers_loads_i
 def test_a_kohya_qwen_image_lora_steps_as_diffusers_loads_it(tmp_path):
     """Qwen-Image LoRAs from musubi-tuner / kohya (`lora_unet_transformer_blocks_N_attn_to_q`, the image and
     text streams' modulations and MLPs) through diffusers' Qwen converter and PEFT."""
-    import math
-
-    from diffusers import QwenImageTransformer2DModel
     from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_qwen_lora_to_diffusers
 
-    ref = QwenImageTransformer2DModel(num_layers=2, num_attention_heads=2, joint_attention_dim=96)
-    g = torch.Generator().manual_seed(4)
-    sd = {}
-    for k, p in ref.state_dict().items():
-        r = torch.randn(p.shape, generator=g)
-        sd[k] = r / math.sqrt(p.shape[1]) if p.dim() == 2 else (1 + 0.1 * r if "norm" in k else 0.1 * r)
-    ref.load_state_dict(sd, strict=True)
-    ref.eval()
+    ref, sd = df.diffusers_qwen_image()
     base = df.write(tmp_path / "qwen_image.safetensors", sd)
 
     def names(key, t):
@@ -267,15 +251,12 @@ def test_a_kohya_qwen_image_lora_steps_as_diffusers_loads_it(tmp_path):
 
     kohya = _kohya(sd, names, seed=12)
     assert len(kohya) // 3 > 20
-    ref.load_lora_adapter(
+    _with_lora(
+        ref,
         _convert_non_diffusers_qwen_lora_to_diffusers({k: v.clone() for k, v in kohya.items()}),
-        prefix="transformer",
-        adapter_name="k",
+        "transformer",
     )
-    ref.set_adapters(["k"], weights=[STRENGTH])
-    lora = tmp_path / "kohya.safetensors"
-    save_tensors(lora, kohya)
-    out, inputs = _run(base, "", "transformer", "qwen_image", lora, tmp_path, (64, 96))
+    out, inputs = _run(base, "", "transformer", "qwen_image", kohya, tmp_path, (64, 96))
     b, c, h, w = inputs["x"].shape
     packed = inputs["x"].reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c * 4)
     with torch.inference_mode():
