@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import FormatError, UnsupportedModel
-from .common import Ops
+from .common import Ops, Taken, unused_layers
 from .inputs import check_inputs, names, random_inputs
 
 UNETS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
@@ -99,36 +99,44 @@ def _bind(component, architecture: str | None, dtype=None) -> Denoiser:
         )
     dtype = dtype or getattr(torch, component.compute_dtype)
     what = f"{component.name} of {component.path}"
+    ops = Ops(mods, what)
+    den = _bind_denoiser(ops, mods, architecture, dtype, what)
+    unused = unused_layers(mods, ops)
+    if unused:
+        # a forward that skipped them would compute another model than the file's, with no error
+        raise UnsupportedModel(
+            f"{what}: {len(unused)} of its layers are no part of a {architecture} {den.kind}'s forward "
+            f"({', '.join(unused[:3])}{', …' if len(unused) > 3 else ''}): a variant Loadout cannot run yet"
+        )
+    return den
+
+
+def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) -> Denoiser:
+    """The forward for `architecture` over `ops` (each branch takes from it the layers it computes with,
+    renamed onto the architecture's native paths where the file uses diffusers' names)."""
     if architecture in UNETS:
         from .unet import bind_unet
 
-        if any(p.startswith("input_blocks.") for p in mods):
-            naming, ops = "ldm", mods
-        else:
+        naming = "ldm"
+        if not any(p.startswith("input_blocks.") for p in mods):
             from ..lora.unet_names import diffusers_to_ldm
 
             naming, to_ldm = "diffusers", diffusers_to_ldm(mods)
-            ops = {to_ldm[p]: m for p, m in mods.items() if p in to_ldm}
-        return Denoiser("unet", architecture, naming, bind_unet(Ops(ops, what), architecture, dtype))
+            ops = ops.renamed({to_ldm[p]: m for p, m in mods.items() if p in to_ldm})
+        return Denoiser("unet", architecture, naming, bind_unet(ops, architecture, dtype))
     if architecture in MMDIT:
         from . import mmdit
 
         if "x_embedder.proj" in mods:
-            return Denoiser(
-                "mmdit",
-                architecture,
-                "sai",
-                mmdit.bind_native(Ops(mods, what), architecture, dtype, mods.get("")),
-            )
-        return Denoiser(
-            "mmdit", architecture, "diffusers", mmdit.bind_diffusers(Ops(mods, what), architecture, dtype)
-        )
+            root = mods.get("")
+            if root is not None:
+                ops.take(root)  # its top-level `pos_embed`
+            return Denoiser("mmdit", architecture, "sai", mmdit.bind_native(ops, architecture, dtype, root))
+        return Denoiser("mmdit", architecture, "diffusers", mmdit.bind_diffusers(ops, architecture, dtype))
     if architecture in QWEN:
         from .qwen_image import bind_qwen_image
 
-        return Denoiser(
-            "qwen_image", architecture, "diffusers", bind_qwen_image(Ops(mods, what), architecture, dtype)
-        )
+        return Denoiser("qwen_image", architecture, "diffusers", bind_qwen_image(ops, architecture, dtype))
     if architecture in WAN:
         from .. import ops as castable
         from .wan import bind_wan
@@ -144,12 +152,13 @@ def _bind(component, architecture: str | None, dtype=None) -> Denoiser:
             cast = {rename[p]: m for p, m in cast.items() if p in rename}
             # the per-block and head modulations are diffusers' `scale_shift_table`s
             plain = {("head" if p == "" else p): m for p, m in plain.items()}
-        return Denoiser("wan", architecture, naming, bind_wan(Ops(cast, what), architecture, dtype, plain))
+        ops = ops.renamed(cast)
+        return Denoiser("wan", architecture, naming, bind_wan(ops, architecture, dtype, Taken(plain, ops)))
     from .flux import bind_bfl, bind_diffusers
 
     if "img_in" in mods or any(p.startswith("double_blocks.") for p in mods):
-        return Denoiser("flux", architecture, "bfl", bind_bfl(Ops(mods, what), architecture, dtype))
-    return Denoiser("flux", architecture, "diffusers", bind_diffusers(Ops(mods, what), architecture, dtype))
+        return Denoiser("flux", architecture, "bfl", bind_bfl(ops, architecture, dtype))
+    return Denoiser("flux", architecture, "diffusers", bind_diffusers(ops, architecture, dtype))
 
 
 __all__ = ["FLUX", "SUPPORTED", "UNETS", "Denoiser", "bind"]

@@ -89,16 +89,21 @@ class Ops:
     def __init__(self, by_path: Mapping[str, object], what: str):
         self.by_path = dict(by_path)
         self.what = what
+        self.used: set[int] = set()  # the ids of the modules a binder took: the forward's layers
 
     def __getitem__(self, path: str):
         m = self.by_path.get(path)
         if m is None:
             raise UnsupportedModel(f"{self.what}: no module {path!r} — not a layout Loadout can run")
+        self.used.add(id(m))
         return self._layer(path, m)
 
     def get(self, path: str):
         m = self.by_path.get(path)
-        return None if m is None else self._layer(path, m)
+        if m is None:
+            return None
+        self.used.add(id(m))
+        return self._layer(path, m)
 
     def _layer(self, path: str, m):
         """`m` where it is an op. A bare holder of a `weight` (the component builds one where a module's
@@ -122,6 +127,17 @@ class Ops:
     def __contains__(self, path: str) -> bool:
         return path in self.by_path
 
+    def renamed(self, by_path: Mapping[str, object]) -> Ops:
+        """The same ops under other paths (a diffusers-named file read by its native paths), counting
+        what is taken into the same `used`."""
+        other = Ops(by_path, self.what)
+        other.used = self.used
+        return other
+
+    def take(self, m) -> None:
+        """Count `m` (a module a binder reads outside these ops: a plain holder of a table) as used."""
+        self.used.add(id(m))
+
     def children(self, prefix: str) -> list[int]:
         """The numeric child indices under `prefix.` (e.g. the input blocks), sorted."""
         n = len(prefix) + 1
@@ -135,3 +151,29 @@ class Ops:
 
     def has_prefix(self, prefix: str) -> bool:
         return any(p == prefix or p.startswith(prefix + ".") for p in self.by_path)
+
+
+class Taken(dict):
+    """A path -> module mapping that counts what a binder reads from it into `ops.used` (Wan's plain
+    holders of `modulation` tables)."""
+
+    def __init__(self, mapping: Mapping[str, object], ops: Ops):
+        super().__init__(mapping)
+        self.ops = ops
+
+    def __getitem__(self, path: str):
+        m = super().__getitem__(path)
+        self.ops.take(m)
+        return m
+
+
+def unused_layers(mods: Mapping[str, object], ops: Ops) -> list[str]:
+    """The paths of `mods` that hold tensors and that the bound forward never took: layers of a variant
+    the forward does not compute (AnimateDiff's motion modules in an SD1 UNet, a Wan finetune's extra
+    embedder). A forward that ran without them would be another model's, silently."""
+    return sorted(
+        p
+        for p, m in mods.items()
+        if id(m) not in ops.used
+        and any(t is not None and t.numel() for t in (*m._parameters.values(), *m._buffers.values()))
+    )

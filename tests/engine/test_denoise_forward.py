@@ -169,3 +169,32 @@ def test_an_architecture_without_a_forward_is_refused_by_name(unet_files):
     path, prefix = unet_files["sd1"][2]["ldm"]
     with pytest.raises(UnsupportedModel, match="no forward pass for svd"):
         denoise.bind(Component("unet", path, prefix), "svd")
+
+
+@pytest.mark.parametrize("naming", ["ldm", "diffusers"])
+def test_a_file_with_layers_the_forward_does_not_compute_is_refused(unet_files, tmp_path, naming):
+    """Temporal layers beside SD1's blocks (AnimateDiff's motion modules in diffusers UNetMotionModel's
+    names; a temporal attention inside an LDM transformer block, as Tune-A-Video adds): an SD1 forward
+    that skipped them would run another model than the file's, without a word."""
+    from safetensors.torch import load_file
+
+    path, prefix = unet_files["sd1"][2][naming]
+    tensors = load_file(str(path))
+    width = tensors[prefix + ("input_blocks.0.0.bias" if naming == "ldm" else "conv_in.bias")].shape[0]
+    layer = (
+        "down_blocks.0.motion_modules.0.proj_in"
+        if naming == "diffusers"
+        else "input_blocks.1.1.transformer_blocks.0.attn_temp.to_q"
+    )
+    extra = {
+        f"{prefix}{layer}.weight": torch.randn(width, width),
+        f"{prefix}{layer}.bias": torch.randn(width),
+    }
+    moved = write(tmp_path / f"motion_{naming}.safetensors", {**tensors, **extra})
+    comp = Component("unet", moved, prefix)
+    with pytest.raises(
+        UnsupportedModel, match=rf"1 of its layers are no part of a sd1 unet's forward \({layer}\)"
+    ):
+        denoise.bind(comp, "sd1")
+    den = denoise.bind(Component("unet", path, prefix), "sd1")  # the file without them binds
+    assert den.naming == ("ldm" if naming == "ldm" else "diffusers")
