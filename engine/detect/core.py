@@ -328,7 +328,7 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
     dit = unknown_transformer(ix)  # a denoiser no rule knows: architecture null, with what its keys show
     if dit is not None:
         return _diffusion(ix, base, dit, [], [])
-    ev: tuple[Evidence, ...] = ()
+    ev: tuple[Evidence, ...] = tuple(kinds.motion_modules(ix) or ())
     if ix.has("latent_tensor"):  # ComfyUI's .latent: a safetensors file with one latent in it
         why = "a ComfyUI latent, not a model (decode it with `loadout decode`)"
         ev = (Evidence("latent_tensor", ix.shape("latent_tensor"), why),)
@@ -349,8 +349,9 @@ def find_encoders(ix: KeyIndex) -> list[Part]:
 def _vae_arch(v: Part) -> str | None:
     if v.architecture is not None:  # video VAEs name their family (video_vaes.py)
         return v.architecture
-    # 4 channels: SD1, SD2 and SDXL VAEs share one layout; 16: SD3 and FLUX.1 do — only 32 is one family.
-    return "flux2" if v.channels == 32 else None
+    # 4 channels: SD1, SD2 and SDXL VAEs share one layout; 16: SD3 and FLUX.1 do — only 32 is one family,
+    # and only for an AutoencoderKL (a DC-AE decodes 32 channels too)
+    return "flux2" if v.channels == 32 and v.what == "AutoencoderKL" else None
 
 
 def _single(

@@ -52,6 +52,9 @@ _BLOCKS = (
 )
 
 
+_FRAMEPACK = ("clean_x_embedder.proj.weight", "image_projection.up.weight")
+
+
 def hunyuan(ix: KeyIndex) -> Backbone | None:
     for refiner, patch, _ in _STEMS:
         v = find_view(ix, refiner)
@@ -83,7 +86,13 @@ def _with_stem(v: View, refiner: str, patch: str) -> Backbone:
         return b
     v.because(b, patch if shape else refiner, f"hidden {hidden} → {release}")
     b.variant = "normal"
-    if family == "hunyuan_video" and shape is not None:
+    framepack = next((k for k in _FRAMEPACK if v.has(k)), None)
+    if family == "hunyuan_video" and framepack is not None:
+        # lllyasviel/FramePack (diffusers `transformer_hunyuan_video_framepack.py`): HunyuanVideo's blocks
+        # with embedders for the packed history frames (1x / 2x / 4x) and a SigLIP image projection
+        v.because(b, framepack, "history-frame embedders / an image projection → FramePack (next-frame I2V)")
+        b.variant = "framepack"
+    elif family == "hunyuan_video" and shape is not None:
         b.variant = _hv1_task(v, b, patch, shape[1])
     elif family == "hunyuan_video15":
         b.evidence.append(Evidence("", None, "HunyuanVideo 1.5's task (t2v / i2v) is not told by its layout"))

@@ -142,22 +142,28 @@ def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str
         )
         adm_key = p + "label_emb.0.0.weight"
     else:
-        p = next(
+        # diffusers ControlNetModel's hint encoder, or SparseCtrl's one convolution (diffusers
+        # `controlnet_sparsectrl.py`, `use_simplified_condition_embedding`)
+        first = next(
             (
-                p
-                for p in ix.prefixes_for("controlnet_cond_embedding.conv_in.weight")
+                p + suffix
+                for suffix in ("controlnet_cond_embedding.conv_in.weight", "controlnet_cond_embedding.weight")
+                for p in ix.prefixes_for(suffix)
                 if ix.has(p + "controlnet_down_blocks.0.weight")
             ),
             None,
         )
-        if p is None:
+        if first is None:
             return _dit_controlnet(ix)
-        first = p + "controlnet_cond_embedding.conv_in.weight"
+        p = first[: first.index("controlnet_cond_embedding.")]
         ctx_key = ix.first_match(
             re.escape(p) + r"down_blocks\.\d+\.attentions\.0\.transformer_blocks\.0\.attn2\.to_k\.weight"
         )
         adm_key = p + "add_embedding.linear_1.weight"
     ev = [_ev(ix, first, "a hint encoder with zero-initialised output convolutions → ControlNet")]
+    motion = next((k for k in ix.with_prefix(p + "down_blocks.") if ".motion_modules." in k), None)
+    if motion is not None:
+        ev.append(_ev(ix, motion, "motion modules in its blocks → SparseCtrl (for AnimateDiff)"))
     ctx = ix.dim(ctx_key, 1)
     adm = ix.dim(adm_key, 1)
     arch = CONTEXT_ARCH.get(ctx) if ctx else None
@@ -223,6 +229,20 @@ _ESRGAN = (
     ("conv_first.weight", "RRDB_trunk.0.RDB1.conv1.weight", "trunk_conv.weight", "conv_last.weight"),
     ("model.0.weight", "model.1.sub.0.RDB1.conv1x1.weight"),
 )
+
+
+def motion_modules(ix: KeyIndex) -> list[Evidence] | None:
+    """AnimateDiff's motion modules alone (guoyww/AnimateDiff `mm_sd_v15*.ckpt`: `down_blocks.N.motion_modules.M
+    .temporal_transformer.*`; diffusers `MotionAdapter`: `down_blocks.N.motion_modules.M.*`): temporal
+    layers for an image UNet's levels, no model of their own. SD1.5's UNet has four levels, SDXL's three
+    (diffusers `MotionAdapter.block_out_channels`)."""
+    keys = [k for k in ix.tensors if ".motion_modules." in k]
+    if not keys or len(keys) * 2 < len(ix.tensors):
+        return None
+    levels = {int(m.group(1)) for k in keys if (m := re.match(r"down_blocks\.(\d+)\.", k))}
+    base = {4: "SD1.5's UNet (four levels)", 3: "SDXL's UNet (three levels)"}.get(len(levels), "a UNet")
+    why = f"AnimateDiff motion modules for {base}: temporal layers added to a model, which Loadout does not load"
+    return [_ev(ix, min(keys), why)]
 
 
 def upscaler(ix: KeyIndex) -> list[Evidence] | None:

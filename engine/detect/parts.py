@@ -133,6 +133,36 @@ def find_text_encoders(ix: KeyIndex) -> list[Part]:
     return parts
 
 
+# Decoders that are not AutoencoderKL's though their keys look alike (the markers, from diffusers'
+# classes): norms conditioned on the latent (Kandinsky's KVAE, `autoencoder_kl_kvae.py`: `norm1.conv_y`),
+# temporal convolutions between the 2-D ones (Allegro, `autoencoder_kl_allegro.py`: `temp_conv_in`).
+_NOT_KL = {
+    ".conv_y.": "decoder norms conditioned on the latent (Kandinsky's KVAE)",
+    "temp_conv": "temporal convolutions in the decoder (a video VAE: Allegro's)",
+}
+# A deep-compression autoencoder (diffusers `autoencoder_dc.py`; Sana's VAE is DC-AE f32c32): a decoder
+# of `up_blocks` with an output `norm_out` and no mid block, 32x spatial compression.
+_DC_AE = "a deep-compression autoencoder (DC-AE: no mid block, up blocks to a norm_out; Sana's VAE is one)"
+
+
+def not_kl_decoder(keys) -> tuple[str, str] | None:
+    """(a key, why) where the VAE decoder in `keys` (names from its `decoder.`, any prefix before) is not
+    an AutoencoderKL's, else None. Detection says it; the VAE loader refuses it in the same words."""
+    keys = list(keys)
+    for k in keys:
+        for marker, why in _NOT_KL.items():
+            if marker in k and "decoder." in k:
+                return k, why
+    norm_out = next((k for k in keys if k.endswith("decoder.norm_out.weight")), None)
+    if (
+        norm_out is not None
+        and any("decoder.up_blocks." in k for k in keys)
+        and not any(".mid_block." in k or "decoder.mid." in k for k in keys)
+    ):
+        return norm_out, _DC_AE
+    return None
+
+
 def find_vaes(ix: KeyIndex) -> list[Part]:
     """AutoencoderKL in LDM (`decoder.mid.block_1`) or diffusers (`decoder.mid_block.resnets`) naming."""
     parts = []
@@ -146,13 +176,26 @@ def find_vaes(ix: KeyIndex) -> list[Part]:
                 continue  # a 3-D (video) VAE: video_vaes.py
             z = shape[1] if shape and len(shape) == 4 else None
             part = Part(p, "vae", "AutoencoderKL", channels=z)
-            if z is not None:
+            other = not_kl_decoder(ix.with_prefix(p + "decoder."))
+            if other is not None:
+                part.what = "AutoencoderKL-like decoder"  # no family: see _vae_arch
+                part.evidence.append(
+                    _ev(ix, other[0], f"{other[1]}: not the SD / SD3 / FLUX VAE ({z} latent channels)")
+                )
+            elif z is not None:
                 family = {4: "SD1 / SD2 / SDXL", 16: "SD3 / FLUX.1", 32: "FLUX.2"}.get(z, "no known family")
                 part.evidence.append(_ev(ix, key, f"VAE decoder takes {z} latent channels → {family}"))
             else:
                 part.evidence.append(_ev(ix, p + suffix, "AutoencoderKL decoder blocks"))
             if any(".time_mix" in k or ".time_stack" in k for k in ix.with_prefix(p + "decoder.")):
                 part.what = "temporal AutoencoderKL (SVD)"
+            parts.append(part)
+    for p in ix.prefixes_for("decoder.norm_out.weight"):
+        other = not_kl_decoder(ix.with_prefix(p + "decoder."))
+        if other is not None and other[1] == _DC_AE and not p.startswith(("model_ema.", "conditioner.")):
+            z = ix.dim(p + "decoder.conv_in.weight", 1)
+            part = Part(p, "vae", "DC-AE", channels=z)
+            part.evidence.append(_ev(ix, other[0], f"{_DC_AE}, decoding {z} latent channels"))
             parts.append(part)
     return parts
 

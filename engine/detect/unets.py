@@ -59,7 +59,33 @@ def diffusers_unet(ix: KeyIndex) -> Backbone | None:
         "temporal_transformer_blocks" in k or ".time_stack." in k for k in ix.with_prefix(p + "down_blocks.")
     )
     _unet_rules(ix, b, p + "conv_in.weight", ctx_key, adm_key, video, p + "conv_out.weight")
+    if not video:
+        _temporal(ix, b, p)
     return b
+
+
+# Temporal layers diffusers' video UNets add to an image UNet's blocks (diffusers `unet_motion_model.py`:
+# AnimateDiff's `motion_modules`; `unet_3d_condition.py` / `unet_i2vgen_xl.py`: ModelScope's and
+# I2VGen-XL's `temp_convs`, `temp_attentions` and `transformer_in`). Their image blocks are SD1's or
+# SD2's, so the context width alone would name an image model that ignores every temporal layer.
+_TEMPORAL = (
+    (".motion_modules.", "AnimateDiff motion modules beside the image blocks → an AnimateDiff UNet"),
+    (".temp_attentions.", "temporal attentions beside the image blocks → a text-to-video UNet (ModelScope, "
+     "I2VGen-XL)"),
+    (".temp_convs.", "temporal convolutions beside the image blocks → a text-to-video UNet (ModelScope, "
+     "I2VGen-XL)"),
+)  # fmt: skip
+
+
+def _temporal(ix: KeyIndex, b: Backbone, p: str) -> None:
+    keys = ix.with_prefix(p + "down_blocks.") + ix.with_prefix(p + "mid_block.")
+    for marker, why in _TEMPORAL:
+        key = next((k for k in keys if marker in k), None)
+        if key is not None:
+            image = f" (its image blocks: {b.architecture})" if b.architecture else ""
+            b.evidence.insert(0, Evidence(key, ix.shape(key), f"{why}{image}: no known release Loadout runs"))
+            b.architecture, b.variant, b.prediction = None, None, None
+            return
 
 
 def _unet_rules(ix, b: Backbone, conv_in, ctx_key, adm_key, video, conv_out) -> None:

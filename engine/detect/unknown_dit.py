@@ -13,7 +13,11 @@ from .keys import KeyIndex
 from .view import View
 
 # Leaf modules that hold an attention's query (or fused q/k/v) projection, across the namings we know.
-_QUERY = ("q", "to_q", "qkv", "q_proj", "wq", "to_qkv", "q_linear", "qkv_x", "Wqkv", "img_attn_qkv")
+_QUERY = (
+    "q", "to_q", "qkv", "q_proj", "wq", "to_qkv", "q_linear", "qkv_x", "Wqkv", "img_attn_qkv",
+    "to_query",  # Kandinsky 5 / 6 (diffusers transformer_kandinsky*.py)
+    "img_qkv_proj",  # PRX (diffusers transformer_prx.py)
+)  # fmt: skip
 _TIME = (
     "t_embedder",
     "time_embed",
@@ -24,6 +28,7 @@ _TIME = (
     "time_proj",
     "tmlp",
     "temb",
+    "t_embedding",  # Ideogram 4 (diffusers transformer_ideogram4.py)
 )
 _STEMS = (
     "x_embedder",

@@ -25,6 +25,8 @@ Facts (cited, not copied):
 
 from __future__ import annotations
 
+import dataclasses
+
 from .backbone import Backbone
 from .keys import KeyIndex
 from .view import View, find_view, variant
@@ -79,6 +81,12 @@ def wan(ix: KeyIndex) -> Backbone | None:
     b.architecture = version or "wan21"
     b.also = also
     b.variant = variant(task, size)
+    if task == "helios":  # Wan's blocks under another stem and head: no Wan release, none Loadout runs
+        b.evidence.insert(0, b.evidence.pop())
+        b.evidence[0] = dataclasses.replace(
+            b.evidence[0], reason=b.evidence[0].reason + ": a release Loadout does not run"
+        )
+        b.architecture, b.variant, b.also = None, None, []
     return b
 
 
@@ -109,6 +117,22 @@ def _task(v: View, b: Backbone, names: dict, dim, k_img, version):
         ("face_adapter.fuser_blocks.0.k_norm.weight", "wan22", "animate", "a face adapter → Wan 2.2 Animate"),
         ("motion_encoder.motion_synthesis_weight", "wan22", "animate", "a motion encoder → Wan 2.2 Animate"),
         ("motion_encoder.dec.direction.weight", "wan22", "animate", "a motion encoder → Wan 2.2 Animate"),
+        # diffusers `transformer_anyflow_far.py` / `transformer_anyflow.py`: Wan 2.1's blocks, a second
+        # timestep embedder (the flow map's target time), FAR's patch embedding for context frames
+        (
+            "far_patch_embedding.weight",
+            version,
+            "anyflow_far",
+            "a second patch embedding for compressed context frames → AnyFlow FAR (autoregressive)",
+        ),
+        (
+            "condition_embedder.delta_embedder.linear_1.weight",
+            version,
+            "anyflow",
+            "a second timestep embedding (the flow map's target time) → AnyFlow, Wan 2.1 for any-step sampling",
+        ),
+        # diffusers `transformer_helios.py`: history latents patched at three scales, its own output norm
+        ("patch_long.weight", None, "helios", "patch embeddings of short / mid / long history → Helios"),
     ):
         if v.has(marker):
             v.because(b, marker, why)

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import FormatError
+from ..detect.parts import not_kl_decoder
+from ..errors import FormatError, UnsupportedModel
 from . import wan_loading
 from .autoencoder_kl import AutoencoderKL, KLConfig
 from .taesd import TAESD
@@ -276,6 +277,13 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
         model = _build_wan(sd, p)
         _hold_quantized(model, quantized)
         return model
+    foreign = not_kl_decoder(sd)
+    if foreign is not None:
+        raise UnsupportedModel(
+            f"{p}: {foreign[1]} ({foreign[0]}): not an AutoencoderKL. Loadout decodes the SD, SD3, FLUX and "
+            "Wan-family VAEs and TAESD, not this one yet",
+            path=p,
+        )
     latent_norm = {k: sd.pop(k) for k in [k for k in sd if k.startswith("bn.")]}
     if is_diffusers(sd):
         sd = diffusers_to_ldm(sd)
