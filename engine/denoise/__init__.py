@@ -105,8 +105,8 @@ def _bind(component, architecture: str | None, dtype=None) -> Denoiser:
     if unused:
         # a forward that skipped them would compute another model than the file's, with no error
         raise UnsupportedModel(
-            f"{what}: {len(unused)} of its layers are no part of a {architecture} {den.kind}'s forward "
-            f"({', '.join(unused[:3])}{', …' if len(unused) > 3 else ''}): a variant Loadout cannot run yet"
+            f"{what}: {len(unused)} of its layers are not computed by Loadout's {architecture} forward "
+            f"({', '.join(unused[:3])}{', …' if len(unused) > 3 else ''}): a variant it cannot run yet"
         )
     return den
 

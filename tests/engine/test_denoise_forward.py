@@ -193,7 +193,7 @@ def test_a_file_with_layers_the_forward_does_not_compute_is_refused(unet_files, 
     moved = write(tmp_path / f"motion_{naming}.safetensors", {**tensors, **extra})
     comp = Component("unet", moved, prefix)
     with pytest.raises(
-        UnsupportedModel, match=rf"1 of its layers are no part of a sd1 unet's forward \({layer}\)"
+        UnsupportedModel, match=rf"1 of its layers are not computed by Loadout's sd1 forward \({layer}\)"
     ):
         denoise.bind(comp, "sd1")
     den = denoise.bind(Component("unet", path, prefix), "sd1")  # the file without them binds
