@@ -5,9 +5,12 @@ shape). The bytes are what a module holds and what the ledger counts; `dequantiz
 float tensor when an op runs (engine.ops). The decoders (`kernels`) are vectorised torch, on whatever
 device the bytes are, bit-exact in float32 against the `gguf` package's numpy dequantization.
 
-Supported: the types ComfyUI-GGUF loads (city96/ComfyUI-GGUF dequant.py) — F32, F16, BF16, Q8_0,
-Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and the non-linear 4-bit IQ4_NL and IQ4_XS. Any
-other ggml type is an UnsupportedModel that names it.
+Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, the non-linear
+4-bit IQ4_NL and IQ4_XS, the ternary TQ1_0 and TQ2_0 and MXFP4, decoded by torch; and the lattice types
+IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and NVFP4 through the `gguf` package's numpy
+dequantization (`THROUGH_GGUF`: slower, on the CPU; ComfyUI-GGUF reads the types it has no torch code
+for the same way). Any other ggml type (Q8_1, Q8_K: llama.cpp's intermediates) is an UnsupportedModel
+that names it.
 
 Torch-free at import (the byte counts are used by `loadout plan` and the library scan); `dequantize`
 imports torch when called.
@@ -26,6 +29,7 @@ __all__ = [
     "FLOAT_TYPES",
     "Interleaved",
     "SUPPORTED",
+    "THROUGH_GGUF",
     "QuantSpec",
     "block_layout",
     "check_supported",
@@ -38,6 +42,9 @@ __all__ = [
 _BY_NAME: dict[str, tuple[int, int]] = {name: (blk, size) for name, blk, size in GGML_TYPES.values()}
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
+# Types whose decoding needs lattice codebooks (grids of 256-2048 points, sign tables) that the `gguf`
+# package holds, and NVFP4: decoded by its numpy code (kernels._with_gguf), not by torch.
+THROUGH_GGUF = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "NVFP4")
 BLOCK_TYPES = (
     "Q8_0",
     "Q4_0",
@@ -51,6 +58,10 @@ BLOCK_TYPES = (
     "Q6_K",
     "IQ4_NL",
     "IQ4_XS",
+    "TQ1_0",
+    "TQ2_0",
+    "MXFP4",
+    *THROUGH_GGUF,
 )
 SUPPORTED = (*FLOAT_TYPES, *BLOCK_TYPES)
 

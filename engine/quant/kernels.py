@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import FormatError
-from . import block_layout
+from . import THROUGH_GGUF, block_layout
 
 F32 = torch.float32
 # Elements decoded per pass: bounds the temporaries (a few bytes per element on top of the result)
@@ -194,6 +194,74 @@ def _iq4_xs(b: torch.Tensor, out: torch.Tensor) -> None:
     torch.mul(dl, _iq4(q), out=out.view(n, 8, 32))
 
 
+def _trits(b: torch.Tensor, powers: tuple[int, ...]) -> torch.Tensor:
+    """TQ1_0's base-3 packing: each byte holds len(powers) trits as a fixed-point fraction of 243. The
+    k-th is read by multiplying the byte by 3^k modulo 256 (uint8 arithmetic, as ggml does) and taking
+    the top of (that * 3): values 0, 1, 2 -> -1, 0, +1. (n, L) -> (n, len(powers), L) int16."""
+    w = b.contiguous().to(torch.int16)
+    planes = [((w * p) & 0xFF) * 3 >> 8 for p in powers]
+    return torch.stack(planes, dim=-2) - 1
+
+
+def _tq1_0(b: torch.Tensor, out: torch.Tensor) -> None:
+    # block_tq1_0 (54 bytes): qs: uint8[48] (5 trits a byte: bytes 0..31 give elements 0..159 as 5
+    # planes of 32, bytes 32..47 elements 160..239 as 5 planes of 16), qh: uint8[4] (4 trits a byte:
+    # elements 240..255 as 4 planes of 4), d: half.  y = d * t, t in {-1, 0, 1}
+    n = b.shape[0]
+    t = torch.cat(
+        [
+            _trits(b[:, 0:32], (1, 3, 9, 27, 81)).reshape(n, 160),
+            _trits(b[:, 32:48], (1, 3, 9, 27, 81)).reshape(n, 80),
+            _trits(b[:, 48:52], (1, 3, 9, 27)).reshape(n, 16),
+        ],
+        dim=1,
+    )
+    torch.mul(_half(b[:, 52:54]), t.to(F32), out=out)
+
+
+def _tq2_0(b: torch.Tensor, out: torch.Tensor) -> None:
+    # block_tq2_0 (66 bytes): qs: uint8[64] (2 bits an element, four planes of 32 per 32 bytes),
+    # d: half.  y = d * (q - 1)
+    n = b.shape[0]
+    q = _split(b[:, 0:64].reshape(n, 2, 32), 2).reshape(n, 256)
+    torch.mul(_half(b[:, 64:66]), (q.to(torch.int16) - 1).to(F32), out=out)
+
+
+# kvalues_mxfp4 (ggml-common.h): the E2M1 values, doubled (the scale below is halved to match).
+_MXFP4_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+_mx_levels: dict[torch.device, torch.Tensor] = {}
+
+
+def _mxfp4(b: torch.Tensor, out: torch.Tensor) -> None:
+    # block_mxfp4 (17 bytes): e: E8M0 exponent, qs: uint8[16] (Q4_0's nibble order).  y = d * level[q],
+    # d = 2^(e - 128) as ggml_e8m0_to_fp32_half builds it: for e < 2 a subnormal (0x00200000 << e).
+    n = b.shape[0]
+    e = b[:, 0:1].to(torch.int32)
+    bits = torch.where(
+        e < 2, torch.tensor(0x00200000, dtype=torch.int32, device=e.device) << e, (e - 1) << 23
+    )
+    d = bits.view(F32)
+    lv = _mx_levels.get(b.device)
+    if lv is None:
+        lv = _mx_levels[b.device] = torch.tensor(_MXFP4_LEVELS, dtype=F32, device=b.device)
+    torch.mul(d, lv[_split(b[:, 1:17], 4).reshape(n, 32).long()], out=out)
+
+
+def _with_gguf(name: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """The types with lattice codebooks (IQ1_*, IQ2_*, IQ3_*: grids of 256-2048 points, sign tables)
+    and NVFP4 are decoded by the `gguf` package's own numpy dequantization,
+    which holds their tables: on the CPU and slower than the torch decoders (a device's bytes make a
+    round trip), as ComfyUI-GGUF reads every type it has no torch decoder for."""
+
+    def decode(b: torch.Tensor, out: torch.Tensor) -> None:
+        import gguf
+
+        vals = gguf.quants.dequantize(b.cpu().numpy().reshape(-1), gguf.GGMLQuantizationType[name])
+        out.copy_(torch.from_numpy(vals).view(out.shape))
+
+    return decode
+
+
 _DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "Q8_0": _q8_0,
     "Q4_0": _q4_0,
@@ -207,6 +275,10 @@ _DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "Q6_K": _q6_k,
     "IQ4_NL": _iq4_nl,
     "IQ4_XS": _iq4_xs,
+    "TQ1_0": _tq1_0,
+    "TQ2_0": _tq2_0,
+    "MXFP4": _mxfp4,
+    **{name: _with_gguf(name) for name in THROUGH_GGUF},
 }
 _FLOATS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 

@@ -85,7 +85,7 @@ def _short_text(inputs: dict) -> dict:
     return inputs
 
 
-@pytest.mark.parametrize("store", ["Q8_0", "Q4_0", "IQ4_XS", "scaled_fp8"])
+@pytest.mark.parametrize("store", ["Q8_0", "Q4_0", "IQ4_XS", "MXFP4", "scaled_fp8"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_quantized_file_steps_like_its_dequantized_twin(tmp_path, family, store):
     make, architecture, px = FAMILIES[family]

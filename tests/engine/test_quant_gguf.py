@@ -1,5 +1,6 @@
 """GGUF tensors dequantized in torch: bit for bit what llama.cpp's gguf-py computes in numpy, for every
-ggml type ComfyUI-GGUF loads, read back from files gguf-py wrote; and castable ops that hold the
+ggml type Loadout reads (the lattice IQ1-IQ3 types and NVFP4 through gguf-py itself), read back from
+files gguf-py wrote; and castable ops that hold the
 quantized bytes and dequantize them per forward, before any LoRA patch."""
 
 from __future__ import annotations
@@ -32,6 +33,17 @@ HALVES = {
     "Q6_K": (208,),
     "IQ4_NL": (0,),
     "IQ4_XS": (0,),
+    "TQ1_0": (52,),
+    "TQ2_0": (64,),
+    "MXFP4": (),  # an E8M0 exponent byte: every value is a finite power of two
+    "IQ1_S": (0,),
+    "IQ1_M": (),  # its half scale is spread over four words' top nibbles: see _random_bytes
+    "IQ2_XXS": (0,),
+    "IQ2_XS": (0,),
+    "IQ2_S": (0,),
+    "IQ3_XXS": (0,),
+    "IQ3_S": (0,),
+    "NVFP4": (),  # four UE4M3 scales: finite for every byte (0x7F reads 0)
 }
 FLOAT_SHAPES = [(7, 13), (3,), (2, 3, 5), (1, 1)]
 
@@ -58,6 +70,10 @@ def _random_bytes(name: str, shape, rng) -> np.ndarray:
     scales[::11] = np.float16(-0.0)
     for i, off in enumerate(HALVES[name]):
         raw[:, off : off + 2] = scales[:, i : i + 1].view(np.uint8)
+    if name == "MXFP4":  # exponents up to 2^122: the largest level (12) times it stays finite
+        raw[:, 0] %= 250
+    if name == "IQ1_M":  # bit 14 of the scale (its top exponent bit) is bit 6 of the last byte: clear
+        raw[:, 55] &= 0xBF  # it, and the exponent is never all ones (no inf or NaN)
     if shape[-1] % block:  # rows that are not whole blocks (a conv weight): flat bytes
         return raw.reshape(-1)
     return raw.reshape(*shape[:-1], shape[-1] // block * size)
@@ -133,7 +149,9 @@ def test_the_reference_reader_sees_the_same_bytes(tmp_path):
     assert np.array_equal(ours, np.asarray(ref.data).reshape(-1))
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q5_1", "Q3_K", "Q6_K", "BF16", "F16", "F32"])
+@pytest.mark.parametrize(
+    "name", ["Q4_0", "Q5_1", "Q3_K", "Q6_K", "TQ1_0", "MXFP4", "IQ2_XXS", "BF16", "F16", "F32"]
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_other_dtypes_round_the_float32_values_once(name, dtype):
     rng = np.random.default_rng(2)
@@ -170,9 +188,9 @@ def test_blocks_at_any_offset_and_in_any_shape():
     assert dequantize(as_rows, "Q8_0", (8, 4, 2, 4)).shape == (8, 4, 2, 4)
 
 
-@pytest.mark.parametrize("name", ["IQ2_XXS", "TQ1_0", "Q8_1", "IQ3_S", "MXFP4", "I8", 16, 9999])
+@pytest.mark.parametrize("name", ["Q8_1", "Q8_K", "Q1_0", "I8", 15, 9999])
 def test_unsupported_types_are_named(name):
-    label = {16: "IQ2_XXS", 9999: "ggml type 9999"}.get(name, name)
+    label = {15: "Q8_K", 9999: "ggml type 9999"}.get(name, name)
     for call in (
         lambda: check_supported(name),
         lambda: QuantSpec(name, (256,)),
@@ -205,13 +223,15 @@ def _quantized_op(make, name, shape, seed=0):
     return op, dequantize(raw, name, shape)
 
 
-def test_linear_with_a_quantized_weight_matches_the_float_weight():
-    op, w = _quantized_op(lambda: ops.Linear(512, 24, device="meta"), "Q4_K", (24, 512))
+@pytest.mark.parametrize("name", ["Q4_K", "IQ2_XXS"])  # a torch decoder; one through gguf-py
+def test_linear_with_a_quantized_weight_matches_the_float_weight(name):
+    op, w = _quantized_op(lambda: ops.Linear(512, 24, device="meta"), name, (24, 512))
     op.bias = nn.Parameter(torch.randn(24), requires_grad=False)
     x = torch.randn(3, 512)
     assert torch.equal(op(x), nn.functional.linear(x, w, op.bias))
-    assert op.weight.dtype == torch.uint8 and op.weight.numel() == 24 * 2 * 144  # holds the blocks
-    assert ops.module_bytes(op) == 24 * 2 * 144 + 24 * 4  # what the ledger counts
+    size = block_layout(name)[1]
+    assert op.weight.dtype == torch.uint8 and op.weight.numel() == 24 * 2 * size  # holds the blocks
+    assert ops.module_bytes(op) == 24 * 2 * size + 24 * 4  # what the ledger counts
     op.compute_dtype = torch.bfloat16
     ref = nn.functional.linear(x.bfloat16(), w.bfloat16(), op.bias.bfloat16())
     assert torch.equal(op(x), ref)
@@ -364,9 +384,9 @@ def test_unsupported_types_in_a_file_name_the_tensor(tmp_path):
     from engine.formats.gguf import write_sparse_gguf
     from engine.model import build_components
 
-    path = tmp_path / "iq.gguf"
-    write_sparse_gguf(path, {"general.architecture": "flux"}, [("blocks.0.w.weight", "IQ2_XXS", (8, 256))])
-    with pytest.raises(UnsupportedModel, match=r"blocks\.0\.w\.weight.*IQ2_XXS"):
+    path = tmp_path / "q8k.gguf"  # llama.cpp's intermediate type: no file should hold it
+    write_sparse_gguf(path, {"general.architecture": "flux"}, [("blocks.0.w.weight", "Q8_K", (8, 256))])
+    with pytest.raises(UnsupportedModel, match=r"blocks\.0\.w\.weight.*Q8_K"):
         build_components(path, {"transformer": ""})
 
 
