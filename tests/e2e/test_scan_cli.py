@@ -100,17 +100,17 @@ def test_demo_then_scan(cli, env, tmp_path):
 
 
 def test_an_unsupported_real_model_is_listed_without_failing_the_scan(cli, comfy, env):
-    """A GGUF Flux (header-faithful, sparse) quantized to IQ2_XXS, a type Loadout cannot read yet, is
+    """A GGUF Flux (header-faithful, sparse) quantized to Q1_0, a type Loadout cannot read yet, is
     a real model Loadout cannot load: listed as what it is with error.type 'unsupported', and the
     scan still exits 0 (see engine/cli/scan.py)."""
     from engine.formats.gguf import write_sparse_gguf
 
     rows = [
-        (k, "IQ2_XXS" if len(s) == 2 and s[-1] % 256 == 0 else "F32", s)
+        (k, "Q1_0" if len(s) == 2 and s[-1] % 128 == 0 else "F32", s)
         for k, _, s in synth.layout("flux1_dev_transformer")
     ]
     write_sparse_gguf(
-        comfy / "models" / "unet" / "flux1-dev-IQ2_XXS.gguf", {"general.architecture": "flux"}, rows
+        comfy / "models" / "unet" / "flux1-dev-Q1_0.gguf", {"general.architecture": "flux"}, rows
     )
     r = cli("scan", str(comfy), "--json", env=env)
     assert r.returncode == 0, r.stderr
