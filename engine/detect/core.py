@@ -328,7 +328,7 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
     dit = unknown_transformer(ix)  # a denoiser no rule knows: architecture null, with what its keys show
     if dit is not None:
         return _diffusion(ix, base, dit, [], [])
-    ev: tuple[Evidence, ...] = tuple(kinds.motion_modules(ix) or ())
+    ev: tuple[Evidence, ...] = tuple(kinds.motion_modules(ix) or kinds.redux(ix) or ())
     if ix.has("latent_tensor"):  # ComfyUI's .latent: a safetensors file with one latent in it
         why = "a ComfyUI latent, not a model (decode it with `loadout decode`)"
         ev = (Evidence("latent_tensor", ix.shape("latent_tensor"), why),)

@@ -154,7 +154,7 @@ def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str
             None,
         )
         if first is None:
-            return _dit_controlnet(ix)
+            return _t2i_adapter(ix) or _dit_controlnet(ix)
         p = first[: first.index("controlnet_cond_embedding.")]
         ctx_key = ix.first_match(
             re.escape(p) + r"down_blocks\.\d+\.attentions\.0\.transformer_blocks\.0\.attn2\.to_k\.weight"
@@ -177,11 +177,51 @@ def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str
     return arch, ev, [(p, "unet")]
 
 
+# T2I-Adapter (TencentARC T2I-Adapter `ldm/modules/encoders/adapter.py`: `conv_in`, `body.N.block1/2`,
+# the light adapter's `body.N.body.M.block1`; diffusers `T2IAdapter`: the same under `adapter.` with
+# `resnets`): a small convolutional encoder of the pixel-unshuffled hint, no copy of the UNet. Its first
+# convolution takes the hint's channels times the unshuffle factor squared: 8 for SD1.5 / SD2, 16 for
+# the SDXL adapters (diffusers `FullAdapterXL`, `downscale_factor` 16 in TencentARC's SDXL configs).
+_T2I_BLOCKS = ("body.0.resnets.0.block1.weight", "body.0.block1.weight", "body.0.body.0.block1.weight")
+
+
+def _t2i_adapter(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str, str]]] | None:
+    for prefix in ("adapter.", ""):
+        block = next((prefix + b for b in _T2I_BLOCKS if ix.has(prefix + b)), None)
+        if block is None or not ix.has(block.replace("block1", "block2")):
+            continue
+        first = next(
+            (prefix + k for k in ("conv_in.weight", "body.0.in_conv.weight") if ix.has(prefix + k)), None
+        )
+        if first is None:
+            continue
+        ev = [_ev(ix, block, "residual blocks over a pixel-unshuffled hint, no UNet copy → T2I-Adapter")]
+        hint = ix.dim(first, 1) or 0
+        factor = next((f for f in (8, 16) for c in (1, 3) if hint == c * f * f), None)
+        arch = "sdxl" if factor == 16 else None
+        if factor is not None:
+            to = "SDXL (its adapters unshuffle by 16)" if arch else "SD1.5 / SD2 (both unshuffle by 8)"
+            ev.append(_ev(ix, first, f"{hint} input channels: the hint unshuffled by {factor} → {to}"))
+        return arch, ev, [("", "other")]
+    return None
+
+
 def _dit_controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str, str]]] | None:
+    if ix.has_prefix("control_blocks.0.") and ix.first_match(r"control_blocks\.\d+\.after_proj\.weight"):
+        # diffusers `controlnet_cosmos.py`: Cosmos Transfer's control blocks, each with an after_proj
+        key = ix.first_match(r"control_blocks\.\d+\.after_proj\.weight")
+        return (
+            None,
+            [_ev(ix, key, "control blocks over Cosmos blocks → Cosmos Transfer (a ControlNet)")],
+            [("", "transformer")],
+        )
     if not ix.has_prefix("controlnet_blocks.0."):
         return None
     claims = [("", "transformer")]
     if ix.has("controlnet_x_embedder.weight"):
+        qwen = ix.first_match(r"transformer_blocks\.\d+\.img_mod\.1\.weight")
+        if qwen is not None:  # diffusers `controlnet_qwenimage.py`: Qwen-Image's dual-stream blocks
+            return None, [_ev(ix, qwen, "ControlNet blocks over Qwen-Image's dual-stream blocks")], claims
         why = "ControlNet blocks over FLUX.1 double/single blocks"
         return None, [_ev(ix, "controlnet_x_embedder.weight", why)], claims
     if ix.has("pos_embed_input.proj.weight"):
@@ -243,6 +283,18 @@ def motion_modules(ix: KeyIndex) -> list[Evidence] | None:
     base = {4: "SD1.5's UNet (four levels)", 3: "SDXL's UNet (three levels)"}.get(len(levels), "a UNet")
     why = f"AnimateDiff motion modules for {base}: temporal layers added to a model, which Loadout does not load"
     return [_ev(ix, min(keys), why)]
+
+
+def redux(ix: KeyIndex) -> list[Evidence] | None:
+    """FLUX.1 Redux (black-forest-labs `flux1-redux-dev.safetensors`; diffusers `ReduxImageEncoder`):
+    two linears that carry SigLIP image features (1152 wide) into FLUX.1's T5 token space (4096), the
+    image tokens ComfyUI's style-model node appends to the prompt."""
+    if not (ix.has("redux_up.weight") and ix.has("redux_down.weight")) or len(ix.tensors) > 8:
+        return None
+    width = ix.dim("redux_up.weight", 1)
+    out = ix.dim("redux_down.weight", 0)
+    why = f"a projection of {width}-wide image features to {out}-wide text tokens → FLUX.1 Redux, a style model Loadout does not load"
+    return [_ev(ix, "redux_up.weight", why)]
 
 
 def upscaler(ix: KeyIndex) -> list[Evidence] | None:

@@ -228,3 +228,31 @@ def test_vaes_that_are_no_autoencoderkl_are_not_named_for_one(cls, config, why, 
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
         with pytest.raises(UnsupportedModel, match=why):
             load_vae(path)
+
+
+def test_adapters_and_controlnets_of_other_families_say_what_they_are():
+    from layouts_2026.common import meta_shapes
+
+    def adapter(**config):
+        return detect(meta_shapes(diffusers.T2IAdapter, **config))
+
+    # diffusers' T2IAdapter (once an unknown file): a ControlNet-kind hint encoder, SDXL's unshuffles by 16
+    sd, light, xl = (
+        adapter(),
+        adapter(adapter_type="light_adapter"),
+        adapter(adapter_type="full_adapter_xl", downscale_factor=16),
+    )
+    assert [(d.kind, d.architecture) for d in (sd, light, xl)] == [
+        ("controlnet", None), ("controlnet", None), ("controlnet", "sdxl")
+    ]  # fmt: skip
+    assert all("T2I-Adapter" in d.evidence[0].reason for d in (sd, light, xl))
+    # TencentARC's own naming (ldm/modules/encoders/adapter.py): `conv_in`, `body.N.block1/2`
+    original = {"conv_in.weight": (320, 192, 3, 3), "body.0.block1.weight": (320, 320, 3, 3),
+                "body.0.block2.weight": (320, 320, 3, 3), "body.2.in_conv.weight": (640, 320, 1, 1)}  # fmt: skip
+    assert detect(original).kind == "controlnet"
+    redux = detect(meta_shapes(diffusers.ReduxImageEncoder))  # FLUX.1 Redux: a style model
+    assert redux.kind == "unknown" and "FLUX.1 Redux" in redux.evidence[0].reason
+    qwen = detect(meta_shapes(diffusers.QwenImageControlNetModel, num_layers=2))  # once "over FLUX.1 blocks"
+    assert qwen.kind == "controlnet" and "Qwen-Image" in qwen.evidence[0].reason
+    cosmos = detect(meta_shapes(diffusers.CosmosControlNetModel))  # once a diffusion model
+    assert cosmos.kind == "controlnet" and "Cosmos" in cosmos.evidence[0].reason
