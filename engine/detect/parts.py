@@ -190,7 +190,10 @@ def find_vaes(ix: KeyIndex) -> list[Part]:
             if any(".time_mix" in k or ".time_stack" in k for k in ix.with_prefix(p + "decoder.")):
                 part.what = "temporal AutoencoderKL (SVD)"
             parts.append(part)
+    kl = {part.prefix for part in parts}
     for p in ix.prefixes_for("decoder.norm_out.weight"):
+        if p in kl:  # an LDM-named AutoencoderKL has a norm_out too
+            continue
         other = not_kl_decoder(ix.with_prefix(p + "decoder."))
         if other is not None and other[1] == _DC_AE and not p.startswith(("model_ema.", "conditioner.")):
             z = ix.dim(p + "decoder.conv_in.weight", 1)
