@@ -337,7 +337,7 @@ def gguf_model(rng: random.Random, base: dict, d: Path, control: str | None = No
     weights, arch, size = base[name]
     from tests.support.gguf_files import quantize_blocks
 
-    qtype = rng.choice(["Q8_0", "Q4_0", "Q5_1", "IQ4_NL", "IQ4_XS", "F16"])
+    qtype = rng.choice(["Q8_0", "Q4_0", "Q5_1", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ2_0", "F16"])
     edit, target = ("none", None) if control else (next_kind(base, GGUF_EDITS), rng.choice(sorted(weights)))
     w = gguf.GGUFWriter(str(d / "model.gguf"), arch=arch)
     for k, t in weights.items():
