@@ -165,20 +165,31 @@ def _q6_k(b: torch.Tensor, out: torch.Tensor) -> None:
 
 # kvalues_iq4nl (ggml-common.h): the 16 levels a 4-bit IQ4 index stands for, non-uniformly spaced.
 _IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-_levels: dict[torch.device, torch.Tensor] = {}
+_tables: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
 
 
-def _iq4(q: torch.Tensor) -> torch.Tensor:
-    """uint8 4-bit indices -> their kvalues_iq4nl levels as float32 (on q's device)."""
-    lv = _levels.get(q.device)
-    if lv is None:
-        lv = _levels[q.device] = torch.tensor(_IQ4_LEVELS, dtype=F32, device=q.device)
-    return lv[q.long()]
+def _nibble_levels(b: torch.Tensor, out: torch.Tensor, levels: tuple[int, ...]) -> None:
+    """Bytes of 4-bit index pairs (..., 16) -> out (..., 2, 16): the `levels` of the low nibbles, then
+    of the high ones (Q4_0's order). One lookup per byte in two 256-entry tables (a byte's low and its
+    high level), not a split into nibbles and a lookup per nibble: half the gathers, no stacked planes;
+    index_select into fresh rows then one interleaving write is twice as fast as indexing straight into
+    out's strided halves (IQ4_NL 1.6x faster in all, measured on the CPU)."""
+    tables = _tables.get((levels, b.device))
+    if tables is None:
+        lv = torch.tensor(levels, dtype=F32)
+        byte = torch.arange(256)
+        tables = _tables[(levels, b.device)] = torch.stack([lv[byte & 15], lv[byte >> 4]]).to(b.device)
+    q = b.reshape(-1).long()
+    lo = torch.index_select(tables[0], 0, q).view(b.shape)
+    hi = torch.index_select(tables[1], 0, q).view(b.shape)
+    torch.stack((lo, hi), dim=-2, out=out)
 
 
 def _iq4_nl(b: torch.Tensor, out: torch.Tensor) -> None:
     # block_iq4_nl (18 bytes): d: half, qs: uint8[16] with Q4_0's nibble order.  y = d * level[q]
-    torch.mul(_half(b[:, 0:2]), _iq4(_split(b[:, 2:], 4).reshape(-1, 32)), out=out)
+    o = out.view(-1, 2, 16)
+    _nibble_levels(b[:, 2:], o, _IQ4_LEVELS)
+    o.mul_(_half(b[:, 0:2]).view(-1, 1, 1))
 
 
 def _iq4_xs(b: torch.Tensor, out: torch.Tensor) -> None:
@@ -189,9 +200,10 @@ def _iq4_xs(b: torch.Tensor, out: torch.Tensor) -> None:
     low = _split(b[:, 4:8], 4, axis=-1).reshape(n, 8)
     high = _split(b[:, 2:4], 2, axis=-1).reshape(n, 8)
     ls = ((low | (high << 4)).view(torch.int8) - 32).to(F32)
-    dl = (_half(b[:, 0:2]) * ls).view(n, 8, 1)
-    q = _split(b[:, 8:].reshape(n, 8, 16), 4).reshape(n, 8, 32)
-    torch.mul(dl, _iq4(q), out=out.view(n, 8, 32))
+    dl = (_half(b[:, 0:2]) * ls).view(n, 8, 1, 1)
+    o = out.view(n, 8, 2, 16)
+    _nibble_levels(b[:, 8:].reshape(n, 8, 16), o, _IQ4_LEVELS)
+    o.mul_(dl)
 
 
 def _trits(b: torch.Tensor, powers: tuple[int, ...]) -> torch.Tensor:
@@ -229,22 +241,18 @@ def _tq2_0(b: torch.Tensor, out: torch.Tensor) -> None:
 
 # kvalues_mxfp4 (ggml-common.h): the E2M1 values, doubled (the scale below is halved to match).
 _MXFP4_LEVELS = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
-_mx_levels: dict[torch.device, torch.Tensor] = {}
 
 
 def _mxfp4(b: torch.Tensor, out: torch.Tensor) -> None:
     # block_mxfp4 (17 bytes): e: E8M0 exponent, qs: uint8[16] (Q4_0's nibble order).  y = d * level[q],
     # d = 2^(e - 128) as ggml_e8m0_to_fp32_half builds it: for e < 2 a subnormal (0x00200000 << e).
-    n = b.shape[0]
     e = b[:, 0:1].to(torch.int32)
     bits = torch.where(
         e < 2, torch.tensor(0x00200000, dtype=torch.int32, device=e.device) << e, (e - 1) << 23
     )
-    d = bits.view(F32)
-    lv = _mx_levels.get(b.device)
-    if lv is None:
-        lv = _mx_levels[b.device] = torch.tensor(_MXFP4_LEVELS, dtype=F32, device=b.device)
-    torch.mul(d, lv[_split(b[:, 1:17], 4).reshape(n, 32).long()], out=out)
+    o = out.view(-1, 2, 16)
+    _nibble_levels(b[:, 1:17], o, _MXFP4_LEVELS)
+    o.mul_(bits.view(F32).view(-1, 1, 1))
 
 
 def _with_gguf(name: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
