@@ -266,23 +266,44 @@ def find_taesd(ix: KeyIndex) -> list[Part]:
 
 
 def find_clip_vision(ix: KeyIndex) -> list[Part]:
-    """CLIP / OpenCLIP image towers (as used by IP-Adapter, unCLIP and SVD conditioning)."""
+    """CLIP / OpenCLIP image towers (as used by IP-Adapter, unCLIP and SVD conditioning) and SigLIP's
+    (FLUX.1 Redux's image encoder), in transformers' naming under `vision_model.` or bare (how
+    transformers 5 holds a CLIPVisionModel / SiglipVisionModel's tensors)."""
     parts = []
-    for p in ix.prefixes_for("vision_model.post_layernorm.weight"):
-        key = p + "vision_model.post_layernorm.weight"
+    towers = [(p, p + "vision_model.") for p in ix.prefixes_for("vision_model.post_layernorm.weight")]
+    towers += [
+        (p, p)
+        for p in ix.prefixes_for("post_layernorm.weight")
+        if not p.endswith("vision_model.")
+        and ix.has(p + "embeddings.patch_embedding.weight")
+        and ix.has(p + "encoder.layers.0.self_attn.q_proj.weight")
+    ]
+    for p, t in towers:
+        if "vision_tower." in t or "visual." in t:
+            continue  # a multimodal LLM's own tower: part of that text encoder (Gemma 3, Mistral 3)
+        key = t + "post_layernorm.weight"
         width = (ix.shape(key) or (0,))[0]
-        layers = ix.count_blocks(p + "vision_model.encoder.layers.")
-        name = {1024: "CLIP ViT-L/14", 1280: "CLIP ViT-H/14", 1664: "CLIP ViT-bigG/14"}.get(
-            width, f"CLIP vision ({width} wide)"
+        layers = ix.count_blocks(t + "encoder.layers.")
+        # SigLIP (transformers `SiglipVisionTransformer`): no class token and no pre-norm (CLIP's
+        # `pre_layrnorm`), pooled by an attention head with a learned probe
+        siglip = ix.has(t + "head.probe") or (
+            ix.has(t + "embeddings.patch_embedding.weight")
+            and not ix.has(t + "embeddings.class_embedding")
+            and not ix.has(t + "pre_layrnorm.weight")
         )
-        parts.append(
-            Part(
-                p,
-                "other",
-                name,
-                evidence=[_ev(ix, key, f"CLIP vision tower {width} wide, {layers} layers → {name}")],
+        if not siglip:
+            name = {1024: "CLIP ViT-L/14", 1280: "CLIP ViT-H/14", 1664: "CLIP ViT-bigG/14"}.get(
+                width, f"CLIP vision ({width} wide)"
             )
-        )
+            why = f"CLIP vision tower {width} wide, {layers} layers → {name}"
+        else:
+            name = {1152: "SigLIP so400m", 768: "SigLIP base", 1024: "SigLIP large"}.get(
+                width, f"SigLIP vision ({width} wide)"
+            )
+            why = f"a vision tower without a class token, {width} wide, {layers} layers → {name}"
+            if width == 1152:
+                why += " (FLUX.1 Redux's image encoder)"
+        parts.append(Part(p, "other", name, evidence=[_ev(ix, key, why)]))
     for p in ix.prefixes_for("visual.ln_post.weight"):
         key = p + "visual.ln_post.weight"
         width = (ix.shape(key) or (0,))[0]

@@ -13,7 +13,10 @@ Facts (cited, not copied):
   1.7B 2048 / 6144, 4B 2560 / 9728, 8B 4096 / 12288, 14B 5120 / 17408 (Qwen3-VL keeps its size's language
   model and adds a vision tower); Llama 3 / 3.1 8B 4096 / 14336, vocabulary 128256 (llava-llama-3 128320);
   Mistral Small 3.x 24B 5120 / 32768, 40 layers (FLUX.2's text encoder; ComfyUI also knows a pruned one);
-  Gemma 2 2B 2304 / 9216; Gemma 3 1B 1152 / 6912, 4B 2560 / 10240, 12B 3840 / 15360.
+  Gemma 2 2B 2304 / 9216; Gemma 3 1B 1152 / 6912, 4B 2560 / 10240, 12B 3840 / 15360; GLM-4 9B (THUDM/
+  glm-4-9b-hf, CogView4's text encoder) 4096 / 13696 in one fused `gate_up_proj`, 40 layers, vocabulary
+  151552 (transformers Glm modeling). Mistral 7B (vocabulary 32000 / 32768) and Ministral 8B (131072)
+  share Llama 3.1 8B's widths: the vocabulary tells them apart where the file holds the embedding.
 * umT5-XXL (google/umt5-xxl; Wan2.1 `wan/modules/t5.py` umt5_xxl: vocabulary 256384, dim 4096, FFN 10240,
   64 heads, 24 layers, `shared_pos=False`): a relative-position table in every block (T5 v1.1 keeps one,
   in block 0). Wan's own file names it `token_embedding`, `blocks.N.attn.q`, `blocks.N.pos_embedding`.
@@ -45,6 +48,13 @@ KNOWN = {
     ("gemma3", 1152, 6912): ("gemma3_1b", "Gemma 3 1B", ""),
     ("gemma3", 2560, 10240): ("gemma3_4b", "Gemma 3 4B", "NewBie"),
     ("gemma3", 3840, 15360): ("gemma3_12b", "Gemma 3 12B", "LTX-2"),
+    ("glm", 4096, 13696): ("glm4_9b", "GLM-4 9B", "CogView4"),
+}
+# Vocabularies that tell a release from others of its widths (the released config.json values).
+_VOCABULARY = {
+    "llama31_8b": (128256, 128320),  # Llama 3 / 3.1; llava-llama-3-8b adds 64 image tokens
+    "mistral3_24b": (131072,),
+    "glm4_9b": (151552,),
 }
 _ROOTS = ("model.language_model.", "language_model.model.", "model.")
 _VISION = ("visual.", "vision_tower.", "vision_model.", "multi_modal_projector.")
@@ -74,7 +84,11 @@ def _llm(ix: KeyIndex, prefix: str, q: str, down: str) -> Part:
 
     hidden = ix.dim(q, 1)
     mlp = ix.dim(key("layers.#.mlp.gate_proj.weight") or key("layers.#.mlp.up_proj.weight"), 0)
-    if key("layers.#.post_feedforward_layernorm.weight"):
+    fused = key("layers.#.mlp.gate_up_proj.weight")  # GLM's gate and up projections in one matrix
+    if fused is not None:
+        mlp = (ix.dim(fused, 0) or 0) // 2 or None
+        style = "glm"
+    elif key("layers.#.post_feedforward_layernorm.weight"):
         style = "gemma3" if key("layers.#.self_attn.q_norm.weight") else "gemma2"
     elif key("layers.#.self_attn.q_norm.weight"):
         style = "qwen3"
@@ -92,9 +106,21 @@ def _llm(ix: KeyIndex, prefix: str, q: str, down: str) -> Part:
         "gemma2": "sandwich norms (Gemma 2)",
         "gemma3": "sandwich norms and QK-norm (Gemma 3)",
         "llama": "no biases or QK-norm (Llama / Mistral)",
+        "glm": "a fused gate / up MLP (GLM)",
     }[style]
     ev = [Evidence(q, ix.shape(q), f"a decoder LLM with {what}: hidden {hidden}, MLP {mlp}, {layers}")]
     found = KNOWN.get((style, hidden, mlp))
+    if found is not None and vocab and found[0] in _VOCABULARY and vocab not in _VOCABULARY[found[0]]:
+        # Mistral 7B and Ministral 8B have Llama 3.1 8B's widths (4096 / 14336) and not its vocabulary
+        ev.append(
+            Evidence(
+                key("embed_tokens.weight"),
+                ix.shape(key("embed_tokens.weight")),
+                f"{found[1]}'s widths, but a vocabulary of {vocab}, not its "
+                f"{' / '.join(map(str, _VOCABULARY[found[0]]))}: another model of this size",
+            )
+        )
+        found = None
     if found is None:
         ev.append(
             Evidence(

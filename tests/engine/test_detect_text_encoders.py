@@ -46,6 +46,10 @@ LLMS = [
      dict(text_config=dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=2, num_attention_heads=16,
                            num_key_value_heads=8, head_dim=256, vocab_size=262208), vision_config=dict(num_hidden_layers=1)),
      "gemma3_12b"),
+    # CogView4's text encoder: gate and up projections fused in one matrix (once read as Qwen2, size unknown)
+    ("GlmForCausalLM", "GlmConfig",
+     dict(hidden_size=4096, intermediate_size=13696, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=2,
+          vocab_size=151552), "glm4_9b"),
 ]  # fmt: skip
 
 
@@ -122,3 +126,29 @@ def test_umt5_from_transformers_whole_and_sharded():
         ),
     )
     assert set(detect(t5).components) == {"t5xxl"}
+
+
+@pytest.mark.parametrize(("cls", "cfg_cls", "vocab"), [("MistralForCausalLM", "MistralConfig", 32768),
+                                                      ("Ministral3ForCausalLM", "Ministral3Config", 131072)])  # fmt: skip
+def test_llama_31_8b_widths_with_another_vocabulary_are_not_llama(cls, cfg_cls, vocab):
+    """Mistral 7B and Ministral 8B have Llama 3.1 8B's widths (once both were named Llama 3.1 8B)."""
+    cfg = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=vocab)  # fmt: skip
+    d = detect(_build(cls, cfg_cls, cfg))
+    assert (d.kind, list(d.components)) == ("text_encoder", ["other"]), d.evidence
+    assert any(f"a vocabulary of {vocab}" in e.reason for e in d.evidence)
+
+
+@pytest.mark.parametrize("prefix", ["vision_model.", ""])
+def test_siglip_and_bare_clip_vision_towers_are_clip_vision(prefix):
+    """SigLIP so400m (FLUX.1 Redux's image encoder, ComfyUI's clip_vision folder) under transformers 4's
+    `vision_model.` or as transformers 5 holds it (bare): once a CLIP tower of unknown width, or unknown."""
+    siglip = _build("SiglipVisionModel", "SiglipVisionConfig",
+                    dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=2, num_attention_heads=16,
+                         image_size=384, patch_size=14))  # fmt: skip
+    d = detect({prefix + k: v for k, v in siglip.items()})
+    assert d.kind == "clip_vision" and "SigLIP so400m (FLUX.1 Redux's image encoder)" in d.evidence[0].reason
+    clip = _build("CLIPVisionModel", "CLIPVisionConfig",
+                  dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=2, num_attention_heads=16))  # fmt: skip
+    d = detect({prefix + k.removeprefix("vision_model."): v for k, v in clip.items()})
+    assert d.kind == "clip_vision" and "CLIP ViT-L/14" in d.evidence[0].reason
