@@ -139,6 +139,12 @@ def find_text_encoders(ix: KeyIndex) -> list[Part]:
 _NOT_KL = {
     ".conv_y.": "decoder norms conditioned on the latent (Kandinsky's KVAE)",
     "temp_conv": "temporal convolutions in the decoder (a video VAE: Allegro's)",
+    # Stable Video Diffusion's VideoDecoder (Stability generative-models `sgm/modules/autoencoding/
+    # temporal_ae.py`: `time_stack`, `time_mix_conv`; diffusers `AutoencoderKLTemporalDecoder`:
+    # `temporal_res_block`): the SD VAE's encoder, a decoder with temporal layers
+    ".time_stack.": "temporal layers in the decoder (Stable Video Diffusion's)",
+    "time_mix": "temporal layers in the decoder (Stable Video Diffusion's)",
+    ".temporal_res_block.": "temporal layers in the decoder (Stable Video Diffusion's)",
 }
 # A deep-compression autoencoder (diffusers `autoencoder_dc.py`; Sana's VAE is DC-AE f32c32): a decoder
 # of `up_blocks` with an output `norm_out` and no mid block, 32x spatial compression.
@@ -166,7 +172,11 @@ def not_kl_decoder(keys) -> tuple[str, str] | None:
 def find_vaes(ix: KeyIndex) -> list[Part]:
     """AutoencoderKL in LDM (`decoder.mid.block_1`) or diffusers (`decoder.mid_block.resnets`) naming."""
     parts = []
-    for suffix in ("decoder.mid.block_1.conv1.weight", "decoder.mid_block.resnets.0.conv1.weight"):
+    for suffix in (
+        "decoder.mid.block_1.conv1.weight",
+        "decoder.mid_block.resnets.0.conv1.weight",
+        "decoder.mid_block.resnets.0.spatial_res_block.conv1.weight",  # SVD's, diffusers naming
+    ):
         for p in ix.prefixes_for(suffix):
             if p.startswith(("model_ema.", "conditioner.")):
                 continue
@@ -177,7 +187,11 @@ def find_vaes(ix: KeyIndex) -> list[Part]:
             z = shape[1] if shape and len(shape) == 4 else None
             part = Part(p, "vae", "AutoencoderKL", channels=z)
             other = not_kl_decoder(ix.with_prefix(p + "decoder."))
-            if other is not None:
+            if other is not None and "Stable Video Diffusion" in other[1]:
+                part.what, part.architecture = "temporal AutoencoderKL (SVD)", "svd"
+                why = f"{other[1]} → Stable Video Diffusion's VAE (the SD VAE's encoder, a temporal decoder)"
+                part.evidence.append(_ev(ix, other[0], why))
+            elif other is not None:
                 part.what = "AutoencoderKL-like decoder"  # no family: see _vae_arch
                 part.evidence.append(
                     _ev(ix, other[0], f"{other[1]}: not the SD / SD3 / FLUX VAE ({z} latent channels)")
@@ -187,8 +201,6 @@ def find_vaes(ix: KeyIndex) -> list[Part]:
                 part.evidence.append(_ev(ix, key, f"VAE decoder takes {z} latent channels → {family}"))
             else:
                 part.evidence.append(_ev(ix, p + suffix, "AutoencoderKL decoder blocks"))
-            if any(".time_mix" in k or ".time_stack" in k for k in ix.with_prefix(p + "decoder.")):
-                part.what = "temporal AutoencoderKL (SVD)"
             parts.append(part)
     kl = {part.prefix for part in parts}
     for p in ix.prefixes_for("decoder.norm_out.weight"):

@@ -256,3 +256,23 @@ def test_adapters_and_controlnets_of_other_families_say_what_they_are():
     assert qwen.kind == "controlnet" and "Qwen-Image" in qwen.evidence[0].reason
     cosmos = detect(meta_shapes(diffusers.CosmosControlNetModel))  # once a diffusion model
     assert cosmos.kind == "controlnet" and "Cosmos" in cosmos.evidence[0].reason
+
+
+def test_svds_temporal_vae_is_named_and_refused_by_decode_for_what_it_is(tmp_path):
+    """Stable Video Diffusion's VAE in diffusers' naming (once an unknown file); its temporal decoder is
+    no AutoencoderKL's, so decode says so instead of listing unexpected keys."""
+    from layouts_2026.common import meta_shapes
+    from safetensors.torch import save_file
+
+    from engine.errors import UnsupportedModel
+    from engine.vae.loading import load_vae
+
+    d = detect(meta_shapes(diffusers.AutoencoderKLTemporalDecoder))
+    assert (d.kind, d.architecture) == ("vae", "svd")
+    assert "Stable Video Diffusion's VAE" in d.evidence[0].reason
+    small = diffusers.AutoencoderKLTemporalDecoder(block_out_channels=(32,), layers_per_block=1,
+                                                   down_block_types=("DownEncoderBlock2D",))  # fmt: skip
+    path = tmp_path / "svd_vae.safetensors"
+    save_file({k: v.contiguous() for k, v in small.state_dict().items()}, str(path))
+    with pytest.raises(UnsupportedModel, match="temporal layers in the decoder"):
+        load_vae(path)
