@@ -144,12 +144,13 @@ def controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str
     else:
         # diffusers ControlNetModel's hint encoder, or SparseCtrl's one convolution (diffusers
         # `controlnet_sparsectrl.py`, `use_simplified_condition_embedding`)
+        # (looked up from the three-segment key: prefixes_for a two-segment one reads every key)
         first = next(
             (
                 p + suffix
+                for p in ix.prefixes_for("controlnet_down_blocks.0.weight")
                 for suffix in ("controlnet_cond_embedding.conv_in.weight", "controlnet_cond_embedding.weight")
-                for p in ix.prefixes_for(suffix)
-                if ix.has(p + "controlnet_down_blocks.0.weight")
+                if ix.has(p + suffix)
             ),
             None,
         )

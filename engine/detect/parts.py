@@ -153,19 +153,18 @@ _DC_AE = "a deep-compression autoencoder (DC-AE: no mid block, up blocks to a no
 
 def not_kl_decoder(keys) -> tuple[str, str] | None:
     """(a key, why) where the VAE decoder in `keys` (names from its `decoder.`, any prefix before) is not
-    an AutoencoderKL's, else None. Detection says it; the VAE loader refuses it in the same words."""
-    keys = list(keys)
-    for k in keys:
-        for marker, why in _NOT_KL.items():
-            if marker in k and "decoder." in k:
-                return k, why
-    norm_out = next((k for k in keys if k.endswith("decoder.norm_out.weight")), None)
-    if (
-        norm_out is not None
-        and any("decoder.up_blocks." in k for k in keys)
-        and not any(".mid_block." in k or "decoder.mid." in k for k in keys)
-    ):
-        return norm_out, _DC_AE
+    an AutoencoderKL's, else None. Detection says it; the VAE loader refuses it in the same words.
+    (Every checkpoint's VAE passes here in a library scan: the markers are searched in one joined
+    string, not key by key.)"""
+    keys = [k for k in keys if "decoder." in k]
+    blob = "\n" + "\n".join(keys) + "\n"
+    for marker, why in _NOT_KL.items():
+        i = blob.find(marker)
+        if i >= 0:
+            return blob[blob.rfind("\n", 0, i) + 1 : blob.find("\n", i)], why
+    j = blob.find("decoder.norm_out.weight\n")
+    if j >= 0 and "decoder.up_blocks." in blob and ".mid_block." not in blob and "decoder.mid." not in blob:
+        return blob[blob.rfind("\n", 0, j) + 1 : blob.find("\n", j)], _DC_AE
     return None
 
 
@@ -283,11 +282,11 @@ def find_clip_vision(ix: KeyIndex) -> list[Part]:
     transformers 5 holds a CLIPVisionModel / SiglipVisionModel's tensors)."""
     parts = []
     towers = [(p, p + "vision_model.") for p in ix.prefixes_for("vision_model.post_layernorm.weight")]
-    towers += [
+    towers += [  # (a three-segment suffix: prefixes_for looks in its bucket, not at every key)
         (p, p)
-        for p in ix.prefixes_for("post_layernorm.weight")
+        for p in ix.prefixes_for("embeddings.patch_embedding.weight")
         if not p.endswith("vision_model.")
-        and ix.has(p + "embeddings.patch_embedding.weight")
+        and ix.has(p + "post_layernorm.weight")
         and ix.has(p + "encoder.layers.0.self_attn.q_proj.weight")
     ]
     for p, t in towers:

@@ -78,10 +78,11 @@ _TEMPORAL = (
 
 
 def _temporal(ix: KeyIndex, b: Backbone, p: str) -> None:
-    keys = ix.with_prefix(p + "down_blocks.") + ix.with_prefix(p + "mid_block.")
-    for marker, why in _TEMPORAL:
-        key = next((k for k in keys if marker in k), None)
-        if key is not None:
+    blob = "\n" + "\n".join(ix.with_prefix(p + "down_blocks.") + ix.with_prefix(p + "mid_block.")) + "\n"
+    for marker, why in _TEMPORAL:  # searched in one joined string: every diffusers UNet passes here
+        i = blob.find(marker)
+        if i >= 0:
+            key = blob[blob.rfind("\n", 0, i) + 1 : blob.find("\n", i)]
             image = f" (its image blocks: {b.architecture})" if b.architecture else ""
             b.evidence.insert(0, Evidence(key, ix.shape(key), f"{why}{image}: no known release Loadout runs"))
             b.architecture, b.variant, b.prediction = None, None, None
