@@ -19,7 +19,7 @@ from .inputs import check_inputs, names, random_inputs
 
 UNETS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
 FLUX = ("flux1_dev", "flux1_schnell")
-WAN = ("wan21", "wan22")  # the text-to-video transformers (engine.denoise.wan)
+WAN = ("wan21", "wan22")  # T2V, I2V and FLF2V transformers (engine.denoise.wan; VACE refused)
 CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (engine.denoise.flux)
 # SD3 / SD3.5 (engine.denoise.mmdit); `mmdit`: an MMDiT of no known release size (read from its shapes)
 MMDIT = ("sd3", "sd3.5_medium", "sd3.5_large", "mmdit")
@@ -150,8 +150,10 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
 
             naming, rename = "diffusers", to_original(cast, WAN_NAMES)
             cast = {rename[p]: m for p, m in cast.items() if p in rename}
-            # the per-block and head modulations are diffusers' `scale_shift_table`s
-            plain = {("head" if p == "" else p): m for p, m in plain.items()}
+            # the per-block and head modulations are diffusers' `scale_shift_table`s; FLF2V's image
+            # position embedding is its image embedder's `pos_embed`
+            renamed = {"": "head", "condition_embedder.image_embedder": "img_emb"}
+            plain = {renamed.get(p, p): m for p, m in plain.items()}
         ops = ops.renamed(cast)
         return Denoiser("wan", architecture, naming, bind_wan(ops, architecture, dtype, Taken(plain, ops)))
     from .flux import bind_bfl, bind_diffusers

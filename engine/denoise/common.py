@@ -166,6 +166,12 @@ class Taken(dict):
         self.ops.take(m)
         return m
 
+    def get(self, path: str, default=None):
+        m = super().get(path, default)
+        if path in self:
+            self.ops.take(m)
+        return m
+
 
 def unused_layers(mods: Mapping[str, object], ops: Ops) -> list[str]:
     """The paths of `mods` that hold tensors and that the bound forward never took: layers of a variant

@@ -1,9 +1,12 @@
 """A forward's inputs, in the original codebases' names and conventions: checked when read from a file,
 or seeded random ones of the model's shapes.
 
-Wan 2.x (`wan.modules.model.WanModel.forward(x, t, context)`, batched): `x` [B, C, F, h, w] video latents
-(16 channels for Wan 2.1 / 2.2 A14B, F latent frames, h and w an 8th of the pixels), `t` [B] in 0–1000,
-`context` [B, L, 4096] umT5 states (padded with zeros to 512 tokens inside the model).
+Wan 2.x (`wan.modules.model.WanModel.forward(x, t, context, clip_fea)`, batched): `x` [B, C, F, h, w] video
+latents (16 channels for Wan 2.1 / 2.2 A14B, F latent frames, h and w an 8th of the pixels; the image
+models' 36: latent, 4-channel mask and image latent, concatenated), `t` [B] in 0–1000, `context` [B, L,
+4096] umT5 states (padded with zeros to 512 tokens inside the model), and for Wan 2.1 I2V / FLF2V
+`clip_fea` [B, 257, 1280] CLIP ViT-H penultimate states of the image (FLF2V: [B, 514, 1280], the first
+frame's then the last's).
 
 UNet (`openaimodel.UNetModel.forward(x, timesteps, context, y)`): `x` [B, C, h, w] latents (C = the
 model's input channels: 4, or 9 for inpainting), `timesteps` [B] float in 0–999, `context` [B, T, D],
@@ -43,7 +46,7 @@ from .common import timestep_embedding
 
 UNET_INPUTS = ("x", "timesteps", "context", "y")
 FLUX_INPUTS = ("img", "img_ids", "txt", "txt_ids", "timesteps", "y", "guidance")
-WAN_INPUTS = ("x", "t", "context")
+WAN_INPUTS = ("x", "t", "context", "clip_fea")
 MMDIT_INPUTS = ("x", "t", "y", "context")
 QWEN_INPUTS = ("x", "timesteps", "context")
 TEXT_INPUTS = ("input_ids",)
@@ -51,6 +54,7 @@ QWEN_TOKENS = 256  # Qwen2.5-VL prompt states (the pipeline drops its 34-token s
 MMDIT_TOKENS = 154  # CLIP-L/G's 77 tokens then T5's 77 (SD3's reference sampling)
 CHROMA_INPUTS = FLUX_INPUTS[:5]
 WAN_TOKENS = 512
+CLIP_TOKENS = 257  # one image's CLIP ViT-H/14 tokens (Wan 2.1 I2V)
 UNET_TOKENS = 77
 FLUX_TOKENS = {"flux1_dev": 512, "flux1_schnell": 256, "chroma": 512}
 FLUX_GUIDANCE = 3.5
@@ -65,7 +69,7 @@ def names(model) -> tuple[str, ...]:
     if hasattr(model, "model_channels"):
         return UNET_INPUTS if model.adm_channels else UNET_INPUTS[:3]
     if getattr(model, "family", "") == "wan":
-        return WAN_INPUTS
+        return WAN_INPUTS if model.image_dim else WAN_INPUTS[:3]
     if getattr(model, "family", "") == "chroma":
         return CHROMA_INPUTS
     if getattr(model, "family", "") == "mmdit":
@@ -109,11 +113,15 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         }
     if getattr(model, "family", "") == "wan":  # one latent frame: an image-sized step of a video model
         h, w = _latent(width, height, 16)
-        return {
+        out = {
             "x": torch.randn(batch, model.in_channels, 1, 2 * h, 2 * w, generator=g),
             "t": torch.rand(batch, generator=g) * 1000.0,
             "context": torch.randn(batch, WAN_TOKENS, model.context_dim, generator=g),
         }
+        if model.image_dim:
+            tokens = model.image_tokens or CLIP_TOKENS
+            out["clip_fea"] = torch.randn(batch, tokens, model.image_dim, generator=g)
+        return out
     h, w = _latent(width, height, 16)
     tokens = FLUX_TOKENS.get(model.architecture, 256)
     ids = torch.zeros(h, w, 3)
@@ -199,11 +207,14 @@ def _shapes(model, got) -> dict:
             "context": (None, None, model.context_dim),
         }
     if getattr(model, "family", "") == "wan":
-        return {
+        out = {
             "x": (None, model.in_channels, None, None, None),
             "t": (None,),
             "context": (None, None, model.context_dim),
         }
+        if model.image_dim:
+            out["clip_fea"] = (None, model.image_tokens, model.image_dim)
+        return out
     if hasattr(model, "model_channels"):
         out = {
             "x": (None, model.in_channels, None, None),

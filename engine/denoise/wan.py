@@ -1,4 +1,4 @@
-"""The Wan 2.x text-to-video transformer's forward pass (Wan 2.1 T2V 1.3B / 14B and the Wan 2.2 A14B
+"""The Wan 2.x transformer's forward pass (Wan 2.1 T2V 1.3B / 14B, I2V and FLF2V 14B, and the Wan 2.2 A14B
 experts, which share the network), run on the component's own castable ops in the original naming.
 
 Architecture facts, from Wan-Video/Wan2.1 `wan/modules/model.py` (WanModel, WanAttentionBlock, Head,
@@ -18,6 +18,13 @@ rope_params / rope_apply, sinusoidal_embedding_1d; written from that description
   each head's d/2 complex pairs split (d/2 − 2⌊d/6⌋, ⌊d/6⌋, ⌊d/6⌋) for frame, row and column, with
   frequencies θ^(−2i/n) (θ = 10000, n = that axis's share of d).
 * head: (shift, scale) = head.modulation [1, 2, dim] + e; Linear(LN(x)·(1 + scale) + shift).
+* Wan 2.1's image-to-video and first-last-frame models condition on CLIP ViT-H image features too
+  (`clip_fea` [B, 257, 1280], FLF2V two images' [B, 514, 1280] plus the learned `img_emb.emb_pos`):
+  `img_emb` (MLPProj: LayerNorm, Linear, GELU, Linear, LayerNorm, eps 1e-5) maps them to the width, and
+  each cross-attention adds a second attention of the same queries over them, through its own `k_img` /
+  `v_img` projections and `norm_k_img` RMSNorm (WanI2VCrossAttention): o(attn(q, k, v) + attn(q, k_img,
+  v_img)). Their input channels (36: the latent, a 4-channel mask and the image latent) come in `x`,
+  already concatenated, as for Wan 2.2's I2V expert, which differs from its T2V one in them alone.
 
 diffusers' WanTransformer3DModel is the same network (its tests here compare the two on the same
 weights through diffusers' own single-file converter).
@@ -31,10 +38,13 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
+from ..ops import layer_norm_with
 from .common import Ops, timestep_embedding, wshape
 
 TEXT_LEN = 512
 FREQ_DIM = 256
+IMG_EPS = 1e-5  # MLPProj's LayerNorms: torch's default eps
+CLIP_TOKENS = 257  # CLIP ViT-H/14's tokens for one image (256 patches and the class token)
 THETA = 10000.0
 EPS = 1e-6
 HEAD_DIM = 128
@@ -81,9 +91,13 @@ class Attn:
     o: object
     norm_q: object
     norm_k: object
+    k_img: object = None  # Wan 2.1 I2V / FLF2V cross-attention: keys and values of the image tokens
+    v_img: object = None
+    norm_k_img: object = None
 
     def ops(self) -> list:
-        return [self.q, self.norm_q, self.k, self.norm_k, self.v, self.o]
+        img = [self.k_img, self.norm_k_img, self.v_img] if self.k_img is not None else []
+        return [self.q, self.norm_q, self.k, self.norm_k, self.v, *img, self.o]
 
 
 @dataclass
@@ -101,7 +115,7 @@ class Block:
 
 @dataclass
 class Wan:
-    """A bound Wan 2.x T2V transformer: call it with the original forward's x, t, context."""
+    """A bound Wan 2.x transformer: call it with the original forward's x, t, context (and clip_fea)."""
 
     architecture: str
     patch_embedding: object
@@ -113,6 +127,8 @@ class Wan:
     head_modulation: object
     heads: int
     dtype: torch.dtype = torch.float32
+    img_emb: tuple | None = None  # Wan 2.1 I2V / FLF2V: MLPProj's LayerNorm, Linear, Linear, LayerNorm
+    emb_pos: object = None  # FLF2V: the plain module holding the two images' position embedding
     family = "wan"
 
     @property
@@ -131,7 +147,17 @@ class Wan:
     def context_dim(self) -> int:
         return wshape(self.text_embedding[0])[1]
 
-    def __call__(self, x, t, context) -> torch.Tensor:
+    @property
+    def image_dim(self) -> int | None:
+        """The CLIP image features' width (1280), or None for a model without the image branch."""
+        return None if self.img_emb is None else wshape(self.img_emb[1])[1]
+
+    @property
+    def image_tokens(self) -> int | None:
+        """How many image tokens the model takes: fixed by FLF2V's position embedding (two images)."""
+        return None if self.emb_pos is None else _emb_pos(self.emb_pos).shape[-2]
+
+    def __call__(self, x, t, context, clip_fea=None) -> torch.Tensor:
         dt = self.dtype
         pe = self.patch_embedding
         h = pe(x.to(dt))
@@ -145,29 +171,41 @@ class Wan:
         if context.shape[1] < TEXT_LEN:  # the original pads the T5 states to 512 tokens with zeros
             context = F.pad(context, (0, 0, 0, TEXT_LEN - context.shape[1]))
         ctx = self.text_embedding[1](F.gelu(self.text_embedding[0](context.to(dt)), approximate="tanh"))
+        img = None
+        if self.img_emb is not None:
+            feats = clip_fea.to(dt)
+            if self.emb_pos is not None:
+                feats = feats + _emb_pos(self.emb_pos).to(feats.device, dt)
+            norm1, lin1, lin2, norm2 = self.img_emb  # the norms may be typed GroupNorm by the tree
+            img = layer_norm_with(norm2, lin2(F.gelu(lin1(layer_norm_with(norm1, feats, IMG_EPS)))), IMG_EPS)
         ang = rope_angles(f, hh, ww, dim // self.heads, x.device)
         cos, sin = ang.cos().float()[None, :, None], ang.sin().float()[None, :, None]
         for blk in self.blocks:
-            x = self._block(blk, x, e0, ctx, cos, sin)
+            x = self._block(blk, x, e0, ctx, cos, sin, img)
         mod = _modulation(self.head_modulation).to(x.device, torch.float32)
         shift, scale = (mod + e.float()[:, None]).chunk(2, dim=1)
         out = self.head((_ln(x) * (1 + scale) + shift).to(dt))
         out = out.reshape(b, f, hh, ww, 1, 2, 2, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return out.reshape(b, -1, f, hh * 2, ww * 2)
 
-    def _attn(self, a: Attn, x, kv, cos=None, sin=None) -> torch.Tensor:
+    def _attn(self, a: Attn, x, kv, cos=None, sin=None, img=None) -> torch.Tensor:
         b, n, _ = x.shape
         q = a.norm_q(a.q(x)).reshape(b, n, self.heads, -1)
         k = a.norm_k(a.k(kv)).reshape(b, kv.shape[1], self.heads, -1)
         v = a.v(kv).reshape(b, kv.shape[1], self.heads, -1)
         if cos is not None:
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype)
-        )
+        q = q.transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype))
+        if img is not None and a.k_img is not None:  # the image tokens' own attention, added
+            ki = a.norm_k_img(a.k_img(img)).reshape(b, img.shape[1], self.heads, -1)
+            vi = a.v_img(img).reshape(b, img.shape[1], self.heads, -1)
+            o = o + F.scaled_dot_product_attention(
+                q, ki.transpose(1, 2).to(q.dtype), vi.transpose(1, 2).to(q.dtype)
+            )
         return a.o(o.transpose(1, 2).reshape(b, n, -1))
 
-    def _block(self, blk: Block, x, e0, ctx, cos, sin) -> torch.Tensor:
+    def _block(self, blk: Block, x, e0, ctx, cos, sin, img=None) -> torch.Tensor:
         dt = self.dtype
         mod = _modulation(blk.modulation).to(x.device, torch.float32)
         e = (mod + e0).chunk(6, dim=1)
@@ -175,15 +213,23 @@ class Wan:
         y = self._attn(blk.self_attn, h, h, cos, sin)
         del h
         x = (x.float() + y.float() * e[2]).to(dt)
-        x = x + self._attn(blk.cross_attn, blk.norm3(x), ctx)
+        x = x + self._attn(blk.cross_attn, blk.norm3(x), ctx, img=img)
         y = blk.ffn_out(F.gelu(blk.ffn_in((_ln(x) * (1 + e[4]) + e[3]).to(dt)), approximate="tanh"))
         return (x.float() + y.float() * e[5]).to(dt)
 
     def op_order(self) -> list:
         order = [self.patch_embedding, *self.time_embedding, self.time_projection, *self.text_embedding]
+        order += list(self.img_emb or ())
         for blk in self.blocks:
             order += blk.ops()
         return [*order, self.head]
+
+
+def _emb_pos(module) -> torch.Tensor:
+    """FLF2V's position embedding of the two images' tokens: `emb_pos` (original) or diffusers'
+    `pos_embed` (the same [1, 514, 1280] tensor)."""
+    t = getattr(module, "emb_pos", None)
+    return t if t is not None else module.pos_embed
 
 
 def _modulation(module) -> torch.Tensor:
@@ -194,10 +240,13 @@ def _modulation(module) -> torch.Tensor:
 
 
 def bind_wan(ops: Ops, architecture: str, dtype: torch.dtype, plain: dict) -> Wan:
-    """The forward of a Wan T2V transformer in the original naming; `plain`: the component's plain
-    modules by path (each block's and the head's `modulation`)."""
-    if "img_emb.proj.1" in ops or ops.has_prefix("vace_blocks"):
-        raise UnsupportedModel(f"{ops.what}: Loadout steps Wan's text-to-video transformer only, for now")
+    """The forward of a Wan transformer in the original naming; `plain`: the component's plain modules by
+    path (each block's and the head's `modulation`, FLF2V's `img_emb` holding `emb_pos`)."""
+    if ops.has_prefix("vace_blocks"):
+        raise UnsupportedModel(f"{ops.what}: Loadout does not step Wan's VACE (its control blocks) yet")
+    img_emb = None
+    if "img_emb.proj.1" in ops:  # Wan 2.1 I2V / FLF2V: CLIP image features through MLPProj
+        img_emb = tuple(ops[f"img_emb.proj.{i}"] for i in (0, 1, 3, 4))
     pe = ops["patch_embedding"]
     if tuple(wshape(pe)[2:]) != (1, 2, 2):
         raise UnsupportedModel(f"{ops.what}: a patch embedding of {wshape(pe)[2:]}, not Wan's (1, 2, 2)")
@@ -207,9 +256,12 @@ def bind_wan(ops: Ops, architecture: str, dtype: torch.dtype, plain: dict) -> Wa
         raise UnsupportedModel(f"{ops.what}: width {dim} is not a multiple of Wan's {HEAD_DIM}-wide heads")
 
     def attn(p: str) -> Attn:
-        return Attn(
+        a = Attn(
             ops[f"{p}.q"], ops[f"{p}.k"], ops[f"{p}.v"], ops[f"{p}.o"], ops[f"{p}.norm_q"], ops[f"{p}.norm_k"]
         )
+        if img_emb is not None and p.endswith("cross_attn"):
+            a.k_img, a.v_img, a.norm_k_img = ops[f"{p}.k_img"], ops[f"{p}.v_img"], ops[f"{p}.norm_k_img"]
+        return a
 
     blocks = []
     for i in ops.children("blocks"):
@@ -225,5 +277,5 @@ def bind_wan(ops: Ops, architecture: str, dtype: torch.dtype, plain: dict) -> Wa
     return Wan(
         architecture, pe, (ops["text_embedding.0"], ops["text_embedding.2"]),
         (ops["time_embedding.0"], ops["time_embedding.2"]), ops["time_projection.1"], blocks, ops["head.head"],
-        plain["head"], dim // HEAD_DIM, dtype,
+        plain["head"], dim // HEAD_DIM, dtype, img_emb, plain.get("img_emb"),
     )  # fmt: skip

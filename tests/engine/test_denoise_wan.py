@@ -179,3 +179,83 @@ def test_a_diffusers_named_wan_runs_the_same_forward(wan_file, tmp_path):
         want = ref(hidden_states=inputs["x"], timestep=inputs["t"], encoder_hidden_states=inputs["context"],
                    return_dict=False)[0]  # fmt: skip
     assert rel_l2(got, want) <= TOL
+
+
+@pytest.mark.parametrize("flf", [False, True])
+def test_wan21_image_to_video_equals_diffusers(tmp_path, flf):
+    """Wan 2.1 I2V / FLF2V: CLIP image features through img_emb and a second attention in every
+    cross-attention (k_img / v_img), 36 input channels; against diffusers' model on the same weights
+    (its single-file converter), in the original naming and in diffusers' own."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    c = TINY.with_(in_dim=36, clip_image=True, flf=flf)
+    w = _weights(c, seed=8)
+    ref = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=c.dim // 128, attention_head_dim=128, in_channels=36,
+        out_channels=16, text_dim=c.text_dim, freq_dim=256, ffn_dim=c.ffn, num_layers=c.layers,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=1280,
+        added_kv_proj_dim=c.dim, pos_embed_seq_len=2 * 257 if flf else None,
+    ).eval()  # fmt: skip
+    converted = convert_wan_transformer_to_diffusers(dict(w))
+    if flf:  # the single-file converter leaves FLF2V's emb_pos out (its convert_wan_to_diffusers.py script
+        converted["condition_embedder.image_embedder.pos_embed"] = w["img_emb.emb_pos"]  # renames it so)
+        converted.pop("img_emb.emb_pos", None)
+    missing, unexpected = ref.load_state_dict(converted, strict=False)
+    assert not missing and not unexpected
+    original = write(tmp_path / "i2v.safetensors", w)
+    named = write(tmp_path / "i2v_d.safetensors", {k: v.contiguous() for k, v in ref.state_dict().items()})
+    tokens = 514 if flf else 257
+    for path, naming in ((original, "original"), (named, "diffusers")):
+        den = denoise.bind(Component("transformer", str(path), "", compute_dtype="float32"), "wan21")
+        assert den.naming == naming and den.input_names == ("x", "t", "context", "clip_fea")
+        inputs = den.random_inputs(64, 96, seed=9)
+        assert inputs["x"].shape[1] == 36 and inputs["clip_fea"].shape == (1, tokens, 1280)
+        with torch.inference_mode():
+            got = den(inputs)
+            # diffusers takes FLF2V's two images as [2B, 257, 1280] (its embedder views them as one sequence)
+            img = inputs["clip_fea"].reshape(-1, 257, 1280) if flf else inputs["clip_fea"]
+            want = ref(hidden_states=inputs["x"], timestep=inputs["t"], encoder_hidden_states=inputs["context"],
+                       encoder_hidden_states_image=img, return_dict=False)[0]  # fmt: skip
+        assert got.shape == want.shape == (1, 16, 1, 12, 8)
+        print(f"{naming} flf={flf}: relative L2 {rel_l2(got, want):.2e}")
+        assert rel_l2(got, want) <= TOL, naming
+    with torch.inference_mode():  # the image branch is computed: other image features, another output
+        other = den({**inputs, "clip_fea": torch.zeros_like(inputs["clip_fea"])})
+    assert rel_l2(other, got) > 1e-3
+    with pytest.raises(FormatError, match="clip_fea"):  # the image features are required
+        den.check_inputs({k: v for k, v in inputs.items() if k != "clip_fea"}, "in.safetensors")
+
+
+def test_an_image_to_video_step_full_and_partial_are_equal_and_in_op_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    path = write(
+        tmp_path / "wan2.1_i2v_tiny.safetensors", _weights(TINY.with_(in_dim=36, clip_image=True), 9)
+    )
+    c, den = _bind(path)
+    from engine import ops
+
+    seen = []
+    castable = [u.module for u in c.units if isinstance(u.module, ops.Castable)]
+    for m in castable:
+        m.fetch = lambda op: (
+            seen.append(op),
+            {"weight": op.weight, **({"bias": op.bias} if op.bias is not None else {})},
+        )[1]
+    try:
+        with torch.inference_mode():
+            den(den.random_inputs(64, 64))
+    finally:
+        for m in castable:
+            m.__dict__.pop("fetch", None)
+    assert [id(o) for o in seen] == [id(o) for o in den.op_order()] and len(seen) == len(castable)
+    outs = {}
+    for name, budget in (("full", None), ("partial", 0.004)):
+        e = Engine()
+        e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
+        try:
+            r = e.run(Step(str(path), size=(128, 128), steps=2, out=str(tmp_path / f"{name}.safetensors")))
+        finally:
+            e.close()
+        assert r.mode == name and r.architecture == "wan21"
+        outs[name] = SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone()
+    assert torch.equal(outs["full"], outs["partial"])
