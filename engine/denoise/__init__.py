@@ -19,7 +19,7 @@ from .inputs import check_inputs, names, random_inputs
 
 UNETS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
 FLUX = ("flux1_dev", "flux1_schnell")
-WAN = ("wan21", "wan22")  # T2V, I2V and FLF2V transformers (engine.denoise.wan; VACE refused)
+WAN = ("wan21", "wan22")  # T2V, I2V, FLF2V and VACE transformers (engine.denoise.wan)
 CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (engine.denoise.flux)
 # SD3 / SD3.5 (engine.denoise.mmdit); `mmdit`: an MMDiT of no known release size (read from its shapes)
 MMDIT = ("sd3", "sd3.5_medium", "sd3.5_large", "mmdit")

@@ -6,7 +6,8 @@ latents (16 channels for Wan 2.1 / 2.2 A14B, F latent frames, h and w an 8th of 
 models' 36: latent, 4-channel mask and image latent, concatenated), `t` [B] in 0–1000, `context` [B, L,
 4096] umT5 states (padded with zeros to 512 tokens inside the model), and for Wan 2.1 I2V / FLF2V
 `clip_fea` [B, 257, 1280] CLIP ViT-H penultimate states of the image (FLF2V: [B, 514, 1280], the first
-frame's then the last's).
+frame's then the last's); for VACE `vace_context` [B, 96, F, h, w], the control video's latents and masks
+as its pipeline builds them (the context scale is the original's default, 1).
 
 UNet (`openaimodel.UNetModel.forward(x, timesteps, context, y)`): `x` [B, C, h, w] latents (C = the
 model's input channels: 4, or 9 for inpainting), `timesteps` [B] float in 0–999, `context` [B, T, D],
@@ -46,7 +47,7 @@ from .common import timestep_embedding
 
 UNET_INPUTS = ("x", "timesteps", "context", "y")
 FLUX_INPUTS = ("img", "img_ids", "txt", "txt_ids", "timesteps", "y", "guidance")
-WAN_INPUTS = ("x", "t", "context", "clip_fea")
+WAN_INPUTS = ("x", "t", "context")
 MMDIT_INPUTS = ("x", "t", "y", "context")
 QWEN_INPUTS = ("x", "timesteps", "context")
 TEXT_INPUTS = ("input_ids",)
@@ -69,7 +70,10 @@ def names(model) -> tuple[str, ...]:
     if hasattr(model, "model_channels"):
         return UNET_INPUTS if model.adm_channels else UNET_INPUTS[:3]
     if getattr(model, "family", "") == "wan":
-        return WAN_INPUTS if model.image_dim else WAN_INPUTS[:3]
+        extra = (("clip_fea",) if model.image_dim else ()) + (
+            ("vace_context",) if model.vace_channels else ()
+        )
+        return (*WAN_INPUTS, *extra)
     if getattr(model, "family", "") == "chroma":
         return CHROMA_INPUTS
     if getattr(model, "family", "") == "mmdit":
@@ -121,6 +125,8 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         if model.image_dim:
             tokens = model.image_tokens or CLIP_TOKENS
             out["clip_fea"] = torch.randn(batch, tokens, model.image_dim, generator=g)
+        if model.vace_channels:
+            out["vace_context"] = torch.randn(batch, model.vace_channels, 1, 2 * h, 2 * w, generator=g)
         return out
     h, w = _latent(width, height, 16)
     tokens = FLUX_TOKENS.get(model.architecture, 256)
@@ -214,6 +220,9 @@ def _shapes(model, got) -> dict:
         }
         if model.image_dim:
             out["clip_fea"] = (None, model.image_tokens, model.image_dim)
+        if model.vace_channels:  # the control video: the latents' frames and size
+            fhw = tuple(got["x"].shape[2:]) if got["x"].dim() == 5 else (None, None, None)
+            out["vace_context"] = (None, model.vace_channels, *fhw)
         return out
     if hasattr(model, "model_channels"):
         out = {

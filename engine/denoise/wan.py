@@ -1,5 +1,6 @@
-"""The Wan 2.x transformer's forward pass (Wan 2.1 T2V 1.3B / 14B, I2V and FLF2V 14B, and the Wan 2.2 A14B
-experts, which share the network), run on the component's own castable ops in the original naming.
+"""The Wan 2.x transformer's forward pass (Wan 2.1 T2V 1.3B / 14B, I2V and FLF2V 14B, VACE 1.3B / 14B, and
+the Wan 2.2 A14B experts, which share the network), run on the component's own castable ops in the
+original naming.
 
 Architecture facts, from Wan-Video/Wan2.1 `wan/modules/model.py` (WanModel, WanAttentionBlock, Head,
 rope_params / rope_apply, sinusoidal_embedding_1d; written from that description, nothing copied):
@@ -25,6 +26,14 @@ rope_params / rope_apply, sinusoidal_embedding_1d; written from that description
   `v_img` projections and `norm_k_img` RMSNorm (WanI2VCrossAttention): o(attn(q, k, v) + attn(q, k_img,
   v_img)). Their input channels (36: the latent, a 4-channel mask and the image latent) come in `x`,
   already concatenated, as for Wan 2.2's I2V expert, which differs from its T2V one in them alone.
+* VACE (Wan2.1 `wan/modules/vace_model.py`, VaceWanModel / VaceWanAttentionBlock): `vace_context` [B, 96,
+  F, h, w] (the control video's latents and masks) through `vace_patch_embedding` (the same patching),
+  zero-padded to the main tokens, runs through the `vace_blocks` — Wan blocks with their own modulation,
+  the first adding `before_proj(c)` to the main tokens as they leave the patch embedding — before the
+  main blocks; each VACE block's `after_proj(c)` is a hint added (× the context scale, 1) after main
+  block `vace_layers[i]`. The file does not say which main blocks those are: the releases spread them
+  evenly (1.3B: every 2nd of 30, 14B: every 5th of 40 — the configs' `vace_layers`; ComfyUI spreads
+  `num_layers // vace blocks` apart too).
 
 diffusers' WanTransformer3DModel is the same network (its tests here compare the two on the same
 weights through diffusers' own single-file converter).
@@ -114,6 +123,20 @@ class Block:
 
 
 @dataclass
+class VaceBlock:
+    block: Block
+    before_proj: object  # the first VACE block's only
+    after_proj: object
+
+    def ops(self) -> list:
+        return [
+            *([self.before_proj] if self.before_proj is not None else []),
+            *self.block.ops(),
+            self.after_proj,
+        ]
+
+
+@dataclass
 class Wan:
     """A bound Wan 2.x transformer: call it with the original forward's x, t, context (and clip_fea)."""
 
@@ -129,6 +152,9 @@ class Wan:
     dtype: torch.dtype = torch.float32
     img_emb: tuple | None = None  # Wan 2.1 I2V / FLF2V: MLPProj's LayerNorm, Linear, Linear, LayerNorm
     emb_pos: object = None  # FLF2V: the plain module holding the two images' position embedding
+    vace_patch_embedding: object = None  # VACE: the control video's patching, its blocks and their layers
+    vace_blocks: tuple[VaceBlock, ...] = ()
+    vace_layers: tuple[int, ...] = ()
     family = "wan"
 
     @property
@@ -157,7 +183,11 @@ class Wan:
         """How many image tokens the model takes: fixed by FLF2V's position embedding (two images)."""
         return None if self.emb_pos is None else _emb_pos(self.emb_pos).shape[-2]
 
-    def __call__(self, x, t, context, clip_fea=None) -> torch.Tensor:
+    @property
+    def vace_channels(self) -> int | None:
+        return None if self.vace_patch_embedding is None else wshape(self.vace_patch_embedding)[1]
+
+    def __call__(self, x, t, context, clip_fea=None, vace_context=None) -> torch.Tensor:
         dt = self.dtype
         pe = self.patch_embedding
         h = pe(x.to(dt))
@@ -180,13 +210,29 @@ class Wan:
             img = layer_norm_with(norm2, lin2(F.gelu(lin1(layer_norm_with(norm1, feats, IMG_EPS)))), IMG_EPS)
         ang = rope_angles(f, hh, ww, dim // self.heads, x.device)
         cos, sin = ang.cos().float()[None, :, None], ang.sin().float()[None, :, None]
-        for blk in self.blocks:
+        hints = self._vace_hints(x, vace_context, e0, ctx, cos, sin, img) if self.vace_blocks else {}
+        for i, blk in enumerate(self.blocks):
             x = self._block(blk, x, e0, ctx, cos, sin, img)
+            if i in hints:
+                x = x + hints.pop(i)  # × the context scale: 1, the original's default
         mod = _modulation(self.head_modulation).to(x.device, torch.float32)
         shift, scale = (mod + e.float()[:, None]).chunk(2, dim=1)
         out = self.head((_ln(x) * (1 + scale) + shift).to(dt))
         out = out.reshape(b, f, hh, ww, 1, 2, 2, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return out.reshape(b, -1, f, hh * 2, ww * 2)
+
+    def _vace_hints(self, x, vace_context, e0, ctx, cos, sin, img) -> dict[int, torch.Tensor]:
+        """{main block index: the hint added after it}, from the VACE blocks over the control video."""
+        c = self.vace_patch_embedding(vace_context.to(self.dtype)).flatten(2).transpose(1, 2)
+        if c.shape[1] < x.shape[1]:
+            c = F.pad(c, (0, 0, 0, x.shape[1] - c.shape[1]))
+        hints = {}
+        for layer, vb in zip(self.vace_layers, self.vace_blocks, strict=True):
+            if vb.before_proj is not None:
+                c = vb.before_proj(c) + x
+            c = self._block(vb.block, c, e0, ctx, cos, sin, img)
+            hints[layer] = vb.after_proj(c)
+        return hints
 
     def _attn(self, a: Attn, x, kv, cos=None, sin=None, img=None) -> torch.Tensor:
         b, n, _ = x.shape
@@ -213,13 +259,19 @@ class Wan:
         y = self._attn(blk.self_attn, h, h, cos, sin)
         del h
         x = (x.float() + y.float() * e[2]).to(dt)
-        x = x + self._attn(blk.cross_attn, blk.norm3(x), ctx, img=img)
+        # norm3 through layer_norm_with: in a VACE block the module tree types it GroupNorm (its path has
+        # no `blocks` segment, which is what tells the tree a block's 1-D norm is a LayerNorm)
+        x = x + self._attn(blk.cross_attn, layer_norm_with(blk.norm3, x, EPS), ctx, img=img)
         y = blk.ffn_out(F.gelu(blk.ffn_in((_ln(x) * (1 + e[4]) + e[3]).to(dt)), approximate="tanh"))
         return (x.float() + y.float() * e[5]).to(dt)
 
     def op_order(self) -> list:
         order = [self.patch_embedding, *self.time_embedding, self.time_projection, *self.text_embedding]
         order += list(self.img_emb or ())
+        if self.vace_blocks:
+            order.append(self.vace_patch_embedding)
+            for vb in self.vace_blocks:
+                order += vb.ops()
         for blk in self.blocks:
             order += blk.ops()
         return [*order, self.head]
@@ -242,8 +294,6 @@ def _modulation(module) -> torch.Tensor:
 def bind_wan(ops: Ops, architecture: str, dtype: torch.dtype, plain: dict) -> Wan:
     """The forward of a Wan transformer in the original naming; `plain`: the component's plain modules by
     path (each block's and the head's `modulation`, FLF2V's `img_emb` holding `emb_pos`)."""
-    if ops.has_prefix("vace_blocks"):
-        raise UnsupportedModel(f"{ops.what}: Loadout does not step Wan's VACE (its control blocks) yet")
     img_emb = None
     if "img_emb.proj.1" in ops:  # Wan 2.1 I2V / FLF2V: CLIP image features through MLPProj
         img_emb = tuple(ops[f"img_emb.proj.{i}"] for i in (0, 1, 3, 4))
@@ -263,19 +313,38 @@ def bind_wan(ops: Ops, architecture: str, dtype: torch.dtype, plain: dict) -> Wa
             a.k_img, a.v_img, a.norm_k_img = ops[f"{p}.k_img"], ops[f"{p}.v_img"], ops[f"{p}.norm_k_img"]
         return a
 
-    blocks = []
-    for i in ops.children("blocks"):
-        p = f"blocks.{i}"
+    def block(p: str) -> Block:
         norm3 = ops[f"{p}.norm3"]
-        norm3.eps = EPS
-        if f"{p}" not in plain:
-            raise UnsupportedModel(f"{ops.what}: block {i} has no modulation")
-        blocks.append(Block(plain[p], attn(f"{p}.self_attn"), attn(f"{p}.cross_attn"), norm3, ops[f"{p}.ffn.0"],
-                            ops[f"{p}.ffn.2"]))  # fmt: skip
+        if p not in plain:
+            raise UnsupportedModel(f"{ops.what}: block {p} has no modulation")
+        return Block(plain[p], attn(f"{p}.self_attn"), attn(f"{p}.cross_attn"), norm3, ops[f"{p}.ffn.0"],
+                     ops[f"{p}.ffn.2"])  # fmt: skip
+
+    blocks = [block(f"blocks.{i}") for i in ops.children("blocks")]
+    vace: dict = {}
+    if ops.has_prefix("vace_blocks"):
+        n = ops.children("vace_blocks")
+        if not n or n != list(range(len(n))) or len(blocks) % len(n):
+            raise UnsupportedModel(
+                f"{ops.what}: {len(n)} VACE blocks over {len(blocks)} blocks: not spread as Wan's VACE releases"
+            )
+        vace = {
+            "vace_patch_embedding": ops["vace_patch_embedding"],
+            "vace_blocks": tuple(
+                VaceBlock(
+                    block(f"vace_blocks.{i}"),
+                    ops[f"vace_blocks.{i}.before_proj"] if i == 0 else None,
+                    ops[f"vace_blocks.{i}.after_proj"],
+                )
+                for i in n
+            ),  # fmt: skip
+            "vace_layers": tuple(range(0, len(blocks), len(blocks) // len(n))),
+        }
+        vace["vace_patch_embedding"].stride = vace["vace_patch_embedding"].kernel_size
     if "head" not in plain:
         raise UnsupportedModel(f"{ops.what}: no head.modulation")
     return Wan(
         architecture, pe, (ops["text_embedding.0"], ops["text_embedding.2"]),
         (ops["time_embedding.0"], ops["time_embedding.2"]), ops["time_projection.1"], blocks, ops["head.head"],
-        plain["head"], dim // HEAD_DIM, dtype, img_emb, plain.get("img_emb"),
+        plain["head"], dim // HEAD_DIM, dtype, img_emb, plain.get("img_emb"), **vace,
     )  # fmt: skip

@@ -226,11 +226,14 @@ def test_wan21_image_to_video_equals_diffusers(tmp_path, flf):
         den.check_inputs({k: v for k, v in inputs.items() if k != "clip_fea"}, "in.safetensors")
 
 
-def test_an_image_to_video_step_full_and_partial_are_equal_and_in_op_order(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "config",
+    [TINY.with_(in_dim=36, clip_image=True), TINY.with_(layers=4, vace_layers=(0, 2))],
+    ids=["i2v", "vace"],
+)
+def test_i2v_and_vace_steps_full_and_partial_are_equal_and_in_op_order(tmp_path, monkeypatch, config):
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
-    path = write(
-        tmp_path / "wan2.1_i2v_tiny.safetensors", _weights(TINY.with_(in_dim=36, clip_image=True), 9)
-    )
+    path = write(tmp_path / "wan2.1_tiny.safetensors", _weights(config, 9))
     c, den = _bind(path)
     from engine import ops
 
@@ -259,3 +262,39 @@ def test_an_image_to_video_step_full_and_partial_are_equal_and_in_op_order(tmp_p
         assert r.mode == name and r.architecture == "wan21"
         outs[name] = SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone()
     assert torch.equal(outs["full"], outs["partial"])
+
+
+def test_wan_vace_equals_diffusers(tmp_path):
+    """VACE: the control video through vace_patch_embedding and the VACE blocks (the first adding
+    before_proj of it to the patched latents), their after_proj hints added after every 2nd main block
+    (the 1.3B's spread); against diffusers' WanVACETransformer3DModel on the same weights, both namings."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    c = TINY.with_(layers=4, vace_layers=(0, 2), vace_in=96)
+    w = _weights(c, seed=11)
+    ref = diffusers.WanVACETransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=c.dim // 128, attention_head_dim=128, in_channels=16,
+        out_channels=16, text_dim=c.text_dim, freq_dim=256, ffn_dim=c.ffn, num_layers=c.layers,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, vace_layers=[0, 2], vace_in_channels=96,
+    ).eval()  # fmt: skip
+    missing, unexpected = ref.load_state_dict(convert_wan_transformer_to_diffusers(dict(w)), strict=False)
+    assert not missing and not unexpected
+    original = write(tmp_path / "vace.safetensors", w)
+    named = write(tmp_path / "vace_d.safetensors", {k: v.contiguous() for k, v in ref.state_dict().items()})
+    for path, naming in ((original, "original"), (named, "diffusers")):
+        den = denoise.bind(Component("transformer", str(path), "", compute_dtype="float32"), "wan21")
+        assert den.naming == naming and den.input_names == ("x", "t", "context", "vace_context")
+        assert den.model.vace_layers == (0, 2)
+        inputs = den.random_inputs(64, 96, seed=12)
+        with torch.inference_mode():
+            got = den(inputs)
+            want = ref(hidden_states=inputs["x"], timestep=inputs["t"], encoder_hidden_states=inputs["context"],
+                       control_hidden_states=inputs["vace_context"], return_dict=False)[0]  # fmt: skip
+            other = den({**inputs, "vace_context": torch.zeros_like(inputs["vace_context"])})
+        print(f"{naming}: relative L2 {rel_l2(got, want):.2e}")
+        assert got.shape == want.shape and rel_l2(got, want) <= TOL, naming
+        assert rel_l2(other, got) > 1e-3  # the control video reaches the output
+    with pytest.raises(
+        FormatError, match="vace_context"
+    ):  # the control video's frames and size are the latents'
+        den.check_inputs({**inputs, "vace_context": inputs["vace_context"][..., :4]}, "in.safetensors")
