@@ -382,15 +382,6 @@ class LayerNorm(FromFile, nn.LayerNorm):
         return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
 
 
-def layer_norm_with(op: Castable, x: torch.Tensor, eps: float) -> torch.Tensor:
-    """LayerNorm over x's last axis with `op`'s weight and bias (cast, patched and streamed as the op's
-    own forward would): for a norm the module tree typed as a GroupNorm because nothing in its name
-    says LayerNorm (Wan 2.1's `img_emb.proj.0`), which an architecture knows to be one."""
-    x = _input_dtype(op, x)
-    w, b = op.cast_params(x)
-    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
-
-
 class RMSNorm(Castable, nn.Module):
     """RMS norm with a learned scale (T5, Flux): x / rms(x) * weight."""
 

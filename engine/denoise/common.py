@@ -42,6 +42,16 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -
 LN_EPS = 1e-6  # the DiTs' affine-free LayerNorms (FLUX.1, Chroma, SD3, Qwen-Image)
 
 
+def layer_norm_with(op, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm over x's last axis with `op`'s weight and bias (cast, patched and streamed as the op's
+    own forward would): for a norm the module tree typed as a GroupNorm because nothing in its path says
+    LayerNorm (Wan 2.1's `img_emb.proj.0`, a VACE block's `norm3`), which the architecture knows to be one."""
+    if op.compute_dtype is not None and x.dtype != op.compute_dtype:
+        x = x.to(op.compute_dtype)
+    w, b = op.cast_params(x)
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
 def layer_norm(x: torch.Tensor) -> torch.Tensor:
     """LayerNorm over the last axis without affine parameters (eps 1e-6)."""
     return F.layer_norm(x, (x.shape[-1],), eps=LN_EPS)

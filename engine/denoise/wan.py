@@ -47,8 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
-from ..ops import layer_norm_with
-from .common import Ops, timestep_embedding, wshape
+from .common import Ops, layer_norm_with, timestep_embedding, wshape
 
 TEXT_LEN = 512
 FREQ_DIM = 256

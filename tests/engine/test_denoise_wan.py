@@ -70,16 +70,15 @@ def test_forward_equals_diffusers(wan_file):
     assert torch.equal(short, padded)
 
 
-def test_op_order_is_the_call_order_and_inputs_are_checked(wan_file):
-    path, _ = wan_file
-    c, den = _bind(path)
+def _assert_ops_run_in_op_order(c, den) -> None:
+    """Every castable op of the component runs once, in den.op_order() (what the streamer reads ahead)."""
+    from engine import ops
+
     seen = []
 
     def record(op):
         seen.append(op)
         return {a: getattr(op, a) for a in (op.weight_attr, "bias") if getattr(op, a, None) is not None}
-
-    from engine import ops
 
     castable = [u.module for u in c.units if isinstance(u.module, ops.Castable)]
     for m in castable:
@@ -92,13 +91,18 @@ def test_op_order_is_the_call_order_and_inputs_are_checked(wan_file):
             m.__dict__.pop("fetch", None)
     assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
     assert len(seen) == len(castable)
+
+
+def test_op_order_is_the_call_order_and_inputs_are_checked(wan_file):
+    path, _ = wan_file
+    c, den = _bind(path)
+    _assert_ops_run_in_op_order(c, den)
     with pytest.raises(FormatError, match="context"):
         den.check_inputs({"x": torch.zeros(1, 16, 1, 8, 8), "t": torch.zeros(1)}, "in.safetensors")
 
 
-def test_a_step_full_and_partial_give_the_same_output(wan_file, tmp_path, monkeypatch):
-    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
-    path, _ = wan_file
+def _full_and_partial(path, tmp_path) -> None:
+    """A step through the Engine fully resident and under a 4 MB budget: the same output, bit for bit."""
     outs = {}
     for name, budget in (("full", None), ("partial", 0.004)):
         e = Engine()
@@ -112,6 +116,11 @@ def test_a_step_full_and_partial_give_the_same_output(wan_file, tmp_path, monkey
         if name == "partial":
             assert r.streamed_bytes_per_step > 0
     assert torch.equal(outs["full"], outs["partial"])
+
+
+def test_a_step_full_and_partial_give_the_same_output(wan_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    _full_and_partial(wan_file[0], tmp_path)
 
 
 def test_the_plan_predicts_a_wan_step_at_480p(wan_file, tmp_path, monkeypatch):
@@ -235,33 +244,8 @@ def test_i2v_and_vace_steps_full_and_partial_are_equal_and_in_op_order(tmp_path,
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
     path = write(tmp_path / "wan2.1_tiny.safetensors", _weights(config, 9))
     c, den = _bind(path)
-    from engine import ops
-
-    seen = []
-    castable = [u.module for u in c.units if isinstance(u.module, ops.Castable)]
-    for m in castable:
-        m.fetch = lambda op: (
-            seen.append(op),
-            {"weight": op.weight, **({"bias": op.bias} if op.bias is not None else {})},
-        )[1]
-    try:
-        with torch.inference_mode():
-            den(den.random_inputs(64, 64))
-    finally:
-        for m in castable:
-            m.__dict__.pop("fetch", None)
-    assert [id(o) for o in seen] == [id(o) for o in den.op_order()] and len(seen) == len(castable)
-    outs = {}
-    for name, budget in (("full", None), ("partial", 0.004)):
-        e = Engine()
-        e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
-        try:
-            r = e.run(Step(str(path), size=(128, 128), steps=2, out=str(tmp_path / f"{name}.safetensors")))
-        finally:
-            e.close()
-        assert r.mode == name and r.architecture == "wan21"
-        outs[name] = SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone()
-    assert torch.equal(outs["full"], outs["partial"])
+    _assert_ops_run_in_op_order(c, den)
+    _full_and_partial(path, tmp_path)
 
 
 def test_wan_vace_equals_diffusers(tmp_path):
