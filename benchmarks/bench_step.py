@@ -10,6 +10,8 @@ tier — against diffusers on the same weights. `--family` picks the model:
     64×64-pixel frame: ~360 modules of ~70 KB, so a step is almost nothing but the cost each op pays
     around its arithmetic (a streamed module's hand-over included). On a GPU small models are bound by
     that cost (launching, not computing): this is where it shows on a CPU. `make bench-check` runs it.
+  * wan_i2v: `wan` with Wan 2.1 I2V's image branch (36 input channels, CLIP image features through
+    img_emb, a second attention in every cross-attention) on the same frame, 257 image tokens.
 
 The weights: every key and shape of the SD1.5 UNet (the reference manifest), dense random float32
 (3.4 GB), saved in diffusers' naming (diffusers' own converter), so both sides read one file. Each
@@ -44,7 +46,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|wan|wan_narrow] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|wan|wan_narrow|wan_i2v] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -82,13 +84,17 @@ WAN = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128,
            text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=4, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
            eps=1e-6, rope_max_seq_len=1024)  # fmt: skip
 WAN_NARROW = {**WAN, "num_attention_heads": 1, "ffn_dim": 256, "num_layers": 30}
+# Wan 2.1 I2V at that width (Wan2.1 configs/wan_i2v_14B.py: 36 input channels, CLIP ViT-H image features
+# of 1280 through img_emb and k_img / v_img in every cross-attention; diffusers' image_dim / added_kv_proj_dim)
+WAN_I2V = {**WAN, "in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 1536}
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
-            "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21")}  # fmt: skip
+            "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
+            "wan_i2v": ((480, 480), "transformer", "wan21")}  # fmt: skip
 
 
 def _wan(family: str) -> dict:
-    return WAN_NARROW if family == "wan_narrow" else WAN
+    return {"wan_narrow": WAN_NARROW, "wan_i2v": WAN_I2V}.get(family, WAN)
 
 
 def _diffusers_model(family: str):
@@ -167,7 +173,8 @@ def _run_diffusers(model, family: str, x: dict):
                      timestep=x["timesteps"], img_ids=x["img_ids"][0], txt_ids=x["txt_ids"][0],
                      guidance=x["guidance"]).sample  # fmt: skip
     if family.startswith("wan"):
-        return model(hidden_states=x["x"], timestep=x["t"], encoder_hidden_states=x["context"]).sample
+        return model(hidden_states=x["x"], timestep=x["t"], encoder_hidden_states=x["context"],
+                     encoder_hidden_states_image=x.get("clip_fea")).sample  # fmt: skip
     return model(x["x"], x["timesteps"], x["context"]).sample
 
 
@@ -404,7 +411,8 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
 
     title = {"sd15": "SD1.5 UNet, 64x64 latent", "flux": "FLUX.1-dev width, 1+2 blocks, 256x256",
              "wan": "Wan 2.1 1.3B width, 4 blocks, one 480x480 frame",
-             "wan_narrow": "Wan 2.1 1.3B depth (30 blocks), one 128-wide head, one 64x64 frame"}[fam]  # fmt: skip
+             "wan_narrow": "Wan 2.1 1.3B depth (30 blocks), one 128-wide head, one 64x64 frame",
+             "wan_i2v": "Wan 2.1 I2V at the 1.3B width, 4 blocks, one 480x480 frame"}[fam]  # fmt: skip
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip
     for name, r in st.items():

@@ -53,7 +53,8 @@ TITLES = {
     "sd15": "sd15 64x64",
     "flux": "flux-dev width 1+2 blocks 256x256",
     "wan": "wan21 1.3B width 4 blocks 480x480",
-    "wan_narrow": "wan21 30 blocks one head 64x64",  # per-op cost: launches and hand-overs, little arithmetic
+    "wan_narrow": "wan21 30 blocks one head 64x64",
+    "wan_i2v": "wan21 i2v width 4 blocks 480x480",  # per-op cost: launches and hand-overs, little arithmetic
 }
 
 
