@@ -129,11 +129,17 @@ def _denoisers(d: Path) -> dict:
     from engine.formats.safetensors import save_tensors
     from tests.engine.denoise_files import FLUX_DEV_TINY, SD1_TINY, SDXL_TINY, flux_rows, unet_rows
 
+    from tests.engine.layouts_2026.video import WanConfig, wan_original
+
+    wan = WanConfig(dim=256, ffn=512, layers=4, text_dim=64)  # two of Wan's 128-wide heads
+    i2v, vace = wan.with_(in_dim=36, clip_image=True, flf=True), wan.with_(vace_layers=(0, 2))
     out = {}
     for name, rows, size in (
         ("sd1", unet_rows(SD1_TINY), "64x64"),
         ("sdxl", unet_rows(SDXL_TINY), "64x64"),
         ("flux", flux_rows(FLUX_DEV_TINY), "128x128"),
+        ("wan_flf2v", [(k, "F32", s) for k, s in wan_original(i2v).items()], "64x64"),
+        ("wan_vace", [(k, "F32", s) for k, s in wan_original(vace).items()], "64x64"),
     ):
         out[name] = (save_tensors(d / f"{name}.safetensors", _weights(rows)).read_bytes(), size)
     return out
@@ -420,6 +426,10 @@ def _inputs(d: Path) -> dict:
         "flux": {"img": r(1, 16, 64), "img_ids": torch.zeros(1, 16, 3), "txt": r(1, 8, 4096),
                  "txt_ids": torch.zeros(1, 8, 3), "timesteps": torch.tensor([0.5]), "y": r(1, 768),
                  "guidance": torch.tensor([3.5])},
+        "wan_flf2v": {"x": r(1, 36, 1, 8, 8), "t": torch.tensor([500.0]), "context": r(1, 8, 64),
+                      "clip_fea": r(1, 514, 1280)},
+        "wan_vace": {"x": r(1, 16, 1, 8, 8), "t": torch.tensor([500.0]), "context": r(1, 8, 64),
+                     "vace_context": r(1, 96, 1, 8, 8)},
     }  # fmt: skip
     return {name: (d / f"{name}.safetensors", inputs[name]) for name in base}
 
