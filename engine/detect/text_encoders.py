@@ -53,7 +53,6 @@ KNOWN = {
 # Vocabularies that tell a release from others of its widths (the released config.json values).
 _VOCABULARY = {
     "llama31_8b": (128256, 128320),  # Llama 3 / 3.1; llava-llama-3-8b adds 64 image tokens
-    "mistral3_24b": (131072,),
     "glm4_9b": (151552,),
 }
 _ROOTS = ("model.language_model.", "language_model.model.", "model.")
