@@ -128,7 +128,6 @@ def _weights(rows, seed=0):
 def _denoisers(d: Path) -> dict:
     from engine.formats.safetensors import save_tensors
     from tests.engine.denoise_files import FLUX_DEV_TINY, SD1_TINY, SDXL_TINY, flux_rows, unet_rows
-
     from tests.engine.layouts_2026.video import WanConfig, wan_original
 
     wan = WanConfig(dim=256, ffn=512, layers=4, text_dim=64)  # two of Wan's 128-wide heads
