@@ -7,7 +7,8 @@ models' 36: latent, 4-channel mask and image latent, concatenated), `t` [B] in 0
 4096] umT5 states (padded with zeros to 512 tokens inside the model), and for Wan 2.1 I2V / FLF2V
 `clip_fea` [B, 257, 1280] CLIP ViT-H penultimate states of the image (FLF2V: [B, 514, 1280], the first
 frame's then the last's); for VACE `vace_context` [B, 96, F, h, w], the control video's latents and masks
-as its pipeline builds them (the context scale is the original's default, 1).
+as its pipeline builds them, and optionally `vace_context_scale` [B], the hints' strength (default 1, the
+original's `vace_context_scale`; ComfyUI's WanVaceToVideo strength).
 
 UNet (`openaimodel.UNetModel.forward(x, timesteps, context, y)`): `x` [B, C, h, w] latents (C = the
 model's input channels: 4, or 9 for inpainting), `timesteps` [B] float in 0–999, `context` [B, T, D],
@@ -63,6 +64,13 @@ SDXL_ADM = 2816
 REFINER_ADM = 2560
 POOLED = 1280
 AESTHETIC = 6.0  # the refiner's default aesthetic score (generative-models sampling helpers)
+
+
+def optional_names(model) -> tuple[str, ...]:
+    """Inputs `model` takes when a file gives them (and otherwise runs at their default)."""
+    if getattr(model, "family", "") == "wan" and model.vace_channels:
+        return ("vace_context_scale",)  # VACE's hint strength, [B]; the original's default 1
+    return ()
 
 
 def names(model) -> tuple[str, ...]:
@@ -177,7 +185,7 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
         raise FormatError(
             f"{source}: missing input(s) {', '.join(missing)}; this model takes {', '.join(want)}"
         )
-    got = {n: tensors[n].float() for n in want}
+    got = {n: tensors[n].float() for n in (*want, *(o for o in optional_names(model) if o in tensors))}
     for n, t in got.items():  # every input has a batch axis; a bare number has none to read
         if t.dim() == 0:
             raise FormatError(f"{source}: input {n} is a single number; it needs a batch axis ([B, ...])")
@@ -223,6 +231,8 @@ def _shapes(model, got) -> dict:
         if model.vace_channels:  # the control video: the latents' frames and size
             fhw = tuple(got["x"].shape[2:]) if got["x"].dim() == 5 else (None, None, None)
             out["vace_context"] = (None, model.vace_channels, *fhw)
+            if "vace_context_scale" in got:
+                out["vace_context_scale"] = (None,)
         return out
     if hasattr(model, "model_channels"):
         out = {

@@ -30,7 +30,7 @@ rope_params / rope_apply, sinusoidal_embedding_1d; written from that description
   F, h, w] (the control video's latents and masks) through `vace_patch_embedding` (the same patching),
   zero-padded to the main tokens, runs through the `vace_blocks` — Wan blocks with their own modulation,
   the first adding `before_proj(c)` to the main tokens as they leave the patch embedding — before the
-  main blocks; each VACE block's `after_proj(c)` is a hint added (× the context scale, 1) after main
+  main blocks; each VACE block's `after_proj(c)` is a hint added (× the context scale, default 1) after main
   block `vace_layers[i]`. The file does not say which main blocks those are: the releases spread them
   evenly (1.3B: every 2nd of 30, 14B: every 5th of 40 — the configs' `vace_layers`; ComfyUI spreads
   `num_layers // vace blocks` apart too).
@@ -186,7 +186,9 @@ class Wan:
     def vace_channels(self) -> int | None:
         return None if self.vace_patch_embedding is None else wshape(self.vace_patch_embedding)[1]
 
-    def __call__(self, x, t, context, clip_fea=None, vace_context=None) -> torch.Tensor:
+    def __call__(
+        self, x, t, context, clip_fea=None, vace_context=None, vace_context_scale=None
+    ) -> torch.Tensor:
         dt = self.dtype
         pe = self.patch_embedding
         h = pe(x.to(dt))
@@ -210,10 +212,13 @@ class Wan:
         ang = rope_angles(f, hh, ww, dim // self.heads, x.device)
         cos, sin = ang.cos().float()[None, :, None], ang.sin().float()[None, :, None]
         hints = self._vace_hints(x, vace_context, e0, ctx, cos, sin, img) if self.vace_blocks else {}
+        strength = (
+            None if vace_context_scale is None else vace_context_scale.to(x.device, x.dtype)[:, None, None]
+        )
         for i, blk in enumerate(self.blocks):
             x = self._block(blk, x, e0, ctx, cos, sin, img)
-            if i in hints:
-                x = x + hints.pop(i)  # × the context scale: 1, the original's default
+            if i in hints:  # × the context scale (1, the original's default, when none is given)
+                x = x + (hints.pop(i) if strength is None else hints.pop(i) * strength)
         mod = _modulation(self.head_modulation).to(x.device, torch.float32)
         shift, scale = (mod + e.float()[:, None]).chunk(2, dim=1)
         out = self.head((_ln(x) * (1 + scale) + shift).to(dt))

@@ -278,7 +278,17 @@ def test_wan_vace_equals_diffusers(tmp_path):
         print(f"{naming}: relative L2 {rel_l2(got, want):.2e}")
         assert got.shape == want.shape and rel_l2(got, want) <= TOL, naming
         assert rel_l2(other, got) > 1e-3  # the control video reaches the output
-    with pytest.raises(
-        FormatError, match="vace_context"
-    ):  # the control video's frames and size are the latents'
-        den.check_inputs({**inputs, "vace_context": inputs["vace_context"][..., :4]}, "in.safetensors")
+    # the hints' strength (the original's vace_context_scale; diffusers takes one per VACE layer)
+    scaled = den.check_inputs({**inputs, "vace_context_scale": torch.tensor([0.7])}, "in.safetensors")
+    assert torch.equal(scaled["vace_context_scale"], torch.tensor([0.7]))
+    with torch.inference_mode():
+        got = den(scaled)
+        want = ref(hidden_states=inputs["x"], timestep=inputs["t"], encoder_hidden_states=inputs["context"],
+                   control_hidden_states=inputs["vace_context"], control_hidden_states_scale=torch.full((2,), 0.7),
+                   return_dict=False)[0]  # fmt: skip
+        one = den({**inputs, "vace_context_scale": torch.ones(1)})
+        plain = den(inputs)
+    assert rel_l2(got, want) <= TOL and torch.equal(one, plain) and rel_l2(got, plain) > 1e-4
+    short = inputs["vace_context"][..., :4]  # the control video's frames and size are the latents'
+    with pytest.raises(FormatError, match="vace_context"):
+        den.check_inputs({**inputs, "vace_context": short}, "in.safetensors")
