@@ -23,7 +23,7 @@ def tiles_text(tiles: int, tile_px: int) -> str:
 
 
 # How adapter algorithms are written (the names their authors use: LyCORIS' README, the DoRA and
-# (IA)³ papers); an id not listed is shown as it is.
+# (IA)³ papers); an id not listed (full, norm, set) is shown as it is.
 _ALGO_NAMES = {
     "lora": "LoRA",
     "locon": "LoCon",
@@ -35,9 +35,6 @@ _ALGO_NAMES = {
     "glora": "GLoRA",
     "ia3": "IA³",
     "tlora": "T-LoRA",
-    "full": "full",
-    "norm": "norm",
-    "set": "set",
 }
 
 

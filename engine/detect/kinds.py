@@ -208,9 +208,13 @@ def _t2i_adapter(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[s
 
 
 def _dit_controlnet(ix: KeyIndex) -> tuple[str | None, list[Evidence], list[tuple[str, str]]] | None:
-    if ix.has_prefix("control_blocks.0.") and ix.first_match(r"control_blocks\.\d+\.after_proj\.weight"):
-        # diffusers `controlnet_cosmos.py`: Cosmos Transfer's control blocks, each with an after_proj
-        key = ix.first_match(r"control_blocks\.\d+\.after_proj\.weight")
+    # diffusers `controlnet_cosmos.py`: Cosmos Transfer's control blocks, each with an after_proj
+    key = (
+        ix.first_match(r"control_blocks\.\d+\.after_proj\.weight")
+        if ix.has_prefix("control_blocks.0.")
+        else None
+    )
+    if key is not None:
         return (
             None,
             [_ev(ix, key, "control blocks over Cosmos blocks → Cosmos Transfer (a ControlNet)")],

@@ -25,8 +25,6 @@ Facts (cited, not copied):
 
 from __future__ import annotations
 
-import dataclasses
-
 from .backbone import Backbone
 from .keys import KeyIndex
 from .view import View, find_view, variant
@@ -82,10 +80,7 @@ def wan(ix: KeyIndex) -> Backbone | None:
     b.also = also
     b.variant = variant(task, size)
     if task == "helios":  # Wan's blocks under another stem and head: no Wan release, none Loadout runs
-        b.evidence.insert(0, b.evidence.pop())
-        b.evidence[0] = dataclasses.replace(
-            b.evidence[0], reason=b.evidence[0].reason + ": a release Loadout does not run"
-        )
+        b.evidence.insert(0, b.evidence.pop())  # the marker's line (_task's last) says so first
         b.architecture, b.variant, b.also = None, None, []
     return b
 
@@ -132,7 +127,12 @@ def _task(v: View, b: Backbone, names: dict, dim, k_img, version):
             "a second timestep embedding (the flow map's target time) → AnyFlow, Wan 2.1 for any-step sampling",
         ),
         # diffusers `transformer_helios.py`: history latents patched at three scales, its own output norm
-        ("patch_long.weight", None, "helios", "patch embeddings of short / mid / long history → Helios"),
+        (
+            "patch_long.weight",
+            None,
+            "helios",
+            "patch embeddings of short / mid / long history → Helios: a release Loadout does not run",
+        ),
     ):
         if v.has(marker):
             v.because(b, marker, why)
