@@ -12,6 +12,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
     that cost (launching, not computing): this is where it shows on a CPU. `make bench-check` runs it.
   * wan_i2v: `wan` with Wan 2.1 I2V's image branch (36 input channels, CLIP image features through
     img_emb, a second attention in every cross-attention) on the same frame, 257 image tokens.
+  * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
+    reduced depth (1 main layer, 1 noise and 1 caption refiner: 0.56 B parameters, 2.2 GB) at 512×512
+    pixels (1024 image tokens) with 128 caption tokens.
 
 The weights: every key and shape of the SD1.5 UNet (the reference manifest), dense random float32
 (3.4 GB), saved in diffusers' naming (diffusers' own converter), so both sides read one file. Each
@@ -46,7 +49,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|wan|wan_narrow|wan_i2v] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|wan|wan_narrow|wan_i2v|z_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -87,10 +90,13 @@ WAN_NARROW = {**WAN, "num_attention_heads": 1, "ffn_dim": 256, "num_layers": 30}
 # Wan 2.1 I2V at that width (Wan2.1 configs/wan_i2v_14B.py: 36 input channels, CLIP ViT-H image features
 # of 1280 through img_emb and k_img / v_img in every cross-attention; diffusers' image_dim / added_kv_proj_dim)
 WAN_I2V = {**WAN, "in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 1536}
+# Z-Image's width (diffusers' ZImageTransformer2DModel defaults: Tongyi-MAI/Z-Image-Turbo's config) at 1 layer
+# and 1 + 1 refiners
+Z_IMAGE = dict(n_layers=1, n_refiner_layers=1)
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
-            "wan_i2v": ((480, 480), "transformer", "wan21")}  # fmt: skip
+            "wan_i2v": ((480, 480), "transformer", "wan21"), "z_image": ((512, 512), "transformer", "z_image")}  # fmt: skip
 
 
 def _wan(family: str) -> dict:
@@ -110,6 +116,10 @@ def _diffusers_model(family: str):
             from diffusers import WanTransformer3DModel
 
             return WanTransformer3DModel(**_wan(family))
+        if family == "z_image":
+            from diffusers import ZImageTransformer2DModel
+
+            return ZImageTransformer2DModel(**Z_IMAGE)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
@@ -127,7 +137,9 @@ def write_random(path: Path, family: str, dtype=None) -> None:
     for k, t in _diffusers_model(family).state_dict().items():
         shape = tuple(t.shape)
         r = torch.randn(shape, generator=g)
-        if len(shape) >= 2 and "scale_shift_table" not in k:
+        if k.endswith("pad_token"):  # Z-Image's learned padding rows
+            sd[k] = r
+        elif len(shape) >= 2 and "scale_shift_table" not in k:
             sd[k] = r / math.sqrt(math.prod(shape[1:]))
         else:
             sd[k] = (1.0 if "norm" in k and k.endswith("weight") else 0.0) + 0.1 * r
@@ -175,6 +187,11 @@ def _run_diffusers(model, family: str, x: dict):
     if family.startswith("wan"):
         return model(hidden_states=x["x"], timestep=x["t"], encoder_hidden_states=x["context"],
                      encoder_hidden_states_image=x.get("clip_fea")).sample  # fmt: skip
+    if family == "z_image":  # lists of [C, F, H, W] frames and of [T, D] captions
+        import torch
+
+        out = model([f.unsqueeze(1) for f in x["x"]], x["t"], list(x["cap_feats"]), return_dict=False)[0]
+        return torch.stack([f.squeeze(1) for f in out])
     return model(x["x"], x["timesteps"], x["context"]).sample
 
 
@@ -412,7 +429,8 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
     title = {"sd15": "SD1.5 UNet, 64x64 latent", "flux": "FLUX.1-dev width, 1+2 blocks, 256x256",
              "wan": "Wan 2.1 1.3B width, 4 blocks, one 480x480 frame",
              "wan_narrow": "Wan 2.1 1.3B depth (30 blocks), one 128-wide head, one 64x64 frame",
-             "wan_i2v": "Wan 2.1 I2V at the 1.3B width, 4 blocks, one 480x480 frame"}[fam]  # fmt: skip
+             "wan_i2v": "Wan 2.1 I2V at the 1.3B width, 4 blocks, one 480x480 frame",
+             "z_image": "Z-Image width, 1 layer + 1 + 1 refiners, 512x512"}[fam]  # fmt: skip
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip
     for name, r in st.items():

@@ -23,7 +23,8 @@ msgspec, platformdirs, gguf, diffusers and importlib_metadata travel as wheels i
    `apply_group_offloading(leaf_level, use_stream=True)` on exactly the modules Loadout streams, and on
    the whole model (diffusers' documented use). s/step is the median after the first; peak is torch's
    peak allocated bytes above the level before the weights; each output is compared (relative L2).
-   The same for FLUX.1-dev and Wan 2.1 1.3B at their real widths and reduced depth (bench_step's).
+   The same for FLUX.1-dev, Wan 2.1 1.3B (T2V, I2V) and Z-Image (bfloat16) at their real widths and reduced
+   depth (bench_step's).
    Each line has the CPU seconds per step beside the wall seconds (equal: the step is bound by launching
    kernels), and the full run is repeated after the partial ones (a first-run effect shows as a change);
    the card is kept busy for half a second before each timed configuration (warm_gpu).
@@ -55,7 +56,17 @@ TITLES = {
     "wan": "wan21 1.3B width 4 blocks 480x480",
     "wan_narrow": "wan21 30 blocks one head 64x64",
     "wan_i2v": "wan21 i2v width 4 blocks 480x480",  # per-op cost: launches and hand-overs, little arithmetic
+    "z_image": "z_image width 1+1+1 blocks 512x512",
 }
+BF16 = (
+    "z_image",
+)  # families that never run in float16 (engine.model.dtypes): weights and diffusers in bfloat16
+
+
+def _half(family: str):
+    import torch
+
+    return torch.bfloat16 if family in BF16 else torch.float16
 
 
 def emit(**fields) -> None:
@@ -222,7 +233,7 @@ def _step_loadout(model: str, family: str, budget: float | None, steps: int) -> 
 
 
 def _step_diffusers(model: str, family: str, modules: list[str] | None, steps: int, device: str) -> dict:
-    """diffusers' own model of the family on the same file, in float16 on the GPU (float32 on the CPU, for a dry run);
+    """diffusers' own model of the family on the same file, in float16 on the GPU (Z-Image: bfloat16) (float32 on the CPU, for a dry run);
     `modules` group-offloaded (leaf level, prefetched on a side stream from pinned RAM), the rest resident;
     None: the whole model group-offloaded at leaf level, as diffusers' docs use it (nothing resident)."""
     import torch
@@ -232,7 +243,7 @@ def _step_diffusers(model: str, family: str, modules: list[str] | None, steps: i
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    dtype = torch.float16 if cuda else torch.float32
+    dtype = _half(family) if cuda else torch.float32
     x = {k: v.to(dev, dtype if v.is_floating_point() else v.dtype) for k, v in _inputs(model, family).items()}
     if cuda:
         torch.cuda.synchronize()
@@ -291,7 +302,7 @@ def gpu_step(folder: Path, family: str, steps: int, device: str) -> None:
 
     model = folder / f"{family}_fp16.safetensors"
     t0 = time.perf_counter()
-    write_random(model, family, dtype=torch.float16)
+    write_random(model, family, dtype=_half(family))
     total = model.stat().st_size
     title = TITLES[family]
     emit(check=f"step {title}: weights written", bytes=total, seconds=round(time.perf_counter() - t0, 1))
@@ -365,7 +376,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="forward passes per step configuration")
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
-        "--families", default="sd15,flux,wan,wan_narrow", help="denoisers to step (bench_step's families)"
+        "--families",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image",
+        help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")
     ap.add_argument("--kl-ch", type=int, default=128, help="the KL VAE's base width (128: the real SD VAE)")

@@ -199,7 +199,7 @@ def _units(den, inputs: dict) -> int:
         return first.shape[0] * first.shape[2] * (first.shape[3] // 2) * (first.shape[4] // 2)
     if den.kind == "text":
         return first.shape[0] * first.shape[1]  # tokens
-    if den.kind in ("mmdit", "qwen_image"):
+    if den.kind in ("mmdit", "qwen_image", "nextdit"):
         return first.shape[0] * (first.shape[2] // 2) * (first.shape[3] // 2)
     return first.shape[0] * (first.shape[2] * first.shape[3] if den.kind == "unet" else first.shape[1])
 
@@ -220,7 +220,7 @@ def _record(parts, req: Step, den, inputs: dict, result: StepResult) -> None:
         return
 
     first = inputs[den.input_names[0]]
-    if den.kind in ("unet", "mmdit", "qwen_image"):
+    if den.kind in ("unet", "mmdit", "qwen_image", "nextdit"):
         h, w = first.shape[2] * 8, first.shape[3] * 8
     elif den.kind == "wan":
         h, w = first.shape[3] * 8, first.shape[4] * 8

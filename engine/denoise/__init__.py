@@ -1,5 +1,5 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's and
-Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's and Wan 2.x's, run on the component's own castable ops (the residency manager's modules, tiers and
+Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's, Z-Image's and Wan 2.x's, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
@@ -24,7 +24,8 @@ CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (
 # SD3 / SD3.5 (engine.denoise.mmdit); `mmdit`: an MMDiT of no known release size (read from its shapes)
 MMDIT = ("sd3", "sd3.5_medium", "sd3.5_large", "mmdit")
 QWEN = ("qwen_image",)  # engine.denoise.qwen_image
-SUPPORTED = UNETS + FLUX + CHROMA + MMDIT + QWEN + WAN
+NEXTDIT = ("z_image",)  # engine.denoise.nextdit
+SUPPORTED = UNETS + FLUX + CHROMA + MMDIT + QWEN + NEXTDIT + WAN
 _MISFIT = re.compile(
     r"shapes cannot be multiplied|Given groups=|expected input\[|must match the size of tensor|"
     r"size of tensor a|is invalid for input of size|Expected weight to be a vector|normalized_shape|"
@@ -137,6 +138,11 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
         from .qwen_image import bind_qwen_image
 
         return Denoiser("qwen_image", architecture, "diffusers", bind_qwen_image(ops, architecture, dtype))
+    if architecture in NEXTDIT:
+        from .nextdit import bind_z_image
+
+        naming, model = bind_z_image(ops, mods, architecture, dtype)
+        return Denoiser("nextdit", architecture, naming, model)
     if architecture in WAN:
         from .. import ops as castable
         from .wan import bind_wan

@@ -52,6 +52,16 @@ def layer_norm_with(op, x: torch.Tensor, eps: float) -> torch.Tensor:
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
+def rms_norm_with(op, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over x's last axis with `op`'s weight (cast, patched and streamed as its own forward would)
+    at the architecture's eps (the module tree gives its RMSNorms a default the file does not hold: Z-Image's
+    are 1e-5)."""
+    if op.compute_dtype is not None and x.dtype != op.compute_dtype:
+        x = x.to(op.compute_dtype)
+    w, _ = op.cast_params(x)
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
 def layer_norm(x: torch.Tensor) -> torch.Tensor:
     """LayerNorm over the last axis without affine parameters (eps 1e-6)."""
     return F.layer_norm(x, (x.shape[-1],), eps=LN_EPS)

@@ -104,11 +104,12 @@ class Single:
         return [*mods, *self.linear1.ops(), self.q_norm, self.k_norm, self.linear2]
 
 
-def rope_table(ids: torch.Tensor) -> torch.Tensor:
-    """[B, L, 3] positions -> [B, 1, L, 64, 2, 2] float32 rotations (angles in float64, as BFL's rope)."""
+def rope_table(ids: torch.Tensor, axes: tuple[int, ...] = AXES, theta: float = THETA) -> torch.Tensor:
+    """[B, L, n] positions -> [B, 1, L, sum(axes)/2, 2, 2] float32 rotations (angles in float64, as BFL's
+    rope); FLUX.1's axes and theta unless given (Z-Image's: engine.denoise.nextdit)."""
     parts = []
-    for i, d in enumerate(AXES):
-        omega = 1.0 / THETA ** (torch.arange(0, d, 2, dtype=torch.float64, device=ids.device) / d)
+    for i, d in enumerate(axes):
+        omega = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=ids.device) / d)
         ang = ids[..., i].double()[..., None] * omega
         cos, sin = torch.cos(ang), torch.sin(ang)
         parts.append(torch.stack([cos, -sin, sin, cos], dim=-1).reshape(*ang.shape, 2, 2))

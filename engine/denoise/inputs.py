@@ -32,6 +32,11 @@ Qwen-Image (its pipeline around `QwenImageTransformer2DModel`): `x` [B, 16, h, w
 packed into 2×2 patches inside, h and w even), `timesteps` [B] in 0–1, `context` [B, T, 3584]
 Qwen2.5-VL states.
 
+Z-Image (its release's `ZImageTransformer2DModel.forward(x, t, cap_feats)`, batched): `x` [B, 16, h, w]
+latents (one frame; 2×2 patches inside, h and w even), `t` [B] in 0–1 as its pipeline passes it (1 − sigma:
+1 is the clean image), `cap_feats` [B, T, 2560] Qwen3-4B states of the prompt's tokens (the pipeline keeps
+the unpadded ones; the model pads them to a multiple of 32).
+
 Text encoders (transformers' CLIPTextModel / T5EncoderModel forward): `input_ids` [B, T] token ids (77
 for CLIP, 512 for T5 when random).
 
@@ -51,8 +56,11 @@ FLUX_INPUTS = ("img", "img_ids", "txt", "txt_ids", "timesteps", "y", "guidance")
 WAN_INPUTS = ("x", "t", "context")
 MMDIT_INPUTS = ("x", "t", "y", "context")
 QWEN_INPUTS = ("x", "timesteps", "context")
+NEXTDIT_INPUTS = ("x", "t", "cap_feats")
+PATCHED = ("mmdit", "qwen_image", "nextdit", "wan")  # families whose `x` is cut into 2×2 patches
 TEXT_INPUTS = ("input_ids",)
 QWEN_TOKENS = 256  # Qwen2.5-VL prompt states (the pipeline drops its 34-token system prefix)
+NEXTDIT_TOKENS = 128  # a prompt's Qwen3 states, chat template included (Z-Image keeps only the real tokens)
 MMDIT_TOKENS = 154  # CLIP-L/G's 77 tokens then T5's 77 (SD3's reference sampling)
 CHROMA_INPUTS = FLUX_INPUTS[:5]
 WAN_TOKENS = 512
@@ -88,6 +96,8 @@ def names(model) -> tuple[str, ...]:
         return MMDIT_INPUTS
     if getattr(model, "family", "") == "qwen_image":
         return QWEN_INPUTS
+    if getattr(model, "family", "") == "nextdit":
+        return NEXTDIT_INPUTS
     if getattr(model, "family", "") == "text":
         return TEXT_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
@@ -122,6 +132,13 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
             "x": torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
             "timesteps": torch.rand(batch, generator=g),
             "context": torch.randn(batch, QWEN_TOKENS, model.context_dim, generator=g),
+        }
+    if getattr(model, "family", "") == "nextdit":
+        h, w = _latent(width, height, 16)
+        return {
+            "x": torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
+            "t": torch.rand(batch, generator=g),
+            "cap_feats": torch.randn(batch, NEXTDIT_TOKENS, model.context_dim, generator=g),
         }
     if getattr(model, "family", "") == "wan":  # one latent frame: an image-sized step of a video model
         h, w = _latent(width, height, 16)
@@ -201,6 +218,11 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}: it holds no values")
         if not torch.isfinite(t).all():
             raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
+    if getattr(model, "family", "") in PATCHED and any(s % 2 for s in got["x"].shape[-2:]):
+        raise FormatError(
+            f"{source}: input x has shape {list(got['x'].shape)}: its height and width must be even "
+            "(the model reads 2×2 patches of the latent)"
+        )
     return got
 
 
@@ -212,6 +234,12 @@ def _shapes(model, got) -> dict:
             "x": (None, model.in_channels, None, None),
             "timesteps": (None,),
             "context": (None, None, model.context_dim),
+        }
+    if getattr(model, "family", "") == "nextdit":
+        return {
+            "x": (None, model.in_channels, None, None),
+            "t": (None,),
+            "cap_feats": (None, None, model.context_dim),
         }
     if getattr(model, "family", "") == "mmdit":
         return {

@@ -211,6 +211,55 @@ def diffusers_qwen_image(seed: int = 4):
     return model.eval(), sd
 
 
+def diffusers_z_image(seed: int = 3):
+    """A reduced Z-Image (width 256: 2 heads of 128, 2 layers, 2 + 2 refiners, 64-wide captions) in
+    diffusers' class, well-scaled random weights (pad tokens too: diffusers makes them zeros): (model, its
+    state dict in diffusers' naming)."""
+    from diffusers import ZImageTransformer2DModel
+
+    model = ZImageTransformer2DModel(dim=256, n_layers=2, n_heads=2, n_kv_heads=2, cap_feat_dim=64)
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for k, p in model.state_dict().items():
+        r = torch.randn(p.shape, generator=g)
+        if k.endswith("pad_token"):
+            sd[k] = r
+        elif p.dim() == 2:
+            sd[k] = r / math.sqrt(p.shape[1])
+        else:
+            sd[k] = 1 + 0.1 * r if "norm" in k else 0.1 * r
+    model.load_state_dict(sd, strict=True)
+    return model.eval(), sd
+
+
+def z_image_original(sd: dict) -> dict:
+    """A diffusers-named Z-Image state dict in the release's naming (ComfyUI's files): q, k and v fused
+    into `attention.qkv`, `attention.out`, `q_norm` / `k_norm`, `x_embedder`, `final_layer` -- the inverse
+    of diffusers' `convert_z_image_transformer_checkpoint_to_diffusers`."""
+    names = (("all_x_embedder.2-1.", "x_embedder."), ("all_final_layer.2-1.", "final_layer."),
+             (".attention.to_out.0.", ".attention.out."), (".attention.norm_q.", ".attention.q_norm."),
+             (".attention.norm_k.", ".attention.k_norm."))  # fmt: skip
+    out = {}
+    for k, v in sd.items():
+        if ".attention.to_k." in k or ".attention.to_v." in k:
+            continue
+        if ".attention.to_q." in k:
+            qkv = [sd[k.replace(".to_q.", f".to_{n}.")] for n in "qkv"]
+            out[k.replace(".to_q.", ".qkv.")] = torch.cat(qkv)
+            continue
+        for a, b in names:
+            k = k.replace(a, b)
+        out[k] = v
+    return out
+
+
+def run_diffusers_z_image(model, inputs: dict) -> torch.Tensor:
+    """diffusers' Z-Image on our batched inputs (its forward takes lists of [C, F, H, W] frames)."""
+    frames = [x.unsqueeze(1) for x in inputs["x"]]
+    out = model(frames, inputs["t"], list(inputs["cap_feats"]), return_dict=False)[0]
+    return torch.stack([o.squeeze(1) for o in out])
+
+
 def run_diffusers_unet(model, inputs: dict, size: tuple[int, int] | None = None) -> torch.Tensor:
     """diffusers' UNet on Loadout's input names; SDXL's `y` is split back into the pooled embedding and
     the six size numbers diffusers embeds itself (so the ADM layout is checked, not assumed)."""

@@ -128,8 +128,10 @@ def _weights(rows, seed=0):
 def _denoisers(d: Path) -> dict:
     from engine.formats.safetensors import save_tensors
     from tests.engine.denoise_files import FLUX_DEV_TINY, SD1_TINY, SDXL_TINY, flux_rows, unet_rows
+    from tests.engine.layouts_2026.image import Z_IMAGE, nextdit_original
     from tests.engine.layouts_2026.video import WanConfig, wan_original
 
+    z_image = Z_IMAGE.with_(dim=256, layers=2, heads=2, kv_heads=2, ffn=512, caption=64)  # heads of 128
     wan = WanConfig(dim=256, ffn=512, layers=4, text_dim=64)  # two of Wan's 128-wide heads
     i2v, vace = wan.with_(in_dim=36, clip_image=True, flf=True), wan.with_(vace_layers=(0, 2))
     out = {}
@@ -139,6 +141,7 @@ def _denoisers(d: Path) -> dict:
         ("flux", flux_rows(FLUX_DEV_TINY), "128x128"),
         ("wan_flf2v", [(k, "F32", s) for k, s in wan_original(i2v).items()], "64x64"),
         ("wan_vace", [(k, "F32", s) for k, s in wan_original(vace).items()], "64x64"),
+        ("z_image", [(k, "F32", s) for k, s in nextdit_original(z_image).items()], "96x64"),
     ):
         out[name] = (save_tensors(d / f"{name}.safetensors", _weights(rows)).read_bytes(), size)
     return out
@@ -429,6 +432,7 @@ def _inputs(d: Path) -> dict:
                       "clip_fea": r(1, 514, 1280)},
         "wan_vace": {"x": r(1, 16, 1, 8, 8), "t": torch.tensor([500.0]), "context": r(1, 8, 64),
                      "vace_context": r(1, 96, 1, 8, 8)},
+        "z_image": {"x": r(1, 16, 12, 8), "t": torch.tensor([0.5]), "cap_feats": r(1, 20, 64)},
     }  # fmt: skip
     return {name: (d / f"{name}.safetensors", inputs[name]) for name in base}
 

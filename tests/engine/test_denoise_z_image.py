@@ -1,0 +1,200 @@
+"""Z-Image's transformer (engine.denoise.nextdit) against diffusers' ZImageTransformer2DModel on the same
+weights, in diffusers' naming and the release's (fused qkv, ComfyUI's `model.diffusion_model.` prefix),
+reduced width (2 heads of 128) and depth, float32, CPU; its op order, a step fully and partially resident,
+and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from denoise_files import (
+    diffusers_z_image,
+    recorded_order,
+    rel_l2,
+    run_diffusers_z_image,
+    step_full_and_partial,
+    write,
+    z_image_original,
+)
+
+from engine import denoise
+from engine.detect import detect_file
+from engine.errors import FormatError, UnsupportedModel
+from engine.model import Component
+
+TOL = 1e-3
+PREFIX = "model.diffusion_model."
+
+
+@pytest.fixture(scope="module")
+def z_image(tmp_path_factory):
+    ref, sd = diffusers_z_image()
+    d = tmp_path_factory.mktemp("z_image")
+    original = {PREFIX + k: v for k, v in z_image_original(sd).items()}
+    return (
+        write(d / "z_image_diffusers.safetensors", sd),
+        write(d / "z_image_turbo.safetensors", original),
+        ref,
+    )
+
+
+def _bound(path):
+    det = detect_file(str(path))
+    assert det.architecture == "z_image"
+    comp = det.components["transformer"]
+    return denoise.bind(Component("transformer", path, comp.prefix), "z_image")
+
+
+def test_z_image_equals_diffusers_in_both_namings(z_image):
+    diff_path, orig_path, ref = z_image
+    den = _bound(diff_path)
+    assert den.naming == "diffusers" and den.input_names == ("x", "t", "cap_feats")
+    inputs = den.random_inputs(96, 160, batch=2, seed=1)  # a 6 x 10 patch grid: 60 tokens, padded to 64
+    assert inputs["x"].shape == (2, 16, 20, 12) and inputs["cap_feats"].shape == (2, 128, 64)
+    inputs["cap_feats"] = inputs["cap_feats"][:, :45]  # 45 caption tokens, padded to 64 inside
+    with torch.inference_mode():
+        out = den(inputs)
+        want = run_diffusers_z_image(ref, inputs)
+        original = _bound(orig_path)
+        assert original.naming == "original"
+        same = original(inputs)
+    err = rel_l2(out, want)
+    print(f"z_image: relative L2 {err:.2e}")
+    assert out.shape == inputs["x"].shape and err <= TOL
+    assert rel_l2(same, want) <= TOL
+
+
+def test_z_image_unpadded_lengths_equal_diffusers(z_image):
+    """Sequences already a multiple of 32 tokens take no pad rows (4 x 8 patches, 64 caption tokens)."""
+    diff_path, _, ref = z_image
+    den = _bound(diff_path)
+    inputs = den.random_inputs(64, 128, seed=5)
+    inputs["cap_feats"] = inputs["cap_feats"][:, :64]
+    with torch.inference_mode():
+        assert rel_l2(den(inputs), run_diffusers_z_image(ref, inputs)) <= TOL
+
+
+def test_z_image_op_order_is_the_call_order(z_image):
+    path = z_image[1]
+    det = detect_file(str(path))
+    c = Component("transformer", path, det.components["transformer"].prefix)
+    den = denoise.bind(c, "z_image")
+    seen = recorded_order(den, c, den.random_inputs(64, 64))
+    assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
+    # every unit an op the forward runs, but the caption norm and the pad tokens (plain holders)
+    assert len(seen) == len(c.units) - 2
+
+
+def test_z_image_steps_fully_and_partially_alike(z_image, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    runs = step_full_and_partial(z_image[1], tmp_path, 0.004, size=(64, 64), steps=1)
+    (full, a), (partial, b) = runs["full"], runs["partial"]
+    assert (full.architecture, full.output_shape) == ("z_image", (1, 16, 8, 8))
+    assert partial.streamed_bytes_per_step > 0
+    assert torch.equal(a, b)
+
+
+def test_z_image_omni_layers_are_refused(z_image, tmp_path):
+    """Z-Image Omni's SigLIP embedder and refiner are layers this forward does not compute."""
+    _, sd = diffusers_z_image()
+    sd = dict(
+        sd, **{"siglip_embedder.1.weight": torch.zeros(256, 32), "siglip_embedder.1.bias": torch.zeros(256)}
+    )
+    path = write(tmp_path / "z_image_omni.safetensors", sd)
+    with pytest.raises(
+        UnsupportedModel, match=r"not computed by Loadout's z_image forward \(siglip_embedder"
+    ):
+        denoise.bind(Component("transformer", path, ""), "z_image")
+
+
+def test_z_image_inputs_say_what_they_expect(z_image):
+    den = _bound(z_image[0])
+    inputs = den.random_inputs(64, 64)
+    inputs["cap_feats"] = torch.zeros(1, 10, 2560)
+    with pytest.raises(
+        FormatError, match=r"input cap_feats has shape \[1, 10, 2560\]; expected \[·, ·, 64\]"
+    ):
+        den.check_inputs(inputs, "in.safetensors")
+
+
+def test_a_gguf_z_image_steps_like_its_dequantized_twin(tmp_path):
+    """A Z-Image GGUF as ComfyUI-GGUF writes them (release naming, general.architecture lumina2): the
+    blocks' Linears Q8_0, the embedders, norms and pad tokens as they are; the forward equals the
+    dequantized twin's."""
+    pytest.importorskip("gguf")
+    from tests.support.gguf_files import write_gguf_twin
+
+    _, sd = diffusers_z_image(seed=7)
+
+    def blocks(k, t):
+        return k.endswith(".weight") and t.dim() == 2 and k.startswith(("layers.", "noise_refiner."))
+
+    twin, quantized = write_gguf_twin(tmp_path / "z_image-Q8_0.gguf", z_image_original(sd), "lumina2", blocks)
+    assert quantized
+    twin_path = write(tmp_path / "twin.safetensors", twin)
+    dens = [
+        denoise.bind(Component("transformer", str(p), "", compute_dtype="float32"), "z_image")
+        for p in (tmp_path / "z_image-Q8_0.gguf", twin_path)
+    ]
+    inputs = dens[0].random_inputs(64, 64, seed=3)
+    with torch.inference_mode():
+        out, want = (d(inputs) for d in dens)
+    assert rel_l2(out, want) <= 1e-6
+
+
+@pytest.mark.parametrize("budget", [None, 0.004])
+def test_a_diffusers_named_lora_on_the_fused_release_file_equals_diffusers_merged(z_image, tmp_path, budget):
+    """An AI-Toolkit-style Z-Image LoRA (diffusers' `attention.to_q/k/v`, `to_out.0`, `feed_forward.w1`)
+    on the release's fused-qkv file, fully resident (baked) and partially (the streamed layers patched on
+    the fly): the output equals diffusers' model with the LoRA merged into its own weights by hand."""
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.formats.safetensors import SafetensorsFile
+    from engine.requests import StackItem, Step
+
+    ref, sd = diffusers_z_image()
+    g = torch.Generator().manual_seed(11)
+    lora, merged, rank, strength = {}, dict(sd), 4, 0.8
+    for name in (
+        "attention.to_q",
+        "attention.to_k",
+        "attention.to_v",
+        "attention.to_out.0",
+        "feed_forward.w1",
+    ):
+        for block in ("layers.0", "layers.1", "noise_refiner.1"):
+            w = sd[f"{block}.{name}.weight"]
+            a = torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5
+            b = torch.randn(w.shape[0], rank, generator=g) * 0.1
+            lora[f"diffusion_model.{block}.{name}.lora_A.weight"] = a
+            lora[f"diffusion_model.{block}.{name}.lora_B.weight"] = b
+            merged[f"{block}.{name}.weight"] = w + strength * (b @ a)  # alpha = rank: scale 1
+    lora_path = write(tmp_path / "z_image_lora.safetensors", lora)
+    ref.load_state_dict(merged)
+    den = _bound(z_image[1])
+    inputs = den.random_inputs(64, 96, seed=9)
+    inputs["cap_feats"] = inputs["cap_feats"][:, :40]
+    in_path = write(tmp_path / "in.safetensors", inputs)
+    e = Engine()
+    e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
+    try:
+        r = e.run(Step(str(z_image[1]), loras=(StackItem(str(lora_path), strength),), inputs=str(in_path),
+                       out=str(tmp_path / "out.safetensors")))  # fmt: skip
+    finally:
+        e.close()
+    assert r.mode == ("full" if budget is None else "partial")
+    out = SafetensorsFile(tmp_path / "out.safetensors").tensor("out")
+    with torch.inference_mode():
+        want = run_diffusers_z_image(ref, inputs)
+        ref.load_state_dict(sd)
+        unpatched = run_diffusers_z_image(ref, inputs)
+    assert rel_l2(out, want) <= TOL < rel_l2(out, unpatched)
+
+
+def test_an_odd_latent_is_an_input_error_not_a_damaged_file(z_image):
+    den = _bound(z_image[0])
+    inputs = dict(den.random_inputs(64, 64), x=torch.zeros(1, 16, 7, 8))
+    with pytest.raises(
+        FormatError, match=r"input x has shape \[1, 16, 7, 8\]: its height and width must be even"
+    ):
+        den.check_inputs(inputs, "in.safetensors")
