@@ -317,7 +317,8 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
 # Families whose denoiser Loadout steps (engine.denoise.SUPPORTED), and the size they are made for.
 STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "unet", "flux1_dev": "flux",
               "flux1_schnell": "flux", "chroma": "flux", "sd3": "mmdit", "sd3.5_medium": "mmdit",
-              "sd3.5_large": "mmdit", "mmdit": "mmdit", "qwen_image": "qwen_image", "z_image": "nextdit", "wan21": "wan",
+              "sd3.5_large": "mmdit", "mmdit": "mmdit", "qwen_image": "qwen_image", "z_image": "nextdit",
+              "lumina2": "nextdit", "wan21": "wan",
               "wan22": "wan"}  # fmt: skip
 # (width, height) each family is made for (Wan: 480p, one latent frame per step unit)
 NATIVE_PX = {
@@ -334,6 +335,7 @@ NATIVE_PX = {
     "mmdit": (1024, 1024),
     "qwen_image": (1328, 1328),
     "z_image": (1024, 1024),
+    "lumina2": (1024, 1024),
     "wan21": (832, 480),
     "wan22": (832, 480),
 }

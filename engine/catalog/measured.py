@@ -27,7 +27,7 @@ ACTIVATION_BYTES = {
     "flux": 128 * 1024,
     "mmdit": 96 * 1024,
     "qwen_image": 128 * 1024,
-    "nextdit": 128 * 1024,  # Z-Image: width 3840, SwiGLU 10240
+    "nextdit": 128 * 1024,  # Z-Image: width 3840, SwiGLU 10240 (Lumina 2: 2304, 6144)
     "wan": 96 * 1024,
     "text": 64 * 1024,  # text encoders: per token
 }

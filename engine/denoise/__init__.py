@@ -24,7 +24,7 @@ CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (
 # SD3 / SD3.5 (engine.denoise.mmdit); `mmdit`: an MMDiT of no known release size (read from its shapes)
 MMDIT = ("sd3", "sd3.5_medium", "sd3.5_large", "mmdit")
 QWEN = ("qwen_image",)  # engine.denoise.qwen_image
-NEXTDIT = ("z_image",)  # engine.denoise.nextdit
+NEXTDIT = ("z_image", "lumina2")  # engine.denoise.nextdit
 SUPPORTED = UNETS + FLUX + CHROMA + MMDIT + QWEN + NEXTDIT + WAN
 _MISFIT = re.compile(
     r"shapes cannot be multiplied|Given groups=|expected input\[|must match the size of tensor|"
@@ -139,9 +139,9 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
 
         return Denoiser("qwen_image", architecture, "diffusers", bind_qwen_image(ops, architecture, dtype))
     if architecture in NEXTDIT:
-        from .nextdit import bind_z_image
+        from .nextdit import bind_nextdit
 
-        naming, model = bind_z_image(ops, mods, architecture, dtype)
+        naming, model = bind_nextdit(ops, mods, architecture, dtype)
         return Denoiser("nextdit", architecture, naming, model)
     if architecture in WAN:
         from .. import ops as castable

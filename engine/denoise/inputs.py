@@ -35,7 +35,9 @@ Qwen2.5-VL states.
 Z-Image (its release's `ZImageTransformer2DModel.forward(x, t, cap_feats)`, batched): `x` [B, 16, h, w]
 latents (one frame; 2×2 patches inside, h and w even), `t` [B] in 0–1 as its pipeline passes it (1 − sigma:
 1 is the clean image), `cap_feats` [B, T, 2560] Qwen3-4B states of the prompt's tokens (the pipeline keeps
-the unpadded ones; the model pads them to a multiple of 32).
+the unpadded ones; the model pads them to a multiple of 32). Lumina 2 (Lumina-Image-2.0's
+`NextDiT.forward(x, t, cap_feats, cap_mask)`): the same `x` and `t`, `cap_feats` [B, T, 2304] Gemma-2-2B
+states, and optionally `cap_mask` [B, T] (1 for each prompt's tokens, then 0 for its padding; default all 1).
 
 Text encoders (transformers' CLIPTextModel / T5EncoderModel forward): `input_ids` [B, T] token ids (77
 for CLIP, 512 for T5 when random).
@@ -78,6 +80,8 @@ def optional_names(model) -> tuple[str, ...]:
     """Inputs `model` takes when a file gives them (and otherwise runs at their default)."""
     if getattr(model, "family", "") == "wan" and model.vace_channels:
         return ("vace_context_scale",)  # VACE's hint strength, [B]; the original's default 1
+    if getattr(model, "family", "") == "nextdit" and not model.spec.padded:
+        return ("cap_mask",)  # Lumina 2's caption mask, [B, T]; default: every token
     return ()
 
 
@@ -218,12 +222,25 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}: it holds no values")
         if not torch.isfinite(t).all():
             raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
+    if "cap_mask" in got:
+        _check_mask(got["cap_mask"], source)
     if getattr(model, "family", "") in PATCHED and any(s % 2 for s in got["x"].shape[-2:]):
         raise FormatError(
             f"{source}: input x has shape {list(got['x'].shape)}: its height and width must be even "
             "(the model reads 2×2 patches of the latent)"
         )
     return got
+
+
+def _check_mask(mask: torch.Tensor, source: str) -> None:
+    """A caption mask as the original forward reads it: 1 for each caption's tokens, first, then 0."""
+    if not ((mask == 0) | (mask == 1)).all():
+        raise FormatError(f"{source}: input cap_mask holds values other than 0 and 1")
+    for i, row in enumerate(mask):
+        n = int(row.sum())
+        if n == 0 or not row[:n].all():
+            what = "marks no token" if n == 0 else "has a 0 before its last 1 (the tokens come first)"
+            raise FormatError(f"{source}: input cap_mask of item {i} {what}")
 
 
 def _shapes(model, got) -> dict:
@@ -236,11 +253,14 @@ def _shapes(model, got) -> dict:
             "context": (None, None, model.context_dim),
         }
     if getattr(model, "family", "") == "nextdit":
-        return {
+        out = {
             "x": (None, model.in_channels, None, None),
             "t": (None,),
             "cap_feats": (None, None, model.context_dim),
         }
+        if "cap_mask" in got:
+            out["cap_mask"] = (None, got["cap_feats"].shape[1] if got["cap_feats"].dim() == 3 else None)
+        return out
     if getattr(model, "family", "") == "mmdit":
         return {
             "x": (None, model.in_channels, None, None),

@@ -253,6 +253,58 @@ def z_image_original(sd: dict) -> dict:
     return out
 
 
+def diffusers_lumina2(seed: int = 5):
+    """A reduced Lumina 2 (width 192: 2 query heads of 96 on 1 K/V head, 2 layers, 2 + 2 refiners, 64-wide
+    captions) in diffusers' class, well-scaled random weights: (model, its state dict in diffusers' naming)."""
+    from diffusers import Lumina2Transformer2DModel
+
+    model = Lumina2Transformer2DModel(hidden_size=192, num_layers=2, num_attention_heads=2, num_kv_heads=1,
+                                      cap_feat_dim=64)  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for k, p in model.state_dict().items():
+        r = torch.randn(p.shape, generator=g)
+        sd[k] = r / math.sqrt(p.shape[1]) if p.dim() == 2 else (1 + 0.1 * r if "norm" in k else 0.1 * r)
+    model.load_state_dict(sd, strict=True)
+    return model.eval(), sd
+
+
+def lumina2_original(sd: dict) -> dict:
+    """A diffusers-named Lumina 2 state dict in Lumina-Image-2.0's release naming (ComfyUI's files): q, k and
+    v fused into `attention.qkv`, `feed_forward.w1/2/3`, `adaLN_modulation.1`, `final_layer`, and the
+    release's unused `norm_final` -- the inverse of diffusers' `convert_lumina2_to_diffusers`."""
+    names = (("time_caption_embed.caption_embedder.", "cap_embedder."),
+             ("time_caption_embed.timestep_embedder.linear_1.", "t_embedder.mlp.0."),
+             ("time_caption_embed.timestep_embedder.linear_2.", "t_embedder.mlp.2."),
+             ("norm_out.linear_1.", "final_layer.adaLN_modulation.1."), ("norm_out.linear_2.", "final_layer.linear."),
+             (".attn.to_out.0.", ".attention.out."), (".attn.norm_q.", ".attention.q_norm."),
+             (".attn.norm_k.", ".attention.k_norm."), (".feed_forward.linear_1.", ".feed_forward.w1."),
+             (".feed_forward.linear_2.", ".feed_forward.w2."), (".feed_forward.linear_3.", ".feed_forward.w3."),
+             (".norm1.linear.", ".adaLN_modulation.1."), (".norm1.norm.", ".attention_norm1."),
+             (".norm1.", ".attention_norm1."), (".norm2.", ".attention_norm2."))  # fmt: skip
+    out = {}
+    for k, v in sd.items():
+        if ".attn.to_k." in k or ".attn.to_v." in k:
+            continue
+        if ".attn.to_q." in k:
+            out[k.replace(".attn.to_q.", ".attention.qkv.")] = torch.cat(
+                [sd[k.replace(".to_q.", f".to_{n}.")] for n in "qkv"]
+            )
+            continue
+        for a, b in names:
+            k = k.replace(a, b)
+        out[k] = v
+    out["norm_final.weight"] = torch.ones(sd["x_embedder.weight"].shape[0])  # in the release, never read
+    return out
+
+
+def run_diffusers_lumina2(model, inputs: dict) -> torch.Tensor:
+    """diffusers' Lumina 2 on our inputs (its caption mask all ones when none is given)."""
+    x, caps = inputs["x"], inputs["cap_feats"]
+    mask = inputs.get("cap_mask", torch.ones(caps.shape[:2]))
+    return model(x, inputs["t"], caps, mask.bool(), return_dict=False)[0]
+
+
 def run_diffusers_z_image(model, inputs: dict) -> torch.Tensor:
     """diffusers' Z-Image on our batched inputs (its forward takes lists of [C, F, H, W] frames)."""
     frames = [x.unsqueeze(1) for x in inputs["x"]]
