@@ -1,5 +1,5 @@
-"""Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's and
-Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's, Z-Image's and Wan 2.x's, run on the component's own castable ops (the residency manager's modules, tiers and
+"""Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's,
+FLUX.2's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's, Z-Image's and Wan 2.x's, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
@@ -20,12 +20,13 @@ from .inputs import check_inputs, names, random_inputs
 UNETS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
 FLUX = ("flux1_dev", "flux1_schnell")
 WAN = ("wan21", "wan22")  # T2V, I2V, FLF2V and VACE transformers (engine.denoise.wan)
+FLUX2 = ("flux2",)  # [dev] and [klein] (engine.denoise.flux2)
 CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (engine.denoise.flux)
 # SD3 / SD3.5 (engine.denoise.mmdit); `mmdit`: an MMDiT of no known release size (read from its shapes)
 MMDIT = ("sd3", "sd3.5_medium", "sd3.5_large", "mmdit")
 QWEN = ("qwen_image",)  # engine.denoise.qwen_image
 NEXTDIT = ("z_image", "lumina2")  # engine.denoise.nextdit
-SUPPORTED = UNETS + FLUX + CHROMA + MMDIT + QWEN + NEXTDIT + WAN
+SUPPORTED = UNETS + FLUX + FLUX2 + CHROMA + MMDIT + QWEN + NEXTDIT + WAN
 _MISFIT = re.compile(
     r"shapes cannot be multiplied|Given groups=|expected input\[|must match the size of tensor|"
     r"size of tensor a|is invalid for input of size|Expected weight to be a vector|normalized_shape|"
@@ -162,6 +163,12 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
             plain = {renamed.get(p, p): m for p, m in plain.items()}
         ops = ops.renamed(cast)
         return Denoiser("wan", architecture, naming, bind_wan(ops, architecture, dtype, Taken(plain, ops)))
+    if architecture in FLUX2:
+        from .flux2 import bind_flux2_bfl, bind_flux2_diffusers
+
+        if "img_in" in mods:
+            return Denoiser("flux", architecture, "bfl", bind_flux2_bfl(ops, architecture, dtype))
+        return Denoiser("flux", architecture, "diffusers", bind_flux2_diffusers(ops, architecture, dtype))
     from .flux import bind_bfl, bind_diffusers
 
     if "img_in" in mods or any(p.startswith("double_blocks.") for p in mods):

@@ -44,6 +44,11 @@ for CLIP, 512 for T5 when random).
 
 Chroma: FLUX.1's `img`, `img_ids`, `txt`, `txt_ids` and `timesteps` (0–1); no pooled CLIP vector and no
 guidance input (its pipelines embed guidance 0, as diffusers' ChromaTransformer2DModel does).
+
+FLUX.2 (BFL's `Flux2.forward`): `img` [B, L, 128] (2×2 patches of the 32-channel latent), `img_ids` [B, L, 4]
+(0, row, column, 0), `txt` [B, T, D] (D: [dev] 15360, three Mistral Small 3.1 layers' states; [klein] 4B
+7680 and 9B 12288, three Qwen3 layers'), `txt_ids` [B, T, 4] (0, 0, 0, i), `timesteps` [B] in 0–1, and for
+[dev] `guidance` [B] (its pipeline's default 4); no pooled vector.
 """
 
 from __future__ import annotations
@@ -68,8 +73,9 @@ CHROMA_INPUTS = FLUX_INPUTS[:5]
 WAN_TOKENS = 512
 CLIP_TOKENS = 257  # one image's CLIP ViT-H/14 tokens (Wan 2.1 I2V)
 UNET_TOKENS = 77
-FLUX_TOKENS = {"flux1_dev": 512, "flux1_schnell": 256, "chroma": 512}
+FLUX_TOKENS = {"flux1_dev": 512, "flux1_schnell": 256, "chroma": 512, "flux2": 512}
 FLUX_GUIDANCE = 3.5
+FLUX2_GUIDANCE = 4.0  # the FLUX.2 [dev] pipeline's default guidance
 SDXL_ADM = 2816
 REFINER_ADM = 2560
 POOLED = 1280
@@ -94,8 +100,8 @@ def names(model) -> tuple[str, ...]:
             ("vace_context",) if model.vace_channels else ()
         )
         return (*WAN_INPUTS, *extra)
-    if getattr(model, "family", "") == "chroma":
-        return CHROMA_INPUTS
+    if getattr(model, "family", "") in ("chroma", "flux2"):  # no pooled vector; FLUX.2 [dev] a guidance
+        return CHROMA_INPUTS + (("guidance",) if model.guidance_in is not None else ())
     if getattr(model, "family", "") == "mmdit":
         return MMDIT_INPUTS
     if getattr(model, "family", "") == "qwen_image":
@@ -159,21 +165,30 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         return out
     h, w = _latent(width, height, 16)
     tokens = FLUX_TOKENS.get(model.architecture, 256)
-    ids = torch.zeros(h, w, 3)
+    axes = _axes(model)
+    ids = torch.zeros(h, w, axes)
     ids[..., 1] = torch.arange(h)[:, None]
     ids[..., 2] = torch.arange(w)[None, :]
+    txt_ids = torch.zeros(batch, tokens, axes)
+    if axes == 4:  # FLUX.2: the text's own axis l
+        txt_ids[..., 3] = torch.arange(tokens)
     out = {
         "img": torch.randn(batch, h * w, model.in_channels, generator=g),
-        "img_ids": ids.reshape(1, h * w, 3).repeat(batch, 1, 1),
+        "img_ids": ids.reshape(1, h * w, axes).repeat(batch, 1, 1),
         "txt": torch.randn(batch, tokens, model.context_dim, generator=g),
-        "txt_ids": torch.zeros(batch, tokens, 3),
+        "txt_ids": txt_ids,
         "timesteps": torch.rand(batch, generator=g),
     }
     if model.vec_dim:
         out["y"] = torch.randn(batch, model.vec_dim, generator=g)
     if model.guidance_in is not None:
-        out["guidance"] = torch.full((batch,), FLUX_GUIDANCE)
+        out["guidance"] = torch.full((batch,), FLUX2_GUIDANCE if axes == 4 else FLUX_GUIDANCE)
     return out
+
+
+def _axes(model) -> int:
+    """The position axes of a FLUX forward's ids: FLUX.1's (0, row, column), FLUX.2's (t, h, w, l)."""
+    return 4 if getattr(model, "family", "") == "flux2" else 3
 
 
 def _latent(width: int, height: int, multiple: int) -> tuple[int, int]:
@@ -295,9 +310,9 @@ def _shapes(model, got) -> dict:
     n_txt = got["txt"].shape[1] if got["txt"].dim() == 3 else None
     out = {
         "img": (None, None, model.in_channels),
-        "img_ids": (None, n_img, 3),
+        "img_ids": (None, n_img, _axes(model)),
         "txt": (None, None, model.context_dim),
-        "txt_ids": (None, n_txt, 3),
+        "txt_ids": (None, n_txt, _axes(model)),
         "timesteps": (None,),
     }
     if model.vec_dim:

@@ -130,9 +130,15 @@ def _denoisers(d: Path) -> dict:
     from tests.engine.denoise_files import FLUX_DEV_TINY, SD1_TINY, SDXL_TINY, flux_rows, unet_rows
     from tests.engine.layouts_2026.image import LUMINA2, Z_IMAGE, nextdit_original
     from tests.engine.layouts_2026.video import WanConfig, wan_original
+    from tests.support.synth._build import Builder
+    from tests.support.synth.flux import Flux2Config, flux2_bfl
 
     z_image = Z_IMAGE.with_(dim=256, layers=2, heads=2, kv_heads=2, ffn=512, caption=64)  # heads of 128
     lumina2 = LUMINA2.with_(dim=192, layers=2, heads=2, kv_heads=1, ffn=256, caption=64)  # heads of 96, GQA
+    flux2 = Builder("F32")
+    flux2_bfl(
+        flux2, Flux2Config(context_in_dim=64, hidden_size=256, num_heads=2, depth=1, depth_single_blocks=2)
+    )
     wan = WanConfig(dim=256, ffn=512, layers=4, text_dim=64)  # two of Wan's 128-wide heads
     i2v, vace = wan.with_(in_dim=36, clip_image=True, flf=True), wan.with_(vace_layers=(0, 2))
     out = {}
@@ -144,6 +150,7 @@ def _denoisers(d: Path) -> dict:
         ("wan_vace", [(k, "F32", s) for k, s in wan_original(vace).items()], "64x64"),
         ("z_image", [(k, "F32", s) for k, s in nextdit_original(z_image).items()], "96x64"),
         ("lumina2", [(k, "F32", s) for k, s in nextdit_original(lumina2).items()], "64x96"),
+        ("flux2", flux2.rows, "64x64"),
     ):
         out[name] = (save_tensors(d / f"{name}.safetensors", _weights(rows)).read_bytes(), size)
     return out
@@ -437,6 +444,8 @@ def _inputs(d: Path) -> dict:
         "z_image": {"x": r(1, 16, 12, 8), "t": torch.tensor([0.5]), "cap_feats": r(1, 20, 64)},
         "lumina2": {"x": r(2, 16, 8, 12), "t": torch.tensor([0.5, 0.7]), "cap_feats": r(2, 20, 64),
                     "cap_mask": (torch.arange(20)[None] < torch.tensor([[12], [20]])).float()},
+        "flux2": {"img": r(1, 16, 128), "img_ids": torch.zeros(1, 16, 4), "txt": r(1, 8, 64),
+                  "txt_ids": torch.zeros(1, 8, 4), "timesteps": torch.tensor([0.5]), "guidance": torch.tensor([4.0])},
     }  # fmt: skip
     return {name: (d / f"{name}.safetensors", inputs[name]) for name in base}
 
