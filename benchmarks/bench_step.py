@@ -12,6 +12,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
     that cost (launching, not computing): this is where it shows on a CPU. `make bench-check` runs it.
   * wan_i2v: `wan` with Wan 2.1 I2V's image branch (36 input channels, CLIP image features through
     img_emb, a second attention in every cross-attention) on the same frame, 257 image tokens.
+  * flux2: FLUX.2 [klein] 4B at its real width (3072, 24 heads, SwiGLU 9216, Qwen3 7680-wide text states, no
+    guidance) at reduced depth (1 double and 2 single blocks with the three shared modulations: 0.66 B
+    parameters, 2.6 GB) at 256×256 pixels with 512 text tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
     reduced depth (1 main layer, 1 noise and 1 caption refiner: 0.56 B parameters, 2.2 GB) at 512×512
     pixels (1024 image tokens) with 128 caption tokens.
@@ -49,7 +52,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|wan|wan_narrow|wan_i2v|z_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -90,13 +93,18 @@ WAN_NARROW = {**WAN, "num_attention_heads": 1, "ffn_dim": 256, "num_layers": 30}
 # Wan 2.1 I2V at that width (Wan2.1 configs/wan_i2v_14B.py: 36 input channels, CLIP ViT-H image features
 # of 1280 through img_emb and k_img / v_img in every cross-attention; diffusers' image_dim / added_kv_proj_dim)
 WAN_I2V = {**WAN, "in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 1536}
+# FLUX.2 [klein] 4B's width (black-forest-labs/FLUX.2-klein-4B transformer config: 24 heads of 128, Qwen3-4B
+# states of three layers, 7680 wide, no guidance embedder) at 1 double + 2 single blocks
+FLUX2 = dict(num_layers=1, num_single_layers=2, attention_head_dim=128, num_attention_heads=24, joint_attention_dim=7680,
+             guidance_embeds=False)  # fmt: skip
 # Z-Image's width (diffusers' ZImageTransformer2DModel defaults: Tongyi-MAI/Z-Image-Turbo's config) at 1 layer
 # and 1 + 1 refiners
 Z_IMAGE = dict(n_layers=1, n_refiner_layers=1)
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
-            "wan_i2v": ((480, 480), "transformer", "wan21"), "z_image": ((512, 512), "transformer", "z_image")}  # fmt: skip
+            "wan_i2v": ((480, 480), "transformer", "wan21"), "z_image": ((512, 512), "transformer", "z_image"),
+            "flux2": ((256, 256), "transformer", "flux2")}  # fmt: skip
 
 
 def _wan(family: str) -> dict:
@@ -116,6 +124,10 @@ def _diffusers_model(family: str):
             from diffusers import WanTransformer3DModel
 
             return WanTransformer3DModel(**_wan(family))
+        if family == "flux2":
+            from diffusers import Flux2Transformer2DModel
+
+            return Flux2Transformer2DModel(**FLUX2)
         if family == "z_image":
             from diffusers import ZImageTransformer2DModel
 
@@ -180,6 +192,9 @@ def _inputs(model: str, family: str):
 
 def _run_diffusers(model, family: str, x: dict):
     """diffusers' forward on Loadout's (the original codebases') input names."""
+    if family == "flux2":
+        return model(hidden_states=x["img"], encoder_hidden_states=x["txt"], timestep=x["timesteps"],
+                     img_ids=x["img_ids"][0], txt_ids=x["txt_ids"][0], guidance=x.get("guidance")).sample  # fmt: skip
     if family == "flux":
         return model(hidden_states=x["img"], encoder_hidden_states=x["txt"], pooled_projections=x["y"],
                      timestep=x["timesteps"], img_ids=x["img_ids"][0], txt_ids=x["txt_ids"][0],
@@ -430,7 +445,8 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "wan": "Wan 2.1 1.3B width, 4 blocks, one 480x480 frame",
              "wan_narrow": "Wan 2.1 1.3B depth (30 blocks), one 128-wide head, one 64x64 frame",
              "wan_i2v": "Wan 2.1 I2V at the 1.3B width, 4 blocks, one 480x480 frame",
-             "z_image": "Z-Image width, 1 layer + 1 + 1 refiners, 512x512"}[fam]  # fmt: skip
+             "z_image": "Z-Image width, 1 layer + 1 + 1 refiners, 512x512",
+             "flux2": "FLUX.2 [klein] 4B width, 1+2 blocks, 256x256"}[fam]  # fmt: skip
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip
     for name, r in st.items():

@@ -57,10 +57,9 @@ TITLES = {
     "wan_narrow": "wan21 30 blocks one head 64x64",
     "wan_i2v": "wan21 i2v width 4 blocks 480x480",  # per-op cost: launches and hand-overs, little arithmetic
     "z_image": "z_image width 1+1+1 blocks 512x512",
+    "flux2": "flux2-klein-4b width 1+2 blocks 256x256",
 }
-BF16 = (
-    "z_image",
-)  # families that never run in float16 (engine.model.dtypes): weights and diffusers in bfloat16
+BF16 = ("z_image", "flux2")  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
 def _half(family: str):
@@ -377,7 +376,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")
