@@ -25,7 +25,9 @@ import psutil
 
 log = logging.getLogger("loadout.memory")
 
-ResidencyProvider = Callable[[], Mapping[str, tuple[int, int]]]
+# label -> (device bytes, RAM bytes[, key]): the key names the component across samples while its label may
+# change (engine.residency.ledger.Snapshot.per_model); without one the label is the key
+ResidencyProvider = Callable[[], Mapping[str, tuple]]
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,14 @@ CPU_TARGET = MemoryTarget()
 class ComponentResidency:
     """Bytes of one loaded component on the device and in RAM (from the residency ledger)."""
 
-    name: str
+    name: str  # its label now: a second loaded component of the same name adds the file's name to both
     device_bytes: int
     ram_bytes: int
+    key: str = ""  # the same component in every sample (its file and name), whatever its label
+
+    @property
+    def identity(self) -> str:
+        return self.key or self.name
 
 
 @dataclass(frozen=True)
@@ -272,8 +279,10 @@ class MemorySampler:
         merged: dict[str, ComponentResidency] = {}
         for p in providers:
             try:
-                for name, (dev, ram) in p().items():
-                    merged[name] = ComponentResidency(str(name), int(dev), int(ram))
+                for name, (dev, ram, *key) in p().items():
+                    merged[name] = ComponentResidency(
+                        str(name), int(dev), int(ram), str(key[0]) if key else ""
+                    )
             except Exception:  # a broken provider must not stop the 20 Hz sampler: log it once
                 if id(p) not in self._provider_failed:
                     self._provider_failed.add(id(p))

@@ -3,10 +3,18 @@ sample costs a few scalar stores and drawing never converts Python lists (the gr
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 GIB = 1024**3
 LINES = ("used", "total", "allocated", "reserved", "ram")
+
+
+def _with_file(key: str) -> str:
+    """A component key's label with its file's name (keys are "path\nname"; others are their own label)."""
+    path, sep, name = key.partition("\n")
+    return f"{name} ({os.path.basename(path)})" if sep else key
 
 
 class SampleHistory:
@@ -21,7 +29,8 @@ class SampleHistory:
         self._end = 0
         self._t = np.empty(self._size)
         self._lines = np.full((len(LINES), self._size), np.nan)
-        self._areas: dict[str, np.ndarray] = {}  # component -> device GiB per sample (0 when absent)
+        self._areas: dict[str, np.ndarray] = {}  # component key -> device GiB per sample (0 when absent)
+        self.labels: dict[str, str] = {}  # component key -> its newest label
         self.stack_max = 0.0  # highest stacked-area top kept (sum of components), in GiB
         self.line_max = dict.fromkeys(LINES, 0.0)  # highest finite value kept per line, in GiB
 
@@ -41,11 +50,28 @@ class SampleHistory:
 
     @property
     def areas(self) -> dict[str, np.ndarray]:
-        """Component bands in the order they first appeared (the stacking order)."""
-        return {k: col[self._start : self._end] for k, col in self._areas.items()}
+        """Component bands by their label, in the order they first appeared (the stacking order)."""
+        return {label: col for _, label, col in self.bands()}
 
-    def append(self, t: float, values: dict[str, float], components: dict[str, float]) -> None:
-        """One sample: `values` per line in GiB (NaN = unknown), `components` device GiB per name."""
+    def bands(self) -> list[tuple[str, str, np.ndarray]]:
+        """(key, label, column) of each component band, in stacking order. The label is the newest the
+        engine gave; where two bands would read the same (a component unloaded, another of its name loaded
+        from another file) each says its file."""
+        seen: dict[str, int] = {}
+        for label in self.labels.values():
+            seen[label] = seen.get(label, 0) + 1
+        return [(k, _with_file(k) if seen[self.labels[k]] > 1 else self.labels[k], col[self._start : self._end])
+                for k, col in self._areas.items()]  # fmt: skip
+
+    def append(
+        self,
+        t: float,
+        values: dict[str, float],
+        components: dict[str, float],
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        """One sample: `values` per line in GiB (NaN = unknown), `components` device GiB per component key,
+        `labels` the keys' labels now (default: the key)."""
         if self._end == self._size:
             self._compact()
         i = self._end
@@ -58,6 +84,7 @@ class SampleHistory:
         for name in components:
             if name not in self._areas:
                 self._areas[name] = np.zeros(self._size)
+            self.labels[name] = labels.get(name, name) if labels else name
         stack = 0.0
         for name, col in self._areas.items():
             v = components.get(name, 0.0)

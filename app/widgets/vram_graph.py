@@ -211,7 +211,10 @@ class VramGraph(QWidget):
             "ram": s.process_rss / GIB,
         }
         self.history.append(
-            s.monotonic - self.t0, values, {c.name: c.device_bytes / GIB for c in s.residency}
+            s.monotonic - self.t0,
+            values,
+            {c.identity: c.device_bytes / GIB for c in s.residency},
+            {c.identity: c.name for c in s.residency},
         )
         self._dirty = True
 
@@ -314,18 +317,21 @@ class VramGraph(QWidget):
     def _draw_areas(self, xs: np.ndarray, lo: int, decimate: bool) -> None:
         """Stacked bands, bottom-up in the order components first appeared; items are made once."""
         base = np.zeros(len(xs))
-        for i, (label, col) in enumerate(self.history.areas.items()):
+        for i, (key, label, col) in enumerate(self.history.bands()):
             top = base + col[lo:]
-            item = self.area_items.get(label)
+            item = self.area_items.get(key)
             if item is None:
                 color = pg.mkColor(AREA_COLORS[i % len(AREA_COLORS)])
                 fill = pg.mkColor(color)
                 fill.setAlpha(110)
-                item = self.area_items[label] = pg.PlotDataItem(
+                item = self.area_items[key] = pg.PlotDataItem(
                     pen=pg.mkPen(color, width=1), brush=fill, name=label, fillLevel=0.0
                 )
                 item.setZValue(-10 - i)  # earlier components in front, stacked bottom-up
                 self.plot.addItem(item)
+                self._rebuild_legend()
+            elif item.name() != label:  # a second file's component of the same name: both get its file's
+                item.opts["name"] = label
                 self._rebuild_legend()
             item.setClipToView(decimate)
             item.setDownsampling(auto=decimate)
@@ -407,8 +413,8 @@ class VramGraph(QWidget):
                 continue
             if curve.isVisible():
                 self.legend.addItem(curve, curve.name())
-        for label, item in self.area_items.items():
-            self.legend.addItem(item, label)
+        for item in self.area_items.values():
+            self.legend.addItem(item, item.name())
         self._fit_legend()
 
     def _fit_legend(self) -> None:

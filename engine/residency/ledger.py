@@ -105,9 +105,10 @@ class LedgerSnapshot:
     def ram_bytes(self) -> int:
         return self.total("ram_bytes") + (self.total("device_bytes", "cpu") if self.device != "cpu" else 0)
 
-    def per_model(self) -> dict[str, tuple[int, int]]:
-        """label -> (device bytes, RAM bytes), the memory sampler's residency provider format. A name
-        loaded from two files is labelled with the file name too."""
+    def per_model(self) -> dict[str, tuple[int, int, str]]:
+        """label -> (device bytes, RAM bytes, key), the memory sampler's residency provider format. A name
+        loaded from two files is labelled with the file name too; the key (file and name) stays the same
+        when that relabels a component already shown, so a graph keeps drawing it as one band."""
         import os
 
         counts: dict[str, int] = {}
@@ -118,7 +119,7 @@ class LedgerSnapshot:
             label = c.name if counts[c.name] == 1 else f"{c.name} ({os.path.basename(c.path)})"
             ram = c.ram_bytes + (c.device_bytes if c.device == "cpu" and self.device != "cpu" else 0)
             dev = 0 if c.device == "cpu" and self.device != "cpu" else c.device_bytes
-            out[label] = (dev, ram)
+            out[label] = (dev, ram, f"{c.path}\n{c.name}")
         return out
 
     def to_json(self) -> dict:

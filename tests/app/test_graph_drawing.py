@@ -211,3 +211,45 @@ def test_legend_sits_above_the_curves_and_wraps_to_the_width(graph, qtbot):
     for _, label in entries:
         assert _scene_rect(label).right() <= graph.plot.width()
         assert not _scene_rect(label).intersects(_scene_rect(vb))
+
+
+def test_a_component_relabelled_by_a_second_of_its_name_stays_one_band(qtbot, graph):
+    """A second file's `transformer` makes the ledger label both with their files: the first keeps its band
+    (its colour and history) under its new name, and no stale `transformer` entry stays in the legend. A
+    band left from an unloaded file whose name another file's component takes again says its file."""
+    g = graph
+
+    def sample(t, *comps):
+        residency = tuple(ComponentResidency(label, size, 0, key) for label, size, key in comps)
+        return MemorySample(**{**_sample(t, GIB).__dict__, "residency": residency})
+
+    a, b, c = (
+        "/m/a.safetensors\ntransformer",
+        "/m/b.safetensors\ntransformer",
+        "/m/c.safetensors\ntransformer",
+    )
+    for i in range(5):
+        g.add_sample(sample(i * 0.1, ("transformer", GIB, a)))
+    for i in range(5, 10):
+        g.add_sample(
+            sample(i * 0.1, ("transformer (a.safetensors)", GIB, a), ("transformer (b.safetensors)", GIB, b))
+        )
+    g.redraw(force=True)
+    assert list(g.area_items) == [a, b]
+    assert [it.name() for it in g.area_items.values()] == [
+        "transformer (a.safetensors)",
+        "transformer (b.safetensors)",
+    ]
+    legend = [label.text for _, label in g.legend.items]
+    assert "transformer" not in legend and "transformer (a.safetensors)" in legend
+    assert list(g.areas["transformer (a.safetensors)"]) == [1.0] * 10  # one band from the first sample on
+    # a unloaded: b alone is `transformer` again (one band, relabelled); then b unloaded and c loaded alone,
+    # `transformer` too: the two bands of that label each say their file
+    g.add_sample(sample(1.0, ("transformer", GIB, b)))
+    g.redraw(force=True)
+    assert list(g.areas) == ["transformer (a.safetensors)", "transformer"]
+    g.add_sample(sample(1.1))
+    g.add_sample(sample(1.2, ("transformer", GIB, c)))
+    g.redraw(force=True)
+    want = ["transformer (a.safetensors)", "transformer (b.safetensors)", "transformer (c.safetensors)"]
+    assert list(g.areas) == want and [it.name() for it in g.area_items.values()] == want
