@@ -200,7 +200,9 @@ def _units(den, inputs: dict) -> int:
     if den.kind == "text":
         return first.shape[0] * first.shape[1]  # tokens
     if den.kind in ("mmdit", "qwen_image", "nextdit"):
-        return first.shape[0] * (first.shape[2] // 2) * (first.shape[3] // 2)
+        ref = inputs.get("ref_latents")  # Qwen-Image-Edit's reference image: tokens of the same sequence
+        more = (ref.shape[2] // 2) * (ref.shape[3] // 2) if ref is not None else 0
+        return first.shape[0] * ((first.shape[2] // 2) * (first.shape[3] // 2) + more)
     return first.shape[0] * (first.shape[2] * first.shape[3] if den.kind == "unet" else first.shape[1])
 
 

@@ -30,7 +30,8 @@ pixels, even), `t` [B] in 0–1000 (1000·sigma), `y` [B, 2048] pooled CLIP-L (7
 
 Qwen-Image (its pipeline around `QwenImageTransformer2DModel`): `x` [B, 16, h, w] latents (one frame;
 packed into 2×2 patches inside, h and w even), `timesteps` [B] in 0–1, `context` [B, T, 3584]
-Qwen2.5-VL states.
+Qwen2.5-VL states; for Qwen-Image-Edit optionally `ref_latents` [B, 16, h', w'], the reference image's
+latents (its own size, h' and w' even), which the edit pipelines append to the image tokens.
 
 Z-Image (its release's `ZImageTransformer2DModel.forward(x, t, cap_feats)`, batched): `x` [B, 16, h, w]
 latents (one frame; 2×2 patches inside, h and w even), `t` [B] in 0–1 as its pipeline passes it (1 − sigma:
@@ -88,6 +89,8 @@ def optional_names(model) -> tuple[str, ...]:
         return ("vace_context_scale",)  # VACE's hint strength, [B]; the original's default 1
     if getattr(model, "family", "") == "nextdit" and not model.spec.padded:
         return ("cap_mask",)  # Lumina 2's caption mask, [B, T]; default: every token
+    if getattr(model, "family", "") == "qwen_image":
+        return ("ref_latents",)  # Qwen-Image-Edit's reference image, [B, 16, h', w']
     return ()
 
 
@@ -239,11 +242,12 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
     if "cap_mask" in got:
         _check_mask(got["cap_mask"], source)
-    if getattr(model, "family", "") in PATCHED and any(s % 2 for s in got["x"].shape[-2:]):
-        raise FormatError(
-            f"{source}: input x has shape {list(got['x'].shape)}: its height and width must be even "
-            "(the model reads 2×2 patches of the latent)"
-        )
+    for n in ("x", "ref_latents"):
+        if n in got and getattr(model, "family", "") in PATCHED and any(s % 2 for s in got[n].shape[-2:]):
+            raise FormatError(
+                f"{source}: input {n} has shape {list(got[n].shape)}: its height and width must be even "
+                "(the model reads 2×2 patches of the latent)"
+            )
     return got
 
 
@@ -262,11 +266,14 @@ def _shapes(model, got) -> dict:
     if getattr(model, "family", "") == "text":
         return {"input_ids": (None, None)}
     if getattr(model, "family", "") == "qwen_image":
-        return {
+        out = {
             "x": (None, model.in_channels, None, None),
             "timesteps": (None,),
             "context": (None, None, model.context_dim),
         }
+        if "ref_latents" in got:
+            out["ref_latents"] = (None, model.in_channels, None, None)
+        return out
     if getattr(model, "family", "") == "nextdit":
         out = {
             "x": (None, model.in_channels, None, None),

@@ -18,6 +18,11 @@ Qwen-Image pipeline's latent packing (written from that description, nothing cop
   the image token at patch row r, column c of an h × w grid sits at (0, r − (h − h//2), c − (w − w//2)),
   centred on the grid (`scale_rope`); text token i sits at s + i on all three axes, s = max(h//2, w//2).
 * out: `norm_out.linear`(SiLU(temb)) → (scale, shift) (diffusers' order), proj_out(LN(x)·(1 + scale) + shift).
+* Qwen-Image-Edit (2509, 2511: the same weights' layout) takes the reference image's latents too, packed
+  the same way and appended to the image tokens as frame 1 of a video (positions (1, row, column), centred
+  on its own grid; the text starts past the largest grid); the output is the first frame's tokens. Edit
+  2511 (ComfyUI marks its files with a `__index_timestep_zero__` key; diffusers' `zero_cond_t`) modulates
+  the reference tokens with the embedding of t = 0, everything else with t's.
 """
 
 from __future__ import annotations
@@ -57,16 +62,25 @@ class Block:
                 i.out, t.out, i.mlp_in, i.mlp_out, t.mlp_in, t.mlp_out]  # fmt: skip
 
 
-def positions(h: int, w: int, n_txt: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """([h·w, 3] image, [n_txt, 3] text) positions, float, as the rotary embedding takes them."""
-    rows = torch.arange(h) - (h - h // 2)
-    cols = torch.arange(w) - (w - w // 2)
-    img = torch.zeros(h, w, 3)
-    img[..., 1] = rows[:, None]
-    img[..., 2] = cols[None, :]
-    start = max(h // 2, w // 2)
+def positions(h: int, w: int, n_txt: int, *more: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """([h·w (+ the other frames' h·w), 3] image, [n_txt, 3] text) positions, float, as the rotary
+    embedding takes them; `more`: the grids of further frames (an edit's reference images)."""
+    frames = []
+    for f, (fh, fw) in enumerate(((h, w), *more)):
+        img = torch.zeros(fh, fw, 3)
+        img[..., 0] = f
+        img[..., 1] = (torch.arange(fh) - (fh - fh // 2))[:, None]
+        img[..., 2] = (torch.arange(fw) - (fw - fw // 2))[None, :]
+        frames.append(img.reshape(fh * fw, 3))
+    start = max(max(fh // 2, fw // 2) for fh, fw in ((h, w), *more))
     txt = (start + torch.arange(n_txt, dtype=torch.float32))[:, None].expand(n_txt, 3)
-    return img.reshape(h * w, 3), txt
+    return torch.cat(frames), txt
+
+
+def _pack(x: torch.Tensor) -> torch.Tensor:
+    """[B, C, h, w] latents → [B, h/2 · w/2, 4C] tokens, channels first in each 2×2 patch."""
+    b, c, height, width = x.shape
+    return x.reshape(b, c, height // 2, 2, width // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c * 4)
 
 
 @dataclass
@@ -84,6 +98,7 @@ class QwenImage:
     proj_out: object
     heads: int
     dtype: torch.dtype = torch.float32
+    zero_cond: bool = False  # Edit 2511: the reference tokens modulated by the embedding of t = 0
     family = "qwen_image"
 
     @property
@@ -94,28 +109,40 @@ class QwenImage:
     def context_dim(self) -> int:
         return wshape(self.txt_in)[1]
 
-    def __call__(self, x, timesteps, context) -> torch.Tensor:
+    def __call__(self, x, timesteps, context, ref_latents=None) -> torch.Tensor:
         dt = self.dtype
         b, c, height, width = x.shape
         h, w = height // 2, width // 2
-        img = x.to(dt).reshape(b, c, h, 2, w, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, h * w, c * 4)
-        img = self.img_in(img)
-        emb = timestep_embedding(TIME_FACTOR * timesteps.float(), 256).to(dt)
-        temb = self.time[1](F.silu(self.time[0](emb)))
-        ts = F.silu(temb)
+        tokens = [_pack(x.to(dt))]
+        if ref_latents is not None:
+            tokens.append(_pack(ref_latents.to(dt)))
+        img = self.img_in(torch.cat(tokens, 1) if len(tokens) > 1 else tokens[0])
+        t = TIME_FACTOR * timesteps.float()
+        if self.zero_cond and ref_latents is not None:  # t's embedding, then 0's, in one pass
+            t = torch.cat([t, torch.zeros_like(t)])
+        temb = self.time[1](F.silu(self.time[0](timestep_embedding(t, 256).to(dt))))
+        ts = F.silu(temb)  # [B or 2B, D]
         txt = self.txt_in(self.txt_norm(context.to(dt)).to(dt))
-        ipos, tpos = positions(h, w, txt.shape[1])
+        more = [(r // 2, s // 2) for r, s in [ref_latents.shape[-2:]]] if ref_latents is not None else []
+        ipos, tpos = positions(h, w, txt.shape[1], *more)
         pe = rope_table(torch.cat([tpos, ipos]).to(x.device)[None])
+        split = h * w if len(ts) > b else None  # the first reference token, where its modulation starts
         for blk in self.blocks:
-            img, txt = self._block(blk, img, txt, ts, pe)
-        scale, shift = self.norm_out(ts)[:, None].chunk(2, dim=-1)
-        out = self.proj_out((1 + scale) * layer_norm(img) + shift)
+            img, txt = self._block(blk, img, txt, ts, pe, split)
+        scale, shift = self.norm_out(ts[:b])[:, None].chunk(2, dim=-1)
+        out = self.proj_out((1 + scale) * layer_norm(img[:, : h * w]) + shift)
         co = out.shape[-1] // 4
         return out.reshape(b, h, w, co, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, co, height, width)
 
-    def _block(self, blk: Block, img, txt, ts, pe):
+    def _block(self, blk: Block, img, txt, ts, pe, split=None):
+        b = txt.shape[0]
         im = blk.img.mod(ts)[:, None].chunk(6, dim=-1)
-        tm = blk.txt.mod(ts)[:, None].chunk(6, dim=-1)
+        if split is not None:  # Edit 2511: t's modulation for the image, 0's for the reference tokens
+            n = img.shape[1]
+            im = tuple(
+                torch.cat([p[:b].expand(-1, split, -1), p[b:].expand(-1, n - split, -1)], 1) for p in im
+            )
+        tm = blk.txt.mod(ts[:b])[:, None].chunk(6, dim=-1)
         iq, ik, iv = (
             t.unflatten(-1, (-1, HEAD_DIM)).transpose(1, 2)
             for t in blk.img.qkv((1 + im[1]) * layer_norm(img) + im[0])
@@ -152,10 +179,8 @@ class QwenImage:
 def bind_qwen_image(ops: Ops, architecture: str, dtype: torch.dtype) -> QwenImage:
     if "time_text_embed.addition_t_embedding" in ops:
         raise UnsupportedModel(f"{ops.what}: Qwen-Image-Layered is not stepped yet (Loadout runs Qwen-Image)")
-    if hasattr(ops.get("") or object(), "__index_timestep_zero__"):  # ComfyUI's marker, a root tensor
-        raise UnsupportedModel(
-            f"{ops.what}: Qwen-Image-Edit 2511 is not stepped yet (Loadout runs Qwen-Image)"
-        )
+    root = ops.get("")
+    zero_cond = hasattr(root or object(), "__index_timestep_zero__")  # ComfyUI's marker of Edit 2511
     hidden = wshape(ops["img_in"])[0]
     if hidden % HEAD_DIM:
         raise UnsupportedModel(
@@ -175,5 +200,5 @@ def bind_qwen_image(ops: Ops, architecture: str, dtype: torch.dtype) -> QwenImag
     te = "time_text_embed.timestep_embedder"
     return QwenImage(
         architecture, ops["img_in"], ops["txt_norm"], ops["txt_in"], (ops[f"{te}.linear_1"], ops[f"{te}.linear_2"]),
-        blocks, ops["norm_out.linear"], ops["proj_out"], hidden // HEAD_DIM, dtype,
+        blocks, ops["norm_out.linear"], ops["proj_out"], hidden // HEAD_DIM, dtype, zero_cond,
     )  # fmt: skip
