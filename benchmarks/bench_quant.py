@@ -44,6 +44,8 @@ HALVES = {
     "TQ1_0": (52,),
     "TQ2_0": (64,),
     "MXFP4": (),
+    **dict.fromkeys(("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"), (0,)),
+    "IQ1_M": (),  # its half scale is spread over the top nibbles of the scale words (set in _blocks)
 }
 
 
@@ -81,6 +83,10 @@ def _blocks(name: str, elements: int, rng):
         )
     if name == "MXFP4":  # exponents up to 2^122: every value finite
         raw[:, 0] %= 250
+    if name == "IQ1_M":  # a finite d: its 16 bits as the top nibbles of the four scale words (bytes 48..55)
+        d = (rng.standard_normal(raw.shape[0]) * 0.05).astype(np.float16).view(np.uint16)
+        for k in range(4):
+            raw[:, 49 + 2 * k] = (raw[:, 49 + 2 * k] & 0x0F) | (((d >> (4 * k)) & 0xF) << 4).astype(np.uint8)
     return raw.reshape(-1)
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import FormatError
-from . import THROUGH_GGUF, block_layout
+from . import THROUGH_GGUF, block_layout, lattice
 
 F32 = torch.float32
 # Elements decoded per pass: bounds the temporaries (a few bytes per element on top of the result)
@@ -256,10 +256,9 @@ def _mxfp4(b: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def _with_gguf(name: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """The types with lattice codebooks (IQ1_*, IQ2_*, IQ3_*: grids of 256-2048 points, sign tables)
-    and NVFP4 are decoded by the `gguf` package's own numpy dequantization,
-    which holds their tables: on the CPU and slower than the torch decoders (a device's bytes make a
-    round trip), as ComfyUI-GGUF reads every type it has no torch decoder for."""
+    """NVFP4 is decoded by the `gguf` package's own numpy dequantization: on the CPU and slower than the
+    torch decoders (a device's bytes make a round trip), as ComfyUI-GGUF reads every type it has no torch
+    decoder for."""
 
     def decode(b: torch.Tensor, out: torch.Tensor) -> None:
         import gguf
@@ -286,6 +285,7 @@ _DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "TQ1_0": _tq1_0,
     "TQ2_0": _tq2_0,
     "MXFP4": _mxfp4,
+    **lattice.DECODERS,
     **{name: _with_gguf(name) for name in THROUGH_GGUF},
 }
 _FLOATS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
