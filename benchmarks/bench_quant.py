@@ -45,6 +45,7 @@ HALVES = {
     "TQ2_0": (64,),
     "MXFP4": (),
     **dict.fromkeys(("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"), (0,)),
+    "NVFP4": (),  # E4M3 scale bytes: every value finite
     "IQ1_M": (),  # its half scale is spread over the top nibbles of the scale words (set in _blocks)
 }
 
@@ -95,13 +96,11 @@ def bench(elements: int, reps: int) -> int:
     import numpy as np
     import torch
 
-    from engine.quant import SUPPORTED, THROUGH_GGUF, block_layout, dequantize
+    from engine.quant import SUPPORTED, block_layout, dequantize
 
     rng = np.random.default_rng(0)
     cuda = torch.cuda.is_available()
     for name in SUPPORTED:
-        if name in THROUGH_GGUF:
-            continue  # decoded by the baseline's own code (engine.quant.kernels._with_gguf)
         block, _ = block_layout(name)
         rows = elements // 3072 if elements % 3072 == 0 and 3072 % block == 0 else 1
         shape = (rows, elements // rows)

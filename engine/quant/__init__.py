@@ -6,10 +6,9 @@ float tensor when an op runs (engine.ops). The decoders (`kernels`) are vectoris
 device the bytes are, bit-exact in float32 against the `gguf` package's numpy dequantization.
 
 Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, the non-linear
-4-bit IQ4_NL and IQ4_XS, the ternary TQ1_0 and TQ2_0, MXFP4 and the lattice types IQ1_S, IQ1_M, IQ2_XXS,
-IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S (`lattice`: their codebooks read from the `gguf` package), decoded by
-torch; and NVFP4 through the `gguf` package's numpy dequantization (`THROUGH_GGUF`: slower, on the CPU;
-ComfyUI-GGUF reads the types it has no torch code for the same way). Any other ggml type (Q8_1, Q8_K: llama.cpp's intermediates) is an UnsupportedModel
+4-bit IQ4_NL and IQ4_XS, the ternary TQ1_0 and TQ2_0, MXFP4, NVFP4 and the lattice types IQ1_S, IQ1_M,
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S (`lattice`: their codebooks read from the `gguf` package), all
+decoded by torch. Any other ggml type (Q8_1, Q8_K: llama.cpp's intermediates) is an UnsupportedModel
 that names it.
 
 Torch-free at import (the byte counts are used by `loadout plan` and the library scan); `dequantize`
@@ -29,7 +28,7 @@ __all__ = [
     "FLOAT_TYPES",
     "Interleaved",
     "SUPPORTED",
-    "THROUGH_GGUF",
+    "LATTICE",
     "QuantSpec",
     "block_layout",
     "check_supported",
@@ -42,8 +41,6 @@ __all__ = [
 _BY_NAME: dict[str, tuple[int, int]] = {name: (blk, size) for name, blk, size in GGML_TYPES.values()}
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
-# NVFP4: decoded by the `gguf` package's numpy code (kernels._with_gguf), not by torch.
-THROUGH_GGUF = ("NVFP4",)
 # Lattice types: torch decoders (engine.quant.lattice) over codebooks the `gguf` package holds.
 LATTICE = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
 BLOCK_TYPES = (
@@ -62,8 +59,8 @@ BLOCK_TYPES = (
     "TQ1_0",
     "TQ2_0",
     "MXFP4",
+    "NVFP4",
     *LATTICE,
-    *THROUGH_GGUF,
 )
 SUPPORTED = (*FLOAT_TYPES, *BLOCK_TYPES)
 

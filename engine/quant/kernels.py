@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import FormatError
-from . import THROUGH_GGUF, block_layout, lattice
+from . import block_layout, lattice
 
 F32 = torch.float32
 # Elements decoded per pass: bounds the temporaries (a few bytes per element on top of the result)
@@ -255,18 +255,29 @@ def _mxfp4(b: torch.Tensor, out: torch.Tensor) -> None:
     o.mul_(bits.view(F32).view(-1, 1, 1))
 
 
-def _with_gguf(name: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """NVFP4 is decoded by the `gguf` package's own numpy dequantization: on the CPU and slower than the
-    torch decoders (a device's bytes make a round trip), as ComfyUI-GGUF reads every type it has no torch
-    decoder for."""
+def _ue4m3(x: float) -> float:
+    """An unsigned E4M3 byte (bias 7; 0 and 0x7F read as zero) as ggml_ue4m3_to_fp32 reads it, halved to
+    match the doubled E2M1 levels: exact in float32 (at most 4 significant bits times a power of two)."""
+    exp, man = (x >> 3) & 0xF, x & 7
+    if x in (0, 0x7F):
+        return 0.0
+    return 0.5 * (man * 2.0**-9 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7))
 
-    def decode(b: torch.Tensor, out: torch.Tensor) -> None:
-        import gguf
 
-        vals = gguf.quants.dequantize(b.cpu().numpy().reshape(-1), gguf.GGMLQuantizationType[name])
-        out.copy_(torch.from_numpy(vals).view(out.shape))
+_UE4M3 = tuple(_ue4m3(x) for x in range(256))
 
-    return decode
+
+def _nvfp4(b: torch.Tensor, out: torch.Tensor) -> None:
+    # block_nvfp4 (36 bytes, 64 elements): d: uint8[4] unsigned E4M3 scales (one per 16 elements), qs:
+    # uint8[32] (per 16 elements, 8 bytes in Q4_0's nibble order).  y = d_s * level[q] (MXFP4's levels)
+    n = b.shape[0]
+    table = _tables.get((_UE4M3, b.device))
+    if table is None:
+        table = _tables[(_UE4M3, b.device)] = torch.tensor(_UE4M3, dtype=F32).to(b.device)
+    d = torch.index_select(table, 0, b[:, 0:4].reshape(-1).long()).view(n, 4, 1, 1)
+    o = out.view(n, 4, 2, 8)
+    _nibble_levels(b[:, 4:36].reshape(n, 4, 8), o, _MXFP4_LEVELS)
+    o.mul_(d)
 
 
 _DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
@@ -285,8 +296,8 @@ _DECODERS: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {
     "TQ1_0": _tq1_0,
     "TQ2_0": _tq2_0,
     "MXFP4": _mxfp4,
+    "NVFP4": _nvfp4,
     **lattice.DECODERS,
-    **{name: _with_gguf(name) for name in THROUGH_GGUF},
 }
 _FLOATS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
