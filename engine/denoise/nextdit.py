@@ -144,9 +144,14 @@ class NextDiT:
         patches = x.to(dt).reshape(b, c, h, PATCH, w, PATCH).permute(0, 2, 4, 3, 5, 1).reshape(b, h * w, -1)
         img = self.x_embedder(patches)
         seq, first = (self._z_image if f.padded else self._lumina2)(img, cap_feats, cap_mask, tmod, h, w)
+        n = h * w  # the final layer runs on the image rows only (each row is normalised on its own)
+        seq = (
+            seq[:, first[0] : first[0] + n]
+            if len(set(first)) == 1
+            else torch.stack([seq[i, s : s + n] for i, s in enumerate(first)])
+        )
         scale = 1 + self.final_mod(F.silu(temb))[:, None]
         out = self.final_linear(layer_norm(seq) * scale)
-        out = torch.stack([out[i, s : s + h * w] for i, s in enumerate(first)])
         return out.reshape(b, h, w, PATCH, PATCH, -1).permute(0, 5, 1, 3, 2, 4).reshape(b, -1, height, width)
 
     def _caption(self, cap_feats):

@@ -136,16 +136,11 @@ class QwenImage:
 
     def _block(self, blk: Block, img, txt, ts, pe, split=None):
         b = txt.shape[0]
-        im = blk.img.mod(ts)[:, None].chunk(6, dim=-1)
-        if split is not None:  # Edit 2511: t's modulation for the image, 0's for the reference tokens
-            n = img.shape[1]
-            im = tuple(
-                torch.cat([p[:b].expand(-1, split, -1), p[b:].expand(-1, n - split, -1)], 1) for p in im
-            )
+        im = blk.img.mod(ts)[:, None].chunk(6, dim=-1)  # [B, 1, D] each; Edit 2511 with a reference: [2B, …]
         tm = blk.txt.mod(ts[:b])[:, None].chunk(6, dim=-1)
         iq, ik, iv = (
             t.unflatten(-1, (-1, HEAD_DIM)).transpose(1, 2)
-            for t in blk.img.qkv((1 + im[1]) * layer_norm(img) + im[0])
+            for t in blk.img.qkv(_modulated(layer_norm(img), im[0], im[1], split))
         )
         tq, tk, tv = (
             t.unflatten(-1, (-1, HEAD_DIM)).transpose(1, 2)
@@ -159,10 +154,14 @@ class QwenImage:
         bsz, heads, n, d = o.shape
         o = o.transpose(1, 2).reshape(bsz, n, heads * d)
         nt = txt.shape[1]
-        img = img + im[2] * blk.img.out(o[:, nt:])
+        img = img + _gated(im[2], blk.img.out(o[:, nt:]), split)
         txt = txt + tm[2] * blk.txt.out(o[:, :nt])
-        img = img + im[5] * blk.img.mlp_out(
-            F.gelu(blk.img.mlp_in((1 + im[4]) * layer_norm(img) + im[3]), approximate="tanh")
+        img = img + _gated(
+            im[5],
+            blk.img.mlp_out(
+                F.gelu(blk.img.mlp_in(_modulated(layer_norm(img), im[3], im[4], split)), approximate="tanh")
+            ),
+            split,
         )
         txt = txt + tm[5] * blk.txt.mlp_out(
             F.gelu(blk.txt.mlp_in((1 + tm[4]) * layer_norm(txt) + tm[3]), approximate="tanh")
@@ -174,6 +173,26 @@ class QwenImage:
         for blk in self.blocks:
             order += blk.ops()
         return [*order, self.norm_out, self.proj_out]
+
+
+def _modulated(x, shift, scale, split):
+    """x·(1 + scale) + shift; with `split` (Edit 2511 with a reference image) the image tokens before it take
+    the first B rows of shift and scale (t's), the reference tokens after it the last B (t = 0's) — a
+    [B, L, D] result as without, no per-token copies of the modulation."""
+    if split is None:
+        return (1 + scale) * x + shift
+    b = x.shape[0]
+    return torch.cat(
+        [(1 + scale[:b]) * x[:, :split] + shift[:b], (1 + scale[b:]) * x[:, split:] + shift[b:]], 1
+    )
+
+
+def _gated(gate, y, split):
+    """gate · y, the gate split as in `_modulated`."""
+    if split is None:
+        return gate * y
+    b = y.shape[0]
+    return torch.cat([gate[:b] * y[:, :split], gate[b:] * y[:, split:]], 1)
 
 
 def bind_qwen_image(ops: Ops, architecture: str, dtype: torch.dtype) -> QwenImage:
