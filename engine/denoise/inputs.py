@@ -139,19 +139,14 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         }
     if getattr(model, "family", "") == "text":  # a prompt's worth of token ids (the size does not apply)
         return {"input_ids": torch.randint(0, model.vocab, (batch, model.tokens), generator=g)}
-    if getattr(model, "family", "") == "qwen_image":
+    if getattr(model, "family", "") in ("qwen_image", "nextdit"):  # a latent image, t in 0–1, text states
         h, w = _latent(width, height, 16)
+        x, t, text = names(model)
+        tokens = QWEN_TOKENS if model.family == "qwen_image" else NEXTDIT_TOKENS
         return {
-            "x": torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
-            "timesteps": torch.rand(batch, generator=g),
-            "context": torch.randn(batch, QWEN_TOKENS, model.context_dim, generator=g),
-        }
-    if getattr(model, "family", "") == "nextdit":
-        h, w = _latent(width, height, 16)
-        return {
-            "x": torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
-            "t": torch.rand(batch, generator=g),
-            "cap_feats": torch.randn(batch, NEXTDIT_TOKENS, model.context_dim, generator=g),
+            x: torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
+            t: torch.rand(batch, generator=g),
+            text: torch.randn(batch, tokens, model.context_dim, generator=g),
         }
     if getattr(model, "family", "") == "wan":  # one latent frame: an image-sized step of a video model
         h, w = _latent(width, height, 16)
@@ -265,23 +260,13 @@ def _check_mask(mask: torch.Tensor, source: str) -> None:
 def _shapes(model, got) -> dict:
     if getattr(model, "family", "") == "text":
         return {"input_ids": (None, None)}
-    if getattr(model, "family", "") == "qwen_image":
-        out = {
-            "x": (None, model.in_channels, None, None),
-            "timesteps": (None,),
-            "context": (None, None, model.context_dim),
-        }
-        if "ref_latents" in got:
-            out["ref_latents"] = (None, model.in_channels, None, None)
-        return out
-    if getattr(model, "family", "") == "nextdit":
-        out = {
-            "x": (None, model.in_channels, None, None),
-            "t": (None,),
-            "cap_feats": (None, None, model.context_dim),
-        }
-        if "cap_mask" in got:
-            out["cap_mask"] = (None, got["cap_feats"].shape[1] if got["cap_feats"].dim() == 3 else None)
+    if getattr(model, "family", "") in ("qwen_image", "nextdit"):  # a latent image, its time, its text states
+        x, t, text = names(model)
+        out = {x: (None, model.in_channels, None, None), t: (None,), text: (None, None, model.context_dim)}
+        if "ref_latents" in got:  # Qwen-Image-Edit's reference image
+            out["ref_latents"] = out[x]
+        if "cap_mask" in got:  # Lumina 2's caption mask: one value per text token
+            out["cap_mask"] = (None, got[text].shape[1] if got[text].dim() == 3 else None)
         return out
     if getattr(model, "family", "") == "mmdit":
         return {

@@ -201,23 +201,15 @@ def diffusers_qwen_image(seed: int = 4):
     weights (Qwen-Image has one naming: its state dict is the file's): (model, state dict)."""
     from diffusers import QwenImageTransformer2DModel
 
-    model = QwenImageTransformer2DModel(num_layers=2, num_attention_heads=2, joint_attention_dim=96)
-    g = torch.Generator().manual_seed(seed)
-    sd = {}
-    for k, p in model.state_dict().items():
-        r = torch.randn(p.shape, generator=g)
-        sd[k] = r / math.sqrt(p.shape[1]) if p.dim() == 2 else (1 + 0.1 * r if "norm" in k else 0.1 * r)
-    model.load_state_dict(sd, strict=True)
-    return model.eval(), sd
+    return well_scaled(
+        QwenImageTransformer2DModel(num_layers=2, num_attention_heads=2, joint_attention_dim=96), seed
+    )
 
 
-def diffusers_z_image(seed: int = 3):
-    """A reduced Z-Image (width 256: 2 heads of 128, 2 layers, 2 + 2 refiners, 64-wide captions) in
-    diffusers' class, well-scaled random weights (pad tokens too: diffusers makes them zeros): (model, its
-    state dict in diffusers' naming)."""
-    from diffusers import ZImageTransformer2DModel
-
-    model = ZImageTransformer2DModel(dim=256, n_layers=2, n_heads=2, n_kv_heads=2, cap_feat_dim=64)
+def well_scaled(model, seed: int):
+    """(model, its state dict) with well-scaled random weights loaded: matrices ~ N(0, 1/fan_in), norm
+    scales ~ 1 + N(0, 0.1²), other vectors ~ N(0, 0.1²), learned pad tokens ~ N(0, 1) (diffusers makes
+    them zeros, which would hide a pad row in the wrong place)."""
     g = torch.Generator().manual_seed(seed)
     sd = {}
     for k, p in model.state_dict().items():
@@ -230,6 +222,17 @@ def diffusers_z_image(seed: int = 3):
             sd[k] = 1 + 0.1 * r if "norm" in k else 0.1 * r
     model.load_state_dict(sd, strict=True)
     return model.eval(), sd
+
+
+def diffusers_z_image(seed: int = 3):
+    """A reduced Z-Image (width 256: 2 heads of 128, 2 layers, 2 + 2 refiners, 64-wide captions) in
+    diffusers' class, well-scaled random weights (pad tokens too: diffusers makes them zeros): (model, its
+    state dict in diffusers' naming)."""
+    from diffusers import ZImageTransformer2DModel
+
+    return well_scaled(
+        ZImageTransformer2DModel(dim=256, n_layers=2, n_heads=2, n_kv_heads=2, cap_feat_dim=64), seed
+    )
 
 
 def z_image_original(sd: dict) -> dict:
@@ -260,13 +263,7 @@ def diffusers_lumina2(seed: int = 5):
 
     model = Lumina2Transformer2DModel(hidden_size=192, num_layers=2, num_attention_heads=2, num_kv_heads=1,
                                       cap_feat_dim=64)  # fmt: skip
-    g = torch.Generator().manual_seed(seed)
-    sd = {}
-    for k, p in model.state_dict().items():
-        r = torch.randn(p.shape, generator=g)
-        sd[k] = r / math.sqrt(p.shape[1]) if p.dim() == 2 else (1 + 0.1 * r if "norm" in k else 0.1 * r)
-    model.load_state_dict(sd, strict=True)
-    return model.eval(), sd
+    return well_scaled(model, seed)
 
 
 def lumina2_original(sd: dict) -> dict:
@@ -373,6 +370,51 @@ def recorded_order(den, component, inputs) -> list:
         for u in component.units:
             u.module.__dict__.pop("fetch", None)
     return seen
+
+
+def check_op_order(path, architecture: str, prefix: str = "", plain: int = 0) -> None:
+    """The ops a forward fetches, in call order, are its op_order(); every unit of the component is one of
+    them but `plain` holders of tensors the forward reads directly (a norm's scale, pad tokens)."""
+    from engine import denoise
+    from engine.model import Component
+
+    c = Component("transformer", path, prefix)
+    den = denoise.bind(c, architecture)
+    seen = recorded_order(den, c, den.random_inputs(64, 64))
+    assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
+    assert len(seen) == len(c.units) - plain
+
+
+def check_steps_alike(path, tmp_path, budget_gb: float, architecture: str, output_shape: tuple) -> None:
+    """A 64×64 step fully resident and one under `budget_gb` (the rest streamed) give the same bits."""
+    runs = step_full_and_partial(path, tmp_path, budget_gb, size=(64, 64), steps=1)
+    (full, a), (partial, b) = runs["full"], runs["partial"]
+    assert (full.architecture, full.output_shape) == (architecture, output_shape)
+    assert partial.streamed_bytes_per_step > 0
+    assert torch.equal(a, b)
+
+
+def check_gguf_like_its_twin(
+    tmp_path, weights: dict, arch: str, pick, architecture: str, size=(64, 64)
+) -> list:
+    """Write `weights` as a GGUF (general.architecture `arch`; the tensors `pick(key, tensor)` chooses in
+    Q8_0, the rest as they are) and its dequantized safetensors twin; the forward on each gives the same
+    output (1e-6). Returns the quantized keys."""
+    from engine import denoise
+    from engine.model import Component
+    from tests.support.gguf_files import write_gguf_twin
+
+    twin, quantized = write_gguf_twin(tmp_path / "model.gguf", weights, arch, pick)
+    twin_path = write(tmp_path / "twin.safetensors", twin)
+    dens = [
+        denoise.bind(Component("transformer", str(p), "", compute_dtype="float32"), architecture)
+        for p in (tmp_path / "model.gguf", twin_path)
+    ]
+    inputs = dens[0].random_inputs(*size, seed=3)
+    with torch.inference_mode():
+        out, want = (d(inputs) for d in dens)
+    assert rel_l2(out, want) <= 1e-6
+    return quantized
 
 
 def step_full_and_partial(path, tmp_path, budget_gb: float, **step) -> dict:

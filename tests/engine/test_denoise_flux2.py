@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from denoise_files import recorded_order, rel_l2, step_full_and_partial, write
+from denoise_files import check_gguf_like_its_twin, check_op_order, check_steps_alike, rel_l2, write
 
 from engine import denoise
 from engine.detect import detect_file
@@ -71,39 +71,20 @@ def test_flux2_equals_diffusers_in_both_namings(flux2):
 
 
 def test_flux2_op_order_is_the_call_order(flux2):
-    c = Component("transformer", flux2[0], "")
-    den = denoise.bind(c, "flux2")
-    seen = recorded_order(den, c, den.random_inputs(32, 32))
-    assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
-    assert len(seen) == len(c.units)
+    check_op_order(flux2[0], "flux2")
 
 
 def test_flux2_steps_fully_and_partially_alike(flux2, tmp_path, monkeypatch):
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
-    runs = step_full_and_partial(flux2[0], tmp_path, 0.004, size=(64, 64), steps=1)
-    (full, a), (partial, b) = runs["full"], runs["partial"]
-    assert (full.architecture, full.output_shape) == ("flux2", (1, 16, 128))
-    assert partial.streamed_bytes_per_step > 0
-    assert torch.equal(a, b)
+    check_steps_alike(flux2[0], tmp_path, 0.004, "flux2", (1, 16, 128))
 
 
 def test_a_gguf_flux2_steps_like_its_dequantized_twin(tmp_path):
     """FLUX.2 [klein] GGUFs (BFL naming): the blocks' Linears Q8_0, the rest as it is."""
     pytest.importorskip("gguf")
-    from tests.support.gguf_files import write_gguf_twin
 
     def blocks(k, t):
         return k.endswith(".weight") and t.dim() == 2 and k.startswith(("double_blocks.", "single_blocks."))
 
     c = Flux2Config(**{**TINY.__dict__, "guidance_embed": False})
-    twin, quantized = write_gguf_twin(tmp_path / "flux2-klein-Q8_0.gguf", _bfl(c, seed=4), "flux", blocks)
-    assert quantized
-    twin_path = write(tmp_path / "twin.safetensors", twin)
-    dens = [
-        denoise.bind(Component("transformer", str(p), "", compute_dtype="float32"), "flux2")
-        for p in (tmp_path / "flux2-klein-Q8_0.gguf", twin_path)
-    ]
-    inputs = dens[0].random_inputs(32, 64, seed=3)
-    with torch.inference_mode():
-        out, want = (d(inputs) for d in dens)
-    assert rel_l2(out, want) <= 1e-6
+    assert check_gguf_like_its_twin(tmp_path, _bfl(c, seed=4), "flux", blocks, "flux2", size=(32, 64))

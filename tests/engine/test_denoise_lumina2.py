@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 from denoise_files import (
+    check_op_order,
+    check_steps_alike,
     diffusers_lumina2,
     lumina2_original,
-    recorded_order,
     rel_l2,
     run_diffusers_lumina2,
-    step_full_and_partial,
     write,
 )
 
@@ -62,21 +62,14 @@ def test_lumina2_equals_diffusers_in_both_namings(lumina, lengths):
 
 
 def test_lumina2_op_order_is_the_call_order(lumina):
-    c = Component("transformer", lumina[1], "")
-    den = denoise.bind(c, "lumina2")
-    seen = recorded_order(den, c, den.random_inputs(64, 64))
-    assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
-    # every unit an op the forward runs, but the caption norm (a plain holder) and the unused norm_final
-    assert len(seen) == len(c.units) - 2
+    check_op_order(
+        lumina[1], "lumina2", plain=2
+    )  # the caption norm (a plain holder) and the unused norm_final
 
 
 def test_lumina2_steps_fully_and_partially_alike(lumina, tmp_path, monkeypatch):
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
-    runs = step_full_and_partial(lumina[1], tmp_path, 0.002, size=(64, 64), steps=1)
-    (full, a), (partial, b) = runs["full"], runs["partial"]
-    assert (full.architecture, full.output_shape) == ("lumina2", (1, 16, 8, 8))
-    assert partial.streamed_bytes_per_step > 0
-    assert torch.equal(a, b)
+    check_steps_alike(lumina[1], tmp_path, 0.002, "lumina2", (1, 16, 8, 8))
 
 
 @pytest.mark.parametrize(

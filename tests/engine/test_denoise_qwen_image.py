@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import diffusers_qwen_image, recorded_order, rel_l2, step_full_and_partial, write
+from denoise_files import check_op_order, check_steps_alike, diffusers_qwen_image, rel_l2, write
 
 from engine import denoise
 from engine.detect import detect_file
@@ -44,20 +44,12 @@ def test_qwen_image_equals_diffusers(qwen):
 
 
 def test_qwen_image_op_order_is_the_call_order(qwen):
-    path, _ = qwen
-    c = Component("transformer", path, "")
-    den = denoise.bind(c, "qwen_image")
-    seen = recorded_order(den, c, den.random_inputs(64, 64))
-    assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
-    assert len(seen) == len(c.units)
+    check_op_order(qwen[0], "qwen_image")
 
 
 def test_qwen_image_steps_fully_and_partially_alike(qwen, tmp_path, monkeypatch):
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
-    runs = step_full_and_partial(qwen[0], tmp_path, 0.004, size=(64, 64), steps=1)
-    (full, a), (_, b) = runs["full"], runs["partial"]
-    assert (full.architecture, full.output_shape) == ("qwen_image", (1, 16, 8, 8))
-    assert torch.equal(a, b)
+    check_steps_alike(qwen[0], tmp_path, 0.004, "qwen_image", (1, 16, 8, 8))
 
 
 def _pack(x):

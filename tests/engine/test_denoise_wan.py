@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import random_weights, rel_l2, write
+from denoise_files import check_gguf_like_its_twin, random_weights, rel_l2, write
 from layouts_2026.video import WanConfig, wan_original
 
 from engine import denoise
@@ -16,7 +16,6 @@ from engine.facade import Engine
 from engine.formats.safetensors import SafetensorsFile
 from engine.model import Component
 from engine.requests import Step
-from tests.support.gguf_files import write_gguf_twin
 from tests.support.scaled_files import scaled_fp8_twin
 
 diffusers = pytest.importorskip("diffusers")
@@ -139,19 +138,10 @@ def test_a_gguf_wan_steps_like_its_dequantized_twin(tmp_path):
     """ComfyUI-GGUF's Wan files: the block Linears Q8_0, the rest (patch embedding, modulations, norms)
     as they are; the forward on the GGUF equals the forward on the dequantized safetensors twin."""
     pytest.importorskip("gguf")
-    twin, _ = write_gguf_twin(
-        tmp_path / "wan.gguf", _weights(TINY, seed=5), "wan",
-        lambda k, t: k.endswith(".weight") and t.dim() == 2 and k.startswith("blocks.") and t.shape[1] % 32 == 0,
+    check_gguf_like_its_twin(
+        tmp_path, _weights(TINY, seed=5), "wan",
+        lambda k, t: k.endswith(".weight") and t.dim() == 2 and k.startswith("blocks.") and t.shape[1] % 32 == 0, "wan21",
     )  # fmt: skip
-    twin_path = write(tmp_path / "twin.safetensors", twin)
-    dens = [
-        denoise.bind(Component("transformer", str(p), "", compute_dtype="float32"), "wan21")
-        for p in (tmp_path / "wan.gguf", twin_path)
-    ]
-    inputs = dens[0].random_inputs(64, 64, seed=3)
-    with torch.inference_mode():
-        out, want = (d(inputs) for d in dens)
-    assert rel_l2(out, want) <= 1e-6
 
 
 def test_a_scaled_fp8_wan_steps_like_its_dequantized_twin(tmp_path):

@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 from denoise_files import (
+    check_gguf_like_its_twin,
+    check_op_order,
+    check_steps_alike,
     diffusers_z_image,
-    recorded_order,
     rel_l2,
     run_diffusers_z_image,
-    step_full_and_partial,
     write,
     z_image_original,
 )
@@ -75,23 +76,12 @@ def test_z_image_unpadded_lengths_equal_diffusers(z_image):
 
 
 def test_z_image_op_order_is_the_call_order(z_image):
-    path = z_image[1]
-    det = detect_file(str(path))
-    c = Component("transformer", path, det.components["transformer"].prefix)
-    den = denoise.bind(c, "z_image")
-    seen = recorded_order(den, c, den.random_inputs(64, 64))
-    assert [id(o) for o in seen] == [id(o) for o in den.op_order()]
-    # every unit an op the forward runs, but the caption norm and the pad tokens (plain holders)
-    assert len(seen) == len(c.units) - 2
+    check_op_order(z_image[1], "z_image", PREFIX, plain=2)  # the caption norm and the pad tokens' holder
 
 
 def test_z_image_steps_fully_and_partially_alike(z_image, tmp_path, monkeypatch):
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
-    runs = step_full_and_partial(z_image[1], tmp_path, 0.004, size=(64, 64), steps=1)
-    (full, a), (partial, b) = runs["full"], runs["partial"]
-    assert (full.architecture, full.output_shape) == ("z_image", (1, 16, 8, 8))
-    assert partial.streamed_bytes_per_step > 0
-    assert torch.equal(a, b)
+    check_steps_alike(z_image[1], tmp_path, 0.004, "z_image", (1, 16, 8, 8))
 
 
 def test_z_image_omni_layers_are_refused(z_image, tmp_path):
@@ -122,24 +112,13 @@ def test_a_gguf_z_image_steps_like_its_dequantized_twin(tmp_path):
     blocks' Linears Q8_0, the embedders, norms and pad tokens as they are; the forward equals the
     dequantized twin's."""
     pytest.importorskip("gguf")
-    from tests.support.gguf_files import write_gguf_twin
 
     _, sd = diffusers_z_image(seed=7)
 
     def blocks(k, t):
         return k.endswith(".weight") and t.dim() == 2 and k.startswith(("layers.", "noise_refiner."))
 
-    twin, quantized = write_gguf_twin(tmp_path / "z_image-Q8_0.gguf", z_image_original(sd), "lumina2", blocks)
-    assert quantized
-    twin_path = write(tmp_path / "twin.safetensors", twin)
-    dens = [
-        denoise.bind(Component("transformer", str(p), "", compute_dtype="float32"), "z_image")
-        for p in (tmp_path / "z_image-Q8_0.gguf", twin_path)
-    ]
-    inputs = dens[0].random_inputs(64, 64, seed=3)
-    with torch.inference_mode():
-        out, want = (d(inputs) for d in dens)
-    assert rel_l2(out, want) <= 1e-6
+    assert check_gguf_like_its_twin(tmp_path, z_image_original(sd), "lumina2", blocks, "z_image")
 
 
 @pytest.mark.parametrize("budget", [None, 0.004])
