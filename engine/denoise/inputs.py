@@ -36,7 +36,8 @@ latents (its own size, h' and w' even), which the edit pipelines append to the i
 Z-Image (its release's `ZImageTransformer2DModel.forward(x, t, cap_feats)`, batched): `x` [B, 16, h, w]
 latents (one frame; 2×2 patches inside, h and w even), `t` [B] in 0–1 as its pipeline passes it (1 − sigma:
 1 is the clean image), `cap_feats` [B, T, 2560] Qwen3-4B states of the prompt's tokens (the pipeline keeps
-the unpadded ones; the model pads them to a multiple of 32). Lumina 2 (Lumina-Image-2.0's
+the unpadded ones; the model pads them to a multiple of 32); a batch of captions of several lengths (the
+release's list of unpadded captions) takes `cap_mask` [B, T] as Lumina 2 does. Lumina 2 (Lumina-Image-2.0's
 `NextDiT.forward(x, t, cap_feats, cap_mask)`): the same `x` and `t`, `cap_feats` [B, T, 2304] Gemma-2-2B
 states, and optionally `cap_mask` [B, T] (1 for each prompt's tokens, then 0 for its padding; default all 1).
 
@@ -87,8 +88,8 @@ def optional_names(model) -> tuple[str, ...]:
     """Inputs `model` takes when a file gives them (and otherwise runs at their default)."""
     if getattr(model, "family", "") == "wan" and model.vace_channels:
         return ("vace_context_scale",)  # VACE's hint strength, [B]; the original's default 1
-    if getattr(model, "family", "") == "nextdit" and not model.spec.padded:
-        return ("cap_mask",)  # Lumina 2's caption mask, [B, T]; default: every token
+    if getattr(model, "family", "") == "nextdit":
+        return ("cap_mask",)  # the captions' mask, [B, T] (captions of several lengths); default: every token
     if getattr(model, "family", "") == "qwen_image":
         return ("ref_latents",)  # Qwen-Image-Edit's reference image, [B, 16, h', w']
     return ()

@@ -161,7 +161,11 @@ class NextDiT:
         )
 
     def _z_image(self, img, cap_feats, cap_mask, tmod, h, w):
-        """(the sequence after the layers, each item's first image row): [image, caption], each padded."""
+        """(the sequence after the layers, each item's first image row): [image, caption], each padded.
+        Captions of several lengths (`cap_mask`) are each padded to their own multiple of 32, as the
+        release pads each caption of its list; the batch's shorter sequences are then masked."""
+        if cap_mask is not None and not bool(cap_mask.all()):
+            return self._z_image_items(img, cap_feats, cap_mask, tmod, h, w)
         f, n = self.spec, h * w
         n_img, n_cap = _padded(n), _padded(cap_feats.shape[1])
         ipos, cpos = z_image_positions(h, w, n_img, n_cap)
@@ -176,6 +180,42 @@ class NextDiT:
         for blk in self.layers:
             seq = self._block(blk, seq, pe, tmod)
         return seq, [0] * img.shape[0]
+
+    def _z_image_items(self, img, cap_feats, cap_mask, tmod, h, w):
+        """`_z_image` for a batch whose captions differ in length: item i's caption is its first l_i rows
+        and pad rows up to L_i (l_i rounded up to 32), its image rows sit at frame L_i + 1."""
+        f, (b, n, d), dev = self.spec, img.shape, img.device
+        lens = [int(m) for m in cap_mask.sum(1).round()]
+        padded = [_padded(m) for m in lens]
+        n_img, longest = _padded(n), max(padded)
+        ipos, cpos = torch.zeros(b, n_img, 3), torch.zeros(b, longest, 3)
+        for i, p in enumerate(padded):
+            ipos[i], cpos[i] = (
+                z_image_positions(h, w, n_img, p)[0],
+                z_image_positions(h, w, n_img, longest)[1],
+            )
+        img = self._pad(img, "x_pad_token", n_img)
+        pe_img = rope_table(ipos.to(dev), f.axes, f.theta)
+        for blk in self.noise_refiner:
+            img = self._block(blk, img, pe_img, tmod)
+        cap, rows = self._caption(cap_feats), img.new_zeros(b, longest, d)
+        token = self.pads.cap_pad_token.to(dev, rows.dtype)
+        for i, (m, p) in enumerate(zip(lens, padded, strict=True)):
+            rows[i, :m], rows[i, m:p] = cap[i, :m], token
+        keep = torch.arange(longest)[None] < torch.tensor(padded)[:, None]  # [B, L]: each caption's rows
+        keys = None if len(set(padded)) == 1 else keep.to(dev)[:, None, None]
+        pe_cap = rope_table(cpos.to(dev), f.axes, f.theta)
+        for blk in self.context_refiner:
+            rows = self._block(blk, rows, pe_cap, None, keys)
+        seq, pe = torch.cat([img, rows], 1), torch.cat([pe_img, pe_cap], 2)
+        keys = (
+            None
+            if keys is None
+            else torch.cat([torch.ones(b, n_img, dtype=torch.bool), keep], 1).to(dev)[:, None, None]
+        )
+        for blk in self.layers:
+            seq = self._block(blk, seq, pe, tmod, keys)
+        return seq, [0] * b
 
     def _lumina2(self, img, cap_feats, cap_mask, tmod, h, w):
         """(the sequence after the layers, each item's first image row): [caption, image], per item."""

@@ -177,3 +177,25 @@ def test_an_odd_latent_is_an_input_error_not_a_damaged_file(z_image):
         FormatError, match=r"input x has shape \[1, 16, 7, 8\]: its height and width must be even"
     ):
         den.check_inputs(inputs, "in.safetensors")
+
+
+@pytest.mark.parametrize("short", [12, 40], ids=["padded-apart", "padded-alike"])
+def test_z_image_captions_of_several_lengths_equal_diffusers(z_image, short):
+    """A cond / uncond batch: 45 caption tokens and `short` (12: padded to 64 and 32, the second sequence
+    masked in the layers, its image at another frame position; 40: both padded to 64, the second with more
+    pad rows), as diffusers' list of unpadded captions."""
+    diff_path, _, ref = z_image
+    den = _bound(diff_path)
+    inputs = den.random_inputs(96, 64, batch=2, seed=7)
+    inputs["cap_feats"] = inputs["cap_feats"][:, :45]
+    inputs["cap_mask"] = (torch.arange(45)[None] < torch.tensor([[45], [short]])).float()
+    with torch.inference_mode():
+        out = den(den.check_inputs(inputs, "in.safetensors"))
+        frames = [x.unsqueeze(1) for x in inputs["x"]]
+        caps = [inputs["cap_feats"][0], inputs["cap_feats"][1, :short]]
+        want = torch.stack([o.squeeze(1) for o in ref(frames, inputs["t"], caps, return_dict=False)[0]])
+        alone = den(
+            {k: v[1:, :short] if k == "cap_feats" else v[1:] for k, v in inputs.items() if k != "cap_mask"}
+        )
+    assert rel_l2(out, want) <= TOL
+    assert rel_l2(out[1:], alone) <= TOL  # the short caption's item as if run alone
