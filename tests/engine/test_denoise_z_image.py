@@ -199,3 +199,17 @@ def test_z_image_captions_of_several_lengths_equal_diffusers(z_image, short):
         )
     assert rel_l2(out, want) <= TOL
     assert rel_l2(out[1:], alone) <= TOL  # the short caption's item as if run alone
+
+
+def test_pad_tokens_stored_flat_run_the_same(z_image, tmp_path):
+    """Some Z-Image GGUF conversions (stable-diffusion.cpp's) store x_pad_token / cap_pad_token as [dim]
+    rather than [1, dim] (InvokeAI #8690, ComfyUI-GGUF #392): the same forward (to float32 round-off: the
+    two files' tensors sit at other offsets, and the CPU's matrix kernels pick by alignment)."""
+    _, sd = diffusers_z_image()
+    flat = {k: v.reshape(-1) if k.endswith("pad_token") else v for k, v in z_image_original(sd).items()}
+    path = write(tmp_path / "z_image_flat_pads.safetensors", flat)
+    den, ref = _bound(path), _bound(z_image[1])
+    inputs = den.random_inputs(96, 64, seed=4)
+    inputs["cap_feats"] = inputs["cap_feats"][:, :45]  # both sequences padded
+    with torch.inference_mode():
+        assert rel_l2(den(inputs), ref(inputs)) <= 1e-6
