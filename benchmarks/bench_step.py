@@ -15,6 +15,8 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * flux2: FLUX.2 [klein] 4B at its real width (3072, 24 heads, SwiGLU 9216, Qwen3 7680-wide text states, no
     guidance) at reduced depth (1 double and 2 single blocks with the three shared modulations: 0.66 B
     parameters, 2.6 GB) at 256×256 pixels with 512 text tokens.
+  * lumina2 / qwen_image: Lumina-Image 2.0 (2304 wide, 1 + 1 + 1 blocks) and Qwen-Image (3072 wide, 1 block)
+    at their real widths, 512×512 (not yet timed in a committed run).
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
     reduced depth (1 main layer, 1 noise and 1 caption refiner: 0.56 B parameters, 2.2 GB) at 512×512
     pixels (1024 image tokens) with 128 caption tokens.
@@ -52,7 +54,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -100,11 +102,17 @@ FLUX2 = dict(num_layers=1, num_single_layers=2, attention_head_dim=128, num_atte
 # Z-Image's width (diffusers' ZImageTransformer2DModel defaults: Tongyi-MAI/Z-Image-Turbo's config) at 1 layer
 # and 1 + 1 refiners
 Z_IMAGE = dict(n_layers=1, n_refiner_layers=1)
+# Lumina-Image 2.0's width (diffusers' Lumina2Transformer2DModel defaults: 2304, 24 heads on 8 K/V heads,
+# Gemma-2-2B's 2304-wide states) at 1 layer and 1 + 1 refiners
+LUMINA2 = dict(num_layers=1, num_refiner_layers=1, cap_feat_dim=2304)
+# Qwen-Image's width (diffusers' QwenImageTransformer2DModel defaults: 3072, 24 heads, Qwen2.5-VL's 3584) at 1 block
+QWEN_IMAGE = dict(num_layers=1)
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
             "wan_i2v": ((480, 480), "transformer", "wan21"), "z_image": ((512, 512), "transformer", "z_image"),
-            "flux2": ((256, 256), "transformer", "flux2")}  # fmt: skip
+            "flux2": ((256, 256), "transformer", "flux2"), "lumina2": ((512, 512), "transformer", "lumina2"),
+            "qwen_image": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
 
 
 def _wan(family: str) -> dict:
@@ -132,9 +140,38 @@ def _diffusers_model(family: str):
             from diffusers import ZImageTransformer2DModel
 
             return ZImageTransformer2DModel(**Z_IMAGE)
+        if family == "lumina2":
+            from diffusers import Lumina2Transformer2DModel
+
+            return Lumina2Transformer2DModel(**LUMINA2)
+        if family == "qwen_image":
+            from diffusers import QwenImageTransformer2DModel
+
+            return QwenImageTransformer2DModel(**QWEN_IMAGE)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
+
+
+def real_rotary_tables(model, family: str) -> None:
+    """The rotary tables diffusers computes when a model is built (Wan's, Lumina 2's and Qwen-Image's are
+    made on the meta device with it here): built again, real."""
+    if family.startswith("wan"):
+        from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+
+        cfg = _wan(family)
+        model.rope = WanRotaryPosEmbed(cfg["attention_head_dim"], cfg["patch_size"], cfg["rope_max_seq_len"])
+    elif family == "lumina2":
+        from diffusers.models.transformers.transformer_lumina2 import Lumina2RotaryPosEmbed
+
+        c = model.config
+        model.rope_embedder = Lumina2RotaryPosEmbed(10000, c.axes_dim_rope, c.axes_lens, c.patch_size)
+    elif family == "qwen_image":
+        from diffusers.models.transformers.transformer_qwenimage import QwenEmbedRope
+
+        model.pos_embed = QwenEmbedRope(
+            theta=10000, axes_dim=list(model.config.axes_dims_rope), scale_rope=True
+        )
 
 
 def write_random(path: Path, family: str, dtype=None) -> None:
@@ -207,6 +244,17 @@ def _run_diffusers(model, family: str, x: dict):
 
         out = model([f.unsqueeze(1) for f in x["x"]], x["t"], list(x["cap_feats"]), return_dict=False)[0]
         return torch.stack([f.squeeze(1) for f in out])
+    if family == "lumina2":  # every caption token kept
+        import torch
+
+        return model(x["x"], x["t"], x["cap_feats"], torch.ones(x["cap_feats"].shape[:2], dtype=torch.bool,
+                                                                 device=x["x"].device), return_dict=False)[0]  # fmt: skip
+    if family == "qwen_image":  # 2x2 patches, channels first, in and out
+        b, c, h, w = x["x"].shape
+        img = x["x"].reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c * 4)
+        out = model(hidden_states=img, encoder_hidden_states=x["context"], timestep=x["timesteps"],
+                    img_shapes=[(1, h // 2, w // 2)] * b).sample  # fmt: skip
+        return out.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
     return model(x["x"], x["timesteps"], x["context"]).sample
 
 
@@ -263,11 +311,7 @@ def worker_diffusers(model: str, family: str, modules: list[str], steps: int, ou
     sd = load_file(model)  # safetensors maps the file: the parameters stay views of it (as from_pretrained's)
     unet.load_state_dict(sd, assign=True)
     del sd
-    if family.startswith("wan"):  # its rotary tables are buffers computed at construction: make them real
-        from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
-
-        cfg = _wan(family)
-        unet.rope = WanRotaryPosEmbed(cfg["attention_head_dim"], cfg["patch_size"], cfg["rope_max_seq_len"])
+    real_rotary_tables(unet, family)
     unet.eval()
     if modules:
         # Private copies first: the group hooks read every offloaded tensor once to write it to disk, which
@@ -446,7 +490,9 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "wan_narrow": "Wan 2.1 1.3B depth (30 blocks), one 128-wide head, one 64x64 frame",
              "wan_i2v": "Wan 2.1 I2V at the 1.3B width, 4 blocks, one 480x480 frame",
              "z_image": "Z-Image width, 1 layer + 1 + 1 refiners, 512x512",
-             "flux2": "FLUX.2 [klein] 4B width, 1+2 blocks, 256x256"}[fam]  # fmt: skip
+             "flux2": "FLUX.2 [klein] 4B width, 1+2 blocks, 256x256",
+             "lumina2": "Lumina 2 width, 1 layer + 1 + 1 refiners, 512x512",
+             "qwen_image": "Qwen-Image width, 1 block, 512x512"}[fam]  # fmt: skip
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip
     for name, r in st.items():

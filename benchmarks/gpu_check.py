@@ -58,8 +58,15 @@ TITLES = {
     "wan_i2v": "wan21 i2v width 4 blocks 480x480",  # per-op cost: launches and hand-overs, little arithmetic
     "z_image": "z_image width 1+1+1 blocks 512x512",
     "flux2": "flux2-klein-4b width 1+2 blocks 256x256",
+    "lumina2": "lumina2 width 1+1+1 blocks 512x512",
+    "qwen_image": "qwen_image width 1 block 512x512",
 }
-BF16 = ("z_image", "flux2")  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
+BF16 = (
+    "z_image",
+    "flux2",
+    "lumina2",
+    "qwen_image",
+)  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
 def _half(family: str):
@@ -256,14 +263,9 @@ def _step_diffusers(model: str, family: str, modules: list[str] | None, steps: i
     keep = tuple(getattr(unet, "_keep_in_fp32_modules", None) or ())
     unet.load_state_dict({k: v.to(torch.float32 if any(n in k for n in keep) else dtype, copy=True)
                           for k, v in load_file(model).items()}, assign=True)  # fmt: skip
-    if family.startswith(
-        "wan"
-    ):  # its rotary tables are buffers computed at construction (meta there): make them real
-        from bench_step import _wan
-        from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+    from bench_step import real_rotary_tables
 
-        cfg = _wan(family)
-        unet.rope = WanRotaryPosEmbed(cfg["attention_head_dim"], cfg["patch_size"], cfg["rope_max_seq_len"])
+    real_rotary_tables(unet, family)
     unet.eval()
     if modules is None:
         apply_group_offloading(unet, onload_device=dev, offload_device=torch.device("cpu"), offload_type="leaf_level",
@@ -376,7 +378,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")
