@@ -24,31 +24,15 @@ import torch
 
 from ..errors import FormatError
 from . import block_layout, lattice
+from .bits import halves as _half
+from .bits import split_planes as _split
+from .bits import table
 
 F32 = torch.float32
 # Elements decoded per pass: bounds the temporaries (a few bytes per element on top of the result)
 # whatever the tensor's size. Larger passes change little on the CPU (the first write into the fresh
 # result, page faults included, dominates) and cost more device memory on a GPU.
 CHUNK_ELEMENTS = {"cpu": 1 << 20, "other": 1 << 22}
-
-
-def _split(b: torch.Tensor, step: int, *, axis: int = -2) -> torch.Tensor:
-    """(..., L) uint8 -> (..., 8 // step, L): plane i holds bits [i*step, (i+1)*step) of every byte
-    (with axis=-1, (..., L, 8 // step): each byte's planes after it).
-
-    A shift and a mask by a Python int per plane: torch's CPU kernels vectorise a shift by a scalar
-    but not one broadcast from a tensor of shift amounts (measured ~100x slower). The bytes are made
-    contiguous first: elementwise ops over a block-strided slice run ~10x slower than over a copy."""
-    b = b.contiguous()
-    mask = (1 << step) - 1
-    top = 8 - step
-    planes = [b & mask] + [(b >> i) & mask for i in range(step, top, step)] + [b >> top]
-    return torch.stack(planes, dim=axis)
-
-
-def _half(b: torch.Tensor) -> torch.Tensor:
-    """(n, 2) uint8 little-endian ggml_half bytes -> (n, 1) float32."""
-    return b.contiguous().view(torch.float16).to(F32)
 
 
 def _q8_0(b: torch.Tensor, out: torch.Tensor) -> None:
@@ -165,7 +149,6 @@ def _q6_k(b: torch.Tensor, out: torch.Tensor) -> None:
 
 # kvalues_iq4nl (ggml-common.h): the 16 levels a 4-bit IQ4 index stands for, non-uniformly spaced.
 _IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-_tables: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
 
 
 def _nibble_levels(b: torch.Tensor, out: torch.Tensor, levels: tuple[int, ...]) -> None:
@@ -174,11 +157,12 @@ def _nibble_levels(b: torch.Tensor, out: torch.Tensor, levels: tuple[int, ...]) 
     high level), not a split into nibbles and a lookup per nibble: half the gathers, no stacked planes;
     index_select into fresh rows then one interleaving write is twice as fast as indexing straight into
     out's strided halves (IQ4_NL 1.6x faster in all, measured on the CPU)."""
-    tables = _tables.get((levels, b.device))
-    if tables is None:
-        lv = torch.tensor(levels, dtype=F32)
-        byte = torch.arange(256)
-        tables = _tables[(levels, b.device)] = torch.stack([lv[byte & 15], lv[byte >> 4]]).to(b.device)
+
+    def build() -> torch.Tensor:
+        lv, byte = torch.tensor(levels, dtype=F32), torch.arange(256)
+        return torch.stack([lv[byte & 15], lv[byte >> 4]])
+
+    tables = table(levels, b.device, build)
     q = b.reshape(-1).long()
     lo = torch.index_select(tables[0], 0, q).view(b.shape)
     hi = torch.index_select(tables[1], 0, q).view(b.shape)
@@ -271,10 +255,8 @@ def _nvfp4(b: torch.Tensor, out: torch.Tensor) -> None:
     # block_nvfp4 (36 bytes, 64 elements): d: uint8[4] unsigned E4M3 scales (one per 16 elements), qs:
     # uint8[32] (per 16 elements, 8 bytes in Q4_0's nibble order).  y = d_s * level[q] (MXFP4's levels)
     n = b.shape[0]
-    table = _tables.get((_UE4M3, b.device))
-    if table is None:
-        table = _tables[(_UE4M3, b.device)] = torch.tensor(_UE4M3, dtype=F32).to(b.device)
-    d = torch.index_select(table, 0, b[:, 0:4].reshape(-1).long()).view(n, 4, 1, 1)
+    scales = table("ue4m3", b.device, lambda: torch.tensor(_UE4M3, dtype=F32))
+    d = torch.index_select(scales, 0, b[:, 0:4].reshape(-1).long()).view(n, 4, 1, 1)
     o = out.view(n, 4, 2, 8)
     _nibble_levels(b[:, 4:36].reshape(n, 4, 8), o, _MXFP4_LEVELS)
     o.mul_(d)

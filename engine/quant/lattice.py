@@ -15,40 +15,36 @@ from __future__ import annotations
 
 import torch
 
+from .bits import halves as _half
+from .bits import split_planes, table
+
 F32 = torch.float32
-_GRIDS: dict[tuple[str, torch.device], torch.Tensor] = {}
-_SIGNS: dict[tuple[bool, torch.device], torch.Tensor] = {}
 
 
 def _grid(name: str, device: torch.device) -> torch.Tensor:
     """The codebook of `name`: (points, 8 or 4) float32 on `device`."""
-    g = _GRIDS.get((name, device))
-    if g is None:
+
+    def build() -> torch.Tensor:
         import gguf
 
         cls = getattr(gguf.quants, "IQ1_S" if name == "IQ1_M" else name)
         cls.init_grid()
-        g = _GRIDS[(name, device)] = (
-            torch.from_numpy(cls.grid.reshape(cls.grid_shape).copy()).to(F32).to(device)
-        )
-    return g
+        return torch.from_numpy(cls.grid.reshape(cls.grid_shape).copy()).to(F32)
+
+    return table(("grid", name), device, build)
 
 
 def _signs(parity: bool, device: torch.device) -> torch.Tensor:
     """(128 or 256, 8) float32 of ±1: the signs of 8 weights from a byte's bits (bit i: weight i negative);
     with `parity`, from a 7-bit index whose eighth bit makes the count of negatives even."""
-    t = _SIGNS.get((parity, device))
-    if t is None:
+
+    def build() -> torch.Tensor:
         idx = torch.arange(128 if parity else 256)
         if parity:
             idx = idx | (torch.tensor([bin(i).count("1") & 1 for i in range(128)]) << 7)
-        bits = (idx[:, None] >> torch.arange(8)) & 1
-        t = _SIGNS[(parity, device)] = (1 - 2 * bits).to(F32).to(device)
-    return t
+        return (1 - 2 * ((idx[:, None] >> torch.arange(8)) & 1)).to(F32)
 
-
-def _half(b: torch.Tensor) -> torch.Tensor:
-    return b.contiguous().view(torch.float16).to(F32)
+    return table(("signs", parity), device, build)
 
 
 def _u32(b: torch.Tensor) -> torch.Tensor:
@@ -65,8 +61,7 @@ def _u16(b: torch.Tensor) -> torch.Tensor:
 
 def _nibbles(b: torch.Tensor) -> torch.Tensor:
     """(n, k) bytes -> (n, 2k) float32: each byte's low nibble, then its high one."""
-    b = b.to(torch.int32)
-    return torch.stack((b & 15, b >> 4), dim=-1).reshape(b.shape[0], -1).to(F32)
+    return split_planes(b, 4, axis=-1).reshape(b.shape[0], -1).to(F32)
 
 
 def _bits(b: torch.Tensor, width: int, count: int) -> torch.Tensor:
