@@ -57,6 +57,18 @@ class ComponentResidency:
         return self.key or self.name
 
 
+def component_key(path: str, name: str) -> str:
+    """What names a loaded component across samples: its file and its name."""
+    return f"{path}\n{name}"
+
+
+def label_with_file(key: str) -> str:
+    """A component's label that says its file ("vae (sd15.safetensors)"), from its key; a key of no file
+    is its own label."""
+    path, sep, name = key.partition("\n")
+    return f"{name} ({os.path.basename(path)})" if sep else key
+
+
 @dataclass(frozen=True)
 class MemorySample:
     """One snapshot. `None` means "not known here" (e.g. torch numbers before torch is loaded)."""

@@ -3,18 +3,12 @@ sample costs a few scalar stores and drawing never converts Python lists (the gr
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from engine.memory import label_with_file
 
 GIB = 1024**3
 LINES = ("used", "total", "allocated", "reserved", "ram")
-
-
-def _with_file(key: str) -> str:
-    """A component key's label with its file's name (keys are "path\nname"; others are their own label)."""
-    path, sep, name = key.partition("\n")
-    return f"{name} ({os.path.basename(path)})" if sep else key
 
 
 class SampleHistory:
@@ -60,7 +54,7 @@ class SampleHistory:
         seen: dict[str, int] = {}
         for label in self.labels.values():
             seen[label] = seen.get(label, 0) + 1
-        return [(k, _with_file(k) if seen[self.labels[k]] > 1 else self.labels[k], col[self._start : self._end])
+        return [(k, label_with_file(k) if seen[self.labels[k]] > 1 else self.labels[k], col[self._start : self._end])
                 for k, col in self._areas.items()]  # fmt: skip
 
     def append(

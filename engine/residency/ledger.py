@@ -109,17 +109,18 @@ class LedgerSnapshot:
         """label -> (device bytes, RAM bytes, key), the memory sampler's residency provider format. A name
         loaded from two files is labelled with the file name too; the key (file and name) stays the same
         when that relabels a component already shown, so a graph keeps drawing it as one band."""
-        import os
+        from ..memory import component_key, label_with_file
 
         counts: dict[str, int] = {}
         for c in self.components:
             counts[c.name] = counts.get(c.name, 0) + 1
         out = {}
         for c in self.components:
-            label = c.name if counts[c.name] == 1 else f"{c.name} ({os.path.basename(c.path)})"
+            key = component_key(c.path, c.name)
+            label = c.name if counts[c.name] == 1 else label_with_file(key)
             ram = c.ram_bytes + (c.device_bytes if c.device == "cpu" and self.device != "cpu" else 0)
             dev = 0 if c.device == "cpu" and self.device != "cpu" else c.device_bytes
-            out[label] = (dev, ram, f"{c.path}\n{c.name}")
+            out[label] = (dev, ram, key)
         return out
 
     def to_json(self) -> dict:
