@@ -188,12 +188,10 @@ class NextDiT:
         lens = [int(m) for m in cap_mask.sum(1).round()]
         padded = [_padded(m) for m in lens]
         n_img, longest = _padded(n), max(padded)
-        ipos, cpos = torch.zeros(b, n_img, 3), torch.zeros(b, longest, 3)
-        for i, p in enumerate(padded):
-            ipos[i], cpos[i] = (
-                z_image_positions(h, w, n_img, p)[0],
-                z_image_positions(h, w, n_img, longest)[1],
-            )
+        ipos = torch.stack([z_image_positions(h, w, n_img, p)[0] for p in padded])  # image at frame L_i + 1
+        cpos = z_image_positions(h, w, n_img, longest)[1].expand(
+            b, -1, -1
+        )  # caption row j at 1 + j, every item
         img = self._pad(img, "x_pad_token", n_img)
         pe_img = rope_table(ipos.to(dev), f.axes, f.theta)
         for blk in self.noise_refiner:
