@@ -28,6 +28,25 @@ def wshape(op) -> tuple[int, ...]:
     return tuple(getattr(op, getattr(op, "weight_attr", "weight")).shape)
 
 
+def held(module, attr: str, device=None) -> torch.Tensor:
+    """A plain holder's tensor (a pad token, a modulation table, a position embedding) as its values: one
+    held as ggml blocks (engine.model.tree: stable-diffusion.cpp's GGUFs quantize them) is dequantized
+    to float32 -- on `device` when given, its blocks moved there first (smaller than its values)."""
+    t = getattr(module, attr)
+    spec = getattr(module, "quantized", {}).get(attr)
+    if spec is None:
+        return t
+    if device is not None:
+        t = t.to(device)
+    return spec.dequantize(t, torch.float32)
+
+
+def held_shape(module, attr: str) -> tuple[int, ...]:
+    """The logical shape of a plain holder's tensor (a quantized one is held as flat bytes)."""
+    spec = getattr(module, "quantized", {}).get(attr)
+    return tuple(spec.shape) if spec is not None else tuple(getattr(module, attr).shape)
+
+
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """[N] (fractional) timesteps -> [N, dim] float32: cos(t·f_i) then sin(t·f_i), f_i = P^(-i/half)."""
     half = dim // 2

@@ -32,7 +32,17 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
-from .common import Ops, layer_norm, merge_heads, mlp2, split_heads, timestep_embedding, wshape
+from .common import (
+    Ops,
+    held,
+    held_shape,
+    layer_norm,
+    merge_heads,
+    mlp2,
+    split_heads,
+    timestep_embedding,
+    wshape,
+)
 from .flux import Proj
 
 HEAD_DIM = 64
@@ -121,19 +131,18 @@ class MMDiT:
         return wshape(self.y_embedder[0])[1]
 
     @property
-    def pos_embed(self) -> torch.Tensor:
-        return self.pos_module.pos_embed
-
-    @property
     def max_grid(self) -> int:
-        return math.isqrt(self.pos_embed.shape[1])
+        # [1, M², D]; [M², D] in a GGUF whose writer dropped the leading 1 (ggml's n_dims)
+        return math.isqrt(held_shape(self.pos_module, "pos_embed")[-2])
 
     def _pos(self, h: int, w: int, device) -> torch.Tensor:
         m = self.max_grid
         if h > m or w > m:
             raise ValueError(f"a {h}x{w} patch grid is larger than this model's positions ({m}x{m})")
         top, left = (m - h) // 2, (m - w) // 2
-        pe = self.pos_embed.reshape(1, m, m, -1)[:, top : top + h, left : left + w]
+        pe = held(self.pos_module, "pos_embed", device).reshape(1, m, m, -1)[
+            :, top : top + h, left : left + w
+        ]
         return pe.reshape(1, h * w, -1).to(device=device, dtype=self.dtype)
 
     def __call__(self, x, t, y, context) -> torch.Tensor:

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
-from .common import Ops, layer_norm, merge_heads, mlp2, rms_norm_with, rope, timestep_embedding, wshape
+from .common import Ops, held, layer_norm, merge_heads, mlp2, rms_norm_with, rope, timestep_embedding, wshape
 from .flux import Proj, rope_table
 
 SEQ_MULTIPLE = 32  # Z-Image pads both sequences to a multiple of this many tokens
@@ -155,7 +155,7 @@ class NextDiT:
         return out.reshape(b, h, w, PATCH, PATCH, -1).permute(0, 5, 1, 3, 2, 4).reshape(b, -1, height, width)
 
     def _caption(self, cap_feats):
-        weight = self.cap_norm.weight.to(cap_feats.device, self.dtype)
+        weight = held(self.cap_norm, "weight", cap_feats.device).to(cap_feats.device, self.dtype)
         return self.cap_embedder(
             F.rms_norm(cap_feats.to(self.dtype), (cap_feats.shape[-1],), weight, NORM_EPS)
         )
@@ -197,7 +197,7 @@ class NextDiT:
         for blk in self.noise_refiner:
             img = self._block(blk, img, pe_img, tmod)
         cap, rows = self._caption(cap_feats), img.new_zeros(b, longest, d)
-        token = self.pads.cap_pad_token.to(dev, rows.dtype)
+        token = held(self.pads, "cap_pad_token", dev).to(dev, rows.dtype)
         for i, (m, p) in enumerate(zip(lens, padded, strict=True)):
             rows[i, :m], rows[i, m:p] = cap[i, :m], token
         keep = torch.arange(longest)[None] < torch.tensor(padded)[:, None]  # [B, L]: each caption's rows
@@ -250,7 +250,7 @@ class NextDiT:
     def _pad(self, rows: torch.Tensor, name: str, to: int) -> torch.Tensor:
         if rows.shape[1] == to:
             return rows
-        token = getattr(self.pads, name).to(rows.device, rows.dtype)
+        token = held(self.pads, name, rows.device).to(rows.device, rows.dtype)
         return torch.cat([rows, token.expand(rows.shape[0], to - rows.shape[1], -1)], 1)
 
     def _block(self, blk: Block, x, pe, tmod, keys=None):

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
-from .common import Ops, layer_norm_with, timestep_embedding, wshape
+from .common import Ops, held, held_shape, layer_norm_with, timestep_embedding, wshape
 
 TEXT_LEN = 512
 FREQ_DIM = 256
@@ -180,7 +180,7 @@ class Wan:
     @property
     def image_tokens(self) -> int | None:
         """How many image tokens the model takes: fixed by FLF2V's position embedding (two images)."""
-        return None if self.emb_pos is None else _emb_pos(self.emb_pos).shape[-2]
+        return None if self.emb_pos is None else held_shape(self.emb_pos, _emb_pos(self.emb_pos))[-2]
 
     @property
     def vace_channels(self) -> int | None:
@@ -206,7 +206,7 @@ class Wan:
         if self.img_emb is not None:
             feats = clip_fea.to(dt)
             if self.emb_pos is not None:
-                feats = feats + _emb_pos(self.emb_pos).to(feats.device, dt)
+                feats = feats + held(self.emb_pos, _emb_pos(self.emb_pos), feats.device).to(feats.device, dt)
             norm1, lin1, lin2, norm2 = self.img_emb  # the norms may be typed GroupNorm by the tree
             img = layer_norm_with(norm2, lin2(F.gelu(lin1(layer_norm_with(norm1, feats, IMG_EPS)))), IMG_EPS)
         ang = rope_angles(f, hh, ww, dim // self.heads, x.device)
@@ -219,7 +219,9 @@ class Wan:
             x = self._block(blk, x, e0, ctx, cos, sin, img)
             if i in hints:  # × the context scale (1, the original's default, when none is given)
                 x = x + (hints.pop(i) if strength is None else hints.pop(i) * strength)
-        mod = _modulation(self.head_modulation).to(x.device, torch.float32)
+        mod = held(self.head_modulation, _modulation(self.head_modulation), x.device).to(
+            x.device, torch.float32
+        )
         shift, scale = (mod + e.float()[:, None]).chunk(2, dim=1)
         out = self.head((_ln(x) * (1 + scale) + shift).to(dt))
         out = out.reshape(b, f, hh, ww, 1, 2, 2, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
@@ -257,7 +259,7 @@ class Wan:
 
     def _block(self, blk: Block, x, e0, ctx, cos, sin, img=None) -> torch.Tensor:
         dt = self.dtype
-        mod = _modulation(blk.modulation).to(x.device, torch.float32)
+        mod = held(blk.modulation, _modulation(blk.modulation), x.device).to(x.device, torch.float32)
         e = (mod + e0).chunk(6, dim=1)
         h = (_ln(x) * (1 + e[1]) + e[0]).to(dt)
         y = self._attn(blk.self_attn, h, h, cos, sin)
@@ -281,18 +283,16 @@ class Wan:
         return [*order, self.head]
 
 
-def _emb_pos(module) -> torch.Tensor:
-    """FLF2V's position embedding of the two images' tokens: `emb_pos` (original) or diffusers'
-    `pos_embed` (the same [1, 514, 1280] tensor)."""
-    t = getattr(module, "emb_pos", None)
-    return t if t is not None else module.pos_embed
+def _emb_pos(module) -> str:
+    """Where FLF2V's position embedding of the two images' tokens is held: `emb_pos` (original) or
+    diffusers' `pos_embed` (the same [1, 514, 1280] tensor)."""
+    return "emb_pos" if getattr(module, "emb_pos", None) is not None else "pos_embed"
 
 
-def _modulation(module) -> torch.Tensor:
-    """The learned modulation of a block or the head: `modulation` (original) or diffusers'
-    `scale_shift_table` (the same [1, 6 | 2, dim] tensor)."""
-    t = getattr(module, "modulation", None)
-    return t if t is not None else module.scale_shift_table
+def _modulation(module) -> str:
+    """Where the learned modulation of a block or the head is held: `modulation` (original) or
+    diffusers' `scale_shift_table` (the same [1, 6 | 2, dim] tensor)."""
+    return "modulation" if getattr(module, "modulation", None) is not None else "scale_shift_table"
 
 
 def bind_wan(ops: Ops, architecture: str, dtype: torch.dtype, plain: dict) -> Wan:

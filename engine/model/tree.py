@@ -21,7 +21,8 @@ The file says nothing about module types, so each module is decided from its own
 Every module is created on the meta device (no memory); the caller binds the real tensors, so the
 tree's ``state_dict`` keys are exactly the file's keys below the component prefix. A tensor of a ggml
 block type (GGUF: Q8_0, Q4_K, …) is typed by its logical shape like any other; its op records how to
-dequantize it (``Castable.quantized``) and will hold the raw blocks.
+dequantize it (``Castable.quantized``) and will hold the raw blocks; so does a plain holder's (read
+through ``engine.denoise.common.held``).
 """
 
 from __future__ import annotations
@@ -121,19 +122,19 @@ def make_op(spec: ModuleSpec):
     import types
 
     quantized = _quant_specs(spec)
-    if quantized and spec.kind == "plain":
-        name, q = next(iter(quantized.items()))
+    w = spec.tensors.get("weight")
+    if quantized and spec.kind == "plain" and w is not None and len(w.shape) >= 2:
+        # a layer's tensors whose shapes fit no layer (an edited orig_shape): say what they are
+        q = next(iter(quantized.values()))
         kind = getattr(q, "ggml_type", None) or q.fmt
-        if "weight" in spec.tensors:  # a layer's tensors whose shapes fit no layer: say what they are
-            held = ", ".join(f"{a} {list(i.shape)}" for a, i in spec.tensors.items())
-            raise UnsupportedModel(
-                f"{spec.path}: a {kind} layer whose tensors ({held}) fit no linear, convolution, embedding "
-                "or norm layer, where Loadout cannot dequantize it (a damaged or edited file?)"
-            )
+        held = ", ".join(f"{a} {list(i.shape)}" for a, i in spec.tensors.items())
         raise UnsupportedModel(
-            f"{spec.tensors[name].name}: a {kind} tensor outside a linear, convolution, "
-            "embedding or norm layer, where Loadout cannot dequantize it"
+            f"{spec.path}: a {kind} layer whose tensors ({held}) fit no linear, convolution, embedding "
+            "or norm layer, where Loadout cannot dequantize it (a damaged or edited file?)"
         )
+    # A plain holder's quantized tensors (stable-diffusion.cpp's converter quantizes every tensor whose
+    # rows fill whole blocks but biases: Z-Image's pad tokens and caption norm, Wan's modulations) keep
+    # their blocks like a layer's; the forward reads them dequantized (engine.denoise.common.held).
     op = _make_op(spec)
     if quantized:
         op.quantized = types.MappingProxyType(quantized)
@@ -226,6 +227,9 @@ def _make_op(spec: ModuleSpec):
     for attr, info in spec.tensors.items():
         from ..formats.dtypes import torch_dtype
 
+        if _quant_api()[3](info.dtype):  # ggml blocks: held as their flat bytes, like a layer's
+            m.register_buffer(attr, torch.empty(info.nbytes, dtype=torch.uint8, device="meta"))
+            continue
         t = torch.empty(info.shape, dtype=torch_dtype(info.dtype), device="meta")
         if t.is_floating_point():
             m.register_parameter(attr, nn.Parameter(t, requires_grad=False))
@@ -261,6 +265,8 @@ def build_tree(specs: list[ModuleSpec]):
                     root.register_parameter(attr, t)
                 else:
                     root.register_buffer(attr, t)
+            if "quantized" in op.__dict__:
+                root.quantized = op.quantized
             by_path[""] = root
             continue
         parent_path, _, leaf = spec.path.rpartition(".")

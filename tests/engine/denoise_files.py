@@ -395,16 +395,24 @@ def check_steps_alike(path, tmp_path, budget_gb: float, architecture: str, outpu
 
 
 def check_gguf_like_its_twin(
-    tmp_path, weights: dict, arch: str, pick, architecture: str, size=(64, 64)
+    tmp_path,
+    weights: dict,
+    arch: str,
+    pick,
+    architecture: str,
+    size=(64, 64),
+    ggml_dims: bool = False,
+    tol: float = 1e-6,
 ) -> list:
     """Write `weights` as a GGUF (general.architecture `arch`; the tensors `pick(key, tensor)` chooses in
-    Q8_0, the rest as they are) and its dequantized safetensors twin; the forward on each gives the same
-    output (1e-6). Returns the quantized keys."""
+    Q8_0, the rest as they are; `ggml_dims`: leading axes of 1 dropped, as ggml's writer stores shapes)
+    and its dequantized safetensors twin; the forward on each gives the same output (`tol`). Returns the
+    quantized keys."""
     from engine import denoise
     from engine.model import Component
     from tests.support.gguf_files import write_gguf_twin
 
-    twin, quantized = write_gguf_twin(tmp_path / "model.gguf", weights, arch, pick)
+    twin, quantized = write_gguf_twin(tmp_path / "model.gguf", weights, arch, pick, ggml_dims=ggml_dims)
     twin_path = write(tmp_path / "twin.safetensors", twin)
     dens = [
         denoise.bind(Component("transformer", str(p), "", compute_dtype="float32"), architecture)
@@ -413,7 +421,7 @@ def check_gguf_like_its_twin(
     inputs = dens[0].random_inputs(*size, seed=3)
     with torch.inference_mode():
         out, want = (d(inputs) for d in dens)
-    assert rel_l2(out, want) <= 1e-6
+    assert rel_l2(out, want) <= tol
     return quantized
 
 

@@ -93,7 +93,7 @@ def test_a_quantized_file_steps_like_its_dequantized_twin(tmp_path, family, stor
     if store != "scaled_fp8":
         path = tmp_path / "model.gguf"
         # layers' weights only: a bare parameter (Wan's `modulation`, SD3's `pos_embed`) stays float, as
-        # ComfyUI-GGUF's converter keeps it (its loader cannot dequantize one either)
+        # ComfyUI-GGUF's converter keeps it (test_quant_sdcpp.py: stable-diffusion.cpp's quantizes it)
         pick = lambda k, t: k.endswith(".weight") and t.dim() >= 2  # noqa: E731
         twin, quantized = write_gguf_twin(path, weights, "loadout-test", pick, store)
         assert quantized

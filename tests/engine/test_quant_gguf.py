@@ -419,7 +419,9 @@ def test_loadout_load_puts_the_quantized_bytes_in_the_ledger(cli, tmp_path):
 
 def test_quantized_tensors_no_op_can_take_are_named(tmp_path):
     """A quantized weight whose bias does not fit it (an edited orig_shape) names the layer and its
-    shapes; a quantized bare parameter (converters keep Wan's `modulation` in float) says where it is."""
+    shapes; a quantized bare parameter (stable-diffusion.cpp's converter quantizes Wan's `modulation`)
+    loads, held as its blocks, and reads dequantized (tests/engine/test_quant_sdcpp.py runs such files)."""
+    from engine.denoise.common import held
     from engine.model import build_components
 
     rng = np.random.default_rng(8)
@@ -430,10 +432,11 @@ def test_quantized_tensors_no_op_can_take_are_named(tmp_path):
             [96, 64],
             r"blocks.0.mlp.0: a Q8_0 layer whose tensors \(weight ",
         ),
-        ("blocks.0.modulation", (6, 96), None, "blocks.0.modulation: a Q8_0 tensor outside a linear"),
+        ("blocks.0.modulation", (6, 96), None, None),
     ):
         w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), arch="flux")
-        w.add_tensor(key, _random_bytes("Q8_0", stored, rng), raw_dtype=T["Q8_0"])
+        raw = _random_bytes("Q8_0", stored, rng)
+        w.add_tensor(key, raw, raw_dtype=T["Q8_0"])
         w.add_tensor("blocks.0.mlp.0.bias", np.zeros(64, np.float32))
         if orig:
             w.add_array(f"comfy.gguf.orig_shape.{key}", orig)
@@ -441,5 +444,12 @@ def test_quantized_tensors_no_op_can_take_are_named(tmp_path):
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        with pytest.raises(UnsupportedModel, match=says):
-            build_components(tmp_path / "m.gguf", {"transformer": ""})
+        if says is not None:
+            with pytest.raises(UnsupportedModel, match=says):
+                build_components(tmp_path / "m.gguf", {"transformer": ""})
+            continue
+        (comp,) = build_components(tmp_path / "m.gguf", {"transformer": ""}).values()
+        block = comp.module.get_submodule("blocks.0")
+        assert block.modulation.dtype == torch.uint8 and block.modulation.numel() == raw.size
+        want = gguf.quants.dequantize(raw, T["Q8_0"])
+        assert torch.equal(held(block, "modulation"), torch.from_numpy(want.reshape(stored)))

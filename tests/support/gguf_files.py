@@ -8,11 +8,20 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def sdcpp_pick(block: int):
+    """stable-diffusion.cpp's converter's choice (`sd-cli -M convert --type q8_0`; its
+    ModelLoader::tensor_should_be_converted): every tensor but biases and `.scale`s whose rows fill whole
+    blocks -- 1-dim norm weights, pad tokens and modulation tables too."""
+    return lambda k, t: not k.endswith((".bias", ".scale")) and t.shape[-1] % block == 0
+
+
 def write_gguf_twin(
-    path: Path, weights: dict, arch: str, quantize, qtype: str = "Q8_0"
+    path: Path, weights: dict, arch: str, quantize, qtype: str = "Q8_0", ggml_dims: bool = False
 ) -> tuple[dict, list[str]]:
     """Write `weights` to a GGUF file, the tensors `quantize(key, t)` picks in `qtype`. Returns (the
-    dequantized twin's tensors, float32, as a loader must produce them; the quantized keys)."""
+    dequantized twin's tensors, float32, as a loader must produce them; the quantized keys).
+    `ggml_dims`: shapes as ggml's own GGUF writer stores them (stable-diffusion.cpp, llama.cpp's
+    quantize): its n_dims drops leading axes of size 1 ([1, 3840] is stored as [3840])."""
     import gguf
     import numpy as np
     import torch
@@ -25,6 +34,9 @@ def write_gguf_twin(
     twin, quantized = {}, []
     for k, t in weights.items():
         x = t.float().numpy().astype(np.float32)
+        if ggml_dims:
+            while x.ndim > 1 and x.shape[0] == 1:
+                x = x[0]
         shape = tuple(x.shape)
         pick = quantize(k, t) and x.size % block == 0
         if x.ndim > 4 or (pick and shape[-1] % block):
@@ -33,11 +45,11 @@ def write_gguf_twin(
         if pick:
             raw = quantize_blocks(gguf, x, q, qtype)
             w.add_tensor(k, raw, raw_dtype=q)
-            twin[k] = dequantize(torch.from_numpy(raw.reshape(-1).copy()), qtype, shape)
+            twin[k] = dequantize(torch.from_numpy(raw.reshape(-1).copy()), qtype, shape).reshape(t.shape)
             quantized.append(k)
         else:
             w.add_tensor(k, x)
-            twin[k] = t.float().reshape(shape)
+            twin[k] = t.float()
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
