@@ -16,7 +16,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
     guidance) at reduced depth (1 double and 2 single blocks with the three shared modulations: 0.66 B
     parameters, 2.6 GB) at 256×256 pixels with 512 text tokens.
   * lumina2 / qwen_image: Lumina-Image 2.0 (2304 wide, 1 + 1 + 1 blocks) and Qwen-Image (3072 wide, 1 block)
-    at their real widths, 512×512 (not yet timed in a committed run).
+    at their real widths, 512×512.
+  * auraflow: AuraFlow v0.3 / Pony V7 at its real width (3072, 12 heads of 256, SwiGLU 8192, Pile-T5-XL's
+    2048-wide states, its 64×64 position grid) at 1 double and 2 single blocks, 512×512, 256 text tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
     reduced depth (1 main layer, 1 noise and 1 caption refiner: 0.56 B parameters, 2.2 GB) at 512×512
     pixels (1024 image tokens) with 128 caption tokens.
@@ -54,7 +56,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|auraflow] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -107,12 +109,16 @@ Z_IMAGE = dict(n_layers=1, n_refiner_layers=1)
 LUMINA2 = dict(num_layers=1, num_refiner_layers=1, cap_feat_dim=2304)
 # Qwen-Image's width (diffusers' QwenImageTransformer2DModel defaults: 3072, 24 heads, Qwen2.5-VL's 3584) at 1 block
 QWEN_IMAGE = dict(num_layers=1)
+# AuraFlow v0.3's width (diffusers' AuraFlowTransformer2DModel defaults: 3072, 12 heads of 256, Pile-T5-XL's 2048;
+# the release's 64 x 64 position grid) at 1 double and 2 single blocks
+AURAFLOW = dict(num_mmdit_layers=1, num_single_dit_layers=2, sample_size=128, pos_embed_max_size=4096)
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
             "wan_i2v": ((480, 480), "transformer", "wan21"), "z_image": ((512, 512), "transformer", "z_image"),
             "flux2": ((256, 256), "transformer", "flux2"), "lumina2": ((512, 512), "transformer", "lumina2"),
-            "qwen_image": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
+            "qwen_image": ((512, 512), "transformer", "qwen_image"),
+            "auraflow": ((512, 512), "transformer", "auraflow")}  # fmt: skip
 
 
 def _wan(family: str) -> dict:
@@ -148,6 +154,10 @@ def _diffusers_model(family: str):
             from diffusers import QwenImageTransformer2DModel
 
             return QwenImageTransformer2DModel(**QWEN_IMAGE)
+        if family == "auraflow":
+            from diffusers import AuraFlowTransformer2DModel
+
+            return AuraFlowTransformer2DModel(**AURAFLOW)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
@@ -249,6 +259,8 @@ def _run_diffusers(model, family: str, x: dict):
 
         return model(x["x"], x["t"], x["cap_feats"], torch.ones(x["cap_feats"].shape[:2], dtype=torch.bool,
                                                                  device=x["x"].device), return_dict=False)[0]  # fmt: skip
+    if family == "auraflow":
+        return model(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["t"]).sample
     if family == "qwen_image":  # 2x2 patches, channels first, in and out
         b, c, h, w = x["x"].shape
         img = x["x"].reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c * 4)
@@ -492,7 +504,8 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "z_image": "Z-Image width, 1 layer + 1 + 1 refiners, 512x512",
              "flux2": "FLUX.2 [klein] 4B width, 1+2 blocks, 256x256",
              "lumina2": "Lumina 2 width, 1 layer + 1 + 1 refiners, 512x512",
-             "qwen_image": "Qwen-Image width, 1 block, 512x512"}[fam]  # fmt: skip
+             "qwen_image": "Qwen-Image width, 1 block, 512x512",
+             "auraflow": "AuraFlow width, 1+2 blocks, 512x512"}[fam]  # fmt: skip
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip
     for name, r in st.items():

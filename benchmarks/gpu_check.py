@@ -23,7 +23,8 @@ msgspec, platformdirs, gguf, diffusers and importlib_metadata travel as wheels i
    `apply_group_offloading(leaf_level, use_stream=True)` on exactly the modules Loadout streams, and on
    the whole model (diffusers' documented use). s/step is the median after the first; peak is torch's
    peak allocated bytes above the level before the weights; each output is compared (relative L2).
-   The same for FLUX.1-dev, Wan 2.1 1.3B (T2V, I2V) and Z-Image (bfloat16) at their real widths and reduced
+   The same for FLUX.1-dev, Wan 2.1 1.3B (T2V, I2V), Z-Image, FLUX.2 [klein], Lumina 2, Qwen-Image (bfloat16) and
+   AuraFlow (float16) at their real widths and reduced
    depth (bench_step's).
    Each line has the CPU seconds per step beside the wall seconds (equal: the step is bound by launching
    kernels), and the full run is repeated after the partial ones (a first-run effect shows as a change);
@@ -60,6 +61,7 @@ TITLES = {
     "flux2": "flux2-klein-4b width 1+2 blocks 256x256",
     "lumina2": "lumina2 width 1+1+1 blocks 512x512",
     "qwen_image": "qwen_image width 1 block 512x512",
+    "auraflow": "auraflow width 1+2 blocks 512x512",
 }
 BF16 = (
     "z_image",
@@ -378,7 +380,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")

@@ -318,7 +318,7 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
 STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "unet", "flux1_dev": "flux",
               "flux1_schnell": "flux", "flux2": "flux", "chroma": "flux", "sd3": "mmdit", "sd3.5_medium": "mmdit",
               "sd3.5_large": "mmdit", "mmdit": "mmdit", "qwen_image": "qwen_image", "z_image": "nextdit",
-              "lumina2": "nextdit", "wan21": "wan",
+              "lumina2": "nextdit", "auraflow": "auraflow", "wan21": "wan",
               "wan22": "wan"}  # fmt: skip
 # (width, height) each family is made for (Wan: 480p, one latent frame per step unit)
 NATIVE_PX = {
@@ -337,6 +337,7 @@ NATIVE_PX = {
     "qwen_image": (1328, 1328),
     "z_image": (1024, 1024),
     "lumina2": (1024, 1024),
+    "auraflow": (1024, 1024),
     "wan21": (832, 480),
     "wan22": (832, 480),
 }

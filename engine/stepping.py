@@ -194,12 +194,14 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
 
 def _units(den, inputs: dict) -> int:
     """Latent pixels (UNet) or image tokens (FLUX; MMDiT and Wan: 2x2 patches of the (every frame's) latent)."""
+    from .denoise.inputs import IMAGE_PATCHED
+
     first = inputs[den.input_names[0]]
     if den.kind == "wan":
         return first.shape[0] * first.shape[2] * (first.shape[3] // 2) * (first.shape[4] // 2)
     if den.kind == "text":
         return first.shape[0] * first.shape[1]  # tokens
-    if den.kind in ("mmdit", "qwen_image", "nextdit"):
+    if den.kind in IMAGE_PATCHED:
         ref = inputs.get("ref_latents")  # Qwen-Image-Edit's reference image: tokens of the same sequence
         more = (ref.shape[2] // 2) * (ref.shape[3] // 2) if ref is not None else 0
         return first.shape[0] * ((first.shape[2] // 2) * (first.shape[3] // 2) + more)
@@ -221,8 +223,10 @@ def _record(parts, req: Step, den, inputs: dict, result: StepResult) -> None:
     if den.kind == "text":  # a text encoder's run is not a sampling step: the plan calibrates from those
         return
 
+    from .denoise.inputs import IMAGE_PATCHED
+
     first = inputs[den.input_names[0]]
-    if den.kind in ("unet", "mmdit", "qwen_image", "nextdit"):
+    if den.kind == "unet" or den.kind in IMAGE_PATCHED:
         h, w = first.shape[2] * 8, first.shape[3] * 8
     elif den.kind == "wan":
         h, w = first.shape[3] * 8, first.shape[4] * 8

@@ -41,6 +41,10 @@ release's list of unpadded captions) takes `cap_mask` [B, T] as Lumina 2 does. L
 `NextDiT.forward(x, t, cap_feats, cap_mask)`): the same `x` and `t`, `cap_feats` [B, T, 2304] Gemma-2-2B
 states, and optionally `cap_mask` [B, T] (1 for each prompt's tokens, then 0 for its padding; default all 1).
 
+AuraFlow (v0.1–0.3, Pony V7; diffusers' AuraFlowTransformer2DModel.forward(hidden_states, encoder_hidden_states,
+timestep)): `x` [B, 4, h, w] latents (2×2 patches inside, h and w even), `t` [B] in 0–1 (its pipeline's t / 1000),
+`context` [B, T, 2048] Pile-T5-XL states (256 tokens in its pipeline).
+
 Text encoders (transformers' CLIPTextModel / T5EncoderModel forward): `input_ids` [B, T] token ids (77
 for CLIP, 512 for T5 when random).
 
@@ -66,10 +70,13 @@ WAN_INPUTS = ("x", "t", "context")
 MMDIT_INPUTS = ("x", "t", "y", "context")
 QWEN_INPUTS = ("x", "timesteps", "context")
 NEXTDIT_INPUTS = ("x", "t", "cap_feats")
-PATCHED = ("mmdit", "qwen_image", "nextdit", "wan")  # families whose `x` is cut into 2×2 patches
+AURAFLOW_INPUTS = ("x", "t", "context")
+IMAGE_PATCHED = ("mmdit", "qwen_image", "nextdit", "auraflow")  # `x` a [B, C, h, w] latent in 2×2 patches
+PATCHED = (*IMAGE_PATCHED, "wan")  # families whose `x` is cut into 2×2 patches
 TEXT_INPUTS = ("input_ids",)
 QWEN_TOKENS = 256  # Qwen2.5-VL prompt states (the pipeline drops its 34-token system prefix)
 NEXTDIT_TOKENS = 128  # a prompt's Qwen3 states, chat template included (Z-Image keeps only the real tokens)
+AURAFLOW_TOKENS = 256  # the AuraFlow pipeline's max_sequence_length
 MMDIT_TOKENS = 154  # CLIP-L/G's 77 tokens then T5's 77 (SD3's reference sampling)
 CHROMA_INPUTS = FLUX_INPUTS[:5]
 WAN_TOKENS = 512
@@ -112,6 +119,8 @@ def names(model) -> tuple[str, ...]:
         return QWEN_INPUTS
     if getattr(model, "family", "") == "nextdit":
         return NEXTDIT_INPUTS
+    if getattr(model, "family", "") == "auraflow":
+        return AURAFLOW_INPUTS
     if getattr(model, "family", "") == "text":
         return TEXT_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
@@ -140,10 +149,14 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         }
     if getattr(model, "family", "") == "text":  # a prompt's worth of token ids (the size does not apply)
         return {"input_ids": torch.randint(0, model.vocab, (batch, model.tokens), generator=g)}
-    if getattr(model, "family", "") in ("qwen_image", "nextdit"):  # a latent image, t in 0–1, text states
+    if getattr(model, "family", "") in (
+        "qwen_image",
+        "nextdit",
+        "auraflow",
+    ):  # a latent, t in 0–1, text states
         h, w = _latent(width, height, 16)
         x, t, text = names(model)
-        tokens = QWEN_TOKENS if model.family == "qwen_image" else NEXTDIT_TOKENS
+        tokens = {"qwen_image": QWEN_TOKENS, "auraflow": AURAFLOW_TOKENS}.get(model.family, NEXTDIT_TOKENS)
         return {
             x: torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
             t: torch.rand(batch, generator=g),
@@ -261,7 +274,7 @@ def _check_mask(mask: torch.Tensor, source: str) -> None:
 def _shapes(model, got) -> dict:
     if getattr(model, "family", "") == "text":
         return {"input_ids": (None, None)}
-    if getattr(model, "family", "") in ("qwen_image", "nextdit"):  # a latent image, its time, its text states
+    if getattr(model, "family", "") in ("qwen_image", "nextdit", "auraflow"):  # a latent, its time, its text
         x, t, text = names(model)
         out = {x: (None, model.in_channels, None, None), t: (None,), text: (None, None, model.context_dim)}
         if "ref_latents" in got:  # Qwen-Image-Edit's reference image

@@ -1,0 +1,165 @@
+"""AuraFlow's transformer (engine.denoise.auraflow) against diffusers' AuraFlowTransformer2DModel on the same
+weights, in diffusers' naming and the release's (`double_layers`, ComfyUI's `model.diffusion_model.` prefix,
+as Pony V7's files), reduced width (2 heads of 256) and depth, float32, CPU; its op order, a step fully and
+partially resident, a GGUF of it, and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from denoise_files import (
+    check_gguf_like_its_twin,
+    check_op_order,
+    check_steps_alike,
+    rel_l2,
+    well_scaled,
+    write,
+)
+
+from engine import denoise
+from engine.detect import detect_file
+from engine.errors import UnsupportedModel
+from engine.model import Component
+
+diffusers = pytest.importorskip("diffusers")
+
+TOL = 1e-4
+PREFIX = "model.diffusion_model."
+
+
+def _diffusers_auraflow(seed: int = 6):
+    """A reduced AuraFlow (width 512: 2 heads of 256, 2 double and 2 single blocks, 64-wide text states, a
+    16 x 16 position grid) in diffusers' class, well-scaled random weights: (model, its state dict)."""
+    model = diffusers.AuraFlowTransformer2DModel(
+        sample_size=32, num_mmdit_layers=2, num_single_dit_layers=2, attention_head_dim=256, num_attention_heads=2,
+        joint_attention_dim=64, caption_projection_dim=512, pos_embed_max_size=256,
+    )  # fmt: skip
+    return well_scaled(model, seed)
+
+
+def auraflow_release(sd: dict) -> dict:
+    """A diffusers-named AuraFlow state dict in the release's naming (ComfyUI's files, Pony V7's): the inverse
+    of diffusers' `convert_auraflow_transformer_checkpoint_to_diffusers` (the final modulation's halves back
+    in (shift, scale) order)."""
+    top = {
+        "pos_embed.pos_embed": "positional_encoding",
+        "pos_embed.proj.": "init_x_linear.",
+        "time_step_proj.linear_1.": "t_embedder.mlp.0.",
+        "time_step_proj.linear_2.": "t_embedder.mlp.2.",
+        "context_embedder.": "cond_seq_linear.",
+        "proj_out.": "final_linear.",
+        "norm_out.linear.": "modF.1.",
+    }
+    double = {
+        "norm1.linear": "modX.1",
+        "norm1_context.linear": "modC.1",
+        "attn.to_q": "attn.w2q",
+        "attn.to_k": "attn.w2k",
+        "attn.to_v": "attn.w2v",
+        "attn.to_out.0": "attn.w2o",
+        "attn.add_q_proj": "attn.w1q",
+        "attn.add_k_proj": "attn.w1k",
+        "attn.add_v_proj": "attn.w1v",
+        "attn.to_add_out": "attn.w1o",
+        "ff_context.": "mlpC.",
+        "ff.": "mlpX.",
+    }
+    single = {
+        "norm1.linear": "modCX.1",
+        "attn.to_q": "attn.w1q",
+        "attn.to_k": "attn.w1k",
+        "attn.to_v": "attn.w1v",
+        "attn.to_out.0": "attn.w1o",
+        "ff.": "mlp.",
+    }
+    mlp = {"linear_1": "c_fc1", "linear_2": "c_fc2", "out_projection": "c_proj"}  # fmt: skip
+    out = {}
+    for k, v in sd.items():
+        for a, b in top.items():
+            k = k.replace(a, b) if k.startswith(a) else k
+        for head, names, new in (("joint_transformer_blocks.", double, "double_layers."),
+                                 ("single_transformer_blocks.", single, "single_layers.")):  # fmt: skip
+            if k.startswith(head):
+                k = new + k[len(head) :]
+                for a, b in names.items():
+                    k = k.replace(f".{a}", f".{b}", 1) if f".{a}" in k else k
+                for a, b in mlp.items():
+                    k = k.replace(f".{a}.", f".{b}.")
+        if k == "modF.1.weight":
+            scale, shift = v.chunk(2)
+            v = torch.cat([shift, scale])
+        out[k] = v
+    return out
+
+
+@pytest.fixture(scope="module")
+def auraflow(tmp_path_factory):
+    ref, sd = _diffusers_auraflow()
+    d = tmp_path_factory.mktemp("auraflow")
+    release = {PREFIX + k: v for k, v in auraflow_release(sd).items()}
+    return write(d / "auraflow_diffusers.safetensors", sd), write(d / "pony_v7.safetensors", release), ref, sd
+
+
+def _bound(path):
+    det = detect_file(str(path))
+    assert det.architecture == "auraflow"
+    comp = det.components["transformer"]
+    return denoise.bind(Component("transformer", path, comp.prefix), "auraflow")
+
+
+def _diffusers(ref, inputs: dict) -> torch.Tensor:
+    return ref(
+        hidden_states=inputs["x"], encoder_hidden_states=inputs["context"], timestep=inputs["t"]
+    ).sample
+
+
+def test_auraflow_equals_diffusers_in_both_namings(auraflow):
+    diff_path, release_path, ref, _ = auraflow
+    den = _bound(diff_path)
+    assert den.naming == "diffusers" and den.input_names == ("x", "t", "context")
+    inputs = den.random_inputs(
+        96, 160, batch=2, seed=1
+    )  # a 6 x 10 patch grid, off the position grid's centre
+    assert inputs["x"].shape == (2, 4, 20, 12) and inputs["context"].shape == (2, 256, 64)
+    inputs["context"] = inputs["context"][:, :40]
+    with torch.inference_mode():
+        out, want = den(inputs), _diffusers(ref, inputs)
+        release = _bound(release_path)
+        assert release.naming == "release"
+        same = release(inputs)
+    err = rel_l2(out, want)
+    print(f"auraflow: relative L2 {err:.2e}")
+    assert out.shape == inputs["x"].shape and err <= TOL
+    assert rel_l2(same, want) <= TOL
+
+
+def test_auraflow_op_order_is_the_call_order(auraflow):
+    check_op_order(auraflow[1], "auraflow", PREFIX, plain=1)  # the root: positions and register tokens
+
+
+def test_auraflow_steps_fully_and_partially_alike(auraflow, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    check_steps_alike(auraflow[1], tmp_path, 0.004, "auraflow", (1, 4, 8, 8))
+
+
+def test_a_gguf_auraflow_steps_like_its_dequantized_twin(tmp_path, auraflow):
+    """ComfyUI-GGUF's `aura` files: the layers' weights Q8_0, the tables in float."""
+    pytest.importorskip("gguf")
+    weights = auraflow_release(auraflow[3])
+    quantized = check_gguf_like_its_twin(tmp_path, weights, "aura", lambda k, t: t.dim() == 2, "auraflow")
+    assert "double_layers.0.attn.w2q.weight" in quantized
+
+
+def test_a_grid_beyond_the_positions_is_refused(auraflow):
+    den = _bound(auraflow[0])
+    inputs = den.random_inputs(16 * 18, 64)  # 18 patches across a 16-wide position grid
+    with pytest.raises(ValueError, match="larger than this model's positions"):
+        den(inputs)
+
+
+def test_a_layer_the_forward_does_not_compute_is_refused(auraflow, tmp_path):
+    sd = dict(auraflow[3])
+    sd["joint_transformer_blocks.0.attn.extra.weight"] = torch.zeros(512, 512)
+    path = write(tmp_path / "edited.safetensors", sd)
+    with pytest.raises(UnsupportedModel, match="not computed by Loadout's auraflow forward"):
+        _bound(path)
