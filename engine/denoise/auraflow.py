@@ -177,60 +177,53 @@ def _after(s: Stream, r, attn, m):
 
 # -- binding the file's ops -----------------------------------------------------------------------------
 
-# role -> (release path, diffusers path); the blocks' by their prefixes below
-_TOP = {
-    "x_embedder": ("init_x_linear", "pos_embed.proj"),
-    "t0": ("t_embedder.mlp.0", "time_step_proj.linear_1"),
-    "t1": ("t_embedder.mlp.2", "time_step_proj.linear_2"),
-    "context_embedder": ("cond_seq_linear", "context_embedder"),
-    "final_mod": ("modF.1", "norm_out.linear"),
-    "final_linear": ("final_linear", "proj_out"),
-}
-_DOUBLE = ("double_layers", "joint_transformer_blocks")
-_SINGLE = ("single_layers", "single_transformer_blocks")
-# stream -> (modulation, q, k, v, o, mlp prefix) per naming
+# stream -> (modulation, q, k, v, o, MLP) under a block, in the release's names (a diffusers-named file is
+# renamed onto them: engine.lora.family_names.AURAFLOW)
 _STREAMS = {
-    "x": (("modX.1", "attn.w2q", "attn.w2k", "attn.w2v", "attn.w2o", "mlpX"),
-          ("norm1.linear", "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff")),
-    "ctx": (("modC.1", "attn.w1q", "attn.w1k", "attn.w1v", "attn.w1o", "mlpC"),
-            ("norm1_context.linear", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
-             "ff_context")),
-    "single": (("modCX.1", "attn.w1q", "attn.w1k", "attn.w1v", "attn.w1o", "mlp"),
-               ("norm1.linear", "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff")),
-}  # fmt: skip
-_MLP = (("c_fc1", "c_fc2", "c_proj"), ("linear_1", "linear_2", "out_projection"))
+    "x": ("modX.1", "attn.w2q", "attn.w2k", "attn.w2v", "attn.w2o", "mlpX"),
+    "ctx": ("modC.1", "attn.w1q", "attn.w1k", "attn.w1v", "attn.w1o", "mlpC"),
+    "single": ("modCX.1", "attn.w1q", "attn.w1k", "attn.w1v", "attn.w1o", "mlp"),
+}
 
 
 def bind_auraflow(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[str, AuraFlow]:
     """(naming, the forward) of an AuraFlow transformer in the release's or diffusers' naming; `mods`: the
     component's modules by path (the plain holders of the position table and the register tokens)."""
-    n = 0 if "init_x_linear" in mods else 1
-    naming = ("release", "diffusers")[n]
+    diffusers = "init_x_linear" not in mods
     root = mods.get("")
-    pos_holder, pos_attr = (root, "positional_encoding") if n == 0 else (mods.get("pos_embed"), "pos_embed")
+    pos_holder, pos_attr = (
+        (mods.get("pos_embed"), "pos_embed") if diffusers else (root, "positional_encoding")
+    )
     for holder, attr in ((pos_holder, pos_attr), (root, "register_tokens")):
         if holder is None or getattr(holder, attr, None) is None:
             raise UnsupportedModel(f"{ops.what}: no {attr} — not an AuraFlow transformer Loadout can run")
         ops.take(holder)
-    top = {role: ops[paths[n]] for role, paths in _TOP.items()}
-    dim = wshape(top["x_embedder"])[0]
-    if dim % HEAD_DIM or wshape(top["x_embedder"])[1] % (PATCH * PATCH):
+    if diffusers:
+        from ..lora.family_names import AURAFLOW, to_original
+
+        rename = to_original(mods, AURAFLOW)
+        ops = ops.renamed(
+            {rename[p]: m for p, m in mods.items() if p in rename} | {"modF.1": ops["norm_out.linear"]}
+        )
+    embed = ops["init_x_linear"]
+    dim = wshape(embed)[0]
+    if dim % HEAD_DIM or wshape(embed)[1] % (PATCH * PATCH):
         raise UnsupportedModel(
             f"{ops.what}: width {dim} in {HEAD_DIM}-wide heads over {PATCH}×{PATCH} patches: not AuraFlow's"
         )
 
     def stream(prefix: str, kind: str) -> Stream:
-        mod, q, k, v, o, mlp = (f"{prefix}.{p}" for p in _STREAMS[kind][n])
-        return Stream(ops[mod], ops[q], ops[k], ops[v], ops[o], tuple(ops[f"{mlp}.{p}"] for p in _MLP[n]))
+        mod, q, k, v, o, mlp = (f"{prefix}.{p}" for p in _STREAMS[kind])
+        return Stream(ops[mod], ops[q], ops[k], ops[v], ops[o],
+                      tuple(ops[f"{mlp}.{p}"] for p in ("c_fc1", "c_fc2", "c_proj")))  # fmt: skip
 
-    blocks = [Block(stream(f"{_DOUBLE[n]}.{i}", "x"), stream(f"{_DOUBLE[n]}.{i}", "ctx"))
-              for i in ops.children(_DOUBLE[n])]  # fmt: skip
-    blocks += [Block(stream(f"{_SINGLE[n]}.{i}", "single"), None) for i in ops.children(_SINGLE[n])]
+    blocks = [Block(stream(f"double_layers.{i}", "x"), stream(f"double_layers.{i}", "ctx"))
+              for i in ops.children("double_layers")]  # fmt: skip
+    blocks += [Block(stream(f"single_layers.{i}", "single"), None) for i in ops.children("single_layers")]
     if not blocks:
         raise UnsupportedModel(f"{ops.what}: no double or single layers — not an AuraFlow transformer")
     model = AuraFlow(
-        architecture, top["x_embedder"], (top["t0"], top["t1"]), top["context_embedder"],
-        (pos_holder, pos_attr, root), blocks, top["final_mod"], n == 1, top["final_linear"], dim // HEAD_DIM,
-        dtype,
+        architecture, embed, (ops["t_embedder.mlp.0"], ops["t_embedder.mlp.2"]), ops["cond_seq_linear"],
+        (pos_holder, pos_attr, root), blocks, ops["modF.1"], diffusers, ops["final_linear"], dim // HEAD_DIM, dtype,
     )  # fmt: skip
-    return naming, model
+    return ("diffusers" if diffusers else "release"), model

@@ -40,6 +40,7 @@ _LABEL = {
     "hunyuan_video": "HunyuanVideo",
     "hunyuan_video15": "HunyuanVideo 1.5",
     "hidream": "HiDream-I1",
+    "auraflow": "AuraFlow",
     "ltxv": "LTX-Video",
     "ltx2": "LTX-2",
 }

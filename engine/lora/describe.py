@@ -37,6 +37,7 @@ _DIT_FAMILY = (
     "lumina2",
     "hunyuan_video",
     "hidream",
+    "auraflow",
 )
 
 
@@ -91,6 +92,12 @@ _NEXTDIT = re.compile(
 _NEXTDIT_OUT = re.compile(r"^layers_\d+_(?:attention_out|attention_to_out_0|attn_to_out_0)$")
 _HUNYUAN = ("img_mlp_fc1", "img_mod_linear", "txt_mlp_fc1", "individual_token_refiner")
 _HIDREAM = re.compile(r"^(?:double|single)_stream_blocks_\d+_", re.MULTILINE)
+# AuraFlow (Pony V7): the release's `double_layers` / `single_layers`; diffusers' `joint_transformer_blocks` and
+# single blocks whose MLP is `ff.linear_1` / `out_projection` and modulation `norm1` (FLUX.1's: `proj_mlp`, `norm`)
+_AURAFLOW = re.compile(
+    r"^(?:(?:double|single)_layers_\d+_|joint_transformer_blocks_\d+_|single_transformer_blocks_\d+_(?:ff_|norm1_))",
+    re.MULTILINE,
+)
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
 # Hidden widths: Wan 1536 (2.1 1.3B), 5120 (2.1 14B; the 2.2 A14B experts share it), 3072 (2.2 TI2V 5B);
 # NextDiT 2304 (Lumina 2), 3840 (Z-Image). Facts of each release's config.
@@ -119,6 +126,8 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
     lines = "\n" + "\n".join(d for _, d in diff)
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
+    if _any_line(_AURAFLOW, lines, "_layers_", "\njoint_transformer_blocks_", "\nsingle_transformer_blocks_"):
+        return True, "auraflow"
     if _any_line(_QWEN, lines, "\ntransformer_blocks_"):
         return True, "qwen_image"
     if _any_line(_WAN, lines, "\nblocks_", "\nvace_blocks_"):

@@ -8,8 +8,8 @@ read in both directions. Where the original fuses what diffusers splits (Z-Image
 `attention.qkv`), the diffusers names reach row blocks of the fused weight.
 
 Facts (cited, not copied) from diffusers `loaders/single_file_utils.py`: `convert_wan_transformer_to_
-diffusers` (Wan 2.1/2.2, VACE, i2v image embedder), `convert_z_image_transformer_checkpoint_to_diffusers`
-and `convert_lumina2_to_diffusers`. Families whose release already uses the diffusers names (Qwen-Image,
+diffusers` (Wan 2.1/2.2, VACE, i2v image embedder), `convert_z_image_transformer_checkpoint_to_diffusers`,
+`convert_lumina2_to_diffusers` and `convert_auraflow_transformer_checkpoint_to_diffusers`. Families whose release already uses the diffusers names (Qwen-Image,
 LTX-Video, Sana, Cosmos in diffusers form) need no table: their LoRAs reach the base by its own names.
 """
 
@@ -146,6 +146,43 @@ LTX: tuple[tuple[str, str], ...] = (
     ("audio_patchify_proj", "audio_proj_in"),
 )
 
+# AuraFlow v0.1–0.3 / Pony V7: the release's names (ComfyUI's files) <-> diffusers' AuraFlowTransformer2DModel, one
+# to one (diffusers' `convert_auraflow_transformer_checkpoint_to_diffusers`); the final modulation (`modF.1` /
+# `norm_out.linear`) holds its halves in the other order: other_names gives it with a swap view.
+_AURA_DOUBLE = (
+    ("modX.1", "norm1.linear"),
+    ("modC.1", "norm1_context.linear"),
+    *((f"attn.w2{a}", f"attn.to_{a}") for a in "qkv"),
+    ("attn.w2o", "attn.to_out.0"),
+    *((f"attn.w1{a}", f"attn.add_{a}_proj") for a in "qkv"),
+    ("attn.w1o", "attn.to_add_out"),
+)
+_AURA_SINGLE = (
+    ("modCX.1", "norm1.linear"),
+    *((f"attn.w1{a}", f"attn.to_{a}") for a in "qkv"),
+    ("attn.w1o", "attn.to_out.0"),
+)
+_AURA_MLP = (("c_fc1", "linear_1"), ("c_fc2", "linear_2"), ("c_proj", "out_projection"))
+AURAFLOW: tuple[tuple[str, str], ...] = (
+    ("init_x_linear", "pos_embed.proj"),
+    ("t_embedder.mlp.0", "time_step_proj.linear_1"),
+    ("t_embedder.mlp.2", "time_step_proj.linear_2"),
+    ("cond_seq_linear", "context_embedder"),
+    ("final_linear", "proj_out"),
+    *((f"double_layers.{{n}}.{o}", f"joint_transformer_blocks.{{n}}.{d}") for o, d in _AURA_DOUBLE),
+    *((f"single_layers.{{n}}.{o}", f"single_transformer_blocks.{{n}}.{d}") for o, d in _AURA_SINGLE),
+    *(
+        (f"{s}.{{n}}.{m}.{o}", f"{t}.{{n}}.{f}.{d}")
+        for s, m, t, f in (
+            ("double_layers", "mlpX", "joint_transformer_blocks", "ff"),
+            ("double_layers", "mlpC", "joint_transformer_blocks", "ff_context"),
+            ("single_layers", "mlp", "single_transformer_blocks", "ff"),
+        )  # fmt: skip
+        for o, d in _AURA_MLP
+    ),
+)
+_AURA_FINAL = ("modF.1", "norm_out.linear")
+
 # (fused original path, diffusers names of its q/k/v row blocks) per NextDiT table.
 _FUSED_QKV = {
     Z_IMAGE: ("attention.qkv", ("attention.to_q", "attention.to_k", "attention.to_v")),
@@ -161,7 +198,7 @@ def _table(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, r
     return tuple((_compile(o), d, _compile(d), o) for o, d in pairs)
 
 
-_TABLES = {id(t): _table(t) for t in (WAN, Z_IMAGE, LUMINA2, HUNYUAN, LTX)}
+_TABLES = {id(t): _table(t) for t in (WAN, Z_IMAGE, LUMINA2, HUNYUAN, LTX, AURAFLOW)}
 
 
 def _fill(template: str, m: re.Match) -> str:
@@ -201,6 +238,10 @@ def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
         p.startswith(("adaln_single.", "time_embed.")) for p in ps
     ):
         out.append(LTX)
+    if any(p.startswith(("double_layers.", "single_layers.")) for p in ps) or (
+        "time_step_proj.linear_1" in ps and any(p.startswith("joint_transformer_blocks.") for p in ps)
+    ):
+        out.append(AURAFLOW)
     return out
 
 
@@ -223,6 +264,10 @@ def other_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, V
         fused = _FUSED_QKV.get(pairs)
         if fused:
             _add_fused(out, shapes, *fused)
+        if pairs is AURAFLOW:
+            for have, other in (_AURA_FINAL, _AURA_FINAL[::-1]):
+                if have in shapes:
+                    out.setdefault(other, (have, ("swap",)))
     return out
 
 

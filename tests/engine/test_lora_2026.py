@@ -292,3 +292,28 @@ def test_hunyuan_video_loras_cover_either_naming(lora_naming, base_naming, style
     t = cov["targets"]["transformer"]
     assert (cov["mapped"], t["unmatched"], t["shape_mismatch"]) == (cov["modules"], [], [])
     assert describe_lora(lora).base == "hunyuan_video"
+
+
+# --- AuraFlow / Pony V7: the release's `double_layers` <-> diffusers' `joint_transformer_blocks` -------------
+@pytest.mark.parametrize("lora_naming", ["release", "diffusers"])
+@pytest.mark.parametrize("base_naming", ["release", "diffusers"])
+@pytest.mark.parametrize("style", ["musubi", "diffusion-pipe", "diffusers"])
+def test_auraflow_loras_cover_either_naming(lora_naming, base_naming, style):
+    """Every Linear of AuraFlow's blocks and the final modulation (held (scale, shift) by diffusers, (shift,
+    scale) by the release: a swapped view) reaches a base of either naming; the LoRA is AuraFlow's."""
+    from test_denoise_auraflow import auraflow_release
+
+    cfg = dict(num_mmdit_layers=2, num_single_dit_layers=2, attention_head_dim=64, num_attention_heads=2)
+    with torch.device("meta"):
+        sd = diffusers.AuraFlowTransformer2DModel(**cfg).state_dict()
+    named = {"release": auraflow_release(sd), "diffusers": sd}
+    lin = _linears_of_rows({k: tuple(t.shape) for k, t in named[lora_naming].items()})
+    lin = {
+        k: s for k, s in lin.items() if "blocks." in k or "layers." in k or k in ("modF.1", "norm_out.linear")
+    }
+    base = {"model.diffusion_model." + k: tuple(t.shape) for k, t in named[base_naming].items()}
+    lora = _adapter(lin, style)
+    cov = coverage(lora, base).to_json()
+    t = cov["targets"]["transformer"]
+    assert (cov["mapped"], t["unmatched"], t["shape_mismatch"]) == (cov["modules"], [], [])
+    assert describe_lora(lora).base == "auraflow"
