@@ -32,7 +32,17 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
-from .common import Ops, held, held_shape, merge_heads, mlp2, split_heads, timestep_embedding, wshape
+from .common import (
+    Ops,
+    check_grid,
+    held,
+    held_shape,
+    merge_heads,
+    mlp2,
+    split_heads,
+    timestep_embedding,
+    wshape,
+)
 
 HEAD_DIM = 256
 PATCH = 2
@@ -95,8 +105,7 @@ class AuraFlow:
 
     def _pos(self, h: int, w: int, device) -> torch.Tensor:
         m, (holder, attr, _) = self.max_grid, self.tables
-        if h > m or w > m:
-            raise ValueError(f"a {h}x{w} patch grid is larger than this model's positions ({m}x{m})")
+        check_grid(h, w, m)
         top, left = m // 2 - h // 2, m // 2 - w // 2
         pe = held(holder, attr, device).reshape(m, m, -1)[top : top + h, left : left + w]
         return pe.reshape(1, h * w, -1).to(device=device, dtype=self.dtype)

@@ -47,6 +47,16 @@ def held_shape(module, attr: str) -> tuple[int, ...]:
     return tuple(spec.shape) if spec is not None else tuple(getattr(module, attr).shape)
 
 
+def check_grid(h: int, w: int, m: int) -> None:
+    """A latent of h × w 2×2 patches must fit a learned position table of m × m (SD3's, AuraFlow's): a
+    FormatError that says the largest size in pixels (a patch is 16 pixels: 2 latent pixels of 8)."""
+    if h > m or w > m:
+        raise FormatError(
+            f"a {16 * w}×{16 * h} px image ({w}×{h} patches) is larger than this model's positions "
+            f"({m}×{m} patches, {16 * m} px a side): choose a smaller size"
+        )
+
+
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """[N] (fractional) timesteps -> [N, dim] float32: cos(t·f_i) then sin(t·f_i), f_i = P^(-i/half)."""
     half = dim // 2

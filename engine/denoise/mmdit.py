@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from ..errors import UnsupportedModel
 from .common import (
     Ops,
+    check_grid,
     held,
     held_shape,
     layer_norm,
@@ -137,8 +138,7 @@ class MMDiT:
 
     def _pos(self, h: int, w: int, device) -> torch.Tensor:
         m = self.max_grid
-        if h > m or w > m:
-            raise ValueError(f"a {h}x{w} patch grid is larger than this model's positions ({m}x{m})")
+        check_grid(h, w, m)
         top, left = (m - h) // 2, (m - w) // 2
         pe = held(self.pos_module, "pos_embed", device).reshape(1, m, m, -1)[
             :, top : top + h, left : left + w

@@ -5,6 +5,9 @@ partially resident, a GGUF of it, and what it refuses."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from denoise_files import (
@@ -18,7 +21,7 @@ from denoise_files import (
 
 from engine import denoise
 from engine.detect import detect_file
-from engine.errors import UnsupportedModel
+from engine.errors import FormatError, UnsupportedModel
 from engine.model import Component
 
 diffusers = pytest.importorskip("diffusers")
@@ -151,10 +154,15 @@ def test_a_gguf_auraflow_steps_like_its_dequantized_twin(tmp_path, auraflow):
 
 
 def test_a_grid_beyond_the_positions_is_refused(auraflow):
+    """In the forward and from the command line: a message with the largest size, no traceback."""
     den = _bound(auraflow[0])
     inputs = den.random_inputs(16 * 18, 64)  # 18 patches across a 16-wide position grid
-    with pytest.raises(ValueError, match="larger than this model's positions"):
+    with pytest.raises(FormatError, match=r"288×64 px image .* larger than this model's positions .* 256 px"):
         den(inputs)
+    r = subprocess.run([sys.executable, "-m", "engine", "step", "--model", str(auraflow[1]), "--size", "512x512"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "256 px a side): choose a smaller size" in r.stderr
 
 
 def test_a_layer_the_forward_does_not_compute_is_refused(auraflow, tmp_path):

@@ -11,6 +11,7 @@ import torch
 from denoise_files import random_weights, recorded_order, rel_l2, step_full_and_partial, write
 
 from engine import denoise
+from engine.errors import FormatError
 from engine.model import Component
 from tests.support.synth import mmdit as _mmdit
 from tests.support.synth._build import Builder
@@ -92,7 +93,7 @@ def test_mmdit_op_order_is_the_call_order(mmdits, naming):
 
 def test_positions_are_the_centre_crop_and_sizes_beyond_them_are_refused(mmdits):
     den = _bind(mmdits["sd3"][0]["sai"])
-    with pytest.raises(ValueError, match="larger than this model's positions"), torch.inference_mode():
+    with pytest.raises(FormatError, match="larger than this model's positions"), torch.inference_mode():
         den(den.random_inputs(272, 64))  # 17 patches wide, 16 known
 
 
