@@ -214,6 +214,9 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geo)
         if isinstance(state, QByteArray):
             ok = self.restoreState(state, LAYOUT_VERSION)
+        # The saved state holds the message bar's visibility too: a window closed while it showed a message
+        # would open with an empty bar. It shows only while this session has a message.
+        self.message_bar.setVisible(self.messages.shown)
         return ok
 
     def save_layout(self) -> None:

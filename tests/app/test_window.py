@@ -246,3 +246,24 @@ def test_exception_in_a_qt_slot_reaches_the_dialog_and_the_loop_goes_on(qtbot, r
     QTimer.singleShot(50, lambda: ran.append("later"))
     qtbot.waitUntil(lambda: "later" in ran and bool(reporter.reports), timeout=5000)
     assert "KeyError" in reporter.reports[0].message
+
+
+def test_a_window_closed_with_a_message_reopens_without_an_empty_message_bar(qtbot):
+    """The saved layout holds the message bar's visibility: a window closed while it showed an error opened
+    the next time with the bar shown and empty. It shows only while there is a message."""
+    w = MainWindow(restore_layout=False)
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitExposed(w)
+    w.notify("a 512×512 px image is larger than this model's positions", "error")
+    assert w.message_bar.isVisible()
+    w.save_layout()
+    w.close()
+    again = MainWindow()
+    qtbot.addWidget(again)
+    again.show()
+    qtbot.waitExposed(again)
+    assert not again.message_bar.isVisible() and not again.messages.shown
+    again.notify("still shown when there is one", "error")
+    assert again.message_bar.isVisible()
+    again.close()
