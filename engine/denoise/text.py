@@ -23,6 +23,7 @@ Inputs: `input_ids` [B, T] token ids (integers); the output is the last hidden s
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,16 @@ def _swap(model, ops: Ops) -> None:
         raise UnsupportedModel(
             f"{ops.what}: no tensor for {', '.join(left[:3])} — not a layout Loadout can run"
         )
+
+
+def _t5_feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """T5's feed-forward (gated: wo(act(wi_0(x)) · wi_1(x)); else wo(act(wi(x))); dropout is off in
+    eval) without transformers' cast of the hidden states to `wo.weight`'s dtype before `wo`: a
+    component's weight is held as stored -- GGUF blocks (uint8), fp8 -- and its op casts it to the
+    compute dtype itself; rounding the activations to the storage dtype first turned a GGUF T5's output
+    into noise (uint8) and an fp8 one's into fp8-rounded states."""
+    h = self.act(self.wi_0(x)) * self.wi_1(x) if hasattr(self, "wi_0") else self.act(self.wi(x))
+    return self.wo(h)
 
 
 def bind_clip(ops: Ops, architecture: str, dtype: torch.dtype) -> TextEncoder:
@@ -137,6 +148,9 @@ def bind_t5(ops: Ops, architecture: str, dtype: torch.dtype) -> TextEncoder:
         model = T5EncoderModel(cfg)
     model.shared = model.encoder.embed_tokens = embed  # one embedding, under either name in the file
     _swap(model, ops)
+    for m in model.modules():
+        if hasattr(m, "wo") and (hasattr(m, "wi_0") or hasattr(m, "wi")):
+            m.forward = types.MethodType(_t5_feed_forward, m)
     model.eval().requires_grad_(False)
     order = [embed]
     for i in blocks:

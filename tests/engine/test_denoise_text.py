@@ -115,3 +115,45 @@ def test_an_openclip_named_clip_g_is_refused_saying_what_runs(tmp_path):
             e.run(Step(str(path), component="clip_g"))
     finally:
         e.close()
+
+
+@pytest.mark.parametrize("name", ["clip_l", "t5xxl"])
+def test_a_stable_diffusion_cpp_text_encoder_computes_like_its_twin(tmp_path, name):
+    """stable-diffusion.cpp's converter quantizes the embeddings, the position table and the LayerNorms' /
+    T5's RMSNorms' 1-dim weights too (every tensor but biases whose rows fill whole blocks): the encoder
+    read from such a GGUF equals its dequantized float32 twin."""
+    pytest.importorskip("gguf")
+    from tests.support.gguf_files import sdcpp_pick, write_gguf_twin
+
+    comp_name, make, prefix = CASES[name]
+    sd = _random(make(), seed=7)
+    if name == "clip_l":
+        sd = {k if k.startswith("text_model.") else f"text_model.{k}": v for k, v in sd.items()}
+    sd = {
+        prefix + k: v for k, v in sd.items() if "position_ids" not in k and k != "encoder.embed_tokens.weight"
+    }
+    twin, quantized = write_gguf_twin(tmp_path / "te.gguf", sd, "sdcpp", sdcpp_pick(32), ggml_dims=True)
+    assert any(sd[k].dim() == 1 for k in quantized) and any("embed" in k or "shared" in k for k in quantized)
+    dens = [denoise.bind(Component(comp_name, p, prefix), None)
+            for p in (tmp_path / "te.gguf", write(tmp_path / "twin.safetensors", twin))]  # fmt: skip
+    ids = dens[0].random_inputs(512, 512, seed=2)["input_ids"][:, :24]
+    with torch.inference_mode():
+        out, want = (d({"input_ids": ids}) for d in dens)
+    assert rel_l2(out, want) <= 1e-6
+
+
+def test_a_scaled_fp8_t5_computes_like_its_twin(tmp_path):
+    """ComfyUI's t5xxl_fp8_e4m3fn_scaled (the T5 most FLUX.1 and SD3 users have): the activations reach `wo` in
+    float32, not rounded to the weight's fp8 first (transformers' T5 casts them to `wo.weight`'s dtype)."""
+    from tests.support.scaled_files import scaled_fp8_twin
+
+    _, make, _ = CASES["t5xxl"]
+    sd = {k: v for k, v in _random(make(), seed=8).items() if k != "encoder.embed_tokens.weight"}
+    q, twin = scaled_fp8_twin(sd, lambda k, t: t.dim() == 2 and k != "shared.weight" and "relative" not in k)
+    q["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    dens = [denoise.bind(Component("t5xxl", write(tmp_path / f"{n}.safetensors", t), ""), None)
+            for n, t in (("fp8", q), ("twin", twin))]  # fmt: skip
+    ids = dens[0].random_inputs(512, 512, seed=4)["input_ids"][:, :24]
+    with torch.inference_mode():
+        out, want = (d({"input_ids": ids}) for d in dens)
+    assert rel_l2(out, want) <= 1e-6
