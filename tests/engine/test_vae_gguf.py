@@ -42,6 +42,23 @@ def test_kl_vae_in_gguf_decodes_like_its_twin(tmp_path, qtype):
     assert torch.equal(tiled, decode(ref, z, tile=32, overlap=8))
 
 
+def test_a_stable_diffusion_cpp_vae_decodes_like_its_twin(tmp_path):
+    """stable-diffusion.cpp's converter quantizes every tensor but biases whose rows fill whole blocks: the
+    GroupNorms' 1-dim weights too; 3x3 convolutions stay float (rows of 3). (The Wan VAE keeps all of its
+    tensors in float there: its convolutions' and RMS norms' rows are 1 or 3 wide.) Full and tiled
+    decodes equal the twin's."""
+    from tests.support.gguf_files import sdcpp_pick
+
+    sd = {k: v.contiguous() for k, v in small_kl(ch=32, seed=5).state_dict().items()}
+    twin, quantized = write_gguf_twin(tmp_path / "vae.gguf", sd, "sd1", sdcpp_pick(32), ggml_dims=True)
+    assert any(sd[k].dim() == 1 for k in quantized)  # the norms' weights
+    save_tensors(tmp_path / "twin.safetensors", twin)
+    got, ref = load_vae(tmp_path / "vae.gguf"), load_vae(tmp_path / "twin.safetensors")
+    z = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(decode(got, z), decode(ref, z))
+    assert torch.equal(decode(got, z, tile=32, overlap=8), decode(ref, z, tile=32, overlap=8))
+
+
 def test_wan_vae_in_gguf_decodes_like_its_twin(tmp_path):
     from safetensors.torch import load_file
 
