@@ -17,6 +17,8 @@ tier — against diffusers on the same weights. `--family` picks the model:
     parameters, 2.6 GB) at 256×256 pixels with 512 text tokens.
   * lumina2 / qwen_image: Lumina-Image 2.0 (2304 wide, 1 + 1 + 1 blocks) and Qwen-Image (3072 wide, 1 block)
     at their real widths, 512×512.
+  * qwen_edit: Qwen-Image-Edit 2511 (`qwen_image` with its t = 0 modulation of the reference image's rows) at
+    512×512 with a 512×512 reference image (twice the image tokens).
   * auraflow: AuraFlow v0.3 / Pony V7 at its real width (3072, 12 heads of 256, SwiGLU 8192, Pile-T5-XL's
     2048-wide states, its 64×64 position grid) at 1 double and 2 single blocks, 512×512, 256 text tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
@@ -56,7 +58,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|auraflow] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -118,7 +120,11 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "wan_i2v": ((480, 480), "transformer", "wan21"), "z_image": ((512, 512), "transformer", "z_image"),
             "flux2": ((256, 256), "transformer", "flux2"), "lumina2": ((512, 512), "transformer", "lumina2"),
             "qwen_image": ((512, 512), "transformer", "qwen_image"),
-            "auraflow": ((512, 512), "transformer", "auraflow")}  # fmt: skip
+            "auraflow": ((512, 512), "transformer", "auraflow"),
+            "qwen_edit": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
+# Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
+# `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
+EDIT_REFERENCE = (64, 64)
 
 
 def _wan(family: str) -> dict:
@@ -150,10 +156,10 @@ def _diffusers_model(family: str):
             from diffusers import Lumina2Transformer2DModel
 
             return Lumina2Transformer2DModel(**LUMINA2)
-        if family == "qwen_image":
+        if family in ("qwen_image", "qwen_edit"):
             from diffusers import QwenImageTransformer2DModel
 
-            return QwenImageTransformer2DModel(**QWEN_IMAGE)
+            return QwenImageTransformer2DModel(**QWEN_IMAGE, zero_cond_t=family == "qwen_edit")
         if family == "auraflow":
             from diffusers import AuraFlowTransformer2DModel
 
@@ -176,7 +182,7 @@ def real_rotary_tables(model, family: str) -> None:
 
         c = model.config
         model.rope_embedder = Lumina2RotaryPosEmbed(10000, c.axes_dim_rope, c.axes_lens, c.patch_size)
-    elif family == "qwen_image":
+    elif family in ("qwen_image", "qwen_edit"):
         from diffusers.models.transformers.transformer_qwenimage import QwenEmbedRope
 
         model.pos_embed = QwenEmbedRope(
@@ -204,6 +210,8 @@ def write_random(path: Path, family: str, dtype=None) -> None:
             sd[k] = (1.0 if "norm" in k and k.endswith("weight") else 0.0) + 0.1 * r
         if dtype is not None:
             sd[k] = sd[k].to(dtype)
+    if family == "qwen_edit":  # Edit 2511: its reference rows are modulated at t = 0
+        sd["__index_timestep_zero__"] = torch.zeros(0)
     save_tensors(path, sd)
 
 
@@ -234,7 +242,29 @@ def _inputs(model: str, family: str):
     from engine.model import Component
 
     size, comp, arch = FAMILIES[family]
-    return denoise.bind(Component(comp, model, ""), arch).random_inputs(*size, seed=0)
+    x = denoise.bind(Component(comp, model, ""), arch).random_inputs(*size, seed=0)
+    if family == "qwen_edit":
+        import torch
+
+        x["ref_latents"] = torch.randn(1, 16, *EDIT_REFERENCE, generator=torch.Generator().manual_seed(1))
+    return x
+
+
+def weights_only(sd: dict) -> dict:
+    """The state dict without ComfyUI's markers (`__index_timestep_zero__`: Edit 2511), which no model holds."""
+    return {k: v for k, v in sd.items() if not k.startswith("__")}
+
+
+def step_inputs(model: str, family: str) -> str | None:
+    """An --inputs file for the families whose step takes more than seeded random inputs (Qwen-Image-Edit's
+    reference image): the same tensors `_inputs` gives diffusers' side, written beside the weights."""
+    if family != "qwen_edit":
+        return None
+    from engine.formats.safetensors import save_tensors
+
+    path = model + ".inputs.safetensors"
+    save_tensors(path, _inputs(model, family))
+    return path
 
 
 def _run_diffusers(model, family: str, x: dict):
@@ -261,11 +291,23 @@ def _run_diffusers(model, family: str, x: dict):
                                                                  device=x["x"].device), return_dict=False)[0]  # fmt: skip
     if family == "auraflow":
         return model(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["t"]).sample
-    if family == "qwen_image":  # 2x2 patches, channels first, in and out
+    if family in (
+        "qwen_image",
+        "qwen_edit",
+    ):  # 2x2 patches, channels first, in and out; the reference's after
+        import torch
+
+        def pack(t):
+            b, c, h, w = t.shape
+            return t.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c * 4)
+
         b, c, h, w = x["x"].shape
-        img = x["x"].reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c * 4)
+        shapes, img = [(1, h // 2, w // 2)], pack(x["x"])
+        if "ref_latents" in x:
+            shapes.append((1, x["ref_latents"].shape[2] // 2, x["ref_latents"].shape[3] // 2))
+            img = torch.cat([img, pack(x["ref_latents"])], 1)
         out = model(hidden_states=img, encoder_hidden_states=x["context"], timestep=x["timesteps"],
-                    img_shapes=[(1, h // 2, w // 2)] * b).sample  # fmt: skip
+                    img_shapes=[shapes] * b).sample[:, : (h // 2) * (w // 2)]  # fmt: skip
         return out.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
     return model(x["x"], x["timesteps"], x["context"]).sample
 
@@ -298,7 +340,8 @@ def worker_loadout(
     e = Engine()
     e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
     stack = (StackItem(lora, 1.0, 1.0),) if lora else ()
-    r = e.run(Step(model, stack or None, size=FAMILIES[family][0], steps=steps, out=out))
+    r = e.run(Step(model, stack or None, inputs=step_inputs(model, family), size=FAMILIES[family][0], steps=steps,
+                   out=out))  # fmt: skip
     if lora:
         assert r.loras and r.loras[0]["mapped"] > 0, r.loras
     layers = r.snapshot.get(r.component).layers
@@ -321,7 +364,7 @@ def worker_diffusers(model: str, family: str, modules: list[str], steps: int, ou
     meter = PeakMeter("cpu")
     unet = _diffusers_model(family)
     sd = load_file(model)  # safetensors maps the file: the parameters stay views of it (as from_pretrained's)
-    unet.load_state_dict(sd, assign=True)
+    unet.load_state_dict(weights_only(sd), assign=True)
     del sd
     real_rotary_tables(unet, family)
     unet.eval()
@@ -505,7 +548,8 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "flux2": "FLUX.2 [klein] 4B width, 1+2 blocks, 256x256",
              "lumina2": "Lumina 2 width, 1 layer + 1 + 1 refiners, 512x512",
              "qwen_image": "Qwen-Image width, 1 block, 512x512",
-             "auraflow": "AuraFlow width, 1+2 blocks, 512x512"}[fam]  # fmt: skip
+             "auraflow": "AuraFlow width, 1+2 blocks, 512x512",
+             "qwen_edit": "Qwen-Image-Edit 2511 width, 1 block, 512x512 with a 512x512 reference"}[fam]  # fmt: skip
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip
     for name, r in st.items():

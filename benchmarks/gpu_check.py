@@ -62,12 +62,14 @@ TITLES = {
     "lumina2": "lumina2 width 1+1+1 blocks 512x512",
     "qwen_image": "qwen_image width 1 block 512x512",
     "auraflow": "auraflow width 1+2 blocks 512x512",
+    "qwen_edit": "qwen_edit 2511 width 1 block 512x512 + 512x512 reference",
 }
 BF16 = (
     "z_image",
     "flux2",
     "lumina2",
     "qwen_image",
+    "qwen_edit",
 )  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
@@ -217,7 +219,7 @@ def warm_gpu(device: str, seconds: float = 0.5) -> None:
 
 
 def _step_loadout(model: str, family: str, budget: float | None, steps: int) -> dict:
-    from bench_step import FAMILIES
+    from bench_step import FAMILIES, step_inputs
 
     from engine.devices import DeviceOptions
     from engine.facade import Engine
@@ -229,7 +231,9 @@ def _step_loadout(model: str, family: str, budget: float | None, steps: int) -> 
     e.residency.policy = dataclasses.replace(e.residency.policy, offload_tier="ram")
     out = model + f".out{budget}.safetensors"
     try:
-        r = e.run(Step(model, size=FAMILIES[family][0], steps=steps, out=out))
+        r = e.run(
+            Step(model, inputs=step_inputs(model, family), size=FAMILIES[family][0], steps=steps, out=out)
+        )
         layers = r.snapshot.get(r.component).layers
         return {"steps": list(r.step_seconds), "cpu": list(r.step_cpu_seconds), "peak": r.peak_device_bytes,
                 "resident": r.resident_bytes,
@@ -245,7 +249,7 @@ def _step_diffusers(model: str, family: str, modules: list[str] | None, steps: i
     `modules` group-offloaded (leaf level, prefetched on a side stream from pinned RAM), the rest resident;
     None: the whole model group-offloaded at leaf level, as diffusers' docs use it (nothing resident)."""
     import torch
-    from bench_step import _diffusers_model, _inputs, _run_diffusers
+    from bench_step import _diffusers_model, _inputs, _run_diffusers, weights_only
     from diffusers.hooks import apply_group_offloading
     from safetensors.torch import load_file
 
@@ -264,7 +268,7 @@ def _step_diffusers(model: str, family: str, modules: list[str] | None, steps: i
     # between the two on the GPU is diffusers' rounding.
     keep = tuple(getattr(unet, "_keep_in_fp32_modules", None) or ())
     unet.load_state_dict({k: v.to(torch.float32 if any(n in k for n in keep) else dtype, copy=True)
-                          for k, v in load_file(model).items()}, assign=True)  # fmt: skip
+                          for k, v in weights_only(load_file(model)).items()}, assign=True)  # fmt: skip
     from bench_step import real_rotary_tables
 
     real_rotary_tables(unet, family)
