@@ -30,14 +30,17 @@ def wshape(op) -> tuple[int, ...]:
 
 def held(module, attr: str, device=None) -> torch.Tensor:
     """A plain holder's tensor (a pad token, a modulation table, a position embedding) as its values: one
-    held as ggml blocks (engine.model.tree: stable-diffusion.cpp's GGUFs quantize them) is dequantized
-    to float32 -- on `device` when given, its blocks moved there first (smaller than its values)."""
+    held as ggml blocks (engine.model.tree: stable-diffusion.cpp's GGUFs quantize them) or scaled (a norm's
+    weight in a scaled-fp8 file) is dequantized to float32 -- on `device` when given, its stored bytes
+    moved there first (smaller than its values)."""
     t = getattr(module, attr)
     spec = getattr(module, "quantized", {}).get(attr)
     if spec is None:
         return t
     if device is not None:
         t = t.to(device)
+    if hasattr(spec, "bind"):  # a scaled fp8 / int8 weight: its scale is another of the holder's tensors
+        spec = spec.bind(module)
     return spec.dequantize(t, torch.float32)
 
 

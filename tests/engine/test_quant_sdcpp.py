@@ -67,3 +67,24 @@ def test_a_quantized_pad_token_is_held_as_blocks_and_counted_as_such(tmp_path):
     assert root.quantized["x_pad_token"].shape == (weights["x_pad_token"].numel(),)
     assert comp.tier_bytes()["disk"] == comp.file_bytes == sum(comp.measured_tiers().values())
     check_steps_alike(path, tmp_path, 0.001, "z_image", (1, 16, 8, 8))
+
+
+def test_a_scaled_fp8_norm_weight_outside_any_layer_reads_scaled(tmp_path):
+    """The same holders in a scaled-fp8 file whose converter scaled the 1-dim weights too (Z-Image's caption
+    norm `cap_embedder.0`, a plain holder the forward reads): value = stored · scale, like a layer's."""
+    from denoise_files import write
+
+    from engine import denoise
+    from engine.model import Component
+    from tests.support.scaled_files import scaled_fp8_twin
+
+    weights = _z_image()
+    q, twin = scaled_fp8_twin(weights, lambda k, t: k.endswith(".weight"))
+    assert "cap_embedder.0.scale_weight" in q
+    q["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    dens = [denoise.bind(Component("transformer", write(tmp_path / f"{n}.safetensors", t), ""), "z_image")
+            for n, t in (("fp8", q), ("twin", twin))]  # fmt: skip
+    inputs = dens[0].random_inputs(64, 64, seed=1)
+    with torch.inference_mode():
+        out, want = (d(inputs) for d in dens)
+    assert (out - want).norm() / want.norm() <= 1e-5
