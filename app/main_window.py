@@ -80,12 +80,7 @@ class MainWindow(QMainWindow):
         self.client.error.connect(self._on_error)
 
         self.messages = MessageBar()
-        self.message_bar = QToolBar("Messages", self)
-        self.message_bar.setObjectName("toolbar-messages")
-        self.message_bar.setMovable(False)
-        self.message_bar.addWidget(self.messages)
-        self.messages.visibility_changed.connect(self.message_bar.setVisible)
-        self.message_bar.toggleViewAction().setVisible(False)
+        self.message_bar = self.messages.toolbar(self)
 
         self.library = LibraryPanel()
         self.inspector = InspectorPanel()
@@ -214,9 +209,7 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geo)
         if isinstance(state, QByteArray):
             ok = self.restoreState(state, LAYOUT_VERSION)
-        # The saved state holds the message bar's visibility too: a window closed while it showed a message
-        # would open with an empty bar. It shows only while this session has a message.
-        self.message_bar.setVisible(self.messages.shown)
+        self.message_bar.setVisible(self.messages.shown)  # not as saved: a message of a session before
         return ok
 
     def save_layout(self) -> None:

@@ -4,7 +4,7 @@ and notices, shown above the panels without stopping anything; the last ones are
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolBar, QToolButton, QWidget
 
 STYLES = {
     "error": "background:#fdecea; color:#7b1d14; border:1px solid #f5c6cb;",
@@ -32,6 +32,18 @@ class MessageBar(QFrame):
         self._timer = QTimer(self, singleShot=True)
         self._timer.timeout.connect(self.clear)
         self.shown = False
+
+    def toolbar(self, window: QWidget) -> QToolBar:
+        """The window's toolbar holding this bar, shown exactly while a message is (its menu entry hidden).
+        The window's saved state restores toolbars' visibility too: the window sets it from `shown` after
+        restoring, or a window closed while it showed a message would open with an empty bar."""
+        tb = QToolBar("Messages", window)
+        tb.setObjectName("toolbar-messages")
+        tb.setMovable(False)
+        tb.addWidget(self)
+        self.visibility_changed.connect(tb.setVisible)
+        tb.toggleViewAction().setVisible(False)
+        return tb
 
     @property
     def text(self) -> str:
