@@ -227,7 +227,7 @@ def _make_op(spec: ModuleSpec):
     for attr, info in spec.tensors.items():
         from ..formats.dtypes import torch_dtype
 
-        is_block_type = _quant_api()[3]
+        *_, is_block_type, _ = _quant_api()
         if is_block_type(info.dtype):  # ggml blocks: held as their flat bytes, like a layer's
             m.register_buffer(attr, torch.empty(info.nbytes, dtype=torch.uint8, device="meta"))
             continue
