@@ -11,11 +11,12 @@ import sys
 import pytest
 import torch
 from denoise_files import (
+    auraflow_release,
     check_gguf_like_its_twin,
     check_op_order,
     check_steps_alike,
+    diffusers_auraflow,
     rel_l2,
-    well_scaled,
     write,
 )
 
@@ -30,74 +31,9 @@ TOL = 1e-4
 PREFIX = "model.diffusion_model."
 
 
-def _diffusers_auraflow(seed: int = 6):
-    """A reduced AuraFlow (width 512: 2 heads of 256, 2 double and 2 single blocks, 64-wide text states, a
-    16 x 16 position grid) in diffusers' class, well-scaled random weights: (model, its state dict)."""
-    model = diffusers.AuraFlowTransformer2DModel(
-        sample_size=32, num_mmdit_layers=2, num_single_dit_layers=2, attention_head_dim=256, num_attention_heads=2,
-        joint_attention_dim=64, caption_projection_dim=512, pos_embed_max_size=256,
-    )  # fmt: skip
-    return well_scaled(model, seed)
-
-
-def auraflow_release(sd: dict) -> dict:
-    """A diffusers-named AuraFlow state dict in the release's naming (ComfyUI's files, Pony V7's): the inverse
-    of diffusers' `convert_auraflow_transformer_checkpoint_to_diffusers` (the final modulation's halves back
-    in (shift, scale) order)."""
-    top = {
-        "pos_embed.pos_embed": "positional_encoding",
-        "pos_embed.proj.": "init_x_linear.",
-        "time_step_proj.linear_1.": "t_embedder.mlp.0.",
-        "time_step_proj.linear_2.": "t_embedder.mlp.2.",
-        "context_embedder.": "cond_seq_linear.",
-        "proj_out.": "final_linear.",
-        "norm_out.linear.": "modF.1.",
-    }
-    double = {
-        "norm1.linear": "modX.1",
-        "norm1_context.linear": "modC.1",
-        "attn.to_q": "attn.w2q",
-        "attn.to_k": "attn.w2k",
-        "attn.to_v": "attn.w2v",
-        "attn.to_out.0": "attn.w2o",
-        "attn.add_q_proj": "attn.w1q",
-        "attn.add_k_proj": "attn.w1k",
-        "attn.add_v_proj": "attn.w1v",
-        "attn.to_add_out": "attn.w1o",
-        "ff_context.": "mlpC.",
-        "ff.": "mlpX.",
-    }
-    single = {
-        "norm1.linear": "modCX.1",
-        "attn.to_q": "attn.w1q",
-        "attn.to_k": "attn.w1k",
-        "attn.to_v": "attn.w1v",
-        "attn.to_out.0": "attn.w1o",
-        "ff.": "mlp.",
-    }
-    mlp = {"linear_1": "c_fc1", "linear_2": "c_fc2", "out_projection": "c_proj"}  # fmt: skip
-    out = {}
-    for k, v in sd.items():
-        for a, b in top.items():
-            k = k.replace(a, b) if k.startswith(a) else k
-        for head, names, new in (("joint_transformer_blocks.", double, "double_layers."),
-                                 ("single_transformer_blocks.", single, "single_layers.")):  # fmt: skip
-            if k.startswith(head):
-                k = new + k[len(head) :]
-                for a, b in names.items():
-                    k = k.replace(f".{a}", f".{b}", 1) if f".{a}" in k else k
-                for a, b in mlp.items():
-                    k = k.replace(f".{a}.", f".{b}.")
-        if k == "modF.1.weight":
-            scale, shift = v.chunk(2)
-            v = torch.cat([shift, scale])
-        out[k] = v
-    return out
-
-
 @pytest.fixture(scope="module")
 def auraflow(tmp_path_factory):
-    ref, sd = _diffusers_auraflow()
+    ref, sd = diffusers_auraflow()
     d = tmp_path_factory.mktemp("auraflow")
     release = {PREFIX + k: v for k, v in auraflow_release(sd).items()}
     return write(d / "auraflow_diffusers.safetensors", sd), write(d / "pony_v7.safetensors", release), ref, sd

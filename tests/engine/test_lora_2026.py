@@ -301,7 +301,7 @@ def test_hunyuan_video_loras_cover_either_naming(lora_naming, base_naming, style
 def test_auraflow_loras_cover_either_naming(lora_naming, base_naming, style):
     """Every Linear of AuraFlow's blocks and the final modulation (held (scale, shift) by diffusers, (shift,
     scale) by the release: a swapped view) reaches a base of either naming; the LoRA is AuraFlow's."""
-    from test_denoise_auraflow import auraflow_release
+    from denoise_files import auraflow_release
 
     cfg = dict(num_mmdit_layers=2, num_single_dit_layers=2, attention_head_dim=64, num_attention_heads=2)
     with torch.device("meta"):
