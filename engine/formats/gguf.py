@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import FormatError, UnsupportedModel
 from .dtypes import DTYPES
 from .index import IndexedTensor, ModelIndex
-from .safetensors import SafetensorsFile, TensorInfo
+from .safetensors import SafetensorsFile, TensorInfo, frombuffer
 
 MAGIC = b"GGUF"
 MAX_TENSORS = 1_000_000
@@ -406,9 +406,7 @@ class GGUFFile(SafetensorsFile):
 
         if info.nbytes == 0:
             return torch.empty(0, dtype=torch.uint8)
-        return torch.frombuffer(
-            self.mm, dtype=torch.uint8, count=info.nbytes, offset=self.header.data_start + info.begin
-        )
+        return frombuffer(self.mm, torch.uint8, info.nbytes, self.header.data_start + info.begin)
 
     def index(self) -> ModelIndex:
         return _index_of(self.gguf)

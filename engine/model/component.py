@@ -25,7 +25,7 @@ from enum import Enum
 
 from ..formats import open_weights
 from ..formats.dtypes import torch_dtype
-from ..formats.safetensors import SafetensorsFile, TensorInfo
+from ..formats.safetensors import SafetensorsFile, TensorInfo, frombuffer
 from ..quant import is_block_type
 from ..quant.scaled import is_companion
 from . import transfer
@@ -341,7 +341,7 @@ def _in_mmap(t, file: SafetensorsFile) -> bool:
     mm = file._mm
     if mm is None:
         return False
-    base = torch.frombuffer(mm, dtype=torch.uint8, count=1).data_ptr()
+    base = frombuffer(mm, torch.uint8, 1, 0).data_ptr()
     return base <= t.data_ptr() < base + len(mm)
 
 

@@ -160,3 +160,59 @@ def test_any_valid_file_reads_as_the_reference_reader_reads_it(tmp_path):
             assert (ref.metadata() or {}) == (h.metadata or {})
 
     check()
+
+
+def _overcommit() -> str | None:
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+@pytest.mark.skipif(_overcommit() not in ("0", "1"), reason="Linux with heuristic or unlimited overcommit")
+def test_a_file_larger_than_ram_and_swap_maps_and_loads(tmp_path):
+    """A model file bigger than the machine's RAM and swap together (a 26 GB HunyuanVideo, a 41 GB Qwen-Image
+    on a 24 GB machine without swap) is what a partial load is for: its mapping reserves nothing, so the
+    kernel maps it; the tensors read, and a component built on it binds its layers on the disk tier."""
+    import psutil
+
+    from engine.model import Component
+
+    big = psutil.virtual_memory().total + psutil.swap_memory().total + (1 << 30)
+    rows = int(big // (4 * 4096)) + 1
+    p = write_sparse(
+        tmp_path / "big.safetensors", [("a.weight", "F32", (16, 16)), ("b.weight", "F32", (rows, 4096))]
+    )
+    assert p.stat().st_size > big
+    with SafetensorsFile(p) as f:
+        assert not f.mm.closed and f.tensor("b.weight")[-1].abs().sum() == 0
+    c = Component("transformer", p, "", device="cpu")
+    assert c.tier_bytes()["disk"] >= big - (1 << 30)
+
+
+def test_where_a_private_mapping_is_refused_the_file_maps_read_only(tmp_path, monkeypatch):
+    """Strict overcommit (or Windows' commit limit) may refuse even an unreserved private mapping: the file
+    is then mapped read-only and shared, and its tensors read the same, without torch's warning."""
+    import mmap
+    import warnings
+
+    p = tmp_path / "a.safetensors"
+    ts = {"a": torch.randn(3, 4), "b": torch.arange(6, dtype=torch.int16)}
+    save_file(ts, str(p))
+    real = mmap.mmap
+    calls = []
+
+    def refusing(fd, length, *args, **kw):
+        calls.append(kw.get("access"))
+        if kw.get("access") != mmap.ACCESS_READ:
+            raise OSError(12, "Cannot allocate memory")
+        return real(fd, length, *args, **kw)
+
+    monkeypatch.setattr(mmap, "mmap", refusing)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with SafetensorsFile(p) as f:
+            for k, v in ts.items():
+                assert torch.equal(f.tensor(k), v)
+    assert calls[-1] == mmap.ACCESS_READ and len(calls) == 2
