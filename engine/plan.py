@@ -319,8 +319,8 @@ STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "une
               "flux1_schnell": "flux", "flux2": "flux", "chroma": "flux", "sd3": "mmdit", "sd3.5_medium": "mmdit",
               "sd3.5_large": "mmdit", "mmdit": "mmdit", "qwen_image": "qwen_image", "z_image": "nextdit",
               "lumina2": "nextdit", "auraflow": "auraflow", "wan21": "wan",
-              "wan22": "wan"}  # fmt: skip
-# (width, height) each family is made for (Wan: 480p, one latent frame per step unit)
+              "wan22": "wan", "hunyuan_video": "hunyuan_video"}  # fmt: skip
+# (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
     "sd1": (512, 512),
     "sd2": (768, 768),
@@ -340,6 +340,7 @@ NATIVE_PX = {
     "auraflow": (1024, 1024),
     "wan21": (832, 480),
     "wan22": (832, 480),
+    "hunyuan_video": (1280, 720),  # its 720p (one latent frame per step unit, as Wan's)
 }
 
 

@@ -45,6 +45,13 @@ AuraFlow (v0.1–0.3, Pony V7; diffusers' AuraFlowTransformer2DModel.forward(hid
 timestep)): `x` [B, 4, h, w] latents (2×2 patches inside, h and w even), `t` [B] in 0–1 (its pipeline's t / 1000),
 `context` [B, T, 2048] Pile-T5-XL states (256 tokens in its pipeline).
 
+HunyuanVideo 1.0 (`hyvideo.modules.models.HYVideoDiffusionTransformer.forward(x, t, text_states, text_mask,
+text_states_2, ..., guidance)`): `x` [B, C, F, h, w] video latents (16 channels; 33 for its image-to-video
+release: latent, image latent, mask; 32 for SkyReels), `t` [B] in 0–1000, `text_states` [B, T, 4096]
+llava-llama-3-8b states (256 tokens in its pipeline, after the template's), `text_states_2` [B, 768] pooled
+CLIP-L, `guidance` [B] for the guidance-distilled release (1000 × the embedded scale, as its pipeline
+passes it: 6000 by default), and optionally `text_mask` [B, T] (1 for the prompt's tokens, then 0).
+
 Text encoders (transformers' CLIPTextModel / T5EncoderModel forward): `input_ids` [B, T] token ids (77
 for CLIP, 512 for T5 when random).
 
@@ -71,8 +78,11 @@ MMDIT_INPUTS = ("x", "t", "y", "context")
 QWEN_INPUTS = ("x", "timesteps", "context")
 NEXTDIT_INPUTS = ("x", "t", "cap_feats")
 AURAFLOW_INPUTS = ("x", "t", "context")
+HUNYUAN_INPUTS = ("x", "t", "text_states", "text_states_2", "guidance")
+HUNYUAN_TOKENS = 256  # the HunyuanVideo pipeline's text_len
+HUNYUAN_GUIDANCE = 6000.0  # 1000 × its sample_video.py's default embedded guidance scale 6.0
 IMAGE_PATCHED = ("mmdit", "qwen_image", "nextdit", "auraflow")  # `x` a [B, C, h, w] latent in 2×2 patches
-PATCHED = (*IMAGE_PATCHED, "wan")  # families whose `x` is cut into 2×2 patches
+PATCHED = (*IMAGE_PATCHED, "wan", "hunyuan_video")  # families whose `x` is cut into 2×2 patches
 TEXT_INPUTS = ("input_ids",)
 QWEN_TOKENS = 256  # Qwen2.5-VL prompt states (the pipeline drops its 34-token system prefix)
 NEXTDIT_TOKENS = 128  # a prompt's Qwen3 states, chat template included (Z-Image keeps only the real tokens)
@@ -98,7 +108,11 @@ def optional_names(model) -> tuple[str, ...]:
     if getattr(model, "family", "") == "nextdit":
         return ("cap_mask",)  # the captions' mask, [B, T] (captions of several lengths); default: every token
     if getattr(model, "family", "") == "qwen_image":
-        return ("ref_latents",)  # Qwen-Image-Edit's reference image, [B, 16, h', w']
+        return ("ref_latents",)
+    if getattr(model, "family", "") == "hunyuan_video":
+        return (
+            "text_mask",
+        )  # the prompt's tokens, [B, T]; default: every token  # Qwen-Image-Edit's reference image, [B, 16, h', w']
     return ()
 
 
@@ -121,6 +135,8 @@ def names(model) -> tuple[str, ...]:
         return NEXTDIT_INPUTS
     if getattr(model, "family", "") == "auraflow":
         return AURAFLOW_INPUTS
+    if getattr(model, "family", "") == "hunyuan_video":
+        return HUNYUAN_INPUTS if model.guidance_in is not None else HUNYUAN_INPUTS[:4]
     if getattr(model, "family", "") == "text":
         return TEXT_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
@@ -162,6 +178,17 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
             t: torch.rand(batch, generator=g),
             text: torch.randn(batch, tokens, model.context_dim, generator=g),
         }
+    if getattr(model, "family", "") == "hunyuan_video":  # one latent frame, as Wan's
+        h, w = _latent(width, height, 16)
+        out = {
+            "x": torch.randn(batch, model.in_channels, 1, 2 * h, 2 * w, generator=g),
+            "t": torch.rand(batch, generator=g) * 1000.0,
+            "text_states": torch.randn(batch, HUNYUAN_TOKENS, model.context_dim, generator=g),
+            "text_states_2": torch.randn(batch, model.vec_dim, generator=g),
+        }
+        if model.guidance_in is not None:
+            out["guidance"] = torch.full((batch,), HUNYUAN_GUIDANCE)
+        return out
     if getattr(model, "family", "") == "wan":  # one latent frame: an image-sized step of a video model
         h, w = _latent(width, height, 16)
         out = {
@@ -249,8 +276,9 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}: it holds no values")
         if not torch.isfinite(t).all():
             raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
-    if "cap_mask" in got:
-        _check_mask(got["cap_mask"], source)
+    for n in ("cap_mask", "text_mask"):
+        if n in got:
+            _check_mask(got[n], source, n)
     for n in ("x", "ref_latents"):
         if n in got and getattr(model, "family", "") in PATCHED and any(s % 2 for s in got[n].shape[-2:]):
             raise FormatError(
@@ -260,15 +288,15 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
     return got
 
 
-def _check_mask(mask: torch.Tensor, source: str) -> None:
-    """A caption mask as the original forward reads it: 1 for each caption's tokens, first, then 0."""
+def _check_mask(mask: torch.Tensor, source: str, name: str) -> None:
+    """A caption's mask as the original forwards read it: 1 for each caption's tokens, first, then 0."""
     if not ((mask == 0) | (mask == 1)).all():
-        raise FormatError(f"{source}: input cap_mask holds values other than 0 and 1")
+        raise FormatError(f"{source}: input {name} holds values other than 0 and 1")
     for i, row in enumerate(mask):
         n = int(row.sum())
         if n == 0 or not row[:n].all():
             what = "marks no token" if n == 0 else "has a 0 before its last 1 (the tokens come first)"
-            raise FormatError(f"{source}: input cap_mask of item {i} {what}")
+            raise FormatError(f"{source}: input {name} of item {i} {what}")
 
 
 def _shapes(model, got) -> dict:
@@ -289,6 +317,18 @@ def _shapes(model, got) -> dict:
             "y": (None, model.pooled_dim),
             "context": (None, None, model.context_dim),
         }
+    if getattr(model, "family", "") == "hunyuan_video":
+        out = {
+            "x": (None, model.in_channels, None, None, None),
+            "t": (None,),
+            "text_states": (None, None, model.context_dim),
+            "text_states_2": (None, model.vec_dim),
+        }
+        if model.guidance_in is not None:
+            out["guidance"] = (None,)
+        if "text_mask" in got:
+            out["text_mask"] = (None, got["text_states"].shape[1] if got["text_states"].dim() == 3 else None)
+        return out
     if getattr(model, "family", "") == "wan":
         out = {
             "x": (None, model.in_channels, None, None, None),

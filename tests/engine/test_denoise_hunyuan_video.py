@@ -1,0 +1,348 @@
+"""HunyuanVideo 1.0's transformer (engine.denoise.hunyuan_video) against diffusers'
+HunyuanVideoTransformer3DModel on the same weights, in its three namings — diffusers', Tencent's release
+names (ComfyUI's `model.diffusion_model.` prefix, as the repackaged files) and ComfyUI's FLUX-style ones —,
+reduced width (2 heads of 128) and depth, float32, CPU: a video of two latent frames, a padded prompt; its
+op order, a step fully and partially resident, a LoRA in musubi-tuner's names, and what it refuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from denoise_files import (
+    check_gguf_like_its_twin,
+    check_op_order,
+    check_steps_alike,
+    rel_l2,
+    well_scaled,
+    write,
+)
+
+from engine import denoise
+from engine.detect import detect_file
+from engine.errors import UnsupportedModel
+from engine.model import Component
+
+diffusers = pytest.importorskip("diffusers")
+
+TOL = 1e-4
+PREFIX = "model.diffusion_model."
+
+
+def diffusers_hunyuan(seed: int = 8, guidance: bool = True):
+    """A reduced HunyuanVideo (width 256: 2 heads of 128, 2 double and 2 single blocks, 2 refiner blocks,
+    4 latent channels, 64-wide text states, a 32-wide pooled vector) in diffusers' class, well-scaled random
+    weights: (model, its state dict)."""
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    model = HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128, num_layers=2,
+        num_single_layers=2, num_refiner_layers=2, text_embed_dim=64, pooled_projection_dim=32,
+        guidance_embeds=guidance,
+    )  # fmt: skip
+    return well_scaled(model, seed)
+
+
+_TOP = {
+    "x_embedder.proj.": "img_in.proj.",
+    "time_text_embed.timestep_embedder.linear_1.": "time_in.mlp.0.",
+    "time_text_embed.timestep_embedder.linear_2.": "time_in.mlp.2.",
+    "time_text_embed.guidance_embedder.linear_1.": "guidance_in.mlp.0.",
+    "time_text_embed.guidance_embedder.linear_2.": "guidance_in.mlp.2.",
+    "time_text_embed.text_embedder.linear_1.": "vector_in.in_layer.",
+    "time_text_embed.text_embedder.linear_2.": "vector_in.out_layer.",
+    "context_embedder.proj_in.": "txt_in.input_embedder.",
+    "context_embedder.time_text_embed.timestep_embedder.linear_1.": "txt_in.t_embedder.mlp.0.",
+    "context_embedder.time_text_embed.timestep_embedder.linear_2.": "txt_in.t_embedder.mlp.2.",
+    "context_embedder.time_text_embed.text_embedder.linear_1.": "txt_in.c_embedder.linear_1.",
+    "context_embedder.time_text_embed.text_embedder.linear_2.": "txt_in.c_embedder.linear_2.",
+    "context_embedder.token_refiner.refiner_blocks.": "txt_in.individual_token_refiner.blocks.",
+    "norm_out.linear.": "final_layer.adaLN_modulation.1.",
+    "proj_out.": "final_layer.linear.",
+}
+_REFINER = {"attn.to_out.0": "self_attn_proj", "ff.net.0.proj": "mlp.fc1", "ff.net.2": "mlp.fc2",
+            "norm_out.linear": "adaLN_modulation.1"}  # fmt: skip
+_DOUBLE = {"norm1.linear": "img_mod.linear", "norm1_context.linear": "txt_mod.linear",
+           "attn.norm_q": "img_attn_q_norm", "attn.norm_k": "img_attn_k_norm",
+           "attn.norm_added_q": "txt_attn_q_norm", "attn.norm_added_k": "txt_attn_k_norm",
+           "attn.to_out.0": "img_attn_proj", "attn.to_add_out": "txt_attn_proj", "ff.net.0.proj": "img_mlp.fc1",
+           "ff.net.2": "img_mlp.fc2", "ff_context.net.0.proj": "txt_mlp.fc1", "ff_context.net.2": "txt_mlp.fc2"}  # fmt: skip
+_SINGLE = {"norm.linear": "modulation.linear", "attn.norm_q": "q_norm", "attn.norm_k": "k_norm",
+           "proj_out": "linear2"}  # fmt: skip
+
+
+def tencent(sd: dict) -> dict:
+    """A diffusers-named HunyuanVideo state dict in Tencent's release names: the inverse of diffusers'
+    `convert_hunyuan_video_transformer_to_diffusers` (q, k, v fused into `*_attn_qkv`, a single block's
+    q, k, v and MLP input into `linear1`, the final modulation's halves back in (shift, scale) order)."""
+
+    def fused(prefix: str, names: tuple[str, ...], attr: str) -> torch.Tensor:
+        return torch.cat([sd[f"{prefix}.{n}.{attr}"] for n in names])
+
+    out = {}
+    for k, v in sd.items():
+        head, _, rest = k.partition(".")
+        if head in ("transformer_blocks", "single_transformer_blocks") or ".refiner_blocks." in k:
+            continue
+        for a, b in _TOP.items():
+            k = b + k[len(a) :] if k.startswith(a) else k
+        if k == "final_layer.adaLN_modulation.1.weight" or k == "final_layer.adaLN_modulation.1.bias":
+            scale, shift = v.chunk(2)
+            v = torch.cat([shift, scale])
+        out[k] = v
+    keys = list(sd)
+    for attr in ("weight", "bias"):
+        for k in keys:
+            if not k.endswith("." + attr):
+                continue
+            path = k[: -len(attr) - 1]
+            parts = path.split(".")
+            if path.startswith("context_embedder.token_refiner.refiner_blocks."):
+                n, sub = parts[3], ".".join(parts[4:])
+                base = f"txt_in.individual_token_refiner.blocks.{n}"
+                if sub == "attn.to_q":
+                    out[f"{base}.self_attn_qkv.{attr}"] = fused(
+                        f"{'.'.join(parts[:4])}.attn", ("to_q", "to_k", "to_v"), attr
+                    )
+                elif sub in _REFINER:
+                    out[f"{base}.{_REFINER[sub]}.{attr}"] = sd[k]
+                elif sub in ("norm1", "norm2"):
+                    out[f"{base}.{sub}.{attr}"] = sd[k]
+            elif parts[0] == "transformer_blocks":
+                n, sub, blk = parts[1], ".".join(parts[2:]), ".".join(parts[:2])
+                if sub == "attn.to_q":
+                    out[f"double_blocks.{n}.img_attn_qkv.{attr}"] = fused(
+                        f"{blk}.attn", ("to_q", "to_k", "to_v"), attr
+                    )
+                elif sub == "attn.add_q_proj":
+                    out[f"double_blocks.{n}.txt_attn_qkv.{attr}"] = fused(
+                        f"{blk}.attn", ("add_q_proj", "add_k_proj", "add_v_proj"), attr)  # fmt: skip
+                elif sub in _DOUBLE:
+                    out[f"double_blocks.{n}.{_DOUBLE[sub]}.{attr}"] = sd[k]
+            elif parts[0] == "single_transformer_blocks":
+                n, sub, blk = parts[1], ".".join(parts[2:]), ".".join(parts[:2])
+                if sub == "attn.to_q":
+                    q, k_, v_ = (sd[f"{blk}.attn.{p}.{attr}"] for p in ("to_q", "to_k", "to_v"))
+                    out[f"single_blocks.{n}.linear1.{attr}"] = torch.cat(
+                        [q, k_, v_, sd[f"{blk}.proj_mlp.{attr}"]]
+                    )
+                elif sub in _SINGLE:
+                    out[f"single_blocks.{n}.{_SINGLE[sub]}.{attr}"] = sd[k]
+    return out
+
+
+_COMFY = (("_mod.linear.", "_mod.lin."), ("_attn_qkv.", "_attn.qkv."), ("_attn_proj.", "_attn.proj."),
+          ("_mlp.fc1.", "_mlp.0."), ("_mlp.fc2.", "_mlp.2."), ("_attn_q_norm.weight", "_attn.norm.query_norm.scale"),
+          ("_attn_k_norm.weight", "_attn.norm.key_norm.scale"), ("modulation.linear.", "modulation.lin."),
+          (".q_norm.weight", ".norm.query_norm.scale"), (".k_norm.weight", ".norm.key_norm.scale"),
+          ("self_attn_qkv.", "self_attn.qkv."), ("self_attn_proj.", "self_attn.proj."), (".mlp.fc1.", ".mlp.0."),
+          (".mlp.fc2.", ".mlp.2."), ("mlp.0.", "in_layer."), ("mlp.2.", "out_layer."),
+          ("c_embedder.linear_1.", "c_embedder.in_layer."), ("c_embedder.linear_2.", "c_embedder.out_layer."))  # fmt: skip
+
+
+def comfyui(tencent_sd: dict) -> dict:
+    """Tencent's names in ComfyUI's FLUX-style ones (what `process_unet_state_dict` of its HunyuanVideo
+    model makes of them, and what a checkpoint ComfyUI saves holds)."""
+    out = {}
+    for k, v in tencent_sd.items():
+        for a, b in _COMFY:
+            if a in ("mlp.0.", "mlp.2.") and not k.startswith(
+                ("time_in.", "guidance_in.", "txt_in.t_embedder.")
+            ):
+                continue
+            k = k.replace(a, b)
+        out[k] = v
+    return out
+
+
+@pytest.fixture(scope="module")
+def hunyuan(tmp_path_factory):
+    ref, sd = diffusers_hunyuan()
+    d = tmp_path_factory.mktemp("hunyuan_video")
+    release = tencent(sd)
+    files = {
+        "diffusers": write(d / "hunyuan_video_diffusers.safetensors", sd),
+        "tencent": write(
+            d / "hunyuan_video_t2v_720p.safetensors", {PREFIX + k: v for k, v in release.items()}
+        ),
+        "comfyui": write(d / "hunyuan_video_comfy.safetensors", comfyui(release)),
+    }
+    return files, ref, sd
+
+
+def _bound(path):
+    det = detect_file(str(path))
+    assert det.architecture == "hunyuan_video"
+    comp = det.components["transformer"]
+    return denoise.bind(Component("transformer", path, comp.prefix), "hunyuan_video")
+
+
+def _diffusers(ref, inputs: dict) -> torch.Tensor:
+    mask = inputs.get("text_mask", torch.ones(inputs["text_states"].shape[:2]))
+    return ref(hidden_states=inputs["x"], timestep=inputs["t"], encoder_hidden_states=inputs["text_states"],
+               encoder_attention_mask=mask, pooled_projections=inputs["text_states_2"],
+               guidance=inputs["guidance"]).sample  # fmt: skip
+
+
+def test_the_three_namings_equal_diffusers_on_a_video_with_a_padded_prompt(hunyuan):
+    files, ref, _ = hunyuan
+    dens = {n: _bound(p) for n, p in files.items()}
+    assert {n: d.naming for n, d in dens.items()} == {n: n for n in files}
+    den = dens["diffusers"]
+    assert den.input_names == ("x", "t", "text_states", "text_states_2", "guidance")
+    inputs = den.random_inputs(96, 64, batch=2, seed=1)
+    assert inputs["x"].shape == (2, 4, 1, 8, 12) and inputs["text_states"].shape == (2, 256, 64)
+    g = torch.Generator().manual_seed(2)
+    inputs["x"] = torch.randn(2, 4, 2, 8, 12, generator=g)  # two latent frames: RoPE's frame axis
+    inputs["text_states"] = inputs["text_states"][:, :24]
+    inputs["text_mask"] = torch.ones(2, 24)
+    inputs["text_mask"][1, 17:] = 0  # the second prompt is 17 tokens, then padding
+    inputs = den.check_inputs(inputs, "inputs")
+    with torch.inference_mode():
+        want = _diffusers(ref, inputs)
+        outs = {n: d(inputs) for n, d in dens.items()}
+    for n, out in outs.items():
+        err = rel_l2(out, want)
+        print(f"hunyuan_video ({n}): relative L2 {err:.2e}")
+        assert out.shape == inputs["x"].shape and err <= TOL
+    # the padding is left out: what the padded tokens hold does not reach the output
+    inputs["text_states"][1, 17:] = 50.0
+    with torch.inference_mode():
+        assert rel_l2(dens["tencent"](inputs), want) <= TOL
+
+
+def test_without_a_mask_every_token_counts(hunyuan):
+    files, ref, _ = hunyuan
+    den = _bound(files["tencent"])
+    inputs = den.random_inputs(64, 32, seed=4)
+    inputs["text_states"] = inputs["text_states"][:, :12]
+    with torch.inference_mode():
+        assert rel_l2(den(inputs), _diffusers(ref, inputs)) <= TOL
+
+
+def test_hunyuan_op_order_is_the_call_order(hunyuan):
+    check_op_order(hunyuan[0]["tencent"], "hunyuan_video", PREFIX)
+
+
+def test_hunyuan_steps_fully_and_partially_alike(hunyuan, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    check_steps_alike(hunyuan[0]["tencent"], tmp_path, 0.004, "hunyuan_video", (1, 4, 1, 8, 8))
+
+
+def test_step_from_the_command_line_in_diffusers_naming(hunyuan, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "engine", "step", "--model", str(hunyuan[0]["diffusers"]), "--size",
+                        "64x32", "--steps", "1", "--cpu", "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["architecture"] == "hunyuan_video" and got["mode"] == "full" and got["steps"] == 1
+
+
+def test_a_model_without_guidance_takes_none(tmp_path):
+    ref, sd = diffusers_hunyuan(seed=9, guidance=False)
+    den = _bound(write(tmp_path / "no_guidance.safetensors", tencent(sd)))
+    assert den.input_names == ("x", "t", "text_states", "text_states_2")
+    inputs = den.random_inputs(32, 32, seed=5)
+    with torch.inference_mode():
+        out = den(inputs)
+        want = ref(hidden_states=inputs["x"], timestep=inputs["t"], encoder_hidden_states=inputs["text_states"],
+                   encoder_attention_mask=torch.ones(1, 256), pooled_projections=inputs["text_states_2"]).sample  # fmt: skip
+    assert rel_l2(out, want) <= TOL
+
+
+def test_a_gguf_hunyuan_video_steps_like_its_dequantized_twin(tmp_path, hunyuan):
+    """ComfyUI-GGUF's `hyvid` files (Tencent's names): the Linears' weights Q8_0, the rest as they are."""
+    pytest.importorskip("gguf")
+    weights = tencent(hunyuan[2])
+    quantized = check_gguf_like_its_twin(tmp_path, weights, "hyvid", lambda k, t: t.dim() == 2, "hunyuan_video",
+                                         size=(32, 32))  # fmt: skip
+    assert "double_blocks.0.img_attn_qkv.weight" in quantized
+
+
+def test_a_layer_the_forward_does_not_compute_is_refused(hunyuan, tmp_path):
+    sd = tencent(hunyuan[2])
+    sd["double_blocks.0.img_attn_extra.weight"] = torch.zeros(256, 256)
+    with pytest.raises(UnsupportedModel, match="not computed by Loadout's hunyuan_video forward"):
+        _bound(write(tmp_path / "edited.safetensors", sd))
+
+
+def test_the_lora_in_musubi_tuner_names_equals_diffusers_merged(hunyuan, tmp_path):
+    """A LoRA as musubi-tuner saves one for HunyuanVideo (`lora_unet_` + Tencent's module path, dots as
+    underscores, `alpha`), fully resident (baked) and partially (on the fly), on the release file: equal to
+    diffusers' model with the same ΔW merged into its split q / k / v rows by hand."""
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.formats.safetensors import SafetensorsFile
+    from engine.requests import StackItem, Step
+
+    files, ref, sd = hunyuan
+    g = torch.Generator().manual_seed(12)
+    release, merged, lora, rank, strength = tencent(sd), dict(sd), {}, 4, 0.7
+    targets = {  # Tencent path -> the diffusers rows it is
+        "double_blocks.0.img_attn_qkv": [f"transformer_blocks.0.attn.to_{n}" for n in "qkv"],
+        "double_blocks.1.txt_mlp.fc2": ["transformer_blocks.1.ff_context.net.2"],
+        "single_blocks.1.linear2": ["single_transformer_blocks.1.proj_out"],
+        "txt_in.individual_token_refiner.blocks.0.self_attn_proj": [
+            "context_embedder.token_refiner.refiner_blocks.0.attn.to_out.0"
+        ],
+    }
+    for path, rows in targets.items():
+        w = release[f"{path}.weight"]
+        a = torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5
+        b = torch.randn(w.shape[0], rank, generator=g) * 0.1
+        name = "lora_unet_" + path.replace(".", "_")
+        lora |= {
+            f"{name}.lora_down.weight": a,
+            f"{name}.lora_up.weight": b,
+            f"{name}.alpha": torch.tensor(2.0),
+        }
+        delta = strength * (2.0 / rank) * (b @ a)
+        for row, part in zip(rows, delta.chunk(len(rows)), strict=True):
+            merged[f"{row}.weight"] = sd[f"{row}.weight"] + part
+    lora_path = write(tmp_path / "musubi_lora.safetensors", lora)
+    den = _bound(files["tencent"])
+    inputs = den.random_inputs(32, 32, seed=6)
+    write(tmp_path / "in.safetensors", inputs)
+    with torch.inference_mode():
+        plain = _diffusers(ref, inputs)
+    ref.load_state_dict(merged)
+    try:
+        with torch.inference_mode():
+            want = _diffusers(ref, inputs)
+        assert rel_l2(plain, want) > 100 * TOL  # the LoRA changes the output well beyond the tolerance
+        for budget in (None, 0.004):
+            e = Engine()
+            e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
+            out_path = tmp_path / f"out_{budget}.safetensors"
+            try:
+                r = e.run(Step(str(files["tencent"]), loras=(StackItem(str(lora_path), strength),),
+                               inputs=str(tmp_path / "in.safetensors"), out=str(out_path)))  # fmt: skip
+            finally:
+                e.close()
+            assert r.mode == ("full" if budget is None else "partial")
+            assert r.loras and r.loras[0]["mapped"] == len(targets), r.loras
+            assert rel_l2(SafetensorsFile(out_path).tensor("out"), want) <= TOL
+    finally:
+        ref.load_state_dict(sd)
+
+
+@pytest.mark.parametrize(
+    ("config", "naming", "channels"), [("HUNYUAN_VIDEO", "tencent", 16), ("HUNYUAN_VIDEO_I2V", "comfy", 33)]
+)
+def test_the_release_layouts_bind_whole(tmp_path, config, naming, channels):
+    """The 13B release's layout (20 double and 40 single blocks at width 3072: header-faithful, no data) in
+    Tencent's names under ComfyUI's prefix and in ComfyUI's own: every layer is one the forward computes
+    with, in 24 heads of 128; the image-to-video release takes its 33 channels."""
+    from layouts_2026 import video as V
+
+    from engine.formats.safetensors import write_sparse
+
+    rows = V.hunyuan(getattr(V, config), naming).under(PREFIX)
+    path = write_sparse(tmp_path / "hunyuan_video.safetensors", [(k, "BF16", s) for k, s in rows.items()])
+    den = _bound(path)
+    m = den.model
+    assert den.naming == ("tencent" if naming == "tencent" else "comfyui")
+    assert (m.heads, m.in_channels, m.context_dim, m.vec_dim) == (24, channels, 4096, 768)
+    assert (len(m.doubles), len(m.singles), len(m.refiner)) == (20, 40, 2) and m.guidance_in is not None
