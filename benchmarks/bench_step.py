@@ -21,6 +21,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
     512×512 with a 512×512 reference image (twice the image tokens).
   * auraflow: AuraFlow v0.3 / Pony V7 at its real width (3072, 12 heads of 256, SwiGLU 8192, Pile-T5-XL's
     2048-wide states, its 64×64 position grid) at 1 double and 2 single blocks, 512×512, 256 text tokens.
+  * hunyuan_video: HunyuanVideo 1.0 at its real width (3072, 24 heads, MLP 12288, llava 4096-wide text
+    states through its 2-block token refiner, CLIP-L 768 pooled, guidance) at 1 double and 2 single blocks,
+    one 256×256 latent frame, 256 text tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
     reduced depth (1 main layer, 1 noise and 1 caption refiner: 0.56 B parameters, 2.2 GB) at 512×512
     pixels (1024 image tokens) with 128 caption tokens.
@@ -58,7 +61,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -114,6 +117,9 @@ QWEN_IMAGE = dict(num_layers=1)
 # AuraFlow v0.3's width (diffusers' AuraFlowTransformer2DModel defaults: 3072, 12 heads of 256, Pile-T5-XL's 2048;
 # the release's 64 x 64 position grid) at 1 double and 2 single blocks
 AURAFLOW = dict(num_mmdit_layers=1, num_single_dit_layers=2, sample_size=128, pos_embed_max_size=4096)
+# HunyuanVideo 1.0's width (diffusers' HunyuanVideoTransformer3DModel defaults: tencent/HunyuanVideo's config) at
+# 1 double and 2 single blocks, its 2 refiner blocks
+HUNYUAN_VIDEO = dict(num_layers=1, num_single_layers=2)
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
@@ -121,6 +127,7 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "flux2": ((256, 256), "transformer", "flux2"), "lumina2": ((512, 512), "transformer", "lumina2"),
             "qwen_image": ((512, 512), "transformer", "qwen_image"),
             "auraflow": ((512, 512), "transformer", "auraflow"),
+            "hunyuan_video": ((256, 256), "transformer", "hunyuan_video"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
@@ -164,6 +171,10 @@ def _diffusers_model(family: str):
             from diffusers import AuraFlowTransformer2DModel
 
             return AuraFlowTransformer2DModel(**AURAFLOW)
+        if family == "hunyuan_video":
+            from diffusers import HunyuanVideoTransformer3DModel
+
+            return HunyuanVideoTransformer3DModel(**HUNYUAN_VIDEO)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
@@ -291,6 +302,13 @@ def _run_diffusers(model, family: str, x: dict):
                                                                  device=x["x"].device), return_dict=False)[0]  # fmt: skip
     if family == "auraflow":
         return model(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["t"]).sample
+    if family == "hunyuan_video":  # every text token kept
+        import torch
+
+        mask = torch.ones(x["text_states"].shape[:2], device=x["x"].device)
+        return model(hidden_states=x["x"], timestep=x["t"], encoder_hidden_states=x["text_states"],
+                     encoder_attention_mask=mask, pooled_projections=x["text_states_2"],
+                     guidance=x["guidance"]).sample  # fmt: skip
     if family in (
         "qwen_image",
         "qwen_edit",
@@ -549,6 +567,7 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "lumina2": "Lumina 2 width, 1 layer + 1 + 1 refiners, 512x512",
              "qwen_image": "Qwen-Image width, 1 block, 512x512",
              "auraflow": "AuraFlow width, 1+2 blocks, 512x512",
+             "hunyuan_video": "HunyuanVideo width, 1+2 blocks, one 256x256 frame",
              "qwen_edit": "Qwen-Image-Edit 2511 width, 1 block, 512x512 with a 512x512 reference"}[fam]  # fmt: skip
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip

@@ -62,6 +62,7 @@ TITLES = {
     "lumina2": "lumina2 width 1+1+1 blocks 512x512",
     "qwen_image": "qwen_image width 1 block 512x512",
     "auraflow": "auraflow width 1+2 blocks 512x512",
+    "hunyuan_video": "hunyuan_video width 1+2 blocks one 256x256 frame",
     "qwen_edit": "qwen_edit 2511 width 1 block 512x512 + 512x512 reference",
 }
 BF16 = (
@@ -70,6 +71,7 @@ BF16 = (
     "lumina2",
     "qwen_image",
     "qwen_edit",
+    "hunyuan_video",
 )  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
@@ -384,7 +386,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")
