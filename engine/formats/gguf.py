@@ -28,7 +28,8 @@ from typing import Any
 from ..errors import FormatError, UnsupportedModel
 from .dtypes import DTYPES
 from .index import IndexedTensor, ModelIndex
-from .safetensors import SafetensorsFile, TensorInfo, frombuffer
+from .mapping import frombuffer
+from .safetensors import SafetensorsFile, TensorInfo
 
 MAGIC = b"GGUF"
 MAX_TENSORS = 1_000_000

@@ -25,7 +25,8 @@ from enum import Enum
 
 from ..formats import open_weights
 from ..formats.dtypes import torch_dtype
-from ..formats.safetensors import SafetensorsFile, TensorInfo, frombuffer
+from ..formats.mapping import frombuffer
+from ..formats.safetensors import SafetensorsFile, TensorInfo
 from ..quant import is_block_type
 from ..quant.scaled import is_companion
 from . import transfer
