@@ -118,7 +118,7 @@ class HunyuanVideo:
     img_in: object
     time_in: tuple[object, object]
     guidance_in: tuple[object, object] | None
-    vector_in: tuple[object, object]
+    vector_in: tuple[object, object] | None
     txt_proj: object
     txt_t: tuple[object, object]
     txt_c: tuple[object, object]
@@ -131,6 +131,7 @@ class HunyuanVideo:
     heads: int
     dtype: torch.dtype = torch.float32
     family = "hunyuan_video"
+    patch = PATCH
 
     @property
     def in_channels(self) -> int:
@@ -142,22 +143,34 @@ class HunyuanVideo:
 
     @property
     def vec_dim(self) -> int:
-        return wshape(self.vector_in[0])[1]
+        return wshape(self.vector_in[0])[1] if self.vector_in is not None else 0
 
     def __call__(self, x, t, text_states, text_states_2, guidance=None, text_mask=None) -> torch.Tensor:
         dt = self.dtype
-        b, _, f, h, w = x.shape
-        pf, ph, pw = PATCH
-        img = self.img_in(x.to(dt)).flatten(2).transpose(1, 2)  # [B, F·h·w / 4, D], (frame, row, col) order
+        img, pe = self._patches(x)
         vec = mlp2(self.time_in, timestep_embedding(t.float(), 256).to(dt))
         if self.guidance_in is not None:
             if guidance is None:
                 raise ValueError("this HunyuanVideo takes a `guidance` input (1000 × the guidance scale)")
             vec = vec + mlp2(self.guidance_in, timestep_embedding(guidance.float(), 256).to(dt))
-        vec = vec + mlp2(self.vector_in, text_states_2.to(dt))
-        mask = None if text_mask is None or bool(text_mask.all()) else text_mask.bool()
+        if self.vector_in is not None:
+            vec = vec + mlp2(self.vector_in, text_states_2.to(dt))
+        mask = _mask(text_mask)
         txt = self._refine(text_states, t, mask)
-        pe = rope_table(_positions(f // pf, h // ph, w // pw, x.device).expand(b, -1, -1), AXES, THETA)
+        return self._run(x.shape, img, txt, mask, vec, pe)
+
+    def _patches(self, x):
+        """The image tokens ([B, F·h·w / patch, D], (frame, row, column) order) and their RoPE table."""
+        b, _, f, h, w = x.shape
+        pf, ph, pw = self.patch
+        img = self.img_in(x.to(self.dtype)).flatten(2).transpose(1, 2)
+        return img, rope_table(_positions(f // pf, h // ph, w // pw, x.device).expand(b, -1, -1), AXES, THETA)
+
+    def _run(self, shape, img, txt, mask, vec, pe) -> torch.Tensor:
+        """The blocks over [img, txt] (`mask` [B, T] the text tokens every query attends to, None for all),
+        the final layer, and the patches back into [B, C, F, H, W]."""
+        b, _, f, h, w = shape
+        pf, ph, pw = self.patch
         n_img = img.shape[1]
         keys = None
         if mask is not None:  # the image tokens and the prompt's own text tokens
@@ -191,10 +204,7 @@ class HunyuanVideo:
             pooled = (s * m).sum(dim=1) / m.sum(dim=1)
         c = mlp2(self.txt_t, timestep_embedding(t.float(), 256).to(dt)) + mlp2(self.txt_c, pooled)
         txt = self.txt_proj(s)
-        attn_mask = None
-        if mask is not None:  # token i sees token j when both are the prompt's; every token sees the first
-            attn_mask = (mask[:, :, None] & mask[:, None, :])[:, None]
-            attn_mask[..., 0] = True
+        attn_mask = None if mask is None else self._refiner_mask(mask)
         cs = F.silu(c)
         for blk in self.refiner:
             g1, g2 = blk.ada(cs)[:, None].chunk(2, dim=-1)
@@ -203,6 +213,14 @@ class HunyuanVideo:
             txt = txt + g1 * blk.proj(a)
             txt = txt + g2 * blk.fc2(F.silu(blk.fc1(layer_norm_with(blk.norm2, txt, EPS))))
         return txt
+
+    @staticmethod
+    def _refiner_mask(mask: torch.Tensor) -> torch.Tensor:
+        """Token i sees token j when both are the prompt's; every token sees the first (the original's guard
+        against a padded row that sees nothing)."""
+        attn_mask = (mask[:, :, None] & mask[:, None, :])[:, None]
+        attn_mask[..., 0] = True
+        return attn_mask
 
     # -- the blocks -----------------------------------------------------------------------------------
 
@@ -232,7 +250,7 @@ class HunyuanVideo:
         return seq + gate * blk.linear2(torch.cat([a, F.gelu(mlp, approximate="tanh")], dim=2))
 
     def op_order(self) -> list:
-        order = [self.img_in, *self.time_in, *(self.guidance_in or ()), *self.vector_in, *self.txt_t,
+        order = [self.img_in, *self.time_in, *(self.guidance_in or ()), *(self.vector_in or ()), *self.txt_t,
                  *self.txt_c, self.txt_proj]  # fmt: skip
         for blk in self.refiner:
             order += blk.ops()
@@ -248,6 +266,11 @@ def _after(s: Stream, x, attn, m):
     x = x + m[2] * s.proj(attn)
     y = s.fc1((1 + m[4]) * layer_norm(x) + m[3])
     return x + m[5] * s.fc2(F.gelu(y, approximate="tanh"))
+
+
+def _mask(mask) -> torch.Tensor | None:
+    """A [B, T] 0/1 mask as booleans, or None where every token counts."""
+    return None if mask is None or bool(mask.all()) else mask.bool()
 
 
 def _positions(f: int, h: int, w: int, device) -> torch.Tensor:
@@ -278,12 +301,20 @@ def bind_hunyuan_video(
     ops: Ops, mods: dict, architecture: str, dtype: torch.dtype
 ) -> tuple[str, HunyuanVideo]:
     """(naming, the forward) of a HunyuanVideo 1.0 transformer in any of its three namings."""
+    naming, ops, fields = bind_common(ops, mods, PATCH)
+    return naming, HunyuanVideo(architecture=architecture, dtype=dtype, **fields)
+
+
+def bind_common(ops: Ops, mods: dict, patch: tuple[int, ...]) -> tuple[str, Ops, dict]:
+    """(naming, the ops by Tencent's paths or diffusers', the fields of HunyuanVideo 1.0 and 1.5's shared
+    parts): the patch embedding, the time, guidance and pooled-text embedders, the token refiner, the
+    blocks, the final layer."""
     naming = naming_of(mods)
     if naming == "diffusers":
-        return naming, _bind_diffusers(ops, architecture, dtype)
+        return naming, ops, _bind_diffusers(ops, patch)
     if naming == "comfyui":
         ops = ops.renamed({_to_tencent(p, ops): m for p, m in mods.items()})
-    return naming, _bind_tencent(ops, architecture, dtype)
+    return naming, ops, _bind_tencent(ops, patch)
 
 
 def _to_tencent(path: str, ops: Ops) -> str:
@@ -309,18 +340,22 @@ def _heads(q_norm, hidden: int, what: str) -> int:
     return hidden // head
 
 
-def _check_patch(img_in, what: str) -> None:
+def _check_patch(img_in, patch: tuple[int, ...], what: str) -> int:
     shape = wshape(img_in)
-    if len(shape) != 5 or tuple(shape[2:]) != PATCH:
+    if len(shape) != 5 or tuple(shape[2:]) != patch:
         raise UnsupportedModel(
-            f"{what}: a patch embedding of shape {list(shape)}, not HunyuanVideo's (1, 2, 2) video patches"
+            f"{what}: a patch embedding of shape {list(shape)}, not this HunyuanVideo's {patch} video patches"
         )
-    img_in.stride = PATCH  # the file holds the kernel; the stride is the architecture's
+    img_in.stride = patch  # the file holds the kernel; the stride is the architecture's
+    return shape[0]
 
 
-def _bind_tencent(ops: Ops, architecture: str, dtype: torch.dtype) -> HunyuanVideo:
-    hidden = wshape(ops["img_in.proj"])[0]
-    _check_patch(ops["img_in.proj"], ops.what)
+def _pair(ops: Ops, a: str, b: str) -> tuple[object, object] | None:
+    return (ops[a], ops[b]) if a in ops else None
+
+
+def _bind_tencent(ops: Ops, patch: tuple[int, ...]) -> dict:
+    hidden = _check_patch(ops["img_in.proj"], patch, ops.what)
 
     def stream(p: str) -> Stream:
         return Stream(ops[f"{p}_mod.linear"], Proj(ops[f"{p}_attn_qkv"], (hidden,) * 3), ops[f"{p}_attn_q_norm"],
@@ -342,20 +377,20 @@ def _bind_tencent(ops: Ops, architecture: str, dtype: torch.dtype) -> HunyuanVid
     if not doubles and not singles:
         raise UnsupportedModel(f"{ops.what}: no double or single blocks — not a HunyuanVideo transformer")
     q_norm = doubles[0][0].q_norm if doubles else singles[0].q_norm
-    guidance = (ops["guidance_in.mlp.0"], ops["guidance_in.mlp.2"]) if "guidance_in.mlp.0" in ops else None
-    return HunyuanVideo(
-        architecture, ops["img_in.proj"], (ops["time_in.mlp.0"], ops["time_in.mlp.2"]), guidance,
-        (ops["vector_in.in_layer"], ops["vector_in.out_layer"]), ops["txt_in.input_embedder"],
-        (ops["txt_in.t_embedder.mlp.0"], ops["txt_in.t_embedder.mlp.2"]),
-        (ops["txt_in.c_embedder.linear_1"], ops["txt_in.c_embedder.linear_2"]), refiner, doubles, singles,
-        ops["final_layer.adaLN_modulation.1"], False, ops["final_layer.linear"], _heads(q_norm, hidden, ops.what),
-        dtype,
+    return dict(
+        img_in=ops["img_in.proj"], time_in=(ops["time_in.mlp.0"], ops["time_in.mlp.2"]),
+        guidance_in=_pair(ops, "guidance_in.mlp.0", "guidance_in.mlp.2"),
+        vector_in=_pair(ops, "vector_in.in_layer", "vector_in.out_layer"), txt_proj=ops["txt_in.input_embedder"],
+        txt_t=(ops["txt_in.t_embedder.mlp.0"], ops["txt_in.t_embedder.mlp.2"]),
+        txt_c=(ops["txt_in.c_embedder.linear_1"], ops["txt_in.c_embedder.linear_2"]), refiner=refiner,
+        doubles=doubles, singles=singles, final_mod=ops["final_layer.adaLN_modulation.1"], final_swapped=False,
+        final_linear=ops["final_layer.linear"], heads=_heads(q_norm, hidden, ops.what),
     )  # fmt: skip
 
 
-def _bind_diffusers(ops: Ops, architecture: str, dtype: torch.dtype) -> HunyuanVideo:
+def _bind_diffusers(ops: Ops, patch: tuple[int, ...]) -> dict:
+    _check_patch(ops["x_embedder.proj"], patch, ops.what)
     hidden = wshape(ops["x_embedder.proj"])[0]
-    _check_patch(ops["x_embedder.proj"], ops.what)
 
     def parts(a: str, names: tuple[str, ...]) -> Proj:
         return Proj(None, parts=tuple(ops[f"{a}.{n}"] for n in names))
@@ -385,15 +420,17 @@ def _bind_diffusers(ops: Ops, architecture: str, dtype: torch.dtype) -> HunyuanV
     if not doubles and not singles:
         raise UnsupportedModel(f"{ops.what}: no transformer blocks — not a HunyuanVideo transformer")
     q_norm = doubles[0][0].q_norm if doubles else singles[0].q_norm
-    te = "time_text_embed"
 
-    def pair(p: str) -> tuple[object, object]:
-        return ops[f"{p}.linear_1"], ops[f"{p}.linear_2"]
+    def pair(p: str) -> tuple[object, object] | None:
+        return _pair(ops, f"{p}.linear_1", f"{p}.linear_2")
 
-    guidance = pair(f"{te}.guidance_embedder") if f"{te}.guidance_embedder.linear_1" in ops else None
-    return HunyuanVideo(
-        architecture, ops["x_embedder.proj"], pair(f"{te}.timestep_embedder"), guidance,
-        pair(f"{te}.text_embedder"), ops[f"{c}.proj_in"], pair(f"{c}.time_text_embed.timestep_embedder"),
-        pair(f"{c}.time_text_embed.text_embedder"), refiner, doubles, singles, ops["norm_out.linear"], True,
-        ops["proj_out"], _heads(q_norm, hidden, ops.what), dtype,
+    # 1.0's embedders are `time_text_embed`'s (time, pooled text, guidance); 1.5's time alone is `time_embed`'s
+    te = "time_text_embed" if "time_text_embed.timestep_embedder.linear_1" in ops else "time_embed"
+    return dict(
+        img_in=ops["x_embedder.proj"], time_in=(ops[f"{te}.timestep_embedder.linear_1"], ops[f"{te}.timestep_embedder.linear_2"]),
+        guidance_in=pair(f"{te}.guidance_embedder"), vector_in=pair(f"{te}.text_embedder"),
+        txt_proj=ops[f"{c}.proj_in"], txt_t=pair(f"{c}.time_text_embed.timestep_embedder"),
+        txt_c=pair(f"{c}.time_text_embed.text_embedder"), refiner=refiner, doubles=doubles, singles=singles,
+        final_mod=ops["norm_out.linear"], final_swapped=True, final_linear=ops["proj_out"],
+        heads=_heads(q_norm, hidden, ops.what),
     )  # fmt: skip

@@ -52,6 +52,13 @@ llava-llama-3-8b states (256 tokens in its pipeline, after the template's), `tex
 CLIP-L, `guidance` [B] for the guidance-distilled release (1000 × the embedded scale, as its pipeline
 passes it: 6000 by default), and optionally `text_mask` [B, T] (1 for the prompt's tokens, then 0).
 
+HunyuanVideo 1.5 (Tencent-Hunyuan/HunyuanVideo-1.5's transformer forward, batched): `x` [B, 65, F, h, w] (the
+32-channel latent at a 16th of the pixels, the condition latent, the mask channel), `t` [B] in 0–1000,
+`text_states` [B, T, 3584] Qwen2.5-VL states, and optionally `text_mask` [B, T], `byt5_text_states` [B, L,
+1472] with `byt5_text_mask` [B, L] (the prompt's quoted glyph text through byT5), `vision_states` [B, 729,
+1152] (the first frame's SigLIP states, i2v; absent or zeros for t2v) and `timestep_r` [B] (the MeanFlow
+models' second time).
+
 Text encoders (transformers' CLIPTextModel / T5EncoderModel forward): `input_ids` [B, T] token ids (77
 for CLIP, 512 for T5 when random).
 
@@ -80,9 +87,15 @@ NEXTDIT_INPUTS = ("x", "t", "cap_feats")
 AURAFLOW_INPUTS = ("x", "t", "context")
 HUNYUAN_INPUTS = ("x", "t", "text_states", "text_states_2", "guidance")
 HUNYUAN_TOKENS = 256  # the HunyuanVideo pipeline's text_len
+HUNYUAN15_INPUTS = ("x", "t", "text_states")
+HUNYUAN15_OPTIONAL = ("text_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "timestep_r")
 HUNYUAN_GUIDANCE = 6000.0  # 1000 × its sample_video.py's default embedded guidance scale 6.0
 IMAGE_PATCHED = ("mmdit", "qwen_image", "nextdit", "auraflow")  # `x` a [B, C, h, w] latent in 2×2 patches
-PATCHED = (*IMAGE_PATCHED, "wan", "hunyuan_video")  # families whose `x` is cut into 2×2 patches
+PATCHED = (
+    *IMAGE_PATCHED,
+    "wan",
+    "hunyuan_video",
+)  # (HunyuanVideo 1.5 patches 1×1×1)  # families whose `x` is cut into 2×2 patches
 TEXT_INPUTS = ("input_ids",)
 QWEN_TOKENS = 256  # Qwen2.5-VL prompt states (the pipeline drops its 34-token system prefix)
 NEXTDIT_TOKENS = 128  # a prompt's Qwen3 states, chat template included (Z-Image keeps only the real tokens)
@@ -108,11 +121,11 @@ def optional_names(model) -> tuple[str, ...]:
     if getattr(model, "family", "") == "nextdit":
         return ("cap_mask",)  # the captions' mask, [B, T] (captions of several lengths); default: every token
     if getattr(model, "family", "") == "qwen_image":
-        return ("ref_latents",)
+        return ("ref_latents",)  # Qwen-Image-Edit's reference image, [B, 16, h', w']
     if getattr(model, "family", "") == "hunyuan_video":
-        return (
-            "text_mask",
-        )  # the prompt's tokens, [B, T]; default: every token  # Qwen-Image-Edit's reference image, [B, 16, h', w']
+        return ("text_mask",)  # the prompt's tokens, [B, T]; default: every token
+    if getattr(model, "family", "") == "hunyuan_video15":
+        return HUNYUAN15_OPTIONAL
     return ()
 
 
@@ -137,6 +150,8 @@ def names(model) -> tuple[str, ...]:
         return AURAFLOW_INPUTS
     if getattr(model, "family", "") == "hunyuan_video":
         return HUNYUAN_INPUTS if model.guidance_in is not None else HUNYUAN_INPUTS[:4]
+    if getattr(model, "family", "") == "hunyuan_video15":
+        return HUNYUAN15_INPUTS
     if getattr(model, "family", "") == "text":
         return TEXT_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
@@ -189,6 +204,15 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         if model.guidance_in is not None:
             out["guidance"] = torch.full((batch,), HUNYUAN_GUIDANCE)
         return out
+    if (
+        getattr(model, "family", "") == "hunyuan_video15"
+    ):  # one latent frame of its 16x VAE, no glyph text, t2v
+        h, w = _latent(width, height, 16)
+        return {
+            "x": torch.randn(batch, model.in_channels, 1, h, w, generator=g),
+            "t": torch.rand(batch, generator=g) * 1000.0,
+            "text_states": torch.randn(batch, HUNYUAN_TOKENS, model.context_dim, generator=g),
+        }
     if getattr(model, "family", "") == "wan":  # one latent frame: an image-sized step of a video model
         h, w = _latent(width, height, 16)
         out = {
@@ -276,7 +300,7 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}: it holds no values")
         if not torch.isfinite(t).all():
             raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
-    for n in ("cap_mask", "text_mask"):
+    for n in ("cap_mask", "text_mask", "byt5_text_mask"):
         if n in got:
             _check_mask(got[n], source, n)
     for n in ("x", "ref_latents"):
@@ -294,7 +318,7 @@ def _check_mask(mask: torch.Tensor, source: str, name: str) -> None:
         raise FormatError(f"{source}: input {name} holds values other than 0 and 1")
     for i, row in enumerate(mask):
         n = int(row.sum())
-        if n == 0 or not row[:n].all():
+        if (n == 0 and name != "byt5_text_mask") or not row[:n].all():  # a prompt may quote no glyph text
             what = "marks no token" if n == 0 else "has a 0 before its last 1 (the tokens come first)"
             raise FormatError(f"{source}: input {name} of item {i} {what}")
 
@@ -329,6 +353,8 @@ def _shapes(model, got) -> dict:
         if "text_mask" in got:
             out["text_mask"] = (None, got["text_states"].shape[1] if got["text_states"].dim() == 3 else None)
         return out
+    if getattr(model, "family", "") == "hunyuan_video15":
+        return _hunyuan15_shapes(model, got)
     if getattr(model, "family", "") == "wan":
         out = {
             "x": (None, model.in_channels, None, None, None),
@@ -365,4 +391,26 @@ def _shapes(model, got) -> dict:
         out["y"] = (None, model.vec_dim)
     if model.guidance_in is not None:
         out["guidance"] = (None,)
+    return out
+
+
+def _hunyuan15_shapes(model, got) -> dict:
+    def tokens(name: str):
+        return got[name].shape[1] if name in got and got[name].dim() == 3 else None
+
+    out = {
+        "x": (None, model.in_channels, None, None, None),
+        "t": (None,),
+        "text_states": (None, None, model.context_dim),
+    }
+    if "text_mask" in got:
+        out["text_mask"] = (None, tokens("text_states"))
+    if "byt5_text_states" in got:
+        out["byt5_text_states"] = (None, None, model.byt5_dim)
+        if "byt5_text_mask" in got:
+            out["byt5_text_mask"] = (None, tokens("byt5_text_states"))
+    if "vision_states" in got:
+        out["vision_states"] = (None, None, model.image_dim)
+    if "timestep_r" in got:
+        out["timestep_r"] = (None,)
     return out

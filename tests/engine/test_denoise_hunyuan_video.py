@@ -17,9 +17,9 @@ from denoise_files import (
     check_op_order,
     check_steps_alike,
     rel_l2,
-    well_scaled,
     write,
 )
+from hunyuan_files import comfyui, diffusers_hunyuan, tencent
 
 from engine import denoise
 from engine.detect import detect_file
@@ -30,132 +30,6 @@ diffusers = pytest.importorskip("diffusers")
 
 TOL = 1e-4
 PREFIX = "model.diffusion_model."
-
-
-def diffusers_hunyuan(seed: int = 8, guidance: bool = True):
-    """A reduced HunyuanVideo (width 256: 2 heads of 128, 2 double and 2 single blocks, 2 refiner blocks,
-    4 latent channels, 64-wide text states, a 32-wide pooled vector) in diffusers' class, well-scaled random
-    weights: (model, its state dict)."""
-    from diffusers import HunyuanVideoTransformer3DModel
-
-    model = HunyuanVideoTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128, num_layers=2,
-        num_single_layers=2, num_refiner_layers=2, text_embed_dim=64, pooled_projection_dim=32,
-        guidance_embeds=guidance,
-    )  # fmt: skip
-    return well_scaled(model, seed)
-
-
-_TOP = {
-    "x_embedder.proj.": "img_in.proj.",
-    "time_text_embed.timestep_embedder.linear_1.": "time_in.mlp.0.",
-    "time_text_embed.timestep_embedder.linear_2.": "time_in.mlp.2.",
-    "time_text_embed.guidance_embedder.linear_1.": "guidance_in.mlp.0.",
-    "time_text_embed.guidance_embedder.linear_2.": "guidance_in.mlp.2.",
-    "time_text_embed.text_embedder.linear_1.": "vector_in.in_layer.",
-    "time_text_embed.text_embedder.linear_2.": "vector_in.out_layer.",
-    "context_embedder.proj_in.": "txt_in.input_embedder.",
-    "context_embedder.time_text_embed.timestep_embedder.linear_1.": "txt_in.t_embedder.mlp.0.",
-    "context_embedder.time_text_embed.timestep_embedder.linear_2.": "txt_in.t_embedder.mlp.2.",
-    "context_embedder.time_text_embed.text_embedder.linear_1.": "txt_in.c_embedder.linear_1.",
-    "context_embedder.time_text_embed.text_embedder.linear_2.": "txt_in.c_embedder.linear_2.",
-    "context_embedder.token_refiner.refiner_blocks.": "txt_in.individual_token_refiner.blocks.",
-    "norm_out.linear.": "final_layer.adaLN_modulation.1.",
-    "proj_out.": "final_layer.linear.",
-}
-_REFINER = {"attn.to_out.0": "self_attn_proj", "ff.net.0.proj": "mlp.fc1", "ff.net.2": "mlp.fc2",
-            "norm_out.linear": "adaLN_modulation.1"}  # fmt: skip
-_DOUBLE = {"norm1.linear": "img_mod.linear", "norm1_context.linear": "txt_mod.linear",
-           "attn.norm_q": "img_attn_q_norm", "attn.norm_k": "img_attn_k_norm",
-           "attn.norm_added_q": "txt_attn_q_norm", "attn.norm_added_k": "txt_attn_k_norm",
-           "attn.to_out.0": "img_attn_proj", "attn.to_add_out": "txt_attn_proj", "ff.net.0.proj": "img_mlp.fc1",
-           "ff.net.2": "img_mlp.fc2", "ff_context.net.0.proj": "txt_mlp.fc1", "ff_context.net.2": "txt_mlp.fc2"}  # fmt: skip
-_SINGLE = {"norm.linear": "modulation.linear", "attn.norm_q": "q_norm", "attn.norm_k": "k_norm",
-           "proj_out": "linear2"}  # fmt: skip
-
-
-def tencent(sd: dict) -> dict:
-    """A diffusers-named HunyuanVideo state dict in Tencent's release names: the inverse of diffusers'
-    `convert_hunyuan_video_transformer_to_diffusers` (q, k, v fused into `*_attn_qkv`, a single block's
-    q, k, v and MLP input into `linear1`, the final modulation's halves back in (shift, scale) order)."""
-
-    def fused(prefix: str, names: tuple[str, ...], attr: str) -> torch.Tensor:
-        return torch.cat([sd[f"{prefix}.{n}.{attr}"] for n in names])
-
-    out = {}
-    for k, v in sd.items():
-        head, _, rest = k.partition(".")
-        if head in ("transformer_blocks", "single_transformer_blocks") or ".refiner_blocks." in k:
-            continue
-        for a, b in _TOP.items():
-            k = b + k[len(a) :] if k.startswith(a) else k
-        if k == "final_layer.adaLN_modulation.1.weight" or k == "final_layer.adaLN_modulation.1.bias":
-            scale, shift = v.chunk(2)
-            v = torch.cat([shift, scale])
-        out[k] = v
-    keys = list(sd)
-    for attr in ("weight", "bias"):
-        for k in keys:
-            if not k.endswith("." + attr):
-                continue
-            path = k[: -len(attr) - 1]
-            parts = path.split(".")
-            if path.startswith("context_embedder.token_refiner.refiner_blocks."):
-                n, sub = parts[3], ".".join(parts[4:])
-                base = f"txt_in.individual_token_refiner.blocks.{n}"
-                if sub == "attn.to_q":
-                    out[f"{base}.self_attn_qkv.{attr}"] = fused(
-                        f"{'.'.join(parts[:4])}.attn", ("to_q", "to_k", "to_v"), attr
-                    )
-                elif sub in _REFINER:
-                    out[f"{base}.{_REFINER[sub]}.{attr}"] = sd[k]
-                elif sub in ("norm1", "norm2"):
-                    out[f"{base}.{sub}.{attr}"] = sd[k]
-            elif parts[0] == "transformer_blocks":
-                n, sub, blk = parts[1], ".".join(parts[2:]), ".".join(parts[:2])
-                if sub == "attn.to_q":
-                    out[f"double_blocks.{n}.img_attn_qkv.{attr}"] = fused(
-                        f"{blk}.attn", ("to_q", "to_k", "to_v"), attr
-                    )
-                elif sub == "attn.add_q_proj":
-                    out[f"double_blocks.{n}.txt_attn_qkv.{attr}"] = fused(
-                        f"{blk}.attn", ("add_q_proj", "add_k_proj", "add_v_proj"), attr)  # fmt: skip
-                elif sub in _DOUBLE:
-                    out[f"double_blocks.{n}.{_DOUBLE[sub]}.{attr}"] = sd[k]
-            elif parts[0] == "single_transformer_blocks":
-                n, sub, blk = parts[1], ".".join(parts[2:]), ".".join(parts[:2])
-                if sub == "attn.to_q":
-                    q, k_, v_ = (sd[f"{blk}.attn.{p}.{attr}"] for p in ("to_q", "to_k", "to_v"))
-                    out[f"single_blocks.{n}.linear1.{attr}"] = torch.cat(
-                        [q, k_, v_, sd[f"{blk}.proj_mlp.{attr}"]]
-                    )
-                elif sub in _SINGLE:
-                    out[f"single_blocks.{n}.{_SINGLE[sub]}.{attr}"] = sd[k]
-    return out
-
-
-_COMFY = (("_mod.linear.", "_mod.lin."), ("_attn_qkv.", "_attn.qkv."), ("_attn_proj.", "_attn.proj."),
-          ("_mlp.fc1.", "_mlp.0."), ("_mlp.fc2.", "_mlp.2."), ("_attn_q_norm.weight", "_attn.norm.query_norm.scale"),
-          ("_attn_k_norm.weight", "_attn.norm.key_norm.scale"), ("modulation.linear.", "modulation.lin."),
-          (".q_norm.weight", ".norm.query_norm.scale"), (".k_norm.weight", ".norm.key_norm.scale"),
-          ("self_attn_qkv.", "self_attn.qkv."), ("self_attn_proj.", "self_attn.proj."), (".mlp.fc1.", ".mlp.0."),
-          (".mlp.fc2.", ".mlp.2."), ("mlp.0.", "in_layer."), ("mlp.2.", "out_layer."),
-          ("c_embedder.linear_1.", "c_embedder.in_layer."), ("c_embedder.linear_2.", "c_embedder.out_layer."))  # fmt: skip
-
-
-def comfyui(tencent_sd: dict) -> dict:
-    """Tencent's names in ComfyUI's FLUX-style ones (what `process_unet_state_dict` of its HunyuanVideo
-    model makes of them, and what a checkpoint ComfyUI saves holds)."""
-    out = {}
-    for k, v in tencent_sd.items():
-        for a, b in _COMFY:
-            if a in ("mlp.0.", "mlp.2.") and not k.startswith(
-                ("time_in.", "guidance_in.", "txt_in.t_embedder.")
-            ):
-                continue
-            k = k.replace(a, b)
-        out[k] = v
-    return out
 
 
 @pytest.fixture(scope="module")
