@@ -32,12 +32,14 @@ ACTIVATION_BYTES = {
     "wan": 96 * 1024,
     "hunyuan_video": 128 * 1024,  # width 3072 as FLUX.1's, its 4x MLP
     "hunyuan_video15": 96 * 1024,  # width 2048, its 4x MLP
+    "ltxv": 96 * 1024,  # width 2048 (13B: 4096), 4x MLP, one token per 32x32 pixels
     "text": 64 * 1024,  # text encoders: per token
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
 UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "qwen_image": 16, "nextdit": 16, "auraflow": 16, "wan": 16,
-           "hunyuan_video": 16, "hunyuan_video15": 16}  # fmt: skip
+           "hunyuan_video": 16, "hunyuan_video15": 16,
+           "ltxv": 32}  # fmt: skip
 # Bytes a second a partial step streams its offloaded modules at, for the prediction before any step
 # is measured (pinned host RAM to a GPU over PCIe 4 x16 ~ 12 GB/s; page cache to RAM ~ 4 GB/s here).
 STREAM_BYTES_PER_S = {"cuda": 12e9, "cpu": 4e9}

@@ -59,6 +59,11 @@ HunyuanVideo 1.5 (Tencent-Hunyuan/HunyuanVideo-1.5's transformer forward, batche
 1152] (the first frame's SigLIP states, i2v; absent or zeros for t2v) and `timestep_r` [B] (the MeanFlow
 models' second time).
 
+LTX-Video (ComfyUI's and the original's `forward(x, timestep, context, attention_mask, frame_rate)`, batched): `x`
+[B, 128, F, h, w] latents (a 32nd of the pixels, an 8th of the frames), `timestep` [B] in 0–1 (sigma; or one
+per token, [B, F·h·w], for conditioning frames at 0), `context` [B, T, 4096] T5-XXL states (128 tokens in its
+pipeline), and optionally `attention_mask` [B, T] (1 for the prompt's tokens) and `frame_rate` [B] (default 25).
+
 Text encoders (transformers' CLIPTextModel / T5EncoderModel forward): `input_ids` [B, T] token ids (77
 for CLIP, 512 for T5 when random).
 
@@ -88,6 +93,8 @@ AURAFLOW_INPUTS = ("x", "t", "context")
 HUNYUAN_INPUTS = ("x", "t", "text_states", "text_states_2", "guidance")
 HUNYUAN_TOKENS = 256  # the HunyuanVideo pipeline's text_len
 HUNYUAN15_INPUTS = ("x", "t", "text_states")
+LTXV_INPUTS = ("x", "timestep", "context")
+LTXV_TOKENS = 128  # the LTX-Video pipeline's max_sequence_length
 HUNYUAN15_OPTIONAL = ("text_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "timestep_r")
 HUNYUAN_GUIDANCE = 6000.0  # 1000 × its sample_video.py's default embedded guidance scale 6.0
 IMAGE_PATCHED = ("mmdit", "qwen_image", "nextdit", "auraflow")  # `x` a [B, C, h, w] latent in 2×2 patches
@@ -126,6 +133,8 @@ def optional_names(model) -> tuple[str, ...]:
         return ("text_mask",)  # the prompt's tokens, [B, T]; default: every token
     if getattr(model, "family", "") == "hunyuan_video15":
         return HUNYUAN15_OPTIONAL
+    if getattr(model, "family", "") == "ltxv":
+        return ("attention_mask", "frame_rate")
     return ()
 
 
@@ -152,6 +161,8 @@ def names(model) -> tuple[str, ...]:
         return HUNYUAN_INPUTS if model.guidance_in is not None else HUNYUAN_INPUTS[:4]
     if getattr(model, "family", "") == "hunyuan_video15":
         return HUNYUAN15_INPUTS
+    if getattr(model, "family", "") == "ltxv":
+        return LTXV_INPUTS
     if getattr(model, "family", "") == "text":
         return TEXT_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
@@ -204,9 +215,14 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         if model.guidance_in is not None:
             out["guidance"] = torch.full((batch,), HUNYUAN_GUIDANCE)
         return out
-    if (
-        getattr(model, "family", "") == "hunyuan_video15"
-    ):  # one latent frame of its 16x VAE, no glyph text, t2v
+    if getattr(model, "family", "") == "ltxv":  # one latent frame of its 32x VAE
+        h, w = _latent(width, height, 32)
+        return {
+            "x": torch.randn(batch, model.in_channels, 1, h, w, generator=g),
+            "timestep": torch.rand(batch, generator=g),
+            "context": torch.randn(batch, LTXV_TOKENS, model.context_dim, generator=g),
+        }
+    if getattr(model, "family", "") == "hunyuan_video15":  # one frame of its 16x VAE, no glyph text, t2v
         h, w = _latent(width, height, 16)
         return {
             "x": torch.randn(batch, model.in_channels, 1, h, w, generator=g),
@@ -300,7 +316,7 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}: it holds no values")
         if not torch.isfinite(t).all():
             raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
-    for n in ("cap_mask", "text_mask", "byt5_text_mask"):
+    for n in ("cap_mask", "text_mask", "byt5_text_mask", "attention_mask"):
         if n in got:
             _check_mask(got[n], source, n)
     for n in ("x", "ref_latents"):
@@ -355,6 +371,8 @@ def _shapes(model, got) -> dict:
         return out
     if getattr(model, "family", "") == "hunyuan_video15":
         return _hunyuan15_shapes(model, got)
+    if getattr(model, "family", "") == "ltxv":
+        return _ltxv_shapes(model, got)
     if getattr(model, "family", "") == "wan":
         out = {
             "x": (None, model.in_channels, None, None, None),
@@ -413,4 +431,17 @@ def _hunyuan15_shapes(model, got) -> dict:
         out["vision_states"] = (None, None, model.image_dim)
     if "timestep_r" in got:
         out["timestep_r"] = (None,)
+    return out
+
+
+def _ltxv_shapes(model, got) -> dict:
+    x = got["x"]
+    tokens = x.shape[2] * x.shape[3] * x.shape[4] if x.dim() == 5 else None
+    t = got["timestep"]
+    out = {"x": (None, model.in_channels, None, None, None), "timestep": (None,) if t.dim() == 1 else (None, tokens),
+           "context": (None, None, model.context_dim)}  # fmt: skip
+    if "attention_mask" in got:
+        out["attention_mask"] = (None, got["context"].shape[1] if got["context"].dim() == 3 else None)
+    if "frame_rate" in got:
+        out["frame_rate"] = (None,)
     return out
