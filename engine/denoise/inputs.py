@@ -64,6 +64,12 @@ LTX-Video (ComfyUI's and the original's `forward(x, timestep, context, attention
 per token, [B, F·h·w], for conditioning frames at 0), `context` [B, T, 4096] T5-XXL states (128 tokens in its
 pipeline), and optionally `attention_mask` [B, T] (1 for the prompt's tokens) and `frame_rate` [B] (default 25).
 
+Cosmos Predict2 (ComfyUI's and the original's MiniTrainDIT `forward(x, timesteps, context, fps, ...)`, batched): `x`
+[B, 16, F, h, w] Wan 2.1 VAE latents (an 8th of the pixels, h and w even), `timesteps` [B] in 0–1 (σ / (σ + 1); or
+one per latent frame, [B, F]), `context` [B, T, 1024] T5-XXL states (512 tokens, the padding zeroed, in its
+pipelines), and optionally, for Video2World, `condition_mask` [B, 1, F, h, w] (1 on the given frames) and `fps`
+[B].
+
 Text encoders (transformers' CLIPTextModel / T5EncoderModel forward): `input_ids` [B, T] token ids (77
 for CLIP, 512 for T5 when random).
 
@@ -94,6 +100,9 @@ HUNYUAN_INPUTS = ("x", "t", "text_states", "text_states_2", "guidance")
 HUNYUAN_TOKENS = 256  # the HunyuanVideo pipeline's text_len
 HUNYUAN15_INPUTS = ("x", "t", "text_states")
 LTXV_INPUTS = ("x", "timestep", "context")
+COSMOS_INPUTS = ("x", "timesteps", "context")
+COSMOS_TOKENS = 512  # the Cosmos Predict2 pipelines' T5 length
+LATENT_16 = 16
 LTXV_TOKENS = 128  # the LTX-Video pipeline's max_sequence_length
 HUNYUAN15_OPTIONAL = ("text_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "timestep_r")
 HUNYUAN_GUIDANCE = 6000.0  # 1000 × its sample_video.py's default embedded guidance scale 6.0
@@ -135,6 +144,8 @@ def optional_names(model) -> tuple[str, ...]:
         return HUNYUAN15_OPTIONAL
     if getattr(model, "family", "") == "ltxv":
         return ("attention_mask", "frame_rate")
+    if getattr(model, "family", "") == "cosmos":
+        return ("condition_mask", "fps") if model.video2world else ()
     return ()
 
 
@@ -163,6 +174,8 @@ def names(model) -> tuple[str, ...]:
         return HUNYUAN15_INPUTS
     if getattr(model, "family", "") == "ltxv":
         return LTXV_INPUTS
+    if getattr(model, "family", "") == "cosmos":
+        return COSMOS_INPUTS
     if getattr(model, "family", "") == "text":
         return TEXT_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
@@ -215,6 +228,13 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         if model.guidance_in is not None:
             out["guidance"] = torch.full((batch,), HUNYUAN_GUIDANCE)
         return out
+    if getattr(model, "family", "") == "cosmos":  # one latent frame of the Wan VAE
+        h, w = _latent(width, height, 16)
+        return {
+            "x": torch.randn(batch, LATENT_16, 1, 2 * h, 2 * w, generator=g),
+            "timesteps": torch.rand(batch, generator=g),
+            "context": torch.randn(batch, COSMOS_TOKENS, model.context_dim, generator=g),
+        }
     if getattr(model, "family", "") == "ltxv":  # one latent frame of its 32x VAE
         h, w = _latent(width, height, 32)
         return {
@@ -373,6 +393,8 @@ def _shapes(model, got) -> dict:
         return _hunyuan15_shapes(model, got)
     if getattr(model, "family", "") == "ltxv":
         return _ltxv_shapes(model, got)
+    if getattr(model, "family", "") == "cosmos":
+        return _cosmos_shapes(model, got)
     if getattr(model, "family", "") == "wan":
         out = {
             "x": (None, model.in_channels, None, None, None),
@@ -444,4 +466,17 @@ def _ltxv_shapes(model, got) -> dict:
         out["attention_mask"] = (None, got["context"].shape[1] if got["context"].dim() == 3 else None)
     if "frame_rate" in got:
         out["frame_rate"] = (None,)
+    return out
+
+
+def _cosmos_shapes(model, got) -> dict:
+    x = got["x"]
+    fhw = tuple(x.shape[2:]) if x.dim() == 5 else (None, None, None)
+    t = got["timesteps"]
+    out = {"x": (None, model.in_channels, None, None, None), "timesteps": (None,) if t.dim() == 1 else (None, fhw[0]),
+           "context": (None, None, model.context_dim)}  # fmt: skip
+    if "condition_mask" in got:
+        out["condition_mask"] = (None, 1, *fhw)
+    if "fps" in got:
+        out["fps"] = (None,)
     return out
