@@ -24,8 +24,13 @@ its `convert_cosmos_to_diffusers.py` (COSMOS_2_0 names and configs; written from
 * Final: (shift, scale) = final_layer.adaln_modulation.2(…1(SiLU(e))) + base[:2D], LN, final_layer.linear, each
   token's outputs ordered (h, w, t, c) of its patch.
 
-Anima (Cosmos Predict2 2B with an `llm_adapter` from Qwen3 states to this context) keeps the adapter in the same
-file: its layers are not computed here, so such a file is refused by name (engine.denoise.bind).
+Anima (circlestone-labs: Cosmos Predict2 2B with an `llm_adapter`; facts from diffusers' `AnimaTextConditioner`
+and ComfyUI's Anima inputs): the context is made from Qwen3 0.6B states [B, S, 1024] and T5 token ids [B, T]:
+h = embed(ids); 6 blocks of h += self_attn(RMS(h)), h += cross_attn(RMS(h), states), h += mlp(RMS(h)) (RMSNorms
+with weights, eps 1e-6; 16 heads of 64, bias-free q/k/v/o with per-head RMS q/k norms, rotate-half RoPE theta
+10000 at each sequence's own positions — the ids' for queries, the states' for the cross-attention's keys;
+mlp Linear, GELU, Linear with biases); context = RMS(out_proj(h)), times optional per-token `t5xxl_weights`,
+zero-padded to 512 tokens.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from .common import Ops, layer_norm, merge_heads, rms_norm_with, split_heads, ti
 PATCH = (1, 2, 2)
 LATENT = 16  # Wan 2.1 VAE channels
 HEAD = 128
+ADAPTER_HEAD = 64  # Anima's adapter: 16 heads over 1024
+CONTEXT_TOKENS = 512  # the context Anima's adapter pads to (the T5 length the DiT was trained on)
 EPS = 1e-6
 BASE_FPS = 24.0
 THETA = 10000.0
@@ -71,6 +78,76 @@ class Block:
 
 
 @dataclass
+class AdapterBlock:
+    norms: tuple  # before the self-attention, the cross-attention, the MLP
+    self_attn: Attn
+    cross_attn: Attn
+    mlp: tuple[object, object]
+
+
+@dataclass
+class Adapter:
+    """Anima's `llm_adapter`: Qwen3 states and T5 token ids -> the DiT's 1024-wide context."""
+
+    embed: object
+    blocks: list[AdapterBlock]
+    out_proj: object
+    norm: object
+
+    @property
+    def vocab(self) -> int:
+        return wshape(self.embed)[0]
+
+    def __call__(self, states: torch.Tensor, ids: torch.Tensor, weights=None) -> torch.Tensor:
+        table = self.embed.cast_params(states)[0]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= table.shape[0]):
+            raise ValueError(f"t5xxl_ids beyond the adapter's {table.shape[0]} tokens")
+        h = F.embedding(ids.long(), table).to(states.dtype)
+        heads = h.shape[-1] // ADAPTER_HEAD
+        q_rope = _rope_1d(h.shape[1], states.device)
+        k_rope = _rope_1d(states.shape[1], states.device)
+        for blk in self.blocks:
+            y = rms_norm_with(blk.norms[0], h, EPS)
+            h = h + _adapter_attn(blk.self_attn, y, y, heads, q_rope, q_rope)
+            y = rms_norm_with(blk.norms[1], h, EPS)
+            h = h + _adapter_attn(blk.cross_attn, y, states, heads, q_rope, k_rope)
+            h = h + blk.mlp[1](F.gelu(blk.mlp[0](rms_norm_with(blk.norms[2], h, EPS))))
+        out = rms_norm_with(self.norm, self.out_proj(h), EPS)
+        if weights is not None:
+            out = out * weights.to(out.dtype)[..., None]
+        return F.pad(out, (0, 0, 0, max(0, CONTEXT_TOKENS - out.shape[1])))
+
+    def ops(self) -> list:
+        order = [self.embed]
+        for blk in self.blocks:
+            order += [
+                blk.norms[0],
+                *blk.self_attn.ops(),
+                blk.norms[1],
+                *blk.cross_attn.ops(),
+                blk.norms[2],
+                *blk.mlp,
+            ]
+        return [*order, self.out_proj, self.norm]
+
+
+def _rope_1d(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [1, 1, n, 64] of positions 0..n-1 on rotate-half pairs (theta 10000), in float32."""
+    inv = 1.0 / THETA ** (torch.arange(0, ADAPTER_HEAD, 2, device=device, dtype=torch.float32) / ADAPTER_HEAD)
+    ang = torch.outer(torch.arange(n, device=device, dtype=torch.float32), inv)
+    ang = torch.cat([ang, ang], dim=-1)[None, None]
+    return ang.cos(), ang.sin()
+
+
+def _adapter_attn(a: Attn, x, src, heads: int, q_rope, k_rope):
+    q = rms_norm_with(a.q_norm, split_heads(a.q(x), heads), EPS)
+    k = rms_norm_with(a.k_norm, split_heads(a.k(src), heads), EPS)
+    v = split_heads(a.v(src), heads)
+    q, k = _rotate(q, *q_rope).to(v.dtype), _rotate(k, *k_rope).to(v.dtype)
+    return a.o(merge_heads(F.scaled_dot_product_attention(q, k, v)))
+
+
+@dataclass
 class Cosmos:
     """A bound Cosmos Predict2 transformer: call it with x, timesteps, context [, condition_mask] [, fps]."""
 
@@ -85,6 +162,7 @@ class Cosmos:
     rope_scale: tuple[float, float, float]
     video2world: bool
     dtype: torch.dtype = torch.float32
+    adapter: Adapter | None = None  # Anima's
     family = "cosmos"
 
     @property
@@ -93,11 +171,21 @@ class Cosmos:
 
     @property
     def context_dim(self) -> int:
+        """The width of the `context` input: T5 states, or for Anima the Qwen3 states its adapter reads."""
+        if self.adapter is not None:
+            return wshape(self.adapter.blocks[0].cross_attn.k)[1]
         return wshape(self.blocks[0].attn2.k)[1]
 
-    def __call__(self, x, timesteps, context, condition_mask=None, fps=None) -> torch.Tensor:
+    def __call__(self, x, timesteps, context, condition_mask=None, fps=None, t5xxl_ids=None,
+                 t5xxl_weights=None) -> torch.Tensor:  # fmt: skip
         dt = self.dtype
         b, c, f, h, w = x.shape
+        if (
+            self.adapter is not None
+        ):  # Anima: `context` holds Qwen3 states, made into the DiT's by the adapter
+            if t5xxl_ids is None:
+                raise ValueError("Anima takes `t5xxl_ids` beside its Qwen3 `context`")
+            context = self.adapter(context.to(dt), t5xxl_ids, t5xxl_weights)
         parts = [x.to(dt)]
         if self.video2world:
             parts.append(
@@ -169,7 +257,7 @@ class Cosmos:
         return ang.cos(), ang.sin()
 
     def op_order(self) -> list:
-        order = [self.embed, *self.t_embedder, self.t_norm]
+        order = [*(self.adapter.ops() if self.adapter else ()), self.embed, *self.t_embedder, self.t_norm]
         for blk in self.blocks:
             for pair, ops in zip(blk.mods, (blk.attn1.ops(), blk.attn2.ops(), list(blk.mlp)), strict=True):
                 order += [*pair, *ops]
@@ -251,9 +339,27 @@ def bind_cosmos(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> 
     if not blocks:
         raise UnsupportedModel(f"{ops.what}: no blocks — not a Cosmos Predict2 transformer")
     scale = ROPE_SCALE.get((video2world, dim), ROPE_SCALE[(video2world, 2048)])
+    adapter = _bind_adapter(ops) if ops.has_prefix("llm_adapter") else None
     model = Cosmos(
         architecture, embed, (ops["t_embedder.1.linear_1"], ops["t_embedder.1.linear_2"]), ops["t_embedding_norm"],
         blocks, mod("final_layer.adaln_modulation"), ops["final_layer.linear"], dim // HEAD, scale, video2world,
-        dtype,
+        dtype, adapter,
     )  # fmt: skip
     return ("diffusers" if diffusers else "release"), model
+
+
+def _bind_adapter(ops: Ops) -> Adapter:
+    a = "llm_adapter"
+    if ops.has_prefix(f"{a}.in_proj"):
+        raise UnsupportedModel(
+            f"{ops.what}: an LLM adapter with an input projection: not Anima's (1024 wide)"
+        )
+
+    def attn(p: str) -> Attn:
+        return Attn(*(ops[f"{p}.{n}"] for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")))
+
+    blocks = [AdapterBlock(tuple(ops[f"{a}.blocks.{n}.norm_{s}"] for s in ("self_attn", "cross_attn", "mlp")),
+                           attn(f"{a}.blocks.{n}.self_attn"), attn(f"{a}.blocks.{n}.cross_attn"),
+                           (ops[f"{a}.blocks.{n}.mlp.0"], ops[f"{a}.blocks.{n}.mlp.2"]))
+              for n in ops.children(f"{a}.blocks")]  # fmt: skip
+    return Adapter(ops[f"{a}.embed"], blocks, ops[f"{a}.out_proj"], ops[f"{a}.norm"])

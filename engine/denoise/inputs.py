@@ -103,6 +103,7 @@ LTXV_INPUTS = ("x", "timestep", "context")
 COSMOS_INPUTS = ("x", "timesteps", "context")
 COSMOS_TOKENS = 512  # the Cosmos Predict2 pipelines' T5 length
 LATENT_16 = 16
+ANIMA_TOKENS = 128  # a prompt's Qwen3 states and T5 ids (random inputs)
 LTXV_TOKENS = 128  # the LTX-Video pipeline's max_sequence_length
 HUNYUAN15_OPTIONAL = ("text_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "timestep_r")
 HUNYUAN_GUIDANCE = 6000.0  # 1000 × its sample_video.py's default embedded guidance scale 6.0
@@ -145,7 +146,8 @@ def optional_names(model) -> tuple[str, ...]:
     if getattr(model, "family", "") == "ltxv":
         return ("attention_mask", "frame_rate")
     if getattr(model, "family", "") == "cosmos":
-        return ("condition_mask", "fps") if model.video2world else ()
+        anima = ("t5xxl_weights",) if model.adapter is not None else ()
+        return (("condition_mask", "fps") if model.video2world else ()) + anima
     return ()
 
 
@@ -175,7 +177,7 @@ def names(model) -> tuple[str, ...]:
     if getattr(model, "family", "") == "ltxv":
         return LTXV_INPUTS
     if getattr(model, "family", "") == "cosmos":
-        return COSMOS_INPUTS
+        return COSMOS_INPUTS + (("t5xxl_ids",) if model.adapter is not None else ())
     if getattr(model, "family", "") == "text":
         return TEXT_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
@@ -230,11 +232,15 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         return out
     if getattr(model, "family", "") == "cosmos":  # one latent frame of the Wan VAE
         h, w = _latent(width, height, 16)
-        return {
+        out = {
             "x": torch.randn(batch, LATENT_16, 1, 2 * h, 2 * w, generator=g),
             "timesteps": torch.rand(batch, generator=g),
             "context": torch.randn(batch, COSMOS_TOKENS, model.context_dim, generator=g),
         }
+        if model.adapter is not None:  # Anima: a prompt's Qwen3 states and its T5 token ids
+            out["context"] = out["context"][:, :ANIMA_TOKENS]
+            out["t5xxl_ids"] = torch.randint(0, model.adapter.vocab, (batch, ANIMA_TOKENS), generator=g)
+        return out
     if getattr(model, "family", "") == "ltxv":  # one latent frame of its 32x VAE
         h, w = _latent(width, height, 32)
         return {
@@ -479,4 +485,9 @@ def _cosmos_shapes(model, got) -> dict:
         out["condition_mask"] = (None, 1, *fhw)
     if "fps" in got:
         out["fps"] = (None,)
+    if "t5xxl_ids" in got:
+        ids = got["t5xxl_ids"]
+        out["t5xxl_ids"] = (None, None)
+        if "t5xxl_weights" in got:
+            out["t5xxl_weights"] = (None, ids.shape[1] if ids.dim() == 2 else None)
     return out

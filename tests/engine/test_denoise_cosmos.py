@@ -146,15 +146,13 @@ def test_cosmos_steps_fully_and_partially_alike(cosmos, tmp_path, monkeypatch):
     check_steps_alike(cosmos[False][1], tmp_path, 0.002, "cosmos_predict2", (1, 16, 1, 8, 8))
 
 
-def test_an_anima_files_llm_adapter_is_refused_by_name(cosmos, tmp_path):
-    """Anima keeps its Qwen3-to-T5 adapter in the diffusion model's file; the forward does not compute it."""
+def test_a_layer_the_forward_does_not_compute_is_refused(cosmos, tmp_path):
     sd = release(cosmos[False][3])
-    sd["net.llm_adapter.embed.weight"] = torch.zeros(32, 64)
-    sd["net.llm_adapter.blocks.0.cross_attn.q_proj.weight"] = torch.zeros(64, 64)
-    path = write(tmp_path / "anima.safetensors", sd)
+    sd["net.blocks.0.self_attn.extra.weight"] = torch.zeros(64, 64)
+    path = write(tmp_path / "edited.safetensors", sd)
     comp = detect_file(str(path)).components["transformer"]
     with pytest.raises(
-        UnsupportedModel, match=r"not computed by Loadout's cosmos_predict2 forward \(.*llm_adapter"
+        UnsupportedModel, match=r"not computed by Loadout's cosmos_predict2 forward \(.*extra"
     ):
         denoise.bind(Component("transformer", path, comp.prefix), "cosmos_predict2")
 
@@ -178,3 +176,39 @@ def test_the_release_layouts_bind_whole(tmp_path, config):
         c.in_channels == 17,
     )
     assert m.rope_scale == ((20 / 24, 2.0, 2.0) if c.in_channels == 17 else (1.0, 4.0, 4.0))
+
+
+def test_anima_runs_its_llm_adapter_and_equals_diffusers(tmp_path):
+    """Anima's file: the Cosmos DiT and its `llm_adapter` under `net.`; its context is made from Qwen3 states and
+    T5 token ids. Equal to diffusers' AnimaTextConditioner feeding its CosmosTransformer3DModel (reduced: the
+    adapter 128 wide in 2 heads of 64 over 96-wide states, 2 blocks, a 100-token vocabulary), with and without
+    ComfyUI's per-token weights."""
+    from diffusers import AnimaTextConditioner, CosmosTransformer3DModel
+
+    dit, sd = well_scaled(CosmosTransformer3DModel(
+        in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=128, num_layers=2, text_embed_dim=128,
+        adaln_lora_dim=32, rope_scale=(1.0, 4.0, 4.0), concat_padding_mask=True, extra_pos_embed_type=None), 15)  # fmt: skip
+    adapter, asd = well_scaled(AnimaTextConditioner(source_dim=96, target_dim=128, model_dim=128, num_layers=2,
+                                                    num_attention_heads=2, target_vocab_size=100), 16)  # fmt: skip
+    path = write(tmp_path / "anima-preview.safetensors",
+                 {**release(sd), **{f"net.llm_adapter.{k}": v for k, v in asd.items()}})  # fmt: skip
+    den = _bound(path)
+    assert den.input_names == ("x", "timesteps", "context", "t5xxl_ids")
+    x = den.random_inputs(64, 32, seed=7)
+    assert x["context"].shape == (1, 128, 96) and int(x["t5xxl_ids"].max()) < 100
+    x["context"], x["t5xxl_ids"] = x["context"][:, :20], x["t5xxl_ids"][:, :12]
+    weights = torch.tensor([[1.0] * 6 + [0.0] * 6])  # the prompt's second half weighted out
+    x = den.check_inputs(x, "inputs")
+    with torch.inference_mode():
+        ctx = adapter(x["context"], x["t5xxl_ids"].long())
+        assert ctx.shape == (1, 512, 128)
+        want = _diffusers(dit, {**x, "context": ctx})
+        err = rel_l2(den(x), want)
+        print(f"anima: relative L2 {err:.2e}")
+        assert err <= TOL
+        weighted = ctx.clone()
+        weighted[:, :12] *= weights[..., None]
+        got = den({**x, "t5xxl_weights": weights})
+        assert rel_l2(got, _diffusers(dit, {**x, "context": weighted})) <= TOL
+        assert rel_l2(got, want) > 10 * TOL
+    check_op_order(path, "cosmos_predict2", "net.", plain=2)  # the adapter's ops first, then the DiT's
