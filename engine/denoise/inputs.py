@@ -70,6 +70,10 @@ one per latent frame, [B, F]), `context` [B, T, 1024] T5-XXL states (512 tokens,
 pipelines), and optionally, for Video2World, `condition_mask` [B, 1, F, h, w] (1 on the given frames) and `fps`
 [B].
 
+Krea 2 (diffusers' Krea2Transformer2DModel, on Loadout's latent convention): `x` [B, 16, h, w] latents (2×2 patches
+inside, h and w even), `timesteps` [B] in 0–1 (1 is noise), `context` [B, T, L, 2560]: each prompt token's hidden
+states from L (12) layers of Qwen3-VL, and optionally `context_mask` [B, T] (1 for the prompt's tokens).
+
 Text encoders (transformers' CLIPTextModel / T5EncoderModel forward): `input_ids` [B, T] token ids (77
 for CLIP, 512 for T5 when random).
 
@@ -88,6 +92,7 @@ import torch
 
 from ..errors import FormatError
 from .common import timestep_embedding
+from .input_shapes import axes_of, shapes
 
 UNET_INPUTS = ("x", "timesteps", "context", "y")
 FLUX_INPUTS = ("img", "img_ids", "txt", "txt_ids", "timesteps", "y", "guidance")
@@ -101,13 +106,29 @@ HUNYUAN_TOKENS = 256  # the HunyuanVideo pipeline's text_len
 HUNYUAN15_INPUTS = ("x", "t", "text_states")
 LTXV_INPUTS = ("x", "timestep", "context")
 COSMOS_INPUTS = ("x", "timesteps", "context")
+KREA2_INPUTS = ("x", "timesteps", "context")
+KREA2_TOKENS = 256
 COSMOS_TOKENS = 512  # the Cosmos Predict2 pipelines' T5 length
 LATENT_16 = 16
 ANIMA_TOKENS = 128  # a prompt's Qwen3 states and T5 ids (random inputs)
 LTXV_TOKENS = 128  # the LTX-Video pipeline's max_sequence_length
 HUNYUAN15_OPTIONAL = ("text_mask", "byt5_text_states", "byt5_text_mask", "vision_states", "timestep_r")
 HUNYUAN_GUIDANCE = 6000.0  # 1000 × its sample_video.py's default embedded guidance scale 6.0
-IMAGE_PATCHED = ("mmdit", "qwen_image", "nextdit", "auraflow")  # `x` a [B, C, h, w] latent in 2×2 patches
+IMAGE_PATCHED = (
+    "mmdit",
+    "qwen_image",
+    "nextdit",
+    "auraflow",
+    "krea2",
+)  # `x` a [B, C, h, w] latent in 2×2 patches
+# video families' `x` [B, C, F, h, w]: (the side of a spatial patch, the VAE's spatial compression)
+VIDEO_LATENT = {
+    "wan": (2, 8),
+    "hunyuan_video": (2, 8),
+    "hunyuan_video15": (1, 16),
+    "ltxv": (1, 32),
+    "cosmos": (2, 8),
+}
 PATCHED = (
     *IMAGE_PATCHED,
     "wan",
@@ -145,6 +166,8 @@ def optional_names(model) -> tuple[str, ...]:
         return HUNYUAN15_OPTIONAL
     if getattr(model, "family", "") == "ltxv":
         return ("attention_mask", "frame_rate")
+    if getattr(model, "family", "") == "krea2":
+        return ("context_mask",)
     if getattr(model, "family", "") == "cosmos":
         anima = ("t5xxl_weights",) if model.adapter is not None else ()
         return (("condition_mask", "fps") if model.video2world else ()) + anima
@@ -176,6 +199,8 @@ def names(model) -> tuple[str, ...]:
         return HUNYUAN15_INPUTS
     if getattr(model, "family", "") == "ltxv":
         return LTXV_INPUTS
+    if getattr(model, "family", "") == "krea2":
+        return KREA2_INPUTS
     if getattr(model, "family", "") == "cosmos":
         return COSMOS_INPUTS + (("t5xxl_ids",) if model.adapter is not None else ())
     if getattr(model, "family", "") == "text":
@@ -230,6 +255,13 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         if model.guidance_in is not None:
             out["guidance"] = torch.full((batch,), HUNYUAN_GUIDANCE)
         return out
+    if getattr(model, "family", "") == "krea2":  # a latent, t in 0–1, L layers of text states per token
+        h, w = _latent(width, height, 16)
+        return {
+            "x": torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
+            "timesteps": torch.rand(batch, generator=g),
+            "context": torch.randn(batch, KREA2_TOKENS, model.text_layers, model.context_dim, generator=g),
+        }
     if getattr(model, "family", "") == "cosmos":  # one latent frame of the Wan VAE
         h, w = _latent(width, height, 16)
         out = {
@@ -270,7 +302,7 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         return out
     h, w = _latent(width, height, 16)
     tokens = FLUX_TOKENS.get(model.architecture, 256)
-    axes = _axes(model)
+    axes = axes_of(model)
     ids = torch.zeros(h, w, axes)
     ids[..., 1] = torch.arange(h)[:, None]
     ids[..., 2] = torch.arange(w)[None, :]
@@ -289,11 +321,6 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
     if model.guidance_in is not None:
         out["guidance"] = torch.full((batch,), FLUX2_GUIDANCE if axes == 4 else FLUX_GUIDANCE)
     return out
-
-
-def _axes(model) -> int:
-    """The position axes of a FLUX forward's ids: FLUX.1's (0, row, column), FLUX.2's (t, h, w, l)."""
-    return 4 if getattr(model, "family", "") == "flux2" else 3
 
 
 def _latent(width: int, height: int, multiple: int) -> tuple[int, int]:
@@ -331,7 +358,7 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
         if t.dim() == 0:
             raise FormatError(f"{source}: input {n} is a single number; it needs a batch axis ([B, ...])")
     b = got[want[0]].shape[0]
-    expect = _shapes(model, got)
+    expect = shapes(model, got)
     for n, shape in expect.items():
         t = got[n]
         ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape, strict=True))
@@ -342,7 +369,7 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}: it holds no values")
         if not torch.isfinite(t).all():
             raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
-    for n in ("cap_mask", "text_mask", "byt5_text_mask", "attention_mask"):
+    for n in ("cap_mask", "text_mask", "byt5_text_mask", "attention_mask", "context_mask"):
         if n in got:
             _check_mask(got[n], source, n)
     for n in ("x", "ref_latents"):
@@ -363,131 +390,3 @@ def _check_mask(mask: torch.Tensor, source: str, name: str) -> None:
         if (n == 0 and name != "byt5_text_mask") or not row[:n].all():  # a prompt may quote no glyph text
             what = "marks no token" if n == 0 else "has a 0 before its last 1 (the tokens come first)"
             raise FormatError(f"{source}: input {name} of item {i} {what}")
-
-
-def _shapes(model, got) -> dict:
-    if getattr(model, "family", "") == "text":
-        return {"input_ids": (None, None)}
-    if getattr(model, "family", "") in ("qwen_image", "nextdit", "auraflow"):  # a latent, its time, its text
-        x, t, text = names(model)
-        out = {x: (None, model.in_channels, None, None), t: (None,), text: (None, None, model.context_dim)}
-        if "ref_latents" in got:  # Qwen-Image-Edit's reference image
-            out["ref_latents"] = out[x]
-        if "cap_mask" in got:  # Lumina 2's caption mask: one value per text token
-            out["cap_mask"] = (None, got[text].shape[1] if got[text].dim() == 3 else None)
-        return out
-    if getattr(model, "family", "") == "mmdit":
-        return {
-            "x": (None, model.in_channels, None, None),
-            "t": (None,),
-            "y": (None, model.pooled_dim),
-            "context": (None, None, model.context_dim),
-        }
-    if getattr(model, "family", "") == "hunyuan_video":
-        out = {
-            "x": (None, model.in_channels, None, None, None),
-            "t": (None,),
-            "text_states": (None, None, model.context_dim),
-            "text_states_2": (None, model.vec_dim),
-        }
-        if model.guidance_in is not None:
-            out["guidance"] = (None,)
-        if "text_mask" in got:
-            out["text_mask"] = (None, got["text_states"].shape[1] if got["text_states"].dim() == 3 else None)
-        return out
-    if getattr(model, "family", "") == "hunyuan_video15":
-        return _hunyuan15_shapes(model, got)
-    if getattr(model, "family", "") == "ltxv":
-        return _ltxv_shapes(model, got)
-    if getattr(model, "family", "") == "cosmos":
-        return _cosmos_shapes(model, got)
-    if getattr(model, "family", "") == "wan":
-        out = {
-            "x": (None, model.in_channels, None, None, None),
-            "t": (None,),
-            "context": (None, None, model.context_dim),
-        }
-        if model.image_dim:
-            out["clip_fea"] = (None, model.image_tokens, model.image_dim)
-        if model.vace_channels:  # the control video: the latents' frames and size
-            fhw = tuple(got["x"].shape[2:]) if got["x"].dim() == 5 else (None, None, None)
-            out["vace_context"] = (None, model.vace_channels, *fhw)
-            if "vace_context_scale" in got:
-                out["vace_context_scale"] = (None,)
-        return out
-    if hasattr(model, "model_channels"):
-        out = {
-            "x": (None, model.in_channels, None, None),
-            "timesteps": (None,),
-            "context": (None, None, model.context_dim),
-        }
-        if model.adm_channels:
-            out["y"] = (None, model.adm_channels)
-        return out
-    n_img = got["img"].shape[1] if got["img"].dim() == 3 else None
-    n_txt = got["txt"].shape[1] if got["txt"].dim() == 3 else None
-    out = {
-        "img": (None, None, model.in_channels),
-        "img_ids": (None, n_img, _axes(model)),
-        "txt": (None, None, model.context_dim),
-        "txt_ids": (None, n_txt, _axes(model)),
-        "timesteps": (None,),
-    }
-    if model.vec_dim:
-        out["y"] = (None, model.vec_dim)
-    if model.guidance_in is not None:
-        out["guidance"] = (None,)
-    return out
-
-
-def _hunyuan15_shapes(model, got) -> dict:
-    def tokens(name: str):
-        return got[name].shape[1] if name in got and got[name].dim() == 3 else None
-
-    out = {
-        "x": (None, model.in_channels, None, None, None),
-        "t": (None,),
-        "text_states": (None, None, model.context_dim),
-    }
-    if "text_mask" in got:
-        out["text_mask"] = (None, tokens("text_states"))
-    if "byt5_text_states" in got:
-        out["byt5_text_states"] = (None, None, model.byt5_dim)
-        if "byt5_text_mask" in got:
-            out["byt5_text_mask"] = (None, tokens("byt5_text_states"))
-    if "vision_states" in got:
-        out["vision_states"] = (None, None, model.image_dim)
-    if "timestep_r" in got:
-        out["timestep_r"] = (None,)
-    return out
-
-
-def _ltxv_shapes(model, got) -> dict:
-    x = got["x"]
-    tokens = x.shape[2] * x.shape[3] * x.shape[4] if x.dim() == 5 else None
-    t = got["timestep"]
-    out = {"x": (None, model.in_channels, None, None, None), "timestep": (None,) if t.dim() == 1 else (None, tokens),
-           "context": (None, None, model.context_dim)}  # fmt: skip
-    if "attention_mask" in got:
-        out["attention_mask"] = (None, got["context"].shape[1] if got["context"].dim() == 3 else None)
-    if "frame_rate" in got:
-        out["frame_rate"] = (None,)
-    return out
-
-
-def _cosmos_shapes(model, got) -> dict:
-    x = got["x"]
-    fhw = tuple(x.shape[2:]) if x.dim() == 5 else (None, None, None)
-    t = got["timesteps"]
-    out = {"x": (None, model.in_channels, None, None, None), "timesteps": (None,) if t.dim() == 1 else (None, fhw[0]),
-           "context": (None, None, model.context_dim)}  # fmt: skip
-    if "condition_mask" in got:
-        out["condition_mask"] = (None, 1, *fhw)
-    if "fps" in got:
-        out["fps"] = (None,)
-    if "t5xxl_ids" in got:
-        ids = got["t5xxl_ids"]
-        out["t5xxl_ids"] = (None, None)
-        if "t5xxl_weights" in got:
-            out["t5xxl_weights"] = (None, ids.shape[1] if ids.dim() == 2 else None)
-    return out

@@ -1,0 +1,145 @@
+"""The shapes a forward's inputs must have (engine.denoise.inputs checks them against these), per family."""
+
+from __future__ import annotations
+
+
+def axes_of(model) -> int:
+    """The position axes of a FLUX forward's ids: FLUX.1's (0, row, column), FLUX.2's (t, h, w, l)."""
+    return 4 if getattr(model, "family", "") == "flux2" else 3
+
+
+def shapes(model, got) -> dict:
+    """The shape each input of `got` must have for `model` (None: any size on that axis)."""
+    from .inputs import names
+
+    if getattr(model, "family", "") == "text":
+        return {"input_ids": (None, None)}
+    if getattr(model, "family", "") in ("qwen_image", "nextdit", "auraflow"):  # a latent, its time, its text
+        x, t, text = names(model)
+        out = {x: (None, model.in_channels, None, None), t: (None,), text: (None, None, model.context_dim)}
+        if "ref_latents" in got:  # Qwen-Image-Edit's reference image
+            out["ref_latents"] = out[x]
+        if "cap_mask" in got:  # Lumina 2's caption mask: one value per text token
+            out["cap_mask"] = (None, got[text].shape[1] if got[text].dim() == 3 else None)
+        return out
+    if getattr(model, "family", "") == "mmdit":
+        return {
+            "x": (None, model.in_channels, None, None),
+            "t": (None,),
+            "y": (None, model.pooled_dim),
+            "context": (None, None, model.context_dim),
+        }
+    if getattr(model, "family", "") == "hunyuan_video":
+        out = {
+            "x": (None, model.in_channels, None, None, None),
+            "t": (None,),
+            "text_states": (None, None, model.context_dim),
+            "text_states_2": (None, model.vec_dim),
+        }
+        if model.guidance_in is not None:
+            out["guidance"] = (None,)
+        if "text_mask" in got:
+            out["text_mask"] = (None, got["text_states"].shape[1] if got["text_states"].dim() == 3 else None)
+        return out
+    if getattr(model, "family", "") == "hunyuan_video15":
+        return _hunyuan15_shapes(model, got)
+    if getattr(model, "family", "") == "ltxv":
+        return _ltxv_shapes(model, got)
+    if getattr(model, "family", "") == "cosmos":
+        return _cosmos_shapes(model, got)
+    if getattr(model, "family", "") == "krea2":
+        out = {"x": (None, model.in_channels, None, None), "timesteps": (None,),
+               "context": (None, None, model.text_layers, model.context_dim)}  # fmt: skip
+        if "context_mask" in got:
+            out["context_mask"] = (None, got["context"].shape[1] if got["context"].dim() == 4 else None)
+        return out
+    if getattr(model, "family", "") == "wan":
+        out = {
+            "x": (None, model.in_channels, None, None, None),
+            "t": (None,),
+            "context": (None, None, model.context_dim),
+        }
+        if model.image_dim:
+            out["clip_fea"] = (None, model.image_tokens, model.image_dim)
+        if model.vace_channels:  # the control video: the latents' frames and size
+            fhw = tuple(got["x"].shape[2:]) if got["x"].dim() == 5 else (None, None, None)
+            out["vace_context"] = (None, model.vace_channels, *fhw)
+            if "vace_context_scale" in got:
+                out["vace_context_scale"] = (None,)
+        return out
+    if hasattr(model, "model_channels"):
+        out = {
+            "x": (None, model.in_channels, None, None),
+            "timesteps": (None,),
+            "context": (None, None, model.context_dim),
+        }
+        if model.adm_channels:
+            out["y"] = (None, model.adm_channels)
+        return out
+    n_img = got["img"].shape[1] if got["img"].dim() == 3 else None
+    n_txt = got["txt"].shape[1] if got["txt"].dim() == 3 else None
+    out = {
+        "img": (None, None, model.in_channels),
+        "img_ids": (None, n_img, axes_of(model)),
+        "txt": (None, None, model.context_dim),
+        "txt_ids": (None, n_txt, axes_of(model)),
+        "timesteps": (None,),
+    }
+    if model.vec_dim:
+        out["y"] = (None, model.vec_dim)
+    if model.guidance_in is not None:
+        out["guidance"] = (None,)
+    return out
+
+
+def _hunyuan15_shapes(model, got) -> dict:
+    def tokens(name: str):
+        return got[name].shape[1] if name in got and got[name].dim() == 3 else None
+
+    out = {
+        "x": (None, model.in_channels, None, None, None),
+        "t": (None,),
+        "text_states": (None, None, model.context_dim),
+    }
+    if "text_mask" in got:
+        out["text_mask"] = (None, tokens("text_states"))
+    if "byt5_text_states" in got:
+        out["byt5_text_states"] = (None, None, model.byt5_dim)
+        if "byt5_text_mask" in got:
+            out["byt5_text_mask"] = (None, tokens("byt5_text_states"))
+    if "vision_states" in got:
+        out["vision_states"] = (None, None, model.image_dim)
+    if "timestep_r" in got:
+        out["timestep_r"] = (None,)
+    return out
+
+
+def _ltxv_shapes(model, got) -> dict:
+    x = got["x"]
+    tokens = x.shape[2] * x.shape[3] * x.shape[4] if x.dim() == 5 else None
+    t = got["timestep"]
+    out = {"x": (None, model.in_channels, None, None, None), "timestep": (None,) if t.dim() == 1 else (None, tokens),
+           "context": (None, None, model.context_dim)}  # fmt: skip
+    if "attention_mask" in got:
+        out["attention_mask"] = (None, got["context"].shape[1] if got["context"].dim() == 3 else None)
+    if "frame_rate" in got:
+        out["frame_rate"] = (None,)
+    return out
+
+
+def _cosmos_shapes(model, got) -> dict:
+    x = got["x"]
+    fhw = tuple(x.shape[2:]) if x.dim() == 5 else (None, None, None)
+    t = got["timesteps"]
+    out = {"x": (None, model.in_channels, None, None, None), "timesteps": (None,) if t.dim() == 1 else (None, fhw[0]),
+           "context": (None, None, model.context_dim)}  # fmt: skip
+    if "condition_mask" in got:
+        out["condition_mask"] = (None, 1, *fhw)
+    if "fps" in got:
+        out["fps"] = (None,)
+    if "t5xxl_ids" in got:
+        ids = got["t5xxl_ids"]
+        out["t5xxl_ids"] = (None, None)
+        if "t5xxl_weights" in got:
+            out["t5xxl_weights"] = (None, ids.shape[1] if ids.dim() == 2 else None)
+    return out
