@@ -208,3 +208,24 @@ def test_a_diffusers_named_lora_on_the_release_file_equals_diffusers_merged(ltxv
     assert r.mode == ("full" if budget is None else "partial")
     assert r.loras and r.loras[0]["mapped"] == len(names), r.loras
     assert rel_l2(SafetensorsFile(tmp_path / "out.safetensors").tensor("out"), want) <= TOL
+
+
+def test_a_step_records_its_tokens_and_pixel_size_for_the_plan(ltxv, tmp_path, monkeypatch):
+    """What the plan calibrates from: a video family's step counts its tokens (frames x latent pixels, LTX's
+    1x1 patches of a 32x VAE) and records the pixel size they stand for."""
+    import json
+
+    from engine.catalog import measured
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.requests import Step
+
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    e = Engine()
+    e.detect(DeviceOptions(cpu=True))
+    try:
+        e.run(Step(str(ltxv[0]["release"]), size=(64, 96), steps=1))
+    finally:
+        e.close()
+    rec = json.loads(measured._path().read_text().splitlines()[-1])
+    assert (rec["kind"], rec["width"], rec["height"], rec["units"]) == ("ltxv", 64, 96, 6)
