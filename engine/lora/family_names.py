@@ -9,8 +9,10 @@ read in both directions. Where the original fuses what diffusers splits (Z-Image
 
 Facts (cited, not copied) from diffusers `loaders/single_file_utils.py`: `convert_wan_transformer_to_
 diffusers` (Wan 2.1/2.2, VACE, i2v image embedder), `convert_z_image_transformer_checkpoint_to_diffusers`,
-`convert_lumina2_to_diffusers` and `convert_auraflow_transformer_checkpoint_to_diffusers`. Families whose release already uses the diffusers names (Qwen-Image,
-LTX-Video, Sana, Cosmos in diffusers form) need no table: their LoRAs reach the base by its own names.
+`convert_lumina2_to_diffusers`, `convert_auraflow_transformer_checkpoint_to_diffusers` and
+`convert_krea2_transformer_checkpoint_to_diffusers`, and diffusers' `convert_cosmos_to_diffusers.py` script. Families
+whose release already uses the diffusers names (Qwen-Image, Sana) need no table: their LoRAs reach the base by its own
+names.
 """
 
 from __future__ import annotations
@@ -183,6 +185,50 @@ AURAFLOW: tuple[tuple[str, str], ...] = (
 )
 _AURA_FINAL = ("modF.1", "norm_out.linear")
 
+# Cosmos Predict2 / Anima: the release's MiniTrainDIT names <-> diffusers' CosmosTransformer3DModel, one to one
+# (diffusers' `convert_cosmos_to_diffusers.py`, COSMOS_2_0 renames).
+_COSMOS_ATTN = (("q_proj", "to_q"), ("k_proj", "to_k"), ("v_proj", "to_v"), ("output_proj", "to_out.0"))
+COSMOS: tuple[tuple[str, str], ...] = (
+    ("x_embedder.proj.1", "patch_embed.proj"),
+    ("t_embedder.1.linear_1", "time_embed.t_embedder.linear_1"),
+    ("t_embedder.1.linear_2", "time_embed.t_embedder.linear_2"),
+    ("final_layer.adaln_modulation.1", "norm_out.linear_1"),
+    ("final_layer.adaln_modulation.2", "norm_out.linear_2"),
+    ("final_layer.linear", "proj_out"),
+    *(
+        (f"blocks.{{n}}.{a}.{o}", f"transformer_blocks.{{n}}.{b}.{d}")
+        for a, b in (("self_attn", "attn1"), ("cross_attn", "attn2"))
+        for o, d in _COSMOS_ATTN
+    ),
+    ("blocks.{n}.mlp.layer1", "transformer_blocks.{n}.ff.net.0.proj"),
+    ("blocks.{n}.mlp.layer2", "transformer_blocks.{n}.ff.net.2"),
+    *(
+        (f"blocks.{{n}}.adaln_modulation_{m}.{i}", f"transformer_blocks.{{n}}.{norm}.linear_{i}")
+        for m, norm in (("self_attn", "norm1"), ("cross_attn", "norm2"), ("mlp", "norm3"))
+        for i in (1, 2)
+    ),
+)
+# Krea 2: the release's names <-> diffusers' Krea2Transformer2DModel, one to one (diffusers'
+# `convert_krea2_transformer_checkpoint_to_diffusers`), the text-fusion blocks named as the main ones.
+_KREA_BLOCK = (("attn.wq", "attn.to_q"), ("attn.wk", "attn.to_k"), ("attn.wv", "attn.to_v"), ("attn.wo", "attn.to_out.0"),
+               ("attn.gate", "attn.to_gate"), ("mlp.gate", "ff.gate"), ("mlp.up", "ff.up"), ("mlp.down", "ff.down"))  # fmt: skip
+KREA2: tuple[tuple[str, str], ...] = (
+    ("first", "img_in"),
+    ("tmlp.0", "time_embed.linear_1"),
+    ("tmlp.2", "time_embed.linear_2"),
+    ("tproj.1", "time_mod_proj"),
+    ("txtmlp.1", "txt_in.linear_1"),
+    ("txtmlp.3", "txt_in.linear_2"),
+    ("txtfusion.projector", "text_fusion.projector"),
+    ("last.linear", "final_layer.linear"),
+    *((f"blocks.{{n}}.{o}", f"transformer_blocks.{{n}}.{d}") for o, d in _KREA_BLOCK),
+    *(
+        (f"txtfusion.{s}.{{n}}.{o}", f"text_fusion.{s}.{{n}}.{d}")
+        for s in ("layerwise_blocks", "refiner_blocks")
+        for o, d in _KREA_BLOCK
+    ),
+)
+
 # (fused original path, diffusers names of its q/k/v row blocks) per NextDiT table.
 _FUSED_QKV = {
     Z_IMAGE: ("attention.qkv", ("attention.to_q", "attention.to_k", "attention.to_v")),
@@ -198,7 +244,7 @@ def _table(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, r
     return tuple((_compile(o), d, _compile(d), o) for o, d in pairs)
 
 
-_TABLES = {id(t): _table(t) for t in (WAN, Z_IMAGE, LUMINA2, HUNYUAN, LTX, AURAFLOW)}
+_TABLES = {id(t): _table(t) for t in (WAN, Z_IMAGE, LUMINA2, HUNYUAN, LTX, AURAFLOW, COSMOS, KREA2)}
 
 
 def _fill(template: str, m: re.Match) -> str:
@@ -242,6 +288,12 @@ def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
         "time_step_proj.linear_1" in ps and any(p.startswith("joint_transformer_blocks.") for p in ps)
     ):
         out.append(AURAFLOW)
+    if any(".adaln_modulation_self_attn." in p for p in ps) or (
+        "time_embed.t_embedder.linear_1" in ps and any(p.startswith("transformer_blocks.") for p in ps)
+    ):
+        out.append(COSMOS)
+    if any(p.endswith((".attn.wq", ".attn.to_gate")) for p in ps):
+        out.append(KREA2)
     return out
 
 

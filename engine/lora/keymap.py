@@ -22,6 +22,7 @@ from .unet_names import diffusers_to_ldm, ldm_to_diffusers
 # Checkpoint prefixes of each component: (prefix, component, layout).
 _COMPONENT_PREFIXES: tuple[tuple[str, str, str], ...] = (
     ("model.diffusion_model.", "diffusion", "native"),
+    ("net.", "diffusion", "native"),  # NVIDIA's Cosmos checkpoints (and Anima's) keep their DiT under `net.`
     ("cond_stage_model.transformer.", "clip_l", "hf"),
     ("cond_stage_model.model.", "clip_h", "openclip"),
     ("conditioner.embedders.0.transformer.", "clip_l", "hf"),

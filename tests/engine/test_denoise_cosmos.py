@@ -212,3 +212,64 @@ def test_anima_runs_its_llm_adapter_and_equals_diffusers(tmp_path):
         assert rel_l2(got, _diffusers(dit, {**x, "context": weighted})) <= TOL
         assert rel_l2(got, want) > 10 * TOL
     check_op_order(path, "cosmos_predict2", "net.", plain=2)  # the adapter's ops first, then the DiT's
+
+
+def _lora_step(model, lora: dict, strength: float, x: dict, tmp_path, budget):
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.formats.safetensors import SafetensorsFile
+    from engine.requests import StackItem, Step
+
+    write(tmp_path / "in.safetensors", x)
+    e = Engine()
+    e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
+    try:
+        r = e.run(Step(str(model), loras=(StackItem(str(write(tmp_path / "lora.safetensors", lora)), strength),),
+                       inputs=str(tmp_path / "in.safetensors"), out=str(tmp_path / "out.safetensors")))  # fmt: skip
+    finally:
+        e.close()
+    assert r.mode == ("full" if budget is None else "partial")
+    return r, SafetensorsFile(tmp_path / "out.safetensors").tensor("out")
+
+
+@pytest.mark.parametrize("budget", [None, 0.002])
+@pytest.mark.parametrize("naming", ["diffusers", "kohya"])
+def test_loras_in_either_naming_on_the_release_file_equal_diffusers_merged(cosmos, tmp_path, naming, budget):
+    """A PEFT LoRA in diffusers' names (ai-toolkit, diffusers) and a kohya one in the release's (sd-scripts'
+    `lora_unet_blocks_0_self_attn_q_proj`), on the release file, baked and on the fly: equal to diffusers' model
+    with the same ΔW merged by hand."""
+    _, rel_path, ref, sd = cosmos[False]
+    g = torch.Generator().manual_seed(19)
+    names = {"transformer_blocks.0.attn1.to_q": "blocks.0.self_attn.q_proj",
+             "transformer_blocks.1.attn2.to_out.0": "blocks.1.cross_attn.output_proj",
+             "transformer_blocks.1.ff.net.2": "blocks.1.mlp.layer2",
+             "transformer_blocks.0.norm3.linear_2": "blocks.0.adaln_modulation_mlp.2",
+             "patch_embed.proj": "x_embedder.proj.1"}  # fmt: skip
+    lora, merged, rank, strength = {}, dict(sd), 4, 0.8
+    for d, o in names.items():
+        w = sd[f"{d}.weight"]
+        a = torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5
+        b = torch.randn(w.shape[0], rank, generator=g) * 0.1
+        if naming == "diffusers":
+            lora |= {f"transformer.{d}.lora_A.weight": a, f"transformer.{d}.lora_B.weight": b}
+        else:
+            k = "lora_unet_" + o.replace(".", "_")
+            lora |= {
+                f"{k}.lora_down.weight": a,
+                f"{k}.lora_up.weight": b,
+                f"{k}.alpha": torch.tensor(float(rank)),
+            }
+        merged[f"{d}.weight"] = w + strength * (b @ a)
+    x = _bound(rel_path).random_inputs(32, 32, seed=8)
+    x["context"] = x["context"][:, :16]
+    with torch.inference_mode():
+        plain = _diffusers(ref, x)
+        ref.load_state_dict(merged)
+        try:
+            want = _diffusers(ref, x)
+        finally:
+            ref.load_state_dict(sd)
+    assert rel_l2(plain, want) > 100 * TOL
+    r, out = _lora_step(rel_path, lora, strength, x, tmp_path, budget)
+    assert r.loras and r.loras[0]["mapped"] == len(names), r.loras
+    assert rel_l2(out, want) <= TOL

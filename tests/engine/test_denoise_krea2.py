@@ -138,3 +138,48 @@ def test_the_release_layout_binds_whole(tmp_path):
     path = write_sparse(tmp_path / "krea2.safetensors", [(k, "BF16", s) for k, s in rows.items()])
     m = _bound(path).model
     assert (len(m.blocks), m.in_channels, m.context_dim, m.text_layers) == (28, 16, 2560, 12)
+
+
+@pytest.mark.parametrize(("base", "naming"), [("release", "diffusers"), ("diffusers", "release")])
+def test_a_lora_in_the_other_naming_equals_diffusers_merged(krea2, tmp_path, base, naming):
+    """A PEFT LoRA in diffusers' names (ai-toolkit) on the release file, and one in the release's names (a trainer
+    of the original code) on a diffusers file, baked: equal to diffusers' model with the ΔW merged by hand —
+    text-fusion layers included."""
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.formats.safetensors import SafetensorsFile
+    from engine.requests import StackItem, Step
+
+    files, ref, sd = krea2
+    g = torch.Generator().manual_seed(21)
+    names = {"transformer_blocks.0.attn.to_q": "blocks.0.attn.wq", "transformer_blocks.1.attn.to_gate": "blocks.1.attn.gate",
+             "transformer_blocks.1.ff.down": "blocks.1.mlp.down", "time_mod_proj": "tproj.1",
+             "text_fusion.refiner_blocks.0.attn.to_v": "txtfusion.refiner_blocks.0.attn.wv", "img_in": "first"}  # fmt: skip
+    lora, merged, rank, strength = {}, dict(sd), 4, 0.7
+    for d, o in names.items():
+        w = sd[f"{d}.weight"]
+        a = torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5
+        b = torch.randn(w.shape[0], rank, generator=g) * 0.1
+        key = f"transformer.{d}" if naming == "diffusers" else f"diffusion_model.{o}"
+        lora |= {f"{key}.lora_A.weight": a, f"{key}.lora_B.weight": b}
+        merged[f"{d}.weight"] = w + strength * (b @ a)
+    x = _bound(files[base]).random_inputs(32, 32, seed=9)
+    x["context"] = x["context"][:, :10]
+    with torch.inference_mode():
+        plain = _diffusers(ref, x)
+        ref.load_state_dict(merged)
+        try:
+            want = _diffusers(ref, x)
+        finally:
+            ref.load_state_dict(sd)
+    assert rel_l2(plain, want) > 100 * TOL
+    write(tmp_path / "in.safetensors", x)
+    e = Engine()
+    e.detect(DeviceOptions(cpu=True))
+    try:
+        r = e.run(Step(str(files[base]), loras=(StackItem(str(write(tmp_path / "lora.safetensors", lora)), strength),),
+                       inputs=str(tmp_path / "in.safetensors"), out=str(tmp_path / "out.safetensors")))  # fmt: skip
+    finally:
+        e.close()
+    assert r.loras and r.loras[0]["mapped"] == len(names), r.loras
+    assert rel_l2(SafetensorsFile(tmp_path / "out.safetensors").tensor("out"), want) <= TOL
