@@ -24,6 +24,14 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * hunyuan_video: HunyuanVideo 1.0 at its real width (3072, 24 heads, MLP 12288, llava 4096-wide text
     states through its 2-block token refiner, CLIP-L 768 pooled, guidance) at 1 double and 2 single blocks,
     one 256×256 latent frame, 256 text tokens.
+  * hunyuan_video15: HunyuanVideo 1.5 at its real width (2048, 16 heads, Qwen2.5-VL 3584 text, byT5 and SigLIP
+    projections) at 2 double blocks, one 512×512 frame (its 16× VAE: 1024 tokens), t2v.
+  * ltxv: LTX-Video 2B at its real width (2048, 32 heads of 64, T5 4096 text) at 2 blocks, one 1024×1024 frame
+    (its 32× VAE: 1024 tokens), 128 text tokens.
+  * cosmos: Cosmos Predict2 2B Text2Image at its real width (2048, 16 heads, T5 1024 text, AdaLN-LoRA 256) at 2
+    blocks, 512×512 (1024 tokens), 512 text tokens.
+  * krea2: Krea 2 at its real width (6144, 48 heads on 12 K/V heads, SwiGLU 16384, a fusion of 12 Qwen3-VL
+    2560-wide layers) at 1 block, 512×512 (1024 tokens), 256 text tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
     reduced depth (1 main layer, 1 noise and 1 caption refiner: 0.56 B parameters, 2.2 GB) at 512×512
     pixels (1024 image tokens) with 128 caption tokens.
@@ -61,7 +69,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -120,6 +128,12 @@ AURAFLOW = dict(num_mmdit_layers=1, num_single_dit_layers=2, sample_size=128, po
 # HunyuanVideo 1.0's width (diffusers' HunyuanVideoTransformer3DModel defaults: tencent/HunyuanVideo's config) at
 # 1 double and 2 single blocks, its 2 refiner blocks
 HUNYUAN_VIDEO = dict(num_layers=1, num_single_layers=2)
+# HunyuanVideo 1.5's, LTX-Video 2B's, Cosmos Predict2 2B Text2Image's and Krea 2's widths (diffusers' defaults: their
+# releases' configs; Cosmos: the 2.0 2B Text2Image config of diffusers' converter) at reduced depth
+HUNYUAN_VIDEO15 = dict(num_layers=2)
+LTXV = dict(num_layers=2)
+COSMOS = dict(num_attention_heads=16, num_layers=2, rope_scale=(1.0, 4.0, 4.0), extra_pos_embed_type=None)
+KREA2 = dict(num_layers=1)
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
@@ -128,6 +142,10 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "qwen_image": ((512, 512), "transformer", "qwen_image"),
             "auraflow": ((512, 512), "transformer", "auraflow"),
             "hunyuan_video": ((256, 256), "transformer", "hunyuan_video"),
+            "hunyuan_video15": ((512, 512), "transformer", "hunyuan_video15"),
+            "ltxv": ((1024, 1024), "transformer", "ltxv"),
+            "cosmos": ((512, 512), "transformer", "cosmos_predict2"),
+            "krea2": ((512, 512), "transformer", "krea2"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
@@ -175,6 +193,22 @@ def _diffusers_model(family: str):
             from diffusers import HunyuanVideoTransformer3DModel
 
             return HunyuanVideoTransformer3DModel(**HUNYUAN_VIDEO)
+        if family == "hunyuan_video15":
+            from diffusers import HunyuanVideo15Transformer3DModel
+
+            return HunyuanVideo15Transformer3DModel(**HUNYUAN_VIDEO15)
+        if family == "ltxv":
+            from diffusers import LTXVideoTransformer3DModel
+
+            return LTXVideoTransformer3DModel(**LTXV)
+        if family == "cosmos":
+            from diffusers import CosmosTransformer3DModel
+
+            return CosmosTransformer3DModel(**COSMOS)
+        if family == "krea2":
+            from diffusers import Krea2Transformer2DModel
+
+            return Krea2Transformer2DModel(**KREA2)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
@@ -302,6 +336,10 @@ def _run_diffusers(model, family: str, x: dict):
                                                                  device=x["x"].device), return_dict=False)[0]  # fmt: skip
     if family == "auraflow":
         return model(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["t"]).sample
+    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2"):
+        from bench_families import run_diffusers
+
+        return run_diffusers(model, family, x)
     if family == "hunyuan_video":  # every text token kept
         import torch
 
@@ -568,6 +606,10 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "qwen_image": "Qwen-Image width, 1 block, 512x512",
              "auraflow": "AuraFlow width, 1+2 blocks, 512x512",
              "hunyuan_video": "HunyuanVideo width, 1+2 blocks, one 256x256 frame",
+             "hunyuan_video15": "HunyuanVideo 1.5 width, 2 blocks, one 512x512 frame",
+             "ltxv": "LTX-Video 2B width, 2 blocks, one 1024x1024 frame",
+             "cosmos": "Cosmos Predict2 2B width, 2 blocks, 512x512",
+             "krea2": "Krea 2 width, 1 block, 512x512",
              "qwen_edit": "Qwen-Image-Edit 2511 width, 1 block, 512x512 with a 512x512 reference"}[fam]  # fmt: skip
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip

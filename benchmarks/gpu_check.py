@@ -63,6 +63,10 @@ TITLES = {
     "qwen_image": "qwen_image width 1 block 512x512",
     "auraflow": "auraflow width 1+2 blocks 512x512",
     "hunyuan_video": "hunyuan_video width 1+2 blocks one 256x256 frame",
+    "hunyuan_video15": "hunyuan_video15 width 2 blocks one 512x512 frame",
+    "ltxv": "ltxv 2b width 2 blocks one 1024x1024 frame",
+    "cosmos": "cosmos_predict2 2b width 2 blocks 512x512",
+    "krea2": "krea2 width 1 block 512x512",
     "qwen_edit": "qwen_edit 2511 width 1 block 512x512 + 512x512 reference",
 }
 BF16 = (
@@ -72,6 +76,9 @@ BF16 = (
     "qwen_image",
     "qwen_edit",
     "hunyuan_video",
+    "ltxv",
+    "cosmos",
+    "krea2",
 )  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
@@ -386,7 +393,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")

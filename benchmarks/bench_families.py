@@ -1,0 +1,70 @@
+"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2) on
+Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
+coordinates, masks) built here from the same inputs Loadout's step gets."""
+
+from __future__ import annotations
+
+
+def run_diffusers(model, family: str, x: dict):
+    import torch
+
+    if family == "hunyuan_video15":  # t2v: a zero image (the pipeline's), no glyph text
+        b = x["x"].shape[0]
+        dev, dt = x["x"].device, x["text_states"].dtype
+        cfg = model.config
+        return model(hidden_states=x["x"], timestep=x["t"], encoder_hidden_states=x["text_states"],
+                     encoder_attention_mask=torch.ones(x["text_states"].shape[:2], device=dev),
+                     encoder_hidden_states_2=torch.zeros(b, 1, cfg.text_embed_2_dim, device=dev, dtype=dt),
+                     encoder_attention_mask_2=torch.zeros(b, 1, device=dev),
+                     image_embeds=torch.zeros(b, 729, cfg.image_embed_dim, device=dev, dtype=dt)).sample  # fmt: skip
+    if family == "ltxv":  # packed tokens; the original pipeline's pixel coordinates at 25 fps
+        b, c, f, h, w = x["x"].shape
+        dev = x["x"].device
+        fi, hi, wi = torch.meshgrid(*(torch.arange(n, device=dev) for n in (f, h, w)), indexing="ij")
+        frames = (fi.flatten().float() * 8 + 1 - 8).clamp(min=0) / 25.0
+        coords = torch.stack([frames, hi.flatten().float() * 32, wi.flatten().float() * 32])[None].expand(
+            b, -1, -1
+        )
+        out = model(hidden_states=x["x"].flatten(2).transpose(1, 2), encoder_hidden_states=x["context"],
+                    timestep=x["timestep"] * 1000, encoder_attention_mask=torch.ones(x["context"].shape[:2], device=dev),
+                    video_coords=coords).sample  # fmt: skip
+        return out.transpose(1, 2).reshape(b, c, f, h, w)
+    if family == "cosmos":  # a zero padding mask, as its pipelines pass
+        _torchvision_resize()
+        b, c, f, h, w = x["x"].shape
+        pad = torch.zeros(1, 1, h, w, device=x["x"].device, dtype=x["x"].dtype)
+        return model(hidden_states=x["x"], timestep=x["timesteps"], encoder_hidden_states=x["context"],
+                     padding_mask=pad).sample  # fmt: skip
+    if family == "krea2":  # 2x2 patches (c, row, column); text at the origin, image at (0, row, column)
+        b, c, h, w = x["x"].shape
+        dev = x["x"].device
+        packed = x["x"].reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, 4 * c)
+        t = x["context"].shape[1]
+        ids = torch.zeros(t + (h // 2) * (w // 2), 3, device=dev)
+        grid = torch.stack(torch.meshgrid(torch.arange(h // 2, device=dev), torch.arange(w // 2, device=dev),
+                                          indexing="ij"), dim=-1)  # fmt: skip
+        ids[t:, 1:] = grid.reshape(-1, 2).float()
+        out = model(hidden_states=packed, encoder_hidden_states=x["context"], timestep=x["timesteps"],
+                    position_ids=ids).sample  # fmt: skip
+        return out.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+    raise ValueError(family)
+
+
+def _torchvision_resize() -> None:
+    """diffusers' Cosmos resizes its padding mask with torchvision, which this project does not install: the same
+    nearest-neighbour resize through torch where it is missing."""
+    import types
+
+    import torch.nn.functional as F
+    from diffusers.models.transformers import transformer_cosmos
+
+    if hasattr(transformer_cosmos, "transforms"):
+        return
+
+    def resize(t, size, interpolation=None):
+        return F.interpolate(t, size=tuple(size), mode="nearest")
+
+    transformer_cosmos.transforms = types.SimpleNamespace(
+        functional=types.SimpleNamespace(resize=resize),
+        InterpolationMode=types.SimpleNamespace(NEAREST="nearest"),
+    )
