@@ -194,9 +194,12 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
 
 def _units(den, inputs: dict) -> int:
     """Latent pixels (UNet) or image tokens (FLUX; MMDiT and Wan: 2x2 patches of the (every frame's) latent)."""
-    from .denoise.inputs import IMAGE_PATCHED, VIDEO_LATENT
+    from .denoise.inputs import IMAGE_LATENT, IMAGE_PATCHED, VIDEO_LATENT
 
     first = inputs[den.input_names[0]]
+    if den.kind in IMAGE_LATENT:
+        p = IMAGE_LATENT[den.kind][0]
+        return first.shape[0] * (first.shape[2] // p) * (first.shape[3] // p)
     if den.kind in VIDEO_LATENT:
         p = VIDEO_LATENT[den.kind][0]
         return first.shape[0] * first.shape[2] * (first.shape[3] // p) * (first.shape[4] // p)
@@ -224,11 +227,13 @@ def _record(parts, req: Step, den, inputs: dict, result: StepResult) -> None:
     if den.kind == "text":  # a text encoder's run is not a sampling step: the plan calibrates from those
         return
 
-    from .denoise.inputs import IMAGE_PATCHED, VIDEO_LATENT
+    from .denoise.inputs import IMAGE_LATENT, IMAGE_PATCHED, VIDEO_LATENT
 
     first = inputs[den.input_names[0]]
     if den.kind == "unet" or den.kind in IMAGE_PATCHED:
         h, w = first.shape[2] * 8, first.shape[3] * 8
+    elif den.kind in IMAGE_LATENT:
+        h, w = first.shape[2] * IMAGE_LATENT[den.kind][1], first.shape[3] * IMAGE_LATENT[den.kind][1]
     elif den.kind in VIDEO_LATENT:
         vae = VIDEO_LATENT[den.kind][1]
         h, w = first.shape[3] * vae, first.shape[4] * vae

@@ -168,9 +168,8 @@ class HunyuanVideo:
 
     def _run(self, shape, img, txt, mask, vec, pe) -> torch.Tensor:
         """The blocks over [img, txt] (`mask` [B, T] the text tokens every query attends to, None for all),
-        the final layer, and the patches back into [B, C, F, H, W]."""
-        b, _, f, h, w = shape
-        pf, ph, pw = self.patch
+        the final layer, and the patches back into the latent's shape."""
+        b = shape[0]
         n_img = img.shape[1]
         keys = None
         if mask is not None:  # the image tokens and the prompt's own text tokens
@@ -187,7 +186,14 @@ class HunyuanVideo:
         shift, scale = self.final_mod(vs).chunk(2, dim=-1)
         if self.final_swapped:
             shift, scale = scale, shift
-        out = self.final_linear((1 + scale[:, None]) * layer_norm(img) + shift[:, None])
+        return self._unpatch(
+            self.final_linear((1 + scale[:, None]) * layer_norm(img) + shift[:, None]), shape
+        )
+
+    def _unpatch(self, out: torch.Tensor, shape) -> torch.Tensor:
+        """[B, tokens, (c, pf, ph, pw)] -> [B, C, F, H, W]."""
+        b, _, f, h, w = shape
+        pf, ph, pw = self.patch
         c = out.shape[-1] // (pf * ph * pw)
         out = out.reshape(b, f // pf, h // ph, w // pw, c, pf, ph, pw)
         return out.permute(0, 4, 1, 5, 2, 6, 3, 7).reshape(b, c, f, h, w)
@@ -342,7 +348,7 @@ def _heads(q_norm, hidden: int, what: str) -> int:
 
 def _check_patch(img_in, patch: tuple[int, ...], what: str) -> int:
     shape = wshape(img_in)
-    if len(shape) != 5 or tuple(shape[2:]) != patch:
+    if len(shape) != 2 + len(patch) or tuple(shape[2:]) != patch:
         raise UnsupportedModel(
             f"{what}: a patch embedding of shape {list(shape)}, not this HunyuanVideo's {patch} video patches"
         )
@@ -424,8 +430,12 @@ def _bind_diffusers(ops: Ops, patch: tuple[int, ...]) -> dict:
     def pair(p: str) -> tuple[object, object] | None:
         return _pair(ops, f"{p}.linear_1", f"{p}.linear_2")
 
-    # 1.0's embedders are `time_text_embed`'s (time, pooled text, guidance); 1.5's time alone is `time_embed`'s
-    te = "time_text_embed" if "time_text_embed.timestep_embedder.linear_1" in ops else "time_embed"
+    # 1.0's embedders are `time_text_embed`'s (time, pooled text, guidance); 1.5's time alone is `time_embed`'s;
+    # HunyuanImage 2.1's time and guidance `time_guidance_embed`'s
+    te = next(
+        (e for e in ("time_text_embed", "time_guidance_embed") if f"{e}.timestep_embedder.linear_1" in ops),
+        "time_embed",
+    )
     return dict(
         img_in=ops["x_embedder.proj"], time_in=(ops[f"{te}.timestep_embedder.linear_1"], ops[f"{te}.timestep_embedder.linear_2"]),
         guidance_in=pair(f"{te}.guidance_embedder"), vector_in=pair(f"{te}.text_embedder"),

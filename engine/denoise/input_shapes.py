@@ -41,7 +41,7 @@ def shapes(model, got) -> dict:
         if "text_mask" in got:
             out["text_mask"] = (None, got["text_states"].shape[1] if got["text_states"].dim() == 3 else None)
         return out
-    if getattr(model, "family", "") == "hunyuan_video15":
+    if getattr(model, "family", "") in ("hunyuan_video15", "hunyuan_image21"):
         return _hunyuan15_shapes(model, got)
     if getattr(model, "family", "") == "ltxv":
         return _ltxv_shapes(model, got)
@@ -96,18 +96,17 @@ def _hunyuan15_shapes(model, got) -> dict:
     def tokens(name: str):
         return got[name].shape[1] if name in got and got[name].dim() == 3 else None
 
-    out = {
-        "x": (None, model.in_channels, None, None, None),
-        "t": (None,),
-        "text_states": (None, None, model.context_dim),
-    }
+    x = (None, model.in_channels, None, None) + ((None,) if model.family == "hunyuan_video15" else ())
+    out = {"x": x, "t": (None,), "text_states": (None, None, model.context_dim)}
+    if getattr(model, "guidance_in", None) is not None:
+        out["guidance"] = (None,)
     if "text_mask" in got:
         out["text_mask"] = (None, tokens("text_states"))
     if "byt5_text_states" in got:
         out["byt5_text_states"] = (None, None, model.byt5_dim)
         if "byt5_text_mask" in got:
             out["byt5_text_mask"] = (None, tokens("byt5_text_states"))
-    if "vision_states" in got:
+    if "vision_states" in got and model.family == "hunyuan_video15":
         out["vision_states"] = (None, None, model.image_dim)
     if "timestep_r" in got:
         out["timestep_r"] = (None,)

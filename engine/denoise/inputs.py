@@ -70,6 +70,11 @@ one per latent frame, [B, F]), `context` [B, T, 1024] T5-XXL states (512 tokens,
 pipelines), and optionally, for Video2World, `condition_mask` [B, 1, F, h, w] (1 on the given frames) and `fps`
 [B].
 
+HunyuanImage 2.1 (its transformer's forward, batched): `x` [B, 64, h, w] latents (a 32nd of the pixels), `t` [B] in
+0–1000, `text_states` [B, T, 3584] Qwen2.5-VL states, `guidance` [B] for the guidance-distilled model (1000 × the
+scale), and optionally `text_mask` [B, T], `byt5_text_states` [B, L, 1472] with `byt5_text_mask` [B, L] (glyph
+text) and `timestep_r` [B] (the MeanFlow model's second time).
+
 Krea 2 (diffusers' Krea2Transformer2DModel, on Loadout's latent convention): `x` [B, 16, h, w] latents (2×2 patches
 inside, h and w even), `timesteps` [B] in 0–1 (1 is noise), `context` [B, T, L, 2560]: each prompt token's hidden
 states from L (12) layers of Qwen3-VL, and optionally `context_mask` [B, T] (1 for the prompt's tokens).
@@ -104,6 +109,8 @@ AURAFLOW_INPUTS = ("x", "t", "context")
 HUNYUAN_INPUTS = ("x", "t", "text_states", "text_states_2", "guidance")
 HUNYUAN_TOKENS = 256  # the HunyuanVideo pipeline's text_len
 HUNYUAN15_INPUTS = ("x", "t", "text_states")
+HUNYUAN_IMAGE_OPTIONAL = ("text_mask", "byt5_text_states", "byt5_text_mask", "timestep_r")
+HUNYUAN_IMAGE_GUIDANCE = 3500.0  # 1000 × the distilled model's default guidance 3.5
 LTXV_INPUTS = ("x", "timestep", "context")
 COSMOS_INPUTS = ("x", "timesteps", "context")
 KREA2_INPUTS = ("x", "timesteps", "context")
@@ -122,6 +129,7 @@ IMAGE_PATCHED = (
     "krea2",
 )  # `x` a [B, C, h, w] latent in 2×2 patches
 # video families' `x` [B, C, F, h, w]: (the side of a spatial patch, the VAE's spatial compression)
+IMAGE_LATENT = {"hunyuan_image21": (1, 32)}  # other image families' (patch side, VAE compression)
 VIDEO_LATENT = {
     "wan": (2, 8),
     "hunyuan_video": (2, 8),
@@ -168,6 +176,8 @@ def optional_names(model) -> tuple[str, ...]:
         return ("attention_mask", "frame_rate")
     if getattr(model, "family", "") == "krea2":
         return ("context_mask",)
+    if getattr(model, "family", "") == "hunyuan_image21":
+        return HUNYUAN_IMAGE_OPTIONAL
     if getattr(model, "family", "") == "cosmos":
         anima = ("t5xxl_weights",) if model.adapter is not None else ()
         return (("condition_mask", "fps") if model.video2world else ()) + anima
@@ -201,6 +211,8 @@ def names(model) -> tuple[str, ...]:
         return LTXV_INPUTS
     if getattr(model, "family", "") == "krea2":
         return KREA2_INPUTS
+    if getattr(model, "family", "") == "hunyuan_image21":
+        return HUNYUAN15_INPUTS + (("guidance",) if model.guidance_in is not None else ())
     if getattr(model, "family", "") == "cosmos":
         return COSMOS_INPUTS + (("t5xxl_ids",) if model.adapter is not None else ())
     if getattr(model, "family", "") == "text":
@@ -254,6 +266,16 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         }
         if model.guidance_in is not None:
             out["guidance"] = torch.full((batch,), HUNYUAN_GUIDANCE)
+        return out
+    if getattr(model, "family", "") == "hunyuan_image21":  # its 32x VAE's latent, no glyph text
+        h, w = _latent(width, height, 32)
+        out = {
+            "x": torch.randn(batch, model.in_channels, h, w, generator=g),
+            "t": torch.rand(batch, generator=g) * 1000.0,
+            "text_states": torch.randn(batch, HUNYUAN_TOKENS, model.context_dim, generator=g),
+        }
+        if model.guidance_in is not None:
+            out["guidance"] = torch.full((batch,), HUNYUAN_IMAGE_GUIDANCE)
         return out
     if getattr(model, "family", "") == "krea2":  # a latent, t in 0–1, L layers of text states per token
         h, w = _latent(width, height, 16)

@@ -176,3 +176,43 @@ def tencent15(sd: dict) -> dict:
         else:
             rest[k] = v
     return {**tencent(rest), **own}
+
+
+def diffusers_hunyuan_image(seed: int = 22, guidance: bool = False, meanflow: bool = False):
+    """A reduced HunyuanImage 2.1 (width 256: 2 heads of 128, 1 double and 1 single block, 2 refiner blocks, 8 latent
+    channels, 64-wide text and 48-wide byT5 states) in diffusers' class, well-scaled random weights: (model, state dict)."""
+    from diffusers import HunyuanImageTransformer2DModel
+
+    model = HunyuanImageTransformer2DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=128, num_layers=1, num_single_layers=1,
+        text_embed_dim=64, text_embed_2_dim=48, guidance_embeds=guidance, use_meanflow=meanflow,
+    )  # fmt: skip
+    return well_scaled(model, seed)
+
+
+_IMAGE_OWN = {
+    "time_guidance_embed.timestep_embedder.linear_1.": "time_in.mlp.0.",
+    "time_guidance_embed.timestep_embedder.linear_2.": "time_in.mlp.2.",
+    "time_guidance_embed.guidance_embedder.linear_1.": "guidance_in.mlp.0.",
+    "time_guidance_embed.guidance_embedder.linear_2.": "guidance_in.mlp.2.",
+    "time_guidance_embed.timestep_embedder_r.linear_1.": "time_r_in.mlp.0.",
+    "time_guidance_embed.timestep_embedder_r.linear_2.": "time_r_in.mlp.2.",
+    "context_embedder_2.norm.": "byt5_in.layernorm.",
+    "context_embedder_2.linear_1.": "byt5_in.fc1.",
+    "context_embedder_2.linear_2.": "byt5_in.fc2.",
+    "context_embedder_2.linear_3.": "byt5_in.fc3.",
+}
+
+
+def tencent_image(sd: dict) -> dict:
+    """A diffusers-named HunyuanImage 2.1 state dict in Tencent's names: 1.0's blocks and refiner as `tencent`
+    renames them, its own time / guidance / MeanFlow embedders and `byt5_in`."""
+    own, rest = {}, {}
+    for k, v in sd.items():
+        for a, b in _IMAGE_OWN.items():
+            if k.startswith(a):
+                own[b + k[len(a) :]] = v
+                break
+        else:
+            rest[k] = v
+    return {**tencent(rest), **own}
