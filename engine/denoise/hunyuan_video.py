@@ -166,9 +166,10 @@ class HunyuanVideo:
         img = self.img_in(x.to(self.dtype)).flatten(2).transpose(1, 2)
         return img, rope_table(_positions(f // pf, h // ph, w // pw, x.device).expand(b, -1, -1), AXES, THETA)
 
-    def _run(self, shape, img, txt, mask, vec, pe) -> torch.Tensor:
+    def _run(self, shape, img, txt, mask, vec, pe, keep: int | None = None) -> torch.Tensor:
         """The blocks over [img, txt] (`mask` [B, T] the text tokens every query attends to, None for all),
-        the final layer, and the patches back into the latent's shape."""
+        the final layer on the last `keep` image tokens (all by default: FramePack's history comes first), and the
+        patches back into the latent's shape."""
         b = shape[0]
         n_img = img.shape[1]
         keys = None
@@ -182,7 +183,7 @@ class HunyuanVideo:
         del img, txt
         for blk in self.singles:
             seq = self._single(blk, seq, n_img, vs, pe, keys)
-        img = seq[:, :n_img]
+        img = seq[:, n_img - (keep or n_img) : n_img]
         shift, scale = self.final_mod(vs).chunk(2, dim=-1)
         if self.final_swapped:
             shift, scale = scale, shift
@@ -308,6 +309,22 @@ def bind_hunyuan_video(
 ) -> tuple[str, HunyuanVideo]:
     """(naming, the forward) of a HunyuanVideo 1.0 transformer in any of its three namings."""
     naming, ops, fields = bind_common(ops, mods, PATCH)
+    if "clean_x_embedder.proj" in ops or "image_projection.up" in ops:  # FramePack (engine.denoise.framepack)
+        from .framepack import HISTORY, FramePack
+
+        clean = None
+        if "clean_x_embedder.proj" in ops:
+            clean = tuple(ops[f"clean_x_embedder.{n}"] for n in ("proj", "proj_2x", "proj_4x"))
+            for op, kernel in zip(clean, HISTORY, strict=True):
+                _check_patch(op, kernel, ops.what)
+        image = (
+            (ops["image_projection.up"], ops["image_projection.down"])
+            if "image_projection.up" in ops
+            else None
+        )
+        return naming, FramePack(
+            architecture=architecture, dtype=dtype, **fields, clean=clean, image_proj=image
+        )
     return naming, HunyuanVideo(architecture=architecture, dtype=dtype, **fields)
 
 

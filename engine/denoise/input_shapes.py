@@ -40,7 +40,7 @@ def shapes(model, got) -> dict:
             out["guidance"] = (None,)
         if "text_mask" in got:
             out["text_mask"] = (None, got["text_states"].shape[1] if got["text_states"].dim() == 3 else None)
-        return out
+        return _framepack_shapes(model, got, out)
     if getattr(model, "family", "") in ("hunyuan_video15", "hunyuan_image21"):
         return _hunyuan15_shapes(model, got)
     if getattr(model, "family", "") == "ltxv":
@@ -141,4 +141,21 @@ def _cosmos_shapes(model, got) -> dict:
         out["t5xxl_ids"] = (None, None)
         if "t5xxl_weights" in got:
             out["t5xxl_weights"] = (None, ids.shape[1] if ids.dim() == 2 else None)
+    return out
+
+
+def _framepack_shapes(model, got, out: dict) -> dict:
+    """FramePack's image states and history latents (each with its [B, frames] indices)."""
+    if "image_embeddings" in got and getattr(model, "image_proj", None) is not None:
+        from .common import wshape
+
+        out["image_embeddings"] = (None, None, wshape(model.image_proj[0])[1])
+    c = model.in_channels
+    for lat, idx in (("x", "latent_indices"), ("clean_latents", "clean_latent_indices"),
+                     ("clean_latents_2x", "clean_latent_2x_indices"), ("clean_latents_4x", "clean_latent_4x_indices")):  # fmt: skip
+        if lat != "x" and lat in got:
+            out[lat] = (None, c, None, None, None)
+        if idx in got:
+            t = got.get(lat)
+            out[idx] = (None, t.shape[2] if t is not None and t.dim() == 5 else None)
     return out

@@ -96,7 +96,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import FormatError
-from .common import timestep_embedding
+from .common import timestep_embedding, wshape
 from .input_shapes import axes_of, shapes
 
 UNET_INPUTS = ("x", "timesteps", "context", "y")
@@ -109,6 +109,10 @@ AURAFLOW_INPUTS = ("x", "t", "context")
 HUNYUAN_INPUTS = ("x", "t", "text_states", "text_states_2", "guidance")
 HUNYUAN_TOKENS = 256  # the HunyuanVideo pipeline's text_len
 HUNYUAN15_INPUTS = ("x", "t", "text_states")
+FRAMEPACK_IMAGE_TOKENS = 729  # SigLIP so400m at 384 px
+# FramePack's (lllyasviel's `hunyuan_video_packed.py` forward names): the first frame's SigLIP states and the history
+FRAMEPACK_OPTIONAL = ("image_embeddings", "latent_indices", "clean_latents", "clean_latent_indices", "clean_latents_2x",
+                      "clean_latent_2x_indices", "clean_latents_4x", "clean_latent_4x_indices")  # fmt: skip
 HUNYUAN_IMAGE_OPTIONAL = ("text_mask", "byt5_text_states", "byt5_text_mask", "timestep_r")
 HUNYUAN_IMAGE_GUIDANCE = 3500.0  # 1000 × the distilled model's default guidance 3.5
 LTXV_INPUTS = ("x", "timestep", "context")
@@ -169,6 +173,8 @@ def optional_names(model) -> tuple[str, ...]:
     if getattr(model, "family", "") == "qwen_image":
         return ("ref_latents",)  # Qwen-Image-Edit's reference image, [B, 16, h', w']
     if getattr(model, "family", "") == "hunyuan_video":
+        if getattr(model, "clean", None) is not None or getattr(model, "image_proj", None) is not None:
+            return ("text_mask", *FRAMEPACK_OPTIONAL)
         return ("text_mask",)  # the prompt's tokens, [B, T]; default: every token
     if getattr(model, "family", "") == "hunyuan_video15":
         return HUNYUAN15_OPTIONAL
@@ -266,6 +272,9 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         }
         if model.guidance_in is not None:
             out["guidance"] = torch.full((batch,), HUNYUAN_GUIDANCE)
+        if getattr(model, "image_proj", None) is not None:  # FramePack: the first frame's SigLIP states
+            width_in = wshape(model.image_proj[0])[1]
+            out["image_embeddings"] = torch.randn(batch, FRAMEPACK_IMAGE_TOKENS, width_in, generator=g)
         return out
     if getattr(model, "family", "") == "hunyuan_image21":  # its 32x VAE's latent, no glyph text
         h, w = _latent(width, height, 32)

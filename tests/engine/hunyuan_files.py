@@ -216,3 +216,15 @@ def tencent_image(sd: dict) -> dict:
         else:
             rest[k] = v
     return {**tencent(rest), **own}
+
+
+def diffusers_framepack(seed: int = 24):
+    """A reduced FramePack (HunyuanVideo's reduced width and depth, with its history embedders and a 40-wide image
+    projection) in diffusers' class, well-scaled random weights: (model, its state dict)."""
+    from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+    model = HunyuanVideoFramepackTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128, num_layers=1, num_single_layers=1,
+        text_embed_dim=64, pooled_projection_dim=32, has_image_proj=True, image_proj_dim=40, has_clean_x_embedder=True,
+    )  # fmt: skip
+    return well_scaled(model, seed)
