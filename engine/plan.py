@@ -321,7 +321,8 @@ STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "une
               "lumina2": "nextdit", "auraflow": "auraflow", "wan21": "wan",
               "wan22": "wan", "hunyuan_video": "hunyuan_video",
               "hunyuan_video15": "hunyuan_video15", "ltxv": "ltxv",
-              "cosmos_predict2": "cosmos", "krea2": "krea2", "hunyuan_image21": "hunyuan_image21"}  # fmt: skip
+              "cosmos_predict2": "cosmos", "krea2": "krea2", "hunyuan_image21": "hunyuan_image21",
+              "sana": "sana"}  # fmt: skip
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
     "sd1": (512, 512),
@@ -348,6 +349,7 @@ NATIVE_PX = {
     "cosmos_predict2": (1360, 768),  # its Text2Image pipeline's default
     "krea2": (1024, 1024),
     "hunyuan_image21": (2048, 2048),  # its 2K
+    "sana": (1024, 1024),
 }
 
 

@@ -41,6 +41,15 @@ def shapes(model, got) -> dict:
         if "text_mask" in got:
             out["text_mask"] = (None, got["text_states"].shape[1] if got["text_states"].dim() == 3 else None)
         return _framepack_shapes(model, got, out)
+    if getattr(model, "family", "") == "sana":
+        out = {
+            "x": (None, model.in_channels, None, None),
+            "timesteps": (None,),
+            "context": (None, None, model.context_dim),
+        }
+        if "context_mask" in got:
+            out["context_mask"] = (None, got["context"].shape[1] if got["context"].dim() == 3 else None)
+        return out
     if getattr(model, "family", "") in ("hunyuan_video15", "hunyuan_image21"):
         return _hunyuan15_shapes(model, got)
     if getattr(model, "family", "") == "ltxv":

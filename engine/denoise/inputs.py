@@ -75,6 +75,10 @@ HunyuanImage 2.1 (its transformer's forward, batched): `x` [B, 64, h, w] latents
 scale), and optionally `text_mask` [B, T], `byt5_text_states` [B, L, 1472] with `byt5_text_mask` [B, L] (glyph
 text) and `timestep_r` [B] (the MeanFlow model's second time).
 
+Sana (NVlabs' `SanaMS.forward(x, timestep, y, mask)`, batched): `x` [B, 32, h, w] DC-AE latents (a 32nd of the
+pixels), `timesteps` [B] in 0–1000, `context` [B, T, 2304] Gemma 2 2B states (300 tokens in its pipeline), and
+optionally `context_mask` [B, T].
+
 Krea 2 (diffusers' Krea2Transformer2DModel, on Loadout's latent convention): `x` [B, 16, h, w] latents (2×2 patches
 inside, h and w even), `timesteps` [B] in 0–1 (1 is noise), `context` [B, T, L, 2560]: each prompt token's hidden
 states from L (12) layers of Qwen3-VL, and optionally `context_mask` [B, T] (1 for the prompt's tokens).
@@ -119,6 +123,7 @@ LTXV_INPUTS = ("x", "timestep", "context")
 COSMOS_INPUTS = ("x", "timesteps", "context")
 KREA2_INPUTS = ("x", "timesteps", "context")
 KREA2_TOKENS = 256
+SANA_TOKENS = 300  # the Sana pipeline's max_sequence_length
 COSMOS_TOKENS = 512  # the Cosmos Predict2 pipelines' T5 length
 LATENT_16 = 16
 ANIMA_TOKENS = 128  # a prompt's Qwen3 states and T5 ids (random inputs)
@@ -133,7 +138,10 @@ IMAGE_PATCHED = (
     "krea2",
 )  # `x` a [B, C, h, w] latent in 2×2 patches
 # video families' `x` [B, C, F, h, w]: (the side of a spatial patch, the VAE's spatial compression)
-IMAGE_LATENT = {"hunyuan_image21": (1, 32)}  # other image families' (patch side, VAE compression)
+IMAGE_LATENT = {
+    "hunyuan_image21": (1, 32),
+    "sana": (1, 32),
+}  # other image families' (patch side, VAE compression)
 VIDEO_LATENT = {
     "wan": (2, 8),
     "hunyuan_video": (2, 8),
@@ -180,7 +188,7 @@ def optional_names(model) -> tuple[str, ...]:
         return HUNYUAN15_OPTIONAL
     if getattr(model, "family", "") == "ltxv":
         return ("attention_mask", "frame_rate")
-    if getattr(model, "family", "") == "krea2":
+    if getattr(model, "family", "") in ("krea2", "sana"):
         return ("context_mask",)
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN_IMAGE_OPTIONAL
@@ -215,7 +223,7 @@ def names(model) -> tuple[str, ...]:
         return HUNYUAN15_INPUTS
     if getattr(model, "family", "") == "ltxv":
         return LTXV_INPUTS
-    if getattr(model, "family", "") == "krea2":
+    if getattr(model, "family", "") in ("krea2", "sana"):
         return KREA2_INPUTS
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN15_INPUTS + (("guidance",) if model.guidance_in is not None else ())
@@ -276,6 +284,13 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
             width_in = wshape(model.image_proj[0])[1]
             out["image_embeddings"] = torch.randn(batch, FRAMEPACK_IMAGE_TOKENS, width_in, generator=g)
         return out
+    if getattr(model, "family", "") == "sana":  # the DC-AE's 32x latent
+        h, w = _latent(width, height, 32)
+        return {
+            "x": torch.randn(batch, model.in_channels, h, w, generator=g),
+            "timesteps": torch.rand(batch, generator=g) * 1000.0,
+            "context": torch.randn(batch, SANA_TOKENS, model.context_dim, generator=g),
+        }
     if getattr(model, "family", "") == "hunyuan_image21":  # its 32x VAE's latent, no glyph text
         h, w = _latent(width, height, 32)
         out = {
