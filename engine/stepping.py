@@ -208,7 +208,8 @@ def _units(den, inputs: dict) -> int:
     if den.kind in IMAGE_PATCHED:
         ref = inputs.get("ref_latents")  # Qwen-Image-Edit's reference image: tokens of the same sequence
         more = (ref.shape[2] // 2) * (ref.shape[3] // 2) if ref is not None else 0
-        return first.shape[0] * ((first.shape[2] // 2) * (first.shape[3] // 2) + more)
+        frames = first.shape[2] if first.dim() == 5 else 1  # Qwen-Image-Layered's layers
+        return first.shape[0] * (frames * (first.shape[-2] // 2) * (first.shape[-1] // 2) + more)
     return first.shape[0] * (first.shape[2] * first.shape[3] if den.kind == "unet" else first.shape[1])
 
 
@@ -231,7 +232,7 @@ def _record(parts, req: Step, den, inputs: dict, result: StepResult) -> None:
 
     first = inputs[den.input_names[0]]
     if den.kind == "unet" or den.kind in IMAGE_PATCHED:
-        h, w = first.shape[2] * 8, first.shape[3] * 8
+        h, w = first.shape[-2] * 8, first.shape[-1] * 8
     elif den.kind in IMAGE_LATENT:
         h, w = first.shape[2] * IMAGE_LATENT[den.kind][1], first.shape[3] * IMAGE_LATENT[den.kind][1]
     elif den.kind in VIDEO_LATENT:

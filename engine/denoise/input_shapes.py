@@ -19,6 +19,8 @@ def shapes(model, got) -> dict:
         out = {x: (None, model.in_channels, None, None), t: (None,), text: (None, None, model.context_dim)}
         if "ref_latents" in got:  # Qwen-Image-Edit's reference image
             out["ref_latents"] = out[x]
+        if getattr(model, "layered", False):  # Qwen-Image-Layered: [B, 16, layers + 1, h, w]
+            out[x] = (None, model.in_channels, None, None, None)
         if "cap_mask" in got:  # Lumina 2's caption mask: one value per text token
             out["cap_mask"] = (None, got[text].shape[1] if got[text].dim() == 3 else None)
         return out

@@ -31,7 +31,8 @@ pixels, even), `t` [B] in 0–1000 (1000·sigma), `y` [B, 2048] pooled CLIP-L (7
 Qwen-Image (its pipeline around `QwenImageTransformer2DModel`): `x` [B, 16, h, w] latents (one frame;
 packed into 2×2 patches inside, h and w even), `timesteps` [B] in 0–1, `context` [B, T, 3584]
 Qwen2.5-VL states; for Qwen-Image-Edit optionally `ref_latents` [B, 16, h', w'], the reference image's
-latents (its own size, h' and w' even), which the edit pipelines append to the image tokens.
+latents (its own size, h' and w' even), which the edit pipelines append to the image tokens. Qwen-Image-Layered:
+`x` [B, 16, F, h, w], the F = layers + 1 latents it decomposes into, and `ref_latents` the input image's.
 
 Z-Image (its release's `ZImageTransformer2DModel.forward(x, t, cap_feats)`, batched): `x` [B, 16, h, w]
 latents (one frame; 2×2 patches inside, h and w even), `t` [B] in 0–1 as its pipeline passes it (1 − sigma:
@@ -156,6 +157,7 @@ PATCHED = (
 )  # (HunyuanVideo 1.5 patches 1×1×1)  # families whose `x` is cut into 2×2 patches
 TEXT_INPUTS = ("input_ids",)
 QWEN_TOKENS = 256  # Qwen2.5-VL prompt states (the pipeline drops its 34-token system prefix)
+LAYERED_FRAMES = 5  # Qwen-Image-Layered's pipeline default: 4 layers and the composite
 NEXTDIT_TOKENS = 128  # a prompt's Qwen3 states, chat template included (Z-Image keeps only the real tokens)
 AURAFLOW_TOKENS = 256  # the AuraFlow pipeline's max_sequence_length
 MMDIT_TOKENS = 154  # CLIP-L/G's 77 tokens then T5's 77 (SD3's reference sampling)
@@ -265,11 +267,15 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         h, w = _latent(width, height, 16)
         x, t, text = names(model)
         tokens = {"qwen_image": QWEN_TOKENS, "auraflow": AURAFLOW_TOKENS}.get(model.family, NEXTDIT_TOKENS)
-        return {
+        out = {
             x: torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
             t: torch.rand(batch, generator=g),
             text: torch.randn(batch, tokens, model.context_dim, generator=g),
         }
+        if getattr(model, "layered", False):  # its pipeline's 4 layers + the composite, and the input image
+            out["ref_latents"] = out[x]
+            out[x] = torch.randn(batch, model.in_channels, LAYERED_FRAMES, 2 * h, 2 * w, generator=g)
+        return out
     if getattr(model, "family", "") == "hunyuan_video":  # one latent frame, as Wan's
         h, w = _latent(width, height, 16)
         out = {

@@ -18,6 +18,11 @@ Qwen-Image pipeline's latent packing (written from that description, nothing cop
   the image token at patch row r, column c of an h × w grid sits at (0, r − (h − h//2), c − (w − w//2)),
   centred on the grid (`scale_rope`); text token i sits at s + i on all three axes, s = max(h//2, w//2).
 * out: `norm_out.linear`(SiLU(temb)) → (scale, shift) (diffusers' order), proj_out(LN(x)·(1 + scale) + shift).
+* Qwen-Image-Layered (diffusers' `use_layer3d_rope`, `use_additional_t_cond`; ComfyUI tells it by
+  `time_text_embed.addition_t_embedding`): x [B, 16, F, h, w], the F = layers + 1 latents it decomposes an image
+  into, each packed as above at frame f (0…F−1), and the input image's latents (`ref_latents`) at frame −1; the
+  text starts past the largest half-grid and past F; the time embedding plus `addition_t_embedding` row 0 (its
+  pipeline's `is_rgb`); the output is the F frames' tokens.
 * Qwen-Image-Edit (2509, 2511: the same weights' layout) takes the reference image's latents too, packed
   the same way and appended to the image tokens as frame 1 of a video (positions (1, row, column), centred
   on its own grid; the text starts past the largest grid); the output is the first frame's tokens. Edit
@@ -77,6 +82,18 @@ def positions(h: int, w: int, n_txt: int, *more: tuple[int, int]) -> tuple[torch
     return torch.cat(frames), txt
 
 
+def layered_positions(
+    f: int, h: int, w: int, ref: tuple[int, int], n_txt: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen-Image-Layered's ([F·h·w + h'·w', 3] image, [n_txt, 3] text) positions: frames 0…F−1, then the input
+    image at frame −1, each grid centred; the text from max(its half-grids, F) on."""
+    img, _ = positions(h, w, 0, *([(h, w)] * (f - 1)), ref)
+    img[f * h * w :, 0] = -1
+    start = max(max(h // 2, w // 2), max(ref[0] // 2, ref[1] // 2), f)
+    txt = (start + torch.arange(n_txt, dtype=torch.float32))[:, None].expand(n_txt, 3)
+    return img, txt
+
+
 def _pack(x: torch.Tensor) -> torch.Tensor:
     """[B, C, h, w] latents → [B, h/2 · w/2, 4C] tokens, channels first in each 2×2 patch."""
     b, c, height, width = x.shape
@@ -99,6 +116,7 @@ class QwenImage:
     heads: int
     dtype: torch.dtype = torch.float32
     zero_cond: bool = False  # Edit 2511: the reference tokens modulated by the embedding of t = 0
+    addition_t: object = None  # Qwen-Image-Layered's `addition_t_embedding` [2, D]
     family = "qwen_image"
 
     @property
@@ -109,7 +127,13 @@ class QwenImage:
     def context_dim(self) -> int:
         return wshape(self.txt_in)[1]
 
+    @property
+    def layered(self) -> bool:
+        return self.addition_t is not None
+
     def __call__(self, x, timesteps, context, ref_latents=None) -> torch.Tensor:
+        if self.layered:
+            return self._layered(x, timesteps, context, ref_latents)
         dt = self.dtype
         b, c, height, width = x.shape
         h, w = height // 2, width // 2
@@ -133,6 +157,32 @@ class QwenImage:
         out = self.proj_out((1 + scale) * layer_norm(img[:, : h * w]) + shift)
         co = out.shape[-1] // 4
         return out.reshape(b, h, w, co, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, co, height, width)
+
+    def _layered(self, x, timesteps, context, ref_latents):
+        if x.dim() != 5 or ref_latents is None:
+            raise ValueError(
+                "Qwen-Image-Layered takes x [B, 16, layers + 1, h, w] and the input image's ref_latents"
+            )
+        dt = self.dtype
+        b, c, f, height, width = x.shape
+        h, w = height // 2, width // 2
+        frames = [_pack(x[:, :, i].to(dt)) for i in range(f)]
+        img = self.img_in(torch.cat([*frames, _pack(ref_latents.to(dt))], 1))
+        e = timestep_embedding(TIME_FACTOR * timesteps.float(), 256).to(dt)
+        temb = self.time[1](F.silu(self.time[0](e))) + self.addition_t.cast_params(e)[0][0]  # is_rgb = 0
+        ts = F.silu(temb)
+        txt = self.txt_in(self.txt_norm(context.to(dt)).to(dt))
+        ipos, tpos = layered_positions(
+            f, h, w, (ref_latents.shape[-2] // 2, ref_latents.shape[-1] // 2), txt.shape[1]
+        )
+        pe = rope_table(torch.cat([tpos, ipos]).to(x.device)[None])
+        for blk in self.blocks:
+            img, txt = self._block(blk, img, txt, ts, pe)
+        scale, shift = self.norm_out(ts)[:, None].chunk(2, dim=-1)
+        out = self.proj_out((1 + scale) * layer_norm(img[:, : f * h * w]) + shift)
+        co = out.shape[-1] // 4
+        out = out.reshape(b, f, h, w, co, 2, 2).permute(0, 4, 1, 2, 5, 3, 6)
+        return out.reshape(b, co, f, height, width)
 
     def _block(self, blk: Block, img, txt, ts, pe, split=None):
         b = txt.shape[0]
@@ -169,7 +219,13 @@ class QwenImage:
         return img, txt
 
     def op_order(self) -> list:
-        order = [self.img_in, *self.time, self.txt_norm, self.txt_in]
+        order = [
+            self.img_in,
+            *self.time,
+            *([self.addition_t] if self.layered else []),
+            self.txt_norm,
+            self.txt_in,
+        ]
         for blk in self.blocks:
             order += blk.ops()
         return [*order, self.norm_out, self.proj_out]
@@ -196,8 +252,7 @@ def _gated(gate, y, split):
 
 
 def bind_qwen_image(ops: Ops, architecture: str, dtype: torch.dtype) -> QwenImage:
-    if "time_text_embed.addition_t_embedding" in ops:
-        raise UnsupportedModel(f"{ops.what}: Qwen-Image-Layered is not stepped yet (Loadout runs Qwen-Image)")
+    addition_t = ops.get("time_text_embed.addition_t_embedding")  # Qwen-Image-Layered
     root = ops.get("")
     zero_cond = hasattr(root or object(), "__index_timestep_zero__")  # ComfyUI's marker of Edit 2511
     hidden = wshape(ops["img_in"])[0]
@@ -219,5 +274,5 @@ def bind_qwen_image(ops: Ops, architecture: str, dtype: torch.dtype) -> QwenImag
     te = "time_text_embed.timestep_embedder"
     return QwenImage(
         architecture, ops["img_in"], ops["txt_norm"], ops["txt_in"], (ops[f"{te}.linear_1"], ops[f"{te}.linear_2"]),
-        blocks, ops["norm_out.linear"], ops["proj_out"], hidden // HEAD_DIM, dtype, zero_cond,
+        blocks, ops["norm_out.linear"], ops["proj_out"], hidden // HEAD_DIM, dtype, zero_cond, addition_t,
     )  # fmt: skip
