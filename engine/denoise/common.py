@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -132,6 +133,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> 
     q, k, v = (t.reshape(b, -1, heads, d).transpose(1, 2) for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v)
     return out.transpose(1, 2).reshape(b, n, inner)
+
+
+@dataclass
+class NormedAttn:
+    """An attention's q, k, v and output projections with q / k norms (LTX-Video's, Cosmos', Anima's adapter's),
+    fetched in call order: q, its norm, k, its norm, v, o."""
+
+    q: object
+    k: object
+    v: object
+    o: object
+    q_norm: object
+    k_norm: object
+
+    def ops(self) -> list:
+        return [self.q, self.q_norm, self.k, self.k_norm, self.v, self.o]
 
 
 class Ops:

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
+from .common import NormedAttn as Attn
 from .common import Ops, layer_norm, merge_heads, rms_norm_with, split_heads, timestep_embedding, wshape
 
 PATCH = (1, 2, 2)
@@ -54,19 +55,6 @@ THETA = 10000.0
 # (Video2World?, width) -> RoPE NTK scales (t, h, w): the Predict2 configs' facts, not in the weights
 ROPE_SCALE = {(False, 2048): (1.0, 4.0, 4.0), (False, 5120): (1.0, 4.0, 4.0), (True, 2048): (1.0, 3.0, 3.0),
               (True, 5120): (20 / 24, 2.0, 2.0)}  # fmt: skip
-
-
-@dataclass
-class Attn:
-    q: object
-    k: object
-    v: object
-    o: object
-    q_norm: object
-    k_norm: object
-
-    def ops(self) -> list:
-        return [self.q, self.q_norm, self.k, self.k_norm, self.v, self.o]
 
 
 @dataclass

@@ -20,12 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
-from .common import Ops, layer_norm_with, mlp2, timestep_embedding
+from .common import Ops, mlp2, timestep_embedding
 from .flux import rope_table
-from .hunyuan_video import THETA, HunyuanVideo, _mask, bind_common
+from .hunyuan_video import BYT5, THETA, HunyuanVideo, _mask, bind_with_own, byt5_project
 
 PATCH = (1, 1)
 AXES = (64, 64)
@@ -64,8 +63,7 @@ class HunyuanImage21(HunyuanVideo):
         mask = _mask(text_mask)
         txt = self._refine(text_states, t, mask)
         if self.byt5 is not None and byt5_text_states is not None:
-            norm, fc1, fc2, fc3 = self.byt5
-            g = fc3(F.gelu(fc2(F.gelu(fc1(layer_norm_with(norm, byt5_text_states.to(dt), LN_EPS))))))
+            g = byt5_project(self.byt5, byt5_text_states.to(dt))
             b = x.shape[0]
             glyph = (
                 byt5_text_mask.bool()
@@ -101,11 +99,9 @@ class HunyuanImage21(HunyuanVideo):
         return order
 
 
-# (Tencent's / ComfyUI's path, diffusers' path) of 2.1's own layers
+# (Tencent's / ComfyUI's paths, diffusers' paths) of 2.1's own layers
 _OWN = {
-    "byt5": (("byt5_in.layernorm", "byt5_in.fc1", "byt5_in.fc2", "byt5_in.fc3"),
-             ("context_embedder_2.norm", "context_embedder_2.linear_1", "context_embedder_2.linear_2",
-              "context_embedder_2.linear_3")),
+    "byt5": BYT5,
     "time_r": (("time_r_in.mlp.0", "time_r_in.mlp.2"),
                ("time_guidance_embed.timestep_embedder_r.linear_1", "time_guidance_embed.timestep_embedder_r.linear_2")),
 }  # fmt: skip
@@ -115,20 +111,11 @@ def bind_hunyuan_image(
     ops: Ops, mods: dict, architecture: str, dtype: torch.dtype
 ) -> tuple[str, HunyuanImage21]:
     """(naming, the forward) of a HunyuanImage 2.1 transformer in any of its three namings."""
-    if "time_r_in.in_layer" in mods:  # ComfyUI's MLPEmbedder names for the MeanFlow time
-        mods = {{"time_r_in.in_layer": "time_r_in.mlp.0", "time_r_in.out_layer": "time_r_in.mlp.2"}.get(p, p): m
-                for p, m in mods.items()}  # fmt: skip
-        ops = ops.renamed(mods)
-    naming, ops, fields = bind_common(ops, mods, PATCH)
-    side = 1 if naming == "diffusers" else 0
-
-    def group(name: str):
-        paths = _OWN[name][side]
-        return tuple(ops[p] for p in paths) if paths[0] in ops else None
-
+    naming, ops, fields, own = bind_with_own(ops, mods, PATCH, _OWN)
     if fields["vector_in"] is not None:
         raise UnsupportedModel(
             f"{ops.what}: a pooled-text embedder beside HunyuanImage 2.1's layers: not a release"
         )
-    return naming, HunyuanImage21(architecture=architecture, dtype=dtype, **fields, byt5=group("byt5"),
-                                  time_r=group("time_r"))  # fmt: skip
+    return naming, HunyuanImage21(
+        architecture=architecture, dtype=dtype, **fields, byt5=own["byt5"], time_r=own["time_r"]
+    )

@@ -54,43 +54,12 @@ from .common import (
     timestep_embedding,
     wshape,
 )
-from .flux import Proj, rope_table
+from .flux import Proj, Single, Stream, rope_table  # FLUX.1's streams and single blocks, as HunyuanVideo's
 
 AXES = (16, 56, 56)
 THETA = 256.0
 EPS = 1e-6
 PATCH = (1, 2, 2)
-
-
-@dataclass
-class Stream:
-    """One stream (img or txt) of a double block."""
-
-    mod: object
-    qkv: Proj
-    q_norm: object
-    k_norm: object
-    proj: object
-    fc1: object
-    fc2: object
-
-    def ops_before_attention(self) -> list:
-        return [*self.qkv.ops(), self.q_norm, self.k_norm]
-
-    def ops_after_attention(self) -> list:
-        return [self.proj, self.fc1, self.fc2]
-
-
-@dataclass
-class Single:
-    mod: object
-    linear1: Proj
-    q_norm: object
-    k_norm: object
-    linear2: object
-
-    def ops(self) -> list:
-        return [self.mod, *self.linear1.ops(), self.q_norm, self.k_norm, self.linear2]
 
 
 @dataclass
@@ -263,7 +232,7 @@ class HunyuanVideo:
             order += blk.ops()
         for i, s in self.doubles:
             order += [i.mod, s.mod, *i.ops_before_attention(), *s.ops_before_attention(),
-                      *i.ops_after_attention(), *s.ops_after_attention()]  # fmt: skip
+                      i.proj, i.mlp_in, i.mlp_out, s.proj, s.mlp_in, s.mlp_out]  # fmt: skip
         for blk in self.singles:
             order += blk.ops()
         return [*order, self.final_mod, self.final_linear]
@@ -271,8 +240,8 @@ class HunyuanVideo:
 
 def _after(s: Stream, x, attn, m):
     x = x + m[2] * s.proj(attn)
-    y = s.fc1((1 + m[4]) * layer_norm(x) + m[3])
-    return x + m[5] * s.fc2(F.gelu(y, approximate="tanh"))
+    y = s.mlp_in((1 + m[4]) * layer_norm(x) + m[3])
+    return x + m[5] * s.mlp_out(F.gelu(y, approximate="tanh"))
 
 
 def _mask(mask) -> torch.Tensor | None:
@@ -338,6 +307,35 @@ def bind_common(ops: Ops, mods: dict, patch: tuple[int, ...]) -> tuple[str, Ops,
     if naming == "comfyui":
         ops = ops.renamed({_to_tencent(p, ops): m for p, m in mods.items()})
     return naming, ops, _bind_tencent(ops, patch)
+
+
+# (Tencent's / ComfyUI's paths, diffusers' paths) of the byT5 glyph projection HunyuanVideo 1.5 and HunyuanImage 2.1 share
+BYT5 = (("byt5_in.layernorm", "byt5_in.fc1", "byt5_in.fc2", "byt5_in.fc3"),
+        ("context_embedder_2.norm", "context_embedder_2.linear_1", "context_embedder_2.linear_2",
+         "context_embedder_2.linear_3"))  # fmt: skip
+BYT5_EPS = 1e-5  # torch's LayerNorm default, which the projection keeps
+
+
+def bind_with_own(ops: Ops, mods: dict, patch: tuple[int, ...], own: dict) -> tuple[str, Ops, dict, dict]:
+    """bind_common (after ComfyUI's MLPEmbedder names of a MeanFlow time, `time_r_in.in_layer`), and each group of
+    the family's own layers in `own` (name -> (Tencent's paths, diffusers' paths)): its ops, None where absent."""
+    if "time_r_in.in_layer" in mods:
+        mods = {{"time_r_in.in_layer": "time_r_in.mlp.0", "time_r_in.out_layer": "time_r_in.mlp.2"}.get(p, p): m
+                for p, m in mods.items()}  # fmt: skip
+        ops = ops.renamed(mods)
+    naming, ops, fields = bind_common(ops, mods, patch)
+    side = 1 if naming == "diffusers" else 0
+    groups = {
+        name: tuple(ops[p] for p in paths[side]) if paths[side][0] in ops else None
+        for name, paths in own.items()
+    }
+    return naming, ops, fields, groups
+
+
+def byt5_project(byt5: tuple, states: torch.Tensor) -> torch.Tensor:
+    """The byT5 glyph states through their projection: LayerNorm, fc1, GELU, fc2, GELU, fc3."""
+    norm, fc1, fc2, fc3 = byt5
+    return fc3(F.gelu(fc2(F.gelu(fc1(layer_norm_with(norm, states, BYT5_EPS))))))
 
 
 def _to_tencent(path: str, ops: Ops) -> str:

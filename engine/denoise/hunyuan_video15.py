@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
 from .common import Ops, layer_norm_with, mlp2, timestep_embedding
-from .hunyuan_video import HunyuanVideo, _mask, bind_common
+from .hunyuan_video import BYT5, HunyuanVideo, _mask, bind_with_own, byt5_project
 
 PATCH = (1, 1, 1)
 LN_EPS = 1e-5  # torch's LayerNorm default: the byT5 and image projections' norms
@@ -74,9 +74,7 @@ class HunyuanVideo15(HunyuanVideo):
         rows = self.cond_type.cast_params(txt)[0]  # the three token types' rows: text, glyph, image
         parts, masks = [txt + rows[0]], [_full(text_mask, txt)]
         if self.byt5 is not None and byt5_text_states is not None:
-            norm, fc1, fc2, fc3 = self.byt5
-            g = layer_norm_with(norm, byt5_text_states.to(dt), LN_EPS)
-            parts.append(fc3(F.gelu(fc2(F.gelu(fc1(g))))) + rows[1])
+            parts.append(byt5_project(self.byt5, byt5_text_states.to(dt)) + rows[1])
             masks.append(_full(byt5_text_mask, parts[-1]))
         if self.vision is not None:
             n_in, fc1, fc2, n_out = self.vision
@@ -107,7 +105,7 @@ class HunyuanVideo15(HunyuanVideo):
         order += [self.cond_type, *(self.byt5 or ()), *(self.vision or ())]
         for i, s in self.doubles:
             order += [i.mod, s.mod, *i.ops_before_attention(), *s.ops_before_attention(),
-                      *i.ops_after_attention(), *s.ops_after_attention()]  # fmt: skip
+                      i.proj, i.mlp_in, i.mlp_out, s.proj, s.mlp_in, s.mlp_out]  # fmt: skip
         for blk in self.singles:
             order += blk.ops()
         return [*order, self.final_mod, self.final_linear]
@@ -120,12 +118,10 @@ def _full(mask, like: torch.Tensor) -> torch.Tensor:
     return mask.bool()
 
 
-# (Tencent's / ComfyUI's path, diffusers' path) of 1.5's own layers
+# (Tencent's / ComfyUI's paths, diffusers' paths) of 1.5's own layers
 _OWN = {
-    "cond_type": ("cond_type_embedding", "cond_type_embed"),
-    "byt5": (("byt5_in.layernorm", "byt5_in.fc1", "byt5_in.fc2", "byt5_in.fc3"),
-             ("context_embedder_2.norm", "context_embedder_2.linear_1", "context_embedder_2.linear_2",
-              "context_embedder_2.linear_3")),
+    "cond_type": (("cond_type_embedding",), ("cond_type_embed",)),
+    "byt5": BYT5,
     "vision": (("vision_in.proj.0", "vision_in.proj.1", "vision_in.proj.3", "vision_in.proj.4"),
                ("image_embedder.norm_in", "image_embedder.linear_1", "image_embedder.linear_2",
                 "image_embedder.norm_out")),
@@ -138,22 +134,13 @@ def bind_hunyuan_video15(
     ops: Ops, mods: dict, architecture: str, dtype: torch.dtype
 ) -> tuple[str, HunyuanVideo15]:
     """(naming, the forward) of a HunyuanVideo 1.5 transformer in any of its three namings."""
-    if "time_r_in.in_layer" in mods:  # ComfyUI's MLPEmbedder names for the MeanFlow time
-        mods = {{"time_r_in.in_layer": "time_r_in.mlp.0", "time_r_in.out_layer": "time_r_in.mlp.2"}.get(p, p): m
-                for p, m in mods.items()}  # fmt: skip
-        ops = ops.renamed(mods)
-    naming, ops, fields = bind_common(ops, mods, PATCH)
-    side = 1 if naming == "diffusers" else 0
-
-    def group(name: str):
-        paths = _OWN[name][side]
-        return tuple(ops[p] for p in paths) if paths[0] in ops else None
-
-    cond = _OWN["cond_type"][side]
-    if cond not in ops:
-        raise UnsupportedModel(f"{ops.what}: no {cond} — not a HunyuanVideo 1.5 transformer Loadout can run")
-    model = HunyuanVideo15(architecture=architecture, dtype=dtype, **fields, cond_type=ops[cond],
-                           byt5=group("byt5"), vision=group("vision"), time_r=group("time_r"))  # fmt: skip
+    naming, ops, fields, own = bind_with_own(ops, mods, PATCH, _OWN)
+    if own["cond_type"] is None:
+        raise UnsupportedModel(
+            f"{ops.what}: no cond_type_embedding — not a HunyuanVideo 1.5 transformer Loadout can run"
+        )
+    model = HunyuanVideo15(architecture=architecture, dtype=dtype, **fields, cond_type=own["cond_type"][0],
+                           byt5=own["byt5"], vision=own["vision"], time_r=own["time_r"])  # fmt: skip
     if model.vector_in is not None or model.guidance_in is not None:
         raise UnsupportedModel(
             f"{ops.what}: a pooled-text or guidance embedder beside 1.5's layers: not a release"

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
+from .common import NormedAttn as Attn
 from .common import (
     Ops,
     held,
@@ -57,19 +58,6 @@ FRAME_RATE = 25.0
 TIME_SCALE = 1000.0
 QK_EPS = 1e-5
 RMS_EPS = 1e-6
-
-
-@dataclass
-class Attn:
-    q: object
-    k: object
-    v: object
-    o: object
-    q_norm: object
-    k_norm: object
-
-    def ops(self) -> list:
-        return [self.q, self.q_norm, self.k, self.k_norm, self.v, self.o]
 
 
 @dataclass
