@@ -152,7 +152,8 @@ class LoadedPanel(QWidget):
             f" · streamed {human_bytes(r.streamed_bytes_per_step)}/step" if r.streamed_bytes_per_step else ""
         )
         self.step_label.setText(
-            f"<b>{r.s_per_step:.2f} s/step</b> ({r.mode}, {r.steps} steps, first {r.first_step_s:.2f} s) · peak "
+            f"<b>{r.s_per_step:.2f} s/step</b> {os.path.basename(r.model)} ({r.mode}, {r.steps} steps, first "
+            f"{r.first_step_s:.2f} s) · peak "
             f"{human_bytes(r.peak_device_bytes)} · resident {human_bytes(r.resident_bytes)}{streamed} on {r.device}"
         )  # fmt: skip
         if r.snapshot is not None:

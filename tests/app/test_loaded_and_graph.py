@@ -3,6 +3,8 @@ pin it, unload it — the table, the graph's band and the process RAM line all f
 
 from __future__ import annotations
 
+import os
+
 import psutil
 from app_test_support import wait_job
 
@@ -137,6 +139,7 @@ def test_try_a_step_reports_speed_and_memory_and_stop_keeps_the_ledger(qtbot, wi
     assert r.steps == 2 and r.input_shapes["x"][-1] == 256 // 8 and r.s_per_step > 0
     text = panel.step_label.text()
     assert "s/step" in text and "peak" in text and r.mode in text
+    assert os.path.basename(r.model) in text  # which file it was: the table's selection may be another's
     assert any(kind == "StepFinished" for _, kind, _ in w.graph.events)
     assert panel.step_button.isEnabled()
     ledger = [(c.name, c.device_bytes, c.ram_bytes) for c in w.client.snapshot().components]
