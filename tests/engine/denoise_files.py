@@ -511,3 +511,25 @@ def step_full_and_partial(path, tmp_path, budget_gb: float, **step) -> dict:
         assert r.mode == name
         runs[name] = (r, SafetensorsFile(tmp_path / f"{name}.safetensors").tensor("out").clone())
     return runs
+
+
+def lora_step(model, lora: dict, strength: float, inputs: dict, tmp_path, budget_gb: float | None = None):
+    """One Step of `model` on `inputs` with the LoRA `lora` (tensors, written beside them) at `strength`, in its own
+    Engine on the CPU, fully resident (None) or under `budget_gb`: (the result, its output)."""
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.formats.safetensors import SafetensorsFile
+    from engine.requests import StackItem, Step
+
+    write(tmp_path / "in.safetensors", inputs)
+    lora_path = write(tmp_path / "lora.safetensors", lora)
+    out = tmp_path / f"out_{budget_gb}.safetensors"
+    e = Engine()
+    e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget_gb))
+    try:
+        r = e.run(Step(str(model), loras=(StackItem(str(lora_path), strength),), inputs=str(tmp_path / "in.safetensors"),
+                       out=str(out)))  # fmt: skip
+    finally:
+        e.close()
+    assert r.mode == ("full" if budget_gb is None else "partial")
+    return r, SafetensorsFile(out).tensor("out")

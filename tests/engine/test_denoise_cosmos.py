@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_op_order, check_steps_alike, rel_l2, well_scaled, write
+from denoise_files import check_op_order, check_steps_alike, lora_step, rel_l2, well_scaled, write
 
 from engine import denoise
 from engine.detect import detect_file
@@ -214,24 +214,6 @@ def test_anima_runs_its_llm_adapter_and_equals_diffusers(tmp_path):
     check_op_order(path, "cosmos_predict2", "net.", plain=2)  # the adapter's ops first, then the DiT's
 
 
-def _lora_step(model, lora: dict, strength: float, x: dict, tmp_path, budget):
-    from engine.devices import DeviceOptions
-    from engine.facade import Engine
-    from engine.formats.safetensors import SafetensorsFile
-    from engine.requests import StackItem, Step
-
-    write(tmp_path / "in.safetensors", x)
-    e = Engine()
-    e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
-    try:
-        r = e.run(Step(str(model), loras=(StackItem(str(write(tmp_path / "lora.safetensors", lora)), strength),),
-                       inputs=str(tmp_path / "in.safetensors"), out=str(tmp_path / "out.safetensors")))  # fmt: skip
-    finally:
-        e.close()
-    assert r.mode == ("full" if budget is None else "partial")
-    return r, SafetensorsFile(tmp_path / "out.safetensors").tensor("out")
-
-
 @pytest.mark.parametrize("budget", [None, 0.002])
 @pytest.mark.parametrize("naming", ["diffusers", "kohya"])
 def test_loras_in_either_naming_on_the_release_file_equal_diffusers_merged(cosmos, tmp_path, naming, budget):
@@ -270,6 +252,6 @@ def test_loras_in_either_naming_on_the_release_file_equal_diffusers_merged(cosmo
         finally:
             ref.load_state_dict(sd)
     assert rel_l2(plain, want) > 100 * TOL
-    r, out = _lora_step(rel_path, lora, strength, x, tmp_path, budget)
+    r, out = lora_step(rel_path, lora, strength, x, tmp_path, budget)
     assert r.loras and r.loras[0]["mapped"] == len(names), r.loras
     assert rel_l2(out, want) <= TOL

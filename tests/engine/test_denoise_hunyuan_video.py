@@ -16,6 +16,7 @@ from denoise_files import (
     check_gguf_like_its_twin,
     check_op_order,
     check_steps_alike,
+    lora_step,
     rel_l2,
     write,
 )
@@ -146,10 +147,6 @@ def test_the_lora_in_musubi_tuner_names_equals_diffusers_merged(hunyuan, tmp_pat
     """A LoRA as musubi-tuner saves one for HunyuanVideo (`lora_unet_` + Tencent's module path, dots as
     underscores, `alpha`), fully resident (baked) and partially (on the fly), on the release file: equal to
     diffusers' model with the same ΔW merged into its split q / k / v rows by hand."""
-    from engine.devices import DeviceOptions
-    from engine.facade import Engine
-    from engine.formats.safetensors import SafetensorsFile
-    from engine.requests import StackItem, Step
 
     files, ref, sd = hunyuan
     g = torch.Generator().manual_seed(12)
@@ -175,10 +172,8 @@ def test_the_lora_in_musubi_tuner_names_equals_diffusers_merged(hunyuan, tmp_pat
         delta = strength * (2.0 / rank) * (b @ a)
         for row, part in zip(rows, delta.chunk(len(rows)), strict=True):
             merged[f"{row}.weight"] = sd[f"{row}.weight"] + part
-    lora_path = write(tmp_path / "musubi_lora.safetensors", lora)
     den = _bound(files["tencent"])
     inputs = den.random_inputs(32, 32, seed=6)
-    write(tmp_path / "in.safetensors", inputs)
     with torch.inference_mode():
         plain = _diffusers(ref, inputs)
     ref.load_state_dict(merged)
@@ -187,17 +182,9 @@ def test_the_lora_in_musubi_tuner_names_equals_diffusers_merged(hunyuan, tmp_pat
             want = _diffusers(ref, inputs)
         assert rel_l2(plain, want) > 100 * TOL  # the LoRA changes the output well beyond the tolerance
         for budget in (None, 0.004):
-            e = Engine()
-            e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
-            out_path = tmp_path / f"out_{budget}.safetensors"
-            try:
-                r = e.run(Step(str(files["tencent"]), loras=(StackItem(str(lora_path), strength),),
-                               inputs=str(tmp_path / "in.safetensors"), out=str(out_path)))  # fmt: skip
-            finally:
-                e.close()
-            assert r.mode == ("full" if budget is None else "partial")
+            r, out = lora_step(files["tencent"], lora, strength, inputs, tmp_path, budget)
             assert r.loras and r.loras[0]["mapped"] == len(targets), r.loras
-            assert rel_l2(SafetensorsFile(out_path).tensor("out"), want) <= TOL
+            assert rel_l2(out, want) <= TOL
     finally:
         ref.load_state_dict(sd)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_op_order, check_steps_alike, rel_l2, well_scaled, write
+from denoise_files import check_op_order, check_steps_alike, lora_step, rel_l2, well_scaled, write
 
 from engine import denoise
 from engine.detect import detect_file
@@ -145,11 +145,6 @@ def test_a_lora_in_the_other_naming_equals_diffusers_merged(krea2, tmp_path, bas
     """A PEFT LoRA in diffusers' names (ai-toolkit) on the release file, and one in the release's names (a trainer
     of the original code) on a diffusers file, baked: equal to diffusers' model with the ΔW merged by hand —
     text-fusion layers included."""
-    from engine.devices import DeviceOptions
-    from engine.facade import Engine
-    from engine.formats.safetensors import SafetensorsFile
-    from engine.requests import StackItem, Step
-
     files, ref, sd = krea2
     g = torch.Generator().manual_seed(21)
     names = {"transformer_blocks.0.attn.to_q": "blocks.0.attn.wq", "transformer_blocks.1.attn.to_gate": "blocks.1.attn.gate",
@@ -173,13 +168,6 @@ def test_a_lora_in_the_other_naming_equals_diffusers_merged(krea2, tmp_path, bas
         finally:
             ref.load_state_dict(sd)
     assert rel_l2(plain, want) > 100 * TOL
-    write(tmp_path / "in.safetensors", x)
-    e = Engine()
-    e.detect(DeviceOptions(cpu=True))
-    try:
-        r = e.run(Step(str(files[base]), loras=(StackItem(str(write(tmp_path / "lora.safetensors", lora)), strength),),
-                       inputs=str(tmp_path / "in.safetensors"), out=str(tmp_path / "out.safetensors")))  # fmt: skip
-    finally:
-        e.close()
+    r, out = lora_step(files[base], lora, strength, x, tmp_path)
     assert r.loras and r.loras[0]["mapped"] == len(names), r.loras
-    assert rel_l2(SafetensorsFile(tmp_path / "out.safetensors").tensor("out"), want) <= TOL
+    assert rel_l2(out, want) <= TOL

@@ -12,6 +12,7 @@ from denoise_files import (
     check_gguf_like_its_twin,
     check_op_order,
     check_steps_alike,
+    lora_step,
     rel_l2,
     well_scaled,
     write,
@@ -170,10 +171,6 @@ def test_a_diffusers_named_lora_on_the_release_file_equals_diffusers_merged(ltxv
     """A PEFT LoRA as diffusers' and musubi-tuner's LTX-Video trainers save it (`transformer.` + diffusers' names,
     `proj_in` and `time_embed.linear` among them, which the release calls otherwise), fully resident (baked)
     and partially (on the fly), on the release file: equal to diffusers' model with the LoRA merged by hand."""
-    from engine.devices import DeviceOptions
-    from engine.facade import Engine
-    from engine.formats.safetensors import SafetensorsFile
-    from engine.requests import StackItem, Step
 
     files, ref, sd = ltxv
     g = torch.Generator().manual_seed(13)
@@ -188,7 +185,6 @@ def test_a_diffusers_named_lora_on_the_release_file_equals_diffusers_merged(ltxv
         merged[f"{name}.weight"] = w + strength * (b @ a)
     den = _bound(files["release"])
     x = den.random_inputs(64, 64, seed=6)
-    write(tmp_path / "in.safetensors", x)
     with torch.inference_mode():
         plain = _diffusers(ref, x)
     ref.load_state_dict(merged)
@@ -198,16 +194,9 @@ def test_a_diffusers_named_lora_on_the_release_file_equals_diffusers_merged(ltxv
     finally:
         ref.load_state_dict(sd)
     assert rel_l2(plain, want) > 100 * TOL
-    e = Engine()
-    e.detect(DeviceOptions(cpu=True, vram_budget_gb=budget))
-    try:
-        r = e.run(Step(str(files["release"]), loras=(StackItem(str(write(tmp_path / "lora.safetensors", lora)), strength),),
-                       inputs=str(tmp_path / "in.safetensors"), out=str(tmp_path / "out.safetensors")))  # fmt: skip
-    finally:
-        e.close()
-    assert r.mode == ("full" if budget is None else "partial")
+    r, out = lora_step(files["release"], lora, strength, x, tmp_path, budget)
     assert r.loras and r.loras[0]["mapped"] == len(names), r.loras
-    assert rel_l2(SafetensorsFile(tmp_path / "out.safetensors").tensor("out"), want) <= TOL
+    assert rel_l2(out, want) <= TOL
 
 
 def test_a_step_records_its_tokens_and_pixel_size_for_the_plan(ltxv, tmp_path, monkeypatch):
