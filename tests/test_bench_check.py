@@ -109,6 +109,93 @@ def test_a_change_within_the_lines_slack_is_no_regression_however_large_its_perc
     assert not row(rep, "delay").regressed
 
 
+def ref(name, bench, base_value, *, ratio=1.0, ref_name=None):
+    """A ratio line whose reference workload (code that is not ours) took `base_value` seconds."""
+    return line(
+        name, ratio, bench=bench, baseline=ref_name or f"{name}'s reference", baseline_value=base_value
+    )
+
+
+def timed(name, bench, value, **extra):
+    return line(name, value=value, judged="value", bench=bench, **extra)
+
+
+def test_a_time_judged_by_value_is_divided_by_its_benchmarks_machine_speed():
+    then = [ref("cold", "load", 1.0), ref("warm", "load", 0.1), timed("unload", "load", 0.016)]
+    # the machine ran both references 2x slower, and our unload with them: no regression
+    slow = [ref("cold", "load", 2.0), ref("warm", "load", 0.2), timed("unload", "load", 0.032)]
+    rep = report(slow, then)
+    r = row(rep, "unload")
+    assert r.scale == pytest.approx(2.0) and r.now == pytest.approx(0.016) and not r.regressed and rep.ok
+    assert row(rep, "cold").scale == 1.0  # a ratio's reference ran beside it: never scaled
+    # the same figure on an unchanged machine is a regression: the factor comes from the references only
+    same = [ref("cold", "load", 1.0), ref("warm", "load", 0.1), timed("unload", "load", 0.032)]
+    assert row(report(same, then), "unload").regressed
+    # unscaled (the old check), the slow machine's figure read as a regression
+    assert check.compare(check.best_of(slow), check.best_of(then), scaled=False).regressions
+
+
+def test_one_reference_workload_is_not_a_benchmarks_speed_the_median_of_all_is():
+    then = [ref("a", "x", 1.0), ref("b", "y", 1.0), ref("c", "y", 1.0), ref("d", "z", 1.0),
+            ref("g", "gguf", 1.0), timed("build", "gguf", 0.030)]  # fmt: skip
+    # gguf's one reader ran faster (0.5x) while the machine ran the others 1.5x: its build is judged by 1.5
+    now = [ref("a", "x", 1.5), ref("b", "y", 1.5), ref("c", "y", 1.4), ref("d", "z", 1.6),
+           ref("g", "gguf", 0.5), timed("build", "gguf", 0.040)]  # fmt: skip
+    speed = check.machine_speed(check.best_of(now), check.best_of(then))
+    assert "gguf" not in speed and "x" not in speed and speed["y"] == pytest.approx(1.45)
+    assert speed[None] == pytest.approx(1.5)  # the median of the five workloads
+    r = row(report(now, then), "build")
+    assert r.scale == pytest.approx(1.5) and not r.regressed
+
+
+def test_a_reference_behind_several_figures_counts_once():
+    then = [ref("apply", "patch", 2.0, ref_name="fp32 loop"), ref("key_map", "patch", 2.0, ref_name="fp32 loop"),
+            ref("restore", "patch", 0.01), timed("t", "patch", 1.0)]  # fmt: skip
+    now = [ref("apply", "patch", 8.0, ref_name="fp32 loop"), ref("key_map", "patch", 8.0, ref_name="fp32 loop"),
+           ref("restore", "patch", 0.02), timed("t", "patch", 1.0)]  # fmt: skip
+    # two distinct workloads (4x and 2x): their median 3x, not the 4x the duplicated one would make it
+    assert check.machine_speed(check.best_of(now), check.best_of(then))["patch"] == pytest.approx(3.0)
+
+
+def test_goals_bytes_and_decibels_are_judged_as_measured():
+    then = [ref("cold", "load", 1.0), ref("warm", "load", 1.0),
+            timed("disk", "load", 0.030, goal=0.05), line("peak", value=1e6, judged="value", unit="B", bench="load"),
+            line("psnr", value=45.0, judged="value", unit="dB", better="higher", bench="load")]  # fmt: skip
+    now = [ref("cold", "load", 2.0), ref("warm", "load", 2.0),
+           timed("disk", "load", 0.060, goal=0.05), line("peak", value=1.5e6, judged="value", unit="B", bench="load"),
+           line("psnr", value=30.0, judged="value", unit="dB", better="higher", bench="load")]  # fmt: skip
+    rep = report(now, then)
+    disk = row(rep, "disk")
+    assert disk.now == pytest.approx(0.030) and not disk.regressed  # the slow machine's time compares...
+    assert disk.missed_goal  # ...but the goal is what this machine must do: 60 ms > 50 ms
+    assert row(rep, "peak").scale == 1.0 and row(rep, "peak").regressed
+    assert row(rep, "psnr").scale == 1.0 and row(rep, "psnr").regressed
+
+
+def test_the_report_says_what_each_scaled_time_was_divided_by(tmp_path, capsys):
+    then = [ref("cold", "load", 1.0), ref("warm", "load", 1.0), timed("unload", "load", 0.010)]
+    now = [ref("cold", "load", 2.0), ref("warm", "load", 2.0), timed("unload", "load", 0.050)]
+    latest, baseline = write(tmp_path / "l.jsonl", now), write(tmp_path / "b.jsonl", then)
+    argv = [
+        "--rounds",
+        "0",
+        "--latest",
+        str(latest),
+        "--baseline",
+        str(baseline),
+        "--best",
+        str(tmp_path / "x"),
+    ]
+    assert check.main(argv) == 1
+    out = capsys.readouterr().out
+    assert (
+        "REGRESSED    unload: value 0.025 (0.05 s measured / 2, the machine) vs baseline 0.01 (+150% worse"
+        in out
+    )
+    assert "machine: the same-run reference workloads took 2.00x their baseline time" in out
+    assert "by benchmark: load 2.00x" in out
+
+
 def test_best_of_rounds_follows_each_figures_direction():
     lines = [
         line("t", 1.3, round=1),
