@@ -23,6 +23,10 @@ def shapes(model, got) -> dict:
             out[x] = (None, model.in_channels, None, None, None)
         if "cap_mask" in got:  # Lumina 2's caption mask: one value per text token
             out["cap_mask"] = (None, got[text].shape[1] if got[text].dim() == 3 else None)
+        if getattr(model, "omni", False):  # Z-Image Omni's pieces, condition images and grids
+            from .z_image_omni import omni_shapes
+
+            out.update(omni_shapes(model, got))
         return out
     if getattr(model, "family", "") == "mmdit":
         return {

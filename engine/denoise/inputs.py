@@ -41,6 +41,8 @@ the unpadded ones; the model pads them to a multiple of 32); a batch of captions
 release's list of unpadded captions) takes `cap_mask` [B, T] as Lumina 2 does. Lumina 2 (Lumina-Image-2.0's
 `NextDiT.forward(x, t, cap_feats, cap_mask)`): the same `x` and `t`, `cap_feats` [B, T, 2304] Gemma-2-2B
 states, and optionally `cap_mask` [B, T] (1 for each prompt's tokens, then 0 for its padding; default all 1).
+Z-Image Omni (the release's omni mode, batched: engine.denoise.z_image_omni): the same, and optionally
+`cap_lens` [B, K], `cond_latents` [B, N, 16, h', w'], `siglip_feats` [B, N, H, W, 1152].
 
 AuraFlow (v0.1–0.3, Pony V7; diffusers' AuraFlowTransformer2DModel.forward(hidden_states, encoder_hidden_states,
 timestep)): `x` [B, 4, h, w] latents (2×2 patches inside, h and w even), `t` [B] in 0–1 (its pipeline's t / 1000),
@@ -179,6 +181,10 @@ def optional_names(model) -> tuple[str, ...]:
     if getattr(model, "family", "") == "wan" and model.vace_channels:
         return ("vace_context_scale",)  # VACE's hint strength, [B]; the original's default 1
     if getattr(model, "family", "") == "nextdit":
+        if model.omni:  # Z-Image Omni's pieces, condition images and their SigLIP grids
+            from .z_image_omni import OPTIONAL
+
+            return OPTIONAL
         return ("cap_mask",)  # the captions' mask, [B, T] (captions of several lengths); default: every token
     if getattr(model, "family", "") == "qwen_image":
         return ("ref_latents",)  # Qwen-Image-Edit's reference image, [B, 16, h', w']
@@ -275,6 +281,10 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         if getattr(model, "layered", False):  # its pipeline's 4 layers + the composite, and the input image
             out["ref_latents"] = out[x]
             out[x] = torch.randn(batch, model.in_channels, LAYERED_FRAMES, 2 * h, 2 * w, generator=g)
+        if getattr(model, "omni", False):  # Z-Image Omni: an edit step (a condition image and its grid)
+            from .z_image_omni import random_omni
+
+            random_omni(model, out, g)
         return out
     if getattr(model, "family", "") == "hunyuan_video":  # one latent frame, as Wan's
         h, w = _latent(width, height, 16)

@@ -125,6 +125,9 @@ class NextDiT:
     final_linear: object
     pads: object | None  # Z-Image: the root module holding x_pad_token and cap_pad_token
     dtype: torch.dtype = torch.float32
+    # Z-Image Omni: the SigLIP embedder's norm holder and Linear, and its refiner (engine.denoise.z_image_omni)
+    siglip: tuple[object, object] | None = None
+    siglip_refiner: list[Block] | None = None
     family = "nextdit"
 
     @property
@@ -135,7 +138,15 @@ class NextDiT:
     def context_dim(self) -> int:
         return wshape(self.cap_embedder)[1]
 
-    def __call__(self, x, t, cap_feats, cap_mask=None) -> torch.Tensor:
+    @property
+    def omni(self) -> bool:
+        return self.siglip is not None
+
+    def __call__(self, x, t, cap_feats, cap_mask=None, **omni) -> torch.Tensor:
+        if self.omni:  # Z-Image Omni: every call runs its sequence of captions, images and SigLIP grids
+            from .z_image_omni import omni_forward
+
+            return omni_forward(self, x, t, cap_feats, **omni)
         dt, f = self.dtype, self.spec
         b, c, height, width = x.shape
         h, w = height // PATCH, width // PATCH
@@ -154,11 +165,11 @@ class NextDiT:
         out = self.final_linear(layer_norm(seq) * scale)
         return out.reshape(b, h, w, PATCH, PATCH, -1).permute(0, 5, 1, 3, 2, 4).reshape(b, -1, height, width)
 
-    def _caption(self, cap_feats):
-        weight = held(self.cap_norm, "weight", cap_feats.device).to(cap_feats.device, self.dtype)
-        return self.cap_embedder(
-            F.rms_norm(cap_feats.to(self.dtype), (cap_feats.shape[-1],), weight, NORM_EPS)
-        )
+    def _caption(self, cap_feats, embedder=None):
+        """RMSNorm (a plain holder's scale) then Linear: the caption embedder, or another such pair."""
+        norm, linear = embedder or (self.cap_norm, self.cap_embedder)
+        weight = held(norm, "weight", cap_feats.device).to(cap_feats.device, self.dtype)
+        return linear(F.rms_norm(cap_feats.to(self.dtype), (cap_feats.shape[-1],), weight, NORM_EPS))
 
     def _z_image(self, img, cap_feats, cap_mask, tmod, h, w):
         """(the sequence after the layers, each item's first image row): [image, caption], each padded.
@@ -253,24 +264,35 @@ class NextDiT:
         token = held(self.pads, name, rows.device).to(rows.device, rows.dtype)
         return torch.cat([rows, token.expand(rows.shape[0], to - rows.shape[1], -1)], 1)
 
-    def _block(self, blk: Block, x, pe, tmod, keys=None):
-        mod = None  # (1 + scale, tanh(gate), 1 + scale₂, tanh(gate₂)); none in the caption's refiner
-        if blk.mod is not None:
-            s1, g1, s2, g2 = blk.mod(tmod)[:, None].chunk(4, dim=-1)
-            mod = (1 + s1, g1.tanh(), 1 + s2, g2.tanh())
+    def _modulation(self, blk: Block, tmod, runs=None):
+        """apply(i, y): y times the block's i-th factor of (1 + scale, tanh(gate), 1 + scale₂, tanh(gate₂))
+        (y itself in an unmodulated refiner). With `runs` (Z-Image Omni: [(start, end, noisy)] covering
+        the sequence), `tmod` holds the B noisy time rows then the B clean ones (t = 1), and each run
+        takes its side's factors — per token as the Omni forward selects them."""
+        if blk.mod is None:
+            return lambda i, y: y
+        s1, g1, s2, g2 = blk.mod(tmod)[:, None].chunk(4, dim=-1)
+        mod = (1 + s1, g1.tanh(), 1 + s2, g2.tanh())
+        if runs is None:
+            return lambda i, y: y * mod[i]
+        b = mod[0].shape[0] // 2
+        sides = ([f[:b] for f in mod], [f[b:] for f in mod])  # noisy, clean
+        return lambda i, y: torch.cat([y[:, s:e] * sides[0 if noisy else 1][i] for s, e, noisy in runs], 1)
+
+    def _block(self, blk: Block, x, pe, tmod, keys=None, runs=None):
+        apply = self._modulation(blk, tmod, runs)
         a = rms_norm_with(blk.norm1, x, NORM_EPS)
-        q, k, v = blk.qkv(a if mod is None else a * mod[0])
+        q, k, v = blk.qkv(apply(0, a))
         hd = wshape(blk.norm_q)[0]
         q, k, v = (u.unflatten(-1, (-1, hd)).transpose(1, 2) for u in (q, k, v))
         q = rope(rms_norm_with(blk.norm_q, q, NORM_EPS).to(v.dtype), pe)
         k = rope(rms_norm_with(blk.norm_k, k, NORM_EPS).to(v.dtype), pe)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, enable_gqa=k.shape[1] != q.shape[1])
         o = rms_norm_with(blk.norm2, blk.out(merge_heads(o)), NORM_EPS)
-        x = x + (o if mod is None else mod[1] * o)
-        f = rms_norm_with(blk.ffn_norm1, x, NORM_EPS)
-        f = f if mod is None else f * mod[2]
+        x = x + apply(1, o)
+        f = apply(2, rms_norm_with(blk.ffn_norm1, x, NORM_EPS))
         f = rms_norm_with(blk.ffn_norm2, blk.w2(F.silu(blk.w1(f)) * blk.w3(f)), NORM_EPS)
-        return x + (f if mod is None else mod[3] * f)
+        return x + apply(3, f)
 
     def op_order(self) -> list:
         image, caption = self.noise_refiner, self.context_refiner
@@ -284,7 +306,13 @@ class NextDiT:
             order += blk.ops()
         if self.spec.padded:
             order.append(self.cap_embedder)
-        for blk in (*then, *self.layers):
+        for blk in then:
+            order += blk.ops()
+        if self.omni:  # the SigLIP grids' embedder and refiner run between the refiners and the layers
+            order.append(self.siglip[1])
+            for blk in self.siglip_refiner:
+                order += blk.ops()
+        for blk in self.layers:
             order += blk.ops()
         return [*order, self.final_mod, self.final_linear]
 
@@ -371,10 +399,19 @@ def bind_nextdit(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) ->
     def blocks(name: str, modulated: bool) -> list[Block]:
         return [block(f"{name}.{i}", modulated) for i in ops.children(name)]
 
+    siglip = siglip_refiner = None
+    if spec.padded and "siglip_embedder.1" in ops:  # Z-Image Omni: SigLIP2 grids of the input images
+        norm = mods.get("siglip_embedder.0")
+        if norm is None or getattr(norm, "weight", None) is None or not hasattr(root, "siglip_pad_token"):
+            raise UnsupportedModel(
+                f"{ops.what}: a SigLIP embedder without its norm or pad token — not Z-Image Omni"
+            )
+        ops.take(norm)
+        siglip, siglip_refiner = (norm, ops["siglip_embedder.1"]), blocks("siglip_refiner", False)
     model = NextDiT(
         architecture, spec, ops[top["x_embedder"]], (ops[top["time_1"]], ops[top["time_2"]]), cap_norm,
         ops[top["cap_embedder"]], blocks("noise_refiner", True), blocks("context_refiner", False),
         blocks("layers", True), ops[top["final_mod"]], ops[top["final_linear"]], root if spec.padded else None,
-        dtype,
+        dtype, siglip, siglip_refiner,
     )  # fmt: skip
     return naming, model

@@ -53,7 +53,12 @@ def nextdit(ix: KeyIndex) -> Backbone | None:
     else:
         v.because(b, attn, f"hidden {hidden}: a {name} block structure at a size no release has")
         b.variant = None
-    if family == "z_image":
+    if family == "z_image" and v.has("siglip_embedder.1.weight"):
+        v.because(
+            b, "siglip_embedder.1.weight", "a SigLIP2 image embedder and refiner → Z-Image Omni (edits)"
+        )
+        b.variant = "omni" if b.variant else None
+    elif family == "z_image":
         b.evidence.append(
             Evidence("", None, "Z-Image Turbo and Base share this layout: the header cannot tell them apart")
         )

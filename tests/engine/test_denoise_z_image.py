@@ -20,7 +20,7 @@ from denoise_files import (
 
 from engine import denoise
 from engine.detect import detect_file
-from engine.errors import FormatError, UnsupportedModel
+from engine.errors import FormatError
 from engine.model import Component
 
 TOL = 1e-3
@@ -82,19 +82,6 @@ def test_z_image_op_order_is_the_call_order(z_image):
 def test_z_image_steps_fully_and_partially_alike(z_image, tmp_path, monkeypatch):
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
     check_steps_alike(z_image[1], tmp_path, 0.004, "z_image", (1, 16, 8, 8))
-
-
-def test_z_image_omni_layers_are_refused(z_image, tmp_path):
-    """Z-Image Omni's SigLIP embedder and refiner are layers this forward does not compute."""
-    _, sd = diffusers_z_image()
-    sd = dict(
-        sd, **{"siglip_embedder.1.weight": torch.zeros(256, 32), "siglip_embedder.1.bias": torch.zeros(256)}
-    )
-    path = write(tmp_path / "z_image_omni.safetensors", sd)
-    with pytest.raises(
-        UnsupportedModel, match=r"not computed by Loadout's z_image forward \(siglip_embedder"
-    ):
-        denoise.bind(Component("transformer", path, ""), "z_image")
 
 
 def test_z_image_inputs_say_what_they_expect(z_image):

@@ -247,6 +247,7 @@ class NextDiTConfig:
     ffn: int = 9216
     caption: int = 2304
     z_image: bool = False
+    siglip: int = 0  # Z-Image Omni's SigLIP2 width (its SigLIP embedder, refiner and pad token)
 
     def with_(self, **kw) -> NextDiTConfig:
         return replace(self, **kw)
@@ -254,6 +255,9 @@ class NextDiTConfig:
 
 LUMINA2 = NextDiTConfig()
 Z_IMAGE = NextDiTConfig(dim=3840, layers=30, heads=30, kv_heads=30, ffn=10240, caption=2560, z_image=True)
+# Z-Image-Omni-Base: SigLIP2 so400m grids, 1152 wide (DiffSynth-Studio's model config for its transformer:
+# extra_kwargs siglip_feat_dim 1152); diffusers' ZImageTransformer2DModel names the added layers
+Z_IMAGE_OMNI = Z_IMAGE.with_(siglip=1152)
 
 
 def _nextdit_block(r: Rows, k: str, c: NextDiTConfig, modulated: bool) -> None:
@@ -291,6 +295,12 @@ def nextdit_original(c: NextDiTConfig) -> Rows:
     if c.z_image:
         r.t("x_pad_token", (1, d))
         r.t("cap_pad_token", (1, d))
+    if c.siglip:
+        r.t("siglip_embedder.0.weight", (c.siglip,))
+        r.lin("siglip_embedder.1", d, c.siglip)
+        for n in range(2):
+            _nextdit_block(r, f"siglip_refiner.{n}", c, False)
+        r.t("siglip_pad_token", (1, d))
     else:
         r.t("norm_final.weight", (d,))  # present in Lumina-Image-2.0's release, unused
     return r
