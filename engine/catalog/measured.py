@@ -36,6 +36,7 @@ ACTIVATION_BYTES = {
     "krea2": 192 * 1024,  # width 6144, SwiGLU 16384
     "hunyuan_image21": 144 * 1024,  # width 3584, 4x MLP
     "sana": 96 * 1024,  # width 2240, a 2.5x Mix-FFN
+    "pixart": 64 * 1024,  # width 1152, 4x MLP
     "ltxv": 96 * 1024,  # width 2048 (13B: 4096), 4x MLP, one token per 32x32 pixels
     "text": 64 * 1024,  # text encoders: per token
 }
@@ -44,7 +45,7 @@ ACTIVATION_BYTES = {
 UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "qwen_image": 16, "nextdit": 16, "auraflow": 16, "wan": 16,
            "hunyuan_video": 16, "hunyuan_video15": 16,
            "ltxv": 32, "cosmos": 16, "krea2": 16, "hunyuan_image21": 32,
-           "sana": 32}  # fmt: skip
+           "sana": 32, "pixart": 16}  # fmt: skip
 # Bytes a second a partial step streams its offloaded modules at, for the prediction before any step
 # is measured (pinned host RAM to a GPU over PCIe 4 x16 ~ 12 GB/s; page cache to RAM ~ 4 GB/s here).
 STREAM_BYTES_PER_S = {"cuda": 12e9, "cpu": 4e9}

@@ -33,11 +33,12 @@ HUNYUAN_VIDEO15 = ("hunyuan_video15",)  # HunyuanVideo 1.5 t2v / i2v (engine.den
 LTXV = ("ltxv",)  # LTX-Video 0.9.x, 2B and 13B (engine.denoise.ltxv)
 KREA2 = ("krea2",)  # Krea 2 (engine.denoise.krea2)
 SANA = ("sana",)  # Sana 600M / 1600M, Sana 1.5 4.8B (engine.denoise.sana)
+PIXART = ("pixart",)  # PixArt-α and PixArt-Σ, 256 to 2K (engine.denoise.pixart)
 HUNYUAN_IMAGE = ("hunyuan_image21",)  # HunyuanImage 2.1 (engine.denoise.hunyuan_image)
 COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B and 14B (engine.denoise.cosmos)
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + CHROMA + MMDIT + QWEN + NEXTDIT + AURAFLOW + WAN),
-    *(HUNYUAN_VIDEO + HUNYUAN_VIDEO15 + HUNYUAN_IMAGE + LTXV + COSMOS + KREA2 + SANA),
+    *(HUNYUAN_VIDEO + HUNYUAN_VIDEO15 + HUNYUAN_IMAGE + LTXV + COSMOS + KREA2 + SANA + PIXART),
 )
 _MISFIT = re.compile(
     r"shapes cannot be multiplied|Given groups=|expected input\[|must match the size of tensor|"
@@ -171,6 +172,11 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
 
         naming, model = bind_hunyuan_image(ops, mods, architecture, dtype)
         return Denoiser("hunyuan_image21", architecture, naming, model)
+    if architecture in PIXART:
+        from .pixart import bind_pixart
+
+        naming, model = bind_pixart(ops, mods, architecture, dtype)
+        return Denoiser("pixart", architecture, naming, model)
     if architecture in SANA:
         from .sana import bind_sana
 

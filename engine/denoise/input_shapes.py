@@ -47,6 +47,16 @@ def shapes(model, got) -> dict:
         if "text_mask" in got:
             out["text_mask"] = (None, got["text_states"].shape[1] if got["text_states"].dim() == 3 else None)
         return _framepack_shapes(model, got, out)
+    if getattr(model, "family", "") == "pixart":
+        out = {
+            "x": (None, model.in_channels, None, None),
+            "timestep": (None,),
+            "y": (None, None, model.context_dim),
+        }
+        if "mask" in got:
+            out["mask"] = (None, got["y"].shape[1] if got["y"].dim() == 3 else None)
+        out.update({n: (None, s) for n, s in (("img_hw", 2), ("aspect_ratio", 1)) if n in got})
+        return out
     if getattr(model, "family", "") == "sana":
         out = {
             "x": (None, model.in_channels, None, None),

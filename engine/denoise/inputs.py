@@ -80,7 +80,9 @@ text) and `timestep_r` [B] (the MeanFlow model's second time).
 
 Sana (NVlabs' `SanaMS.forward(x, timestep, y, mask)`, batched): `x` [B, 32, h, w] DC-AE latents (a 32nd of the
 pixels), `timesteps` [B] in 0–1000, `context` [B, T, 2304] Gemma 2 2B states (300 tokens in its pipeline), and
-optionally `context_mask` [B, T].
+optionally `context_mask` [B, T]. PixArt-α / Σ (its `forward(x, timestep, y, mask, data_info)`, batched): `x`
+[B, 4, h, w] SD-VAE latents, `timestep` [B] in 0–1000, `y` [B, T, 4096] T5-XXL states (the original's y [B, 1, T, D]
+without its singleton axis), optionally `mask` [B, T], and for α 1024 data_info's `img_hw` [B, 2], `aspect_ratio` [B, 1].
 
 Krea 2 (diffusers' Krea2Transformer2DModel, on Loadout's latent convention): `x` [B, 16, h, w] latents (2×2 patches
 inside, h and w even), `timesteps` [B] in 0–1 (1 is noise), `context` [B, T, L, 2560]: each prompt token's hidden
@@ -127,6 +129,8 @@ COSMOS_INPUTS = ("x", "timesteps", "context")
 KREA2_INPUTS = ("x", "timesteps", "context")
 KREA2_TOKENS = 256
 SANA_TOKENS = 300  # the Sana pipeline's max_sequence_length
+PIXART_INPUTS = ("x", "timestep", "y")  # PixArt's `forward(x, timestep, y, mask, data_info)`
+PIXART_TOKENS = 300  # PixArt-Σ's pipeline max_sequence_length (α: 120)
 COSMOS_TOKENS = 512  # the Cosmos Predict2 pipelines' T5 length
 LATENT_16 = 16
 ANIMA_TOKENS = 128  # a prompt's Qwen3 states and T5 ids (random inputs)
@@ -139,6 +143,7 @@ IMAGE_PATCHED = (
     "nextdit",
     "auraflow",
     "krea2",
+    "pixart",
 )  # `x` a [B, C, h, w] latent in 2×2 patches
 # video families' `x` [B, C, F, h, w]: (the side of a spatial patch, the VAE's spatial compression)
 IMAGE_LATENT = {
@@ -198,6 +203,8 @@ def optional_names(model) -> tuple[str, ...]:
         return ("attention_mask", "frame_rate")
     if getattr(model, "family", "") in ("krea2", "sana"):
         return ("context_mask",)
+    if getattr(model, "family", "") == "pixart":  # the prompt's tokens; α 1024's size conditions
+        return ("mask", "img_hw", "aspect_ratio") if model.micro is not None else ("mask",)
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN_IMAGE_OPTIONAL
     if getattr(model, "family", "") == "cosmos":
@@ -233,6 +240,8 @@ def names(model) -> tuple[str, ...]:
         return LTXV_INPUTS
     if getattr(model, "family", "") in ("krea2", "sana"):
         return KREA2_INPUTS
+    if getattr(model, "family", "") == "pixart":
+        return PIXART_INPUTS
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN15_INPUTS + (("guidance",) if model.guidance_in is not None else ())
     if getattr(model, "family", "") == "cosmos":
@@ -300,6 +309,13 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
             width_in = wshape(model.image_proj[0])[1]
             out["image_embeddings"] = torch.randn(batch, FRAMEPACK_IMAGE_TOKENS, width_in, generator=g)
         return out
+    if getattr(model, "family", "") == "pixart":  # SD's 8x latent, T5-XXL states
+        h, w = _latent(width, height, 16)
+        return {
+            "x": torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
+            "timestep": torch.rand(batch, generator=g) * 1000.0,
+            "y": torch.randn(batch, PIXART_TOKENS, model.context_dim, generator=g),
+        }
     if getattr(model, "family", "") == "sana":  # the DC-AE's 32x latent
         h, w = _latent(width, height, 32)
         return {
@@ -431,7 +447,7 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}: it holds no values")
         if not torch.isfinite(t).all():
             raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
-    for n in ("cap_mask", "text_mask", "byt5_text_mask", "attention_mask", "context_mask"):
+    for n in ("cap_mask", "text_mask", "byt5_text_mask", "attention_mask", "context_mask", "mask"):
         if n in got:
             _check_mask(got[n], source, n)
     for n in ("x", "ref_latents"):
