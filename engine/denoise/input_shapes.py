@@ -65,6 +65,8 @@ def shapes(model, got) -> dict:
         }
         if "context_mask" in got:
             out["context_mask"] = (None, got["context"].shape[1] if got["context"].dim() == 3 else None)
+        if model.guidance is not None:  # SANA-Sprint
+            out["guidance"] = (None,)
         return out
     if getattr(model, "family", "") in ("hunyuan_video15", "hunyuan_image21"):
         return _hunyuan15_shapes(model, got)

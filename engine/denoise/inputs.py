@@ -129,6 +129,7 @@ COSMOS_INPUTS = ("x", "timesteps", "context")
 KREA2_INPUTS = ("x", "timesteps", "context")
 KREA2_TOKENS = 256
 SANA_TOKENS = 300  # the Sana pipeline's max_sequence_length
+SPRINT_GUIDANCE = 4.5 * 0.1  # SanaSprintPipeline's default guidance_scale x its guidance_embeds_scale
 PIXART_INPUTS = ("x", "timestep", "y")  # PixArt's `forward(x, timestep, y, mask, data_info)`
 PIXART_TOKENS = 300  # PixArt-Σ's pipeline max_sequence_length (α: 120)
 COSMOS_TOKENS = 512  # the Cosmos Predict2 pipelines' T5 length
@@ -239,7 +240,7 @@ def names(model) -> tuple[str, ...]:
     if getattr(model, "family", "") == "ltxv":
         return LTXV_INPUTS
     if getattr(model, "family", "") in ("krea2", "sana"):
-        return KREA2_INPUTS
+        return KREA2_INPUTS + (("guidance",) if getattr(model, "guidance", None) is not None else ())
     if getattr(model, "family", "") == "pixart":
         return PIXART_INPUTS
     if getattr(model, "family", "") == "hunyuan_image21":
@@ -318,11 +319,15 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         }
     if getattr(model, "family", "") == "sana":  # the DC-AE's 32x latent
         h, w = _latent(width, height, 32)
-        return {
+        sprint = model.guidance is not None  # SANA-Sprint: TrigFlow's t in 0–1, its pipeline's guidance
+        out = {
             "x": torch.randn(batch, model.in_channels, h, w, generator=g),
-            "timesteps": torch.rand(batch, generator=g) * 1000.0,
+            "timesteps": torch.rand(batch, generator=g) * (1.0 if sprint else 1000.0),
             "context": torch.randn(batch, SANA_TOKENS, model.context_dim, generator=g),
         }
+        if sprint:
+            out["guidance"] = torch.full((batch,), SPRINT_GUIDANCE)
+        return out
     if getattr(model, "family", "") == "hunyuan_image21":  # its 32x VAE's latent, no glyph text
         h, w = _latent(width, height, 32)
         out = {

@@ -11,6 +11,9 @@ description, nothing copied):
   order; no position embedding (the converter drops the release's `pos_embed`, as it does the null caption
   `y_embedder.y_embedding`: neither reaches the forward).
 * t in 0–1000: e = `t_embedder.mlp`(emb₂₅₆(t)) (Linear, SiLU, Linear); six modulations = `t_block.1`(SiLU(e)).
+  SANA-Sprint adds its guidance the same way: e += `cfg_embedder.mlp`(emb₂₅₆(guidance)) (diffusers'
+  SanaCombinedTimestepGuidanceEmbeddings; its pipeline passes the guidance scale × 0.1 and t = sin s / (sin s +
+  cos s) in 0–1, TrigFlow's time).
 * context [B, T, 2304] (Gemma 2 2B states) → `y_embedder.y_proj` (fc1, tanh-GELU, fc2) → RMSNorm `attention_y_norm`
   (weight, eps 1e-5).
 * Block: (shift, scale, gate, shift₂, scale₂, gate₂) = its `scale_shift_table` + the modulations; x += gate ·
@@ -85,6 +88,7 @@ class Sana:
     final_linear: object
     cross_heads: int
     dtype: torch.dtype = torch.float32
+    guidance: tuple[object, object] | None = None  # SANA-Sprint's cfg_embedder (Linear, SiLU, Linear)
     family = "sana"
 
     @property
@@ -95,11 +99,13 @@ class Sana:
     def context_dim(self) -> int:
         return wshape(self.caption[0])[1]
 
-    def __call__(self, x, timesteps, context, context_mask=None) -> torch.Tensor:
+    def __call__(self, x, timesteps, context, context_mask=None, guidance=None) -> torch.Tensor:
         dt = self.dtype
         b, _, h, w = x.shape
         tokens = self.embed(x.to(dt)).flatten(2).transpose(1, 2)  # [B, H·W, D]
         e = mlp2(self.t_embedder, timestep_embedding(timesteps.float(), 256).to(dt))
+        if self.guidance is not None:
+            e = e + mlp2(self.guidance, timestep_embedding(guidance.float(), 256).to(dt))
         mods = self.t_block(F.silu(e)).reshape(b, 6, -1)
         ctx = self.caption[1](F.gelu(self.caption[0](context.to(dt)), approximate="tanh"))
         ctx = rms_norm_with(self.caption_norm, ctx, CAPTION_EPS)
@@ -149,7 +155,14 @@ class Sana:
         return a.o(merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=keys)))
 
     def op_order(self) -> list:
-        order = [self.embed, *self.t_embedder, self.t_block, *self.caption, self.caption_norm]
+        order = [
+            self.embed,
+            *self.t_embedder,
+            *(self.guidance or ()),
+            self.t_block,
+            *self.caption,
+            self.caption_norm,
+        ]
         for blk in self.blocks:
             order += [*blk.attn.ops(), *blk.cross.ops(), *blk.ffn]
         return [*order, self.final_linear]
@@ -167,6 +180,8 @@ def _mix_ffn(ffn, y):
 # q / k / v and k / v are row blocks of the release's fused qkv and kv_linear, bound as such)
 _TOP = (("patch_embed.proj", "x_embedder.proj"), ("time_embed.emb.timestep_embedder.linear_1", "t_embedder.mlp.0"),
         ("time_embed.emb.timestep_embedder.linear_2", "t_embedder.mlp.2"), ("time_embed.linear", "t_block.1"),
+        ("time_embed.timestep_embedder.linear_1", "t_embedder.mlp.0"), ("time_embed.timestep_embedder.linear_2", "t_embedder.mlp.2"),
+        ("time_embed.guidance_embedder.linear_1", "cfg_embedder.mlp.0"), ("time_embed.guidance_embedder.linear_2", "cfg_embedder.mlp.2"),
         ("caption_projection.linear_1", "y_embedder.y_proj.fc1"), ("caption_projection.linear_2", "y_embedder.y_proj.fc2"),
         ("caption_norm", "attention_y_norm"), ("proj_out", "final_layer.linear"))  # fmt: skip
 _BLOCK = (("attn1.to_q", "attn.to_q"), ("attn1.to_k", "attn.to_k"), ("attn1.to_v", "attn.to_v"),
@@ -246,5 +261,6 @@ def bind_sana(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tu
         architecture, embed, (ops["t_embedder.mlp.0"], ops["t_embedder.mlp.2"]), ops["t_block.1"],
         (ops["y_embedder.y_proj.fc1"], ops["y_embedder.y_proj.fc2"]), ops["attention_y_norm"], blocks,
         table(final, 2), ops["final_layer.linear"], CROSS_HEADS[dim], dtype,
+        (ops["cfg_embedder.mlp.0"], ops["cfg_embedder.mlp.2"]) if "cfg_embedder.mlp.0" in ops else None,
     )  # fmt: skip
     return ("diffusers" if diffusers else "release"), model

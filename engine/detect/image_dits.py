@@ -168,8 +168,18 @@ def sana(ix: KeyIndex) -> Backbone | None:
     else:
         v.because(b, names[2], f"hidden {hidden} with {len(nums)} blocks → Sana {size.upper()}")
     task = "normal"
-    if v.has("time_embed.guidance_embedder.linear_1.weight"):
+    # SANA-Sprint's guidance embedding: the release's `cfg_embedder` (NVlabs' convert_sana_to_diffusers maps it
+    # onto diffusers' `time_embed.guidance_embedder`)
+    guide = next(
+        (
+            k
+            for k in ("time_embed.guidance_embedder.linear_1.weight", "cfg_embedder.mlp.0.weight")
+            if v.has(k)
+        ),
+        None,
+    )
+    if guide is not None:
         task = "sprint"
-        v.because(b, "time_embed.guidance_embedder.linear_1.weight", "a guidance embedding → SANA-Sprint")
+        v.because(b, guide, "a guidance embedding → SANA-Sprint")
     b.variant = variant(task, size)
     return b

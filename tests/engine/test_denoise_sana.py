@@ -20,13 +20,13 @@ TOL = 1e-4
 PREFIX = "model.diffusion_model."
 
 
-def diffusers_sana(seed: int = 25, qk_norm: str | None = None):
+def diffusers_sana(seed: int = 25, qk_norm: str | None = None, sprint: bool = False):
     from diffusers import SanaTransformer2DModel
 
     model = SanaTransformer2DModel(
         in_channels=8, out_channels=8, num_attention_heads=36, attention_head_dim=32, num_layers=1,
         num_cross_attention_heads=16, cross_attention_head_dim=72, cross_attention_dim=1152, caption_channels=64,
-        qk_norm=qk_norm,
+        qk_norm=qk_norm, guidance_embeds=sprint,
     )  # fmt: skip
     return well_scaled(model, seed)
 
@@ -38,7 +38,10 @@ def release(sd: dict) -> dict:
            "time_embed.emb.timestep_embedder.linear_2.": "t_embedder.mlp.2.", "time_embed.linear.": "t_block.1.",
            "caption_projection.linear_1.": "y_embedder.y_proj.fc1.", "caption_projection.linear_2.": "y_embedder.y_proj.fc2.",
            "caption_norm.": "attention_y_norm.", "proj_out.": "final_layer.linear.",
-           "scale_shift_table": "final_layer.scale_shift_table"}  # fmt: skip
+           "scale_shift_table": "final_layer.scale_shift_table",
+           # SANA-Sprint (NVlabs' convert_sana_to_diffusers: cfg_embedder -> time_embed.guidance_embedder)
+           "time_embed.timestep_embedder.linear_1.": "t_embedder.mlp.0.", "time_embed.timestep_embedder.linear_2.": "t_embedder.mlp.2.",
+           "time_embed.guidance_embedder.linear_1.": "cfg_embedder.mlp.0.", "time_embed.guidance_embedder.linear_2.": "cfg_embedder.mlp.2."}  # fmt: skip
     block = {"attn1.to_out.0.": "attn.proj.", "attn2.to_q.": "cross_attn.q_linear.", "attn2.to_out.0.": "cross_attn.proj.",
              "attn1.norm_q.": "attn.q_norm.", "attn1.norm_k.": "attn.k_norm.", "attn2.norm_q.": "cross_attn.q_norm.",
              "attn2.norm_k.": "cross_attn.k_norm.", "ff.conv_inverted.": "mlp.inverted_conv.conv.",
@@ -100,7 +103,7 @@ def _bound(path):
 
 def _diffusers(ref, x: dict) -> torch.Tensor:
     return ref(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["timesteps"],
-               encoder_attention_mask=x.get("context_mask")).sample  # fmt: skip
+               encoder_attention_mask=x.get("context_mask"), guidance=x.get("guidance")).sample  # fmt: skip
 
 
 def test_both_namings_equal_diffusers_with_a_padded_prompt(sana):
@@ -132,6 +135,28 @@ def test_sana15_qk_norms(tmp_path):
     x["context"] = x["context"][:, :9]
     with torch.inference_mode():
         assert rel_l2(den(x), _diffusers(ref, x)) <= TOL
+
+
+def test_sana_sprint_guidance_in_both_namings(tmp_path):
+    """SANA-Sprint: its guidance embedded beside the time (the release's cfg_embedder, diffusers' guidance_embedder);
+    the release file is detected as Sprint too."""
+    ref, sd = diffusers_sana(seed=27, sprint=True)
+    files = {"release": write(tmp_path / "Sana_Sprint.safetensors", {PREFIX + k: v for k, v in release(sd).items()}),
+             "diffusers": write(tmp_path / "sana_sprint_diffusers.safetensors", sd)}  # fmt: skip
+    for n, path in files.items():
+        assert detect_file(str(path)).variant.startswith("sprint"), n
+        den = _bound(path)
+        assert den.input_names == ("x", "timesteps", "context", "guidance")
+        x = den.random_inputs(64, 64, seed=3)
+        assert x["guidance"].tolist() == [pytest.approx(0.45)] and float(x["timesteps"].max()) <= 1.0
+        x["context"] = x["context"][:, :9]
+        with torch.inference_mode():
+            got = den(x)
+            err = rel_l2(got, _diffusers(ref, x))
+            print(f"sana sprint ({n}): relative L2 {err:.2e}")
+            assert err <= TOL
+            assert rel_l2(den(dict(x, guidance=torch.tensor([0.1]))), got) > 1e-4  # the guidance counts
+    check_op_order(files["release"], "sana", PREFIX, plain=4)  # the tables, pos_embed, the null caption
 
 
 def test_sana_op_order_is_the_call_order(sana):
