@@ -320,7 +320,7 @@ STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "une
               "sd3.5_large": "mmdit", "mmdit": "mmdit", "qwen_image": "qwen_image", "z_image": "nextdit",
               "lumina2": "nextdit", "auraflow": "auraflow", "wan21": "wan",
               "wan22": "wan", "hunyuan_video": "hunyuan_video",
-              "hunyuan_video15": "hunyuan_video15", "ltxv": "ltxv",
+              "hunyuan_video15": "hunyuan_video15", "ltxv": "ltxv", "ltx2": "ltx2",
               "cosmos_predict2": "cosmos", "krea2": "krea2", "hunyuan_image21": "hunyuan_image21",
               "sana": "sana", "pixart": "pixart"}  # fmt: skip
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
@@ -346,6 +346,7 @@ NATIVE_PX = {
     "hunyuan_video": (1280, 720),  # its 720p (one latent frame per step unit, as Wan's)
     "hunyuan_video15": (1280, 720),
     "ltxv": (768, 512),  # LTX-Video's base resolution (its pipeline's default)
+    "ltx2": (768, 512),  # its pipelines' first stage (121 frames at 24 fps; a step here is 17 of them)
     "cosmos_predict2": (1360, 768),  # its Text2Image pipeline's default
     "krea2": (1024, 1024),
     "hunyuan_image21": (2048, 2048),  # its 2K

@@ -160,13 +160,15 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
             for i in range(req.steps):
                 token.raise_if_cancelled()
                 t0, c0 = time.perf_counter(), time.process_time()
-                out = den(x)
+                outs = den.outputs(x)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 times.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
                 report(Progress("step", i + 1, req.steps, f"{times[-1]:.2f} s"))
-            out = out.float().cpu()
+            # `out`, and a second stream's output beside it (LTX-2's audio: `audio_out`)
+            outs = {k: v.float().cpu() for k, v in outs.items()}
+            out = outs["out"]
     except Cancelled:
         parts.events.emit(JobCancelled(comp.name, 0, time.perf_counter() - t_job, at="step",
                                        tiers=Tiers.of(comp.tier_bytes())))  # fmt: skip
@@ -174,7 +176,7 @@ def step(parts, comp, req: Step, token, report) -> StepResult:
     peak = meter.read()
     res.note_streamed(comp, stream.bytes_per_step if mode == "partial" else 0)
     if req.out:
-        save_tensors(req.out, {"out": out.contiguous()})
+        save_tensors(req.out, {k: v.contiguous() for k, v in outs.items()})
     med = statistics.median(times)
     streamed = stream.bytes_per_step if stream.units else 0
     parts.events.emit(StepFinished(comp.name, streamed, med, steps=req.steps, mode=mode, device=str(device),

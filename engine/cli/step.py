@@ -56,7 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--component", metavar="NAME",
         help="step this component of the file (e.g. clip_l, t5xxl) instead of its denoiser",
     )  # fmt: skip
-    p.add_argument("--out", metavar="OUT.safetensors", help="write the last output as tensor `out` (float32)")
+    p.add_argument(
+        "--out", metavar="OUT.safetensors",
+        help="write the last output as tensor `out` (float32; LTX-2's audio stream's beside it as `audio_out`)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_device_arguments(p)
 

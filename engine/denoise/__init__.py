@@ -1,6 +1,6 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's,
 FLUX.2's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's, Z-Image's, Lumina 2's, AuraFlow's, Wan
-2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, Cosmos Predict2's, Krea 2's and Sana's, run on the component's own castable ops (the residency manager's modules, tiers and
+2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Krea 2's and Sana's, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
@@ -31,6 +31,7 @@ AURAFLOW = ("auraflow",)  # AuraFlow v0.1–0.3 and Pony V7 (engine.denoise.aura
 HUNYUAN_VIDEO = ("hunyuan_video",)  # HunyuanVideo 1.0 t2v / i2v, SkyReels (engine.denoise.hunyuan_video)
 HUNYUAN_VIDEO15 = ("hunyuan_video15",)  # HunyuanVideo 1.5 t2v / i2v (engine.denoise.hunyuan_video15)
 LTXV = ("ltxv",)  # LTX-Video 0.9.x, 2B and 13B (engine.denoise.ltxv)
+LTX2 = ("ltx2",)  # LTX-2's audio-video transformer, 19B (and the LTX-2.3 / 2.5 layouts) (engine.denoise.ltx2)
 KREA2 = ("krea2",)  # Krea 2 (engine.denoise.krea2)
 SANA = ("sana",)  # Sana 600M / 1600M, Sana 1.5 4.8B (engine.denoise.sana)
 PIXART = ("pixart",)  # PixArt-α and PixArt-Σ, 256 to 2K (engine.denoise.pixart)
@@ -38,7 +39,7 @@ HUNYUAN_IMAGE = ("hunyuan_image21",)  # HunyuanImage 2.1 (engine.denoise.hunyuan
 COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B and 14B (engine.denoise.cosmos)
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + CHROMA + MMDIT + QWEN + NEXTDIT + AURAFLOW + WAN),
-    *(HUNYUAN_VIDEO + HUNYUAN_VIDEO15 + HUNYUAN_IMAGE + LTXV + COSMOS + KREA2 + SANA + PIXART),
+    *(HUNYUAN_VIDEO + HUNYUAN_VIDEO15 + HUNYUAN_IMAGE + LTXV + LTX2 + COSMOS + KREA2 + SANA + PIXART),
 )
 _MISFIT = re.compile(
     r"shapes cannot be multiplied|Given groups=|expected input\[|must match the size of tensor|"
@@ -57,8 +58,17 @@ class Denoiser:
     model: object
 
     def __call__(self, inputs: dict):
+        return self._run(self.model, inputs)
+
+    def outputs(self, inputs: dict) -> dict:
+        """Every output of a forward by name: `out` (what calling it returns) and, for a model with a second
+        stream, that stream's (LTX-2's audio: `audio_out`)."""
+        both = getattr(self.model, "outputs", None)
+        return self._run(both, inputs) if both is not None else {"out": self(inputs)}
+
+    def _run(self, forward, inputs: dict):
         try:
-            return self.model(**inputs)
+            return forward(**inputs)
         except (AttributeError, NotImplementedError) as e:
             raise FormatError(f"{self._what()} ({e}): a damaged or edited file?") from e
         except RuntimeError as e:
@@ -197,6 +207,11 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
 
         naming, model = bind_ltxv(ops, mods, architecture, dtype)
         return Denoiser("ltxv", architecture, naming, model)
+    if architecture in LTX2:
+        from .ltx2 import bind_ltx2
+
+        naming, model = bind_ltx2(ops, mods, architecture, dtype)
+        return Denoiser("ltx2", architecture, naming, model)
     if architecture in HUNYUAN_VIDEO15:
         from .hunyuan_video15 import bind_hunyuan_video15
 

@@ -137,8 +137,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> 
 
 @dataclass
 class NormedAttn:
-    """An attention's q, k, v and output projections with q / k norms (LTX-Video's, Cosmos', Anima's adapter's),
-    fetched in call order: q, its norm, k, its norm, v, o."""
+    """An attention's q, k, v and output projections with q / k norms (LTX-Video's, LTX-2's, Cosmos', Anima's
+    adapter's), and LTX-2.3's per-head output gate where it has one; fetched in call order: q, its norm, k, its
+    norm, v, the gate, o."""
 
     q: object
     k: object
@@ -146,9 +147,11 @@ class NormedAttn:
     o: object
     q_norm: object
     k_norm: object
+    gate: object | None = None
 
     def ops(self) -> list:
-        return [self.q, self.q_norm, self.k, self.k_norm, self.v, self.o]
+        gate = [self.gate] if self.gate is not None else []
+        return [self.q, self.q_norm, self.k, self.k_norm, self.v, *gate, self.o]
 
 
 class Ops:

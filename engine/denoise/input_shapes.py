@@ -72,6 +72,8 @@ def shapes(model, got) -> dict:
         return _hunyuan15_shapes(model, got)
     if getattr(model, "family", "") == "ltxv":
         return _ltxv_shapes(model, got)
+    if getattr(model, "family", "") == "ltx2":
+        return _ltx2_shapes(model, got)
     if getattr(model, "family", "") == "cosmos":
         return _cosmos_shapes(model, got)
     if getattr(model, "family", "") == "krea2":
@@ -150,6 +152,26 @@ def _ltxv_shapes(model, got) -> dict:
         out["attention_mask"] = (None, got["context"].shape[1] if got["context"].dim() == 3 else None)
     if "frame_rate" in got:
         out["frame_rate"] = (None,)
+    return out
+
+
+def _ltx2_shapes(model, got) -> dict:
+    """LTX-2's two streams: each latent, its timesteps (one per item or per token), its text (and mask)."""
+    x, a = got["video_latent"], got["audio_latent"]
+    tokens = x.shape[2] * x.shape[3] * x.shape[4] if x.dim() == 5 else None
+    audio = a.shape[1] if a.dim() == 3 else None
+    out = {"video_latent": (None, model.in_channels, None, None, None), "audio_latent": (None, None, model.audio_channels),
+           "video_context": (None, None, model.context_dim), "audio_context": (None, None, model.audio_context_dim)}  # fmt: skip
+    for name, n in (("video_timesteps", tokens), ("audio_timesteps", audio)):
+        out[name] = (None,) if got[name].dim() == 1 else (None, n)
+    for name, ctx in (("video_context_mask", "video_context"), ("audio_context_mask", "audio_context")):
+        if name in got:
+            out[name] = (None, got[ctx].shape[1] if got[ctx].dim() == 3 else None)
+    for name in ("video_sigma", "audio_sigma", "fps"):
+        if name in got:
+            out[name] = (None,)
+    if "video_keyframes_mask" in got:
+        out["video_keyframes_mask"] = (None, tokens)
     return out
 
 

@@ -67,6 +67,19 @@ LTX-Video (ComfyUI's and the original's `forward(x, timestep, context, attention
 per token, [B, F·h·w], for conditioning frames at 0), `context` [B, T, 4096] T5-XXL states (128 tokens in its
 pipeline), and optionally `attention_mask` [B, T] (1 for the prompt's tokens) and `frame_rate` [B] (default 25).
 
+LTX-2 (the original's `LTXModel.forward(video, audio)`, each a `Modality`; its fields here by the stream they belong
+to, batched): `video_latent` [B, 128, F, h, w] latents (a 32nd of the pixels, an 8th of the frames; one token per
+latent pixel), `video_timesteps` [B] in 0–1 (sigma; or one per token, [B, F·h·w]), `video_context` [B, T, D] the
+video stream's text states, `audio_latent` [B, T_a, 128] the audio latent's tokens (the audio VAE's [B, 8, T_a, 16]
+patchified, channels outer: 25 a second), `audio_timesteps` [B] or [B, T_a], `audio_context` [B, T, D_a]. Where the
+file holds the text connectors (the release's does), the contexts are what they take: the feature extractor's
+output (LTX-2.0: [B, T, 3840] for both; LTX-2.3: [B, T, 4096] and [B, T, 2048]), T a multiple of their 128
+registers (1024 tokens in its pipelines); else the connectors' outputs. Optionally `video_context_mask` /
+`audio_context_mask` [B, T] (1 for the prompt's tokens, anywhere: Gemma pads on the left), `video_sigma` /
+`audio_sigma` [B] (the original's Modality.sigma: LTX-2.3's prompt and cross-modal modulations; default the
+timesteps, or their largest per item), `fps` [B] (diffusers' name; the video's positions, default 24) and for
+LTX-2.5 `video_keyframes_mask` [B, F·h·w] (the tokens its keyframe embedding marks).
+
 Cosmos Predict2 (ComfyUI's and the original's MiniTrainDIT `forward(x, timesteps, context, fps, ...)`, batched): `x`
 [B, 16, F, h, w] Wan 2.1 VAE latents (an 8th of the pixels, h and w even), `timesteps` [B] in 0–1 (σ / (σ + 1); or
 one per latent frame, [B, F]), `context` [B, T, 1024] T5-XXL states (512 tokens, the padding zeroed, in its
@@ -125,6 +138,17 @@ FRAMEPACK_OPTIONAL = ("image_embeddings", "latent_indices", "clean_latents", "cl
 HUNYUAN_IMAGE_OPTIONAL = ("text_mask", "byt5_text_states", "byt5_text_mask", "timestep_r")
 HUNYUAN_IMAGE_GUIDANCE = 3500.0  # 1000 × the distilled model's default guidance 3.5
 LTXV_INPUTS = ("x", "timestep", "context")
+LTX2_INPUTS = (
+    "video_latent",
+    "video_timesteps",
+    "video_context",
+    "audio_latent",
+    "audio_timesteps",
+    "audio_context",
+)
+LTX2_OPTIONAL = ("video_context_mask", "audio_context_mask", "video_sigma", "audio_sigma", "fps")
+LTX2_FRAMES = 3  # latent frames of a random LTX-2 step (17 pixel frames; catalog.measured.STEP_FRAMES)
+LTX2_TOKENS = 1024  # the LTX-2 pipelines' text length (Gemma's max_length)
 COSMOS_INPUTS = ("x", "timesteps", "context")
 KREA2_INPUTS = ("x", "timesteps", "context")
 KREA2_TOKENS = 256
@@ -156,6 +180,7 @@ VIDEO_LATENT = {
     "hunyuan_video": (2, 8),
     "hunyuan_video15": (1, 16),
     "ltxv": (1, 32),
+    "ltx2": (1, 32),  # its video stream's latent (the audio tokens ride along)
     "cosmos": (2, 8),
 }
 PATCHED = (
@@ -202,6 +227,8 @@ def optional_names(model) -> tuple[str, ...]:
         return HUNYUAN15_OPTIONAL
     if getattr(model, "family", "") == "ltxv":
         return ("attention_mask", "frame_rate")
+    if getattr(model, "family", "") == "ltx2":
+        return LTX2_OPTIONAL + (("video_keyframes_mask",) if model.keyframes else ())
     if getattr(model, "family", "") in ("krea2", "sana"):
         return ("context_mask",)
     if getattr(model, "family", "") == "pixart":  # the prompt's tokens; α 1024's size conditions
@@ -239,6 +266,8 @@ def names(model) -> tuple[str, ...]:
         return HUNYUAN15_INPUTS
     if getattr(model, "family", "") == "ltxv":
         return LTXV_INPUTS
+    if getattr(model, "family", "") == "ltx2":
+        return LTX2_INPUTS
     if getattr(model, "family", "") in ("krea2", "sana"):
         return KREA2_INPUTS + (("guidance",) if getattr(model, "guidance", None) is not None else ())
     if getattr(model, "family", "") == "pixart":
@@ -363,6 +392,21 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
             "timestep": torch.rand(batch, generator=g),
             "context": torch.randn(batch, LTXV_TOKENS, model.context_dim, generator=g),
         }
+    if getattr(model, "family", "") == "ltx2":
+        # a few latent frames of its 32x VAE, and the audio latent of their time
+        from .ltx2 import AUDIO_RATE, FPS
+
+        h, w = _latent(width, height, 32)
+        audio = round((8 * (LTX2_FRAMES - 1) + 1) / FPS * AUDIO_RATE)  # as its pipelines size the audio
+        t = torch.rand(batch, generator=g)
+        return {
+            "video_latent": torch.randn(batch, model.in_channels, LTX2_FRAMES, h, w, generator=g),
+            "video_timesteps": t,
+            "video_context": torch.randn(batch, LTX2_TOKENS, model.context_dim, generator=g),
+            "audio_latent": torch.randn(batch, audio, model.audio_channels, generator=g),
+            "audio_timesteps": t.clone(),  # both streams at the step's sigma
+            "audio_context": torch.randn(batch, LTX2_TOKENS, model.audio_context_dim, generator=g),
+        }
     if getattr(model, "family", "") == "hunyuan_video15":  # one frame of its 16x VAE, no glyph text, t2v
         h, w = _latent(width, height, 16)
         return {
@@ -455,6 +499,8 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
     for n in ("cap_mask", "text_mask", "byt5_text_mask", "attention_mask", "context_mask", "mask"):
         if n in got:
             _check_mask(got[n], source, n)
+    if getattr(model, "family", "") == "ltx2":
+        _check_ltx2(model, got, source)
     for n in ("x", "ref_latents"):
         if n in got and getattr(model, "family", "") in PATCHED and any(s % 2 for s in got[n].shape[-2:]):
             raise FormatError(
@@ -473,3 +519,23 @@ def _check_mask(mask: torch.Tensor, source: str, name: str) -> None:
         if (n == 0 and name != "byt5_text_mask") or not row[:n].all():  # a prompt may quote no glyph text
             what = "marks no token" if n == 0 else "has a 0 before its last 1 (the tokens come first)"
             raise FormatError(f"{source}: input {name} of item {i} {what}")
+
+
+def _check_ltx2(model, got: dict, source: str) -> None:
+    """LTX-2's text: each mask 0 and 1 with a token in every item (anywhere: Gemma pads on the left); where the
+    file holds a stream's text connector, its text as many tokens as a multiple of the connector's registers."""
+    for n in ("video_context_mask", "audio_context_mask"):
+        if n in got:
+            mask = got[n]
+            if not ((mask == 0) | (mask == 1)).all():
+                raise FormatError(f"{source}: input {n} holds values other than 0 and 1")
+            empty = (~mask.bool().any(dim=1)).nonzero()
+            if len(empty):
+                raise FormatError(f"{source}: input {n} of item {int(empty[0])} marks no token")
+    for n, stream in (("video_context", model.video), ("audio_context", model.audio)):
+        if stream.connector is not None and got[n].shape[1] % stream.connector.registers:
+            r = stream.connector.registers
+            raise FormatError(
+                f"{source}: input {n} has {got[n].shape[1]} tokens; the file's text connectors take a multiple of "
+                f"{r} (their registers fill the padding: pad the prompt to {LTX2_TOKENS}, as its pipelines do)"
+            )

@@ -139,13 +139,27 @@ HUNYUAN: tuple[tuple[str, str], ...] = (
     ("txt_in.c_embedder.linear_2", "txt_in.c_embedder.out_layer"),
 )
 # LTX-Video / LTX-2: the release keeps diffusers' tree under a few other names (diffusers'
-# `convert_ltx_transformer_checkpoint_to_diffusers`): the patch embedding and the timestep embedder.
+# `convert_ltx_transformer_checkpoint_to_diffusers`, `convert_ltx2_transformer_to_diffusers` and its conversion
+# script's LTX-2.3 table): the patch embeddings and the adaLN-single modules (each a timestep embedder and a
+# linear): the streams' own, LTX-2's cross-modal ones and LTX-2.3's prompt ones.
+_LTX_ADALN = (
+    ("adaln_single", "time_embed"),
+    ("audio_adaln_single", "audio_time_embed"),
+    ("av_ca_video_scale_shift_adaln_single", "av_cross_attn_video_scale_shift"),
+    ("av_ca_a2v_gate_adaln_single", "av_cross_attn_video_a2v_gate"),
+    ("av_ca_audio_scale_shift_adaln_single", "av_cross_attn_audio_scale_shift"),
+    ("av_ca_v2a_gate_adaln_single", "av_cross_attn_audio_v2a_gate"),
+    ("prompt_adaln_single", "prompt_adaln"),
+    ("audio_prompt_adaln_single", "audio_prompt_adaln"),
+)
 LTX: tuple[tuple[str, str], ...] = (
     ("patchify_proj", "proj_in"),
-    ("adaln_single.linear", "time_embed.linear"),
-    ("adaln_single.emb.timestep_embedder.linear_1", "time_embed.emb.timestep_embedder.linear_1"),
-    ("adaln_single.emb.timestep_embedder.linear_2", "time_embed.emb.timestep_embedder.linear_2"),
     ("audio_patchify_proj", "audio_proj_in"),
+    *(
+        (f"{o}.{s}", f"{d}.{s}")
+        for o, d in _LTX_ADALN
+        for s in ("linear", "emb.timestep_embedder.linear_1", "emb.timestep_embedder.linear_2")
+    ),
 )
 
 # AuraFlow v0.1–0.3 / Pony V7: the release's names (ComfyUI's files) <-> diffusers' AuraFlowTransformer2DModel, one

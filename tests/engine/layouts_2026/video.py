@@ -264,16 +264,79 @@ _LTX2_NAMES = (
     ("av_cross_attn_audio_v2a_gate", "av_ca_v2a_gate_adaln_single"),
     ("video_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_video"),
     ("audio_a2v_cross_attn_scale_shift_table", "scale_shift_table_a2v_ca_audio"),
+    # LTX-2.3's prompt modulation (the conversion script's LTX_2_3_TRANSFORMER_KEYS_RENAME_DICT)
+    ("prompt_adaln", "prompt_adaln_single"),
+    ("audio_prompt_adaln", "audio_prompt_adaln_single"),
 )
 
 
 def ltx_original(diffusers_shapes: dict, ltx2: bool = False) -> Rows:
     r = Rows()
     for k, s in diffusers_shapes.items():
-        segs = k.split(".")
-        for new, old in (_LTX2_NAMES if ltx2 else ()) + _LTX_NAMES:
-            segs = [old if seg == new else seg for seg in segs]
-        r.t("model.diffusion_model." + ".".join(segs), s)
+        r.t(ltx2_release_key(k) if ltx2 else _ltx_renamed(k, _LTX_NAMES), s)
+    return r
+
+
+def _ltx_renamed(key: str, names: tuple) -> str:
+    segs = key.split(".")
+    for new, old in names:
+        segs = [old if seg == new else seg for seg in segs]
+    return "model.diffusion_model." + ".".join(segs)
+
+
+# LTX-2's release file (ltx-2-19b-dev.safetensors; LTX-2.3's ltx-2.3-22b-dev the same way) holds the text connectors
+# diffusers keeps apart (LTX2TextConnectors) beside the transformer, under `model.diffusion_model.`, and their
+# feature extractor's projection outside it: diffusers' convert_ltx2_to_diffusers.py splits them off by these
+# names (LTX_2_0_CONNECTORS_KEYS_RENAME_DICT, and 2.3's per-stream projections), its single-file converter drops
+# `video_embeddings_connector` / `audio_embeddings_connector` from the transformer, and Lightricks' loader maps
+# `model.diffusion_model.video_embeddings_connector.` and `text_embedding_projection.aggregate_embed.` onto its
+# text encoder (ltx_core text_encoders/gemma/encoders/encoder_configurator.py).
+_LTX2_CONNECTOR_NAMES = (
+    ("video_connector", "video_embeddings_connector"),
+    ("audio_connector", "audio_embeddings_connector"),
+    ("transformer_blocks", "transformer_1d_blocks"),
+    ("norm_q", "q_norm"),
+    ("norm_k", "k_norm"),
+)
+_LTX2_TEXT_PROJECTIONS = {
+    "text_proj_in": "aggregate_embed",
+    "video_text_proj_in": "video_aggregate_embed",
+    "audio_text_proj_in": "audio_aggregate_embed",
+}
+# The releases' configs, as diffusers' LTX-2 conversion script gives them (versions "2.0" and "2.3"): what differs
+# from the classes' defaults, which are the rest of them.
+LTX2_TRANSFORMER = {
+    "2.0": dict(rope_type="split"),
+    "2.3": dict(rope_type="split", gated_attn=True, cross_attn_mod=True, audio_gated_attn=True,
+                audio_cross_attn_mod=True, use_prompt_embeddings=False, perturbed_attn=True),
+}  # fmt: skip
+LTX2_CONNECTORS = {
+    "2.0": dict(rope_type="split"),
+    "2.3": dict(rope_type="split", video_connector_num_attention_heads=32, video_connector_num_layers=8,
+                video_gated_attn=True, audio_connector_num_attention_heads=32, audio_connector_attention_head_dim=64,
+                audio_connector_num_layers=8, audio_gated_attn=True, per_modality_projections=True, proj_bias=True),
+}  # fmt: skip
+
+
+def ltx2_release_key(key: str, connectors: bool = False) -> str:
+    """A diffusers LTX-2 key — of LTX2VideoTransformer3DModel, or with `connectors` of LTX2TextConnectors — as the
+    release file names it."""
+    if not connectors:
+        return _ltx_renamed(key, _LTX2_NAMES + _LTX_NAMES)
+    head, rest = key.split(".", 1)
+    if head in _LTX2_TEXT_PROJECTIONS:
+        return f"text_embedding_projection.{_LTX2_TEXT_PROJECTIONS[head]}.{rest}"
+    return _ltx_renamed(key, _LTX2_CONNECTOR_NAMES)
+
+
+def ltx2_release(transformer_shapes: dict, connector_shapes: dict) -> Rows:
+    """The release file's transformer and text connectors (no VAE, audio VAE or vocoder) from diffusers'
+    classes' shapes."""
+    r = Rows()
+    for k, s in transformer_shapes.items():
+        r.t(ltx2_release_key(k), s)
+    for k, s in connector_shapes.items():
+        r.t(ltx2_release_key(k, connectors=True), s)
     return r
 
 
