@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_op_order, random_weights, rel_l2, step_full_and_partial, write
+from denoise_files import (
+    check_gguf_like_its_twin,
+    check_op_order,
+    random_weights,
+    rel_l2,
+    step_full_and_partial,
+    write,
+)
 from layouts_2026.video import WAN22_ANIMATE_14B, WanConfig, wan_animate_original
 
 from engine import denoise
@@ -212,3 +219,33 @@ def test_the_release_layouts_bind_whole(tmp_path, naming):
     m = den.model
     assert den.naming == naming
     assert (len(m.blocks), len(m.face_blocks), m.inject, m.face_size, m.in_channels) == (40, 8, 5, 512, 36)
+
+
+def test_a_gguf_wan_animate_steps_like_its_dequantized_twin(tmp_path):
+    """ComfyUI-GGUF's Wan files: the block and face adapter Linears Q8_0, the rest as they are (the motion
+    encoder's biases and kernels, the padding tokens: plain holders), shapes as ggml's writer stores them
+    (leading axes of 1 dropped); the forward equals the dequantized twin's."""
+    pytest.importorskip("gguf")
+
+    def pick(k: str, t: torch.Tensor) -> bool:
+        return (
+            k.endswith(".weight")
+            and t.dim() == 2
+            and k.startswith(("blocks.", "face_adapter."))
+            and t.shape[1] % 32 == 0
+        )
+
+    quantized = check_gguf_like_its_twin(
+        tmp_path, _release_weights(TINY, FACE, seed=9), "wan", pick, "wan22", ggml_dims=True
+    )
+    assert any(k.startswith("face_adapter.") for k in quantized)
+
+
+def test_face_adapters_not_spread_over_the_blocks_are_refused(tmp_path):
+    """3 face adapter blocks over 4 blocks: no every-k-th spread the release's and diffusers' configs make."""
+    from engine.errors import UnsupportedModel
+
+    w = _release_weights(TINY, {**FACE, "inject": 1}, seed=2)
+    path = write(tmp_path / "odd.safetensors", {k: v for k, v in w.items() if ".fuser_blocks.3." not in k})
+    with pytest.raises(UnsupportedModel, match="3 face adapter blocks over 4 blocks"):
+        _bind(path)
