@@ -20,7 +20,7 @@ from .inputs import check_inputs, names, random_inputs
 
 UNETS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
 FLUX = ("flux1_dev", "flux1_schnell")
-WAN = ("wan21", "wan22")  # T2V, I2V, FLF2V and VACE transformers (engine.denoise.wan)
+WAN = ("wan21", "wan22")  # T2V, I2V, FLF2V, VACE and Animate transformers (engine.denoise.wan, wan_animate)
 FLUX2 = ("flux2",)  # [dev] and [klein] (engine.denoise.flux2)
 CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (engine.denoise.flux)
 # SD3 / SD3.5 (engine.denoise.mmdit); `mmdit`: an MMDiT of no known release size (read from its shapes)
@@ -220,6 +220,7 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
     if architecture in WAN:
         from .. import ops as castable
         from .wan import bind_wan
+        from .wan_animate import bind_wan_animate, diffusers_paths, is_animate
 
         plain = {p: m for p, m in mods.items() if not isinstance(m, castable.Castable)}
         cast = {p: m for p, m in mods.items() if isinstance(m, castable.Castable)}
@@ -228,14 +229,16 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
             from ..lora.family_names import WAN as WAN_NAMES
             from ..lora.family_names import to_original
 
-            naming, rename = "diffusers", to_original(cast, WAN_NAMES)
+            animate = diffusers_paths(mods) if is_animate(mods) else {}  # WanAnimateTransformer3DModel's own
+            naming, rename = "diffusers", {**to_original(cast, WAN_NAMES), **animate}
             cast = {rename[p]: m for p, m in cast.items() if p in rename}
             # the per-block and head modulations are diffusers' `scale_shift_table`s; FLF2V's image
             # position embedding is its image embedder's `pos_embed`
-            renamed = {"": "head", "condition_embedder.image_embedder": "img_emb"}
+            renamed = {"": "head", "condition_embedder.image_embedder": "img_emb", **animate}
             plain = {renamed.get(p, p): m for p, m in plain.items()}
         ops = ops.renamed(cast)
-        return Denoiser("wan", architecture, naming, bind_wan(ops, architecture, dtype, Taken(plain, ops)))
+        bind = bind_wan_animate if is_animate(mods) else bind_wan
+        return Denoiser("wan", architecture, naming, bind(ops, architecture, dtype, Taken(plain, ops)))
     if architecture in FLUX2:
         from .flux2 import bind_flux2_bfl, bind_flux2_diffusers
 

@@ -95,7 +95,7 @@ def shapes(model, got) -> dict:
             out["vace_context"] = (None, model.vace_channels, *fhw)
             if "vace_context_scale" in got:
                 out["vace_context_scale"] = (None,)
-        return out
+        return {**out, **model.shapes_extra(got)} if hasattr(model, "shapes_extra") else out  # Animate
     if hasattr(model, "model_channels"):
         out = {
             "x": (None, model.in_channels, None, None),

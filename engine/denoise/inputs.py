@@ -8,7 +8,11 @@ models' 36: latent, 4-channel mask and image latent, concatenated), `t` [B] in 0
 `clip_fea` [B, 257, 1280] CLIP ViT-H penultimate states of the image (FLF2V: [B, 514, 1280], the first
 frame's then the last's); for VACE `vace_context` [B, 96, F, h, w], the control video's latents and masks
 as its pipeline builds them, and optionally `vace_context_scale` [B], the hints' strength (default 1, the
-original's `vace_context_scale`; ComfyUI's WanVaceToVideo strength).
+original's `vace_context_scale`; ComfyUI's WanVaceToVideo strength). Wan 2.2 Animate
+(`WanAnimateModel.forward(x, t, clip_fea, context, seq_len, y, pose_latents, face_pixel_values)`): the I2V
+inputs (x's 36 channels holding y) and `pose_latents` [B, 16, F − 1, h, w] (the pose video's latents, for
+the frames after the reference one) and `face_pixel_values` [B, 3, T, 512, 512] (the face video in −1…1, T =
+4·(F − 2) + 1 frames: the pipeline's 77 for 21 latent frames; random inputs: 3 latent frames, 5 face frames).
 
 UNet (`openaimodel.UNetModel.forward(x, timesteps, context, y)`): `x` [B, C, h, w] latents (C = the
 model's input channels: 4, or 9 for inpainting), `timesteps` [B] float in 0–999, `context` [B, T, D],
@@ -249,6 +253,7 @@ def names(model) -> tuple[str, ...]:
         extra = (("clip_fea",) if model.image_dim else ()) + (
             ("vace_context",) if model.vace_channels else ()
         )
+        extra += getattr(model, "extra_inputs", ())  # Wan Animate's (engine.denoise.wan_animate)
         return (*WAN_INPUTS, *extra)
     if getattr(model, "family", "") in ("chroma", "flux2"):  # no pooled vector; FLUX.2 [dev] a guidance
         return CHROMA_INPUTS + (("guidance",) if model.guidance_in is not None else ())
@@ -426,7 +431,7 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
             out["clip_fea"] = torch.randn(batch, tokens, model.image_dim, generator=g)
         if model.vace_channels:
             out["vace_context"] = torch.randn(batch, model.vace_channels, 1, 2 * h, 2 * w, generator=g)
-        return out
+        return model.random_extra(out, g) if hasattr(model, "random_extra") else out  # Animate: a clip
     h, w = _latent(width, height, 16)
     tokens = FLUX_TOKENS.get(model.architecture, 256)
     axes = axes_of(model)
@@ -496,6 +501,8 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}: it holds no values")
         if not torch.isfinite(t).all():
             raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
+    if hasattr(model, "check_extra"):  # Wan Animate: the face video's frames against the latents'
+        model.check_extra(got, source)
     for n in ("cap_mask", "text_mask", "byt5_text_mask", "attention_mask", "context_mask", "mask"):
         if n in got:
             _check_mask(got[n], source, n)

@@ -189,9 +189,15 @@ class Wan:
     def __call__(
         self, x, t, context, clip_fea=None, vace_context=None, vace_context_scale=None
     ) -> torch.Tensor:
+        h = self.patch_embedding(x.to(self.dtype))
+        return self.run(h, t, context, clip_fea, vace_context, vace_context_scale)
+
+    def run(
+        self, h, t, context, clip_fea=None, vace_context=None, vace_context_scale=None, after_block=None
+    ) -> torch.Tensor:
+        """The forward from the patched latents h [B, dim, F, h, w] on; `after_block(i, x)`, where given,
+        returns the tokens that go on after main block i (Wan Animate's face adapter adds to them)."""
         dt = self.dtype
-        pe = self.patch_embedding
-        h = pe(x.to(dt))
         b, dim, f, hh, ww = h.shape
         x = h.flatten(2).transpose(1, 2)
         del h
@@ -219,6 +225,8 @@ class Wan:
             x = self._block(blk, x, e0, ctx, cos, sin, img)
             if i in hints:  # × the context scale (1, the original's default, when none is given)
                 x = x + (hints.pop(i) if strength is None else hints.pop(i) * strength)
+            if after_block is not None:
+                x = after_block(i, x)
         mod = held(self.head_modulation, _modulation(self.head_modulation), x.device).to(
             x.device, torch.float32
         )
@@ -271,15 +279,25 @@ class Wan:
         y = blk.ffn_out(F.gelu(blk.ffn_in((_ln(x) * (1 + e[4]) + e[3]).to(dt)), approximate="tanh"))
         return (x.float() + y.float() * e[5]).to(dt)
 
-    def op_order(self) -> list:
-        order = [self.patch_embedding, *self.time_embedding, self.time_projection, *self.text_embedding]
+    def op_order(self, stem: tuple = (), after_block=None) -> list:
+        """The ops in call order; `stem`: ops a variant runs between the patch embedding and the time
+        embedding, `after_block(i)`: those it runs after main block i (Wan Animate's)."""
+        order = [
+            self.patch_embedding,
+            *stem,
+            *self.time_embedding,
+            self.time_projection,
+            *self.text_embedding,
+        ]
         order += list(self.img_emb or ())
         if self.vace_blocks:
             order.append(self.vace_patch_embedding)
             for vb in self.vace_blocks:
                 order += vb.ops()
-        for blk in self.blocks:
+        for i, blk in enumerate(self.blocks):
             order += blk.ops()
+            if after_block is not None:
+                order += after_block(i)
         return [*order, self.head]
 
 

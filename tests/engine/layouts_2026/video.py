@@ -100,6 +100,56 @@ def wan_original(c: WanConfig) -> Rows:
     return r
 
 
+# Wan 2.2 Animate 14B: Wan2.2 `wan/modules/animate/model_animate.py` (WanAnimateModel: Wan 2.1's I2V network,
+# pose_patch_embedding Conv3d(16, dim), Generator(size=512, style_dim=512, motion_dim=20), FaceEncoder(512, dim,
+# 4 heads of 1024), FaceAdapter(num_layers // 5 FaceBlocks: linear1_kv, linear1_q, linear2, per-head q_norm /
+# k_norm)); the motion encoder's EncoderApp (a ConvLayer 1×1, a ResBlock per halving of 512 down to 4, an
+# EqualConv2d 4×4; the channels per size below), its FusedLeakyReLU biases [1, C, 1, 1] and its Blur kernels,
+# persistent buffers the release keeps ([4, 4]). Reduced sizes for the tests through the keywords.
+WAN22_ANIMATE_14B = WanConfig(in_dim=36, clip_image=True)
+ANIMATE_CHANNELS = {512: 32, 256: 64, 128: 128, 64: 256, 32: 512, 16: 512, 8: 512, 4: 512}
+
+
+def wan_animate_original(c: WanConfig, size: int = 512, channels: dict | None = None, style: int = 512,
+                         motion: int = 20, face_in: int = 512, face_hidden: int = 1024, face_heads: int = 4,
+                         inject: int = 5) -> Rows:  # fmt: skip
+    r = wan_original(c)
+    d = c.dim
+    ch = channels or ANIMATE_CHANNELS
+    r.conv("pose_patch_embedding", d, 16, (1, 2, 2))
+    app = "motion_encoder.enc.net_app.convs"
+    r.conv(f"{app}.0.0", ch[size], 3, (1, 1), bias=False)
+    r.t(f"{app}.0.1.bias", (1, ch[size], 1, 1))
+    n, s = 1, size
+    while s > 4:
+        i, o = ch[s], ch[s // 2]
+        r.conv(f"{app}.{n}.conv1.0", i, i, (3, 3), bias=False)
+        r.t(f"{app}.{n}.conv1.1.bias", (1, i, 1, 1))
+        r.t(f"{app}.{n}.conv2.0.kernel", (4, 4))
+        r.conv(f"{app}.{n}.conv2.1", o, i, (3, 3), bias=False)
+        r.t(f"{app}.{n}.conv2.2.bias", (1, o, 1, 1))
+        r.t(f"{app}.{n}.skip.0.kernel", (4, 4))
+        r.conv(f"{app}.{n}.skip.1", o, i, (1, 1), bias=False)
+        n, s = n + 1, s // 2
+    r.conv(f"{app}.{n}", style, ch[4], (4, 4), bias=False)
+    for j in range(5):
+        r.lin(f"motion_encoder.enc.fc.{j}", motion if j == 4 else style, style)
+    r.t("motion_encoder.dec.direction.weight", (face_in, motion))
+    r.conv("face_encoder.conv1_local.conv", face_hidden * face_heads, face_in, (3,))
+    r.conv("face_encoder.conv2.conv", face_hidden, face_hidden, (3,))
+    r.conv("face_encoder.conv3.conv", face_hidden, face_hidden, (3,))
+    r.lin("face_encoder.out_proj", d, face_hidden)
+    r.t("face_encoder.padding_tokens", (1, 1, 1, d))
+    for j in range(c.layers // inject):
+        k = f"face_adapter.fuser_blocks.{j}"
+        r.lin(f"{k}.linear1_kv", 2 * d, d)
+        r.lin(f"{k}.linear1_q", d, d)
+        r.lin(f"{k}.linear2", d, d)
+        r.norm(f"{k}.q_norm", 128, bias=False)
+        r.norm(f"{k}.k_norm", 128, bias=False)
+    return r
+
+
 def wan_diffusers_config(c: WanConfig, layers: int | None = None) -> dict:
     """WanTransformer3DModel / WanVACETransformer3DModel arguments for the same release."""
     cfg = dict(
