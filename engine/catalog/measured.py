@@ -37,6 +37,7 @@ ACTIVATION_BYTES = {
     "hunyuan_image21": 144 * 1024,  # width 3584, 4x MLP
     "sana": 96 * 1024,  # width 2240, a 2.5x Mix-FFN
     "pixart": 64 * 1024,  # width 1152, 4x MLP
+    "hidream": 128 * 1024,  # width 2560, SwiGLU 6912 (two routed experts and the shared one per token)
     "ltxv": 96 * 1024,  # width 2048 (13B: 4096), 4x MLP, one token per 32x32 pixels
     "ltx2": 160 * 1024,  # video width 4096, 4x MLP, one token per 32x32 pixels (its audio tokens are few)
     "text": 64 * 1024,  # text encoders: per token
@@ -46,10 +47,12 @@ ACTIVATION_BYTES = {
 UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "qwen_image": 16, "nextdit": 16, "auraflow": 16, "wan": 16,
            "hunyuan_video": 16, "hunyuan_video15": 16,
            "ltxv": 32, "ltx2": 32, "cosmos": 16, "krea2": 16, "hunyuan_image21": 32,
-           "sana": 32, "pixart": 16}  # fmt: skip
+           "sana": 32, "pixart": 16, "hidream": 16}  # fmt: skip
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.
 STEP_FRAMES = {"ltx2": 3}
+# HiDream-I1 pads a non-square image's tokens to 4096 (engine.denoise.hidream: max_resolution 128 x 128 latents)
+HIDREAM_MAX_SEQ = 4096
 # Bytes a second a partial step streams its offloaded modules at, for the prediction before any step
 # is measured (pinned host RAM to a GPU over PCIe 4 x16 ~ 12 GB/s; page cache to RAM ~ 4 GB/s here).
 STREAM_BYTES_PER_S = {"cuda": 12e9, "cpu": 4e9}
@@ -58,7 +61,10 @@ STREAM_BYTES_PER_S = {"cuda": 12e9, "cpu": 4e9}
 def units(kind: str, width: int, height: int, batch: int = 1) -> int:
     """Latent pixels (UNet) or image tokens (FLUX) of one forward pass at width x height (LTX-2: of its frames)."""
     f = UNIT_PX[kind]
-    return batch * STEP_FRAMES.get(kind, 1) * max(1, height // f) * max(1, width // f)
+    n = max(1, height // f) * max(1, width // f)
+    if kind == "hidream" and width != height:
+        n = max(n, HIDREAM_MAX_SEQ)
+    return batch * STEP_FRAMES.get(kind, 1) * n
 
 
 def activation_bytes(kind: str, n_units: int, esize: int) -> int:

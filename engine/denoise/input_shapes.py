@@ -8,6 +8,11 @@ def axes_of(model) -> int:
     return 4 if getattr(model, "family", "") == "flux2" else 3
 
 
+def batch_axis(name: str) -> int:
+    """The axis of an input that holds the batch: HiDream's Llama states are a stack of layers, each [B, T, D]."""
+    return 1 if name == "encoder_hidden_states_llama3" else 0
+
+
 def shapes(model, got) -> dict:
     """The shape each input of `got` must have for `model` (None: any size on that axis)."""
     from .inputs import names
@@ -70,6 +75,14 @@ def shapes(model, got) -> dict:
         return out
     if getattr(model, "family", "") in ("hunyuan_video15", "hunyuan_image21"):
         return _hunyuan15_shapes(model, got)
+    if getattr(model, "family", "") == "hidream":
+        out = {"hidden_states": (None, model.in_channels, None, None), "timesteps": (None,),
+               "encoder_hidden_states_t5": (None, None, model.t5_dim),
+               "encoder_hidden_states_llama3": (model.llama_layers, None, None, model.llama_dim),
+               "pooled_embeds": (None, model.pooled_dim)}  # fmt: skip
+        if "max_seq" in got:
+            out["max_seq"] = (None,)
+        return out
     if getattr(model, "family", "") == "ltxv":
         return _ltxv_shapes(model, got)
     if getattr(model, "family", "") == "ltx2":

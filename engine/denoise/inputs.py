@@ -105,6 +105,13 @@ Krea 2 (diffusers' Krea2Transformer2DModel, on Loadout's latent convention): `x`
 inside, h and w even), `timesteps` [B] in 0–1 (1 is noise), `context` [B, T, L, 2560]: each prompt token's hidden
 states from L (12) layers of Qwen3-VL, and optionally `context_mask` [B, T] (1 for the prompt's tokens).
 
+HiDream-I1 (diffusers' HiDreamImageTransformer2DModel.forward, HiDream-ai's release names): `hidden_states` [B, 16, h,
+w] latents (2×2 patches inside, h and w even), `timesteps` [B] in 0–1000, `encoder_hidden_states_t5` [B, T, 4096]
+T5-XXL states, `encoder_hidden_states_llama3` [32, B, T', 4096] — the stack of Llama 3.1 8B's 32 layers' states (its
+`hidden_states[1:]`; 128 tokens each in its pipeline), `pooled_embeds` [B, 2048] (pooled CLIP-L then CLIP-G), and
+optionally `max_seq` [B]: the tokens a non-square latent is padded to (default 4096; HiDream-E1-Full's config 4608,
+E1.1's pipeline 8192, whose `hidden_states` are the target's and the reference image's latents side by side).
+
 Text encoders (transformers' CLIPTextModel / T5EncoderModel forward): `input_ids` [B, T] token ids (77
 for CLIP, 512 for T5 when random).
 
@@ -123,7 +130,7 @@ import torch
 
 from ..errors import FormatError
 from .common import timestep_embedding, wshape
-from .input_shapes import axes_of, shapes
+from .input_shapes import axes_of, batch_axis, shapes
 
 UNET_INPUTS = ("x", "timesteps", "context", "y")
 FLUX_INPUTS = ("img", "img_ids", "txt", "txt_ids", "timesteps", "y", "guidance")
@@ -161,6 +168,9 @@ SPRINT_GUIDANCE = 4.5 * 0.1  # SanaSprintPipeline's default guidance_scale x its
 PIXART_INPUTS = ("x", "timestep", "y")  # PixArt's `forward(x, timestep, y, mask, data_info)`
 PIXART_TOKENS = 300  # PixArt-Σ's pipeline max_sequence_length (α: 120)
 COSMOS_TOKENS = 512  # the Cosmos Predict2 pipelines' T5 length
+HIDREAM_INPUTS = ("hidden_states", "timesteps", "encoder_hidden_states_t5", "encoder_hidden_states_llama3",
+                  "pooled_embeds")  # fmt: skip
+HIDREAM_TOKENS = 128  # the HiDream pipeline's max_sequence_length (T5 and Llama alike)
 LATENT_16 = 16
 ANIMA_TOKENS = 128  # a prompt's Qwen3 states and T5 ids (random inputs)
 LTXV_TOKENS = 128  # the LTX-Video pipeline's max_sequence_length
@@ -173,7 +183,8 @@ IMAGE_PATCHED = (
     "auraflow",
     "krea2",
     "pixart",
-)  # `x` a [B, C, h, w] latent in 2×2 patches
+    "hidream",
+)  # `x` (HiDream: `hidden_states`) a [B, C, h, w] latent in 2×2 patches
 # video families' `x` [B, C, F, h, w]: (the side of a spatial patch, the VAE's spatial compression)
 IMAGE_LATENT = {
     "hunyuan_image21": (1, 32),
@@ -239,6 +250,8 @@ def optional_names(model) -> tuple[str, ...]:
         return ("mask", "img_hw", "aspect_ratio") if model.micro is not None else ("mask",)
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN_IMAGE_OPTIONAL
+    if getattr(model, "family", "") == "hidream":
+        return ("max_seq",)  # the tokens a non-square latent is padded to, [B]; default 4096
     if getattr(model, "family", "") == "cosmos":
         anima = ("t5xxl_weights",) if model.adapter is not None else ()
         return (("condition_mask", "fps") if model.video2world else ()) + anima
@@ -279,6 +292,8 @@ def names(model) -> tuple[str, ...]:
         return PIXART_INPUTS
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN15_INPUTS + (("guidance",) if model.guidance_in is not None else ())
+    if getattr(model, "family", "") == "hidream":
+        return HIDREAM_INPUTS
     if getattr(model, "family", "") == "cosmos":
         return COSMOS_INPUTS + (("t5xxl_ids",) if model.adapter is not None else ())
     if getattr(model, "family", "") == "text":
@@ -372,6 +387,18 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         if model.guidance_in is not None:
             out["guidance"] = torch.full((batch,), HUNYUAN_IMAGE_GUIDANCE)
         return out
+    if getattr(model, "family", "") == "hidream":  # t in 0–1000, T5 / 32 Llama layers / pooled CLIP states
+        h, w = _latent(width, height, 16)
+        model.padded_length(2 * h, 2 * w, source=f"--size {width}x{height}")
+        return {
+            "hidden_states": torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
+            "timesteps": torch.rand(batch, generator=g) * 1000.0,
+            "encoder_hidden_states_t5": torch.randn(batch, HIDREAM_TOKENS, model.t5_dim, generator=g),
+            "encoder_hidden_states_llama3": torch.randn(
+                model.llama_layers, batch, HIDREAM_TOKENS, model.llama_dim, generator=g
+            ),
+            "pooled_embeds": torch.randn(batch, model.pooled_dim, generator=g),
+        }
     if getattr(model, "family", "") == "krea2":  # a latent, t in 0–1, L layers of text states per token
         h, w = _latent(width, height, 16)
         return {
@@ -494,7 +521,7 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
     for n, shape in expect.items():
         t = got[n]
         ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape, strict=True))
-        if not ok or t.shape[0] != b:
+        if not ok or t.shape[batch_axis(n)] != b:
             want_s = "[" + ", ".join("·" if s is None else str(s) for s in shape) + "]"
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}; expected {want_s} (batch {b})")
         if t.numel() == 0:
@@ -508,12 +535,14 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             _check_mask(got[n], source, n)
     if getattr(model, "family", "") == "ltx2":
         _check_ltx2(model, got, source)
-    for n in ("x", "ref_latents"):
+    for n in ("x", "ref_latents", "hidden_states"):
         if n in got and getattr(model, "family", "") in PATCHED and any(s % 2 for s in got[n].shape[-2:]):
             raise FormatError(
                 f"{source}: input {n} has shape {list(got[n].shape)}: its height and width must be even "
                 "(the model reads 2×2 patches of the latent)"
             )
+    if getattr(model, "family", "") == "hidream":  # a non-square latent fits the padding it gets
+        model.padded_length(*got["hidden_states"].shape[-2:], got.get("max_seq"), source)
     return got
 
 

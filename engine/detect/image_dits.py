@@ -15,8 +15,9 @@ Facts (cited, not copied):
   4B layers (`txtfusion.projector` / `text_fusion.projector`).
 * HiDream-I1 (HiDream-ai/HiDream-I1, whose naming diffusers keeps as is): 16 double-stream + 32
   single-stream blocks at 2560 wide, mixture-of-experts feed-forward (`ff_i.experts.N`, `ff_i.gate`),
-  separate text projections (`attn1.to_q_t`), 48 `caption_projection.N` (ComfyUI model_detection.py).
-  Full, Dev and Fast are three trainings of one config.
+  separate text projections (`attn1.to_q_t`), 49 `caption_projection.N` (ComfyUI model_detection.py).
+  Full, Dev and Fast are three trainings of one config; HiDream-E1 (E1-Full, E1.1) keeps it key for key (its
+  transformer config differs in max_resolution alone, which no tensor holds).
 * Sana (NVlabs/Sana `diffusion/model/nets/sana_multi_scale.py`; diffusers convert_sana_transformer_to_
   diffusers): linear-attention blocks with a Mix-FFN of convolutions (`mlp.inverted_conv`,
   `depth_conv`, `point_conv`; diffusers `ff.conv_inverted`...) and cross-attention to Gemma 2 2B
@@ -116,7 +117,10 @@ def hidream(ix: KeyIndex) -> Backbone | None:
         v.because(b, anchor, f"hidden size {hidden}: not the released HiDream-I1 (2560)")
     b.evidence.append(
         Evidence(
-            "", None, "HiDream-I1 Full, Dev and Fast share one layout: the header cannot tell them apart"
+            "",
+            None,
+            "HiDream-I1 Full, Dev and Fast, and the HiDream-E1 editing models, share one layout: the header "
+            "cannot tell them apart",
         )
     )
     return b

@@ -233,6 +233,79 @@ def sana_diffusers_config(c: SanaConfig, layers: int | None = None) -> dict:
     )
 
 
+# --- HiDream-I1 (HiDream-ai's naming, which diffusers keeps) --------------------------------------------
+# HiDream-ai/HiDream-I1 `hi_diffusers/models/transformers/transformer_hidream_image.py` and `moe.py` (PatchEmbed,
+# TimestepEmbed, PooledEmbed, HiDreamImageBlock(.block) with attn1 / ff_i / ff_t, MOEFeedForwardSwiGLU, OutEmbed,
+# TextProjection); the released config (HiDream-I1-Full / -Dev `transformer/config.json`, E1-Full's the same but its
+# max_resolution): 20 heads of 128, 16 double- and 32 single-stream blocks, 4 routed experts, T5 and Llama 3.1 8B
+# captions (4096), pooled CLIP-L + CLIP-G (2048), 16 latent channels in 2x2 patches.
+@dataclass(frozen=True)
+class HiDreamConfig:
+    hidden: int = 2560
+    doubles: int = 16
+    singles: int = 32
+    experts: int = 4
+    caption: int = 4096
+    pooled: int = 2048
+    latent: int = 16
+
+
+HIDREAM_I1 = HiDreamConfig()
+
+
+def _swiglu_hidden(hidden: int) -> int:
+    """FeedForwardSwiGLU's width for `hidden`: two thirds of it, rounded up to a multiple of 256."""
+    return 256 * -(-int(2 * hidden / 3) // 256)
+
+
+def _hidream_swiglu(r: Rows, k: str, dim: int, hidden: int) -> None:
+    f = _swiglu_hidden(hidden)
+    r.lin(f"{k}.w1", f, dim, False)
+    r.lin(f"{k}.w2", dim, f, False)
+    r.lin(f"{k}.w3", f, dim, False)
+
+
+def hidream_release(c: HiDreamConfig) -> Rows:
+    r = Rows()
+    h = c.hidden
+    r.lin("t_embedder.timestep_embedder.linear_1", h, 256)
+    r.lin("t_embedder.timestep_embedder.linear_2", h, h)
+    r.lin("p_embedder.pooled_embedder.linear_1", h, c.pooled)
+    r.lin("p_embedder.pooled_embedder.linear_2", h, h)
+    r.lin("x_embedder.proj", h, 4 * c.latent)
+    for kind, n in (("double_stream_blocks", c.doubles), ("single_stream_blocks", c.singles)):
+        for i in range(n):
+            k = f"{kind}.{i}.block"
+            double = kind.startswith("double")
+            r.lin(f"{k}.adaLN_modulation.1", (12 if double else 6) * h, h)
+            for t in ("", "_t") if double else ("",):
+                for p in ("to_q", "to_k", "to_v", "to_out"):
+                    r.lin(f"{k}.attn1.{p}{t}", h, h)
+                r.norm(f"{k}.attn1.q_rms_norm{t}", h, False)
+                r.norm(f"{k}.attn1.k_rms_norm{t}", h, False)
+            _hidream_swiglu(r, f"{k}.ff_i.shared_experts", h, 2 * h)
+            for e in range(c.experts):
+                _hidream_swiglu(r, f"{k}.ff_i.experts.{e}", h, 4 * h)
+            r.t(f"{k}.ff_i.gate.weight", (c.experts, h))
+            if double:
+                _hidream_swiglu(r, f"{k}.ff_t", h, 4 * h)
+    r.lin("final_layer.linear", 4 * c.latent, h)
+    r.lin("final_layer.adaLN_modulation.1", 2 * h, h)
+    for i in range(c.doubles + c.singles + 1):
+        r.lin(f"caption_projection.{i}.linear", h, c.caption, False)
+    return r
+
+
+def hidream_diffusers_config(c: HiDreamConfig) -> dict:
+    """HiDreamImageTransformer2DModel arguments of the released config."""
+    return dict(
+        patch_size=2, in_channels=c.latent, out_channels=c.latent, num_layers=c.doubles, num_single_layers=c.singles,
+        attention_head_dim=128, num_attention_heads=c.hidden // 128, caption_channels=[c.caption, c.caption],
+        text_emb_dim=c.pooled, num_routed_experts=c.experts, num_activated_experts=2, axes_dims_rope=(64, 32, 32),
+        max_resolution=(128, 128), llama_layers=[min(i, 31) for i in range(c.doubles + c.singles)],
+    )  # fmt: skip
+
+
 # --- Lumina 2 / Z-Image (original / ComfyUI naming) ----------------------------------------------------
 # Alpha-VLLM Lumina-Image-2.0 `models/model.py` (NextDiT, JointTransformerBlock, FinalLayer) as ComfyUI keeps
 # it (comfy/ldm/lumina/model.py), and Z-Image in the same naming (ComfyUI's `z_image_modulation`: a bare
