@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ..errors import FormatError, UnsupportedModel
 from .common import Ops, Taken, unused_layers
-from .inputs import check_inputs, names, random_inputs
+from .inputs import check_inputs, names
+from .random_inputs import random_inputs
 
 UNETS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
 FLUX = ("flux1_dev", "flux1_schnell")
@@ -40,7 +41,18 @@ HUNYUAN_IMAGE = ("hunyuan_image21",)  # HunyuanImage 2.1 (engine.denoise.hunyuan
 COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B and 14B (engine.denoise.cosmos)
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + CHROMA + MMDIT + QWEN + NEXTDIT + AURAFLOW + WAN),
-    *(HUNYUAN_VIDEO + HUNYUAN_VIDEO15 + HUNYUAN_IMAGE + LTXV + LTX2 + COSMOS + KREA2 + SANA + PIXART + HIDREAM),
+    *(
+        HUNYUAN_VIDEO
+        + HUNYUAN_VIDEO15
+        + HUNYUAN_IMAGE
+        + LTXV
+        + LTX2
+        + COSMOS
+        + KREA2
+        + SANA
+        + PIXART
+        + HIDREAM
+    ),
 )
 _MISFIT = re.compile(
     r"shapes cannot be multiplied|Given groups=|expected input\[|must match the size of tensor|"
@@ -213,7 +225,7 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
         naming, model = bind_ltxv(ops, mods, architecture, dtype)
         return Denoiser("ltxv", architecture, naming, model)
     if architecture in LTX2:
-        from .ltx2 import bind_ltx2
+        from .ltx2_bind import bind_ltx2
 
         naming, model = bind_ltx2(ops, mods, architecture, dtype)
         return Denoiser("ltx2", architecture, naming, model)
