@@ -142,6 +142,13 @@ class NextDiT:
     def omni(self) -> bool:
         return self.siglip is not None
 
+    def check_extra(self, got: dict, source: str) -> None:
+        """Z-Image Omni: its pieces, condition images and grids agree (engine.denoise.inputs calls this)."""
+        if self.omni:
+            from .z_image_omni import check_omni
+
+            check_omni(got, source)
+
     def __call__(self, x, t, cap_feats, cap_mask=None, **omni) -> torch.Tensor:
         if self.omni:  # Z-Image Omni: every call runs its sequence of captions, images and SigLIP grids
             from .z_image_omni import omni_forward

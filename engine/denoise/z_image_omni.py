@@ -92,6 +92,16 @@ def _check(x, cap_feats, cap_lens, cond_latents, siglip_feats) -> tuple[list[int
     return lens, n
 
 
+def check_omni(got: dict, source: str) -> None:
+    """_check on a file's inputs, its errors naming the file."""
+    try:
+        _check(
+            got["x"], got["cap_feats"], got.get("cap_lens"), got.get("cond_latents"), got.get("siglip_feats")
+        )
+    except FormatError as e:
+        raise FormatError(f"{source}: {e}") from None
+
+
 def omni_forward(m: NextDiT, x, t, cap_feats, cap_lens=None, cond_latents=None, siglip_feats=None):
     """The Omni forward of `m` (see the module's text): x [B, 16, h, w] the target, t [B] in 0–1 (1 =
     clean), cap_feats [B, T, D]; returns the target's prediction [B, 16, h, w]."""

@@ -133,6 +133,8 @@ def test_omni_inputs_say_what_is_off(omni):
     inputs = den.random_inputs(64, 64)
     with pytest.raises(FormatError, match=r"1 condition image\(s\) need cap_lens"):
         den({k: v for k, v in inputs.items() if k != "cap_lens"})
+    with pytest.raises(FormatError, match=r"^in.safetensors: 1 condition image\(s\) need cap_lens"):
+        den.check_inputs({k: v for k, v in inputs.items() if k != "cap_lens"}, "in.safetensors")
     with pytest.raises(FormatError, match=r"must be positive and add up to cap_feats' 128 tokens"):
         den(dict(inputs, cap_lens=torch.tensor([[4.0, 100.0, 2.0]])))
     with pytest.raises(FormatError, match=r"siglip_feats holds 2 grids for 1 condition images"):
