@@ -438,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         best = best_of(lines)
         report = compare(best, baseline, failed_benches=failed)
         still = {r.name for r in (*report.regressions, *report.missed_goals)}
-        cleared = [f"{n} {_num(v)} -> {_num(figure(best[n]))}" for n, v in before.items() if n not in still]
+        after = {r.name: r.now for r in report.rows}  # judged as `before` was: scaled for the machine
+        cleared = [f"{n} {_num(v)} -> {_num(after.get(n))}" for n, v in before.items() if n not in still]
         confirmed = (f"confirm: {a.confirm} more round(s) of {len(again)} benchmark(s) behind {len(before)} flag(s); "
                      f"{len(still)} still flagged" + (f"; cleared: {'; '.join(cleared)}" if cleared else ""))  # fmt: skip
     a.best.parent.mkdir(parents=True, exist_ok=True)

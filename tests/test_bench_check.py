@@ -307,3 +307,30 @@ def test_record_writes_the_line_format_and_appends_to_the_results_file(tmp_path,
         _record.record("bad", 1.0, "s", better="faster")
     with pytest.raises(ValueError):
         _record.record("bad", 1.0, "s", name_clash=1, ratio_x=2, goal_met=True)
+
+
+FAKE_TIMED = """
+import os, sys
+sys.path.insert(0, {benchmarks!r})
+from _record import record
+n = int(os.environ["LOADOUT_BENCH_ROUND"])
+record("r1", 1.0, "s", baseline="ref one", baseline_value=2.0)  # the machine runs its references 2x slower
+record("r2", 1.0, "s", baseline="ref two", baseline_value=2.0)
+record("t", 3.0 if n == 1 else 2.0, "s", judged="value")  # round 1 met a burst of load
+"""
+
+
+def test_a_cleared_flag_of_a_scaled_time_reads_scaled_on_both_sides(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(check, "HERE", tmp_path)
+    (tmp_path / "bench_fake.py").write_text(FAKE_TIMED.format(benchmarks=str(BENCHMARKS)))
+    monkeypatch.setattr(check, "DEFAULT", (check.Bench(("bench_fake.py",)),))
+    base = [dict(line("r1", 1.0), bench="fake", baseline="ref one", baseline_value=1.0),
+            dict(line("r2", 1.0), bench="fake", baseline="ref two", baseline_value=1.0),
+            dict(line("t", value=1.0, judged="value"), bench="fake")]  # fmt: skip
+    baseline = write(tmp_path / "baseline.jsonl", base)
+    argv = ["--rounds", "1", "--confirm", "2", "--latest", str(tmp_path / "latest.jsonl"), "--baseline",
+            str(baseline), "--best", str(tmp_path / "best.jsonl")]  # fmt: skip
+    assert check.main(argv) == 0
+    out = capsys.readouterr().out
+    # round 1: 3 s / 2 = 1.5 against 1 (flagged); the confirming rounds' 2 s / 2 = 1: as judged, not as measured
+    assert "cleared: t 1.5 -> 1" in out
