@@ -36,7 +36,6 @@ from ..errors import UnsupportedModel
 from .common import (
     Ops,
     held,
-    held_shape,
     layer_norm,
     merge_heads,
     mlp2,
@@ -44,8 +43,7 @@ from .common import (
     timestep_embedding,
     wshape,
 )
-from .flux import Proj
-from .sana import Attn, Sana
+from .sana import Attn, Sana, bind_attn, bind_table, release_ops
 
 HEAD = 72  # PixArt XL/2's head width (1152 = 16 x 72): not in the weights
 PATCH = 2
@@ -167,29 +165,9 @@ _BLOCK = (("attn1.to_q", "attn.to_q"), ("attn1.to_k", "attn.to_k"), ("attn1.to_v
 _UNREAD = ("pos_embed", "y_embedder", "y_embedding")  # the release's fixed table buffer and null caption
 
 
-def _release_path(p: str) -> str:
-    for a, b in _TOP:
-        if p == a:
-            return b
-    if p.startswith("transformer_blocks."):
-        _, n, *rest = p.split(".", 2)
-        return f"blocks.{n}" + ("." + dict(_BLOCK).get(rest[0], rest[0]) if rest else "")
-    return p
-
-
 def bind_pixart(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[str, PixArt]:
     """(naming, the forward) of a PixArt-α / Σ transformer in the release's or diffusers' naming."""
-    diffusers = "pos_embed.proj" in mods
-    if diffusers:
-        mods = {_release_path(p): m for p, m in mods.items()}
-        ops = ops.renamed(mods)
-        if "" in mods and getattr(mods[""], "scale_shift_table", None) is not None:
-            mods["final_layer"] = mods[""]  # diffusers keeps the final table on the root
-    for p, m in mods.items():
-        if p in _UNREAD or (p == "" and {*m._parameters, *m._buffers} <= set(_UNREAD)):
-            ops.take(m)
-    embed = ops["x_embedder.proj"]
-    embed.stride = tuple(wshape(embed)[2:])  # the file holds the kernel; the stride is the architecture's
+    diffusers, ops, mods, embed = release_ops(ops, mods, _TOP, _BLOCK, _UNREAD)
     dim = wshape(embed)[0]
     if dim % HEAD or tuple(wshape(embed)[2:]) != (PATCH, PATCH):
         raise UnsupportedModel(
@@ -197,26 +175,10 @@ def bind_pixart(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> 
         )
 
     def table(path: str, rows: int):
-        m = mods.get(path)
-        if (
-            m is None
-            or getattr(m, "scale_shift_table", None) is None
-            or held_shape(m, "scale_shift_table") != (rows, dim)
-        ):
-            raise UnsupportedModel(f"{ops.what}: no {path} scale_shift_table [{rows}, {dim}] — not PixArt's")
-        ops.take(m)
-        return m
+        return bind_table(ops, mods, path, rows, dim, "PixArt")
 
     def attn(p: str, cross: bool) -> Attn:
-        if cross and f"{p}.kv_linear" in ops:
-            qkv = Proj(None, parts=(ops[f"{p}.q_linear"], ops[f"{p}.kv_linear"]))
-        elif cross:  # diffusers' split k / v
-            qkv = Proj(None, parts=(ops[f"{p}.q_linear"], ops[f"{p}.to_k"], ops[f"{p}.to_v"]))
-        elif f"{p}.qkv" in ops:
-            qkv = Proj(ops[f"{p}.qkv"], (dim, dim, dim))
-        else:  # diffusers' split q / k / v
-            qkv = Proj(None, parts=tuple(ops[f"{p}.to_{n}"] for n in "qkv"))
-        return Attn(qkv, ops[f"{p}.proj"], None, None)
+        return bind_attn(ops, p, cross, dim)
 
     blocks = [
         Block(table(f"blocks.{i}", 6), attn(f"blocks.{i}.attn", False), attn(f"blocks.{i}.cross_attn", True),
@@ -234,7 +196,7 @@ def bind_pixart(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> 
             )
     model = PixArt(
         architecture, embed, (ops["t_embedder.mlp.0"], ops["t_embedder.mlp.2"]), ops["t_block.1"],
-        (ops["y_embedder.y_proj.fc1"], ops["y_embedder.y_proj.fc2"]), blocks, table("final_layer", 2),
+        (ops["y_embedder.y_proj.fc1"], ops["y_embedder.y_proj.fc2"]), blocks, table("final_layer" if "final_layer" in mods else "", 2),
         ops["final_layer.linear"], micro, dtype,
     )  # fmt: skip
     return ("diffusers" if diffusers else "release"), model

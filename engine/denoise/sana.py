@@ -194,27 +194,66 @@ _BLOCK = (("attn1.to_q", "attn.to_q"), ("attn1.to_k", "attn.to_k"), ("attn1.to_v
 _UNREAD = ("pos_embed", "y_embedder")
 
 
-def _release_path(p: str) -> str:
-    for a, b in _TOP:
+def release_path(p: str, top, block) -> str:
+    """A diffusers path in the release's names (Sana's and PixArt's: `top` whole paths, `block` paths below
+    `transformer_blocks.N`, which become `blocks.N`)."""
+    for a, b in top:
         if p == a:
             return b
     if p.startswith("transformer_blocks."):
         _, n, *rest = p.split(".", 2)
-        return f"blocks.{n}" + ("." + dict(_BLOCK).get(rest[0], rest[0]) if rest else "")
+        return f"blocks.{n}" + ("." + dict(block).get(rest[0], rest[0]) if rest else "")
     return p
+
+
+def release_ops(ops: Ops, mods: dict, top, block, unread) -> tuple[bool, Ops, dict, object]:
+    """(whether the file is diffusers-named, its ops and modules by the release's paths, the patch
+    embedding): a diffusers file renamed, the buffers no forward reads (`unread`) taken, the embedding's
+    stride set from its kernel (the file holds the kernel; the stride is the architecture's)."""
+    diffusers = "patch_embed.proj" in mods or "pos_embed.proj" in mods
+    if diffusers:
+        mods = {release_path(p, top, block): m for p, m in mods.items()}
+        ops = ops.renamed(mods)
+    for p, m in mods.items():
+        if p in unread or (p == "" and {*m._parameters, *m._buffers} <= set(unread)):
+            ops.take(m)
+    embed = ops["x_embedder.proj"]
+    embed.stride = tuple(wshape(embed)[2:])
+    return diffusers, ops, mods, embed
+
+
+def bind_table(ops: Ops, mods: dict, path: str, rows: int, dim: int, family: str):
+    """The plain holder of `path`'s scale_shift_table [rows, dim], taken; UnsupportedModel without one."""
+    m = mods.get(path)
+    if (
+        m is None
+        or getattr(m, "scale_shift_table", None) is None
+        or held_shape(m, "scale_shift_table") != (rows, dim)
+    ):
+        raise UnsupportedModel(
+            f"{ops.what}: no {path or 'root'} scale_shift_table [{rows}, {dim}] — not {family}'s"
+        )
+    ops.take(m)
+    return m
+
+
+def bind_attn(ops: Ops, p: str, cross: bool, dim: int) -> Attn:
+    """A self- (`attn`: fused qkv, or diffusers' q / k / v) or cross-attention (`cross_attn`: q_linear and
+    the fused kv_linear, or diffusers' k / v) at `p`, with its QK norms where the file has them."""
+    if cross and f"{p}.kv_linear" in ops:
+        qkv = Proj(None, parts=(ops[f"{p}.q_linear"], ops[f"{p}.kv_linear"]))
+    elif cross:  # diffusers' split k / v
+        qkv = Proj(None, parts=(ops[f"{p}.q_linear"], ops[f"{p}.to_k"], ops[f"{p}.to_v"]))
+    elif f"{p}.qkv" in ops:
+        qkv = Proj(ops[f"{p}.qkv"], (dim, dim, dim))
+    else:  # diffusers' split q / k / v
+        qkv = Proj(None, parts=tuple(ops[f"{p}.to_{n}"] for n in "qkv"))
+    return Attn(qkv, ops[f"{p}.proj"], ops.get(f"{p}.q_norm"), ops.get(f"{p}.k_norm"))
 
 
 def bind_sana(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[str, Sana]:
     """(naming, the forward) of a Sana transformer in the release's or diffusers' naming."""
-    diffusers = "patch_embed.proj" in mods
-    if diffusers:
-        mods = {_release_path(p): m for p, m in mods.items()}
-        ops = ops.renamed(mods)
-    for p, m in mods.items():
-        if p in _UNREAD or (p == "" and {*m._parameters, *m._buffers} <= set(_UNREAD)):
-            ops.take(m)
-    embed = ops["x_embedder.proj"]
-    embed.stride = tuple(wshape(embed)[2:])  # the file holds the kernel; the stride is the architecture's
+    diffusers, ops, mods, embed = release_ops(ops, mods, _TOP, _BLOCK, _UNREAD)
     dim = wshape(embed)[0]
     if dim % HEAD or dim not in CROSS_HEADS:
         raise UnsupportedModel(
@@ -223,28 +262,10 @@ def bind_sana(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tu
         )
 
     def table(path: str, rows: int):
-        m = mods.get(path)
-        if (
-            m is None
-            or getattr(m, "scale_shift_table", None) is None
-            or held_shape(m, "scale_shift_table") != (rows, dim)
-        ):
-            raise UnsupportedModel(
-                f"{ops.what}: no {path or 'root'} scale_shift_table [{rows}, {dim}] — not Sana's"
-            )
-        ops.take(m)
-        return m
+        return bind_table(ops, mods, path, rows, dim, "Sana")
 
     def attn(p: str, cross: bool) -> Attn:
-        if cross and f"{p}.kv_linear" in ops:
-            qkv = Proj(None, parts=(ops[f"{p}.q_linear"], ops[f"{p}.kv_linear"]))
-        elif cross:  # diffusers' split k / v
-            qkv = Proj(None, parts=(ops[f"{p}.q_linear"], ops[f"{p}.to_k"], ops[f"{p}.to_v"]))
-        elif f"{p}.qkv" in ops:
-            qkv = Proj(ops[f"{p}.qkv"], (dim, dim, dim))
-        else:  # diffusers' split q / k / v
-            qkv = Proj(None, parts=tuple(ops[f"{p}.to_{n}"] for n in "qkv"))
-        return Attn(qkv, ops[f"{p}.proj"], ops.get(f"{p}.q_norm"), ops.get(f"{p}.k_norm"))
+        return bind_attn(ops, p, cross, dim)
 
     blocks = []
     for i in ops.children("blocks"):
