@@ -1,4 +1,4 @@
-"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2) on
+"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2) and PixArt on
 Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
 coordinates, masks) built here from the same inputs Loadout's step gets."""
 
@@ -47,6 +47,9 @@ def run_diffusers(model, family: str, x: dict):
         out = model(hidden_states=packed, encoder_hidden_states=x["context"], timestep=x["timesteps"],
                     position_ids=ids).sample  # fmt: skip
         return out.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+    if family == "pixart":  # Σ: no size conditions, every caption token kept
+        return model(hidden_states=x["x"], encoder_hidden_states=x["y"], timestep=x["timestep"],
+                     added_cond_kwargs={"resolution": None, "aspect_ratio": None}).sample  # fmt: skip
     raise ValueError(family)
 
 

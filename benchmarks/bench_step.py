@@ -134,6 +134,9 @@ HUNYUAN_VIDEO15 = dict(num_layers=2)
 LTXV = dict(num_layers=2)
 COSMOS = dict(num_attention_heads=16, num_layers=2, rope_scale=(1.0, 4.0, 4.0), extra_pos_embed_type=None)
 KREA2 = dict(num_layers=1)
+# PixArt-Σ XL/2 1024 (diffusers' defaults are XL/2's: 16 heads of 72, 1152 wide; T5-XXL captions; Σ has no size
+# conditions) at 2 of its 28 blocks
+PIXART = dict(num_layers=2, caption_channels=4096, sample_size=128, use_additional_conditions=False)
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
@@ -146,6 +149,7 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "ltxv": ((1024, 1024), "transformer", "ltxv"),
             "cosmos": ((512, 512), "transformer", "cosmos_predict2"),
             "krea2": ((512, 512), "transformer", "krea2"),
+            "pixart": ((1024, 1024), "transformer", "pixart"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
@@ -209,14 +213,18 @@ def _diffusers_model(family: str):
             from diffusers import Krea2Transformer2DModel
 
             return Krea2Transformer2DModel(**KREA2)
+        if family == "pixart":
+            from diffusers import PixArtTransformer2DModel
+
+            return PixArtTransformer2DModel(**PIXART)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
 
 
 def real_rotary_tables(model, family: str) -> None:
-    """The rotary tables diffusers computes when a model is built (Wan's, Lumina 2's and Qwen-Image's are
-    made on the meta device with it here): built again, real."""
+    """The rotary tables diffusers computes when a model is built (Wan's, Lumina 2's and Qwen-Image's, PixArt's
+    sin-cos table, are made on the meta device with it here): built again, real."""
     if family.startswith("wan"):
         from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 
@@ -227,6 +235,13 @@ def real_rotary_tables(model, family: str) -> None:
 
         c = model.config
         model.rope_embedder = Lumina2RotaryPosEmbed(10000, c.axes_dim_rope, c.axes_lens, c.patch_size)
+    elif family == "pixart":  # its patch embedding's fixed sin-cos table (a buffer the file does not hold)
+        from diffusers.models.embeddings import get_2d_sincos_pos_embed
+
+        pe = model.pos_embed
+        table = get_2d_sincos_pos_embed(pe.pos_embed.shape[-1], (pe.height, pe.width), base_size=pe.base_size,
+                                        interpolation_scale=pe.interpolation_scale)  # fmt: skip
+        pe.pos_embed = table.float().unsqueeze(0)
     elif family in ("qwen_image", "qwen_edit"):
         from diffusers.models.transformers.transformer_qwenimage import QwenEmbedRope
 
@@ -336,7 +351,7 @@ def _run_diffusers(model, family: str, x: dict):
                                                                  device=x["x"].device), return_dict=False)[0]  # fmt: skip
     if family == "auraflow":
         return model(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["t"]).sample
-    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2"):
+    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart"):
         from bench_families import run_diffusers
 
         return run_diffusers(model, family, x)
