@@ -137,6 +137,24 @@ KREA2 = dict(num_layers=1)
 # PixArt-Σ XL/2 1024 (diffusers' defaults are XL/2's: 16 heads of 72, 1152 wide; T5-XXL captions; Σ has no size
 # conditions) at 2 of its 28 blocks
 PIXART = dict(num_layers=2, caption_channels=4096, sample_size=128, use_additional_conditions=False)
+# HiDream-I1's width (its transformer config: 20 heads of 128, 4 routed experts with 2 active, T5 and Llama 3.1
+# captions 4096 wide, pooled CLIP 2048, RoPE axes 64/32/32) at 1 double- and 1 single-stream block
+HIDREAM = dict(
+    patch_size=2,
+    in_channels=16,
+    out_channels=16,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=128,
+    num_attention_heads=20,
+    caption_channels=[4096, 4096],
+    text_emb_dim=2048,
+    num_routed_experts=4,
+    num_activated_experts=2,
+    axes_dims_rope=(64, 32, 32),
+    max_resolution=(128, 128),
+    llama_layers=[0, 1],
+)
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
@@ -150,6 +168,7 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "cosmos": ((512, 512), "transformer", "cosmos_predict2"),
             "krea2": ((512, 512), "transformer", "krea2"),
             "pixart": ((1024, 1024), "transformer", "pixart"),
+            "hidream": ((512, 512), "transformer", "hidream"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
@@ -217,6 +236,10 @@ def _diffusers_model(family: str):
             from diffusers import PixArtTransformer2DModel
 
             return PixArtTransformer2DModel(**PIXART)
+        if family == "hidream":
+            from diffusers import HiDreamImageTransformer2DModel
+
+            return HiDreamImageTransformer2DModel(**HIDREAM)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
@@ -351,6 +374,8 @@ def _run_diffusers(model, family: str, x: dict):
                                                                  device=x["x"].device), return_dict=False)[0]  # fmt: skip
     if family == "auraflow":
         return model(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["t"]).sample
+    if family == "hidream":  # Loadout's input names are diffusers' forward's
+        return model(**x).sample
     if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart"):
         from bench_families import run_diffusers
 
