@@ -513,6 +513,39 @@ def step_full_and_partial(path, tmp_path, budget_gb: float, **step) -> dict:
     return runs
 
 
+def lora_and_merged(sd: dict, keys: dict, strength: float, seed: int, rank: int = 4, kohya: bool = False):
+    """(a LoRA over the modules `keys` names, `sd` with each one's ΔW merged by hand): `keys` maps a module path of
+    `sd` (diffusers' model) to the LoRA's name for it; PEFT tensors (lora_A / lora_B), or kohya's (lora_down / lora_up
+    with alpha = rank, so the scale is 1). Down ~ N(0, 1/in), up small."""
+    g = torch.Generator().manual_seed(seed)
+    lora, merged = {}, dict(sd)
+    for d, k in keys.items():
+        w = sd[f"{d}.weight"]
+        a = torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5
+        b = torch.randn(w.shape[0], rank, generator=g) * 0.1
+        if kohya:
+            lora |= {
+                f"{k}.lora_down.weight": a,
+                f"{k}.lora_up.weight": b,
+                f"{k}.alpha": torch.tensor(float(rank)),
+            }
+        else:
+            lora |= {f"{k}.lora_A.weight": a, f"{k}.lora_B.weight": b}
+        merged[f"{d}.weight"] = w + strength * (b @ a)
+    return lora, merged
+
+
+def plain_and_merged(ref, sd: dict, merged: dict, run) -> tuple:
+    """(run() on diffusers' model `ref` as it is, run() with the `merged` weights loaded); `sd` loaded back after."""
+    with torch.inference_mode():
+        plain = run()
+        ref.load_state_dict(merged)
+        try:
+            return plain, run()
+        finally:
+            ref.load_state_dict(sd)
+
+
 def lora_step(model, lora: dict, strength: float, inputs: dict, tmp_path, budget_gb: float | None = None):
     """One Step of `model` on `inputs` with the LoRA `lora` (tensors, written beside them) at `strength`, in its own
     Engine on the CPU, fully resident (None) or under `budget_gb`: (the result, its output)."""

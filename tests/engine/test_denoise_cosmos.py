@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_op_order, check_steps_alike, lora_step, rel_l2, well_scaled, write
+from denoise_files import (
+    check_op_order,
+    check_steps_alike,
+    lora_and_merged,
+    lora_step,
+    plain_and_merged,
+    rel_l2,
+    well_scaled,
+    write,
+)
 
 from engine import denoise
 from engine.detect import detect_file
@@ -221,36 +230,20 @@ def test_loras_in_either_naming_on_the_release_file_equal_diffusers_merged(cosmo
     `lora_unet_blocks_0_self_attn_q_proj`), on the release file, baked and on the fly: equal to diffusers' model
     with the same ΔW merged by hand."""
     _, rel_path, ref, sd = cosmos[False]
-    g = torch.Generator().manual_seed(19)
     names = {"transformer_blocks.0.attn1.to_q": "blocks.0.self_attn.q_proj",
              "transformer_blocks.1.attn2.to_out.0": "blocks.1.cross_attn.output_proj",
              "transformer_blocks.1.ff.net.2": "blocks.1.mlp.layer2",
              "transformer_blocks.0.norm3.linear_2": "blocks.0.adaln_modulation_mlp.2",
              "patch_embed.proj": "x_embedder.proj.1"}  # fmt: skip
-    lora, merged, rank, strength = {}, dict(sd), 4, 0.8
-    for d, o in names.items():
-        w = sd[f"{d}.weight"]
-        a = torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5
-        b = torch.randn(w.shape[0], rank, generator=g) * 0.1
-        if naming == "diffusers":
-            lora |= {f"transformer.{d}.lora_A.weight": a, f"transformer.{d}.lora_B.weight": b}
-        else:
-            k = "lora_unet_" + o.replace(".", "_")
-            lora |= {
-                f"{k}.lora_down.weight": a,
-                f"{k}.lora_up.weight": b,
-                f"{k}.alpha": torch.tensor(float(rank)),
-            }
-        merged[f"{d}.weight"] = w + strength * (b @ a)
+    strength = 0.8
+    keys = {
+        d: f"transformer.{d}" if naming == "diffusers" else "lora_unet_" + o.replace(".", "_")
+        for d, o in names.items()
+    }
+    lora, merged = lora_and_merged(sd, keys, strength, seed=19, kohya=naming != "diffusers")
     x = _bound(rel_path).random_inputs(32, 32, seed=8)
     x["context"] = x["context"][:, :16]
-    with torch.inference_mode():
-        plain = _diffusers(ref, x)
-        ref.load_state_dict(merged)
-        try:
-            want = _diffusers(ref, x)
-        finally:
-            ref.load_state_dict(sd)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
     r, out = lora_step(rel_path, lora, strength, x, tmp_path, budget)
     assert r.loras and r.loras[0]["mapped"] == len(names), r.loras

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_op_order, check_steps_alike, lora_step, rel_l2, well_scaled, write
+from denoise_files import (
+    check_op_order,
+    check_steps_alike,
+    lora_and_merged,
+    lora_step,
+    plain_and_merged,
+    rel_l2,
+    well_scaled,
+    write,
+)
 
 from engine import denoise
 from engine.detect import detect_file
@@ -146,27 +155,17 @@ def test_a_lora_in_the_other_naming_equals_diffusers_merged(krea2, tmp_path, bas
     of the original code) on a diffusers file, baked: equal to diffusers' model with the ΔW merged by hand —
     text-fusion layers included."""
     files, ref, sd = krea2
-    g = torch.Generator().manual_seed(21)
     names = {"transformer_blocks.0.attn.to_q": "blocks.0.attn.wq", "transformer_blocks.1.attn.to_gate": "blocks.1.attn.gate",
              "transformer_blocks.1.ff.down": "blocks.1.mlp.down", "time_mod_proj": "tproj.1",
              "text_fusion.refiner_blocks.0.attn.to_v": "txtfusion.refiner_blocks.0.attn.wv", "img_in": "first"}  # fmt: skip
-    lora, merged, rank, strength = {}, dict(sd), 4, 0.7
-    for d, o in names.items():
-        w = sd[f"{d}.weight"]
-        a = torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5
-        b = torch.randn(w.shape[0], rank, generator=g) * 0.1
-        key = f"transformer.{d}" if naming == "diffusers" else f"diffusion_model.{o}"
-        lora |= {f"{key}.lora_A.weight": a, f"{key}.lora_B.weight": b}
-        merged[f"{d}.weight"] = w + strength * (b @ a)
+    strength = 0.7
+    keys = {
+        d: f"transformer.{d}" if naming == "diffusers" else f"diffusion_model.{o}" for d, o in names.items()
+    }
+    lora, merged = lora_and_merged(sd, keys, strength, seed=21)
     x = _bound(files[base]).random_inputs(32, 32, seed=9)
     x["context"] = x["context"][:, :10]
-    with torch.inference_mode():
-        plain = _diffusers(ref, x)
-        ref.load_state_dict(merged)
-        try:
-            want = _diffusers(ref, x)
-        finally:
-            ref.load_state_dict(sd)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
     r, out = lora_step(files[base], lora, strength, x, tmp_path)
     assert r.loras and r.loras[0]["mapped"] == len(names), r.loras

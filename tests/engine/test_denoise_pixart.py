@@ -183,29 +183,18 @@ def test_a_peft_lora_lands_on_the_release_file(pixart, tmp_path, budget):
     """A diffusers / PEFT LoRA (the names PixArt's LoRA trainers write) on the release-named file: the fused qkv and
     kv_linear reached as row blocks, baked (resident) and on the fly (streamed); equal to diffusers' model with the
     LoRA merged by hand."""
-    from denoise_files import lora_step
+    from denoise_files import lora_and_merged, lora_step, plain_and_merged
 
     _, rel_path, ref = pixart["sigma"]
     sd = {k: v.clone() for k, v in ref.state_dict().items()}
-    g = torch.Generator().manual_seed(5)
     names = ("transformer_blocks.0.attn1.to_q", "transformer_blocks.0.attn1.to_v", "transformer_blocks.0.attn2.to_k",
              "transformer_blocks.0.attn2.to_out.0", "transformer_blocks.0.ff.net.0.proj", "adaln_single.linear",
              "caption_projection.linear_1")  # fmt: skip
-    lora, merged, rank, strength = {}, dict(sd), 4, 0.7
-    for d in names:
-        w = sd[f"{d}.weight"]
-        a = torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5
-        b = torch.randn(w.shape[0], rank, generator=g) * 0.1
-        lora |= {f"transformer.{d}.lora_A.weight": a, f"transformer.{d}.lora_B.weight": b}
-        merged[f"{d}.weight"] = w + strength * (b @ a)
+    strength = 0.7
+    lora, merged = lora_and_merged(sd, {d: f"transformer.{d}" for d in names}, strength, seed=5)
     x = _bound(rel_path).random_inputs(64, 64, seed=9)
     x["y"] = x["y"][:, :10]
-    plain = _diffusers(ref, x)
-    ref.load_state_dict(merged)
-    try:
-        want = _diffusers(ref, x)
-    finally:
-        ref.load_state_dict(sd)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
     r, out = lora_step(rel_path, lora, strength, x, tmp_path, budget)
     assert r.loras and r.loras[0]["mapped"] == len(names), r.loras

@@ -188,29 +188,17 @@ def test_the_release_layouts_bind_whole(tmp_path, config):
 def test_a_peft_lora_lands_on_the_release_file(sana, tmp_path):
     """A diffusers / PEFT LoRA on the release-named file (fused qkv and kv_linear as row blocks, the Mix-FFN's
     convolutions by their release names): equal to diffusers' model with the LoRA merged by hand."""
-    from denoise_files import lora_step
+    from denoise_files import lora_and_merged, lora_step, plain_and_merged
 
     files, ref, sd = sana
     sd = {k: v.clone() for k, v in sd.items()}
-    g = torch.Generator().manual_seed(6)
     names = ("transformer_blocks.0.attn1.to_k", "transformer_blocks.0.attn2.to_v", "transformer_blocks.0.attn2.to_q",
              "transformer_blocks.0.attn1.to_out.0", "time_embed.linear", "proj_out")  # fmt: skip
-    lora, merged, rank, strength = {}, dict(sd), 4, 0.8
-    for d in names:
-        w = sd[f"{d}.weight"]
-        a = torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5
-        b = torch.randn(w.shape[0], rank, generator=g) * 0.1
-        lora |= {f"transformer.{d}.lora_A.weight": a, f"transformer.{d}.lora_B.weight": b}
-        merged[f"{d}.weight"] = w + strength * (b @ a)
+    strength = 0.8
+    lora, merged = lora_and_merged(sd, {d: f"transformer.{d}" for d in names}, strength, seed=6)
     x = _bound(files["release"]).random_inputs(64, 64, seed=9)
     x["context"] = x["context"][:, :10]
-    with torch.inference_mode():
-        plain = _diffusers(ref, x)
-        ref.load_state_dict(merged)
-        try:
-            want = _diffusers(ref, x)
-        finally:
-            ref.load_state_dict(sd)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
     r, out = lora_step(files["release"], lora, strength, x, tmp_path)
     assert r.loras and r.loras[0]["mapped"] == len(names), r.loras
