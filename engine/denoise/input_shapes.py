@@ -14,7 +14,13 @@ def batch_axis(name: str) -> int:
 
 
 def shapes(model, got) -> dict:
-    """The shape each input of `got` must have for `model` (None: any size on that axis)."""
+    """The shape each input of `got` must have for `model` (None: any size on that axis), a variant's own inputs
+    (`model.shapes_extra`: Wan Animate's, Z-Image Omni's) with its family's."""
+    extra = getattr(model, "shapes_extra", None)
+    return {**_family_shapes(model, got), **(extra(got) if extra is not None else {})}
+
+
+def _family_shapes(model, got) -> dict:
     from .inputs import names
 
     if getattr(model, "family", "") == "text":
@@ -28,10 +34,6 @@ def shapes(model, got) -> dict:
             out[x] = (None, model.in_channels, None, None, None)
         if "cap_mask" in got:  # Lumina 2's caption mask: one value per text token
             out["cap_mask"] = (None, got[text].shape[1] if got[text].dim() == 3 else None)
-        if getattr(model, "omni", False):  # Z-Image Omni's pieces, condition images and grids
-            from .z_image_omni import omni_shapes
-
-            out.update(omni_shapes(model, got))
         return out
     if getattr(model, "family", "") == "mmdit":
         return {
@@ -108,7 +110,7 @@ def shapes(model, got) -> dict:
             out["vace_context"] = (None, model.vace_channels, *fhw)
             if "vace_context_scale" in got:
                 out["vace_context_scale"] = (None,)
-        return {**out, **model.shapes_extra(got)} if hasattr(model, "shapes_extra") else out  # Animate
+        return out
     if hasattr(model, "model_channels"):
         out = {
             "x": (None, model.in_channels, None, None),

@@ -142,8 +142,22 @@ class NextDiT:
     def omni(self) -> bool:
         return self.siglip is not None
 
+    # Z-Image Omni's own inputs (engine.denoise.random_inputs / input_shapes / inputs call these, as Wan Animate's)
+    def random_extra(self, out: dict, g) -> dict:
+        if not self.omni:
+            return out
+        from .z_image_omni import random_omni
+
+        return random_omni(self, out, g)
+
+    def shapes_extra(self, got: dict) -> dict:
+        if not self.omni:
+            return {}
+        from .z_image_omni import omni_shapes
+
+        return omni_shapes(self, got)
+
     def check_extra(self, got: dict, source: str) -> None:
-        """Z-Image Omni: its pieces, condition images and grids agree (engine.denoise.inputs calls this)."""
         if self.omni:
             from .z_image_omni import check_omni
 

@@ -44,8 +44,15 @@ from .inputs import (
 
 
 def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int = 0) -> dict:
-    """Seeded inputs of the model's shapes for an image of width × height pixels (float32, CPU)."""
+    """Seeded inputs of the model's shapes for an image of width × height pixels (float32, CPU); a variant's own
+    inputs (`model.random_extra`: Wan Animate's clip, Z-Image Omni's edit step) drawn after its family's."""
     g = torch.Generator().manual_seed(seed)
+    out = _family_inputs(model, width, height, batch, g)
+    extra = getattr(model, "random_extra", None)
+    return extra(out, g) if extra is not None else out
+
+
+def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generator) -> dict:
     if hasattr(model, "model_channels"):
         h, w = _latent(width, height, 8)
         out = {
@@ -82,10 +89,6 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
         if getattr(model, "layered", False):  # its pipeline's 4 layers + the composite, and the input image
             out["ref_latents"] = out[x]
             out[x] = torch.randn(batch, model.in_channels, LAYERED_FRAMES, 2 * h, 2 * w, generator=g)
-        if getattr(model, "omni", False):  # Z-Image Omni: an edit step (a condition image and its grid)
-            from .z_image_omni import random_omni
-
-            random_omni(model, out, g)
         return out
     if getattr(model, "family", "") == "hunyuan_video":  # one latent frame, as Wan's
         h, w = _latent(width, height, 16)
@@ -200,7 +203,7 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
             out["clip_fea"] = torch.randn(batch, tokens, model.image_dim, generator=g)
         if model.vace_channels:
             out["vace_context"] = torch.randn(batch, model.vace_channels, 1, 2 * h, 2 * w, generator=g)
-        return model.random_extra(out, g) if hasattr(model, "random_extra") else out  # Animate: a clip
+        return out
     h, w = _latent(width, height, 16)
     tokens = FLUX_TOKENS.get(model.architecture, 256)
     axes = axes_of(model)
