@@ -19,6 +19,10 @@ max distance 128; original T5 — `relu`):
   heads, d_ff from `wi_0` (gated-gelu) or `wi` (relu); umT5 has a relative bias in every block.
 
 Inputs: `input_ids` [B, T] token ids (integers); the output is the last hidden state [B, T, width].
+
+A T5 / umT5 computing in float16 (a card's text encoder) runs its feed-forward out-projections `wo` in float32
+and keeps the residual stream in float32 after them, normalizing it in float32 before the float16 layers, as
+transformers' T5 does (`_keep_in_fp32_modules`): their outputs pass float16's range (`_t5_feed_forward`).
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ import types
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
+from ..ops import RMSNorm
 from .common import Ops, wshape
 
 CLIP_TOKENS = 77
@@ -84,9 +90,28 @@ def _t5_feed_forward(self, x: torch.Tensor) -> torch.Tensor:
     eval) without transformers' cast of the hidden states to `wo.weight`'s dtype before `wo`: a
     component's weight is held as stored -- GGUF blocks (uint8), fp8 -- and its op casts it to the
     compute dtype itself; rounding the activations to the storage dtype first turned a GGUF T5's output
-    into noise (uint8) and an fp8 one's into fp8-rounded states."""
+    into noise (uint8) and an fp8 one's into fp8-rounded states.
+
+    In float16, `wo` computes in float32 and hands back float32, so the residual stream is float32 from
+    the first feed-forward on: T5 v1.1 and umT5 were trained in bfloat16 and their feed-forward outputs
+    pass float16's 65504 (transformers' T5 keeps `wo` in float32 for this, `_keep_in_fp32_modules`; the
+    residual then promotes to float32 the same way). The weight is the op's as it computes (cast to
+    float16, exact for float16 / fp8 storage), widened."""
     h = self.act(self.wi_0(x)) * self.wi_1(x) if hasattr(self, "wi_0") else self.act(self.wi(x))
-    return self.wo(h)
+    if h.dtype != torch.float16:
+        return self.wo(h)
+    w, b = self.wo.cast_params(h)
+    return F.linear(h.float(), w.float(), None if b is None else b.float())
+
+
+def _t5_norm(self, x: torch.Tensor) -> torch.Tensor:
+    """T5's RMS norm (no mean, no bias) of a float32 residual stream in a float16 run: normalized in
+    float32, rounded to float16, then scaled (transformers' T5LayerNorm order), so the float16 layers
+    after it get values in range. In any other case the op's own forward."""
+    if x.dtype != torch.float32 or self.compute_dtype != torch.float16:
+        return type(self).forward(self, x)
+    w, _ = self.cast_params(x)  # (in the compute dtype, float16)
+    return F.rms_norm(x, (x.shape[-1],), None, self.eps).to(w.dtype) * w
 
 
 def bind_clip(ops: Ops, architecture: str, dtype: torch.dtype) -> TextEncoder:
@@ -151,6 +176,8 @@ def bind_t5(ops: Ops, architecture: str, dtype: torch.dtype) -> TextEncoder:
     for m in model.modules():
         if hasattr(m, "wo") and (hasattr(m, "wi_0") or hasattr(m, "wi")):
             m.forward = types.MethodType(_t5_feed_forward, m)
+        elif isinstance(m, RMSNorm):
+            m.forward = types.MethodType(_t5_norm, m)
     model.eval().requires_grad_(False)
     order = [embed]
     for i in blocks:

@@ -157,3 +157,36 @@ def test_a_scaled_fp8_t5_computes_like_its_twin(tmp_path):
     with torch.inference_mode():
         out, want = (d({"input_ids": ids}) for d in dens)
     assert rel_l2(out, want) <= 1e-6
+
+
+@pytest.mark.parametrize("name", ["t5xxl", "umt5_xxl"])
+def test_a_t5_in_float16_keeps_its_feed_forward_out_of_overflow(tmp_path, name):
+    """T5 v1.1 / umT5 computed in float16 (a card's text encoder): feed-forward outputs past float16's 65504
+    (the released weights have them; here `wo` is scaled up to make them) stay finite and match transformers'
+    float16 model as from_pretrained builds it (`wo` kept in float32) and the float32 model; computing `wo` in
+    float16 turns them into inf, clamped to ±64504 by T5's blocks — a different encoding."""
+    comp_name, make, _ = CASES[name]
+    ref = make()
+    sd = _random(ref, seed=9)
+    # outputs ~1.5e5 from weights float16 still holds (|w| < 4e4); the file's values on both sides
+    for k in sd:
+        sd[k] = (sd[k] * (1.5e5 if k.endswith("DenseReluDense.wo.weight") else 1)).half()
+    ref.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+    path = write(tmp_path / f"{name}.safetensors", sd)
+    den = denoise.bind(Component(comp_name, path, "", compute_dtype="float16"), None)
+    ids = den.random_inputs(512, 512, seed=2)["input_ids"][:, :24]
+    with torch.inference_mode():
+        full = ref.float()(input_ids=ids).last_hidden_state
+        ref.half()
+        for m in ref.modules():  # what `_keep_in_fp32_modules = ["wo"]` leaves in float32
+            if hasattr(m, "wo") and hasattr(m, "wi_0"):
+                m.wo.float()
+        half = ref(input_ids=ids).last_hidden_state
+        out = den({"input_ids": ids})
+        enc = den.model.model.encoder
+        inner = enc.block[0].layer[1]
+        overflow = inner.DenseReluDense(inner.layer_norm(enc.embed_tokens(ids))).abs().max()
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert overflow > 65504  # the case this is about: a feed-forward output float16 cannot hold
+    print(f"{name}: vs transformers' float16 {rel_l2(out, half):.2e}, vs float32 {rel_l2(out, full):.2e}")
+    assert rel_l2(out, half) <= 5e-3 and rel_l2(out, full) <= 5e-3
