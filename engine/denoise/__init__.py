@@ -186,7 +186,7 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
         naming, model = bind_auraflow(ops, mods, architecture, dtype)
         return Denoiser("auraflow", architecture, naming, model)
     if architecture in HUNYUAN_VIDEO:
-        from .hunyuan_video import bind_hunyuan_video
+        from .hunyuan_video_bind import bind_hunyuan_video
 
         naming, model = bind_hunyuan_video(ops, mods, architecture, dtype)
         return Denoiser("hunyuan_video", architecture, naming, model)

@@ -24,7 +24,8 @@ import torch
 from ..errors import UnsupportedModel
 from .common import Ops, mlp2, timestep_embedding
 from .flux import rope_table
-from .hunyuan_video import BYT5, THETA, HunyuanVideo, _mask, bind_with_own, byt5_project
+from .hunyuan_video import THETA, HunyuanVideo, _mask
+from .hunyuan_video_bind import BYT5, bind_with_own, byt5_project
 
 PATCH = (1, 1)
 AXES = (64, 64)

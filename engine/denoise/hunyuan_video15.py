@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 from ..errors import UnsupportedModel
 from .common import Ops, layer_norm_with, mlp2, timestep_embedding
-from .hunyuan_video import BYT5, HunyuanVideo, _mask, bind_with_own, byt5_project
+from .hunyuan_video import HunyuanVideo, _mask
+from .hunyuan_video_bind import BYT5, bind_with_own, byt5_project
 
 PATCH = (1, 1, 1)
 LN_EPS = 1e-5  # torch's LayerNorm default: the byT5 and image projections' norms
