@@ -30,8 +30,13 @@ copied):
   them as scale, shift); final_layer.linear((1 + scale)·LN(x) + shift); each token's outputs are
   (channel, frame, row, column) of its patch.
 
-The token-replace image-to-video release (HunyuanVideo-I2V's second version) shares the t2v layout key for
-key: this forward runs it as t2v (its first frame's own modulation at t = 0 is the pipeline's to ask).
+The token-replace image-to-video release (HunyuanVideo-I2V's second version, diffusers' `image_condition_type=
+"token_replace"`) shares the t2v layout key for key, so the file cannot say which it is: the input
+`guiding_frame_index` asks for it (ComfyUI's name for it; 0, the first latent frame, the clean image's, as both
+pipelines pass it). Then the first frame's image tokens are modulated by vec₀ = time_in(emb(0)) + vector_in(
+text_states_2) (no guidance term) in every double block's image stream and every single block, and by vec
+everywhere else (the text stream, the other frames, the final layer) — diffusers'
+`HunyuanVideoTokenReplaceTransformerBlock` / `...SingleTransformerBlock`.
 """
 
 from __future__ import annotations
@@ -112,19 +117,34 @@ class HunyuanVideo:
     def vec_dim(self) -> int:
         return wshape(self.vector_in[0])[1] if self.vector_in is not None else 0
 
-    def __call__(self, x, t, text_states, text_states_2, guidance=None, text_mask=None) -> torch.Tensor:
+    def __call__(
+        self, x, t, text_states, text_states_2, guidance=None, text_mask=None, guiding_frame_index=None
+    ) -> torch.Tensor:
         dt = self.dtype
         img, pe = self._patches(x)
-        vec = mlp2(self.time_in, timestep_embedding(t.float(), 256).to(dt))
+        b = x.shape[0]
+        if guiding_frame_index is not None:  # token replace: the time embedder once over t and the frame's 0
+            t_emb = mlp2(
+                self.time_in, timestep_embedding(torch.cat([t.float(), t.new_zeros(b).float()]), 256).to(dt)
+            )
+            vec, vec0 = t_emb[:b], t_emb[b:]
+        else:
+            vec = mlp2(self.time_in, timestep_embedding(t.float(), 256).to(dt))
         if self.guidance_in is not None:
             if guidance is None:
                 raise ValueError("this HunyuanVideo takes a `guidance` input (1000 × the guidance scale)")
             vec = vec + mlp2(self.guidance_in, timestep_embedding(guidance.float(), 256).to(dt))
         if self.vector_in is not None:
-            vec = vec + mlp2(self.vector_in, text_states_2.to(dt))
+            pooled = mlp2(self.vector_in, text_states_2.to(dt))
+            vec = vec + pooled
+            if guiding_frame_index is not None:
+                vec0 = vec0 + pooled
         mask = _mask(text_mask)
         txt = self._refine(text_states, t, mask)
-        return self._run(x.shape, img, txt, mask, vec, pe)
+        first = None
+        if guiding_frame_index is not None:  # the first latent frame's tokens: (h / 2)·(w / 2)
+            first = ((x.shape[3] // self.patch[1]) * (x.shape[4] // self.patch[2]), vec0)
+        return self._run(x.shape, img, txt, mask, vec, pe, first=first)
 
     def _patches(self, x):
         """The image tokens ([B, F·h·w / patch, D], (frame, row, column) order) and their RoPE table."""
@@ -133,10 +153,11 @@ class HunyuanVideo:
         img = self.img_in(x.to(self.dtype)).flatten(2).transpose(1, 2)
         return img, rope_table(_positions(f // pf, h // ph, w // pw, x.device).expand(b, -1, -1), AXES, THETA)
 
-    def _run(self, shape, img, txt, mask, vec, pe, keep: int | None = None) -> torch.Tensor:
+    def _run(self, shape, img, txt, mask, vec, pe, keep: int | None = None, first=None) -> torch.Tensor:
         """The blocks over [img, txt] (`mask` [B, T] the text tokens every query attends to, None for all),
         the final layer on the last `keep` image tokens (all by default: FramePack's history comes first), and the
-        patches back into the latent's shape."""
+        patches back into the latent's shape. `first`: (n, vec₀), the first n image tokens modulated by vec₀
+        (token replace)."""
         b = shape[0]
         n_img = img.shape[1]
         keys = None
@@ -144,12 +165,14 @@ class HunyuanVideo:
             keys = torch.cat([torch.ones(b, n_img, dtype=torch.bool, device=mask.device), mask], dim=1)
             keys = keys[:, None, None, :]
         vs = F.silu(vec)
+        if first is not None:  # [vec; vec₀]: each image modulation computed once for both
+            first = (first[0], torch.cat([vs, F.silu(first[1])]))
         for img_s, txt_s in self.doubles:
-            img, txt = self._double(img_s, txt_s, img, txt, vs, pe, keys)
+            img, txt = self._double(img_s, txt_s, img, txt, vs, pe, keys, first)
         seq = torch.cat([img, txt], dim=1)
         del img, txt
         for blk in self.singles:
-            seq = self._single(blk, seq, n_img, vs, pe, keys)
+            seq = self._single(blk, seq, n_img, vs, pe, keys, first)
         img = seq[:, n_img - (keep or n_img) : n_img]
         shift, scale = self.final_mod(vs).chunk(2, dim=-1)
         if self.final_swapped:
@@ -202,26 +225,28 @@ class HunyuanVideo:
         q, k, v = (split_heads(p, self.heads) for p in qkv(x)[:3])
         return rms_norm_with(q_norm, q, EPS).to(v.dtype), rms_norm_with(k_norm, k, EPS).to(v.dtype), v
 
-    def _double(self, i: Stream, s: Stream, img, txt, vs, pe, keys):
-        im = i.mod(vs)[:, None].chunk(6, dim=-1)
+    def _double(self, i: Stream, s: Stream, img, txt, vs, pe, keys, first=None):
+        im, fm = _mods(i.mod, vs, first, 6)
         tm = s.mod(vs)[:, None].chunk(6, dim=-1)
-        iq, ik, iv = self._qkv(i.qkv, i.q_norm, i.k_norm, (1 + im[1]) * layer_norm(img) + im[0])
+        iq, ik, iv = self._qkv(i.qkv, i.q_norm, i.k_norm, _modulate(layer_norm(img), im, fm))
         tq, tk, tv = self._qkv(s.qkv, s.q_norm, s.k_norm, (1 + tm[1]) * layer_norm(txt) + tm[0])
         q = torch.cat([rope(iq, pe), tq], dim=2)
         k = torch.cat([rope(ik, pe), tk], dim=2)
         a = merge_heads(F.scaled_dot_product_attention(q, k, torch.cat([iv, tv], dim=2), attn_mask=keys))
         n = img.shape[1]
-        return _after(i, img, a[:, :n], im), _after(s, txt, a[:, n:], tm)
+        return _after(i, img, a[:, :n], im, fm), _after(s, txt, a[:, n:], tm)
 
-    def _single(self, blk: Single, seq, n_img: int, vs, pe, keys):
-        shift, scale, gate = blk.mod(vs)[:, None].chunk(3, dim=-1)
-        q, k, v, mlp = blk.linear1((1 + scale) * layer_norm(seq) + shift)
+    def _single(self, blk: Single, seq, n_img: int, vs, pe, keys, first=None):
+        m, fm = _mods(blk.mod, vs, first, 3)
+        gate = m[2]
+        q, k, v, mlp = blk.linear1(_modulate(layer_norm(seq), m, fm))
         q, k, v = (split_heads(p, self.heads) for p in (q, k, v))
         q, k = rms_norm_with(blk.q_norm, q, EPS).to(v.dtype), rms_norm_with(blk.k_norm, k, EPS).to(v.dtype)
         q = torch.cat([rope(q[:, :, :n_img], pe), q[:, :, n_img:]], dim=2)
         k = torch.cat([rope(k[:, :, :n_img], pe), k[:, :, n_img:]], dim=2)
         a = merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=keys))
-        return seq + gate * blk.linear2(torch.cat([a, F.gelu(mlp, approximate="tanh")], dim=2))
+        out = blk.linear2(torch.cat([a, F.gelu(mlp, approximate="tanh")], dim=2))
+        return seq + gate * out if fm is None else _gated(seq, out, m, fm, 2)
 
     def op_order(self) -> list:
         order = [self.img_in, *self.time_in, *(self.guidance_in or ()), *(self.vector_in or ()), *self.txt_t,
@@ -236,10 +261,42 @@ class HunyuanVideo:
         return [*order, self.final_mod, self.final_linear]
 
 
-def _after(s: Stream, x, attn, m):
-    x = x + m[2] * s.proj(attn)
-    y = s.mlp_in((1 + m[4]) * layer_norm(x) + m[3])
-    return x + m[5] * s.mlp_out(F.gelu(y, approximate="tanh"))
+def _after(s: Stream, x, attn, m, fm=None):
+    if fm is None:
+        x = x + m[2] * s.proj(attn)
+        y = s.mlp_in((1 + m[4]) * layer_norm(x) + m[3])
+        return x + m[5] * s.mlp_out(F.gelu(y, approximate="tanh"))
+    x = _gated(x, s.proj(attn), m, fm, 2)
+    y = s.mlp_in(_modulate(layer_norm(x), m, fm, 4, 3))
+    return _gated(x, s.mlp_out(F.gelu(y, approximate="tanh")), m, fm, 5)
+
+
+# Token replace (HunyuanVideo-I2V's second version): the first n image tokens take vec₀'s modulation. `fm` is
+# (n, its chunks) or None; every modulation op still runs once (over [vec; vec₀]), so the read-ahead order holds.
+
+
+def _mods(mod, vs, first, parts: int):
+    """(vec's chunks, None) or, with `first` (n, [vec; vec₀]), (vec's chunks, (n, vec₀'s chunks))."""
+    if first is None:
+        return mod(vs)[:, None].chunk(parts, dim=-1), None
+    n, both = first
+    b = vs.shape[0]
+    m = mod(both)[:, None].chunk(parts, dim=-1)
+    return tuple(c[:b] for c in m), (n, tuple(c[b:] for c in m))
+
+
+def _modulate(h, m, fm, scale: int = 1, shift: int = 0):
+    """(1 + scale)·h + shift, the first fm[0] tokens by vec₀'s chunks."""
+    if fm is None:
+        return (1 + m[scale]) * h + m[shift]
+    n, f = fm
+    return torch.cat([(1 + f[scale]) * h[:, :n] + f[shift], (1 + m[scale]) * h[:, n:] + m[shift]], dim=1)
+
+
+def _gated(x, y, m, fm, gate: int):
+    """x + gate·y, the first fm[0] tokens by vec₀'s gate."""
+    n, f = fm
+    return torch.cat([x[:, :n] + f[gate] * y[:, :n], x[:, n:] + m[gate] * y[:, n:]], dim=1)
 
 
 def _mask(mask) -> torch.Tensor | None:

@@ -53,6 +53,8 @@ def _family_shapes(model, got) -> dict:
             out["guidance"] = (None,)
         if "text_mask" in got:
             out["text_mask"] = (None, got["text_states"].shape[1] if got["text_states"].dim() == 3 else None)
+        if "guiding_frame_index" in got:
+            out["guiding_frame_index"] = (None,)
         return _framepack_shapes(model, got, out)
     if getattr(model, "family", "") == "pixart":
         out = {

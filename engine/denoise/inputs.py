@@ -57,7 +57,9 @@ text_states_2, ..., guidance)`): `x` [B, C, F, h, w] video latents (16 channels;
 release: latent, image latent, mask; 32 for SkyReels), `t` [B] in 0–1000, `text_states` [B, T, 4096]
 llava-llama-3-8b states (256 tokens in its pipeline, after the template's), `text_states_2` [B, 768] pooled
 CLIP-L, `guidance` [B] for the guidance-distilled release (1000 × the embedded scale, as its pipeline
-passes it: 6000 by default), and optionally `text_mask` [B, T] (1 for the prompt's tokens, then 0).
+passes it: 6000 by default), and optionally `text_mask` [B, T] (1 for the prompt's tokens, then 0) and, for the
+token-replace image-to-video release (HunyuanVideo-I2V's second version, whose layout is t2v's), `guiding_frame_index`
+[B] = 0 (ComfyUI's name): the first latent frame (the clean image's) is modulated at t = 0.
 
 HunyuanVideo 1.5 (Tencent-Hunyuan/HunyuanVideo-1.5's transformer forward, batched): `x` [B, 65, F, h, w] (the
 32-channel latent at a 16th of the pixels, the condition latent, the mask channel), `t` [B] in 0–1000,
@@ -236,7 +238,8 @@ def optional_names(model) -> tuple[str, ...]:
     if getattr(model, "family", "") == "hunyuan_video":
         if getattr(model, "clean", None) is not None or getattr(model, "image_proj", None) is not None:
             return ("text_mask", *FRAMEPACK_OPTIONAL)
-        return ("text_mask",)  # the prompt's tokens, [B, T]; default: every token
+        # the prompt's tokens, [B, T] (default: every token); the token-replace I2V's guiding frame, [B] (0)
+        return ("text_mask", "guiding_frame_index")
     if getattr(model, "family", "") == "hunyuan_video15":
         return HUNYUAN15_OPTIONAL
     if getattr(model, "family", "") == "ltxv":
@@ -338,6 +341,11 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
                 f"{source}: input {n} has shape {list(got[n].shape)}: its height and width must be even "
                 "(the model reads 2×2 patches of the latent)"
             )
+    if "guiding_frame_index" in got and (got["guiding_frame_index"] != 0).any():
+        raise FormatError(
+            f"{source}: input guiding_frame_index holds values other than 0: HunyuanVideo-I2V's guiding frame is the "
+            "first latent frame (0), the clean image's"
+        )
     if getattr(model, "family", "") == "hidream":  # a non-square latent fits the padding it gets
         model.padded_length(*got["hidden_states"].shape[-2:], got.get("max_seq"), source)
     return got

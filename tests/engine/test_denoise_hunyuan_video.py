@@ -17,6 +17,7 @@ from denoise_files import (
     check_op_order,
     check_steps_alike,
     lora_step,
+    recorded_order,
     rel_l2,
     write,
 )
@@ -24,7 +25,7 @@ from hunyuan_files import comfyui, diffusers_hunyuan, tencent
 
 from engine import denoise
 from engine.detect import detect_file
-from engine.errors import UnsupportedModel
+from engine.errors import FormatError, UnsupportedModel
 from engine.model import Component
 
 diffusers = pytest.importorskip("diffusers")
@@ -113,6 +114,43 @@ def test_step_from_the_command_line_in_diffusers_naming(hunyuan, tmp_path):
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["architecture"] == "hunyuan_video" and got["mode"] == "full" and got["steps"] == 1
+
+
+def test_the_token_replace_i2v_equals_diffusers_with_its_guiding_frame(hunyuan):
+    """HunyuanVideo-I2V's token-replace release (t2v's layout: the same file) with `guiding_frame_index`: its first
+    latent frame's image tokens modulated at t = 0 without the guidance term, in every double block's image stream and
+    every single block — equal to diffusers' model built with image_condition_type="token_replace" on the same weights,
+    in both namings, and away from the t2v run (which still equals diffusers' t2v model)."""
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    files, ref, sd = hunyuan
+    tr = HunyuanVideoTransformer3DModel(**{**ref.config, "image_condition_type": "token_replace"}).eval()
+    assert not set(tr.load_state_dict(sd, strict=True).missing_keys)  # key for key the t2v layout
+    dens = [_bound(files[n]) for n in ("tencent", "diffusers")]
+    inputs = dens[0].random_inputs(96, 64, batch=2, seed=6)
+    inputs["x"] = torch.randn(2, 4, 3, 8, 12, generator=torch.Generator().manual_seed(7))
+    inputs["text_states"] = inputs["text_states"][:, :20]
+    inputs["guiding_frame_index"] = torch.zeros(2)
+    inputs = dens[0].check_inputs(inputs, "inputs")
+    t2v = {k: v for k, v in inputs.items() if k != "guiding_frame_index"}
+    with torch.inference_mode():
+        want = _diffusers(tr, inputs)
+        outs = [d(inputs) for d in dens]
+        plain, want_t2v = dens[0](t2v), _diffusers(ref, t2v)
+    for out in outs:
+        err = rel_l2(out, want)
+        print(f"hunyuan_video token replace: relative L2 {err:.2e}")
+        assert err <= TOL
+    assert rel_l2(plain, want) > 1e-2 and rel_l2(plain, want_t2v) <= TOL
+    # the first frame's modulation reaches every frame through attention, but differs most in the first
+    diff = (plain - outs[0]).abs().mean(dim=(0, 1, 3, 4))
+    assert diff[0] > diff[1:].max()
+    c = Component("transformer", files["tencent"], PREFIX)  # each modulation still fetched once, in op order
+    den = denoise.bind(c, "hunyuan_video")
+    assert [id(o) for o in recorded_order(den, c, inputs)] == [id(o) for o in den.op_order()]
+    bad = {**inputs, "guiding_frame_index": torch.ones(2)}
+    with pytest.raises(FormatError, match="guiding_frame_index holds values other than 0"):
+        dens[0].check_inputs(bad, "inputs")
 
 
 def test_a_model_without_guidance_takes_none(tmp_path):
