@@ -117,12 +117,13 @@ class Mochi:
         tokens = self.embed(frames).reshape(b, t, -1, ph * pw).transpose(2, 3).reshape(b, t * ph * pw, -1)
         e = mlp2(self.t_embedder, timestep_embedding(TIME_SCALE * (1 - sigma.float()), 256).to(dt))
         mask = torch.ones(y_feat.shape[:2], device=y_feat.device) if y_mask is None else y_mask.float()
+        # the prompts' tokens alone, up to the longest (the mask is checked to mark them first); prompts all as long
+        # take no mask (the original's B = 1 path), others have their padding masked out of every attention
         counts = mask.sum(1)
-        if bool(
-            (counts == counts[0]).all()
-        ):  # every prompt as long: its tokens alone (the original's B = 1 path)
-            y_feat, mask, keys = y_feat[:, : int(counts[0])], mask[:, : int(counts[0])], None
-        else:  # prompts of several lengths: their padding masked out of every attention
+        n = int(counts.max())
+        y_feat, mask = y_feat[:, :n], mask[:, :n]
+        keys = None
+        if not bool((counts == n).all()):
             keys = F.pad(mask.bool(), (tokens.shape[1], 0), value=True)[:, None, None].to(tokens.device)
         y_feat = y_feat.to(dt)
         c = e + self._pool(y_feat, mask.to(y_feat.device, dt))

@@ -136,11 +136,12 @@ def test_equals_diffusers_with_a_padded_prompt(mochi, naming):
 
 
 def test_a_batch_of_prompts_of_several_lengths_equals_diffusers(mochi):
-    """A CFG-like batch: prompts of 16, 7 and no tokens (the pipeline's empty negative prompt marks none)."""
+    """A CFG-like batch padded to 16 tokens: prompts of 12, 7 and no tokens (the pipeline's empty negative prompt
+    marks none)."""
     den = _bound(mochi["release"])
     x = _inputs(den, 3, 2, frames=2)
     x["y_mask"] = torch.zeros(3, 16)
-    x["y_mask"][0] = 1
+    x["y_mask"][0, :12] = 1
     x["y_mask"][1, :7] = 1
     x["sigma"] = torch.tensor([1.0, 0.5, 0.02])
     x = den.check_inputs(x, "inputs")
@@ -150,6 +151,8 @@ def test_a_batch_of_prompts_of_several_lengths_equals_diffusers(mochi):
         err = rel_l2(out, want)
         print(f"mochi (batch of 3 prompts): relative L2 {err:.2e}")
         assert err <= TOL
+        x["y_feat"][x["y_mask"] == 0] = 30.0  # the padding does not reach the output
+        assert rel_l2(den(x), want) <= TOL
         for i in range(3):  # each item as it runs alone
             one = {k: v[i : i + 1] for k, v in x.items()}
             assert rel_l2(den(one), want[i : i + 1]) <= TOL
