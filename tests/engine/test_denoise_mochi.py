@@ -3,8 +3,8 @@ diffusers' naming and the release's (Genmo's `dit.safetensors` / ComfyUI's: fuse
 mlp_x.w1 with its SwiGLU halves the other way round, final_layer.mod as (shift, scale): the inverse of diffusers'
 convert_mochi_transformer_checkpoint_to_diffusers), 2 blocks (the last one leaving the text as it is) of 2 heads
 of 32, a 48-wide text stream, 64-wide T5 states, float32, CPU: padded prompts of one and of several lengths (an
-empty one too), frames and an oblong grid; its op order, a step fully and partially resident, and the release's 48-
-block 10B layout binding whole."""
+empty one too), frames and an oblong grid; its op order, a step fully and partially resident, and the 48-block 10B
+layout binding whole in both namings."""
 
 from __future__ import annotations
 
@@ -195,46 +195,29 @@ def test_mochi_steps_fully_and_partially_alike(mochi, tmp_path, monkeypatch):
     check_steps_alike(mochi["release"], tmp_path, 0.0001, "mochi", (1, 12, 1, 8, 8))
 
 
-@pytest.mark.parametrize("prefix", ["", "model.diffusion_model."])
-def test_the_release_layout_binds_whole(tmp_path, prefix):
+@pytest.mark.parametrize("naming", ["release", "comfy", "diffusers"])
+def test_the_release_layout_binds_whole(tmp_path, naming):
     """Mochi 1 preview (48 blocks, visual 3072 = 24 heads of 128, text 1536, T5-XXL 4096, SwiGLU 8192 / 4096, no
-    qkv bias, the last block's text stream without proj_y and mlp_y), as Genmo's and ComfyUI's files hold it."""
+    qkv bias, the last block's text stream without proj_y and mlp_y: layouts_2026's, checked against diffusers'
+    converter by the detection tests) as Genmo's file holds it, under ComfyUI's prefix, and as diffusers' own
+    converter renames it: every layer is one the forward computes with."""
+    from layouts_2026 import video as V
+    from layouts_2026.common import converted
+
     from engine.formats.safetensors import write_sparse
 
-    d, dy = 3072, 1536
-    rows = {
-        "pos_frequencies": (3, 24, 64),
-        "x_embedder.proj.weight": (d, 12, 2, 2),
-        "x_embedder.proj.bias": (d,),
-    }
+    rows = V.mochi_original()
+    if naming == "comfy":
+        rows = rows.under("model.diffusion_model.")
+    if naming == "diffusers":
+        from diffusers.loaders.single_file_utils import convert_mochi_transformer_checkpoint_to_diffusers
 
-    def lin(k, o, i, bias=True):
-        rows[f"{k}.weight"] = (o, i)
-        if bias:
-            rows[f"{k}.bias"] = (o,)
-
-    lin("t_embedder.mlp.0", d, 256), lin("t_embedder.mlp.2", d, d), lin("t5_y_embedder.to_kv", 8192, 4096)
-    lin("t5_y_embedder.to_q", 4096, 4096), lin("t5_y_embedder.to_out", d, 4096), lin("t5_yproj", dy, 4096)
-    for i in range(48):
-        b, last = f"blocks.{i}", i == 47
-        lin(f"{b}.mod_x", 4 * d, d), lin(f"{b}.mod_y", dy if last else 4 * dy, d)
-        lin(f"{b}.attn.qkv_x", 3 * d, d, False), lin(f"{b}.attn.qkv_y", 3 * d, dy, False)
-        rows.update(
-            {f"{b}.attn.{n}.weight": (128,) for n in ("q_norm_x", "k_norm_x", "q_norm_y", "k_norm_y")}
-        )
-        (
-            lin(f"{b}.attn.proj_x", d, d),
-            lin(f"{b}.mlp_x.w1", 2 * 8192, d, False),
-            lin(f"{b}.mlp_x.w2", d, 8192, False),
-        )
-        if not last:
-            lin(f"{b}.attn.proj_y", dy, d), lin(f"{b}.mlp_y.w1", 2 * 4096, dy, False)
-            lin(f"{b}.mlp_y.w2", dy, 4096, False)
-    lin("final_layer.mod", 2 * d, d), lin("final_layer.linear", 48, d)
+        rows = converted(convert_mochi_transformer_checkpoint_to_diffusers, rows)
     path = write_sparse(
-        tmp_path / "mochi_preview_bf16.safetensors", [(prefix + k, "BF16", s) for k, s in rows.items()]
+        tmp_path / "mochi_preview_bf16.safetensors", [(k, "BF16", s) for k, s in rows.items()]
     )
-    assert detect_file(str(path)).architecture == "mochi"
-    m = _bound(path).model
+    den = _bound(path)
+    m = den.model
+    assert den.naming == ("diffusers" if naming == "diffusers" else "release")
     assert (len(m.blocks), m.in_channels, m.context_dim, m.heads) == (48, 12, 4096, 24)
     assert [b.update_y for b in m.blocks[-2:]] == [True, False]
