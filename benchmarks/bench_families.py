@@ -1,4 +1,4 @@
-"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2) and PixArt on
+"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2), PixArt and Mochi 1 on
 Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
 coordinates, masks) built here from the same inputs Loadout's step gets."""
 
@@ -50,6 +50,10 @@ def run_diffusers(model, family: str, x: dict):
     if family == "pixart":  # Σ: no size conditions, every caption token kept
         return model(hidden_states=x["x"], encoder_hidden_states=x["y"], timestep=x["timestep"],
                      added_cond_kwargs={"resolution": None, "aspect_ratio": None}).sample  # fmt: skip
+    if family == "mochi":  # its timestep is 1000 (1 - sigma); every T5 token kept; its output is Genmo's
+        mask = x.get("y_mask", torch.ones(x["y_feat"].shape[:2], device=x["x"].device))
+        return model(hidden_states=x["x"], encoder_hidden_states=x["y_feat"], timestep=1000 * (1 - x["sigma"]),
+                     encoder_attention_mask=mask).sample  # fmt: skip
     raise ValueError(family)
 
 

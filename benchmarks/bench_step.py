@@ -32,6 +32,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
     blocks, 512×512 (1024 tokens), 512 text tokens.
   * krea2: Krea 2 at its real width (6144, 48 heads on 12 K/V heads, SwiGLU 16384, a fusion of 12 Qwen3-VL
     2560-wide layers) at 1 block, 512×512 (1024 tokens), 256 text tokens.
+  * mochi: Mochi 1 at its real width (visual 3072: 24 heads of 128, SwiGLU 8192; text 1536; T5-XXL 4096 through
+    the attention pool) at 2 of its 48 blocks (the last leaving the text as it is), one 848×480 latent frame
+    (1590 tokens), 256 T5 tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
     reduced depth (1 main layer, 1 noise and 1 caption refiner: 0.56 B parameters, 2.2 GB) at 512×512
     pixels (1024 image tokens) with 128 caption tokens.
@@ -69,7 +72,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -155,6 +158,9 @@ HIDREAM = dict(
     max_resolution=(128, 128),
     llama_layers=[0, 1],
 )
+# Mochi 1's width (diffusers' MochiTransformer3DModel defaults: genmo/mochi-1-preview's config, 24 heads of 128, text
+# 1536, T5-XXL 4096) at 2 of its 48 blocks
+MOCHI = dict(num_layers=2)
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
@@ -169,6 +175,7 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "krea2": ((512, 512), "transformer", "krea2"),
             "pixart": ((1024, 1024), "transformer", "pixart"),
             "hidream": ((512, 512), "transformer", "hidream"),
+            "mochi": ((848, 480), "transformer", "mochi"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
@@ -240,6 +247,10 @@ def _diffusers_model(family: str):
             from diffusers import HiDreamImageTransformer2DModel
 
             return HiDreamImageTransformer2DModel(**HIDREAM)
+        if family == "mochi":
+            from diffusers import MochiTransformer3DModel
+
+            return MochiTransformer3DModel(**MOCHI)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
@@ -376,7 +387,7 @@ def _run_diffusers(model, family: str, x: dict):
         return model(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["t"]).sample
     if family == "hidream":  # Loadout's input names are diffusers' forward's
         return model(**x).sample
-    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart"):
+    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "mochi"):
         from bench_families import run_diffusers
 
         return run_diffusers(model, family, x)

@@ -1,6 +1,6 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's,
 FLUX.2's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's, Z-Image's, Lumina 2's, AuraFlow's, Wan
-2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Krea 2's, Sana's, PixArt's and HiDream-I1's, run on the component's own castable ops (the residency manager's modules, tiers and
+2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's and HiDream-I1's, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
@@ -38,6 +38,7 @@ SANA = ("sana",)  # Sana 600M / 1600M, Sana 1.5 4.8B (engine.denoise.sana)
 PIXART = ("pixart",)  # PixArt-α and PixArt-Σ, 256 to 2K (engine.denoise.pixart)
 HIDREAM = ("hidream",)  # HiDream-I1 Full / Dev / Fast, and HiDream-E1 on its layout (engine.denoise.hidream)
 HUNYUAN_IMAGE = ("hunyuan_image21",)  # HunyuanImage 2.1 (engine.denoise.hunyuan_image)
+MOCHI = ("mochi",)  # Mochi 1 (Genmo's 10B asymmetric joint DiT) (engine.denoise.mochi)
 COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B and 14B (engine.denoise.cosmos)
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + CHROMA + MMDIT + QWEN + NEXTDIT + AURAFLOW + WAN),
@@ -52,6 +53,7 @@ SUPPORTED = (
         + SANA
         + PIXART
         + HIDREAM
+        + MOCHI
     ),
 )
 _MISFIT = re.compile(
@@ -219,6 +221,11 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
 
         naming, model = bind_cosmos(ops, mods, architecture, dtype)
         return Denoiser("cosmos", architecture, naming, model)
+    if architecture in MOCHI:
+        from .mochi import bind_mochi
+
+        naming, model = bind_mochi(ops, mods, architecture, dtype)
+        return Denoiser("mochi", architecture, naming, model)
     if architecture in LTXV:
         from .ltxv import bind_ltxv
 

@@ -66,6 +66,15 @@ def _family_shapes(model, got) -> dict:
             out["mask"] = (None, got["y"].shape[1] if got["y"].dim() == 3 else None)
         out.update({n: (None, s) for n, s in (("img_hw", 2), ("aspect_ratio", 1)) if n in got})
         return out
+    if getattr(model, "family", "") == "mochi":
+        out = {
+            "x": (None, model.in_channels, None, None, None),
+            "sigma": (None,),
+            "y_feat": (None, None, model.context_dim),
+        }
+        if "y_mask" in got:
+            out["y_mask"] = (None, got["y_feat"].shape[1] if got["y_feat"].dim() == 3 else None)
+        return out
     if getattr(model, "family", "") == "sana":
         out = {
             "x": (None, model.in_channels, None, None),

@@ -92,6 +92,12 @@ one per latent frame, [B, F]), `context` [B, T, 1024] T5-XXL states (512 tokens,
 pipelines), and optionally, for Video2World, `condition_mask` [B, 1, F, h, w] (1 on the given frames) and `fps`
 [B].
 
+Mochi 1 (Genmo's `AsymmDiTJoint.forward(x, sigma, y_feat, y_mask)`, batched; its lists of one text encoder's
+features and mask as the tensors): `x` [B, 12, F, h, w] latents (an 8th of the pixels, a 6th of the frames; 2×2
+patches inside, h and w even), `sigma` [B] in 0–1 (1 is noise; diffusers' `timestep` is 1000 · (1 − sigma)),
+`y_feat` [B, T, 4096] T5-XXL states (256 tokens in its pipeline), and optionally `y_mask` [B, T] (1 for the
+prompt's tokens, first; all 0 for the empty negative prompt, as its pipeline zeroes it; default all 1).
+
 HunyuanImage 2.1 (its transformer's forward, batched): `x` [B, 64, h, w] latents (a 32nd of the pixels), `t` [B] in
 0–1000, `text_states` [B, T, 3584] Qwen2.5-VL states, `guidance` [B] for the guidance-distilled model (1000 × the
 scale), and optionally `text_mask` [B, T], `byt5_text_states` [B, L, 1472] with `byt5_text_mask` [B, L] (glyph
@@ -168,6 +174,8 @@ SANA_TOKENS = 300  # the Sana pipeline's max_sequence_length
 SPRINT_GUIDANCE = 4.5 * 0.1  # SanaSprintPipeline's default guidance_scale x its guidance_embeds_scale
 PIXART_INPUTS = ("x", "timestep", "y")  # PixArt's `forward(x, timestep, y, mask, data_info)`
 PIXART_TOKENS = 300  # PixArt-Σ's pipeline max_sequence_length (α: 120)
+MOCHI_INPUTS = ("x", "sigma", "y_feat")  # AsymmDiTJoint's `forward(x, sigma, y_feat, y_mask)`
+MOCHI_TOKENS = 256  # its pipeline's MAX_T5_TOKEN_LENGTH
 COSMOS_TOKENS = 512  # the Cosmos Predict2 pipelines' T5 length
 HIDREAM_INPUTS = ("hidden_states", "timesteps", "encoder_hidden_states_t5", "encoder_hidden_states_llama3",
                   "pooled_embeds")  # fmt: skip
@@ -198,11 +206,13 @@ VIDEO_LATENT = {
     "ltxv": (1, 32),
     "ltx2": (1, 32),  # its video stream's latent (the audio tokens ride along)
     "cosmos": (2, 8),
+    "mochi": (2, 8),
 }
 PATCHED = (
     *IMAGE_PATCHED,
     "wan",
     "hunyuan_video",
+    "mochi",
 )  # (HunyuanVideo 1.5 patches 1×1×1)  # families whose `x` is cut into 2×2 patches
 TEXT_INPUTS = ("input_ids",)
 QWEN_TOKENS = 256  # Qwen2.5-VL prompt states (the pipeline drops its 34-token system prefix)
@@ -252,6 +262,8 @@ def optional_names(model) -> tuple[str, ...]:
         return ("mask", "img_hw", "aspect_ratio") if model.micro is not None else ("mask",)
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN_IMAGE_OPTIONAL
+    if getattr(model, "family", "") == "mochi":
+        return ("y_mask",)  # the prompt's tokens, [B, T]; default: every token
     if getattr(model, "family", "") == "hidream":
         return ("max_seq",)  # the tokens a non-square latent is padded to, [B]; default 4096
     if getattr(model, "family", "") == "cosmos":
@@ -292,6 +304,8 @@ def names(model) -> tuple[str, ...]:
         return KREA2_INPUTS + (("guidance",) if getattr(model, "guidance", None) is not None else ())
     if getattr(model, "family", "") == "pixart":
         return PIXART_INPUTS
+    if getattr(model, "family", "") == "mochi":
+        return MOCHI_INPUTS
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN15_INPUTS + (("guidance",) if model.guidance_in is not None else ())
     if getattr(model, "family", "") == "hidream":
@@ -330,7 +344,7 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
     if hasattr(model, "check_extra"):  # Wan Animate: the face video's frames against the latents'
         model.check_extra(got, source)
-    for n in ("cap_mask", "text_mask", "byt5_text_mask", "attention_mask", "context_mask", "mask"):
+    for n in ("cap_mask", "text_mask", "byt5_text_mask", "attention_mask", "context_mask", "mask", "y_mask"):
         if n in got:
             _check_mask(got[n], source, n)
     if getattr(model, "family", "") == "ltx2":
@@ -357,7 +371,8 @@ def _check_mask(mask: torch.Tensor, source: str, name: str) -> None:
         raise FormatError(f"{source}: input {name} holds values other than 0 and 1")
     for i, row in enumerate(mask):
         n = int(row.sum())
-        if (n == 0 and name != "byt5_text_mask") or not row[:n].all():  # a prompt may quote no glyph text
+        # a prompt may quote no glyph text; Mochi's empty negative prompt marks no token
+        if (n == 0 and name not in ("byt5_text_mask", "y_mask")) or not row[:n].all():
             what = "marks no token" if n == 0 else "has a 0 before its last 1 (the tokens come first)"
             raise FormatError(f"{source}: input {name} of item {i} {what}")
 

@@ -29,6 +29,7 @@ from .inputs import (
     LTX2_TOKENS,
     LTXV_TOKENS,
     MMDIT_TOKENS,
+    MOCHI_TOKENS,
     NEXTDIT_TOKENS,
     PIXART_TOKENS,
     POOLED,
@@ -162,6 +163,13 @@ def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generato
             out["context"] = out["context"][:, :ANIMA_TOKENS]
             out["t5xxl_ids"] = torch.randint(0, model.adapter.vocab, (batch, ANIMA_TOKENS), generator=g)
         return out
+    if getattr(model, "family", "") == "mochi":  # one latent frame of its 8x VAE, sigma in 0–1, T5-XXL states
+        h, w = _latent(width, height, 16)
+        return {
+            "x": torch.randn(batch, model.in_channels, 1, 2 * h, 2 * w, generator=g),
+            "sigma": torch.rand(batch, generator=g),
+            "y_feat": torch.randn(batch, MOCHI_TOKENS, model.context_dim, generator=g),
+        }
     if getattr(model, "family", "") == "ltxv":  # one latent frame of its 32x VAE
         h, w = _latent(width, height, 32)
         return {
