@@ -322,7 +322,7 @@ STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "une
               "wan22": "wan", "hunyuan_video": "hunyuan_video",
               "hunyuan_video15": "hunyuan_video15", "ltxv": "ltxv", "ltx2": "ltx2",
               "cosmos_predict2": "cosmos", "krea2": "krea2", "hunyuan_image21": "hunyuan_image21",
-              "sana": "sana", "pixart": "pixart",
+              "sana": "sana", "pixart": "pixart", "hunyuan_dit": "hunyuan_dit",
               "hidream": "hidream"}  # fmt: skip
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -353,6 +353,7 @@ NATIVE_PX = {
     "hunyuan_image21": (2048, 2048),  # its 2K
     "sana": (1024, 1024),
     "pixart": (1024, 1024),
+    "hunyuan_dit": (1024, 1024),
     "hidream": (1024, 1024),
 }
 
