@@ -22,8 +22,8 @@ read for the facts, nothing copied:
   six `image_meta_size` numbers (the release's inference: source width and height 1024, 1024, then the target's
   pixel width, height and crop 0, 0) and style = `style_embedder` row `style` (always 0).
 * Block N (40 at 1408 wide, 16 heads of 88): for N > depth // 2 first x = `skip_linear`(`skip_norm`([x, skip]))
-  with skip the output of block depth // 2 − 1 − (N − depth // 2 − 1) (the first half's outputs popped in reverse;
-  the middle block has none); x += attn1(`norm1`(x) + `default_modulation.1`(SiLU(c))); x += attn2(`norm3`(x),
+  with skip the output of block depth − 1 − N (blocks 0 … depth // 2 − 2 pushed, popped in reverse: 39 takes 0's,
+  21 takes 18's; the middle block has none); x += attn1(`norm1`(x) + `default_modulation.1`(SiLU(c))); x += attn2(`norm3`(x),
   text); x += `mlp`(`norm2`(x)) (fc1, tanh-GELU, fc2). The norms LayerNorms with affine, eps 1e-6, in float32
   (diffusers swaps the names norm2 and norm3). Attentions with biases: q and k LayerNorm'd per head (`q_norm`,
   `k_norm`, affine, eps 1e-6), then RoPE on q and k (cross-attention: on q only); SDPA at d^-1/2.
