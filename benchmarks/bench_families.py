@@ -1,4 +1,4 @@
-"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2), PixArt and Mochi 1 on
+"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2), PixArt, Mochi 1 and Hunyuan-DiT on
 Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
 coordinates, masks) built here from the same inputs Loadout's step gets."""
 
@@ -54,6 +54,20 @@ def run_diffusers(model, family: str, x: dict):
         mask = x.get("y_mask", torch.ones(x["y_feat"].shape[:2], device=x["x"].device))
         return model(hidden_states=x["x"], encoder_hidden_states=x["y_feat"], timestep=1000 * (1 - x["sigma"]),
                      encoder_attention_mask=mask).sample  # fmt: skip
+    if (
+        family == "hunyuan_dit"
+    ):  # v1.2: every text token kept; its pipeline's RoPE (the release's on a square grid)
+        from diffusers.models.embeddings import get_2d_rotary_pos_embed
+        from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
+
+        dev = x["x"].device
+        grid = (x["x"].shape[-2] // 2, x["x"].shape[-1] // 2)
+        head = model.inner_dim // model.num_heads
+        rope = get_2d_rotary_pos_embed(head, get_resize_crop_region_for_grid(grid, 32), grid, device=dev)
+        clip, t5 = x["encoder_hidden_states"], x["encoder_hidden_states_t5"]
+        return model(hidden_states=x["x"], timestep=x["t"], encoder_hidden_states=clip,
+                     text_embedding_mask=torch.ones(clip.shape[:2], device=dev), encoder_hidden_states_t5=t5,
+                     text_embedding_mask_t5=torch.ones(t5.shape[:2], device=dev), image_rotary_emb=rope).sample  # fmt: skip
     raise ValueError(family)
 
 

@@ -140,6 +140,11 @@ KREA2 = dict(num_layers=1)
 # PixArt-Σ XL/2 1024 (diffusers' defaults are XL/2's: 16 heads of 72, 1152 wide; T5-XXL captions; Σ has no size
 # conditions) at 2 of its 28 blocks
 PIXART = dict(num_layers=2, caption_channels=4096, sample_size=128, use_additional_conditions=False)
+# Hunyuan-DiT v1.2's DiT-g/2 (Tencent-Hunyuan/HunyuanDiT-v1.2-Diffusers' transformer config: 16 heads of 88, 1408
+# wide, MLP 6144, CLIP 77 x 1024 + mT5 256 x 2048, no style / size conditions) at 4 of its 40 blocks: block 3 takes
+# block 0's long skip
+HUNYUAN_DIT = dict(num_attention_heads=16, attention_head_dim=88, in_channels=4, patch_size=2, hidden_size=1408,
+                   num_layers=4, mlp_ratio=4.3637, sample_size=128, use_style_cond_and_image_meta_size=False)  # fmt: skip
 # HiDream-I1's width (its transformer config: 20 heads of 128, 4 routed experts with 2 active, T5 and Llama 3.1
 # captions 4096 wide, pooled CLIP 2048, RoPE axes 64/32/32) at 1 double- and 1 single-stream block
 HIDREAM = dict(
@@ -174,6 +179,7 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "cosmos": ((512, 512), "transformer", "cosmos_predict2"),
             "krea2": ((512, 512), "transformer", "krea2"),
             "pixart": ((1024, 1024), "transformer", "pixart"),
+            "hunyuan_dit": ((1024, 1024), "transformer", "hunyuan_dit"),
             "hidream": ((512, 512), "transformer", "hidream"),
             "mochi": ((848, 480), "transformer", "mochi"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
@@ -243,6 +249,10 @@ def _diffusers_model(family: str):
             from diffusers import PixArtTransformer2DModel
 
             return PixArtTransformer2DModel(**PIXART)
+        if family == "hunyuan_dit":
+            from diffusers import HunyuanDiT2DModel
+
+            return HunyuanDiT2DModel(**HUNYUAN_DIT)
         if family == "hidream":
             from diffusers import HiDreamImageTransformer2DModel
 
@@ -387,7 +397,7 @@ def _run_diffusers(model, family: str, x: dict):
         return model(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["t"]).sample
     if family == "hidream":  # Loadout's input names are diffusers' forward's
         return model(**x).sample
-    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "mochi"):
+    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "hunyuan_dit", "mochi"):
         from bench_families import run_diffusers
 
         return run_diffusers(model, family, x)

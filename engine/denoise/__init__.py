@@ -1,6 +1,6 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's,
 FLUX.2's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's, Z-Image's, Lumina 2's, AuraFlow's, Wan
-2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's and HiDream-I1's, run on the component's own castable ops (the residency manager's modules, tiers and
+2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's, Hunyuan-DiT's and HiDream-I1's, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
@@ -36,6 +36,7 @@ LTX2 = ("ltx2",)  # LTX-2's audio-video transformer, 19B (and the LTX-2.3 / 2.5 
 KREA2 = ("krea2",)  # Krea 2 (engine.denoise.krea2)
 SANA = ("sana",)  # Sana 600M / 1600M, Sana 1.5 4.8B (engine.denoise.sana)
 PIXART = ("pixart",)  # PixArt-α and PixArt-Σ, 256 to 2K (engine.denoise.pixart)
+HUNYUAN_DIT = ("hunyuan_dit",)  # Hunyuan-DiT v1.0 / v1.1 / v1.2, distilled (engine.denoise.hunyuan_dit)
 HIDREAM = ("hidream",)  # HiDream-I1 Full / Dev / Fast, and HiDream-E1 on its layout (engine.denoise.hidream)
 HUNYUAN_IMAGE = ("hunyuan_image21",)  # HunyuanImage 2.1 (engine.denoise.hunyuan_image)
 MOCHI = ("mochi",)  # Mochi 1 (Genmo's 10B asymmetric joint DiT) (engine.denoise.mochi)
@@ -52,6 +53,7 @@ SUPPORTED = (
         + KREA2
         + SANA
         + PIXART
+        + HUNYUAN_DIT
         + HIDREAM
         + MOCHI
     ),
@@ -202,6 +204,11 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
 
         naming, model = bind_pixart(ops, mods, architecture, dtype)
         return Denoiser("pixart", architecture, naming, model)
+    if architecture in HUNYUAN_DIT:
+        from .hunyuan_dit import bind_hunyuan_dit
+
+        naming, model = bind_hunyuan_dit(ops, mods, architecture, dtype)
+        return Denoiser("hunyuan_dit", architecture, naming, model)
     if architecture in SANA:
         from .sana import bind_sana
 

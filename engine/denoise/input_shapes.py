@@ -75,6 +75,13 @@ def _family_shapes(model, got) -> dict:
         if "y_mask" in got:
             out["y_mask"] = (None, got["y_feat"].shape[1] if got["y_feat"].dim() == 3 else None)
         return out
+    if getattr(model, "family", "") == "hunyuan_dit":  # the text lengths are the file's (padding, pooler)
+        clip, t5 = (None, model.clip_tokens, model.clip_dim), (None, model.t5_tokens, model.t5_dim)
+        out = {"x": (None, model.in_channels, None, None), "t": (None,), "encoder_hidden_states": clip,
+               "encoder_hidden_states_t5": t5}  # fmt: skip
+        out.update({n: s for n, s in (("text_embedding_mask", clip[:2]), ("text_embedding_mask_t5", t5[:2]),
+                                      ("image_meta_size", (None, 6)), ("style", (None,))) if n in got})  # fmt: skip
+        return out
     if getattr(model, "family", "") == "sana":
         out = {
             "x": (None, model.in_channels, None, None),

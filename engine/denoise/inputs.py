@@ -109,6 +109,13 @@ optionally `context_mask` [B, T]. PixArt-α / Σ (its `forward(x, timestep, y, m
 [B, 4, h, w] SD-VAE latents, `timestep` [B] in 0–1000, `y` [B, T, 4096] T5-XXL states (the original's y [B, 1, T, D]
 without its singleton axis), optionally `mask` [B, T], and for α 1024 data_info's `img_hw` [B, 2], `aspect_ratio` [B, 1].
 
+Hunyuan-DiT (the release's `HunYuanDiT.forward(x, t, encoder_hidden_states, text_embedding_mask,
+encoder_hidden_states_t5, text_embedding_mask_t5, image_meta_size, style)`): `x` [B, 4, h, w] SD-VAE latents, `t` [B] in
+0–1000, `encoder_hidden_states` [B, 77, 1024] (its CLIP's: Chinese BERT-large states), `encoder_hidden_states_t5` [B,
+256, 2048] (mT5-XL states), optionally `text_embedding_mask` [B, 77] / `text_embedding_mask_t5` [B, 256] (default: every
+token), and for v1.0 / v1.1 `image_meta_size` [B, 6] (default: 1024, 1024, the latent's pixel width and height, 0, 0)
+and `style` [B] (default 0). Its 2-D RoPE (the release's cos_cis_img / sin_cis_img) is computed from x's grid.
+
 Krea 2 (diffusers' Krea2Transformer2DModel, on Loadout's latent convention): `x` [B, 16, h, w] latents (2×2 patches
 inside, h and w even), `timesteps` [B] in 0–1 (1 is noise), `context` [B, T, L, 2560]: each prompt token's hidden
 states from L (12) layers of Qwen3-VL, and optionally `context_mask` [B, T] (1 for the prompt's tokens).
@@ -176,6 +183,8 @@ PIXART_INPUTS = ("x", "timestep", "y")  # PixArt's `forward(x, timestep, y, mask
 PIXART_TOKENS = 300  # PixArt-Σ's pipeline max_sequence_length (α: 120)
 MOCHI_INPUTS = ("x", "sigma", "y_feat")  # AsymmDiTJoint's `forward(x, sigma, y_feat, y_mask)`
 MOCHI_TOKENS = 256  # its pipeline's MAX_T5_TOKEN_LENGTH
+HUNYUAN_DIT_INPUTS = ("x", "t", "encoder_hidden_states", "encoder_hidden_states_t5")
+HUNYUAN_DIT_OPTIONAL = ("text_embedding_mask", "text_embedding_mask_t5")
 COSMOS_TOKENS = 512  # the Cosmos Predict2 pipelines' T5 length
 HIDREAM_INPUTS = ("hidden_states", "timesteps", "encoder_hidden_states_t5", "encoder_hidden_states_llama3",
                   "pooled_embeds")  # fmt: skip
@@ -192,6 +201,7 @@ IMAGE_PATCHED = (
     "auraflow",
     "krea2",
     "pixart",
+    "hunyuan_dit",
     "hidream",
 )  # `x` (HiDream: `hidden_states`) a [B, C, h, w] latent in 2×2 patches
 # video families' `x` [B, C, F, h, w]: (the side of a spatial patch, the VAE's spatial compression)
@@ -260,6 +270,8 @@ def optional_names(model) -> tuple[str, ...]:
         return ("context_mask",)
     if getattr(model, "family", "") == "pixart":  # the prompt's tokens; α 1024's size conditions
         return ("mask", "img_hw", "aspect_ratio") if model.micro is not None else ("mask",)
+    if getattr(model, "family", "") == "hunyuan_dit":  # the prompts' tokens; v1.0 / v1.1's size and style
+        return HUNYUAN_DIT_OPTIONAL + (("image_meta_size", "style") if model.style is not None else ())
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN_IMAGE_OPTIONAL
     if getattr(model, "family", "") == "mochi":
@@ -306,6 +318,8 @@ def names(model) -> tuple[str, ...]:
         return PIXART_INPUTS
     if getattr(model, "family", "") == "mochi":
         return MOCHI_INPUTS
+    if getattr(model, "family", "") == "hunyuan_dit":
+        return HUNYUAN_DIT_INPUTS
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN15_INPUTS + (("guidance",) if model.guidance_in is not None else ())
     if getattr(model, "family", "") == "hidream":
@@ -344,7 +358,9 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
             raise FormatError(f"{source}: input {n} holds NaN or infinite values: the output would be too")
     if hasattr(model, "check_extra"):  # Wan Animate: the face video's frames against the latents'
         model.check_extra(got, source)
-    for n in ("cap_mask", "text_mask", "byt5_text_mask", "attention_mask", "context_mask", "mask", "y_mask"):
+    masks = ("cap_mask", "text_mask", "byt5_text_mask", "attention_mask", "context_mask", "mask", "y_mask",
+             "text_embedding_mask", "text_embedding_mask_t5")  # fmt: skip
+    for n in masks:
         if n in got:
             _check_mask(got[n], source, n)
     if getattr(model, "family", "") == "ltx2":

@@ -112,6 +112,16 @@ def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generato
             "timestep": torch.rand(batch, generator=g) * 1000.0,
             "y": torch.randn(batch, PIXART_TOKENS, model.context_dim, generator=g),
         }
+    if (
+        getattr(model, "family", "") == "hunyuan_dit"
+    ):  # SD's 8x latent, CLIP and mT5 states at the file's lengths
+        h, w = _latent(width, height, 16)
+        return {
+            "x": torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
+            "t": torch.rand(batch, generator=g) * 1000.0,
+            "encoder_hidden_states": torch.randn(batch, model.clip_tokens, model.clip_dim, generator=g),
+            "encoder_hidden_states_t5": torch.randn(batch, model.t5_tokens, model.t5_dim, generator=g),
+        }
     if getattr(model, "family", "") == "sana":  # the DC-AE's 32x latent
         h, w = _latent(width, height, 32)
         sprint = model.guidance is not None  # SANA-Sprint: TrigFlow's t in 0–1, its pipeline's guidance
