@@ -82,8 +82,11 @@ WAN: tuple[tuple[str, str], ...] = (
     *((f"vace_blocks.{{n}}.{o}", f"vace_blocks.{{n}}.{d}") for o, d in _WAN_BLOCK),
 )
 
-# Z-Image (NextDiT with a single fused qkv, equal thirds) in diffusers' ZImageTransformer2DModel form.
+# Z-Image (NextDiT with a single fused qkv, equal thirds) in diffusers' ZImageTransformer2DModel form; Z-Image Omni's
+# SigLIP refiner blocks are named as the others (the converter's `.attention.out` / `.attention.qkv` renames hold for
+# every stack), without their adaLN.
 _NEXTDIT_STACKS = ("layers", "noise_refiner", "context_refiner")
+_ZIMAGE_STACKS = (*_NEXTDIT_STACKS, "siglip_refiner")
 _ZIMAGE_BLOCK = (
     ("attention.out", "attention.to_out.0"),
     ("attention.q_norm", "attention.norm_q"),
@@ -98,7 +101,7 @@ Z_IMAGE: tuple[tuple[str, str], ...] = (
     ("cap_embedder.1", "cap_embedder.1"),
     ("t_embedder.mlp.0", "t_embedder.mlp.0"),
     ("t_embedder.mlp.2", "t_embedder.mlp.2"),
-    *((f"{s}.{{n}}.{o}", f"{s}.{{n}}.{d}") for s in _NEXTDIT_STACKS for o, d in _ZIMAGE_BLOCK),
+    *((f"{s}.{{n}}.{o}", f"{s}.{{n}}.{d}") for s in _ZIMAGE_STACKS for o, d in _ZIMAGE_BLOCK),
 )
 # Lumina 2 (NextDiT, grouped-query fused qkv) in diffusers' Lumina2Transformer2DModel form.
 _LUMINA_BLOCK = (
