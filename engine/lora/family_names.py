@@ -8,7 +8,7 @@ read in both directions. Where the original fuses what diffusers splits (Z-Image
 `attention.qkv`), the diffusers names reach row blocks of the fused weight.
 
 Facts (cited, not copied) from diffusers `loaders/single_file_utils.py`: `convert_wan_transformer_to_
-diffusers` (Wan 2.1/2.2, VACE, i2v image embedder), `convert_z_image_transformer_checkpoint_to_diffusers`,
+diffusers` (Wan 2.1/2.2, VACE, i2v image embedder, Animate), `convert_z_image_transformer_checkpoint_to_diffusers`,
 `convert_lumina2_to_diffusers`, `convert_auraflow_transformer_checkpoint_to_diffusers` and
 `convert_krea2_transformer_checkpoint_to_diffusers`, `convert_sana_transformer_to_diffusers`, and diffusers'
 `convert_cosmos_to_diffusers.py` script; PixArt's from OneTrainer's diffusers-to-checkpoint converter (the same names as
@@ -62,14 +62,31 @@ _WAN_TOP = (
     ("head.head", "proj_out"),
     ("vace_patch_embedding", "vace_patch_embedding"),
 )
+# Wan 2.2 Animate's own modules (diffusers' generate_face_adapter_mappings / generate_motion_encoder_mappings in
+# convert_wan_transformer_to_diffusers): the face adapter's fuser blocks, the face encoder's convs, the motion
+# encoder's mapping network and appearance CNN (its residual block i is the release's convs.i+1; 7 in the release).
+# The fused linear1_kv (to_k, to_v) and the last conv (convs.n+1) are _add_animate's.
+_ANIMATE = (
+    *((f"face_adapter.fuser_blocks.{{n}}.{o}", f"face_adapter.{{n}}.{d}")
+      for o, d in (("linear1_q", "to_q"), ("linear2", "to_out"), ("q_norm", "norm_q"), ("k_norm", "norm_k"))),
+    *((f"face_encoder.{c}.conv", f"face_encoder.{c}") for c in ("conv1_local", "conv2", "conv3")),
+    ("motion_encoder.enc.fc.{n}", "motion_encoder.motion_network.{n}"),
+    ("motion_encoder.enc.net_app.convs.0.0", "motion_encoder.conv_in"),
+    *((f"motion_encoder.enc.net_app.convs.{i + 1}.{o}", f"motion_encoder.res_blocks.{i}.{d}")
+      for i in range(7) for o, d in (("conv1.0", "conv1"), ("conv2.1", "conv2"), ("skip.1", "conv_skip"))),
+)  # fmt: skip
 WAN: tuple[tuple[str, str], ...] = (
     *_WAN_TOP,
+    *_ANIMATE,
     *((f"blocks.{{n}}.{o}", f"blocks.{{n}}.{d}") for o, d in _WAN_BLOCK),
     *((f"vace_blocks.{{n}}.{o}", f"vace_blocks.{{n}}.{d}") for o, d in _WAN_BLOCK),
 )
 
-# Z-Image (NextDiT with a single fused qkv, equal thirds) in diffusers' ZImageTransformer2DModel form.
+# Z-Image (NextDiT with a single fused qkv, equal thirds) in diffusers' ZImageTransformer2DModel form; Z-Image Omni's
+# SigLIP refiner blocks are named as the others (the converter's `.attention.out` / `.attention.qkv` renames hold for
+# every stack), without their adaLN.
 _NEXTDIT_STACKS = ("layers", "noise_refiner", "context_refiner")
+_ZIMAGE_STACKS = (*_NEXTDIT_STACKS, "siglip_refiner")
 _ZIMAGE_BLOCK = (
     ("attention.out", "attention.to_out.0"),
     ("attention.q_norm", "attention.norm_q"),
@@ -84,7 +101,7 @@ Z_IMAGE: tuple[tuple[str, str], ...] = (
     ("cap_embedder.1", "cap_embedder.1"),
     ("t_embedder.mlp.0", "t_embedder.mlp.0"),
     ("t_embedder.mlp.2", "t_embedder.mlp.2"),
-    *((f"{s}.{{n}}.{o}", f"{s}.{{n}}.{d}") for s in _NEXTDIT_STACKS for o, d in _ZIMAGE_BLOCK),
+    *((f"{s}.{{n}}.{o}", f"{s}.{{n}}.{d}") for s in _ZIMAGE_STACKS for o, d in _ZIMAGE_BLOCK),
 )
 # Lumina 2 (NextDiT, grouped-query fused qkv) in diffusers' Lumina2Transformer2DModel form.
 _LUMINA_BLOCK = (
@@ -377,6 +394,8 @@ def other_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, V
             _add_fused(out, shapes, *fused)
         if pairs is PIXART or pairs is SANA:
             _add_fused_blocks(out, shapes)
+        if pairs is WAN:
+            _add_animate(out, shapes)
         if pairs is AURAFLOW:
             for have, other in (_AURA_FINAL, _AURA_FINAL[::-1]):
                 if have in shapes:
@@ -420,3 +439,25 @@ def _add_fused_blocks(out: dict, shapes: Mapping[str, tuple[int, ...]]) -> None:
             out.setdefault(
                 f"transformer_blocks.{m.group(1)}.{name}", (path, ("rows", i * shape[1], shape[1]))
             )
+
+
+_ANIMATE_KV = re.compile(r"^face_adapter\.fuser_blocks\.(\d+)\.linear1_kv$")
+_ANIMATE_APP = "motion_encoder.enc.net_app.convs"
+
+
+def _add_animate(out: dict, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Wan Animate's fused face-adapter `linear1_kv` ([2D, D]: k, v) as the row blocks diffusers' to_k / to_v name, and
+    the motion encoder's last conv, the release's convs.n+1 after its n residual blocks, diffusers' conv_out."""
+    for path, shape in shapes.items():
+        m = _ANIMATE_KV.match(path)
+        if m and len(shape) == 2 and shape[0] % 2 == 0:
+            half = shape[0] // 2
+            for i, name in enumerate(("to_k", "to_v")):
+                out.setdefault(f"face_adapter.{m.group(1)}.{name}", (path, ("rows", i * half, half)))
+    res = {p.split(".")[2] for p in shapes if p.startswith("motion_encoder.res_blocks.")}
+    convs = {p.split(".")[4] for p in shapes if p.startswith(_ANIMATE_APP + ".")}
+    last = f"{_ANIMATE_APP}.{len(convs) - 1}"
+    if res and "motion_encoder.conv_out" in shapes:
+        out.setdefault(f"{_ANIMATE_APP}.{len(res) + 1}", ("motion_encoder.conv_out", None))
+    elif convs and last in shapes:
+        out.setdefault("motion_encoder.conv_out", (last, None))

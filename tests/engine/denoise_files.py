@@ -516,13 +516,13 @@ def step_full_and_partial(path, tmp_path, budget_gb: float, **step) -> dict:
 def lora_and_merged(sd: dict, keys: dict, strength: float, seed: int, rank: int = 4, kohya: bool = False):
     """(a LoRA over the modules `keys` names, `sd` with each one's ΔW merged by hand): `keys` maps a module path of
     `sd` (diffusers' model) to the LoRA's name for it; PEFT tensors (lora_A / lora_B), or kohya's (lora_down / lora_up
-    with alpha = rank, so the scale is 1). Down ~ N(0, 1/in), up small."""
+    with alpha = rank, so the scale is 1). Down ~ N(0, 1/fan-in), up small; a conv's down has its kernel, its up 1×1."""
     g = torch.Generator().manual_seed(seed)
     lora, merged = {}, dict(sd)
     for d, k in keys.items():
         w = sd[f"{d}.weight"]
-        a = torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5
-        b = torch.randn(w.shape[0], rank, generator=g) * 0.1
+        a = torch.randn(rank, *w.shape[1:], generator=g) / w[0].numel() ** 0.5
+        b = torch.randn(w.shape[0], rank, *[1] * (w.ndim - 2), generator=g) * 0.1
         if kohya:
             lora |= {
                 f"{k}.lora_down.weight": a,
@@ -531,7 +531,7 @@ def lora_and_merged(sd: dict, keys: dict, strength: float, seed: int, rank: int 
             }
         else:
             lora |= {f"{k}.lora_A.weight": a, f"{k}.lora_B.weight": b}
-        merged[f"{d}.weight"] = w + strength * (b @ a)
+        merged[f"{d}.weight"] = w + strength * (b.flatten(1) @ a.flatten(1)).reshape(w.shape)
     return lora, merged
 
 

@@ -227,3 +227,44 @@ def test_the_release_layout_binds_whole(tmp_path):
         4,
     )
     assert (m.in_channels, m.t5_dim, m.llama_dim, m.pooled_dim) == (16, 4096, 4096, 2048)
+
+
+# What HiDream's LoRA trainers target (diffusers' train_dreambooth_lora_hidream: the attentions' to_q / to_k / to_v /
+# to_out; ai-toolkit and diffusion-pipe: the blocks' linears, the routed and shared experts' feed-forwards too; the
+# router's gate left alone), in both kinds of block.
+LORA_MODULES = ("double_stream_blocks.0.block.attn1.to_q", "double_stream_blocks.1.block.attn1.to_v_t",
+                "double_stream_blocks.0.block.attn1.to_out", "double_stream_blocks.1.block.attn1.to_out_t",
+                "double_stream_blocks.0.block.ff_i.experts.1.w1", "double_stream_blocks.1.block.ff_i.shared_experts.w2",
+                "double_stream_blocks.0.block.ff_t.w3", "double_stream_blocks.0.block.adaLN_modulation.1",
+                "single_stream_blocks.0.block.attn1.to_k", "single_stream_blocks.2.block.attn1.to_out",
+                "single_stream_blocks.1.block.ff_i.experts.3.w2", "single_stream_blocks.2.block.ff_i.shared_experts.w3",
+                "caption_projection.1.linear", "x_embedder.proj")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("prefix", "file", "budget"),
+    [("transformer.", "prefixed", None), ("transformer.", "prefixed", 0.0), ("diffusion_model.", "bare", 0.0),
+     ("lora_transformer_", "bare", None)],
+    ids=["peft-baked", "peft-on-the-fly", "comfyui-on-the-fly", "onetrainer-baked"],
+)  # fmt: skip
+def test_loras_as_trainers_name_them_equal_diffusers_merged(hidream, tmp_path, prefix, file, budget):
+    """A PEFT LoRA (`transformer.`: diffusers, ai-toolkit's diffusers form), ai-toolkit's / diffusion-pipe's ComfyUI
+    form (`diffusion_model.` over the same names) and OneTrainer's (`lora_transformer_double_stream_blocks_0_…`), on
+    the release's prefixed file and the bare one, baked and on the fly, reaching the experts' feed-forwards: equal to
+    diffusers' model with the ΔW merged by hand."""
+    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+
+    files, ref = hidream
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    kohya = prefix.startswith("lora_")
+    keys = {d: prefix + (d.replace(".", "_") if kohya else d) for d in LORA_MODULES}
+    strength = 0.7
+    lora, merged = lora_and_merged(sd, keys, strength, seed=13, kohya=kohya)
+    x = _inputs(_bound(files[file]), 64, 64, batch=1, seed=3)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
+    assert rel_l2(plain, want) > 100 * TOL
+    r, out = lora_step(files[file], lora, strength, x, tmp_path, budget)
+    assert r.loras and r.loras[0]["mapped"] == len(LORA_MODULES), r.loras
+    err = rel_l2(out, want)
+    print(f"hidream LoRA {prefix} on {file} ({budget}): relative L2 {err:.2e}")
+    assert err <= TOL

@@ -289,3 +289,55 @@ def test_the_release_layouts_bind_whole(tmp_path, version):
     assert (m.context_dim, m.audio_context_dim, m.cross_sigma) == (
         (3840, 3840, False) if version == "2.0" else (4096, 2048, True)
     )
+
+
+# Modules LTX-2's LoRA trainers target (Lightricks' ltx-trainer: the attentions' to_q / to_k / to_v / to_out.0, the
+# feed-forwards if asked; musubi-tuner's LTX-2 network: every linear of the blocks, the cross-modal attentions
+# included, and the adaLN linears), and the stems and modulations the release renames.
+LORA_MODULES = ("transformer_blocks.0.attn1.to_q", "transformer_blocks.1.audio_attn1.to_k",
+                "transformer_blocks.0.audio_to_video_attn.to_v", "transformer_blocks.1.video_to_audio_attn.to_out.0",
+                "transformer_blocks.0.attn2.to_gate_logits", "transformer_blocks.1.audio_attn2.to_q",
+                "transformer_blocks.0.ff.net.0.proj", "transformer_blocks.1.audio_ff.net.2", "proj_in", "audio_proj_in",
+                "time_embed.linear", "audio_time_embed.emb.timestep_embedder.linear_1",
+                "av_cross_attn_video_scale_shift.linear", "av_cross_attn_audio_v2a_gate.linear",
+                "prompt_adaln.linear")  # fmt: skip
+
+
+def _release_module(d: str) -> str:
+    from layouts_2026.video import ltx2_release_key
+
+    return ltx2_release_key(d + ".weight")[len(PREFIX) : -len(".weight")]
+
+
+@pytest.mark.parametrize("naming", ["diffusers", "release"])
+def test_a_lora_in_either_naming_on_the_other_file_equals_diffusers_merged(ltx2, tmp_path, naming):
+    """A PEFT LoRA in diffusers' names (`transformer.time_embed.linear`: ai-toolkit, diffusers) on the release's file,
+    baked; a kohya one in the release's (`lora_unet_adaln_single_linear`, `lora_unet_av_ca_…`: musubi-tuner) on
+    diffusers' file, on the fly: both streams equal diffusers' model with the ΔW merged by hand."""
+    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+
+    from engine.formats.safetensors import SafetensorsFile
+
+    files, ref, conn, sd = ltx2["2.3"]
+    keys = {d: f"transformer.{d}" if naming == "diffusers" else "lora_unet_" + _release_module(d).replace(".", "_")
+            for d in LORA_MODULES}  # fmt: skip
+    strength = 0.8
+    lora, merged = lora_and_merged(sd, keys, strength, seed=11, kohya=naming == "release")
+    base = files["release" if naming == "diffusers" else "diffusers"]
+    x, states, mask = _inputs(_bound(files["release"]), "2.3")
+    (ctx, v0, a0), (ctx, want_v, want_a) = plain_and_merged(
+        ref, sd, merged, lambda: _reference(ref, conn, x, states, mask, "2.3")
+    )
+    assert min(rel_l2(v0, want_v), rel_l2(a0, want_a)) > 100 * TOL
+    if naming == "diffusers":  # the release's file: the connectors' inputs
+        given = {**x, "video_context": ctx["features"][0], "audio_context": ctx["features"][1],
+                 "video_context_mask": mask, "audio_context_mask": mask}  # fmt: skip
+    else:
+        given = {**x, "video_context": ctx["connected"][0], "audio_context": ctx["connected"][1]}
+    budget = None if naming == "diffusers" else 0.0
+    r, out = lora_step(base, lora, strength, given, tmp_path, budget)
+    assert r.loras and r.loras[0]["mapped"] == len(LORA_MODULES), r.loras
+    audio = SafetensorsFile(tmp_path / f"out_{budget}.safetensors").tensor("audio_out")
+    errs = rel_l2(out, want_v), rel_l2(audio, want_a)
+    print(f"ltx2 LoRA in {naming}'s names: relative L2 video {errs[0]:.2e}, audio {errs[1]:.2e}")
+    assert max(errs) <= TOL

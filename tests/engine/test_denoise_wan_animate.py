@@ -249,3 +249,46 @@ def test_face_adapters_not_spread_over_the_blocks_are_refused(tmp_path):
     path = write(tmp_path / "odd.safetensors", {k: v for k, v in w.items() if ".fuser_blocks.3." not in k})
     with pytest.raises(UnsupportedModel, match="3 face adapter blocks over 4 blocks"):
         _bind(path)
+
+
+# diffusers' name -> the release's for the modules a Wan Animate LoRA reaches: the blocks' attentions and
+# feed-forwards (musubi-tuner, DiffSynth-Studio: q, k, v, o, ffn.0, ffn.2), the face adapter's projections (a diffusers
+# LoRA on to_q / to_k / to_v reaches them; to_k and to_v are the release's fused linear1_kv), the face encoder's, the
+# motion encoder's mapping network and convs (its residual block i the release's convs.i+1, conv_out its last), the
+# pose embedding.
+LORA_MODULES = {
+    "blocks.0.attn1.to_q": "blocks.0.self_attn.q", "blocks.1.attn2.add_k_proj": "blocks.1.cross_attn.k_img",
+    "blocks.3.ffn.net.0.proj": "blocks.3.ffn.0", "face_adapter.0.to_q": "face_adapter.fuser_blocks.0.linear1_q",
+    "face_adapter.1.to_out": "face_adapter.fuser_blocks.1.linear2", "face_encoder.out_proj": "face_encoder.out_proj",
+    "face_encoder.conv2": "face_encoder.conv2.conv", "motion_encoder.motion_network.2": "motion_encoder.enc.fc.2",
+    "motion_encoder.res_blocks.1.conv2": f"{APP}.2.conv2.1", "motion_encoder.conv_out": f"{APP}.4",
+    "pose_patch_embedding": "pose_patch_embedding", "condition_embedder.time_proj": "time_projection.1",
+}  # fmt: skip
+FUSED_KV = ("face_adapter.0.to_k", "face_adapter.1.to_v")  # row blocks of linear1_kv: diffusers' names only
+
+
+@pytest.mark.parametrize("naming", ["diffusers", "original"])
+def test_a_lora_in_either_naming_on_the_other_file_equals_diffusers_merged(animate, tmp_path, naming):
+    """A PEFT LoRA in diffusers' names (`transformer.face_adapter.0.to_k`: ai-toolkit, diffusers) on the release's
+    file, baked (to_k and to_v reaching the fused linear1_kv's halves); a kohya one in the release's names
+    (`lora_unet_face_adapter_fuser_blocks_0_linear1_q`: musubi-tuner) on diffusers' file, on the fly: equal to
+    diffusers' model with the ΔW merged by hand."""
+    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+
+    files, ref = animate
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    if naming == "diffusers":
+        keys = {d: f"transformer.{d}" for d in (*LORA_MODULES, *FUSED_KV)}
+    else:
+        keys = {d: "lora_unet_" + o.replace(".", "_") for d, o in LORA_MODULES.items()}
+    strength = 0.8
+    lora, merged = lora_and_merged(sd, keys, strength, seed=17, kohya=naming == "original")
+    base = files["original" if naming == "diffusers" else "diffusers"]
+    x = _clip(_bind(base), frames=4, seed=5)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
+    assert rel_l2(plain, want) > 1e-2
+    r, out = lora_step(base, lora, strength, x, tmp_path, None if naming == "diffusers" else 0.0)
+    assert r.loras and r.loras[0]["mapped"] == len(keys), r.loras
+    err = rel_l2(out, want)
+    print(f"wan animate LoRA in {naming}'s names: relative L2 {err:.2e}")
+    assert err <= 1e-4

@@ -167,3 +167,46 @@ def test_the_release_layout_binds_whole(tmp_path):
         16,
         2560,
     )
+
+
+# diffusers' name -> the release's for the modules a Z-Image LoRA reaches (musubi-tuner, ai-toolkit, diffusion-pipe:
+# the attentions and feed-forwards of every stack, Omni's SigLIP refiner too; the embedders), the release's fused
+# qkv reached by diffusers' to_q / to_k / to_v as its row blocks (so diffusers' names only).
+LORA_MODULES = {
+    "layers.0.attention.to_out.0": "layers.0.attention.out", "layers.1.feed_forward.w2": "layers.1.feed_forward.w2",
+    "layers.1.adaLN_modulation.0": "layers.1.adaLN_modulation.0",
+    "noise_refiner.0.attention.to_out.0": "noise_refiner.0.attention.out",
+    "context_refiner.1.feed_forward.w1": "context_refiner.1.feed_forward.w1",
+    "siglip_refiner.0.attention.to_out.0": "siglip_refiner.0.attention.out",
+    "siglip_refiner.1.feed_forward.w3": "siglip_refiner.1.feed_forward.w3", "siglip_embedder.1": "siglip_embedder.1",
+    "all_x_embedder.2-1": "x_embedder", "cap_embedder.1": "cap_embedder.1",
+}  # fmt: skip
+FUSED_QKV = ("layers.0.attention.to_q", "layers.1.attention.to_v", "siglip_refiner.0.attention.to_k",
+             "siglip_refiner.1.attention.to_q", "noise_refiner.1.attention.to_k")  # fmt: skip
+
+
+@pytest.mark.parametrize("naming", ["diffusers", "original"])
+def test_a_lora_in_either_naming_on_the_other_file_equals_diffusers_merged(omni, tmp_path, naming):
+    """A PEFT LoRA in diffusers' names (`transformer.siglip_refiner.0.attention.to_k`: ai-toolkit, diffusers) on the
+    release's file, baked (q / k / v reaching the fused qkv's thirds); a kohya one in the release's names
+    (`lora_unet_siglip_refiner_0_attention_out`: musubi-tuner) on diffusers' file, on the fly: an edit step with a
+    condition image and its SigLIP grid equal to diffusers' model with the ΔW merged by hand."""
+    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+
+    diff_path, orig_path, ref, sd = omni
+    sd = {k: v.clone() for k, v in sd.items()}
+    if naming == "diffusers":
+        keys = {d: f"transformer.{d}" for d in (*LORA_MODULES, *FUSED_QKV)}
+    else:
+        keys = {d: "lora_unet_" + o.replace(".", "_") for d, o in LORA_MODULES.items()}
+    strength = 0.8
+    lora, merged = lora_and_merged(sd, keys, strength, seed=23, kohya=naming == "original")
+    base = orig_path if naming == "diffusers" else diff_path
+    inputs = _bound(base).random_inputs(64, 64, seed=3)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: run_diffusers_omni(ref, inputs))
+    assert rel_l2(plain, want) > 1e-2
+    r, out = lora_step(base, lora, strength, inputs, tmp_path, None if naming == "diffusers" else 0.0)
+    assert r.loras and r.loras[0]["mapped"] == len(keys), r.loras
+    err = rel_l2(out, want)
+    print(f"z_image omni LoRA in {naming}'s names: relative L2 {err:.2e}")
+    assert err <= 1e-4
