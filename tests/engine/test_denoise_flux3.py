@@ -142,3 +142,60 @@ def test_the_default_size_release_layout_binds_whole(tmp_path, flow_map):
     blocks = tuple(len(m.mode_blocks[k]) for k in ("image", "image_cond", "txt"))
     assert (blocks, len(m.singles), m.heads, m.in_channels, m.context_dim) == ((5, 5, 5), 28, 24, 128, 20480)
     assert m.flow_map == flow_map
+
+
+# The modules a LoRA adapts, by diffusers' path: every kind of block and stem Linear, and the final adaLN, whose
+# halves BFL's naming holds the other way round.
+LORA_MODULES = ("mode_blocks.image.0.attn.to_q", "mode_blocks.image_cond.0.attn.to_k", "txt_mode_blocks.0.ff.linear_in",
+                "single_transformer_blocks.1.attn.to_out.0", "single_transformer_blocks.0.ff.linear_out",
+                "single_transformer_blocks.0.attn.to_v", "early_stream_modulations.image.linear", "context_embedder",
+                "timestep_embedder.linear_1", "proj_out", "norm_out.linear")  # fmt: skip
+
+
+def _bfl_module(d: str) -> str:
+    from flux3_files import bfl_key
+
+    return bfl_key(d + ".weight")[: -len(".weight")]
+
+
+def _flux3_lora(sd: dict, fmt: str, strength: float):
+    """(the LoRA in `fmt` — PEFT `transformer.` + diffusers' names, BFL's `diffusion_model.` + lora_down / up + alpha,
+    or kohya's `lora_unet_` + BFL's names underscored —, diffusers' weights with it merged by hand)."""
+    from denoise_files import lora_and_merged
+
+    if fmt == "peft":
+        names = {d: f"transformer.{d}" for d in LORA_MODULES}
+    elif fmt == "bfl":
+        names = {d: f"diffusion_model.{_bfl_module(d)}" for d in LORA_MODULES}
+    else:
+        names = {d: "lora_unet_" + _bfl_module(d).replace(".", "_") for d in LORA_MODULES}
+    lora, merged = lora_and_merged(sd, names, strength, seed=7, kohya=fmt != "peft")
+    if fmt != "peft":  # BFL's final adaLN rows are (shift, scale): diffusers' (scale, shift) swapped
+        up = f"{names['norm_out.linear']}.lora_up.weight"
+        lora[up] = torch.cat(lora[up].chunk(2, dim=0)[::-1])
+    return lora, merged
+
+
+@pytest.mark.parametrize(
+    "fmt, base, budget",
+    [("peft", "bfl", None), ("peft", "bfl", 0.0), ("bfl", "diffusers", None), ("bfl", "diffusers", 0.0),
+     ("kohya", "diffusers", None), ("kohya", "bfl", 0.0)],
+)  # fmt: skip
+def test_a_lora_in_either_naming_lands_on_a_base_in_either_naming(flux3, tmp_path, fmt, base, budget):
+    """Baked (resident) and on the fly (streamed): equal to diffusers' model with the LoRA merged by hand; every module
+    of the LoRA maps; its base is told from its names."""
+    from denoise_files import lora_step, plain_and_merged
+
+    diff_path, bfl_path, ref, sd = flux3
+    path = bfl_path if base == "bfl" else diff_path
+    strength = 0.8
+    lora, merged = _flux3_lora({k: v.clone() for k, v in sd.items()}, fmt, strength)
+    x = _inputs(_bound(path), seed=9)
+    x = {k: v[:1] for k, v in x.items()}
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
+    assert rel_l2(plain, want) > 100 * TOL
+    r, out = lora_step(path, lora, strength, x, tmp_path, budget)
+    assert r.loras and r.loras[0]["mapped"] == len(LORA_MODULES), r.loras
+    assert rel_l2(out, want) <= TOL
+    det = detect_file(str(tmp_path / "lora.safetensors"))
+    assert (det.kind, det.lora.base) == ("lora", "flux3")
