@@ -69,6 +69,7 @@ TITLES = {
     "krea2": "krea2 width 1 block 512x512",
     "pixart": "pixart-sigma XL/2 width 2 blocks 1024x1024",
     "hidream": "hidream-i1 width 1+1 blocks 512x512",
+    "flux3": "flux3 width 1+1+1 per-mode + 2 single blocks 256x256 + 256x256 reference",
     "qwen_edit": "qwen_edit 2511 width 1 block 512x512 + 512x512 reference",
 }
 BF16 = (
@@ -82,6 +83,7 @@ BF16 = (
     "cosmos",
     "krea2",
     "hidream",
+    "flux3",
 )  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
@@ -396,7 +398,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,flux3",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")
