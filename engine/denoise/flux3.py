@@ -241,6 +241,12 @@ def bind_flux3(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> t
     diffusers = "x_embedders.image" in mods or "context_embedder" in mods
     if diffusers:
         ops = ops.renamed({bfl_path(p): m for p, m in mods.items()})
+    for (
+        p,
+        m,
+    ) in mods.items():  # training-only REPA projection heads (diffusers' converter drops them): not run
+        if p.startswith("repa_projectors."):
+            ops.take(m)
 
     def block(p: str) -> Block:
         names = (

@@ -117,6 +117,23 @@ def test_a_reference_needs_its_ids_and_a_flow_map_its_target(flux3):
             den.check_inputs({k: v for k, v in x.items() if k != "target_timestep"}, "in.safetensors")
 
 
+def test_a_release_file_with_its_training_only_repa_heads_steps_as_without(flux3, tmp_path):
+    """BFL's training checkpoints may keep REPA projection heads (`repa_projectors.`, dropped by diffusers' converter):
+    not part of the inference model, taken as unread rather than refusing the file."""
+    from safetensors.torch import load_file
+
+    _, bfl_path, ref, _ = flux3
+    sd = load_file(str(bfl_path))
+    sd |= {
+        "repa_projectors.0.0.weight": torch.randn(64, 256),
+        "repa_projectors.0.2.weight": torch.randn(32, 64),
+    }
+    den, plain = _bound(write(tmp_path / "with_repa.safetensors", sd)), _bound(bfl_path)
+    x = _inputs(plain, seed=2)
+    with torch.inference_mode():
+        assert torch.equal(den(x), plain(x))
+
+
 def test_flux3_op_order_is_the_call_order(flux3):
     check_op_order(flux3[1], "flux3")
 
