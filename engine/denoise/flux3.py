@@ -119,9 +119,8 @@ class Flux3:
                 if self.flow_map
                 else "target_timestep is an input of the step-distilled FLUX.3 (flow map) only"
             )
-        e_img, e_zero = self._temb(self.time_in, torch.cat([timestep, torch.zeros_like(timestep)]), dt).chunk(
-            2
-        )
+        both = torch.cat([timestep, torch.zeros_like(timestep)])  # e_t and e_0 in one pass through time_in
+        e_img, e_zero = self._temb(self.time_in, both, dt).chunk(2)
         if target_timestep is not None:
             e_target = self._temb(self.ref_time_in, target_timestep, dt)
             e_img, e_zero = e_img + e_target, e_zero + e_target
