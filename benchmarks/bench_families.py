@@ -1,4 +1,4 @@
-"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2), PixArt, Mochi 1 and Hunyuan-DiT on
+"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2), PixArt, Mochi 1, Hunyuan-DiT and FLUX.3 on
 Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
 coordinates, masks) built here from the same inputs Loadout's step gets."""
 
@@ -7,6 +7,13 @@ from __future__ import annotations
 
 def run_diffusers(model, family: str, x: dict):
     import torch
+
+    if family == "flux3":  # diffusers' own input names; its ids without the batch axis
+        cond = x.get("image_cond_hidden_states")
+        return model(hidden_states=x["hidden_states"], encoder_hidden_states=x["encoder_hidden_states"],
+                     timestep=x["timestep"], img_ids=x["img_ids"][0], txt_ids=x["txt_ids"][0],
+                     image_cond_hidden_states=cond, image_cond_ids=None if cond is None else x["image_cond_ids"][0],
+                     target_timestep=x.get("target_timestep")).sample  # fmt: skip
 
     if family == "hunyuan_video15":  # t2v: a zero image (the pipeline's), no glyph text
         b = x["x"].shape[0]

@@ -15,6 +15,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * flux2: FLUX.2 [klein] 4B at its real width (3072, 24 heads, SwiGLU 9216, Qwen3 7680-wide text states, no
     guidance) at reduced depth (1 double and 2 single blocks with the three shared modulations: 0.66 B
     parameters, 2.6 GB) at 256×256 pixels with 512 text tokens.
+  * flux3: FLUX.3 at its real width (3072, 24 heads of 128, SwiGLU 9216, 20480-wide stacked Qwen3-VL text states)
+    at reduced depth (1 per-mode block of each mode and 2 single blocks: 0.86 B parameters, 3.4 GB) at 256×256
+    pixels with a 256×256 reference image (its random step: twice the image tokens) and 160 text tokens.
   * lumina2 / qwen_image: Lumina-Image 2.0 (2304 wide, 1 + 1 + 1 blocks) and Qwen-Image (3072 wide, 1 block)
     at their real widths, 512×512.
   * qwen_edit: Qwen-Image-Edit 2511 (`qwen_image` with its t = 0 modulation of the reference image's rows) at
@@ -72,7 +75,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -117,6 +120,9 @@ WAN_I2V = {**WAN, "in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 153
 # states of three layers, 7680 wide, no guidance embedder) at 1 double + 2 single blocks
 FLUX2 = dict(num_layers=1, num_single_layers=2, attention_head_dim=128, num_attention_heads=24, joint_attention_dim=7680,
              guidance_embeds=False)  # fmt: skip
+# FLUX.3's width (diffusers' Flux3Transformer2DModel defaults: 24 heads of 128, text 20480 = 8 Qwen3-VL layers; the
+# base, not the flow map) at 1 per-mode block of each mode and 2 single blocks
+FLUX3 = dict(num_layers=1, num_single_layers=2)
 # Z-Image's width (diffusers' ZImageTransformer2DModel defaults: Tongyi-MAI/Z-Image-Turbo's config) at 1 layer
 # and 1 + 1 refiners
 Z_IMAGE = dict(n_layers=1, n_refiner_layers=1)
@@ -170,7 +176,8 @@ MOCHI = dict(num_layers=2)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
             "wan_i2v": ((480, 480), "transformer", "wan21"), "z_image": ((512, 512), "transformer", "z_image"),
-            "flux2": ((256, 256), "transformer", "flux2"), "lumina2": ((512, 512), "transformer", "lumina2"),
+            "flux2": ((256, 256), "transformer", "flux2"), "flux3": ((256, 256), "transformer", "flux3"),
+            "lumina2": ((512, 512), "transformer", "lumina2"),
             "qwen_image": ((512, 512), "transformer", "qwen_image"),
             "auraflow": ((512, 512), "transformer", "auraflow"),
             "hunyuan_video": ((256, 256), "transformer", "hunyuan_video"),
@@ -209,6 +216,10 @@ def _diffusers_model(family: str):
             from diffusers import Flux2Transformer2DModel
 
             return Flux2Transformer2DModel(**FLUX2)
+        if family == "flux3":
+            from diffusers import Flux3Transformer2DModel
+
+            return Flux3Transformer2DModel(**FLUX3)
         if family == "z_image":
             from diffusers import ZImageTransformer2DModel
 
@@ -397,7 +408,7 @@ def _run_diffusers(model, family: str, x: dict):
         return model(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["t"]).sample
     if family == "hidream":  # Loadout's input names are diffusers' forward's
         return model(**x).sample
-    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "hunyuan_dit", "mochi"):
+    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "flux3", "hunyuan_dit", "mochi"):
         from bench_families import run_diffusers
 
         return run_diffusers(model, family, x)
@@ -663,6 +674,7 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "wan_i2v": "Wan 2.1 I2V at the 1.3B width, 4 blocks, one 480x480 frame",
              "z_image": "Z-Image width, 1 layer + 1 + 1 refiners, 512x512",
              "flux2": "FLUX.2 [klein] 4B width, 1+2 blocks, 256x256",
+             "flux3": "FLUX.3 width, 1+1+1 per-mode + 2 single blocks, 256x256 with a 256x256 reference",
              "lumina2": "Lumina 2 width, 1 layer + 1 + 1 refiners, 512x512",
              "qwen_image": "Qwen-Image width, 1 block, 512x512",
              "auraflow": "AuraFlow width, 1+2 blocks, 512x512",

@@ -316,7 +316,7 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
 
 # Families whose denoiser Loadout steps (engine.denoise.SUPPORTED), and the size they are made for.
 STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "unet", "flux1_dev": "flux",
-              "flux1_schnell": "flux", "flux2": "flux", "chroma": "flux", "sd3": "mmdit", "sd3.5_medium": "mmdit",
+              "flux1_schnell": "flux", "flux2": "flux", "flux3": "flux3", "chroma": "flux", "sd3": "mmdit", "sd3.5_medium": "mmdit",
               "sd3.5_large": "mmdit", "mmdit": "mmdit", "qwen_image": "qwen_image", "z_image": "nextdit",
               "lumina2": "nextdit", "auraflow": "auraflow", "wan21": "wan",
               "wan22": "wan", "hunyuan_video": "hunyuan_video",
@@ -333,6 +333,7 @@ NATIVE_PX = {
     "flux1_dev": (1024, 1024),
     "flux1_schnell": (1024, 1024),
     "flux2": (1024, 1024),
+    "flux3": (1024, 1024),  # its pipeline's default size
     "chroma": (1024, 1024),
     "sd3": (1024, 1024),
     "sd3.5_medium": (1024, 1024),

@@ -34,6 +34,7 @@ ACTIVATION_BYTES = {
     "hunyuan_video15": 96 * 1024,  # width 2048, its 4x MLP
     "cosmos": 96 * 1024,  # width 2048 (14B: 5120), 4x MLP
     "krea2": 192 * 1024,  # width 6144, SwiGLU 16384
+    "flux3": 256 * 1024,  # width 3072, SwiGLU 9216; a random step holds a reference image: twice the tokens
     "hunyuan_image21": 144 * 1024,  # width 3584, 4x MLP
     "sana": 96 * 1024,  # width 2240, a 2.5x Mix-FFN
     "pixart": 64 * 1024,  # width 1152, 4x MLP
@@ -48,7 +49,7 @@ ACTIVATION_BYTES = {
 # (Wan: per latent frame).
 UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "qwen_image": 16, "nextdit": 16, "auraflow": 16, "wan": 16,
            "hunyuan_video": 16, "hunyuan_video15": 16,
-           "ltxv": 32, "ltx2": 32, "cosmos": 16, "krea2": 16, "hunyuan_image21": 32,
+           "ltxv": 32, "ltx2": 32, "cosmos": 16, "krea2": 16, "flux3": 16, "hunyuan_image21": 32,
            "sana": 32, "pixart": 16, "hunyuan_dit": 16, "hidream": 16, "mochi": 16}  # fmt: skip
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.

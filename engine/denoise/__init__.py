@@ -1,5 +1,5 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's,
-FLUX.2's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's, Z-Image's, Lumina 2's, AuraFlow's, Wan
+FLUX.2's, FLUX.3's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's, Z-Image's, Lumina 2's, AuraFlow's, Wan
 2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's, Hunyuan-DiT's and HiDream-I1's, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
@@ -23,6 +23,7 @@ UNETS = ("sd1", "sd2", "sdxl", "sdxl_refiner")
 FLUX = ("flux1_dev", "flux1_schnell")
 WAN = ("wan21", "wan22")  # T2V, I2V, FLF2V, VACE and Animate transformers (engine.denoise.wan, wan_animate)
 FLUX2 = ("flux2",)  # [dev] and [klein] (engine.denoise.flux2)
+FLUX3 = ("flux3",)  # FLUX.3, base and step-distilled (engine.denoise.flux3)
 CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (engine.denoise.flux)
 # SD3 / SD3.5 (engine.denoise.mmdit); `mmdit`: an MMDiT of no known release size (read from its shapes)
 MMDIT = ("sd3", "sd3.5_medium", "sd3.5_large", "mmdit")
@@ -42,7 +43,7 @@ HUNYUAN_IMAGE = ("hunyuan_image21",)  # HunyuanImage 2.1 (engine.denoise.hunyuan
 MOCHI = ("mochi",)  # Mochi 1 (Genmo's 10B asymmetric joint DiT) (engine.denoise.mochi)
 COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B and 14B (engine.denoise.cosmos)
 SUPPORTED = (
-    *(UNETS + FLUX + FLUX2 + CHROMA + MMDIT + QWEN + NEXTDIT + AURAFLOW + WAN),
+    *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + NEXTDIT + AURAFLOW + WAN),
     *(
         HUNYUAN_VIDEO
         + HUNYUAN_VIDEO15
@@ -270,6 +271,11 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
         ops = ops.renamed(cast)
         bind = bind_wan_animate if is_animate(mods) else bind_wan
         return Denoiser("wan", architecture, naming, bind(ops, architecture, dtype, Taken(plain, ops)))
+    if architecture in FLUX3:
+        from .flux3 import bind_flux3
+
+        naming, model = bind_flux3(ops, mods, architecture, dtype)
+        return Denoiser("flux3", architecture, naming, model)
     if architecture in FLUX2:
         from .flux2 import bind_flux2_bfl, bind_flux2_diffusers
 

@@ -95,6 +95,10 @@ def _family_shapes(model, got) -> dict:
         return out
     if getattr(model, "family", "") in ("hunyuan_video15", "hunyuan_image21"):
         return _hunyuan15_shapes(model, got)
+    if getattr(model, "family", "") == "flux3":
+        from .flux3 import input_shapes
+
+        return input_shapes(model, got)
     if getattr(model, "family", "") == "hidream":
         out = {"hidden_states": (None, model.in_channels, None, None), "timesteps": (None,),
                "encoder_hidden_states_t5": (None, None, model.t5_dim),

@@ -137,6 +137,14 @@ FLUX.2 (BFL's `Flux2.forward`): `img` [B, L, 128] (2×2 patches of the 32-channe
 (0, row, column, 0), `txt` [B, T, D] (D: [dev] 15360, three Mistral Small 3.1 layers' states; [klein] 4B
 7680 and 9B 12288, three Qwen3 layers'), `txt_ids` [B, T, 4] (0, 0, 0, i), `timesteps` [B] in 0–1, and for
 [dev] `guidance` [B] (its pipeline's default 4); no pooled vector.
+
+FLUX.3 (diffusers' Flux3Transformer2DModel.forward; BFL's own forward is not published, its converter gives only the
+weights' names): `hidden_states` [B, L, 128] (2×2 patches of the 32-channel latent), `encoder_hidden_states` [B, T,
+20480] (8 stacked Qwen3-VL layers' states; its pipeline pads the prompt to a multiple of 80 tokens), `timestep` [B] in
+0–1 (1 is noise), `img_ids` [B, L, 4] (0, 0.5·row, 0.5·column, 0: diffusers' [L, 4] with a batch axis), `txt_ids`
+[B, T, 4] (0, 0, 0, i), and for the step-distilled (flow-map) model `target_timestep` [B] (the time the step jumps to:
+the next sigma, 0 after the last); optionally the reference images' `image_cond_hidden_states` [B, L', 128] and their
+`image_cond_ids` [B, L', 4] (l = −1, −2, … per image). Random: one reference image of the target's size.
 """
 
 from __future__ import annotations
@@ -175,6 +183,9 @@ LTX2_OPTIONAL = ("video_context_mask", "audio_context_mask", "video_sigma", "aud
 LTX2_FRAMES = 3  # latent frames of a random LTX-2 step (17 pixel frames; catalog.measured.STEP_FRAMES)
 LTX2_TOKENS = 1024  # the LTX-2 pipelines' text length (Gemma's max_length)
 COSMOS_INPUTS = ("x", "timesteps", "context")
+FLUX3_INPUTS = ("hidden_states", "encoder_hidden_states", "timestep", "img_ids", "txt_ids")
+FLUX3_OPTIONAL = ("image_cond_hidden_states", "image_cond_ids")  # a reference image's tokens
+FLUX3_TOKENS = 160  # two of the pipeline's 80-token pad multiples
 KREA2_INPUTS = ("x", "timesteps", "context")
 KREA2_TOKENS = 256
 SANA_TOKENS = 300  # the Sana pipeline's max_sequence_length
@@ -276,6 +287,8 @@ def optional_names(model) -> tuple[str, ...]:
         return HUNYUAN_IMAGE_OPTIONAL
     if getattr(model, "family", "") == "mochi":
         return ("y_mask",)  # the prompt's tokens, [B, T]; default: every token
+    if getattr(model, "family", "") == "flux3":
+        return FLUX3_OPTIONAL
     if getattr(model, "family", "") == "hidream":
         return ("max_seq",)  # the tokens a non-square latent is padded to, [B]; default 4096
     if getattr(model, "family", "") == "cosmos":
@@ -322,6 +335,8 @@ def names(model) -> tuple[str, ...]:
         return HUNYUAN_DIT_INPUTS
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN15_INPUTS + (("guidance",) if model.guidance_in is not None else ())
+    if getattr(model, "family", "") == "flux3":  # the flow map's time it jumps to
+        return FLUX3_INPUTS + (("target_timestep",) if model.flow_map else ())
     if getattr(model, "family", "") == "hidream":
         return HIDREAM_INPUTS
     if getattr(model, "family", "") == "cosmos":

@@ -15,6 +15,7 @@ from .inputs import (
     CLIP_TOKENS,
     COSMOS_TOKENS,
     FLUX2_GUIDANCE,
+    FLUX3_TOKENS,
     FLUX_GUIDANCE,
     FLUX_TOKENS,
     FRAMEPACK_IMAGE_TOKENS,
@@ -155,6 +156,10 @@ def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generato
             ),
             "pooled_embeds": torch.randn(batch, model.pooled_dim, generator=g),
         }
+    if getattr(model, "family", "") == "flux3":  # packed tokens, an image-to-image step
+        from .flux3 import random_inputs as flux3_inputs
+
+        return flux3_inputs(model, *_latent(width, height, 16), FLUX3_TOKENS, batch, g)
     if getattr(model, "family", "") == "krea2":  # a latent, t in 0–1, L layers of text states per token
         h, w = _latent(width, height, 16)
         return {

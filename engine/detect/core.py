@@ -303,7 +303,11 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
     if backbone is not None:
         return _diffusion(ix, base, backbone, encoders, vaes)
     if vaes:
-        return _single(ix, base, "vae", vaes, _vae_arch(vaes[0]), vaes[0].also)
+        arch = _vae_arch(vaes[0])
+        if arch == "flux2" and not vaes[0].also:  # FLUX.3's pipelines decode with the FLUX.2 VAE
+            why = "FLUX.3's pipelines decode with this very VAE (diffusers' AutoencoderKLFlux2) → also flux3"
+            return _single(ix, base, "vae", vaes, arch, ("flux3",), (Evidence("", None, why),))
+        return _single(ix, base, "vae", vaes, arch, vaes[0].also)
     taesd = find_taesd(ix)
     if taesd:
         z = taesd[0].channels
@@ -355,9 +359,15 @@ def _vae_arch(v: Part) -> str | None:
 
 
 def _single(
-    ix: KeyIndex, base: dict, kind: str, parts: list[Part], arch: str | None, also: tuple[str, ...] = ()
+    ix: KeyIndex,
+    base: dict,
+    kind: str,
+    parts: list[Part],
+    arch: str | None,
+    also: tuple[str, ...] = (),
+    notes: tuple[Evidence, ...] = (),
 ) -> Detection:
-    """A file that is one kind of part (a VAE, text encoders, a tiny autoencoder)."""
+    """A file that is one kind of part (a VAE, text encoders, a tiny autoencoder); `notes`: evidence for `also`."""
     by_comp: dict[str, list[str]] = defaultdict(list)
     for p in parts:
         by_comp[p.component].append(p.prefix)
@@ -373,7 +383,7 @@ def _single(
         claims = [(min((c[0] for c in claims), key=len), comp), ("", comp)]
         # …except what training checkpoints keep beside it (the GAN loss, EMA copies).
         claims += [("loss.", "other"), ("model_ema.", "other")]
-    ev = tuple(e for p in parts for e in p.evidence)
+    ev = tuple(e for p in parts for e in p.evidence) + notes
     return Detection(
         **base,
         kind=kind,

@@ -24,7 +24,7 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, flux, hunyuan, image_dits, nextdit, unets, video_dits, wan
+from . import dits, flux, flux3, hunyuan, image_dits, nextdit, unets, video_dits, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
@@ -45,6 +45,7 @@ PROBES = (
     video_dits.cosmos,
     hunyuan.hunyuan,
     dits.mmdit,
+    flux3.flux3,
     flux.flux,
     dits.auraflow,
     dits.hunyuan,

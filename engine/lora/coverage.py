@@ -31,6 +31,7 @@ _LABEL = {
     "flux1_dev": "FLUX.1 [dev]",
     "flux1_schnell": "FLUX.1 [schnell]",
     "flux2": "FLUX.2",
+    "flux3": "FLUX.3",
     "chroma": "Chroma",
     "wan21": "Wan 2.1",
     "wan22": "Wan 2.2",

@@ -29,6 +29,7 @@ _DIT_FAMILY = (
     "sd3.5_medium",
     "flux1",
     "flux2",
+    "flux3",
     "chroma",
     "wan21",
     "wan22",
@@ -98,6 +99,14 @@ _AURAFLOW = re.compile(
     r"^(?:(?:double|single)_layers_\d+_|joint_transformer_blocks_\d+_|single_transformer_blocks_\d+_(?:ff_|norm1_))",
     re.MULTILINE,
 )
+# FLUX.3 (BFL's and diffusers' names: engine.lora.family_names.FLUX3): per-mode blocks, per-mode modulations, and
+# single blocks with separate q / k / v and a SwiGLU mlp_in (FLUX.1's / FLUX.2's fuse them into linear1). Read before
+# AuraFlow, whose diffusers single blocks also have an `ff_` MLP.
+_FLUX3 = re.compile(
+    r"^(?:(?:content_)?mode_blocks_image(?:_cond)?_\d+_|txt_mode_blocks_\d+_|(?:early|single)_stream_modulations_"
+    r"|single_blocks_\d+_(?:[qkv]_proj|attn_out|mlp_in|mlp_out)$|single_transformer_blocks_\d+_ff_linear_(?:in|out)$)",
+    re.MULTILINE,
+)
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
 # Hidden widths: Wan 1536 (2.1 1.3B), 5120 (2.1 14B; the 2.2 A14B experts share it), 3072 (2.2 TI2V 5B);
 # NextDiT 2304 (Lumina 2), 3840 (Z-Image). Facts of each release's config.
@@ -124,6 +133,15 @@ _DOUBLE_BLOCK = re.compile(r"^double_blocks_(\d+)_", re.MULTILINE)
 def _family_2026(diff, facts) -> tuple[bool, str | None]:
     """(decided, base) for the newer DiT families; decided False when none of their names occur."""
     lines = "\n" + "\n".join(d for _, d in diff)
+    if _any_line(
+        _FLUX3,
+        lines,
+        "mode_blocks_",
+        "_stream_modulations_",
+        "\nsingle_blocks_",
+        "\nsingle_transformer_blocks_",
+    ):
+        return True, "flux3"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
     if _any_line(_AURAFLOW, lines, "_layers_", "\njoint_transformer_blocks_", "\nsingle_transformer_blocks_"):

@@ -10,7 +10,8 @@ read in both directions. Where the original fuses what diffusers splits (Z-Image
 Facts (cited, not copied) from diffusers `loaders/single_file_utils.py`: `convert_wan_transformer_to_
 diffusers` (Wan 2.1/2.2, VACE, i2v image embedder, Animate), `convert_z_image_transformer_checkpoint_to_diffusers`,
 `convert_lumina2_to_diffusers`, `convert_auraflow_transformer_checkpoint_to_diffusers` and
-`convert_krea2_transformer_checkpoint_to_diffusers`, `convert_sana_transformer_to_diffusers`, and diffusers'
+`convert_krea2_transformer_checkpoint_to_diffusers`, `convert_sana_transformer_to_diffusers`,
+`convert_flux3_transformer_checkpoint_to_diffusers`, and diffusers'
 `convert_cosmos_to_diffusers.py` script; PixArt's from OneTrainer's diffusers-to-checkpoint converter (the same names as
 Sana's, whose block grew from it). A family whose release already uses the diffusers names (Qwen-Image) needs no table:
 its LoRAs reach the base by its own names.
@@ -299,6 +300,33 @@ SANA: tuple[tuple[str, str], ...] = (
     ),  # fmt: skip
 )
 
+# FLUX.3: BFL's names <-> diffusers' Flux3Transformer2DModel, one to one (diffusers'
+# `convert_flux3_transformer_checkpoint_to_diffusers`; its FLUX.3 LoRA converter
+# `_convert_non_diffusers_flux3_lora_to_diffusers` renames the same block parts); the final adaLN's halves are swapped.
+_F3_BLOCK = (("q_proj", "attn.to_q"), ("k_proj", "attn.to_k"), ("v_proj", "attn.to_v"), ("attn_out", "attn.to_out.0"),
+             ("mlp_in", "ff.linear_in"), ("mlp_out", "ff.linear_out"), ("norm.query_norm", "attn.norm_q"),
+             ("norm.key_norm", "attn.norm_k"))  # fmt: skip
+_F3_STACKS = (("content_mode_blocks.image", "mode_blocks.image"), ("content_mode_blocks.image_cond", "mode_blocks.image_cond"),
+              ("txt_mode_blocks", "txt_mode_blocks"), ("single_blocks", "single_transformer_blocks"))  # fmt: skip
+_F3_FINAL = ("final_layer.image.adaLN_modulation.1", "norm_out.linear")
+FLUX3: tuple[tuple[str, str], ...] = (
+    ("emb_in.image", "x_embedders.image"),
+    ("emb_in.image_cond", "x_embedders.image_cond"),
+    ("txt_in", "context_embedder"),
+    *(
+        (f"{o}.{a}", f"{d}.linear_{b}")
+        for o, d in (("time_in", "timestep_embedder"), ("ref_time_in", "target_timestep_embedder"))
+        for a, b in (("in_layer", 1), ("out_layer", 2))
+    ),  # fmt: skip
+    *(
+        (f"{s}.{m}.lin", f"{s}.{m}.linear")
+        for s in ("early_stream_modulations", "single_stream_modulations")
+        for m in ("image", "image_cond", "txt")
+    ),  # fmt: skip
+    ("final_layer.image.linear", "proj_out"),
+    *((f"{o}.{{n}}.{a}", f"{d}.{{n}}.{b}") for o, d in _F3_STACKS for a, b in _F3_BLOCK),
+)
+
 # (fused original path, diffusers names of its q/k/v row blocks) per NextDiT table.
 _FUSED_QKV = {
     Z_IMAGE: ("attention.qkv", ("attention.to_q", "attention.to_k", "attention.to_v")),
@@ -315,7 +343,8 @@ def _table(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, r
 
 
 _TABLES = {
-    id(t): _table(t) for t in (WAN, Z_IMAGE, LUMINA2, HUNYUAN, LTX, AURAFLOW, COSMOS, KREA2, PIXART, SANA)
+    id(t): _table(t)
+    for t in (WAN, Z_IMAGE, LUMINA2, HUNYUAN, LTX, AURAFLOW, COSMOS, KREA2, PIXART, SANA, FLUX3)
 }
 
 
@@ -370,6 +399,9 @@ def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
         out.append(PIXART)
     if "attention_y_norm" in ps or ("caption_norm" in ps and "patch_embed.proj" in ps):
         out.append(SANA)
+    if any(p.startswith(("txt_mode_blocks.", "content_mode_blocks.", "mode_blocks.", "early_stream_modulations."))
+           for p in ps):  # fmt: skip
+        out.append(FLUX3)
     return out
 
 
@@ -396,8 +428,9 @@ def other_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, V
             _add_fused_blocks(out, shapes)
         if pairs is WAN:
             _add_animate(out, shapes)
-        if pairs is AURAFLOW:
-            for have, other in (_AURA_FINAL, _AURA_FINAL[::-1]):
+        if pairs is AURAFLOW or pairs is FLUX3:
+            final = _AURA_FINAL if pairs is AURAFLOW else _F3_FINAL
+            for have, other in (final, final[::-1]):
                 if have in shapes:
                     out.setdefault(other, (have, ("swap",)))
     return out

@@ -43,6 +43,9 @@ INFERENCE_DTYPES = {
     "flux1_dev": _BF16_FIRST,
     "flux1_schnell": _BF16_FIRST,
     "flux2": _BF16_FIRST,
+    # FLUX.3: diffusers' model and pipelines name no fp16 and keep the QK norms in fp32 (`_keep_in_fp32_modules`);
+    # until fp16 is shown to run it, bf16 or fp32
+    "flux3": _BF16_ONLY,
     "chroma": _BF16_FIRST,
     "krea2": _BF16_FIRST,
     "cosmos": _BF16_FIRST,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from flux3_files import to_bfl
 from layouts_2026 import image as I
 from layouts_2026 import parts as P
 from layouts_2026 import video as V
@@ -63,7 +64,10 @@ def _cases() -> list[tuple[str, dict, dict | None, tuple]]:
          ("vae", "hunyuan_video", "normal", [])),
         ("ltx2_vae.safetensors", P.ltx_vae_original(meta_shapes(d.AutoencoderKLLTX2Video), P.LTX2_STAGES, ltx2=True), None,
          ("vae", "ltx2", "normal", [])),
-        ("flux2-vae.safetensors", meta_shapes(d.AutoencoderKLFlux2), None, ("vae", "flux2", "normal", [])),
+        ("flux2-vae.safetensors", meta_shapes(d.AutoencoderKLFlux2), None, ("vae", "flux2", "normal", ["flux3"])),
+        ("flux3_distilled_bf16.safetensors", {"model.diffusion_model." + k: v for k, v in
+                                             to_bfl(meta_shapes(d.Flux3Transformer2DModel, flow_map=True)).items()},
+         None, ("diffusion_model", "flux3", "distilled", [])),
         ("mochi_vae.safetensors", P.mochi_vae_decoder(), None, ("vae", "mochi", "normal", [])),
         ("umt5_xxl_fp16.safetensors", P.umt5_wan(), None, ("text_encoder", None, "normal", [])),
         ("qwen_3_4b.safetensors", meta_shapes(transformers.Qwen3ForCausalLM, qwen3), None, ("text_encoder", None, "normal", [])),

@@ -96,7 +96,6 @@ diffusers = pytest.importorskip("diffusers")
     [
         "QwenImage21Transformer2DModel",
         "OvisImageTransformer2DModel",
-        "Flux3Transformer2DModel",
         # FLUX.1's blocks on a Qwen2.5-VL text input (3584 wide, no pooled CLIP): once read as FLUX.1 schnell
         "LongCatImageTransformer2DModel",
         # NextDiT blocks with a perceiver over the captions: once read as Z-Image at an unknown size
