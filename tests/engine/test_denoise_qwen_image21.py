@@ -185,3 +185,51 @@ def test_the_release_layout_binds_whole(tmp_path, naming):
     assert (den.naming, len(m.blocks), m.in_channels, m.context_dim) == (naming, 32, 64, 4096)
     x = den.random_inputs(1024, 768)
     assert x["x"].shape == (1, 64, 48, 64)
+
+
+LORA_MODULES = ("transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.to_out.0",
+                "transformer_blocks.0.img_mlp.gate_layer", "transformer_blocks.0.img_mlp.proj",
+                "transformer_blocks.1.img_mlp.out", "modulation.1", "txt_in.in_layer", "img_in", "norm_out.linear",
+                "time_text_embed.timestep_embedder.linear_1")  # fmt: skip
+TRAINERS = {  # a module's name as each kind of trainer writes it, and whether kohya's tensor names
+    "peft": (lambda d: f"transformer.{d}", False),
+    "kohya": (lambda d: "lora_unet_" + d.replace(".", "_"), True),
+    "diffusion_model": (lambda d: f"diffusion_model.{d}", False),
+}
+
+
+@pytest.mark.parametrize(("base", "trainer", "budget"), [("diffusers", "kohya", None), ("comfyui", "peft", None),
+                         ("comfyui", "kohya", 0.002), ("comfyui", "diffusion_model", None),
+                         ("diffusers", "peft", 0.002)])  # fmt: skip
+def test_a_lora_equals_diffusers_merged(q21, tmp_path, base, trainer, budget):
+    """A LoRA in diffusers' module names (PEFT / ai-toolkit, kohya / musubi-tuner `lora_unet_`, diffusion-pipe
+    `diffusion_model.`) on either file, baked (resident) and on the fly (streamed): every module lands — on ComfyUI's
+    file the SwiGLU's gate_layer and proj as the row halves of gate_up — equal to diffusers' model with the ΔW merged
+    by hand."""
+    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+
+    files, ref, sd = q21
+    name, kohya = TRAINERS[trainer]
+    strength = 0.8
+    lora, merged = lora_and_merged(sd, {d: name(d) for d in LORA_MODULES}, strength, seed=21, kohya=kohya)
+    x = _with_condition_images(_bound(files[base]))
+    plain, want = plain_and_merged(ref, sd, merged, lambda: run_diffusers(ref, x))
+    assert rel_l2(plain, want) > 100 * TOL
+    r, out = lora_step(files[base], lora, strength, x, tmp_path, budget)
+    assert r.loras and r.loras[0]["mapped"] == len(LORA_MODULES), r.loras
+    err = rel_l2(out, want)
+    print(f"qwen_image21 LoRA ({trainer} on {base}, budget {budget}): relative L2 {err:.2e}")
+    assert err <= TOL
+
+
+def test_a_qwen_image21_lora_says_its_base(q21, tmp_path):
+    """The base a Qwen-Image 2.1 LoRA is for, from its module names alone: qwen_image21, not Qwen-Image 1's."""
+    from denoise_files import lora_and_merged
+
+    from engine.detect import detect_file as detect
+
+    _, _, sd = q21
+    for trainer, (name, kohya) in TRAINERS.items():
+        lora, _ = lora_and_merged(sd, {d: name(d) for d in LORA_MODULES}, 1.0, seed=2, kohya=kohya)
+        d = detect(str(write(tmp_path / f"{trainer}.safetensors", lora)))
+        assert d.lora is not None and d.lora.base == "qwen_image21", (trainer, d.lora)
