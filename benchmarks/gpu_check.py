@@ -68,6 +68,7 @@ TITLES = {
     "cosmos": "cosmos_predict2 2b width 2 blocks 512x512",
     "krea2": "krea2 width 1 block 512x512",
     "pixart": "pixart-sigma XL/2 width 2 blocks 1024x1024",
+    "qwen_image21": "qwen_image21 width 1 block 1024x1024",
     "hidream": "hidream-i1 width 1+1 blocks 512x512",
     "qwen_edit": "qwen_edit 2511 width 1 block 512x512 + 512x512 reference",
 }
@@ -77,6 +78,7 @@ BF16 = (
     "lumina2",
     "qwen_image",
     "qwen_edit",
+    "qwen_image21",
     "hunyuan_video",
     "ltxv",
     "cosmos",
@@ -396,7 +398,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")
