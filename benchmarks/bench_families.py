@@ -1,4 +1,5 @@
-"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2), PixArt, Mochi 1, Hunyuan-DiT and FLUX.3 on
+"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2, Qwen-Image
+2.1), PixArt, Mochi 1, Hunyuan-DiT and FLUX.3 on
 Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
 coordinates, masks) built here from the same inputs Loadout's step gets."""
 
@@ -54,6 +55,16 @@ def run_diffusers(model, family: str, x: dict):
         out = model(hidden_states=packed, encoder_hidden_states=x["context"], timestep=x["timesteps"],
                     position_ids=ids).sample  # fmt: skip
         return out.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+    if family == "qwen_image21":
+        # text to image: unpatched tokens, the target's slots in img_mask, its tokens out
+        b, c, h, w = x["x"].shape
+        dev = x["x"].device
+        t = x["context"].shape[1]
+        img_mask = torch.cat([torch.zeros(b, t, dtype=torch.bool, device=dev),
+                              torch.ones(b, h * w // 4, dtype=torch.bool, device=dev)], 1)  # fmt: skip
+        out = model(hidden_states=x["x"].flatten(2).transpose(1, 2), encoder_hidden_states=x["context"],
+                    timestep=x["timesteps"], img_shapes=[[(1, h, w)]] * b, img_mask=img_mask).sample  # fmt: skip
+        return out[:, -h * w :].transpose(1, 2).reshape(b, c, h, w)
     if family == "pixart":  # Σ: no size conditions, every caption token kept
         return model(hidden_states=x["x"], encoder_hidden_states=x["y"], timestep=x["timestep"],
                      added_cond_kwargs={"resolution": None, "aspect_ratio": None}).sample  # fmt: skip
@@ -61,9 +72,8 @@ def run_diffusers(model, family: str, x: dict):
         mask = x.get("y_mask", torch.ones(x["y_feat"].shape[:2], device=x["x"].device))
         return model(hidden_states=x["x"], encoder_hidden_states=x["y_feat"], timestep=1000 * (1 - x["sigma"]),
                      encoder_attention_mask=mask).sample  # fmt: skip
-    if (
-        family == "hunyuan_dit"
-    ):  # v1.2: every text token kept; its pipeline's RoPE (the release's on a square grid)
+    if family == "hunyuan_dit":
+        # v1.2: every text token kept; its pipeline's RoPE (the release's on a square grid)
         from diffusers.models.embeddings import get_2d_rotary_pos_embed
         from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
 

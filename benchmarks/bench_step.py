@@ -151,6 +151,9 @@ PIXART = dict(num_layers=2, caption_channels=4096, sample_size=128, use_addition
 # block 0's long skip
 HUNYUAN_DIT = dict(num_attention_heads=16, attention_head_dim=88, in_channels=4, patch_size=2, hidden_size=1408,
                    num_layers=4, mlp_ratio=4.3637, sample_size=128, use_style_cond_and_image_meta_size=False)  # fmt: skip
+# Qwen-Image 2.1's width (diffusers' QwenImage21Transformer2DModel defaults: 4096, 32 heads of 128, SwiGLU 12288,
+# Qwen3-VL's 4096, 64 unpatched latent channels) at 1 of its 32 blocks
+QWEN_IMAGE21 = dict(num_layers=1)
 # HiDream-I1's width (its transformer config: 20 heads of 128, 4 routed experts with 2 active, T5 and Llama 3.1
 # captions 4096 wide, pooled CLIP 2048, RoPE axes 64/32/32) at 1 double- and 1 single-stream block
 HIDREAM = dict(
@@ -189,6 +192,7 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "hunyuan_dit": ((1024, 1024), "transformer", "hunyuan_dit"),
             "hidream": ((512, 512), "transformer", "hidream"),
             "mochi": ((848, 480), "transformer", "mochi"),
+            "qwen_image21": ((1024, 1024), "transformer", "qwen_image21"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
@@ -256,6 +260,10 @@ def _diffusers_model(family: str):
             from diffusers import Krea2Transformer2DModel
 
             return Krea2Transformer2DModel(**KREA2)
+        if family == "qwen_image21":
+            from diffusers import QwenImage21Transformer2DModel
+
+            return QwenImage21Transformer2DModel(**QWEN_IMAGE21)
         if family == "pixart":
             from diffusers import PixArtTransformer2DModel
 
@@ -278,8 +286,8 @@ def _diffusers_model(family: str):
 
 
 def real_rotary_tables(model, family: str) -> None:
-    """The rotary tables diffusers computes when a model is built (Wan's, Lumina 2's and Qwen-Image's, PixArt's
-    sin-cos table, are made on the meta device with it here): built again, real."""
+    """The rotary tables diffusers computes when a model is built (Wan's, Lumina 2's and Qwen-Image's (1 and 2.1),
+    PixArt's sin-cos table, are made on the meta device with it here): built again, real."""
     if family.startswith("wan"):
         from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 
@@ -297,6 +305,13 @@ def real_rotary_tables(model, family: str) -> None:
         table = get_2d_sincos_pos_embed(pe.pos_embed.shape[-1], (pe.height, pe.width), base_size=pe.base_size,
                                         interpolation_scale=pe.interpolation_scale)  # fmt: skip
         pe.pos_embed = table.float().unsqueeze(0)
+    elif (
+        family == "qwen_image21"
+    ):  # its rotary table and its timestep frequencies (a buffer the file does not hold)
+        from diffusers.models.transformers import transformer_qwenimage21 as q21
+
+        model.pos_embed = q21.QwenImage21Rope(theta=10000, axes_dim=list(model.config.axes_dims_rope))
+        model.time_text_embed.time_proj = q21.QwenImage21TemporalTimesteps(timestep_dim=256)
     elif family in ("qwen_image", "qwen_edit"):
         from diffusers.models.transformers.transformer_qwenimage import QwenEmbedRope
 
@@ -408,7 +423,7 @@ def _run_diffusers(model, family: str, x: dict):
         return model(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["t"]).sample
     if family == "hidream":  # Loadout's input names are diffusers' forward's
         return model(**x).sample
-    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "flux3", "hunyuan_dit", "mochi"):
+    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3", "hunyuan_dit", "mochi"):
         from bench_families import run_diffusers
 
         return run_diffusers(model, family, x)

@@ -69,6 +69,7 @@ TITLES = {
     "krea2": "krea2 width 1 block 512x512",
     "pixart": "pixart-sigma XL/2 width 2 blocks 1024x1024",
     "hunyuan_dit": "hunyuan-dit v1.2 width 4 blocks 1024x1024",
+    "qwen_image21": "qwen_image21 width 1 block 1024x1024",
     "hidream": "hidream-i1 width 1+1 blocks 512x512",
     "mochi": "mochi 1 width 2 blocks one 848x480 frame",
     "flux3": "flux3 width 1+1+1 per-mode + 2 single blocks 256x256 + 256x256 reference",
@@ -80,6 +81,7 @@ BF16 = (
     "lumina2",
     "qwen_image",
     "qwen_edit",
+    "qwen_image21",
     "hunyuan_video",
     "ltxv",
     "cosmos",
@@ -401,7 +403,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,flux3,hunyuan_dit,mochi",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")

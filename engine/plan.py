@@ -318,7 +318,7 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
 STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "unet", "flux1_dev": "flux",
               "flux1_schnell": "flux", "flux2": "flux", "flux3": "flux3", "chroma": "flux", "sd3": "mmdit", "sd3.5_medium": "mmdit",
               "sd3.5_large": "mmdit", "mmdit": "mmdit", "qwen_image": "qwen_image", "z_image": "nextdit",
-              "lumina2": "nextdit", "auraflow": "auraflow", "wan21": "wan",
+              "qwen_image21": "qwen_image21", "lumina2": "nextdit", "auraflow": "auraflow", "wan21": "wan",
               "wan22": "wan", "hunyuan_video": "hunyuan_video",
               "hunyuan_video15": "hunyuan_video15", "ltxv": "ltxv", "ltx2": "ltx2",
               "cosmos_predict2": "cosmos", "krea2": "krea2", "hunyuan_image21": "hunyuan_image21",
@@ -340,6 +340,7 @@ NATIVE_PX = {
     "sd3.5_large": (1024, 1024),
     "mmdit": (1024, 1024),
     "qwen_image": (1328, 1328),
+    "qwen_image21": (1024, 1024),  # its pipeline's output_resolution
     "z_image": (1024, 1024),
     "lumina2": (1024, 1024),
     "auraflow": (1024, 1024),

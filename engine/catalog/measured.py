@@ -27,6 +27,7 @@ ACTIVATION_BYTES = {
     "flux": 128 * 1024,
     "mmdit": 96 * 1024,
     "qwen_image": 128 * 1024,
+    "qwen_image21": 128 * 1024,  # width 4096, SwiGLU 12288, one token per 16x16 pixels (unpatched 16x latent)
     "nextdit": 128 * 1024,  # Z-Image: width 3840, SwiGLU 10240 (Lumina 2: 2304, 6144)
     "auraflow": 128 * 1024,  # width 3072 as FLUX.1's, SwiGLU 8192
     "wan": 96 * 1024,
@@ -50,7 +51,7 @@ ACTIVATION_BYTES = {
 UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "qwen_image": 16, "nextdit": 16, "auraflow": 16, "wan": 16,
            "hunyuan_video": 16, "hunyuan_video15": 16,
            "ltxv": 32, "ltx2": 32, "cosmos": 16, "krea2": 16, "flux3": 16, "hunyuan_image21": 32,
-           "sana": 32, "pixart": 16, "hunyuan_dit": 16, "hidream": 16, "mochi": 16}  # fmt: skip
+           "sana": 32, "pixart": 16, "hunyuan_dit": 16, "hidream": 16, "qwen_image21": 16, "mochi": 16}  # fmt: skip
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.
 STEP_FRAMES = {"ltx2": 3}

@@ -1,5 +1,5 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's,
-FLUX.2's, FLUX.3's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's, Z-Image's, Lumina 2's, AuraFlow's, Wan
+FLUX.2's, FLUX.3's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's (1 and 2.1), Z-Image's, Lumina 2's, AuraFlow's, Wan
 2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's, Hunyuan-DiT's and HiDream-I1's, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
@@ -28,6 +28,7 @@ CHROMA = ("chroma",)  # FLUX.1's blocks under one distilled modulation network (
 # SD3 / SD3.5 (engine.denoise.mmdit); `mmdit`: an MMDiT of no known release size (read from its shapes)
 MMDIT = ("sd3", "sd3.5_medium", "sd3.5_large", "mmdit")
 QWEN = ("qwen_image",)  # engine.denoise.qwen_image
+QWEN21 = ("qwen_image21",)  # Qwen-Image 2.1 (engine.denoise.qwen_image21)
 NEXTDIT = ("z_image", "lumina2")  # engine.denoise.nextdit
 AURAFLOW = ("auraflow",)  # AuraFlow v0.1–0.3 and Pony V7 (engine.denoise.auraflow)
 HUNYUAN_VIDEO = ("hunyuan_video",)  # HunyuanVideo 1.0 t2v / i2v, SkyReels (engine.denoise.hunyuan_video)
@@ -43,7 +44,7 @@ HUNYUAN_IMAGE = ("hunyuan_image21",)  # HunyuanImage 2.1 (engine.denoise.hunyuan
 MOCHI = ("mochi",)  # Mochi 1 (Genmo's 10B asymmetric joint DiT) (engine.denoise.mochi)
 COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B and 14B (engine.denoise.cosmos)
 SUPPORTED = (
-    *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + NEXTDIT + AURAFLOW + WAN),
+    *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),
     *(
         HUNYUAN_VIDEO
         + HUNYUAN_VIDEO15
@@ -180,6 +181,11 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
         from .qwen_image import bind_qwen_image
 
         return Denoiser("qwen_image", architecture, "diffusers", bind_qwen_image(ops, architecture, dtype))
+    if architecture in QWEN21:
+        from .qwen_image21 import bind_qwen_image21
+
+        naming, model = bind_qwen_image21(ops, mods, architecture, dtype)
+        return Denoiser("qwen_image21", architecture, naming, model)
     if architecture in NEXTDIT:
         from .nextdit import bind_nextdit
 

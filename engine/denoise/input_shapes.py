@@ -35,6 +35,12 @@ def _family_shapes(model, got) -> dict:
         if "cap_mask" in got:  # Lumina 2's caption mask: one value per text token
             out["cap_mask"] = (None, got[text].shape[1] if got[text].dim() == 3 else None)
         return out
+    if getattr(model, "family", "") == "qwen_image21":  # its optional inputs: the model's shapes_extra
+        return {
+            "x": (None, model.in_channels, None, None),
+            "timesteps": (None,),
+            "context": (None, None, model.context_dim),
+        }
     if getattr(model, "family", "") == "mmdit":
         return {
             "x": (None, model.in_channels, None, None),

@@ -37,6 +37,13 @@ packed into 2×2 patches inside, h and w even), `timesteps` [B] in 0–1, `conte
 Qwen2.5-VL states; for Qwen-Image-Edit optionally `ref_latents` [B, 16, h', w'], the reference image's
 latents (its own size, h' and w' even), which the edit pipelines append to the image tokens. Qwen-Image-Layered:
 `x` [B, 16, F, h, w], the F = layers + 1 latents it decomposes into, and `ref_latents` the input image's.
+Qwen-Image 2.1 (diffusers' QwenImage21Transformer2DModel and its pipeline, on Loadout's latent convention; the release
+has no other forward): `x` [B, 64, h, w] latents of its 16× VAE (unpatched, h and w even), `timesteps` [B] in 0–1
+(its pipeline's t / 1000), `context` [B, T, 4096] Qwen3-VL states (diffusers' encoder_hidden_states), and
+optionally `context_mask` [B, T] (its encoder_hidden_states_mask: 1 for the prompt's tokens, then 0), `img_mask`
+[B, T] (1 at the positions the VL encoder reserved for the condition images' tokens, one per 2×2 latent tokens, the
+same in every item; diffusers' img_mask without the target's slots, which the model appends) and `ref_latents`
+[B, 64, h', w'] or [B, N, 64, h', w'] (the N condition images' latents, which fill those slots in order).
 
 Z-Image (its release's `ZImageTransformer2DModel.forward(x, t, cap_feats)`, batched): `x` [B, 16, h, w]
 latents (one frame; 2×2 patches inside, h and w even), `t` [B] in 0–1 as its pipeline passes it (1 − sigma:
@@ -266,6 +273,10 @@ def optional_names(model) -> tuple[str, ...]:
         return ("cap_mask",)  # the captions' mask, [B, T] (captions of several lengths); default: every token
     if getattr(model, "family", "") == "qwen_image":
         return ("ref_latents",)  # Qwen-Image-Edit's reference image, [B, 16, h', w']
+    if getattr(model, "family", "") == "qwen_image21":  # a padded prompt; condition images and their slots
+        from .qwen_image21 import OPTIONAL
+
+        return OPTIONAL
     if getattr(model, "family", "") == "hunyuan_video":
         if getattr(model, "clean", None) is not None or getattr(model, "image_proj", None) is not None:
             return ("text_mask", *FRAMEPACK_OPTIONAL)
@@ -311,7 +322,7 @@ def names(model) -> tuple[str, ...]:
         return CHROMA_INPUTS + (("guidance",) if model.guidance_in is not None else ())
     if getattr(model, "family", "") == "mmdit":
         return MMDIT_INPUTS
-    if getattr(model, "family", "") == "qwen_image":
+    if getattr(model, "family", "") in ("qwen_image", "qwen_image21"):
         return QWEN_INPUTS
     if getattr(model, "family", "") == "nextdit":
         return NEXTDIT_INPUTS

@@ -36,6 +36,7 @@ PROBES = (
     unets.diffusers_unet,
     wan.wan,
     image_dits.qwen_image,
+    image_dits.qwen_image21,
     image_dits.krea2,
     image_dits.hidream,
     image_dits.sana,

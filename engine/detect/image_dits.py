@@ -9,6 +9,12 @@ Facts (cited, not copied):
   the same transformer (diffusers QwenImageEditPipeline loads QwenImageTransformer2DModel unchanged);
   ComfyUI marks the 2511 edit model with a `__index_timestep_zero__` key and tells Qwen-Image-Layered
   by `time_text_embed.addition_t_embedding` (ComfyUI model_detection.py).
+* Qwen-Image 2.1 (diffusers QwenImage21Transformer2DModel, `CHECKPOINT_KEY_NAMES["qwen-image-2.1"]` =
+  `txt_in.text_norm.weight` with or without `model.diffusion_model.`): one stream, no per-block modulation (one
+  shared `modulation.1` [4 x 4096, 4096]), blocks of `attn.to_q` / `norm_q` and a SwiGLU `img_mlp.{gate_layer, proj,
+  out}`, which ComfyUI's files fuse into `img_mlp.gate_up` (gate rows first:
+  `convert_qwen_image21_transformer_checkpoint_to_diffusers`). Defaults: 32 blocks, hidden 4096, MLP 12288,
+  64 unpatched latent channels, Qwen3-VL 8B states (4096): 7.1B parameters.
 * Krea 2 (diffusers Krea2Transformer2DModel, `convert_krea2_transformer_checkpoint_to_diffusers` for the
   original names): 28 single-stream blocks, hidden 6144 with grouped K/V (1536), a gated attention
   output (`attn.gate` / `to_gate`), SwiGLU `mlp.{gate,up,down}`, and a text-fusion stack over Qwen3-VL
@@ -68,6 +74,35 @@ def qwen_image(ix: KeyIndex) -> Backbone | None:
         why = "Qwen-Image-Edit and Edit-2509 share Qwen-Image's layout key for key: without a marker or metadata the file is reported as the base model"
         b.evidence.append(Evidence("", None, why))
     b.variant = task  # one size (20B) so far: the variant is the task alone
+    return b
+
+
+QWEN21_MLP = ("transformer_blocks.#.img_mlp.gate_layer.weight", "transformer_blocks.#.img_mlp.gate_up.weight")
+
+
+def qwen_image21(ix: KeyIndex) -> Backbone | None:
+    """Qwen-Image 2.1: single-stream blocks with a SwiGLU `img_mlp` and no modulation of their own (Qwen-Image 1's
+    blocks hold `img_mod` / `txt_mod`, its MLP `img_mlp.net`)."""
+    for anchor in QWEN21_MLP:
+        v = find_view(ix, anchor, "transformer_blocks.#.attn.norm_q.weight")
+        if v is not None and not v.has("transformer_blocks.#.img_mod.1.weight"):
+            break
+    else:
+        return None
+    b = Backbone(v.prefix, "transformer", "qwen_image21", architecture="qwen_image21", prediction="flow")
+    hidden = v.dim("transformer_blocks.#.attn.to_q.weight", 1) or v.dim(anchor, 1)
+    fused = (
+        "fused gate and up (ComfyUI's names)" if anchor.endswith("gate_up.weight") else "gate_layer / proj"
+    )
+    why = f"single-stream blocks without modulation of their own, a SwiGLU img_mlp ({fused}; {v.blocks(anchor)}), hidden {hidden} → Qwen-Image 2.1"
+    v.because(b, anchor, why)
+    for stem, what in (("modulation.1.weight", "one modulation shared by every block"),
+                       ("txt_in.text_norm.weight", "a text projection with its own norm (diffusers' Qwen-Image 2.1 key)")):  # fmt: skip
+        if v.has(stem):
+            v.because(b, stem, what)
+    if hidden != 4096:
+        v.because(b, anchor, f"hidden size {hidden}: not the released Qwen-Image 2.1 (4096, 7.1B)")
+    b.variant = "normal"
     return b
 
 

@@ -36,6 +36,7 @@ _LABEL = {
     "wan21": "Wan 2.1",
     "wan22": "Wan 2.2",
     "qwen_image": "Qwen-Image",
+    "qwen_image21": "Qwen-Image 2.1",
     "z_image": "Z-Image",
     "lumina2": "Lumina 2",
     "hunyuan_video": "HunyuanVideo",

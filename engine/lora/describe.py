@@ -34,6 +34,7 @@ _DIT_FAMILY = (
     "wan21",
     "wan22",
     "qwen_image",
+    "qwen_image21",
     "z_image",
     "lumina2",
     "hunyuan_video",
@@ -87,6 +88,13 @@ _UNET_NAMES = re.compile(r"(down_blocks|up_blocks|mid_block|input_blocks|output_
 _WAN = re.compile(r"^(?:vace_)?blocks_\d+_(?:self_attn|cross_attn|attn1|attn2|ffn)_", re.MULTILINE)
 _WAN_Q = re.compile(r"^blocks_\d+_(?:self_attn_q|attn1_to_q)$")
 _QWEN = re.compile(r"^transformer_blocks_\d+_(?:img_mod|txt_mod|img_mlp|txt_mlp)_", re.MULTILINE)
+# Qwen-Image 2.1 (diffusers' QwenImage21Transformer2DModel): a SwiGLU `img_mlp.{gate_layer, proj, out}` (ComfyUI's
+# `gate_up`) where Qwen-Image's is `img_mlp.net.N`, and the shared `modulation.1` / `txt_in.{in,out}_layer` around
+# the blocks; checked before Qwen-Image's pattern, which its MLP names also match.
+_QWEN21 = re.compile(
+    r"^(?:transformer_blocks_\d+_img_mlp_(?:gate_layer|proj|out|gate_up)|modulation_1|txt_in_(?:in|out)_layer)$",
+    re.MULTILINE,
+)
 _NEXTDIT = re.compile(
     r"^(?:layers|noise_refiner|context_refiner)_\d+_(?:attention|attn|feed_forward)_", re.MULTILINE
 )
@@ -146,6 +154,8 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "hidream"
     if _any_line(_AURAFLOW, lines, "_layers_", "\njoint_transformer_blocks_", "\nsingle_transformer_blocks_"):
         return True, "auraflow"
+    if _any_line(_QWEN21, lines, "\ntransformer_blocks_", "\nmodulation_1", "\ntxt_in_"):
+        return True, "qwen_image21"
     if _any_line(_QWEN, lines, "\ntransformer_blocks_"):
         return True, "qwen_image"
     if _any_line(_WAN, lines, "\nblocks_", "\nvace_blocks_"):

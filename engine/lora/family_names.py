@@ -14,7 +14,9 @@ diffusers` (Wan 2.1/2.2, VACE, i2v image embedder, Animate), `convert_z_image_tr
 `convert_flux3_transformer_checkpoint_to_diffusers`, and diffusers'
 `convert_cosmos_to_diffusers.py` script; PixArt's from OneTrainer's diffusers-to-checkpoint converter (the same names as
 Sana's, whose block grew from it). A family whose release already uses the diffusers names (Qwen-Image) needs no table:
-its LoRAs reach the base by its own names.
+its LoRAs reach the base by its own names. Qwen-Image 2.1's ComfyUI files keep diffusers' names but fuse each block's
+SwiGLU `img_mlp.gate_layer` and `img_mlp.proj` into `img_mlp.gate_up`, gate rows first
+(`convert_qwen_image21_transformer_checkpoint_to_diffusers`): diffusers' two names reach its row halves.
 """
 
 from __future__ import annotations
@@ -433,7 +435,22 @@ def other_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, V
             for have, other in (final, final[::-1]):
                 if have in shapes:
                     out.setdefault(other, (have, ("swap",)))
+    _add_gate_up(out, shapes)
     return out
+
+
+_GATE_UP = re.compile(r"^(transformer_blocks\.\d+\.img_mlp)\.gate_up$")
+
+
+def _add_gate_up(out: dict, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Qwen-Image 2.1's fused SwiGLU (ComfyUI's `img_mlp.gate_up` [2F, D]: gate, then up) as the row halves diffusers'
+    `img_mlp.gate_layer` and `img_mlp.proj` name."""
+    for path, shape in shapes.items():
+        m = _GATE_UP.match(path)
+        if m and len(shape) == 2 and shape[0] % 2 == 0:
+            half = shape[0] // 2
+            out.setdefault(f"{m.group(1)}.gate_layer", (path, ("rows", 0, half)))
+            out.setdefault(f"{m.group(1)}.proj", (path, ("rows", half, half)))
 
 
 def _add_fused(

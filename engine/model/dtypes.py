@@ -53,6 +53,8 @@ INFERENCE_DTYPES = {
     "lumina2": _BF16_ONLY,
     "z_image": _BF16_ONLY,
     "qwen_image": _BF16_ONLY,
+    # diffusers clips its residual stream to fp16's range in every block, as it does Qwen-Image's; its pipeline runs bf16
+    "qwen_image21": _BF16_ONLY,
     "hidream": _BF16_ONLY,
     "hunyuan_video": _BF16_ONLY,
     "hunyuan_image21": _BF16_ONLY,

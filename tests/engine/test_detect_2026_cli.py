@@ -41,6 +41,8 @@ def _cases() -> list[tuple[str, dict, dict | None, tuple]]:
         ("chroma1-hd.safetensors", I.flux_bfl(I.CHROMA), None, ("diffusion_model", "chroma", "normal", [])),
         ("qwen_image_edit_2511_bf16.safetensors", {**meta_shapes(d.QwenImageTransformer2DModel), "__index_timestep_zero__": (0,)},
          None, ("diffusion_model", "qwen_image", "edit", [])),
+        ("qwen_image_2.1_bf16.safetensors", {f"model.diffusion_model.{k}": v for k, v in meta_shapes(d.QwenImage21Transformer2DModel).items()},
+         None, ("diffusion_model", "qwen_image21", "normal", [])),
         ("hunyuan_video_t2v_720p_bf16.safetensors", V.hunyuan(V.HUNYUAN_VIDEO), None, ("diffusion_model", "hunyuan_video", "t2v", [])),
         ("hunyuanvideo1.5_720p_t2v.safetensors", V.hunyuan(V.HUNYUAN_VIDEO15), None, ("diffusion_model", "hunyuan_video15", "normal", [])),
         ("hunyuanimage2.1_bf16.safetensors", V.hunyuan(V.HUNYUAN_IMAGE21), None, ("diffusion_model", "hunyuan_image21", "normal", [])),

@@ -94,7 +94,6 @@ diffusers = pytest.importorskip("diffusers")
 @pytest.mark.parametrize(
     "cls",
     [
-        "QwenImage21Transformer2DModel",
         "OvisImageTransformer2DModel",
         # FLUX.1's blocks on a Qwen2.5-VL text input (3584 wide, no pooled CLIP): once read as FLUX.1 schnell
         "LongCatImageTransformer2DModel",
