@@ -194,6 +194,9 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "mochi": ((848, 480), "transformer", "mochi"),
             "qwen_image21": ((1024, 1024), "transformer", "qwen_image21"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
+# the families whose diffusers side bench_families.run_diffusers runs
+FAMILIES_RUN_BY_BENCH_FAMILIES = ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3",
+                                  "hunyuan_dit", "mochi")  # fmt: skip
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -423,7 +426,7 @@ def _run_diffusers(model, family: str, x: dict):
         return model(hidden_states=x["x"], encoder_hidden_states=x["context"], timestep=x["t"]).sample
     if family == "hidream":  # Loadout's input names are diffusers' forward's
         return model(**x).sample
-    if family in ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3", "hunyuan_dit", "mochi"):
+    if family in FAMILIES_RUN_BY_BENCH_FAMILIES:
         from bench_families import run_diffusers
 
         return run_diffusers(model, family, x)

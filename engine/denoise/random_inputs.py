@@ -106,9 +106,8 @@ def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generato
             width_in = wshape(model.image_proj[0])[1]
             out["image_embeddings"] = torch.randn(batch, FRAMEPACK_IMAGE_TOKENS, width_in, generator=g)
         return out
-    if (
-        getattr(model, "family", "") == "qwen_image21"
-    ):  # its 16x VAE's latent, unpatched, even (2 x the 32 px grid)
+    if getattr(model, "family", "") == "qwen_image21":
+        # its 16x VAE's latent, unpatched, even (2 x the 32 px grid)
         h, w = _latent(width, height, 32)
         return model.random_inputs(2 * h, 2 * w, batch, g)
     if getattr(model, "family", "") == "pixart":  # SD's 8x latent, T5-XXL states
@@ -118,9 +117,8 @@ def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generato
             "timestep": torch.rand(batch, generator=g) * 1000.0,
             "y": torch.randn(batch, PIXART_TOKENS, model.context_dim, generator=g),
         }
-    if (
-        getattr(model, "family", "") == "hunyuan_dit"
-    ):  # SD's 8x latent, CLIP and mT5 states at the file's lengths
+    if getattr(model, "family", "") == "hunyuan_dit":
+        # SD's 8x latent, CLIP and mT5 states at the file's lengths
         h, w = _latent(width, height, 16)
         return {
             "x": torch.randn(batch, model.in_channels, 2 * h, 2 * w, generator=g),
