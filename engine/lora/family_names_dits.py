@@ -81,8 +81,9 @@ MOCHI: tuple[tuple[str, str], ...] = (
     *((f"blocks.{{n}}.{o}", f"transformer_blocks.{{n}}.{d}") for o, d in _MOCHI_BLOCK),
 )
 # Hunyuan-DiT: both namings keep `blocks.N`. diffusers names the release's norm3 (before the cross-attention) norm2
-# and its norm2 (before the MLP) norm3: one name for two modules, which a base's own names answer first, so those two
-# stay out of the table (a LoRA on them lands by the base's naming).
+# and its norm2 (before the MLP) norm3: one name for two modules of one shape, which a base's own names answer first,
+# so those two stay out of the table. Not resolved: a LoRA of those LayerNorms (LyCORIS with its norms trained) written
+# in the other naming lands on the other norm.
 _HDIT_BLOCK = (
     ("norm1", "norm1.norm"),
     ("default_modulation.1", "norm1.linear"),
