@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from .naming import underscored
+
 # PixArt-α / Σ and Sana: the release's `blocks.N` (fused self-attention qkv and cross-attention kv_linear) <->
 # diffusers' `transformer_blocks.N`; the fused ones are reached as row blocks (_add_fused_blocks).
 _PA_BLOCK = (
@@ -82,8 +84,7 @@ MOCHI: tuple[tuple[str, str], ...] = (
 )
 # Hunyuan-DiT: both namings keep `blocks.N`. diffusers names the release's norm3 (before the cross-attention) norm2
 # and its norm2 (before the MLP) norm3: one name for two modules of one shape, which a base's own names answer first,
-# so those two stay out of the table. Not resolved: a LoRA of those LayerNorms (LyCORIS with its norms trained) written
-# in the other naming lands on the other norm.
+# so those two stay out of the table: prefixed_names gives them where a name's prefix says its naming.
 _HDIT_BLOCK = (
     ("norm1", "norm1.norm"),
     ("default_modulation.1", "norm1.linear"),
@@ -163,3 +164,34 @@ def other_names_of(family: str, out: dict, shapes: Mapping[str, tuple[int, ...]]
             m = _MOCHI_LAST_Y.match(path)
             if m:
                 out.setdefault(f"transformer_blocks.{m.group(1)}.norm1_context.linear_1", (path, None))
+
+
+# Hunyuan-DiT's blocks.N.norm2 / norm3, the one name two modules have. Only a prefix tells a LoRA's naming: diffusers'
+# and ai-toolkit's `transformer.` and OneTrainer's `lora_transformer_` write diffusers' names, kohya's / musubi's
+# `lora_unet_` and diffusion-pipe's / ComfyUI's `diffusion_model.` the release's; a bare, `base_model.model.` (PEFT:
+# Tencent's trainer writes the release's names, diffusers' its own) or `lycoris_` name is read in the base's naming.
+_HDIT_NORM = re.compile(r"^blocks\.(\d+)\.norm([23])$")
+_OTHER_PREFIXES = {
+    "release": ("transformer.", "lora_transformer_"),
+    "diffusers": ("diffusion_model.", "model.diffusion_model.", "lora_unet_"),
+}
+
+
+def prefixed_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, str]:
+    """Full adapter module names (prefix and all) -> the base path they reach, over what the base's own names say:
+    Hunyuan-DiT's norm2 / norm3 named in the other naming (the release's norm2 is diffusers' norm3, and the reverse)."""
+    naming = (
+        "release"
+        if "pooler.q_proj" in shapes
+        else "diffusers"
+        if "time_extra_emb.pooler.q_proj" in shapes
+        else ""
+    )
+    out = {}
+    for path in shapes if naming else ():
+        m = _HDIT_NORM.match(path)
+        if m:
+            other = f"blocks.{m.group(1)}.norm{5 - int(m.group(2))}"
+            for p in _OTHER_PREFIXES[naming]:
+                out[p + (underscored(other) if p.endswith("_") else other)] = path
+    return out

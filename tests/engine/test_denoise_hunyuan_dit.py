@@ -239,7 +239,7 @@ RELEASE_NAMES = {"blocks.0.attn1.to_out.0": "blocks.0.attn1.out_proj", "blocks.1
                  "time_extra_emb.timestep_embedder.linear_1": "t_embedder.mlp.0"}  # fmt: skip
 
 
-def _lora_case(hunyuan, tmp_path, budget, naming: str, keys: dict, kohya: bool):
+def _lora_case(hunyuan, tmp_path, budget, naming: str, keys: dict, kohya: bool, norms: dict):
     from denoise_files import lora_and_merged, lora_step, plain_and_merged
     from diffusers.models.embeddings import get_2d_rotary_pos_embed
     from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
@@ -254,6 +254,16 @@ def _lora_case(hunyuan, tmp_path, budget, naming: str, keys: dict, kohya: bool):
     if naming == "diffusers":  # the release's final adaLN holds (shift, scale): its ΔW, too
         k = keys["norm_out.linear"]
         lora[f"{k}.{up}.weight"] = _swap_halves(lora[f"{k}.{up}.weight"])
+    g = torch.Generator().manual_seed(8)
+    for (
+        d,
+        k,
+    ) in (
+        norms.items()
+    ):  # LyCORIS-style full diffs of LayerNorms (diffusers' path d: its norm2 is the release's norm3)
+        for part, attr in (("diff", "weight"), ("diff_b", "bias")):
+            lora[f"{k}.{part}"] = torch.randn(sd[f"{d}.{attr}"].shape, generator=g) * 0.3
+            merged[f"{d}.{attr}"] = sd[f"{d}.{attr}"] + strength * lora[f"{k}.{part}"]
     den = _bound(base)
     x = den.check_inputs(
         _inputs(den, 96, 96, seed=3), "inputs"
@@ -262,7 +272,7 @@ def _lora_case(hunyuan, tmp_path, budget, naming: str, keys: dict, kohya: bool):
     plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x, rope))
     assert rel_l2(plain, want) > 100 * TOL
     r, out = lora_step(base, lora, strength, x, tmp_path, budget)
-    assert r.loras and r.loras[0]["mapped"] == len(keys), r.loras
+    assert r.loras and r.loras[0]["mapped"] == len(keys) + len(norms), r.loras
     assert detect_file(str(tmp_path / "lora.safetensors")).lora.base == "hunyuan_dit"  # its keys say so
     err = rel_l2(out, want)
     print(f"hunyuan_dit LoRA on the {naming} file (budget {budget}): relative L2 {err:.2e}")
@@ -273,7 +283,18 @@ def _lora_case(hunyuan, tmp_path, budget, naming: str, keys: dict, kohya: bool):
 def test_a_peft_lora_lands_on_the_release_file(hunyuan, tmp_path, budget):
     """A diffusers / PEFT LoRA (ai-toolkit's, diffusers' names) on the release-named file, baked (resident) and on
     the fly (streamed): equal to diffusers' model with the LoRA merged by hand."""
-    _lora_case(hunyuan, tmp_path, budget, "release", {d: f"transformer.{d}" for d in PEFT_NAMES}, kohya=False)
+    norms = {
+        d: f"transformer.{d}" for d in ("blocks.1.norm2", "blocks.2.norm3")
+    }  # diffusers' norm2: the cross-attention's
+    _lora_case(
+        hunyuan,
+        tmp_path,
+        budget,
+        "release",
+        {d: f"transformer.{d}" for d in PEFT_NAMES},
+        kohya=False,
+        norms=norms,
+    )
 
 
 @pytest.mark.parametrize(
@@ -287,4 +308,8 @@ def test_a_release_named_lora_lands_on_the_diffusers_file(hunyuan, tmp_path, bud
     keys = {
         d: prefix + (r.replace(".", "_") if prefix.endswith("_") else r) for d, r in RELEASE_NAMES.items()
     }
-    _lora_case(hunyuan, tmp_path, budget, "diffusers", keys, kohya=kohya)
+    # The release's norm3 / norm2 (diffusers' norm2 / norm3) where the prefix says the release's naming; a PEFT name
+    # (base_model.model.) could be either naming's and is read in the base's.
+    norms = {} if not kohya else {"blocks.1.norm2": "blocks.1.norm3", "blocks.2.norm3": "blocks.2.norm2"}
+    norms = {d: prefix + (r.replace(".", "_") if prefix.endswith("_") else r) for d, r in norms.items()}
+    _lora_case(hunyuan, tmp_path, budget, "diffusers", keys, kohya=kohya, norms=norms)
