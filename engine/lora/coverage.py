@@ -45,6 +45,8 @@ _LABEL = {
     "auraflow": "AuraFlow",
     "ltxv": "LTX-Video",
     "ltx2": "LTX-2",
+    "mochi": "Mochi 1",
+    "hunyuan_dit": "Hunyuan-DiT",
 }
 
 

@@ -40,6 +40,8 @@ _DIT_FAMILY = (
     "hunyuan_video",
     "hidream",
     "auraflow",
+    "mochi",
+    "hunyuan_dit",
 )
 
 
@@ -115,6 +117,22 @@ _FLUX3 = re.compile(
     r"|single_blocks_\d+_(?:[qkv]_proj|attn_out|mlp_in|mlp_out)$|single_transformer_blocks_\d+_ff_linear_(?:in|out)$)",
     re.MULTILINE,
 )
+# Mochi 1: the release's two streams of a block (`blocks.N.attn.qkv_x`, `attn.proj_y`, `mlp_x.w1`, `mod_y`: genmoai/mochi's
+# AsymmetricJointBlock) or diffusers' text stream inside attn1 (`attn1.add_q_proj`, `attn1.to_add_out`: FLUX.1's and
+# SD3's diffusers blocks name it `attn.`). Hunyuan-DiT's release (Tencent's HunYuanDiTBlock: fused `attn1.Wqkv`,
+# `attn2.kv_proj`, `q_proj` / `out_proj`, the `default_modulation`, what its own LoRA training targets) or diffusers'
+# (HunyuanDiTBlock's `norm1.linear`, `ff.net`, `skip_linear`; Wan's are `ffn.net`); diffusers' attention names are
+# Wan's (`blocks.N.attn1.to_q`), told apart by the width: 1408 (DiT-g/2's hidden_size, the release config).
+_MOCHI = re.compile(
+    r"^(?:blocks_\d+_(?:attn_(?:qkv|proj)_[xy]|mlp_[xy]_w[12]|mod_[xy])|transformer_blocks_\d+_attn1_(?:add_[qkv]_proj|to_add_out))$",
+    re.MULTILINE,
+)
+_HUNYUAN_DIT = re.compile(
+    r"^blocks_\d+_(?:attn1_Wqkv|attn2_kv_proj|attn[12]_out_proj|attn2_q_proj|default_modulation_1"
+    r"|norm1_linear|ff_net_0_proj|skip_linear)$",
+    re.MULTILINE,
+)
+_HUNYUAN_DIT_WIDTH = 1408
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
 # Hidden widths: Wan 1536 (2.1 1.3B), 5120 (2.1 14B; the 2.2 A14B experts share it), 3072 (2.2 TI2V 5B);
 # NextDiT 2304 (Lumina 2), 3840 (Z-Image). Facts of each release's config.
@@ -152,6 +170,10 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "flux3"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
+    if _any_line(_MOCHI, lines, "\nblocks_", "\ntransformer_blocks_"):
+        return True, "mochi"
+    if _any_line(_HUNYUAN_DIT, lines, "\nblocks_"):
+        return True, "hunyuan_dit"
     if _any_line(_AURAFLOW, lines, "_layers_", "\njoint_transformer_blocks_", "\nsingle_transformer_blocks_"):
         return True, "auraflow"
     if _any_line(_QWEN21, lines, "\ntransformer_blocks_", "\nmodulation_1", "\ntxt_in_"):
@@ -159,7 +181,8 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
     if _any_line(_QWEN, lines, "\ntransformer_blocks_"):
         return True, "qwen_image"
     if _any_line(_WAN, lines, "\nblocks_", "\nvace_blocks_"):
-        return True, _WAN_WIDTH.get(_width(diff, facts, _WAN_Q))
+        width = _width(diff, facts, _WAN_Q)
+        return True, "hunyuan_dit" if width == _HUNYUAN_DIT_WIDTH else _WAN_WIDTH.get(width)
     if _any_line(_NEXTDIT, lines, "\nlayers_", "\nnoise_refiner_", "\ncontext_refiner_"):
         return True, _NEXTDIT_WIDTH.get(_width(diff, facts, _NEXTDIT_OUT, "out_features"))
     # FLUX.1 has 19 double blocks; a 20th (HunyuanVideo has 20, HunyuanVideo 1.5 54) is not FLUX.1.

@@ -10,13 +10,13 @@ read in both directions. Where the original fuses what diffusers splits (Z-Image
 Facts (cited, not copied) from diffusers `loaders/single_file_utils.py`: `convert_wan_transformer_to_
 diffusers` (Wan 2.1/2.2, VACE, i2v image embedder, Animate), `convert_z_image_transformer_checkpoint_to_diffusers`,
 `convert_lumina2_to_diffusers`, `convert_auraflow_transformer_checkpoint_to_diffusers` and
-`convert_krea2_transformer_checkpoint_to_diffusers`, `convert_sana_transformer_to_diffusers`,
-`convert_flux3_transformer_checkpoint_to_diffusers`, and diffusers'
-`convert_cosmos_to_diffusers.py` script; PixArt's from OneTrainer's diffusers-to-checkpoint converter (the same names as
-Sana's, whose block grew from it). A family whose release already uses the diffusers names (Qwen-Image) needs no table:
-its LoRAs reach the base by its own names. Qwen-Image 2.1's ComfyUI files keep diffusers' names but fuse each block's
-SwiGLU `img_mlp.gate_layer` and `img_mlp.proj` into `img_mlp.gate_up`, gate rows first
-(`convert_qwen_image21_transformer_checkpoint_to_diffusers`): diffusers' two names reach its row halves.
+`convert_krea2_transformer_checkpoint_to_diffusers`, `convert_flux3_transformer_checkpoint_to_diffusers`, and diffusers'
+`convert_cosmos_to_diffusers.py` script. PixArt's, Sana's, Mochi 1's and Hunyuan-DiT's tables are in
+engine.lora.family_names_dits (with their fused modules and swapped halves); this module lists every table (`tables_for`).
+A family whose release already uses the diffusers names (Qwen-Image) needs no table: its LoRAs reach the base by its own
+names. Qwen-Image 2.1's ComfyUI files keep diffusers' names but fuse each block's SwiGLU `img_mlp.gate_layer` and
+`img_mlp.proj` into `img_mlp.gate_up`, gate rows first (`convert_qwen_image21_transformer_checkpoint_to_diffusers`):
+diffusers' two names reach its row halves.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from .dit_names import View
+from .family_names_dits import HUNYUAN_DIT, MOCHI, PIXART, SANA, other_names_of, template_pattern
 
 # Wan 2.1 / 2.2 (t2v, i2v, ti2v, VACE, fun): the rename is one-to-one.
 _WAN_BLOCK = (
@@ -264,44 +265,6 @@ KREA2: tuple[tuple[str, str], ...] = (
     ),
 )
 
-# PixArt-α / Σ and Sana: the release's `blocks.N` (fused self-attention qkv and cross-attention kv_linear) <->
-# diffusers' `transformer_blocks.N`; the fused ones are reached as row blocks (_add_fused_blocks).
-_PA_BLOCK = (
-    ("attn.proj", "attn1.to_out.0"),
-    ("cross_attn.q_linear", "attn2.to_q"),
-    ("cross_attn.proj", "attn2.to_out.0"),
-)
-_PA_TOP = (
-    ("t_block.1", "linear"),
-    ("t_embedder.mlp.0", "emb.timestep_embedder.linear_1"),
-    ("t_embedder.mlp.2", "emb.timestep_embedder.linear_2"),
-)  # fmt: skip  (below adaln_single / time_embed)
-_PA_CAPTION = (("y_embedder.y_proj.fc1", "caption_projection.linear_1"),
-               ("y_embedder.y_proj.fc2", "caption_projection.linear_2"), ("final_layer.linear", "proj_out"))  # fmt: skip
-PIXART: tuple[tuple[str, str], ...] = (
-    ("x_embedder.proj", "pos_embed.proj"),
-    *((o, f"adaln_single.{d}") for o, d in _PA_TOP),
-    *(
-        (f"{o}.mlp.{i}", f"adaln_single.emb.{d}.linear_{j}")
-        for o, d in (("csize_embedder", "resolution_embedder"), ("ar_embedder", "aspect_ratio_embedder"))
-        for i, j in ((0, 1), (2, 2))
-    ),  # fmt: skip
-    *_PA_CAPTION,
-    *((f"blocks.{{n}}.{o}", f"transformer_blocks.{{n}}.{d}") for o, d in _PA_BLOCK),
-    ("blocks.{n}.mlp.fc1", "transformer_blocks.{n}.ff.net.0.proj"),
-    ("blocks.{n}.mlp.fc2", "transformer_blocks.{n}.ff.net.2"),
-)
-SANA: tuple[tuple[str, str], ...] = (
-    ("x_embedder.proj", "patch_embed.proj"),
-    *((o, f"time_embed.{d}") for o, d in _PA_TOP),
-    *_PA_CAPTION,
-    *((f"blocks.{{n}}.{o}", f"transformer_blocks.{{n}}.{d}") for o, d in _PA_BLOCK),
-    *(
-        (f"blocks.{{n}}.mlp.{o}_conv.conv", f"transformer_blocks.{{n}}.ff.conv_{d}")
-        for o, d in (("inverted", "inverted"), ("depth", "depth"), ("point", "point"))
-    ),  # fmt: skip
-)
-
 # FLUX.3: BFL's names <-> diffusers' Flux3Transformer2DModel, one to one (diffusers'
 # `convert_flux3_transformer_checkpoint_to_diffusers`; its FLUX.3 LoRA converter
 # `_convert_non_diffusers_flux3_lora_to_diffusers` renames the same block parts); the final adaLN's halves are swapped.
@@ -336,18 +299,14 @@ _FUSED_QKV = {
 }
 
 
-def _compile(template: str) -> re.Pattern:
-    return re.compile("^" + re.escape(template).replace(r"\{n\}", r"(\d+)") + "$")
-
-
 def _table(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, re.Pattern, str], ...]:
-    return tuple((_compile(o), d, _compile(d), o) for o, d in pairs)
+    return tuple((template_pattern(o), d, template_pattern(d), o) for o, d in pairs)
 
 
-_TABLES = {
-    id(t): _table(t)
-    for t in (WAN, Z_IMAGE, LUMINA2, HUNYUAN, LTX, AURAFLOW, COSMOS, KREA2, PIXART, SANA, FLUX3)
-}
+_ALL = (WAN, Z_IMAGE, LUMINA2, HUNYUAN, LTX, AURAFLOW, COSMOS, KREA2, PIXART, SANA, FLUX3, MOCHI, HUNYUAN_DIT)
+_TABLES = {id(t): _table(t) for t in _ALL}
+# The tables whose fused modules, swapped halves or extra names engine.lora.family_names_dits adds.
+_EXTRAS = {id(PIXART): "pixart", id(SANA): "pixart", id(MOCHI): "mochi", id(HUNYUAN_DIT): "hunyuan_dit"}
 
 
 def _fill(template: str, m: re.Match) -> str:
@@ -372,9 +331,19 @@ def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
     table is read in the direction the base needs)."""
     ps = set(paths)
     out = []
-    if any(p.startswith(("blocks.", "vace_blocks.")) for p in ps) and (
-        "patch_embedding" in ps
-        or any(".self_attn." in p or ".attn1." in p for p in ps if p.startswith("blocks."))
+    # Hunyuan-DiT's blocks (`blocks.N.attn1`, its diffusers `pos_embed.proj`) are neither Wan's nor PixArt's.
+    hunyuan_dit = "pooler.q_proj" in ps or "time_extra_emb.pooler.q_proj" in ps
+    if hunyuan_dit:
+        out.append(HUNYUAN_DIT)
+    if "t5_y_embedder.to_kv" in ps or "time_embed.pooler.to_kv" in ps:
+        out.append(MOCHI)
+    if (
+        not hunyuan_dit
+        and any(p.startswith(("blocks.", "vace_blocks.")) for p in ps)
+        and (
+            "patch_embedding" in ps
+            or any(".self_attn." in p or ".attn1." in p for p in ps if p.startswith("blocks."))
+        )
     ):
         out.append(WAN)
     if any(p.startswith(_NEXTDIT_STACKS) for p in ps) and any(
@@ -397,7 +366,7 @@ def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
         out.append(COSMOS)
     if any(p.endswith((".attn.wq", ".attn.to_gate")) for p in ps):
         out.append(KREA2)
-    if "pos_embed.proj" in ps or ("t_block.1" in ps and "attention_y_norm" not in ps):
+    if (not hunyuan_dit and "pos_embed.proj" in ps) or ("t_block.1" in ps and "attention_y_norm" not in ps):
         out.append(PIXART)
     if "attention_y_norm" in ps or ("caption_norm" in ps and "patch_embed.proj" in ps):
         out.append(SANA)
@@ -426,8 +395,8 @@ def other_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, V
         fused = _FUSED_QKV.get(pairs)
         if fused:
             _add_fused(out, shapes, *fused)
-        if pairs is PIXART or pairs is SANA:
-            _add_fused_blocks(out, shapes)
+        if id(pairs) in _EXTRAS:
+            other_names_of(_EXTRAS[id(pairs)], out, shapes)
         if pairs is WAN:
             _add_animate(out, shapes)
         if pairs is AURAFLOW or pairs is FLUX3:
@@ -469,26 +438,6 @@ def _add_fused(
         kv = (rows - hidden) // 2
         for name, start, length in zip(names, (0, hidden, hidden + kv), (hidden, kv, kv), strict=True):
             out.setdefault(f"{block}.{name}", (path, ("rows", start, length)))
-
-
-_PA_FUSED = re.compile(r"^blocks\.(\d+)\.(attn\.qkv|cross_attn\.kv_linear)$")
-
-
-def _add_fused_blocks(out: dict, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """PixArt's / Sana's fused self-attention qkv ([3D, D]: q, k, v) and cross-attention kv_linear ([2D, D]: k, v) as
-    the row blocks diffusers' attn1.to_q / to_k / to_v and attn2.to_k / to_v name."""
-    for path, shape in shapes.items():
-        m = _PA_FUSED.match(path)
-        if not m or len(shape) != 2:
-            continue
-        cross = m.group(2).startswith("cross")
-        parts = ("attn2.to_k", "attn2.to_v") if cross else ("attn1.to_q", "attn1.to_k", "attn1.to_v")
-        if shape[0] != len(parts) * shape[1]:
-            continue
-        for i, name in enumerate(parts):
-            out.setdefault(
-                f"transformer_blocks.{m.group(1)}.{name}", (path, ("rows", i * shape[1], shape[1]))
-            )
 
 
 _ANIMATE_KV = re.compile(r"^face_adapter\.fuser_blocks\.(\d+)\.linear1_kv$")

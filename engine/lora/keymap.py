@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .dit_names import View, diffusers_to_dit
 from .family_names import other_names
+from .family_names_dits import prefixed_names
 from .naming import underscored
 from .unet_names import diffusers_to_ldm, ldm_to_diffusers
 
@@ -205,6 +206,10 @@ class KeyMap:
                     [*_dit_names(name), f"diffusion_model.{name}", f"model.diffusion_model.{name}"],
                     self._target(comp, params[path], view),
                 )
+            for name, path in prefixed_names(
+                shapes
+            ).items():  # over the own names: the prefix says the naming
+                self.aliases[name] = self._target(comp, params[path])
         if self.dit:
             shapes = {p: self.keys[k] for p, k in params.items()}
             for d, (path, view) in diffusers_to_dit(shapes).items():

@@ -221,3 +221,95 @@ def test_the_release_layouts_bind_whole(tmp_path, version):
     )  # fmt: skip
     assert [b.skip is not None for b in m.blocks] == [i > 20 for i in range(40)]
     assert (m.style is not None) == (version == "v11") and den.naming == "release"
+
+
+# A LoRA in the other naming: diffusers' split q / k / v and k / v reach the release's fused Wqkv and kv_proj as row
+# blocks, norm_out.linear the final adaLN through its swapped halves.
+PEFT_NAMES = ("blocks.0.attn1.to_q", "blocks.0.attn1.to_k", "blocks.3.attn1.to_v", "blocks.1.attn2.to_q",
+              "blocks.0.attn2.to_k", "blocks.2.attn2.to_v", "blocks.0.attn1.to_out.0", "blocks.3.attn2.to_out.0",
+              "blocks.5.ff.net.0.proj", "blocks.4.ff.net.2", "blocks.5.skip_linear", "blocks.2.norm1.linear",
+              "norm_out.linear", "proj_out", "text_embedder.linear_1", "time_extra_emb.pooler.q_proj",
+              "time_extra_emb.timestep_embedder.linear_2", "time_extra_emb.extra_embedder.linear_1")  # fmt: skip
+# The release's names of modules it does not fuse (Tencent's own LoRA training: q_proj, out_proj; kohya, diffusion-pipe).
+RELEASE_NAMES = {"blocks.0.attn1.to_out.0": "blocks.0.attn1.out_proj", "blocks.1.attn2.to_q": "blocks.1.attn2.q_proj",
+                 "blocks.4.attn2.to_out.0": "blocks.4.attn2.out_proj", "blocks.5.ff.net.0.proj": "blocks.5.mlp.fc1",
+                 "blocks.2.ff.net.2": "blocks.2.mlp.fc2", "blocks.4.norm1.linear": "blocks.4.default_modulation.1",
+                 "blocks.4.skip_linear": "blocks.4.skip_linear", "norm_out.linear": "final_layer.adaLN_modulation.1",
+                 "text_embedder.linear_2": "mlp_t5.2", "time_extra_emb.pooler.k_proj": "pooler.k_proj",
+                 "time_extra_emb.timestep_embedder.linear_1": "t_embedder.mlp.0"}  # fmt: skip
+
+
+def _lora_case(hunyuan, tmp_path, budget, naming: str, keys: dict, kohya: bool, norms: dict):
+    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed
+    from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
+    from test_denoise_mochi import _swap_halves
+
+    diff_path, rel_path, ref = hunyuan["v12"]
+    base = rel_path if naming == "release" else diff_path
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    strength = 0.8
+    lora, merged = lora_and_merged(sd, keys, strength, seed=7, kohya=kohya)
+    up = "lora_up" if kohya else "lora_B"
+    if naming == "diffusers":  # the release's final adaLN holds (shift, scale): its ΔW, too
+        k = keys["norm_out.linear"]
+        lora[f"{k}.{up}.weight"] = _swap_halves(lora[f"{k}.{up}.weight"])
+    g = torch.Generator().manual_seed(8)
+    for (
+        d,
+        k,
+    ) in (
+        norms.items()
+    ):  # LyCORIS-style full diffs of LayerNorms (diffusers' path d: its norm2 is the release's norm3)
+        for part, attr in (("diff", "weight"), ("diff_b", "bias")):
+            lora[f"{k}.{part}"] = torch.randn(sd[f"{d}.{attr}"].shape, generator=g) * 0.3
+            merged[f"{d}.{attr}"] = sd[f"{d}.{attr}"] + strength * lora[f"{k}.{part}"]
+    den = _bound(base)
+    x = den.check_inputs(
+        _inputs(den, 96, 96, seed=3), "inputs"
+    )  # a square grid: diffusers' RoPE is the release's
+    rope = get_2d_rotary_pos_embed(88, get_resize_crop_region_for_grid((6, 6), 32), (6, 6))
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x, rope))
+    assert rel_l2(plain, want) > 100 * TOL
+    r, out = lora_step(base, lora, strength, x, tmp_path, budget)
+    assert r.loras and r.loras[0]["mapped"] == len(keys) + len(norms), r.loras
+    assert detect_file(str(tmp_path / "lora.safetensors")).lora.base == "hunyuan_dit"  # its keys say so
+    err = rel_l2(out, want)
+    print(f"hunyuan_dit LoRA on the {naming} file (budget {budget}): relative L2 {err:.2e}")
+    assert err <= TOL
+
+
+@pytest.mark.parametrize("budget", [None, 0.0])
+def test_a_peft_lora_lands_on_the_release_file(hunyuan, tmp_path, budget):
+    """A diffusers / PEFT LoRA (ai-toolkit's, diffusers' names) on the release-named file, baked (resident) and on
+    the fly (streamed): equal to diffusers' model with the LoRA merged by hand."""
+    norms = {
+        d: f"transformer.{d}" for d in ("blocks.1.norm2", "blocks.2.norm3")
+    }  # diffusers' norm2: the cross-attention's
+    _lora_case(
+        hunyuan,
+        tmp_path,
+        budget,
+        "release",
+        {d: f"transformer.{d}" for d in PEFT_NAMES},
+        kohya=False,
+        norms=norms,
+    )
+
+
+@pytest.mark.parametrize(
+    ("budget", "prefix"), [(None, "base_model.model."), (0.0, "lora_unet_"), (0.0, "diffusion_model.")]
+)
+def test_a_release_named_lora_lands_on_the_diffusers_file(hunyuan, tmp_path, budget, prefix):
+    """A LoRA in the release's names (Tencent's PEFT LoRAs: `base_model.model.`, lora_A / lora_B; kohya's
+    `lora_unet_` and diffusion-pipe's `diffusion_model.`, lora_down / lora_up) on the diffusers-named file, baked and
+    on the fly."""
+    kohya = not prefix.startswith("base_model")
+    keys = {
+        d: prefix + (r.replace(".", "_") if prefix.endswith("_") else r) for d, r in RELEASE_NAMES.items()
+    }
+    # The release's norm3 / norm2 (diffusers' norm2 / norm3) where the prefix says the release's naming; a PEFT name
+    # (base_model.model.) could be either naming's and is read in the base's.
+    norms = {} if not kohya else {"blocks.1.norm2": "blocks.1.norm3", "blocks.2.norm3": "blocks.2.norm2"}
+    norms = {d: prefix + (r.replace(".", "_") if prefix.endswith("_") else r) for d, r in norms.items()}
+    _lora_case(hunyuan, tmp_path, budget, "diffusers", keys, kohya=kohya, norms=norms)

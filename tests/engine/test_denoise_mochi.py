@@ -221,3 +221,66 @@ def test_the_release_layout_binds_whole(tmp_path, naming):
     assert den.naming == ("diffusers" if naming == "diffusers" else "release")
     assert (len(m.blocks), m.in_channels, m.context_dim, m.heads) == (48, 12, 4096, 24)
     assert [b.update_y for b in m.blocks[-2:]] == [True, False]
+
+
+# A LoRA in the other naming: diffusers' split q / k / v reach the release's fused qkv_x / qkv_y as row blocks, the
+# SwiGLU w1 and the final modulation through their swapped halves, the last block's norm1_context.linear_1 its mod_y.
+PEFT_NAMES = ("transformer_blocks.0.attn1.to_q", "transformer_blocks.0.attn1.to_v", "transformer_blocks.1.attn1.to_k",
+              "transformer_blocks.0.attn1.add_k_proj", "transformer_blocks.1.attn1.add_v_proj",
+              "transformer_blocks.0.attn1.to_out.0", "transformer_blocks.0.attn1.to_add_out",
+              "transformer_blocks.0.ff.net.0.proj", "transformer_blocks.0.ff_context.net.0.proj",
+              "transformer_blocks.1.ff.net.2", "transformer_blocks.0.norm1_context.linear",
+              "transformer_blocks.1.norm1_context.linear_1", "norm_out.linear", "proj_out", "time_embed.caption_proj",
+              "time_embed.pooler.to_kv")  # fmt: skip
+# The release's names of diffusers' modules that are not fused in the release (genmoai/mochi's trainer, musubi-style).
+RELEASE_NAMES = {"transformer_blocks.0.attn1.to_out.0": "blocks.0.attn.proj_x",
+                 "transformer_blocks.0.attn1.to_add_out": "blocks.0.attn.proj_y",
+                 "transformer_blocks.0.ff.net.0.proj": "blocks.0.mlp_x.w1",
+                 "transformer_blocks.1.ff.net.0.proj": "blocks.1.mlp_x.w1",
+                 "transformer_blocks.0.ff_context.net.2": "blocks.0.mlp_y.w2",
+                 "transformer_blocks.0.norm1.linear": "blocks.0.mod_x",
+                 "transformer_blocks.1.norm1_context.linear_1": "blocks.1.mod_y", "norm_out.linear": "final_layer.mod",
+                 "time_embed.caption_proj": "t5_yproj", "time_embed.timestep_embedder.linear_1": "t_embedder.mlp.0"}  # fmt: skip
+
+
+def _lora_case(mochi, tmp_path, budget, base: str, keys: dict, kohya: bool):
+    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+
+    ref = mochi["ref"]
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    strength = 0.8
+    lora, merged = lora_and_merged(sd, keys, strength, seed=7, kohya=kohya)
+    if (
+        base == "diffusers"
+    ):  # the release's w1 and final_layer.mod hold their halves the other way round: so its ΔW
+        for d, k in keys.items():
+            if d.endswith(("ff.net.0.proj", "norm_out.linear")):
+                lora[f"{k}.lora_up.weight"] = _swap_halves(lora[f"{k}.lora_up.weight"])
+    x = _inputs(_bound(mochi[base]), 1, 5, frames=2)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
+    assert rel_l2(plain, want) > 100 * TOL
+    r, out = lora_step(mochi[base], lora, strength, x, tmp_path, budget)
+    assert r.loras and r.loras[0]["mapped"] == len(keys), r.loras
+    assert (
+        detect_file(str(tmp_path / "lora.safetensors")).lora.base == "mochi"
+    )  # made for Mochi, its keys say
+    err = rel_l2(out, want)
+    print(f"mochi LoRA on the {base} file (budget {budget}): relative L2 {err:.2e}")
+    assert err <= TOL
+
+
+@pytest.mark.parametrize("budget", [None, 0.0])
+def test_a_peft_lora_lands_on_the_release_file(mochi, tmp_path, budget):
+    """A diffusers / PEFT LoRA (diffusers' Mochi trainer's and ai-toolkit's names) on Genmo's release-named file,
+    baked (resident) and on the fly (streamed): equal to diffusers' model with the LoRA merged by hand."""
+    _lora_case(mochi, tmp_path, budget, "release", {d: f"transformer.{d}" for d in PEFT_NAMES}, kohya=False)
+
+
+@pytest.mark.parametrize(("budget", "prefix"), [(None, "diffusion_model."), (0.0, "lora_unet_")])
+def test_a_release_named_lora_lands_on_the_diffusers_file(mochi, tmp_path, budget, prefix):
+    """A LoRA in the release's names (diffusion-pipe's `diffusion_model.`, kohya's `lora_unet_` with underscores) on the
+    diffusers-named file, baked and on the fly."""
+    keys = {
+        d: prefix + (r.replace(".", "_") if prefix.endswith("_") else r) for d, r in RELEASE_NAMES.items()
+    }
+    _lora_case(mochi, tmp_path, budget, "diffusers", keys, kohya=True)

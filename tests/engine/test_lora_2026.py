@@ -19,7 +19,7 @@ from layouts_2026 import video as V
 from layouts_2026.common import meta_shapes
 
 from engine.detect.keys import index_from_shapes
-from engine.lora.coverage import coverage, fit_warning
+from engine.lora.coverage import coverage, fit_warning, label
 from engine.lora.describe import describe_lora
 from engine.lora.naming import underscored
 
@@ -317,3 +317,31 @@ def test_auraflow_loras_cover_either_naming(lora_naming, base_naming, style):
     t = cov["targets"]["transformer"]
     assert (cov["mapped"], t["unmatched"], t["shape_mismatch"]) == (cov["modules"], [], [])
     assert describe_lora(lora).base == "auraflow"
+
+
+# --- Mochi 1 and Hunyuan-DiT: their trainers' names say the family (the stepping tests: test_denoise_mochi /
+# test_denoise_hunyuan_dit) ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("linears", "style", "base"),
+    [
+        ({"blocks.0.attn.qkv_x": (9216, 3072), "blocks.0.attn.proj_y": (1536, 3072)}, "musubi", "mochi"),
+        ({"transformer_blocks.3.attn1.add_q_proj": (3072, 1536)}, "diffusers", "mochi"),
+        (
+            {"blocks.0.attn1.Wqkv": (4224, 1408), "blocks.0.attn2.kv_proj": (2816, 1024)},
+            "peft",
+            "hunyuan_dit",
+        ),
+        (
+            {"blocks.0.attn1.to_q": (1408, 1408), "blocks.0.attn2.to_k": (1408, 1024)},
+            "diffusers",
+            "hunyuan_dit",
+        ),
+        ({"blocks.0.attn1.to_q": (1536, 1536), "blocks.0.attn2.to_k": (1536, 1536)}, "diffusers", "wan21"),
+    ],
+)
+def test_mochi_and_hunyuan_dit_loras_name_their_family(linears, style, base):
+    """Mochi's release streams (qkv_x, proj_y) or diffusers' attn1.add_q_proj; Hunyuan-DiT's release Wqkv / kv_proj
+    (Tencent's PEFT LoRAs) or, under Wan's diffusers names, its 1408 width; Wan's own width still Wan."""
+    assert describe_lora(_adapter(linears, style)).base == base
+    w = fit_warning({"mapped": 0, "modules": 2}, base, "flux1_dev")
+    assert w.startswith(f"made for {label(base)}: ") and label(base) != base
