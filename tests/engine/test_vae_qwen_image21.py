@@ -1,0 +1,115 @@
+"""Qwen-Image 2.1's VAE (engine.vae.qwen_image21: the Wan 2.2 network with 2-D convolutions) against diffusers'
+AutoencoderKLQwenImage21 on the same random, well-scaled weights (a reduced-width config, float32, CPU):
+decode and encode, tiled against untiled, a stopped decode, a multi-frame latent refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.errors import FormatError
+from engine.vae import decode, encode
+from engine.vae.loading import _build_wan
+from engine.vae.run import RunInfo
+
+diffusers = pytest.importorskip("diffusers")
+
+SMALL = dict(base_dim=16, decoder_base_dim=24)  # the release's z 64, levels, RGBA; narrow widths
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor, peak: float = 2.0) -> float:
+    mse = float(((a.float() - b.float()) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(peak**2 / mse)
+
+
+@pytest.fixture(scope="module")
+def q21():
+    ref = diffusers.AutoencoderKLQwenImage21(**SMALL)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.1 * r if n.endswith("gamma") else r * (0.5 / math.sqrt(p[0].numel())))
+    ref.eval()
+    return ref, _build_wan({k: v.clone() for k, v in ref.state_dict().items()}, "ref")
+
+
+def _want(ref, z):
+    with torch.inference_mode():
+        return ref.decode(z[:, :, None]).sample[:, :, 0]  # the pipeline's image: frame 0
+
+
+def test_the_config_read_from_the_weights(q21):
+    _, mine = q21
+    cfg = mine.cfg
+    assert (cfg.z, cfg.patch, cfg.image_channels, cfg.residual, cfg.frame) == (64, 1, 4, True, True)
+    assert (mine.latent_channels, mine.downscale, mine.time_factor) == (64, 16, 1)
+    assert cfg.dec_dims == (192, 192, 192, 96, 48, 24)
+
+
+def test_untiled_decode_equals_diffusers(q21):
+    ref, mine = q21
+    z = torch.randn(1, 64, 4, 6, generator=torch.Generator().manual_seed(1))
+    want = _want(ref, z)  # (1, 4, 64, 96): RGBA
+    info = RunInfo()
+    got = decode(mine, z, tiled=False, info=info) * 2 - 1
+    assert got.shape == (1, 3, 64, 96) and info.mode == "full"
+    assert any("kept the first three (RGB)" in n for n in info.notes)
+    rel = float((got - want[:, :3]).norm() / want[:, :3].norm())
+    assert rel <= 1e-4 and psnr(got, want[:, :3]) >= 60
+    # the 5-D (one-frame) latent too, through the Wan VAE's own whole pass with the alpha plane
+    with torch.inference_mode():
+        whole = mine.decode(z[:, :, None])[:, :, 0]
+    assert psnr(whole, want) >= 60
+
+
+def test_tiled_decode_is_seamless(q21):
+    ref, mine = q21
+    z = torch.randn(1, 64, 8, 10, generator=torch.Generator().manual_seed(2))
+    full = decode(mine, z, tiled=False)
+    info = RunInfo()
+    tiled = decode(mine, z, tiled=True, tile=64, overlap=32, info=info)
+    assert info.mode == "tiled" and info.tiles > 1
+    assert psnr(tiled * 2 - 1, full * 2 - 1) >= 40
+
+
+def test_encode_equals_diffusers(q21):
+    ref, mine = q21
+    img = torch.rand(1, 3, 64, 96, generator=torch.Generator().manual_seed(3))
+    rgba = torch.cat([img, torch.ones(1, 1, 64, 96)], dim=1) * 2 - 1  # opaque alpha
+    with torch.inference_mode():
+        want = ref.encode(rgba[:, :, None]).latent_dist.mean[:, :, 0]
+        got = mine.encode(rgba[:, :, None])[:, :, 0]
+    assert got.shape == want.shape == (1, 64, 4, 6)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    # Loadout's encode takes RGB images: made opaque RGBA, as the pipeline's convert("RGBA") does
+    assert torch.allclose(encode(mine, img), want, atol=1e-5, rtol=1e-4)
+
+
+def test_a_multi_frame_latent_is_refused(q21):
+    _, mine = q21
+    with pytest.raises(FormatError, match="single images"):
+        decode(mine, torch.randn(1, 64, 2, 4, 6))
+
+
+def test_stop_mid_decode_raises_cancelled_and_the_next_decode_runs(q21):
+    from engine.errors import Cancelled
+    from engine.jobs import CancelToken
+
+    _, mine = q21
+    z = torch.randn(1, 64, 8, 10)
+    token = CancelToken()
+    seen = []
+
+    def report(p):
+        seen.append(p)
+        if p.tile is not None:
+            token.cancel("user")
+
+    with pytest.raises(Cancelled):
+        decode(mine, z, tiled=True, tile=64, overlap=32, token=token, report=report)
+    assert len([p for p in seen if p.tile is not None]) == 1
+    assert decode(mine, z).shape == (1, 3, 128, 160)
+
