@@ -421,7 +421,7 @@ def _sample_step(
     return {"step": "step", "peak_bytes": peak, "mode": mode, "fits": fits, "detail": detail}
 
 
-VIDEO_VAES = ("wan21", "wan22")
+VIDEO_VAES = ("wan21", "wan22", "qwen_image21")  # the Wan-network VAEs (Qwen-Image 2.1's: one frame)
 
 
 def _video_decode_step(pf, size, budget: int, device: str, architecture, path: str, prefix: str) -> dict:

@@ -11,6 +11,7 @@ import torch
 
 from engine.errors import FormatError
 from engine.vae import decode, encode
+from engine.vae import estimate as est
 from engine.vae.loading import _build_wan
 from engine.vae.run import RunInfo
 
@@ -113,3 +114,39 @@ def test_stop_mid_decode_raises_cancelled_and_the_next_decode_runs(q21):
     assert len([p for p in seen if p.tile is not None]) == 1
     assert decode(mine, z).shape == (1, 3, 128, 160)
 
+
+def test_the_estimate_knows_the_kind(q21):
+    _, mine = q21
+    spec = est.spec_of(mine)
+    assert (spec.kind, spec.latent_channels, spec.downscale, spec.time_factor) == ("qwen_image21", 64, 16, 1)
+    assert spec.video and spec.ch == 24 and spec.mid == 192
+    pub = est.video_spec("qwen_image21")
+    assert (pub.ch, pub.mid, pub.downscale, pub.time_factor) == (144, 1152, 16, 1)
+    a = est.estimate_decode_bytes(1024, 1024, kind="qwen_image21", latent_channels=64)
+    assert a > pub.weight_bytes
+
+
+def test_the_decode_panels_estimate_reads_its_header(tmp_path):
+    """The release layout (sparse, header only) gives the published widths and the 16x, one-frame
+    figures; a reduced file's header gives its own, smaller ones."""
+    from engine.formats.latent import write_latent
+    from engine.formats.safetensors import write_sparse
+    from engine.preflight import _vae_facts
+    from engine.preflight import estimate as preflight
+    from engine.requests import EstimateDecode
+
+    paths = {}
+    for name, kw in (("release", {}), ("small", SMALL)):
+        with torch.device("meta"):
+            ref = diffusers.AutoencoderKLQwenImage21(**kw)
+        paths[name] = str(tmp_path / f"{name}.safetensors")
+        write_sparse(paths[name], [(k, "BF16", tuple(v.shape)) for k, v in ref.state_dict().items()])
+    assert est.video_widths(paths["release"], "qwen_image21") == (144, 1152)
+    assert est.video_widths(paths["small"], "qwen_image21") == (24, 192)
+    assert _vae_facts(paths["release"])[0] == "qwen_image21"
+    write_latent(tmp_path / "img.latent", torch.zeros(1, 64, 64, 64))  # a 1024x1024 image
+    big, small = (
+        preflight(EstimateDecode(paths[n], str(tmp_path / "img.latent"))) for n in ("release", "small")
+    )
+    assert (big.width, big.height, big.frames) == (1024, 1024, 0)
+    assert small.full_bytes < big.full_bytes and big.tiled_bytes < big.full_bytes
