@@ -150,3 +150,17 @@ def test_the_decode_panels_estimate_reads_its_header(tmp_path):
     )
     assert (big.width, big.height, big.frames) == (1024, 1024, 0)
     assert small.full_bytes < big.full_bytes and big.tiled_bytes < big.full_bytes
+
+
+def test_its_latent_format_is_the_pipelines_normalisation():
+    import inspect
+
+    from engine.vae.latent_formats import LATENT_FORMATS
+
+    fmt = LATENT_FORMATS["qwen_image21"]
+    p = inspect.signature(diffusers.AutoencoderKLQwenImage21.__init__).parameters
+    assert fmt.mean == tuple(p["latents_mean"].default) and fmt.std == tuple(p["latents_std"].default)
+    assert (fmt.channels, fmt.downscale, fmt.time_factor) == (64, 16, 1)
+    z = torch.randn(1, 64, 1, 4, 5)
+    vae_space = z * torch.tensor(fmt.std).view(1, 64, 1, 1, 1) + torch.tensor(fmt.mean).view(1, 64, 1, 1, 1)
+    assert torch.allclose(fmt.to_vae(z), vae_space)  # pipeline_qwenimage21: latents * std + mean
