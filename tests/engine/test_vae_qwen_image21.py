@@ -164,3 +164,20 @@ def test_its_latent_format_is_the_pipelines_normalisation():
     z = torch.randn(1, 64, 1, 4, 5)
     vae_space = z * torch.tensor(fmt.std).view(1, 64, 1, 1, 1) + torch.tensor(fmt.mean).view(1, 64, 1, 1, 1)
     assert torch.allclose(fmt.to_vae(z), vae_space)  # pipeline_qwenimage21: latents * std + mean
+
+
+def test_the_plan_decodes_it_as_one_image_and_refuses_frames(tmp_path):
+    from engine.errors import UnsupportedModel
+    from engine.formats.safetensors import write_sparse
+    from engine.plan import make_plan
+    from tests.engine.test_plan import cpu_report
+
+    with torch.device("meta"):
+        ref = diffusers.AutoencoderKLQwenImage21(**SMALL)
+    path = str(tmp_path / "q21.safetensors")
+    write_sparse(path, [(k, "F32", tuple(v.shape)) for k, v in ref.state_dict().items()])
+    plan = make_plan(path, decode=(1024, 1024), report=cpu_report(), free_bytes=64 << 30)
+    step = plan["steps"][-1]
+    assert step["step"] == "decode" and step["detail"]["frames"] == 1 and step["detail"]["latent_frames"] == 1
+    with pytest.raises(UnsupportedModel, match="single images"):
+        make_plan(path, decode=(1024, 1024, 5), report=cpu_report(), free_bytes=64 << 30)
