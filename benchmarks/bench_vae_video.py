@@ -6,7 +6,7 @@ The decoder has the Wan 2.1 layout (dim_mult 1,2,4,4; 2 res blocks; temporal ups
 deepest levels) with random deterministic weights at base width `--dim` (96 = the real VAE; the default
 16 keeps a CPU run near a minute: activations scale with the width, FLOPs with its square). Threads: 2.
 
-    python benchmarks/bench_vae_video.py [--family wan21|wan22] [--dim 16] [--size 832x480]
+    python benchmarks/bench_vae_video.py [--family wan21|wan22|qwen_image21] [--dim 16] [--size 832x480]
                                          [--latent-frames 2] [--tile 256] [--overlap 32]
                                          [--repeat N] [--long]
 
@@ -39,14 +39,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def _vae(dim: int, family: str = "wan21"):
     """A Wan 2.1 (or, `family` wan22, a Wan 2.2 48-channel) VAE with deterministic random weights, built
     from diffusers' AutoencoderKLWan's layout. Wan 2.2's decoder is 1.6x its encoder's width (256 / 160
-    in the real one) and works on 2x2 patches."""
+    in the real one) and works on 2x2 patches; `family` qwen_image21: Qwen-Image 2.1's image VAE (Wan 2.2's
+    network with 2-D convolutions, z 64, RGBA; decoder 1.5x its encoder's width: 144 / 96), one frame."""
     import torch
-    from diffusers import AutoencoderKLWan
+    from diffusers import AutoencoderKLQwenImage21, AutoencoderKLWan
 
     from engine.vae.loading import _build_wan
 
     with torch.device("meta"):
-        if family == "wan22":
+        if family == "qwen_image21":
+            ref = AutoencoderKLQwenImage21(base_dim=dim, decoder_base_dim=dim * 3 // 2)
+        elif family == "wan22":
             ref = AutoencoderKLWan(base_dim=dim, decoder_base_dim=dim * 8 // 5, z_dim=48, is_residual=True,
                                    in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16)  # fmt: skip
         else:
@@ -118,7 +121,7 @@ def main() -> None:
     from _record import record
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--family", choices=("wan21", "wan22"), default="wan21")
+    ap.add_argument("--family", choices=("wan21", "wan22", "qwen_image21"), default="wan21")
     ap.add_argument("--dim", type=int, default=16, help="the encoder's base width (Wan 2.2: decoder 1.6x)")
     ap.add_argument("--size", default="832x480")
     ap.add_argument("--latent-frames", type=int, default=2)

@@ -421,7 +421,7 @@ def _sample_step(
     return {"step": "step", "peak_bytes": peak, "mode": mode, "fits": fits, "detail": detail}
 
 
-VIDEO_VAES = ("wan21", "wan22")
+VIDEO_VAES = ("wan21", "wan22", "qwen_image21")  # the Wan-network VAEs (Qwen-Image 2.1's: one frame)
 
 
 def _video_decode_step(pf, size, budget: int, device: str, architecture, path: str, prefix: str) -> dict:
@@ -438,6 +438,8 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
         )
     p, f = pf
     w, h, frames = size if len(size) == 3 else (*size, 1)
+    if architecture == "qwen_image21" and frames > 1:
+        raise UnsupportedModel(f"{frames} frames: Qwen-Image 2.1's VAE decodes single images (WxH)")
     spec = estimate.video_spec(
         architecture, sum(f.unit_sizes), estimate.video_widths(path, architecture, prefix)
     )

@@ -11,16 +11,16 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
 def _vae_facts(path: str) -> tuple[str, int | None, tuple[int, int] | None]:
-    """('taesd' | 'kl' | 'wan21' | 'wan22', weight bytes or None, a video VAE's widths or None) as the
-    VAE's header says; an unreadable VAE counts as a full KL VAE of the usual size (the estimate's
-    defaults)."""
+    """('taesd' | 'kl' | 'wan21' | 'wan22' | 'qwen_image21', weight bytes or None, a video VAE's widths or
+    None) as the VAE's header says; an unreadable VAE counts as a full KL VAE of the usual size (the
+    estimate's defaults)."""
     from .detect import detect_file
-    from .vae.estimate import video_widths
+    from .vae.estimate import VIDEO_KINDS, video_widths
 
     det = detect_file(path)
     kind = "taesd" if det.kind == "vae_approx" else "kl"
     widths = None
-    if det.kind == "vae" and det.architecture in ("wan21", "wan22"):
+    if det.kind == "vae" and det.architecture in VIDEO_KINDS:
         kind = det.architecture
         comp = det.components.get("vae")
         widths = video_widths(path, kind, comp.prefix if comp is not None else "")
@@ -51,9 +51,9 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
     kw = dict(kind=kind, latent_channels=channels, batch=batch, weight_bytes=weights)
     frames = 0
     if direction == "decode":
-        f = 16 if kind == "wan22" else 8
+        f = 16 if kind in ("wan22", "qwen_image21") else 8
         width, height = w * f, h * f
-        if kind in ("wan21", "wan22"):
+        if kind in ("wan21", "wan22", "qwen_image21"):
             t = shape[2] if len(shape) == 5 else 1
             kw["latent_frames"] = t
             kw["widths"] = widths

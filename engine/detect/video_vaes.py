@@ -12,6 +12,12 @@ Facts (cited, not copied):
   Qwen-Image's VAE is its layout key for key (diffusers AutoencoderKLQwenImage builds the same state dict)
   with its own weights, and Krea 2 and Anima decode with Qwen-Image's (diffusers krea2 / anima pipelines).
   Qwen-Image-Layered's VAE takes RGBA: 4 image channels.
+* Qwen-Image 2.1 (diffusers AutoencoderKLQwenImage21, `autoencoder_kl_qwenimage21.py`): Wan 2.2's residual
+  levels (AvgDown3D / DupUp3D shortcuts, `decoder.up_blocks.N.upsampler.`) in Wan's module tree, but every
+  "causal 3-D" convolution is an nn.Conv2d -- 4-D weights (`decoder.conv_in.weight` [1152, 64, 3, 3]),
+  `time_conv`s 1x1 -- for single images: z 64, RGBA (4 image channels), no patchify, four 2x spatial
+  levels (dim_mult [1, 2, 4, 8, 8]) → 16x. The single-file converter has no entry for it (diffusers
+  naming only); the RMS-norm `gamma`s stay 3-D-shaped ([C, 1, 1, 1]).
 * HunyuanVideo (diffusers AutoencoderKLHunyuanVideo; ComfyUI sd.py: a conv3d AutoencoderKL in LDM names,
   `decoder.conv_in.conv.weight`): z 16, 4x temporal / 8x spatial; HunyuanVideo 1.5: z 32, 16x spatial
   (ComfyUI sd.py; diffusers AutoencoderKLHunyuanVideo15).
@@ -33,11 +39,13 @@ from .result import Evidence
 WAN21_ALSO = ("wan22", "qwen_image", "cosmos_predict2", "krea2")
 
 
-def _part(ix: KeyIndex, prefix: str, arch: str | None, z: int | None, key: str, why: str, also=()) -> Part:
+def _part(
+    ix: KeyIndex, prefix: str, arch: str | None, z: int | None, key: str, why: str, also=(), what="video VAE"
+) -> Part:
     return Part(
         prefix,
         "vae",
-        "video VAE",
+        what,
         channels=z,
         architecture=arch,
         also=tuple(also),
@@ -59,6 +67,9 @@ def _wan(ix: KeyIndex) -> list[Part]:
     ):
         for p in ix.prefixes_for(norm):
             shape = ix.shape(p + conv_in)
+            if shape is not None and len(shape) == 4:
+                out.append(_frame_wan(ix, p, p + conv_in, p + image_in))
+                continue
             if shape is None or len(shape) != 5:
                 continue
             z = shape[1]
@@ -93,6 +104,24 @@ def _wan(ix: KeyIndex) -> list[Part]:
                     )
                 )
     return out
+
+
+def _frame_wan(ix: KeyIndex, p: str, key: str, image_key: str) -> Part:
+    """A Wan-style VAE whose convolutions are 2-D (4-D weights): Qwen-Image 2.1's image VAE at z 64."""
+    z = ix.dim(key, 1)
+    # each 2x spatial upsample of the decoder has a `resample.1` conv (diffusers and original naming)
+    ups = sum(1 for k in ix.with_prefix(p + "decoder.") if k.endswith("resample.1.weight"))
+    what = f"a Wan-style VAE with 2-D convolutions (4-D weights) decoding {z} latent channels"
+    if z != 64:
+        return _part(ix, p, None, z, key, f"{what}: no known release", what="image VAE")
+    part = _part(ix, p, "qwen_image21", z, key, f"{what} → the Qwen-Image 2.1 VAE", what="image VAE")
+    if ups:
+        part.evidence.append(
+            Evidence("", None, f"{ups} 2x upsampling levels in the decoder → {2**ups}x spatial")
+        )
+    if ix.dim(image_key, 1) == 4:
+        part.evidence.append(Evidence(image_key, ix.shape(image_key), "4 image channels (RGBA)"))
+    return part
 
 
 def _conv_wrapped(ix: KeyIndex) -> list[Part]:

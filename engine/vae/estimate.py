@@ -45,17 +45,21 @@ CONTEXT_PX = {("kl", "decode"): 32, ("kl", "encode"): 64, ("taesd", "decode"): 3
 # ~25 % over that. The head (middle block) keeps ~8 tensors of its width per latent pixel of the chunk,
 # and its output for every latent frame waits for the tiles.
 # the encoder's, per pixel of its chunk's frames: not re-measured (the old decoder figures 19 / 29 x 1.5)
-K_VIDEO_ENCODE = {"wan21": 28.5, "wan22": 43.5}
-K_VIDEO_FRAME = {"wan21": 2.5, "wan22": 4.8}
-K_VIDEO_CHUNK = {"wan21": 4.0, "wan22": 8.0}
+# Qwen-Image 2.1's VAE (engine.vae.qwen_image21) is Wan 2.2's residual network -- the same levels, shortcuts and
+# widths per level relative to `ch` -- on one frame, its convolutions 1x3x3 (no history frames in their
+# buffers): Wan 2.2's figures, an upper bound there. `bench_vae_video.py --family qwen_image21 --size 1024x1024
+# --latent-frames 1` (dim 16, CPU, 2 threads): estimate / measured peak 1.76 whole, 1.31 at 512-px tiles, 1.52 at 256.
+K_VIDEO_ENCODE = {"wan21": 28.5, "wan22": 43.5, "qwen_image21": 43.5}
+K_VIDEO_FRAME = {"wan21": 2.5, "wan22": 4.8, "qwen_image21": 4.8}
+K_VIDEO_CHUNK = {"wan21": 4.0, "wan22": 8.0, "qwen_image21": 8.0}
 # Between chunks every causal convolution keeps its last 2 input frames (engine.vae.causal_conv.Stream):
 # at 13 frames in chunks of one latent frame, 30 (Wan 2.1) and 46 (Wan 2.2) per unit of ch over the
 # single-chunk decode, carried ~20 % over. On a GPU a chunk also keeps the previous cache as its retry
 # snapshot: twice that when the snapshot stays on the device, once when it waits in host RAM
 # (engine.vae.choice.snapshot_for decides).
-K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0}
+K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0, "qwen_image21": 0.0}  # one frame: nothing is carried
 K_VIDEO_HEAD = 8.0
-VIDEO_KINDS = ("wan21", "wan22")
+VIDEO_KINDS = ("wan21", "wan22", "qwen_image21")
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -139,7 +143,7 @@ def spec_of(vae) -> VaeSpec:
     if getattr(vae, "video", False):
         cfg = vae.cfg
         wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
-        kind = "wan22" if cfg.residual else "wan21"
+        kind = "qwen_image21" if cfg.frame else "wan22" if cfg.residual else "wan21"
         return VaeSpec(kind, cfg.z, wbytes, cfg.dec_dims[-1] // cfg.patch**2, cfg.dec_dims[0], cfg.time_factor,
                        cfg.downscale)  # fmt: skip
     kind = "kl" if hasattr(vae, "cfg") else "taesd"
@@ -194,6 +198,8 @@ def tiled_bytes(
 VIDEO_SPECS = {
     "wan21": VaeSpec("wan21", 16, 253_806_118, 96, 384, 4, 8),  # 127 M parameters in fp16
     "wan22": VaeSpec("wan22", 48, 1_409_400_000, 64, 1024, 4, 16),  # 705 M parameters in fp16
+    # diffusers AutoencoderKLQwenImage21's defaults: z 64, decoder 144 x [8, 8, 4, 2, 1], 16x, one frame
+    "qwen_image21": VaeSpec("qwen_image21", 64, 675_480_808, 144, 1152, 1, 16),  # 338 M parameters in fp16
 }
 
 
@@ -225,12 +231,13 @@ def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | No
 
     def shape(keys):
         info = next((tensors[prefix + k] for k in keys if prefix + k in tensors), None)
-        return tuple(info.shape) if info is not None and len(info.shape) == 5 else None
+        return tuple(info.shape) if info is not None and len(info.shape) == dims else None
 
+    dims = 4 if kind == "qwen_image21" else 5  # its convolutions are 2-D
     head, first = shape(_VIDEO_HEAD_KEYS), shape(_VIDEO_MID_KEYS)
     if head is None or first is None:
         return None
-    patch = VIDEO_SPECS[kind].downscale // 8  # Wan 2.2 works on 2x2 patches
+    patch = 2 if kind == "wan22" else 1  # Wan 2.2 works on 2x2 patches
     return max(1, head[1] // (patch * patch)), first[0]
 
 

@@ -299,12 +299,16 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
 
 
 def _build_wan(sd: dict[str, torch.Tensor], path: str) -> WanVAE:
-    """A Wan 2.1 / 2.2 / Qwen-Image VAE in either naming, loaded strictly."""
+    """A Wan 2.1 / 2.2 / Qwen-Image (1 and 2.1) VAE in either naming, loaded strictly."""
     if wan_loading.is_diffusers(sd):
         sd = wan_loading.diffusers_to_original(sd)
     cfg = wan_loading.wan_config(sd, path)
     with torch.device("meta"):
         model = _made(path, lambda: WanVAE(cfg))
+    if cfg.frame:  # Qwen-Image 2.1's 2-D convolutions as 1x3x3 causal ones
+        from .qwen_image21 import lift_frame_convs
+
+        sd = lift_frame_convs(sd, model)
     strict_load(model, sd, path)
     model.source = path
     return model

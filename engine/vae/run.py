@@ -195,6 +195,10 @@ def encode(
     if hh == 0 or ww == 0:
         raise FormatError(f"the image is smaller than {f}x{f} pixels")
     image = image[:, :, :hh, :ww]
+    if getattr(getattr(vae, "cfg", None), "image_channels", 3) == 4:
+        # an RGBA VAE (Qwen-Image 2.1's, Qwen-Image-Layered's): the image opaque, as its pipeline's
+        # convert("RGBA") makes an RGB image (pipeline_qwenimage21.py)
+        image = torch.cat([image, torch.ones_like(image[:, :1])], dim=1)
     lo, hi = vae.image_range
     x = image * (hi - lo) + lo
     return _run(
@@ -212,6 +216,11 @@ def _check_latent(vae, latent):
                 "VAE decodes images"
             )
         raise FormatError(f"expected a latent batch (N, C, h, w), got shape {tuple(latent.shape)}")
+    if latent.dim() == 5 and latent.shape[2] > 1 and getattr(getattr(vae, "cfg", None), "frame", False):
+        raise FormatError(
+            f"a latent of {latent.shape[2]} frames: Qwen-Image 2.1's VAE decodes single images (its 2-D "
+            "convolutions carry nothing from frame to frame; diffusers' refuses a second frame too)"
+        )
     if latent.shape[1] != vae.latent_channels:
         raise FormatError(
             f"the latent has {latent.shape[1]} channels but this VAE decodes {vae.latent_channels}-channel "

@@ -16,6 +16,8 @@ network as diffusers' AutoencoderKLWan / AutoencoderKLQwenImage):
   * Wan 2.2 adds parameter-free shortcuts around each level (AvgDown3D: the space-time patches'
     channel groups averaged; DupUp3D: channels duplicated into the patch, the first frame trimmed at the
     clip's start) and works on 2x2-patchified pixels (12 channels), so its latents are 16x smaller.
+  * Qwen-Image 2.1's image VAE is Wan 2.2's residual network with 2-D convolutions, z 64, RGBA, no
+    patchify: `WanConfig.frame` makes every 3x3x3 convolution 1x3x3 (engine.vae.qwen_image21 lists what differs).
 
 Causality is what makes chunked decoding exact: each causal conv keeps the last input frames it saw in a
 `Stream` (one per clip and per spatial tile), so a clip decoded chunk by chunk equals the whole pass.
@@ -72,15 +74,25 @@ class _Indexed(nn.Module):
         return self._modules[str(i)]
 
 
+def conv3(cin: int, cout: int, frame: bool = False) -> CausalConv3d:
+    """A 3x3x3 causal convolution, or with `frame` (Qwen-Image 2.1's 2-D network) a 1x3x3 one: no history,
+    the same sums as its nn.Conv2d on each frame."""
+    return (
+        CausalConv3d(cin, cout, (1, 3, 3), padding=(0, 1, 1))
+        if frame
+        else CausalConv3d(cin, cout, 3, padding=1)
+    )
+
+
 class ResidualBlock(nn.Module):
-    def __init__(self, cin: int, cout: int):
+    def __init__(self, cin: int, cout: int, frame: bool = False):
         super().__init__()
         self.residual = _Indexed(
             {
                 0: ops.ChannelRMSNorm(cin),
-                2: CausalConv3d(cin, cout, 3, padding=1),
+                2: conv3(cin, cout, frame),
                 3: ops.ChannelRMSNorm(cout),
-                6: CausalConv3d(cout, cout, 3, padding=1),
+                6: conv3(cout, cout, frame),
             }
         )
         self.shortcut = CausalConv3d(cin, cout, 1) if cin != cout else None
@@ -125,17 +137,24 @@ class AttentionBlock(nn.Module):
 class Resample(nn.Module):
     """`mode`: up2d, up3d, down2d or down3d; `cout` the spatial conv's output width."""
 
-    def __init__(self, dim: int, mode: str, cout: int):
+    def __init__(self, dim: int, mode: str, cout: int, frame: bool = False):
         super().__init__()
         self.mode = mode
         stride = 2 if mode.startswith("down") else 1
         self.resample = _Indexed(
             {1: ops.Conv2d(dim, cout, 3, stride=stride, padding=0 if stride == 2 else 1)}
         )
+        # `frame`: Qwen-Image 2.1's time_convs are 1x1 (never run: a single frame passes them by)
         if mode == "up3d":
-            self.time_conv = CausalConv3d(dim, 2 * dim, (3, 1, 1), padding=(1, 0, 0))
+            self.time_conv = (
+                CausalConv3d(dim, 2 * dim, 1)
+                if frame
+                else CausalConv3d(dim, 2 * dim, (3, 1, 1), padding=(1, 0, 0))
+            )
         elif mode == "down3d":
-            self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1))
+            self.time_conv = (
+                CausalConv3d(dim, dim, 1) if frame else CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1))
+            )
 
     def _space(self, x: torch.Tensor) -> torch.Tensor:
         conv = self.resample[1]
@@ -247,11 +266,11 @@ class Level(nn.Module):
 
 
 class Middle(nn.Module):
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, frame: bool = False):
         super().__init__()
-        self.add_module("0", ResidualBlock(dim, dim))
+        self.add_module("0", ResidualBlock(dim, dim, frame))
         self.add_module("1", AttentionBlock(dim))
-        self.add_module("2", ResidualBlock(dim, dim))
+        self.add_module("2", ResidualBlock(dim, dim, frame))
 
     def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
         for m in self._modules.values():
@@ -260,10 +279,10 @@ class Middle(nn.Module):
 
 
 class Head(nn.Module):
-    def __init__(self, cin: int, cout: int):
+    def __init__(self, cin: int, cout: int, frame: bool = False):
         super().__init__()
         self.add_module("0", ops.ChannelRMSNorm(cin))
-        self.add_module("2", CausalConv3d(cin, cout, 3, padding=1))
+        self.add_module("2", conv3(cin, cout, frame))
 
     def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
         return self._modules["2"].step(x, stream, norm=self._modules["0"], frames=SLICE_FRAMES)
@@ -283,6 +302,7 @@ class WanConfig:
     image_channels: int = 3  # per pixel after unpatchify (4 for Qwen-Image-Layered's RGBA VAE)
     has_encoder: bool = True
     has_decoder: bool = True
+    frame: bool = False  # 2-D convolutions, single images (Qwen-Image 2.1: engine.vae.qwen_image21)
 
     @property
     def downscale(self) -> int:
@@ -290,7 +310,7 @@ class WanConfig:
 
     @property
     def time_factor(self) -> int:
-        return 2 ** sum(self.temporal)
+        return 1 if self.frame else 2 ** sum(self.temporal)
 
 
 class Encoder3d(nn.Module):
@@ -298,24 +318,27 @@ class Encoder3d(nn.Module):
         super().__init__()
         dims = cfg.enc_dims
         pix = cfg.image_channels * cfg.patch**2
-        self.conv1 = CausalConv3d(pix, dims[0], 3, padding=1)
+        fr = cfg.frame
+        self.conv1 = conv3(pix, dims[0], fr)
         t_down = cfg.temporal[::-1]
         levels = len(dims) - 1
         flat: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
             down = i != levels - 1
-            items: list[nn.Module] = [ResidualBlock(a if j == 0 else b, b) for j in range(cfg.num_res_blocks)]
+            items: list[nn.Module] = [
+                ResidualBlock(a if j == 0 else b, b, fr) for j in range(cfg.num_res_blocks)
+            ]
             mode = ("down3d" if t_down[i] else "down2d") if down else None
             if mode:
-                items.append(Resample(b, mode, b))
+                items.append(Resample(b, mode, b, fr))
             if cfg.residual:
                 ft = 2 if mode == "down3d" else 1
                 flat.append(Level("downsamples", items, a, b, ft, 2 if down else 1))
             else:
                 flat += items
         self.downsamples = _Indexed(dict(enumerate(flat)))
-        self.middle = Middle(dims[-1])
-        self.head = Head(dims[-1], 2 * cfg.z)
+        self.middle = Middle(dims[-1], fr)
+        self.head = Head(dims[-1], 2 * cfg.z, fr)
 
     def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
         x = self.conv1.step(x, stream)
@@ -328,8 +351,9 @@ class Decoder3d(nn.Module):
     def __init__(self, cfg: WanConfig):
         super().__init__()
         dims = cfg.dec_dims
-        self.conv1 = CausalConv3d(cfg.z, dims[0], 3, padding=1)
-        self.middle = Middle(dims[0])
+        fr = cfg.frame
+        self.conv1 = conv3(cfg.z, dims[0], fr)
+        self.middle = Middle(dims[0], fr)
         levels = len(dims) - 1
         flat: list[nn.Module] = []
         cin = dims[0]
@@ -337,19 +361,19 @@ class Decoder3d(nn.Module):
             up = i != levels - 1
             mode = ("up3d" if cfg.temporal[i] else "up2d") if up else None
             items: list[nn.Module] = [
-                ResidualBlock(cin if j == 0 else b, b) for j in range(cfg.num_res_blocks + 1)
+                ResidualBlock(cin if j == 0 else b, b, fr) for j in range(cfg.num_res_blocks + 1)
             ]
             # Wan 2.1's upsampling conv halves the width; Wan 2.2's keeps it
             out = b if cfg.residual else b // 2
             if mode:
-                items.append(Resample(b, mode, out))
+                items.append(Resample(b, mode, out, fr))
             if cfg.residual:
                 flat.append(Level("upsamples", items, cin, b, 2 if mode == "up3d" else 1, 2 if up else 1))
             else:
                 flat += items
             cin = out if mode else b
         self.upsamples = _Indexed(dict(enumerate(flat)))
-        self.head = Head(dims[-1], cfg.image_channels * cfg.patch**2)
+        self.head = Head(dims[-1], cfg.image_channels * cfg.patch**2, fr)
 
     def head_step(self, z: torch.Tensor, stream: Stream) -> torch.Tensor:
         """conv1 and the middle block: at latent resolution, attention over each whole frame."""

@@ -98,13 +98,19 @@ def diffusers_to_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
+def _frame(sd) -> bool:
+    """Qwen-Image 2.1's 2-D variant: its convolutions' weights are 4-D (engine.vae.qwen_image21)."""
+    t = sd.get("decoder.conv1.weight", sd.get("encoder.conv1.weight"))
+    return t is not None and t.dim() == 4
+
+
 def _shape(sd, key: str, path: str) -> tuple[int, ...]:
     """The shape of one of the causal 3-D convolutions the configuration is read from (every key asked
-    for here is one: [out, in, t, h, w])."""
+    for here is one: [out, in, t, h, w]; [out, in, h, w] throughout a 2-D file)."""
     t = sd.get(key)
     if t is None:
         raise FormatError(f"{path}: incomplete Wan VAE, tensor {key} is missing", path=path)
-    if t.dim() != 5:
+    if t.dim() != (4 if _frame(sd) else 5):
         raise FormatError(
             f"{path}: {key} has shape {list(t.shape)}; a Wan VAE's convolutions are 3-D "
             "([out, in, t, h, w]): a damaged or edited file?",
@@ -182,7 +188,8 @@ def wan_config(sd: dict[str, torch.Tensor], path: str) -> WanConfig:
             image = _shape(sd, "encoder.conv1.weight", path)[1]
             # without a decoder its widths mirror the encoder's (the estimate's view only)
             dec_dims = (enc_dims[-1],) + tuple(reversed(enc_dims[1:]))
-    patch = 2 if nested else 1  # Wan 2.2 works on 2x2-patchified pixels
+    frame = _frame(sd)
+    patch = 2 if nested and not frame else 1  # Wan 2.2 works on 2x2-patchified pixels, Qwen-Image 2.1 not
     return WanConfig(
         z=z,
         enc_dims=enc_dims or (),
@@ -194,4 +201,5 @@ def wan_config(sd: dict[str, torch.Tensor], path: str) -> WanConfig:
         image_channels=image // (patch * patch),
         has_encoder=has_enc,
         has_decoder=has_dec,
+        frame=frame,
     )
