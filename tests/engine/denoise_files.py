@@ -546,6 +546,21 @@ def plain_and_merged(ref, sd: dict, merged: dict, run) -> tuple:
             ref.load_state_dict(sd)
 
 
+def check_lora_step(model, lora: dict, strength: float, inputs: dict, tmp_path, budget_gb: float | None, want,
+                    modules: int, what: str, base: str | None = None, tol: float = 1e-4) -> None:  # fmt: skip
+    """A step of `model` with `lora` (lora_step) places all `modules` of it, equals `want` (diffusers' model with the
+    LoRA merged by hand) within `tol`, and, given `base`, the LoRA file reads as made for that family."""
+    r, out = lora_step(model, lora, strength, inputs, tmp_path, budget_gb)
+    assert r.loras and r.loras[0]["mapped"] == modules, r.loras
+    if base is not None:
+        from engine.detect import detect_file
+
+        assert detect_file(str(tmp_path / "lora.safetensors")).lora.base == base  # its keys say so
+    err = rel_l2(out, want)
+    print(f"{what}: relative L2 {err:.2e}")
+    assert err <= tol
+
+
 def lora_step(model, lora: dict, strength: float, inputs: dict, tmp_path, budget_gb: float | None = None):
     """One Step of `model` on `inputs` with the LoRA `lora` (tensors, written beside them) at `strength`, in its own
     Engine on the CPU, fully resident (None) or under `budget_gb`: (the result, its output)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_op_order, check_steps_alike, rel_l2, well_scaled, write
+from denoise_files import check_lora_step, check_op_order, check_steps_alike, rel_l2, well_scaled, write
 
 from engine import denoise
 from engine.denoise.inputs import HIDREAM_INPUTS
@@ -252,7 +252,7 @@ def test_loras_as_trainers_name_them_equal_diffusers_merged(hidream, tmp_path, p
     form (`diffusion_model.` over the same names) and OneTrainer's (`lora_transformer_double_stream_blocks_0_…`), on
     the release's prefixed file and the bare one, baked and on the fly, reaching the experts' feed-forwards: equal to
     diffusers' model with the ΔW merged by hand."""
-    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+    from denoise_files import lora_and_merged, plain_and_merged
 
     files, ref = hidream
     sd = {k: v.clone() for k, v in ref.state_dict().items()}
@@ -263,8 +263,5 @@ def test_loras_as_trainers_name_them_equal_diffusers_merged(hidream, tmp_path, p
     x = _inputs(_bound(files[file]), 64, 64, batch=1, seed=3)
     plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
-    r, out = lora_step(files[file], lora, strength, x, tmp_path, budget)
-    assert r.loras and r.loras[0]["mapped"] == len(LORA_MODULES), r.loras
-    err = rel_l2(out, want)
-    print(f"hidream LoRA {prefix} on {file} ({budget}): relative L2 {err:.2e}")
-    assert err <= TOL
+    what = f"hidream LoRA {prefix} on {file} ({budget})"
+    check_lora_step(files[file], lora, strength, x, tmp_path, budget, want, len(LORA_MODULES), what, tol=TOL)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from denoise_files import check_op_order, check_steps_alike, rel_l2, well_scaled, write
+from denoise_files import check_lora_step, check_op_order, check_steps_alike, rel_l2, well_scaled, write
 
 from engine import denoise
 from engine.detect import detect_file
@@ -240,7 +240,7 @@ RELEASE_NAMES = {"blocks.0.attn1.to_out.0": "blocks.0.attn1.out_proj", "blocks.1
 
 
 def _lora_case(hunyuan, tmp_path, budget, naming: str, keys: dict, kohya: bool, norms: dict):
-    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+    from denoise_files import lora_and_merged, plain_and_merged
     from diffusers.models.embeddings import get_2d_rotary_pos_embed
     from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
     from test_denoise_mochi import _swap_halves
@@ -271,12 +271,10 @@ def _lora_case(hunyuan, tmp_path, budget, naming: str, keys: dict, kohya: bool, 
     rope = get_2d_rotary_pos_embed(88, get_resize_crop_region_for_grid((6, 6), 32), (6, 6))
     plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x, rope))
     assert rel_l2(plain, want) > 100 * TOL
-    r, out = lora_step(base, lora, strength, x, tmp_path, budget)
-    assert r.loras and r.loras[0]["mapped"] == len(keys) + len(norms), r.loras
-    assert detect_file(str(tmp_path / "lora.safetensors")).lora.base == "hunyuan_dit"  # its keys say so
-    err = rel_l2(out, want)
-    print(f"hunyuan_dit LoRA on the {naming} file (budget {budget}): relative L2 {err:.2e}")
-    assert err <= TOL
+    what = f"hunyuan_dit LoRA on the {naming} file (budget {budget})"
+    check_lora_step(
+        base, lora, strength, x, tmp_path, budget, want, len(keys) + len(norms), what, "hunyuan_dit", TOL
+    )
 
 
 @pytest.mark.parametrize("budget", [None, 0.0])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_op_order, check_steps_alike, rel_l2, well_scaled, write
+from denoise_files import check_lora_step, check_op_order, check_steps_alike, rel_l2, well_scaled, write
 
 from engine import denoise
 from engine.detect import detect_file
@@ -244,7 +244,7 @@ RELEASE_NAMES = {"transformer_blocks.0.attn1.to_out.0": "blocks.0.attn.proj_x",
 
 
 def _lora_case(mochi, tmp_path, budget, base: str, keys: dict, kohya: bool):
-    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+    from denoise_files import lora_and_merged, plain_and_merged
 
     ref = mochi["ref"]
     sd = {k: v.clone() for k, v in ref.state_dict().items()}
@@ -259,14 +259,8 @@ def _lora_case(mochi, tmp_path, budget, base: str, keys: dict, kohya: bool):
     x = _inputs(_bound(mochi[base]), 1, 5, frames=2)
     plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
-    r, out = lora_step(mochi[base], lora, strength, x, tmp_path, budget)
-    assert r.loras and r.loras[0]["mapped"] == len(keys), r.loras
-    assert (
-        detect_file(str(tmp_path / "lora.safetensors")).lora.base == "mochi"
-    )  # made for Mochi, its keys say
-    err = rel_l2(out, want)
-    print(f"mochi LoRA on the {base} file (budget {budget}): relative L2 {err:.2e}")
-    assert err <= TOL
+    what = f"mochi LoRA on the {base} file (budget {budget})"
+    check_lora_step(mochi[base], lora, strength, x, tmp_path, budget, want, len(keys), what, "mochi", TOL)
 
 
 @pytest.mark.parametrize("budget", [None, 0.0])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_op_order, check_steps_alike, rel_l2, well_scaled, write
+from denoise_files import check_lora_step, check_op_order, check_steps_alike, rel_l2, well_scaled, write
 
 from engine import denoise
 from engine.detect import detect_file
@@ -206,7 +206,7 @@ def test_a_lora_equals_diffusers_merged(q21, tmp_path, base, trainer, budget):
     `diffusion_model.`) on either file, baked (resident) and on the fly (streamed): every module lands — on ComfyUI's
     file the SwiGLU's gate_layer and proj as the row halves of gate_up — equal to diffusers' model with the ΔW merged
     by hand."""
-    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+    from denoise_files import lora_and_merged, plain_and_merged
 
     files, ref, sd = q21
     name, kohya = TRAINERS[trainer]
@@ -215,11 +215,8 @@ def test_a_lora_equals_diffusers_merged(q21, tmp_path, base, trainer, budget):
     x = _with_condition_images(_bound(files[base]))
     plain, want = plain_and_merged(ref, sd, merged, lambda: run_diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
-    r, out = lora_step(files[base], lora, strength, x, tmp_path, budget)
-    assert r.loras and r.loras[0]["mapped"] == len(LORA_MODULES), r.loras
-    err = rel_l2(out, want)
-    print(f"qwen_image21 LoRA ({trainer} on {base}, budget {budget}): relative L2 {err:.2e}")
-    assert err <= TOL
+    what = f"qwen_image21 LoRA ({trainer} on {base}, budget {budget})"
+    check_lora_step(files[base], lora, strength, x, tmp_path, budget, want, len(LORA_MODULES), what, tol=TOL)
 
 
 def test_a_qwen_image21_lora_says_its_base(q21, tmp_path):

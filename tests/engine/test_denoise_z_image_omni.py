@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_op_order, check_steps_alike, rel_l2, well_scaled, write, z_image_original
+from denoise_files import (
+    check_lora_step,
+    check_op_order,
+    check_steps_alike,
+    rel_l2,
+    well_scaled,
+    write,
+    z_image_original,
+)
 
 from engine import denoise
 from engine.detect import detect_file
@@ -191,7 +199,7 @@ def test_a_lora_in_either_naming_on_the_other_file_equals_diffusers_merged(omni,
     release's file, baked (q / k / v reaching the fused qkv's thirds); a kohya one in the release's names
     (`lora_unet_siglip_refiner_0_attention_out`: musubi-tuner) on diffusers' file, on the fly: an edit step with a
     condition image and its SigLIP grid equal to diffusers' model with the ΔW merged by hand."""
-    from denoise_files import lora_and_merged, lora_step, plain_and_merged
+    from denoise_files import lora_and_merged, plain_and_merged
 
     diff_path, orig_path, ref, sd = omni
     sd = {k: v.clone() for k, v in sd.items()}
@@ -205,8 +213,6 @@ def test_a_lora_in_either_naming_on_the_other_file_equals_diffusers_merged(omni,
     inputs = _bound(base).random_inputs(64, 64, seed=3)
     plain, want = plain_and_merged(ref, sd, merged, lambda: run_diffusers_omni(ref, inputs))
     assert rel_l2(plain, want) > 1e-2
-    r, out = lora_step(base, lora, strength, inputs, tmp_path, None if naming == "diffusers" else 0.0)
-    assert r.loras and r.loras[0]["mapped"] == len(keys), r.loras
-    err = rel_l2(out, want)
-    print(f"z_image omni LoRA in {naming}'s names: relative L2 {err:.2e}")
-    assert err <= 1e-4
+    budget = None if naming == "diffusers" else 0.0
+    what = f"z_image omni LoRA in {naming}'s names"
+    check_lora_step(base, lora, strength, inputs, tmp_path, budget, want, len(keys), what)
