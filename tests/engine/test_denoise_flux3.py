@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_op_order, check_steps_alike, rel_l2, well_scaled, write
+from denoise_files import (
+    check_gguf_like_its_twin,
+    check_op_order,
+    check_steps_alike,
+    rel_l2,
+    well_scaled,
+    write,
+)
 from flux3_files import config, to_bfl
 
 from engine import denoise
@@ -216,3 +223,17 @@ def test_a_lora_in_either_naming_lands_on_a_base_in_either_naming(flux3, tmp_pat
     assert rel_l2(out, want) <= TOL
     det = detect_file(str(tmp_path / "lora.safetensors"))
     assert (det.kind, det.lora.base) == ("lora", "flux3")
+
+
+def test_a_gguf_flux3_steps_like_its_dequantized_twin(tmp_path):
+    """A GGUF in BFL's names (the Linears' weights Q8_0, the rest as they are: how ComfyUI-GGUF's converter writes a
+    FLUX file), step-distilled: the same output as its dequantized safetensors twin."""
+    pytest.importorskip("gguf")
+    _, sd = well_scaled(diffusers.Flux3Transformer2DModel(**config(flow_map=True)), 42)
+    quantized = check_gguf_like_its_twin(
+        tmp_path, to_bfl(sd), "flux3", lambda k, t: t.dim() == 2 and t.shape[-1] % 32 == 0, "flux3"
+    )
+    assert (
+        "single_blocks.0.q_proj.weight" in quantized
+        and "content_mode_blocks.image_cond.0.mlp_in.weight" in quantized
+    )

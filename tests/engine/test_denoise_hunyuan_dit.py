@@ -11,7 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from denoise_files import check_lora_step, check_op_order, check_steps_alike, rel_l2, well_scaled, write
+from denoise_files import (
+    check_gguf_like_its_twin,
+    check_lora_step,
+    check_op_order,
+    check_steps_alike,
+    rel_l2,
+    well_scaled,
+    write,
+)
 
 from engine import denoise
 from engine.detect import detect_file
@@ -311,3 +319,21 @@ def test_a_release_named_lora_lands_on_the_diffusers_file(hunyuan, tmp_path, bud
     norms = {} if not kohya else {"blocks.1.norm2": "blocks.1.norm3", "blocks.2.norm3": "blocks.2.norm2"}
     norms = {d: prefix + (r.replace(".", "_") if prefix.endswith("_") else r) for d, r in norms.items()}
     _lora_case(hunyuan, tmp_path, budget, "diffusers", keys, kohya=kohya, norms=norms)
+
+
+def test_a_gguf_hunyuan_dit_steps_like_its_dequantized_twin(tmp_path):
+    """A v1.2 GGUF in the release's names, every 2-D tensor whose rows fill Q8_0 blocks quantized (the Linears of the
+    reduced width, and the plain padding rows and pooler positions, read through `held`): the same output as its
+    dequantized safetensors twin."""
+    pytest.importorskip("gguf")
+    _, sd = diffusers_hunyuan(False, 41)
+    quantized = check_gguf_like_its_twin(
+        tmp_path,
+        release(sd),
+        "hunyuan_dit",
+        lambda k, t: t.dim() == 2 and t.shape[-1] % 32 == 0,
+        "hunyuan_dit",
+    )
+    assert {"blocks.0.attn2.kv_proj.weight", "blocks.0.mlp.fc2.weight", "text_embedding_padding"} <= set(
+        quantized
+    )

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_lora_step, check_op_order, check_steps_alike, rel_l2, well_scaled, write
+from denoise_files import (
+    check_gguf_like_its_twin,
+    check_lora_step,
+    check_op_order,
+    check_steps_alike,
+    rel_l2,
+    well_scaled,
+    write,
+)
 
 from engine import denoise
 from engine.detect import detect_file
@@ -278,3 +286,14 @@ def test_a_release_named_lora_lands_on_the_diffusers_file(mochi, tmp_path, budge
         d: prefix + (r.replace(".", "_") if prefix.endswith("_") else r) for d, r in RELEASE_NAMES.items()
     }
     _lora_case(mochi, tmp_path, budget, "diffusers", keys, kohya=True)
+
+
+def test_a_gguf_mochi_steps_like_its_dequantized_twin(tmp_path):
+    """A GGUF in Genmo's names (the Linears' weights Q8_0, `pos_frequencies` and the norms as they are): the same
+    output as its dequantized safetensors twin."""
+    pytest.importorskip("gguf")
+    _, sd = diffusers_mochi()
+    quantized = check_gguf_like_its_twin(
+        tmp_path, release(sd), "mochi", lambda k, t: t.dim() == 2 and t.shape[-1] % 32 == 0, "mochi"
+    )
+    assert "blocks.0.attn.qkv_x.weight" in quantized

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denoise_files import check_lora_step, check_op_order, check_steps_alike, rel_l2, well_scaled, write
+from denoise_files import (
+    check_gguf_like_its_twin,
+    check_lora_step,
+    check_op_order,
+    check_steps_alike,
+    rel_l2,
+    well_scaled,
+    write,
+)
 
 from engine import denoise
 from engine.detect import detect_file
@@ -230,3 +238,15 @@ def test_a_qwen_image21_lora_says_its_base(q21, tmp_path):
         lora, _ = lora_and_merged(sd, {d: name(d) for d in LORA_MODULES}, 1.0, seed=2, kohya=kohya)
         d = detect(str(write(tmp_path / f"{trainer}.safetensors", lora)))
         assert d.lora is not None and d.lora.base == "qwen_image21", (trainer, d.lora)
+
+
+def test_a_gguf_qwen_image21_steps_like_its_dequantized_twin(tmp_path):
+    """A GGUF in ComfyUI's names (fused img_mlp.gate_up; the Linears' weights Q8_0, the rest as they are): the same
+    output as its dequantized safetensors twin."""
+    pytest.importorskip("gguf")
+    _, sd = diffusers_q21()
+    weights = {k.removeprefix("model.diffusion_model."): v for k, v in comfy(sd).items()}
+    quantized = check_gguf_like_its_twin(
+        tmp_path, weights, "qwen_image21", lambda k, t: t.dim() == 2 and t.shape[-1] % 32 == 0, "qwen_image21"
+    )
+    assert "transformer_blocks.0.img_mlp.gate_up.weight" in quantized
