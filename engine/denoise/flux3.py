@@ -207,43 +207,20 @@ def _qk_norm(op, x: torch.Tensor) -> torch.Tensor:
 
 # -- binding the file's ops -----------------------------------------------------------------------------
 
-# diffusers' module paths -> BFL's (the inverse of `convert_flux3_transformer_checkpoint_to_diffusers`)
-_TOP = {"timestep_embedder.linear_1": "time_in.in_layer", "timestep_embedder.linear_2": "time_in.out_layer",
-        "target_timestep_embedder.linear_1": "ref_time_in.in_layer",
-        "target_timestep_embedder.linear_2": "ref_time_in.out_layer", "proj_out": "final_layer.image.linear",
-        "norm_out.linear": "final_layer.image.adaLN_modulation.1", "context_embedder": "txt_in"}  # fmt: skip
-_PREFIX = (("x_embedders.", "emb_in."), ("mode_blocks.", "content_mode_blocks."),
-           ("single_transformer_blocks.", "single_blocks."))  # fmt: skip
-_BLOCK = (("attn.to_q", "q_proj"), ("attn.to_k", "k_proj"), ("attn.to_v", "v_proj"), ("attn.to_out.0", "attn_out"),
-          ("attn.norm_q", "norm.query_norm"), ("attn.norm_k", "norm.key_norm"), ("ff.linear_in", "mlp_in"),
-          ("ff.linear_out", "mlp_out"))  # fmt: skip
-
-
-def bfl_path(p: str) -> str:
-    """A diffusers module path of Flux3Transformer2DModel as BFL names it (a path BFL shares, unchanged)."""
-    if p in _TOP:
-        return _TOP[p]
-    for a, b in _PREFIX:
-        if p.startswith(a):
-            p = b + p[len(a) :]
-            break
-    if p.endswith(".linear") and p.startswith(("early_stream_modulations.", "single_stream_modulations.")):
-        return p[: -len(".linear")] + ".lin"
-    for a, b in _BLOCK:
-        if p.endswith("." + a):
-            return p[: -len(a)] + b
-    return p
+# diffusers' paths -> BFL's: the one rename table LoRAs use too (engine.lora.family_names.FLUX3), and the final adaLN,
+# whose halves diffusers swaps (a LoRA reaches it through a swap view; the forward reads it in diffusers' order)
+_FINAL = {"norm_out.linear": "final_layer.image.adaLN_modulation.1"}
 
 
 def bind_flux3(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[str, Flux3]:
     """(naming, the forward) of a FLUX.3 transformer in BFL's or diffusers' naming."""
     diffusers = "x_embedders.image" in mods or "context_embedder" in mods
     if diffusers:
-        ops = ops.renamed({bfl_path(p): m for p, m in mods.items()})
-    for (
-        p,
-        m,
-    ) in mods.items():  # training-only REPA projection heads (diffusers' converter drops them): not run
+        from ..lora.family_names import FLUX3, to_original
+
+        rename = to_original(mods, FLUX3) | _FINAL
+        ops = ops.renamed({rename.get(p, p): m for p, m in mods.items()})
+    for p, m in mods.items():  # training-only REPA heads (diffusers' converter drops them): not run
         if p.startswith("repa_projectors."):
             ops.take(m)
 

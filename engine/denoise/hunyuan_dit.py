@@ -263,29 +263,24 @@ def rope_2d(head_dim: int, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 # -- binding the file's ops -----------------------------------------------------------------------------
 
-# diffusers' paths -> the release's (the inverse of diffusers' convert_hunyuandit_to_diffusers.py; diffusers' split
-# q / k / v and k / v are row blocks of the release's fused Wqkv and kv_proj, bound as such)
-_TOP = {"pos_embed.proj": "x_embedder.proj", "time_extra_emb.timestep_embedder.linear_1": "t_embedder.mlp.0",
-        "time_extra_emb.timestep_embedder.linear_2": "t_embedder.mlp.2", "text_embedder.linear_1": "mlp_t5.0",
-        "text_embedder.linear_2": "mlp_t5.2", "time_extra_emb.extra_embedder.linear_1": "extra_embedder.0",
-        "time_extra_emb.extra_embedder.linear_2": "extra_embedder.2", "time_extra_emb.style_embedder": "style_embedder",
-        "norm_out.linear": "final_layer.adaLN_modulation.1", "proj_out": "final_layer.linear"}  # fmt: skip
-_BLOCK = {"norm1.norm": "norm1", "norm1.linear": "default_modulation.1", "attn1.norm_q": "attn1.q_norm",
-          "attn1.norm_k": "attn1.k_norm", "attn1.to_out.0": "attn1.out_proj", "attn2.to_q": "attn2.q_proj",
-          "attn2.norm_q": "attn2.q_norm", "attn2.norm_k": "attn2.k_norm", "attn2.to_out.0": "attn2.out_proj",
-          "norm2": "norm3", "norm3": "norm2", "ff.net.0.proj": "mlp.fc1", "ff.net.2": "mlp.fc2"}  # fmt: skip
+# diffusers' paths -> the release's: the one rename table LoRAs use too (engine.lora.family_names.HUNYUAN_DIT; diffusers'
+# split q / k / v and k / v stay, bound as row blocks of the release's fused Wqkv and kv_proj), and what only the
+# binder renames: the final adaLN (its halves swapped, read in diffusers' order), the pooler's module (a holder of
+# its positional embedding) and the two norms whose names diffusers swaps (a LoRA's prefix decides those).
+_OWN = {"norm_out.linear": "final_layer.adaLN_modulation.1", "time_extra_emb.pooler": "pooler"}
+_NORMS = {"norm2": "norm3", "norm3": "norm2"}
 
 
-def release_path(p: str) -> str:
-    """A diffusers path in the release's names."""
-    if p in _TOP:
-        return _TOP[p]
-    if p.startswith("time_extra_emb.pooler"):
-        return p.removeprefix("time_extra_emb.")
-    if p.startswith("blocks."):
-        _, n, *rest = p.split(".", 2)
-        return f"blocks.{n}" + ("." + _BLOCK.get(rest[0], rest[0]) if rest else "")
-    return p
+def release_paths(mods) -> dict:
+    """diffusers path -> the release's, for every path of `mods` the two names differ in."""
+    from ..lora.family_names import HUNYUAN_DIT, to_original
+
+    out = to_original(mods, HUNYUAN_DIT) | {p: r for p, r in _OWN.items() if p in mods}
+    for p in mods:
+        head, _, last = p.rpartition(".")
+        if head.startswith("blocks.") and head.count(".") == 1 and last in _NORMS:
+            out[p] = f"{head}.{_NORMS[last]}"
+    return out
 
 
 def _attn(ops: Ops, p: str, cross: bool, dim: int) -> Attn:
@@ -314,7 +309,8 @@ def bind_hunyuan_dit(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype
     """(naming, the forward) of a Hunyuan-DiT transformer in the release's or diffusers' naming."""
     diffusers = "pos_embed.proj" in mods
     if diffusers:
-        mods = {release_path(p): m for p, m in mods.items()}
+        rename = release_paths(mods)
+        mods = {rename.get(p, p): m for p, m in mods.items()}
         ops = ops.renamed(mods)
     embed = ops["x_embedder.proj"]
     embed.stride = tuple(wshape(embed)[2:])

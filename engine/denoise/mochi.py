@@ -223,36 +223,34 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 # -- binding the file's ops -----------------------------------------------------------------------------
 
-# diffusers' paths -> the release's (the inverse of diffusers' convert_mochi_transformer_checkpoint_to_diffusers; its
-# split q / k / v are the row blocks of the release's fused qkv_x / qkv_y, bound as such)
-_TOP = (("patch_embed.proj", "x_embedder.proj"), ("time_embed.timestep_embedder.linear_1", "t_embedder.mlp.0"),
-        ("time_embed.timestep_embedder.linear_2", "t_embedder.mlp.2"), ("time_embed.pooler", "t5_y_embedder"),
-        ("time_embed.caption_proj", "t5_yproj"), ("norm_out.linear", "final_layer.mod"),
-        ("proj_out", "final_layer.linear"))  # fmt: skip
-_BLOCK = (("norm1.linear", "mod_x"), ("norm1_context.linear_1", "mod_y"), ("norm1_context.linear", "mod_y"),
-          ("attn1.to_q", "attn.q_x"), ("attn1.to_k", "attn.k_x"), ("attn1.to_v", "attn.v_x"),
-          ("attn1.add_q_proj", "attn.q_y"), ("attn1.add_k_proj", "attn.k_y"), ("attn1.add_v_proj", "attn.v_y"),
-          ("attn1.norm_q", "attn.q_norm_x"), ("attn1.norm_k", "attn.k_norm_x"), ("attn1.norm_added_q", "attn.q_norm_y"),
-          ("attn1.norm_added_k", "attn.k_norm_y"), ("attn1.to_out.0", "attn.proj_x"), ("attn1.to_add_out", "attn.proj_y"),
-          ("ff.net.0.proj", "mlp_x.w1"), ("ff.net.2", "mlp_x.w2"), ("ff_context.net.0.proj", "mlp_y.w1"),
-          ("ff_context.net.2", "mlp_y.w2"))  # fmt: skip
+# diffusers' paths -> the release's: the one rename table LoRAs use too (engine.lora.family_names.MOCHI), and what only
+# the binder renames: the T5 pool's module (its own holder), the final modulation and the SwiGLU w1s (halves swapped,
+# read in diffusers' order), and the split q / k / v, bound as row blocks in place of the release's fused qkv_x / qkv_y
+_OWN_TOP = {"time_embed.pooler": "t5_y_embedder", "norm_out.linear": "final_layer.mod"}
+_OWN_BLOCK = {"attn1.to_q": "attn.q_x", "attn1.to_k": "attn.k_x", "attn1.to_v": "attn.v_x", "attn1.add_q_proj": "attn.q_y",
+              "attn1.add_k_proj": "attn.k_y", "attn1.add_v_proj": "attn.v_y", "ff.net.0.proj": "mlp_x.w1",
+              "ff_context.net.0.proj": "mlp_y.w1"}  # fmt: skip
 
 
-def release_path(p: str) -> str:
-    """A diffusers MochiTransformer3DModel module path as the release names it."""
-    if p.startswith("transformer_blocks."):
-        _, i, rest = p.split(".", 2)
-        return f"blocks.{i}." + next(
-            (new + rest[len(old) :] for old, new in _BLOCK if rest == old or rest.startswith(old + ".")), rest
-        )
-    return next((new + p[len(old) :] for old, new in _TOP if p == old or p.startswith(old + ".")), p)
+def release_paths(mods) -> dict:
+    """diffusers path -> the release's, for every path of `mods` the two names differ in."""
+    from ..lora.family_names import MOCHI, to_original
+
+    out = to_original(mods, MOCHI) | {p: r for p, r in _OWN_TOP.items() if p in mods}
+    for p in mods:
+        if p.startswith("transformer_blocks."):
+            _, i, rest = p.split(".", 2)
+            if rest in _OWN_BLOCK:
+                out[p] = f"blocks.{i}.{_OWN_BLOCK[rest]}"
+    return out
 
 
 def bind_mochi(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[str, Mochi]:
     """(naming, the forward) of a Mochi 1 transformer in the release's or diffusers' naming."""
     diffusers = "patch_embed.proj" in mods
     if diffusers:
-        mods = {release_path(p): m for p, m in mods.items()}
+        rename = release_paths(mods)
+        mods = {rename.get(p, p): m for p, m in mods.items()}
         ops = ops.renamed(mods)
     root = mods.get("")
     if root is None or getattr(root, "pos_frequencies", None) is None:
