@@ -274,31 +274,20 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 # -- binding the file's ops -----------------------------------------------------------------------------
 
 # diffusers' paths -> the release's (the inverse of diffusers' COSMOS_2_0 renames)
-_RENAMES = (("patch_embed.proj", "x_embedder.proj.1"), ("time_embed.t_embedder", "t_embedder.1"),
-            ("time_embed.norm", "t_embedding_norm"), ("transformer_blocks.", "blocks."),
-            (".norm1.linear_", ".adaln_modulation_self_attn."), (".norm2.linear_", ".adaln_modulation_cross_attn."),
-            (".norm3.linear_", ".adaln_modulation_mlp."), (".attn1.", ".self_attn."), (".attn2.", ".cross_attn."),
-            (".to_q", ".q_proj"), (".to_k", ".k_proj"), (".to_v", ".v_proj"), (".to_out.0", ".output_proj"),
-            (".norm_q", ".q_norm"), (".norm_k", ".k_norm"), (".ff.net.0.proj", ".mlp.layer1"),
-            (".ff.net.2", ".mlp.layer2"), ("norm_out.linear_", "final_layer.adaln_modulation."),
-            ("proj_out", "final_layer.linear"))  # fmt: skip
 # buffers the release keeps beside its layers, computed here (its RoPE's position table and ranges, its
 # training counters)
 _DERIVED = ("pos_embedder", "accum_video_sample_counter", "accum_image_sample_counter", "accum_iteration",
             "accum_train_in_hours")  # fmt: skip
 
 
-def _release_path(p: str) -> str:
-    for a, b in _RENAMES:
-        p = p.replace(a, b)
-    return p
-
-
 def bind_cosmos(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[str, Cosmos]:
     """(naming, the forward) of a Cosmos Predict2 transformer in the release's or diffusers' naming."""
     diffusers = "patch_embed.proj" in mods
-    if diffusers:
-        ops = ops.renamed({_release_path(p): m for p, m in mods.items()})
+    if diffusers:  # renamed through the LoRA table (engine.lora.family_names.COSMOS), one to one
+        from ..lora.family_names import COSMOS, to_original
+
+        rename = to_original(mods, COSMOS)
+        ops = ops.renamed({rename.get(p, p): m for p, m in mods.items()})
     for p, m in mods.items():
         held = {*m._parameters, *m._buffers}
         if p.split(".", 1)[0] in _DERIVED or (p == "" and held and held <= set(_DERIVED)):

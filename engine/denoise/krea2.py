@@ -24,6 +24,7 @@ Architecture facts, from diffusers' `Krea2Transformer2DModel`, its pipeline and 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -203,33 +204,20 @@ def _norm(m, x: torch.Tensor) -> torch.Tensor:
 
 # -- binding the file's ops -----------------------------------------------------------------------------
 
-# diffusers' paths -> the release's (the inverse of `convert_krea2_transformer_checkpoint_to_diffusers`)
-_TOP = (("img_in", "first"), ("time_embed.linear_1", "tmlp.0"), ("time_embed.linear_2", "tmlp.2"),
-        ("time_mod_proj", "tproj.1"), ("txt_in.norm", "txtmlp.0"), ("txt_in.linear_1", "txtmlp.1"),
-        ("txt_in.linear_2", "txtmlp.3"), ("text_fusion.", "txtfusion."), ("transformer_blocks.", "blocks."),
-        ("final_layer.linear", "last.linear"), ("final_layer.norm", "last.norm"))  # fmt: skip
-_BLOCK = ((".attn.to_q", ".attn.wq"), (".attn.to_k", ".attn.wk"), (".attn.to_v", ".attn.wv"),
-          (".attn.to_out.0", ".attn.wo"), (".attn.to_gate", ".attn.gate"), (".attn.norm_q", ".attn.qknorm.qnorm"),
-          (".attn.norm_k", ".attn.qknorm.knorm"), (".ff.", ".mlp."), (".norm1", ".prenorm"), (".norm2", ".postnorm"))  # fmt: skip
-
-
-def _release_path(p: str) -> str:
-    for a, b in _TOP:
-        if p == a or p.startswith(a if a.endswith(".") else a + "."):
-            p = b + p[len(a) :]
-            break
-    for a, b in _BLOCK:
-        p = p.replace(a, b)
-    return p
+_BLOCK_HOLDER = re.compile(r"transformer_blocks\.\d+")
 
 
 def bind_krea2(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[str, Krea2]:
     """(naming, the forward) of a Krea 2 transformer in the release's or diffusers' naming; `mods`: the component's
     modules by path (the plain holders of the modulation tables and, in the release, of `txtmlp.0`'s scale)."""
     diffusers = "img_in" in mods
-    if diffusers:
-        mods = {_release_path(p): m for p, m in mods.items()}
-        # the tables are parameters of the blocks themselves in diffusers' tree
+    if diffusers:  # renamed through the LoRA table (engine.lora.family_names.KREA2), one to one
+        from ..lora.family_names import KREA2, to_original
+
+        rename = to_original(mods, KREA2)
+        # the modulation tables are parameters of the blocks themselves in diffusers' tree
+        rename |= {p: "blocks" + p[len("transformer_blocks") :] for p in mods if _BLOCK_HOLDER.fullmatch(p)}
+        mods = {rename.get(p, p): m for p, m in mods.items()}
         ops = ops.renamed(mods)
 
     def plain(path: str, holder: str | None = None):

@@ -231,10 +231,11 @@ COSMOS: tuple[tuple[str, str], ...] = (
     ("final_layer.adaln_modulation.1", "norm_out.linear_1"),
     ("final_layer.adaln_modulation.2", "norm_out.linear_2"),
     ("final_layer.linear", "proj_out"),
+    ("t_embedding_norm", "time_embed.norm"),
     *(
         (f"blocks.{{n}}.{a}.{o}", f"transformer_blocks.{{n}}.{b}.{d}")
         for a, b in (("self_attn", "attn1"), ("cross_attn", "attn2"))
-        for o, d in _COSMOS_ATTN
+        for o, d in (*_COSMOS_ATTN, ("q_norm", "norm_q"), ("k_norm", "norm_k"))
     ),
     ("blocks.{n}.mlp.layer1", "transformer_blocks.{n}.ff.net.0.proj"),
     ("blocks.{n}.mlp.layer2", "transformer_blocks.{n}.ff.net.2"),
@@ -247,16 +248,20 @@ COSMOS: tuple[tuple[str, str], ...] = (
 # Krea 2: the release's names <-> diffusers' Krea2Transformer2DModel, one to one (diffusers'
 # `convert_krea2_transformer_checkpoint_to_diffusers`), the text-fusion blocks named as the main ones.
 _KREA_BLOCK = (("attn.wq", "attn.to_q"), ("attn.wk", "attn.to_k"), ("attn.wv", "attn.to_v"), ("attn.wo", "attn.to_out.0"),
-               ("attn.gate", "attn.to_gate"), ("mlp.gate", "ff.gate"), ("mlp.up", "ff.up"), ("mlp.down", "ff.down"))  # fmt: skip
+               ("attn.gate", "attn.to_gate"), ("mlp.gate", "ff.gate"), ("mlp.up", "ff.up"), ("mlp.down", "ff.down"),
+               ("attn.qknorm.qnorm", "attn.norm_q"), ("attn.qknorm.knorm", "attn.norm_k"), ("prenorm", "norm1"),
+               ("postnorm", "norm2"))  # fmt: skip
 KREA2: tuple[tuple[str, str], ...] = (
     ("first", "img_in"),
     ("tmlp.0", "time_embed.linear_1"),
     ("tmlp.2", "time_embed.linear_2"),
     ("tproj.1", "time_mod_proj"),
     ("txtmlp.1", "txt_in.linear_1"),
+    ("txtmlp.0", "txt_in.norm"),
     ("txtmlp.3", "txt_in.linear_2"),
     ("txtfusion.projector", "text_fusion.projector"),
     ("last.linear", "final_layer.linear"),
+    ("last.norm", "final_layer.norm"),
     *((f"blocks.{{n}}.{o}", f"transformer_blocks.{{n}}.{d}") for o, d in _KREA_BLOCK),
     *(
         (f"txtfusion.{s}.{{n}}.{o}", f"text_fusion.{s}.{{n}}.{d}")

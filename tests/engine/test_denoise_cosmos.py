@@ -248,3 +248,27 @@ def test_loras_in_either_naming_on_the_release_file_equal_diffusers_merged(cosmo
     r, out = lora_step(rel_path, lora, strength, x, tmp_path, budget)
     assert r.loras and r.loras[0]["mapped"] == len(names), r.loras
     assert rel_l2(out, want) <= TOL
+
+
+@pytest.mark.parametrize("base", ["diffusers", "release"])
+def test_norm_diffs_in_the_other_naming_land_on_the_norms(cosmos, tmp_path, base):
+    """LyCORIS norm diffs (`w_norm`, trained with its norm modules on) on the q / k RMS norms and the timestep
+    embedding's norm, named as the other file names them (the release's on a diffusers file and back): every one
+    placed, equal to diffusers' model with the diffs added by hand. The norms are in the rename table the binder
+    and the LoRA key map share (engine.lora.family_names.COSMOS); without them none of the three is placed."""
+    diff_path, rel_path, ref, sd = cosmos[False]
+    names = {"transformer_blocks.0.attn1.norm_q": "blocks.0.self_attn.q_norm",
+             "transformer_blocks.1.attn2.norm_k": "blocks.1.cross_attn.k_norm", "time_embed.norm": "t_embedding_norm"}  # fmt: skip
+    g = torch.Generator().manual_seed(23)
+    strength, lora, merged = 0.9, {}, dict(sd)
+    for d, o in names.items():
+        w = torch.randn(sd[f"{d}.weight"].shape, generator=g) * 0.2
+        lora[f"lycoris_{(o if base == 'diffusers' else d).replace('.', '_')}.w_norm"] = w
+        merged[f"{d}.weight"] = sd[f"{d}.weight"] + strength * w
+    x = _bound(rel_path).random_inputs(32, 32, seed=8)
+    x["context"] = x["context"][:, :16]
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
+    assert rel_l2(plain, want) > 100 * TOL
+    r, out = lora_step(diff_path if base == "diffusers" else rel_path, lora, strength, x, tmp_path)
+    assert r.loras and r.loras[0]["mapped"] == len(names), r.loras
+    assert rel_l2(out, want) <= TOL
