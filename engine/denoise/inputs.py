@@ -241,6 +241,7 @@ PATCHED = (
     "wan",
     "hunyuan_video",
     "mochi",
+    "wan_animate2",
 )  # (HunyuanVideo 1.5 patches 1×1×1)  # families whose `x` is cut into 2×2 patches
 TEXT_INPUTS = ("input_ids",)
 QWEN_TOKENS = 256  # Qwen2.5-VL prompt states (the pipeline drops its 34-token system prefix)
@@ -312,6 +313,8 @@ def names(model) -> tuple[str, ...]:
     """The input names `model` takes, required first."""
     if hasattr(model, "model_channels"):
         return UNET_INPUTS if model.adm_channels else UNET_INPUTS[:3]
+    if getattr(model, "family", "") == "wan_animate2":  # diffusers' names (engine.denoise.wan_animate2)
+        return model.own_inputs()
     if getattr(model, "family", "") == "wan":
         extra = (("clip_fea",) if model.image_dim else ()) + (
             ("vace_context",) if model.vace_channels else ()
