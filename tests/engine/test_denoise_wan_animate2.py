@@ -181,3 +181,37 @@ def test_the_release_layouts_bind_whole(tmp_path, naming):
     den = denoise.bind(Component("transformer", str(path), d.components["transformer"].prefix), "wan22")
     assert den.naming == naming
     assert (len(den.model.blocks), den.model.in_channels, den.model.heads) == (40, 36, 40)
+
+
+# diffusers' name -> the release's for modules a Wan-Animate-2 LoRA reaches: the blocks' attentions (the projections
+# diffusers renames, the image keys), feed-forwards (the same name inside the release's wrapper), the stem and head.
+LORA_MODULES = {
+    "blocks.0.self_attn.to_q": "blocks.0.block.self_attn.q", "blocks.1.self_attn.to_out.0": "blocks.1.block.self_attn.o",
+    "blocks.1.cross_attn.add_k_proj": "blocks.1.block.cross_attn.k_img", "blocks.2.cross_attn.to_v": "blocks.2.block.cross_attn.v",
+    "blocks.2.ffn.0": "blocks.2.block.ffn.0", "time_projection.1": "time_projection.1", "img_emb.proj.3": "img_emb.proj.3",
+    "patch_embedding": "patch_embedding", "head.head": "head.head",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("naming", ["diffusers", "original"])
+def test_a_lora_in_either_naming_on_the_other_file_equals_diffusers_merged(animate2, tmp_path, naming):
+    """A PEFT LoRA in diffusers' names (`transformer.blocks.0.self_attn.to_q`) on the release's file, baked; a kohya
+    one in the release's names (`lora_unet_blocks_0_block_self_attn_q`) on diffusers' file, on the fly: equal to
+    diffusers' model with the ΔW merged by hand, both read as LoRAs for wan22."""
+    from denoise_files import check_lora_step, lora_and_merged, plain_and_merged
+
+    files, ref = animate2
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    if naming == "diffusers":
+        keys = {d: f"transformer.{d}" for d in LORA_MODULES}
+    else:
+        keys = {d: "lora_unet_" + o.replace(".", "_") for d, o in LORA_MODULES.items()}
+    strength = 0.8
+    lora, merged = lora_and_merged(sd, keys, strength, seed=17, kohya=naming == "original")
+    base = files["original" if naming == "diffusers" else "diffusers"]
+    x = _clip(_bind(base), frames=3, seed=5)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
+    assert rel_l2(plain, want) > 1e-2
+    budget = None if naming == "diffusers" else 0.0
+    check_lora_step(base, lora, strength, x, tmp_path, budget, want, len(keys),
+                    f"wan animate 2 LoRA in {naming}'s names", base="wan22")  # fmt: skip
