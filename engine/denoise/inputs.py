@@ -266,6 +266,8 @@ def optional_names(model) -> tuple[str, ...]:
     """Inputs `model` takes when a file gives them (and otherwise runs at their default)."""
     if getattr(model, "family", "") == "wan" and model.vace_channels:
         return ("vace_context_scale",)  # VACE's hint strength, [B]; the original's default 1
+    if getattr(model, "family", "") == "wan_animate2":
+        return ("is_uncondtion",)  # diffusers' (its spelling): the unconditional samples skip block 9, [B]
     if getattr(model, "family", "") == "nextdit":
         if model.omni:  # Z-Image Omni's pieces, condition images and their SigLIP grids
             from .z_image_omni import OPTIONAL

@@ -29,7 +29,9 @@ reference keys and values of every block; later calls with the same reference te
 `loadout step` run) read them and run the generation tokens alone. So a run's first step pays for the extraction
 (`first_step_s`), the median `s_per_step` of three steps or more does not. The masked attention is one SDPA call per
 generation frame, over [generation keys ; that frame's reference keys] (the mask is frame-block structured).
-diffusers' unconditional branch (`is_uncondtion`: block 9 skipped) is not run.
+diffusers' unconditional branch of classifier-free guidance skips block 9 (`is_uncondtion`, its spelling: an optional
+input, [B] of 0 / 1); here the block still runs over every token (its ops keep their order, the reference stream needs
+it) and the flagged samples' generation tokens leave it as they came.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ REFER_OFFSETS = (1, 0, -1)  # diffusers' refer_offset_t / _h / _w defaults; -1: 
 REFER_STRIDE = 1
 FRAMES = 2  # random inputs: the reference image slot and one generated frame; the driving video's one frame
 CLIP_TOKENS = 257
+UNCOND_SKIP = 9  # the block diffusers' forward skips on the unconditional branch
 INPUTS = ("hidden_states", "timestep", "encoder_hidden_states", "condition_latents", "driving_video_latents",
           "driving_video_condition", "prompt_ref_embeds")  # fmt: skip
 IMAGE_INPUTS = ("encoder_hidden_states_image", "condition_clip_context")
@@ -102,11 +105,10 @@ class WanAnimate2(Wan):
 
     def __call__(self, hidden_states, timestep, encoder_hidden_states, condition_latents, driving_video_latents,
                  driving_video_condition, prompt_ref_embeds, encoder_hidden_states_image=None,
-                 condition_clip_context=None) -> torch.Tensor:  # fmt: skip
+                 condition_clip_context=None, is_uncondtion=None) -> torch.Tensor:  # fmt: skip
         refs = (driving_video_latents, driving_video_condition, prompt_ref_embeds, condition_clip_context)
-        kv = None if self.cache is None or any(a is not b for a, b in zip(self.cache[0], refs, strict=True)) else (
-            self.cache[1]
-        )  # fmt: skip
+        fresh = self.cache is None or any(a is not b for a, b in zip(self.cache[0], refs, strict=True))
+        kv = None if fresh else self.cache[1]
         dt = self.dtype
         x = torch.cat([hidden_states, condition_latents], dim=1).to(dt)
         b, _, f, _, _ = x.shape
@@ -147,9 +149,12 @@ class WanAnimate2(Wan):
         del tokens
         new_kv = [] if kv is None else None
         for i, blk in enumerate(self.blocks):
-            xs = self._block2(
+            out = self._block2(
                 blk, xs, e0.split(b), ctx, img, rope, rope_ref, kv[i] if kv else new_kv, hh * ww
             )
+            if i == UNCOND_SKIP and is_uncondtion is not None:  # the unconditional samples skip the block
+                out[0] = torch.where(is_uncondtion.to(out[0].device).bool()[:, None, None], xs[0], out[0])
+            xs = out
         if new_kv is not None:
             self.cache = (refs, new_kv)
         x = xs[0]
@@ -254,11 +259,15 @@ class WanAnimate2(Wan):
         if self.image_dim:
             for n in IMAGE_INPUTS:
                 out[n] = (None, CLIP_TOKENS, self.image_dim)
+        if "is_uncondtion" in got:
+            out["is_uncondtion"] = (None,)
         return out
 
     def check_extra(self, got: dict, source: str) -> None:
         """The prompts within the 512 tokens diffusers pads them to (a one-frame clip: a driving video of no frames,
         which the shapes refuse)."""
+        if "is_uncondtion" in got and not ((got["is_uncondtion"] == 0) | (got["is_uncondtion"] == 1)).all():
+            raise FormatError(f"{source}: input is_uncondtion holds values other than 0 and 1")
         for n in ("encoder_hidden_states", "prompt_ref_embeds"):
             if got[n].shape[1] > TEXT_LEN:
                 raise FormatError(

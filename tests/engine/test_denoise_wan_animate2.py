@@ -30,7 +30,8 @@ diffusers = pytest.importorskip("diffusers")
 pytestmark = pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
 
 TOL = 1e-3
-TINY = WanConfig(dim=256, ffn=512, layers=3, in_dim=36, clip_image=True, text_dim=64)  # 2 heads of 128
+# 2 heads of 128; 10 blocks: the unconditional branch skips block 9
+TINY = WanConfig(dim=256, ffn=512, layers=10, in_dim=36, clip_image=True, text_dim=64)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def _clip(den, frames: int, seed: int) -> dict:
     return den.check_inputs(x, "inputs")
 
 
-def _diffusers(ref, x: dict) -> torch.Tensor:
+def _diffusers(ref, x: dict, is_uncondtion: bool = False) -> torch.Tensor:
     """diffusers' pipeline's two calls: the reference pass into a fresh cache, then the step against it."""
     from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
 
@@ -86,7 +87,7 @@ def _diffusers(ref, x: dict) -> torch.Tensor:
     out = ref([x["hidden_states"][0]], timestep=x["timestep"], encoder_hidden_states=[x["encoder_hidden_states"][0]],
               encoder_hidden_states_image=x["encoder_hidden_states_image"], condition_latents=[x["condition_latents"][0]],
               kv_cache=cache, kv_cache_mode="cached", seq_len=f * h * w // 4, reference_grid_sizes=grid,
-              origin_len=4 * (f - 2) + 1, origin_area=[8 * h, 8 * w])  # fmt: skip
+              origin_len=4 * (f - 2) + 1, origin_area=[8 * h, 8 * w], is_uncondtion=is_uncondtion)  # fmt: skip
     return out.sample[0][None]
 
 
@@ -94,7 +95,7 @@ def test_both_namings_equal_diffusers_two_calls(animate2):
     files, ref = animate2
     for naming, path in files.items():
         den = _bind(path)
-        assert den.naming == naming and den.kind == "wan" and len(den.model.blocks) == 3
+        assert den.naming == naming and den.kind == "wan" and len(den.model.blocks) == 10
         x = _clip(den, frames=3, seed=5)
         with torch.inference_mode():
             got, want = den(x), _diffusers(ref, x)
@@ -140,6 +141,24 @@ def test_inputs_are_made_and_checked(animate2):
     with pytest.raises(FormatError, match="driving_video_latents .* no values"):  # the slot and no frame
         den.check_inputs({**one, "driving_video_latents": x["driving_video_latents"][:, :, :0],
                           "driving_video_condition": x["driving_video_condition"][:, :, :0]}, "in.safetensors")  # fmt: skip
+
+
+def test_the_unconditional_branch_skips_block_9_as_diffusers(animate2):
+    """diffusers' `is_uncondtion` (CFG's unconditional call leaves out block 9): a batch of a conditional and an
+    unconditional sample, each equal to diffusers' call with its flag."""
+    files, ref = animate2
+    den = _bind(files["diffusers"])
+    x = _clip(den, frames=2, seed=6)
+    both = den.check_inputs({k: torch.cat([v, v]) for k, v in x.items()} | {"is_uncondtion": torch.tensor([0.0, 1.0])},
+                            "inputs")  # fmt: skip
+    with torch.inference_mode():
+        got = den(both)
+        want = [_diffusers(ref, x, is_uncondtion=u) for u in (False, True)]
+    for i in range(2):
+        assert rel_l2(got[i : i + 1], want[i]) <= TOL
+    assert rel_l2(want[1], want[0]) > 1e-3
+    with pytest.raises(FormatError, match="is_uncondtion"):
+        den.check_inputs({**both, "is_uncondtion": torch.tensor([0.0, 2.0])}, "in.safetensors")
 
 
 @pytest.mark.parametrize("naming", ["original", "diffusers"])
