@@ -234,3 +234,14 @@ def test_a_lora_in_either_naming_on_the_other_file_equals_diffusers_merged(anima
     budget = None if naming == "diffusers" else 0.0
     check_lora_step(base, lora, strength, x, tmp_path, budget, want, len(keys),
                     f"wan animate 2 LoRA in {naming}'s names", base="wan22")  # fmt: skip
+
+
+def test_the_memory_a_step_asks_for_counts_the_reference_tokens(animate2):
+    """The first step runs the driving video's tokens beside the generation's: the activations Loadout makes room
+    for at load count both (the 2 generation frames' 2·24 tokens and the driving frame's 24)."""
+    from engine.catalog.measured import activation_bytes
+    from engine.stepping import _activation_bytes
+
+    den = _bind(animate2[0]["original"])
+    x = _clip(den, frames=2, seed=1)
+    assert _activation_bytes(den, x, torch.float32) == activation_bytes("wan", 3 * 24, 4)
