@@ -12,6 +12,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
     that cost (launching, not computing): this is where it shows on a CPU. `make bench-check` runs it.
   * wan_i2v: `wan` with Wan 2.1 I2V's image branch (36 input channels, CLIP image features through
     img_emb, a second attention in every cross-attention) on the same frame, 257 image tokens.
+  * wan_animate2: Wan-Animate-2 (Wan 2.1 I2V's network with the in-context self-attention over a driving video's
+    keys and values) at the 1.3B's width (1536, 12 heads, FFN 8960) and 4 blocks: two 480×480 latent frames (the
+    reference image slot and one frame) and one driving frame, extracted in the first step and cached after.
   * flux2: FLUX.2 [klein] 4B at its real width (3072, 24 heads, SwiGLU 9216, Qwen3 7680-wide text states, no
     guidance) at reduced depth (1 double and 2 single blocks with the three shared modulations: 0.66 B
     parameters, 2.6 GB) at 256×256 pixels with 512 text tokens.
@@ -75,7 +78,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -116,6 +119,8 @@ WAN_NARROW = {**WAN, "num_attention_heads": 1, "ffn_dim": 256, "num_layers": 30}
 # Wan 2.1 I2V at that width (Wan2.1 configs/wan_i2v_14B.py: 36 input channels, CLIP ViT-H image features
 # of 1280 through img_emb and k_img / v_img in every cross-attention; diffusers' image_dim / added_kv_proj_dim)
 WAN_I2V = {**WAN, "in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 1536}
+# Wan-Animate-2 (diffusers' WanAnimate2Transformer3DModel: the 14B's network) at that width and depth
+WAN_ANIMATE2 = dict(in_dim=36, dim=1536, ffn_dim=8960, num_heads=12, num_layers=4)
 # FLUX.2 [klein] 4B's width (black-forest-labs/FLUX.2-klein-4B transformer config: 24 heads of 128, Qwen3-4B
 # states of three layers, 7680 wide, no guidance embedder) at 1 double + 2 single blocks
 FLUX2 = dict(num_layers=1, num_single_layers=2, attention_head_dim=128, num_attention_heads=24, joint_attention_dim=7680,
@@ -193,10 +198,11 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "hidream": ((512, 512), "transformer", "hidream"),
             "mochi": ((848, 480), "transformer", "mochi"),
             "qwen_image21": ((1024, 1024), "transformer", "qwen_image21"),
-            "qwen_edit": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
+            "qwen_edit": ((512, 512), "transformer", "qwen_image"),
+            "wan_animate2": ((480, 480), "transformer", "wan22")}  # fmt: skip
 # the families whose diffusers side bench_families.run_diffusers runs
 FAMILIES_RUN_BY_BENCH_FAMILIES = ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3",
-                                  "hunyuan_dit", "mochi")  # fmt: skip
+                                  "hunyuan_dit", "mochi", "wan_animate2")  # fmt: skip
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -215,6 +221,10 @@ def _diffusers_model(family: str):
             from diffusers import FluxTransformer2DModel
 
             return FluxTransformer2DModel(**FLUX)
+        if family == "wan_animate2":
+            from diffusers import WanAnimate2Transformer3DModel
+
+            return WanAnimate2Transformer3DModel(**WAN_ANIMATE2)
         if family.startswith("wan"):
             from diffusers import WanTransformer3DModel
 
@@ -291,6 +301,8 @@ def _diffusers_model(family: str):
 def real_rotary_tables(model, family: str) -> None:
     """The rotary tables diffusers computes when a model is built (Wan's, Lumina 2's and Qwen-Image's (1 and 2.1),
     PixArt's sin-cos table, are made on the meta device with it here): built again, real."""
+    if family == "wan_animate2":  # its rotary tables are made per call
+        return
     if family.startswith("wan"):
         from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 
@@ -409,6 +421,10 @@ def _run_diffusers(model, family: str, x: dict):
         return model(hidden_states=x["img"], encoder_hidden_states=x["txt"], pooled_projections=x["y"],
                      timestep=x["timesteps"], img_ids=x["img_ids"][0], txt_ids=x["txt_ids"][0],
                      guidance=x["guidance"]).sample  # fmt: skip
+    if family == "wan_animate2":  # its two calls (bench_families)
+        from bench_families import run_diffusers
+
+        return run_diffusers(model, family, x)
     if family.startswith("wan"):
         return model(hidden_states=x["x"], timestep=x["t"], encoder_hidden_states=x["context"],
                      encoder_hidden_states_image=x.get("clip_fea")).sample  # fmt: skip
@@ -701,6 +717,7 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "ltxv": "LTX-Video 2B width, 2 blocks, one 1024x1024 frame",
              "cosmos": "Cosmos Predict2 2B width, 2 blocks, 512x512",
              "krea2": "Krea 2 width, 1 block, 512x512",
+             "wan_animate2": "Wan-Animate-2 at the 1.3B width, 4 blocks, two 480x480 frames and a driving frame",
              "qwen_edit": "Qwen-Image-Edit 2511 width, 1 block, 512x512 with a 512x512 reference"}[fam]  # fmt: skip
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip

@@ -74,6 +74,7 @@ TITLES = {
     "mochi": "mochi 1 width 2 blocks one 848x480 frame",
     "flux3": "flux3 width 1+1+1 per-mode + 2 single blocks 256x256 + 256x256 reference",
     "qwen_edit": "qwen_edit 2511 width 1 block 512x512 + 512x512 reference",
+    "wan_animate2": "wan_animate2 1.3B width 4 blocks two 480x480 frames + a driving frame",
 }
 BF16 = (
     "z_image",

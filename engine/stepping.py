@@ -223,7 +223,11 @@ def _activation_bytes(den, inputs: dict, dtype) -> int:
 
     from .catalog.measured import activation_bytes
 
-    return activation_bytes(den.kind, _units(den, inputs), torch.empty((), dtype=dtype).element_size())
+    units = _units(den, inputs)
+    ref = inputs.get("driving_video_latents")  # Wan-Animate-2's reference pass runs beside its first step
+    if ref is not None and ref.dim() == 5:
+        units += ref.shape[0] * ref.shape[2] * (ref.shape[3] // 2) * (ref.shape[4] // 2)
+    return activation_bytes(den.kind, units, torch.empty((), dtype=dtype).element_size())
 
 
 def _record(parts, req: Step, den, inputs: dict, result: StepResult) -> None:

@@ -256,6 +256,12 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
         naming, model = bind_hunyuan_video15(ops, mods, architecture, dtype)
         return Denoiser("hunyuan_video15", architecture, naming, model)
     if architecture in WAN:
+        from .wan_animate2 import bind_wan_animate2, is_animate2
+
+        # Wan-Animate-2's wrapped or diffusers-named blocks (engine.denoise.wan_animate2)
+        if is_animate2(mods):
+            naming, model = bind_wan_animate2(ops, mods, architecture, dtype)
+            return Denoiser("wan", architecture, naming, model)
         from .. import ops as castable
         from .wan import bind_wan
         from .wan_animate import bind_wan_animate, diffusers_paths, is_animate

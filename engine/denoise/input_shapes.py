@@ -125,6 +125,8 @@ def _family_shapes(model, got) -> dict:
         if "context_mask" in got:
             out["context_mask"] = (None, got["context"].shape[1] if got["context"].dim() == 4 else None)
         return out
+    if getattr(model, "family", "") == "wan_animate2":
+        return model.family_shapes(got)
     if getattr(model, "family", "") == "wan":
         out = {
             "x": (None, model.in_channels, None, None, None),

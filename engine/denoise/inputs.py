@@ -241,6 +241,7 @@ PATCHED = (
     "wan",
     "hunyuan_video",
     "mochi",
+    "wan_animate2",
 )  # (HunyuanVideo 1.5 patches 1×1×1)  # families whose `x` is cut into 2×2 patches
 TEXT_INPUTS = ("input_ids",)
 QWEN_TOKENS = 256  # Qwen2.5-VL prompt states (the pipeline drops its 34-token system prefix)
@@ -265,6 +266,8 @@ def optional_names(model) -> tuple[str, ...]:
     """Inputs `model` takes when a file gives them (and otherwise runs at their default)."""
     if getattr(model, "family", "") == "wan" and model.vace_channels:
         return ("vace_context_scale",)  # VACE's hint strength, [B]; the original's default 1
+    if getattr(model, "family", "") == "wan_animate2":
+        return ("is_uncondtion",)  # diffusers' (its spelling): the unconditional samples skip block 9, [B]
     if getattr(model, "family", "") == "nextdit":
         if model.omni:  # Z-Image Omni's pieces, condition images and their SigLIP grids
             from .z_image_omni import OPTIONAL
@@ -312,6 +315,8 @@ def names(model) -> tuple[str, ...]:
     """The input names `model` takes, required first."""
     if hasattr(model, "model_channels"):
         return UNET_INPUTS if model.adm_channels else UNET_INPUTS[:3]
+    if getattr(model, "family", "") == "wan_animate2":  # diffusers' names (engine.denoise.wan_animate2)
+        return model.own_inputs()
     if getattr(model, "family", "") == "wan":
         extra = (("clip_fea",) if model.image_dim else ()) + (
             ("vace_context",) if model.vace_channels else ()

@@ -217,6 +217,9 @@ def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generato
             "t": torch.rand(batch, generator=g) * 1000.0,
             "text_states": torch.randn(batch, HUNYUAN_TOKENS, model.context_dim, generator=g),
         }
+    if getattr(model, "family", "") == "wan_animate2":  # a two-frame clip and its driving frame
+        h, w = _latent(width, height, 16)
+        return model.random_family(2 * h, 2 * w, batch, g)
     if getattr(model, "family", "") == "wan":  # one latent frame: an image-sized step of a video model
         h, w = _latent(width, height, 16)
         out = {

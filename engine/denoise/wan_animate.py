@@ -36,7 +36,7 @@ generate_motion_encoder_mappings, generate_face_adapter_mappings, the [1, C, 1, 
 
 diffusers' `transformer_wan_animate_2.py` (Wan-Animate-2, in-context attention over driving-video latents
 with a KV cache) is another network: its blocks wrap each Wan block (`blocks.N.block.…`) and it has no motion
-or face encoder; this module does not run it.
+or face encoder; engine.denoise.wan_animate2 runs it.
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ Facts (cited, not copied):
 * diffusers renames (`convert_wan_transformer_to_diffusers`): self_attn -> attn1, cross_attn -> attn2,
   k_img -> add_k_proj, ffn.0 -> ffn.net.0.proj, head.head -> proj_out, modulation -> scale_shift_table,
   img_emb.proj -> condition_embedder.image_embedder, before/after_proj -> proj_in/out.
+* Wan-Animate-2 (diffusers `WanAnimate2Transformer3DModel`, `convert_wan_animate_2_transformer_to_diffusers`): the
+  14B blocks with the CLIP image branch, each wrapped in the release's in-context module (`blocks.N.block.self_attn.q`);
+  diffusers drops the wrapper and renames only the attention's projections (`blocks.N.self_attn.to_q`, `add_k_proj`),
+  keeping the original's `ffn.0`, `norm3`, `modulation`, `head.head` and `img_emb`. No Wan release has either.
 """
 
 from __future__ import annotations
@@ -52,6 +56,15 @@ _DIFFUSERS = {
     "vace": "vace_patch_embedding.weight",
     "vace_block": "vace_blocks.#.proj_out.weight",
 }
+# Wan-Animate-2: the release's wrapped blocks, and diffusers' names for them
+_ANIMATE2_RELEASE = {
+    "q": "blocks.#.block.self_attn.q.weight",
+    "k_img": "blocks.#.block.cross_attn.k_img.weight",
+    "ffn": "blocks.#.block.ffn.0.weight",
+    "out": "head.head.weight",
+}
+_ANIMATE2_DIFFUSERS = {**_ANIMATE2_RELEASE, "q": "blocks.#.self_attn.to_q.weight",
+                       "k_img": "blocks.#.cross_attn.add_k_proj.weight", "ffn": "blocks.#.ffn.0.weight"}  # fmt: skip
 
 
 def wan(ix: KeyIndex) -> Backbone | None:
@@ -62,6 +75,12 @@ def wan(ix: KeyIndex) -> Backbone | None:
         v = find_view(
             ix, "blocks.#.attn1.to_q.weight", "blocks.#.scale_shift_table", "blocks.#.attn2.to_k.weight"
         )
+    if v is None:
+        names = _ANIMATE2_RELEASE
+        v = find_view(ix, "blocks.#.block.self_attn.q.weight", "blocks.#.block.modulation")
+    if v is None:
+        names = _ANIMATE2_DIFFUSERS
+        v = find_view(ix, "blocks.#.self_attn.to_q.weight", "blocks.#.modulation", "blocks.#.ffn.0.weight")
     if v is None:
         return None
     b = Backbone(v.prefix, "transformer", "wan", prediction="flow")
@@ -75,7 +94,10 @@ def wan(ix: KeyIndex) -> Backbone | None:
     else:
         v.because(b, names["ffn"], f"hidden {dim}, feed-forward {ffn} → the {size.upper()} Wan configuration")
 
-    task, version, also = _task(v, b, names, dim, k_img, version)
+    if names is _ANIMATE2_RELEASE or names is _ANIMATE2_DIFFUSERS:
+        task, version, also = _animate2(v, b, names)
+    else:
+        task, version, also = _task(v, b, names, dim, k_img, version)
     b.architecture = version or "wan21"
     b.also = also
     b.variant = variant(task, size)
@@ -189,6 +211,18 @@ def _task(v: View, b: Backbone, names: dict, dim, k_img, version):
         return "fun", version, also
     v.because(b, "patch_embedding.weight", why + f" + {extra} more: no known Wan release takes this input")
     return None, version, also
+
+
+def _animate2(v: View, b: Backbone, names: dict):
+    """Wan-Animate-2, told by its blocks alone (each shard holds them): neither Wan's original nor diffusers' naming."""
+    why = (
+        "each Wan block wrapped in an in-context module (blocks.N.block.…)"
+        if names is _ANIMATE2_RELEASE
+        else "Wan blocks with diffusers' attention names beside the original's ffn / modulation"
+        " (WanAnimate2Transformer3DModel's layout)"
+    )
+    v.because(b, names["q"], why + " → Wan-Animate-2 (in-context attention over a driving video's K/V)")
+    return "animate2", "wan22", []
 
 
 def _shared(v: View, b: Backbone, suffix: str, releases: str) -> list[str]:

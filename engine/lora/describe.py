@@ -88,6 +88,12 @@ _UNET_NAMES = re.compile(r"(down_blocks|up_blocks|mid_block|input_blocks|output_
 # `img_mlp.fc1` / `img_mod.linear` (FLUX.1 says `img_mlp.0`, `img_mod.lin`); HiDream's stream blocks.
 # The family patterns below are searched in all diffusion module names at once, one name per line.
 _WAN = re.compile(r"^(?:vace_)?blocks_\d+_(?:self_attn|cross_attn|attn1|attn2|ffn)_", re.MULTILINE)
+# Wan-Animate-2's blocks: the release's wrapped ones (`blocks.N.block.self_attn.q`) or diffusers' (`self_attn.to_q`,
+# `cross_attn.add_k_proj`): Wan 2.2's family (engine.detect.wan), checked before plain Wan's names.
+_WAN_ANIMATE2 = re.compile(
+    r"^blocks_\d+_(?:block_(?:self_attn|cross_attn|ffn|norm3)_?|(?:self|cross)_attn_(?:to_|add_[kv]_proj|norm_added_k))",
+    re.MULTILINE,
+)
 _WAN_Q = re.compile(r"^blocks_\d+_(?:self_attn_q|attn1_to_q)$")
 _QWEN = re.compile(r"^transformer_blocks_\d+_(?:img_mod|txt_mod|img_mlp|txt_mlp)_", re.MULTILINE)
 # Qwen-Image 2.1 (diffusers' QwenImage21Transformer2DModel): a SwiGLU `img_mlp.{gate_layer, proj, out}` (ComfyUI's
@@ -180,6 +186,8 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "qwen_image21"
     if _any_line(_QWEN, lines, "\ntransformer_blocks_"):
         return True, "qwen_image"
+    if _any_line(_WAN_ANIMATE2, lines, "_block_", "_attn_to_", "_attn_add_", "_norm_added_k"):
+        return True, "wan22"
     if _any_line(_WAN, lines, "\nblocks_", "\nvace_blocks_"):
         width = _width(diff, facts, _WAN_Q)
         return True, "hunyuan_dit" if width == _HUNYUAN_DIT_WIDTH else _WAN_WIDTH.get(width)

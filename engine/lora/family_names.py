@@ -86,6 +86,14 @@ WAN: tuple[tuple[str, str], ...] = (
     *((f"vace_blocks.{{n}}.{o}", f"vace_blocks.{{n}}.{d}") for o, d in _WAN_BLOCK),
 )
 
+# Wan-Animate-2: the release wraps each Wan block (`blocks.N.block.…`); diffusers unwraps it and renames only the
+# attentions' projections (`convert_wan_animate_2_transformer_to_diffusers`); its other modules keep one name.
+_ANIMATE2_ATTN = (("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"), ("norm_q", "norm_q"),
+                  ("norm_k", "norm_k"), ("k_img", "add_k_proj"), ("v_img", "add_v_proj"), ("norm_k_img", "norm_added_k"))  # fmt: skip
+WAN_ANIMATE2: tuple[tuple[str, str], ...] = (
+    *((f"blocks.{{n}}.block.{a}.{o}", f"blocks.{{n}}.{a}.{d}") for a in ("self_attn", "cross_attn") for o, d in _ANIMATE2_ATTN),
+    *((f"blocks.{{n}}.block.{m}", f"blocks.{{n}}.{m}") for m in ("ffn.0", "ffn.2", "norm3")),
+)  # fmt: skip
 # Z-Image (NextDiT with a single fused qkv, equal thirds) in diffusers' ZImageTransformer2DModel form; Z-Image Omni's
 # SigLIP refiner blocks are named as the others (the converter's `.attention.out` / `.attention.qkv` renames hold for
 # every stack), without their adaLN.
@@ -308,7 +316,22 @@ def _table(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, r
     return tuple((template_pattern(o), d, template_pattern(d), o) for o, d in pairs)
 
 
-_ALL = (WAN, Z_IMAGE, LUMINA2, HUNYUAN, LTX, AURAFLOW, COSMOS, KREA2, PIXART, SANA, FLUX3, MOCHI, HUNYUAN_DIT)
+_ALL = (
+    WAN,
+    WAN_ANIMATE2,
+    Z_IMAGE,
+    LUMINA2,
+    HUNYUAN,
+    LTX,
+    AURAFLOW,
+    COSMOS,
+    KREA2,
+    PIXART,
+    SANA,
+    FLUX3,
+    MOCHI,
+    HUNYUAN_DIT,
+)
 _TABLES = {id(t): _table(t) for t in _ALL}
 # The tables whose fused modules, swapped halves or extra names engine.lora.family_names_dits adds.
 _EXTRAS = {id(PIXART): "pixart", id(SANA): "pixart", id(MOCHI): "mochi", id(HUNYUAN_DIT): "hunyuan_dit"}
@@ -351,6 +374,8 @@ def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
         )
     ):
         out.append(WAN)
+    if any(p.startswith("blocks.") and (".block.self_attn." in p or ".self_attn.to_q" in p) for p in ps):
+        out.append(WAN_ANIMATE2)  # the release's wrapped blocks or diffusers' names for them
     if any(p.startswith(_NEXTDIT_STACKS) for p in ps) and any(
         ".attention." in p or ".attn." in p for p in ps
     ):

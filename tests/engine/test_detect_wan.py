@@ -164,3 +164,38 @@ def test_wan22_animate_and_s2v_markers():
     rows = V.wan_original(V.WAN21_T2V_14B.with_(layers=3))
     rows.lin("casual_audio_encoder.encoder.final_linear", 5120, 1024)
     assert (detect(rows).architecture, detect(rows).variant) == ("wan22", "s2v-14b")
+
+
+def _animate2_rows(prefix: str = "") -> dict:
+    return V.wan_animate2_release(V.WAN_ANIMATE2_14B.with_(layers=3)).under(prefix)
+
+
+@pytest.mark.parametrize("prefix", ["", "model.diffusion_model."])
+def test_wan_animate2_release_naming_through_diffusers_converter(prefix):
+    c = V.WAN_ANIMATE2_14B.with_(layers=3)
+    rows = _animate2_rows(prefix)
+    # diffusers' own converter turns our release layout into the real class's keys
+    ref = meta_shapes(diffusers.WanAnimate2Transformer3DModel, **V.wan_animate2_diffusers_config(c))
+    assert_same(converted(sfu.convert_wan_animate_2_transformer_to_diffusers, dict(rows)), ref)
+    for layout, want_prefix in ((rows, prefix), (ref, "")):
+        d = detect(layout)
+        assert (d.kind, d.architecture, d.variant, d.also, d.prediction) == (
+            "diffusion_model",
+            "wan22",
+            "animate2-14b",
+            (),
+            "flow",
+        )
+        assert d.components["transformer"].prefix == want_prefix and set(d.components) == {"transformer"}
+        assert any("Wan-Animate-2" in e.reason for e in d.evidence)
+
+
+def test_wan_animate2_and_animate1_are_not_read_as_each_other():
+    one = detect(meta_shapes(diffusers.WanAnimateTransformer3DModel, num_layers=2))
+    assert (one.architecture, one.variant) == ("wan22", "animate-14b")
+    assert not any("Wan-Animate-2" in e.reason for e in one.evidence)
+    two = detect(_animate2_rows())
+    assert two.variant == "animate2-14b" and not any("Wan 2.2 Animate" in e.reason for e in two.evidence)
+    # a middle shard (no stem, no head) is still Animate-2, from its wrapped blocks
+    shard = blocks_only(V.wan_animate2_release(V.WAN_ANIMATE2_14B), "blocks.", 10, 20)
+    assert detect(shard).variant == "animate2-14b"

@@ -150,6 +150,27 @@ def wan_animate_original(c: WanConfig, size: int = 512, channels: dict | None = 
     return r
 
 
+# Wan-Animate-2 (diffusers `transformer_wan_animate_2.py`, WanAnimate2Transformer3DModel): Wan 2.1 I2V 14B's network,
+# every block wrapped in the release's in-context module (`blocks.N.block.…`, which diffusers'
+# `convert_wan_animate_2_transformer_to_diffusers` unwraps); the tests check it through that converter.
+WAN_ANIMATE2_14B = WanConfig(in_dim=36, clip_image=True)
+
+
+def wan_animate2_release(c: WanConfig) -> Rows:
+    out = Rows()
+    for k, s in wan_original(c).items():
+        if k.startswith("blocks."):
+            _, n, rest = k.split(".", 2)
+            k = f"blocks.{n}.block.{rest}"
+        out[k] = s
+    return out
+
+
+def wan_animate2_diffusers_config(c: WanConfig, layers: int | None = None) -> dict:
+    return dict(in_dim=c.in_dim, dim=c.dim, ffn_dim=c.ffn, out_dim=c.out_dim, num_heads=c.dim // 128,
+                num_layers=layers or c.layers, use_img_emb=c.clip_image)  # fmt: skip
+
+
 def wan_diffusers_config(c: WanConfig, layers: int | None = None) -> dict:
     """WanTransformer3DModel / WanVACETransformer3DModel arguments for the same release."""
     cfg = dict(
