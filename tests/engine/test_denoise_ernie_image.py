@@ -147,3 +147,39 @@ def test_a_gguf_ernie_image_steps_like_its_dequantized_twin(tmp_path):
     assert (
         "layers.0.self_attention.to_q.weight" in quantized and "layers.1.mlp.linear_fc2.weight" in quantized
     )
+
+
+# The modules a LoRA adapts (the release's and diffusers' names are one): every Linear of a layer, the shared
+# modulation, the stem and the head.
+LORA_MODULES = ("layers.0.self_attention.to_q", "layers.1.self_attention.to_k", "layers.0.self_attention.to_v",
+                "layers.1.self_attention.to_out.0", "layers.0.mlp.gate_proj", "layers.1.mlp.up_proj",
+                "layers.0.mlp.linear_fc2", "adaLN_modulation.1", "text_proj", "time_embedding.linear_1",
+                "final_norm.linear", "final_linear")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "fmt, base, budget",
+    [("peft", "release", None), ("peft", "bare", 0.0), ("release", "bare", None), ("release", "release", 0.0),
+     ("kohya", "release", None), ("kohya", "bare", 0.0)],
+)  # fmt: skip
+def test_a_lora_in_either_naming_lands_on_a_base_in_either_naming(ernie, tmp_path, fmt, base, budget):
+    """PEFT (`transformer.` + diffusers' names), the release's (`diffusion_model.` + lora_down / up + alpha) and kohya's
+    (`lora_unet_`, underscored), baked (resident) and on the fly (streamed): equal to diffusers' model with the LoRA
+    merged by hand; every module of it placed; its base told from its names."""
+    from denoise_files import check_lora_step, lora_and_merged, plain_and_merged
+
+    diff_path, release_path, ref, sd = ernie
+    path = release_path if base == "release" else diff_path
+    prefix = {"peft": "transformer.", "release": "diffusion_model.", "kohya": "lora_unet_"}[fmt]
+    names = {d: prefix + (d.replace(".", "_") if fmt == "kohya" else d) for d in LORA_MODULES}
+    strength = 0.8
+    lora, merged = lora_and_merged(
+        {k: v.clone() for k, v in sd.items()}, names, strength, seed=7, kohya=fmt != "peft"
+    )
+    x = {k: v[:1] for k, v in _inputs(_bound(path), seed=9).items()}
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
+    assert rel_l2(plain, want) > 100 * TOL
+    what = f"ernie_image LoRA ({fmt} on {base}, budget {budget})"
+    check_lora_step(
+        path, lora, strength, x, tmp_path, budget, want, len(LORA_MODULES), what, "ernie_image", TOL
+    )
