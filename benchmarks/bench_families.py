@@ -1,5 +1,5 @@
 """diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2, Qwen-Image
-2.1), PixArt, Mochi 1, Hunyuan-DiT, FLUX.3 and Wan-Animate-2 on
+2.1), PixArt, Mochi 1, Hunyuan-DiT, FLUX.3, Wan-Animate-2 and ERNIE-Image on
 Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
 coordinates, masks) built here from the same inputs Loadout's step gets."""
 
@@ -55,6 +55,11 @@ def run_diffusers(model, family: str, x: dict):
         out = model(hidden_states=packed, encoder_hidden_states=x["context"], timestep=x["timesteps"],
                     position_ids=ids).sample  # fmt: skip
         return out.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+    if family == "ernie_image":  # Loadout's names are diffusers' forward's; every text token kept
+        b, t = x["text_bth"].shape[:2]
+        lens = x.get("text_lens", torch.full((b,), t, device=x["text_bth"].device))
+        return model(hidden_states=x["hidden_states"], timestep=x["timestep"], text_bth=x["text_bth"],
+                     text_lens=lens.long()).sample  # fmt: skip
     if family == "qwen_image21":
         # text to image: unpatched tokens, the target's slots in img_mask, its tokens out
         b, c, h, w = x["x"].shape

@@ -41,6 +41,8 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * mochi: Mochi 1 at its real width (visual 3072: 24 heads of 128, SwiGLU 8192; text 1536; T5-XXL 4096 through
     the attention pool) at 2 of its 48 blocks (the last leaving the text as it is), one 848×480 latent frame
     (1590 tokens), 256 T5 tokens.
+  * ernie_image: ERNIE-Image at its real width (3072, 24 heads of 128, a GELU-gated MLP of 8192, 2560-wide text)
+    at 2 of its 24 layers (0.33 B parameters, 1.3 GB) at 512×512 pixels (1024 image tokens) with 256 text tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
     reduced depth (1 main layer, 1 noise and 1 caption refiner: 0.56 B parameters, 2.2 GB) at 512×512
     pixels (1024 image tokens) with 128 caption tokens.
@@ -78,7 +80,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|ernie_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -180,6 +182,8 @@ HIDREAM = dict(
 # Mochi 1's width (diffusers' MochiTransformer3DModel defaults: genmo/mochi-1-preview's config, 24 heads of 128, text
 # 1536, T5-XXL 4096) at 2 of its 48 blocks
 MOCHI = dict(num_layers=2)
+# ERNIE-Image's width (diffusers' ErnieImageTransformer2DModel defaults) at 2 of its 24 layers
+ERNIE_IMAGE = dict(num_layers=2)
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
@@ -199,10 +203,11 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "mochi": ((848, 480), "transformer", "mochi"),
             "qwen_image21": ((1024, 1024), "transformer", "qwen_image21"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image"),
+            "ernie_image": ((512, 512), "transformer", "ernie_image"),
             "wan_animate2": ((480, 480), "transformer", "wan22")}  # fmt: skip
 # the families whose diffusers side bench_families.run_diffusers runs
 FAMILIES_RUN_BY_BENCH_FAMILIES = ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3",
-                                  "hunyuan_dit", "mochi", "wan_animate2")  # fmt: skip
+                                  "hunyuan_dit", "mochi", "ernie_image", "wan_animate2")  # fmt: skip
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -293,6 +298,10 @@ def _diffusers_model(family: str):
             from diffusers import MochiTransformer3DModel
 
             return MochiTransformer3DModel(**MOCHI)
+        if family == "ernie_image":
+            from diffusers import ErnieImageTransformer2DModel
+
+            return ErnieImageTransformer2DModel(**ERNIE_IMAGE)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
@@ -718,7 +727,8 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "cosmos": "Cosmos Predict2 2B width, 2 blocks, 512x512",
              "krea2": "Krea 2 width, 1 block, 512x512",
              "wan_animate2": "Wan-Animate-2 at the 1.3B width, 4 blocks, two 480x480 frames and a driving frame",
-             "qwen_edit": "Qwen-Image-Edit 2511 width, 1 block, 512x512 with a 512x512 reference"}[fam]  # fmt: skip
+             "qwen_edit": "Qwen-Image-Edit 2511 width, 1 block, 512x512 with a 512x512 reference",
+             "ernie_image": "ERNIE-Image width, 2 layers, 512x512"}[fam]  # fmt: skip
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip
     for name, r in st.items():

@@ -323,7 +323,7 @@ STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "une
               "hunyuan_video15": "hunyuan_video15", "ltxv": "ltxv", "ltx2": "ltx2",
               "cosmos_predict2": "cosmos", "krea2": "krea2", "hunyuan_image21": "hunyuan_image21",
               "sana": "sana", "pixart": "pixart", "hunyuan_dit": "hunyuan_dit", "mochi": "mochi",
-              "hidream": "hidream"}  # fmt: skip
+              "hidream": "hidream", "ernie_image": "ernie_image"}  # fmt: skip
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
     "sd1": (512, 512),
@@ -358,6 +358,7 @@ NATIVE_PX = {
     "mochi": (848, 480),  # its pipeline's default (163 frames; one latent frame per step unit, as Wan's)
     "hunyuan_dit": (1024, 1024),
     "hidream": (1024, 1024),
+    "ernie_image": (1024, 1024),  # its pipeline's default size
 }
 
 

@@ -1,6 +1,6 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's,
 FLUX.2's, FLUX.3's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's (1 and 2.1), Z-Image's, Lumina 2's, AuraFlow's, Wan
-2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's, Hunyuan-DiT's and HiDream-I1's, run on the component's own castable ops (the residency manager's modules, tiers and
+2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's, Hunyuan-DiT's, HiDream-I1's and ERNIE-Image's, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
@@ -43,6 +43,7 @@ HIDREAM = ("hidream",)  # HiDream-I1 Full / Dev / Fast, and HiDream-E1 on its la
 HUNYUAN_IMAGE = ("hunyuan_image21",)  # HunyuanImage 2.1 (engine.denoise.hunyuan_image)
 MOCHI = ("mochi",)  # Mochi 1 (Genmo's 10B asymmetric joint DiT) (engine.denoise.mochi)
 COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B and 14B (engine.denoise.cosmos)
+ERNIE_IMAGE = ("ernie_image",)  # ERNIE-Image (engine.denoise.ernie_image)
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),
     *(
@@ -58,6 +59,7 @@ SUPPORTED = (
         + HUNYUAN_DIT
         + HIDREAM
         + MOCHI
+        + ERNIE_IMAGE
     ),
 )
 _MISFIT = re.compile(
@@ -283,6 +285,11 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
         ops = ops.renamed(cast)
         bind = bind_wan_animate if is_animate(mods) else bind_wan
         return Denoiser("wan", architecture, naming, bind(ops, architecture, dtype, Taken(plain, ops)))
+    if architecture in ERNIE_IMAGE:
+        from .ernie_image import bind_ernie_image
+
+        model = bind_ernie_image(ops, mods, architecture, dtype)
+        return Denoiser("ernie_image", architecture, "release", model)
     if architecture in FLUX3:
         from .flux3 import bind_flux3
 

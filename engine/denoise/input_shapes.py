@@ -101,6 +101,10 @@ def _family_shapes(model, got) -> dict:
         return out
     if getattr(model, "family", "") in ("hunyuan_video15", "hunyuan_image21"):
         return _hunyuan15_shapes(model, got)
+    if getattr(model, "family", "") == "ernie_image":
+        from .ernie_image import input_shapes as ernie_shapes
+
+        return ernie_shapes(model, got)
     if getattr(model, "family", "") == "flux3":
         from .flux3 import input_shapes
 

@@ -152,6 +152,11 @@ weights' names): `hidden_states` [B, L, 128] (2×2 patches of the 32-channel lat
 [B, T, 4] (0, 0, 0, i), and for the step-distilled (flow-map) model `target_timestep` [B] (the time the step jumps to:
 the next sigma, 0 after the last); optionally the reference images' `image_cond_hidden_states` [B, L', 128] and their
 `image_cond_ids` [B, L', 4] (l = −1, −2, … per image). Random: one reference image of the target's size.
+
+ERNIE-Image (diffusers' ErnieImageTransformer2DModel.forward; the release's own forward is not published):
+`hidden_states` [B, 128, h, w] (FLUX.2's 32-channel latent packed 2×2, a 16th of the pixels), `timestep` [B] in 0–1000
+(the scheduler's timesteps), `text_bth` [B, T, 2560] (the text encoder's second-to-last hidden states, zero-padded to
+the longest prompt) and optionally `text_lens` [B] (each prompt's token count; default all T).
 """
 
 from __future__ import annotations
@@ -193,6 +198,8 @@ COSMOS_INPUTS = ("x", "timesteps", "context")
 FLUX3_INPUTS = ("hidden_states", "encoder_hidden_states", "timestep", "img_ids", "txt_ids")
 FLUX3_OPTIONAL = ("image_cond_hidden_states", "image_cond_ids")  # a reference image's tokens
 FLUX3_TOKENS = 160  # two of the pipeline's 80-token pad multiples
+ERNIE_IMAGE_INPUTS = ("hidden_states", "timestep", "text_bth")  # diffusers' forward's names (and `text_lens`)
+ERNIE_IMAGE_TOKENS = 256
 KREA2_INPUTS = ("x", "timesteps", "context")
 KREA2_TOKENS = 256
 SANA_TOKENS = 300  # the Sana pipeline's max_sequence_length
@@ -303,6 +310,8 @@ def optional_names(model) -> tuple[str, ...]:
         return ("y_mask",)  # the prompt's tokens, [B, T]; default: every token
     if getattr(model, "family", "") == "flux3":
         return FLUX3_OPTIONAL
+    if getattr(model, "family", "") == "ernie_image":
+        return ("text_lens",)  # each prompt's tokens, [B]; default: every token
     if getattr(model, "family", "") == "hidream":
         return ("max_seq",)  # the tokens a non-square latent is padded to, [B]; default 4096
     if getattr(model, "family", "") == "cosmos":
@@ -351,6 +360,8 @@ def names(model) -> tuple[str, ...]:
         return HUNYUAN_DIT_INPUTS
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN15_INPUTS + (("guidance",) if model.guidance_in is not None else ())
+    if getattr(model, "family", "") == "ernie_image":
+        return ERNIE_IMAGE_INPUTS
     if getattr(model, "family", "") == "flux3":  # the flow map's time it jumps to
         return FLUX3_INPUTS + (("target_timestep",) if model.flow_map else ())
     if getattr(model, "family", "") == "hidream":

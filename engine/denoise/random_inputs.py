@@ -14,6 +14,7 @@ from .inputs import (
     AURAFLOW_TOKENS,
     CLIP_TOKENS,
     COSMOS_TOKENS,
+    ERNIE_IMAGE_TOKENS,
     FLUX2_GUIDANCE,
     FLUX3_TOKENS,
     FLUX_GUIDANCE,
@@ -159,6 +160,10 @@ def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generato
             ),
             "pooled_embeds": torch.randn(batch, model.pooled_dim, generator=g),
         }
+    if getattr(model, "family", "") == "ernie_image":  # FLUX.2's latent packed 2x2, its 1x1 patches
+        from .ernie_image import random_inputs as ernie_inputs
+
+        return ernie_inputs(model, *_latent(width, height, 16), ERNIE_IMAGE_TOKENS, batch, g)
     if getattr(model, "family", "") == "flux3":  # packed tokens, an image-to-image step
         from .flux3 import random_inputs as flux3_inputs
 

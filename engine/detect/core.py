@@ -304,9 +304,11 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
         return _diffusion(ix, base, backbone, encoders, vaes)
     if vaes:
         arch = _vae_arch(vaes[0])
-        if arch == "flux2" and not vaes[0].also:  # FLUX.3's pipelines decode with the FLUX.2 VAE
+        if arch == "flux2" and not vaes[0].also:  # FLUX.3 and ERNIE-Image decode with the FLUX.2 VAE
             why = "FLUX.3's pipelines decode with this very VAE (diffusers' AutoencoderKLFlux2) → also flux3"
-            return _single(ix, base, "vae", vaes, arch, ("flux3",), (Evidence("", None, why),))
+            ernie = "ERNIE-Image's pipeline decodes with it too (pipelines/ernie_image) → also ernie_image"
+            notes = (Evidence("", None, why), Evidence("", None, ernie))
+            return _single(ix, base, "vae", vaes, arch, ("flux3", "ernie_image"), notes)
         return _single(ix, base, "vae", vaes, arch, vaes[0].also)
     taesd = find_taesd(ix)
     if taesd:

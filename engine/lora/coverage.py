@@ -47,6 +47,7 @@ _LABEL = {
     "ltx2": "LTX-2",
     "mochi": "Mochi 1",
     "hunyuan_dit": "Hunyuan-DiT",
+    "ernie_image": "ERNIE-Image",
 }
 
 

@@ -42,6 +42,7 @@ _DIT_FAMILY = (
     "auraflow",
     "mochi",
     "hunyuan_dit",
+    "ernie_image",
 )
 
 
@@ -139,6 +140,12 @@ _HUNYUAN_DIT = re.compile(
     re.MULTILINE,
 )
 _HUNYUAN_DIT_WIDTH = 1408
+# ERNIE-Image (the release's names are diffusers' ErnieImageTransformer2DModel's): Megatron-style block names,
+# `layers.N.self_attention.to_q` (NextDiT's are `attention.` / `attn.`) and `mlp.linear_fc2` (its `gate_proj` /
+# `up_proj` alone are a decoder LLM's too, so they decide nothing)
+_ERNIE_IMAGE = re.compile(
+    r"^layers_\d+_(?:self_attention_(?:to_[qkv]|to_out_0)|mlp_linear_fc2)$", re.MULTILINE
+)
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
 # Hidden widths: Wan 1536 (2.1 1.3B), 5120 (2.1 14B; the 2.2 A14B experts share it), 3072 (2.2 TI2V 5B);
 # NextDiT 2304 (Lumina 2), 3840 (Z-Image). Facts of each release's config.
@@ -174,6 +181,8 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         "\nsingle_transformer_blocks_",
     ):
         return True, "flux3"
+    if _any_line(_ERNIE_IMAGE, lines, "\nlayers_"):
+        return True, "ernie_image"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
     if _any_line(_MOCHI, lines, "\nblocks_", "\ntransformer_blocks_"):

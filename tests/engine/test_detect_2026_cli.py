@@ -66,10 +66,13 @@ def _cases() -> list[tuple[str, dict, dict | None, tuple]]:
          ("vae", "hunyuan_video", "normal", [])),
         ("ltx2_vae.safetensors", P.ltx_vae_original(meta_shapes(d.AutoencoderKLLTX2Video), P.LTX2_STAGES, ltx2=True), None,
          ("vae", "ltx2", "normal", [])),
-        ("flux2-vae.safetensors", meta_shapes(d.AutoencoderKLFlux2), None, ("vae", "flux2", "normal", ["flux3"])),
+        ("flux2-vae.safetensors", meta_shapes(d.AutoencoderKLFlux2), None, ("vae", "flux2", "normal", ["flux3", "ernie_image"])),
         ("flux3_distilled_bf16.safetensors", {"model.diffusion_model." + k: v for k, v in
                                              to_bfl(meta_shapes(d.Flux3Transformer2DModel, flow_map=True)).items()},
          None, ("diffusion_model", "flux3", "distilled", [])),
+        ("ernie_image_bf16.safetensors", {"model.diffusion_model." + k: v for k, v in
+                                          meta_shapes(d.ErnieImageTransformer2DModel).items()},
+         None, ("diffusion_model", "ernie_image", None, [])),
         ("mochi_vae.safetensors", P.mochi_vae_decoder(), None, ("vae", "mochi", "normal", [])),
         ("umt5_xxl_fp16.safetensors", P.umt5_wan(), None, ("text_encoder", None, "normal", [])),
         ("qwen_3_4b.safetensors", meta_shapes(transformers.Qwen3ForCausalLM, qwen3), None, ("text_encoder", None, "normal", [])),

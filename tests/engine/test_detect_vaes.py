@@ -86,5 +86,5 @@ def test_mochi_vae_diffusers_and_genmo_parameter_counts():
 def test_flux2_vae_is_flux2():
     d = detect(meta_shapes(diffusers.AutoencoderKLFlux2))
     # FLUX.3's pipelines decode with it (diffusers' modular_pipelines/flux3/decoders.py)
-    assert (d.kind, d.architecture, d.also) == ("vae", "flux2", ("flux3",))
+    assert (d.kind, d.architecture, d.also) == ("vae", "flux2", ("flux3", "ernie_image"))
     assert any("FLUX.3" in e.reason for e in d.evidence)
