@@ -24,7 +24,7 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, flux, flux3, hunyuan, image_dits, nextdit, unets, video_dits, wan
+from . import dits, flux, flux3, hunyuan, image_dits, minimax_h3, nextdit, unets, video_dits, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
@@ -52,6 +52,7 @@ PROBES = (
     dits.hunyuan,
     dits.pixart,
     dits.cascade,
+    minimax_h3.minimax_h3,
 )
 
 
