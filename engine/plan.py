@@ -324,6 +324,7 @@ STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "une
               "cosmos_predict2": "cosmos", "krea2": "krea2", "hunyuan_image21": "hunyuan_image21",
               "sana": "sana", "pixart": "pixart", "hunyuan_dit": "hunyuan_dit", "mochi": "mochi",
               "hidream": "hidream"}  # fmt: skip
+STEP_KINDS["minimax_h3"] = "minimax_h3"
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
     "sd1": (512, 512),
@@ -358,6 +359,7 @@ NATIVE_PX = {
     "mochi": (848, 480),  # its pipeline's default (163 frames; one latent frame per step unit, as Wan's)
     "hunyuan_dit": (1024, 1024),
     "hidream": (1024, 1024),
+    "minimax_h3": (1344, 768),  # its pipeline's canvas (short edge 768, 768 x 1344 px at most)
 }
 
 

@@ -45,6 +45,7 @@ ACTIVATION_BYTES = {
     "ltxv": 96 * 1024,  # width 2048 (13B: 4096), 4x MLP, one token per 32x32 pixels
     "ltx2": 160 * 1024,  # video width 4096, 4x MLP, one token per 32x32 pixels (its audio tokens are few)
     "text": 64 * 1024,  # text encoders: per token
+    "minimax_h3": 256 * 1024,  # width 5376, SwiGLU 14336, per video row (text and audio rows ride)
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
@@ -52,6 +53,7 @@ UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "qwen_image": 16, "nextdit": 16, 
            "hunyuan_video": 16, "hunyuan_video15": 16,
            "ltxv": 32, "ltx2": 32, "cosmos": 16, "krea2": 16, "flux3": 16, "hunyuan_image21": 32,
            "sana": 32, "pixart": 16, "hunyuan_dit": 16, "hidream": 16, "qwen_image21": 16, "mochi": 16}  # fmt: skip
+UNIT_PX["minimax_h3"] = 32  # one row per 2x2 patch of its 16x VAE's latent
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.
 STEP_FRAMES = {"ltx2": 3}

@@ -101,6 +101,10 @@ def _family_shapes(model, got) -> dict:
         return out
     if getattr(model, "family", "") in ("hunyuan_video15", "hunyuan_image21"):
         return _hunyuan15_shapes(model, got)
+    if getattr(model, "family", "") == "minimax_h3":
+        from .minimax_h3 import input_shapes as minimax_shapes
+
+        return minimax_shapes(model, got)
     if getattr(model, "family", "") == "flux3":
         from .flux3 import input_shapes
 

@@ -352,6 +352,11 @@ def names(model) -> tuple[str, ...]:
         return HIDREAM_INPUTS
     if getattr(model, "family", "") == "cosmos":
         return COSMOS_INPUTS + (("t5xxl_ids",) if model.adapter is not None else ())
+    # MiniMax-H3: diffusers' forward arguments (engine.denoise.minimax_h3)
+    if getattr(model, "family", "") == "minimax_h3":
+        from .minimax_h3 import INPUTS
+
+        return INPUTS
     if getattr(model, "family", "") == "text":
         return TEXT_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
@@ -375,7 +380,9 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
     for n, shape in expect.items():
         t = got[n]
         ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape, strict=True))
-        if not ok or t.shape[batch_axis(n)] != b:
+        # MiniMax-H3's packed layout: one for the whole batch
+        unbatched = n in getattr(model, "unbatched", ())
+        if not ok or (not unbatched and t.shape[batch_axis(n)] != b):
             want_s = "[" + ", ".join("·" if s is None else str(s) for s in shape) + "]"
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}; expected {want_s} (batch {b})")
         if t.numel() == 0:
