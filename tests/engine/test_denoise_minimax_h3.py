@@ -210,3 +210,77 @@ def test_the_release_layout_binds_whole(tmp_path, naming):
     assert (len(m.blocks), len(m.refiner), m.heads, m.in_channels, m.audio_channels, m.context_dim) == (
         50, 2, 56, 96, 32, 5120)  # fmt: skip
     assert (m.rope is None) == (naming == "diffusers")
+
+
+# A LoRA in the other naming: diffusers' split q / k / v reach the release's fused qkv_proj as row blocks, the SwiGLU fc1
+# through its swapped halves; the rest by the table (engine.lora.family_names_dits.MINIMAX_H3).
+PEFT_NAMES = ("transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.to_v", "transformer_blocks.1.attn.to_k",
+              "transformer_blocks.0.attn.to_out.0", "transformer_blocks.1.ff.net.0.proj", "transformer_blocks.0.ff.net.2",
+              "transformer_blocks.1.adaln_proj.linear", "token_refiner.refiner_blocks.0.attn.to_k",
+              "token_refiner.refiner_blocks.0.ff.net.0.proj", "context_embedder", "proj_in", "audio_proj_out",
+              "norm_out.linear", "time_embedder.linear_2")  # fmt: skip
+# The release's names of diffusers' modules that are not fused in the release (a LoRA of the fused qkv_proj cannot land
+# on diffusers' split q / k / v: one adapter module is placed on one base weight).
+RELEASE_NAMES = {"transformer_blocks.0.attn.to_out.0": "blocks.0.attn.out_proj", "transformer_blocks.1.ff.net.0.proj":
+                 "blocks.1.mlp.fc1", "transformer_blocks.0.ff.net.2": "blocks.0.mlp.fc2",
+                 "transformer_blocks.0.adaln_proj.linear": "blocks.0.adaln_proj.linear",
+                 "token_refiner.refiner_blocks.0.ff.net.0.proj": "token_refiner.blocks.0.mlp.fc1",
+                 "context_embedder": "condition_proj",
+                 "proj_out": "final_layer.video_out", "audio_proj_in": "audio_patch_proj",
+                 "norm_out.linear": "final_layer.adaln_proj.linear", "time_embedder.linear_1": "time_embedder.proj_in"}  # fmt: skip
+
+
+def _swap_halves(w: torch.Tensor) -> torch.Tensor:
+    a, b = w.chunk(2, dim=0)
+    return torch.cat([b, a])
+
+
+def _lora_case(minimax, tmp_path, budget, base: str, keys: dict, kohya: bool):
+    from denoise_files import check_lora_step, lora_and_merged, plain_and_merged
+
+    ref = minimax["ref"]
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    strength = 0.8
+    lora, merged = lora_and_merged(sd, keys, strength, seed=7, kohya=kohya)
+    if base == "diffusers":  # the release's fc1 holds its halves the other way round: so does its ΔW
+        for d, k in keys.items():
+            if d.endswith("ff.net.0.proj"):
+                lora[f"{k}.lora_up.weight"] = _swap_halves(lora[f"{k}.lora_up.weight"])
+    x = _inputs(_bound(minimax[base]), 1, 5)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x)["out"])
+    assert rel_l2(plain, want) > 100 * TOL
+    what = f"minimax_h3 LoRA on the {base} file (budget {budget})"
+    check_lora_step(
+        minimax[base], lora, strength, x, tmp_path, budget, want, len(keys), what, "minimax_h3", TOL
+    )
+
+
+@pytest.mark.parametrize("budget", [None, 0.0])
+def test_a_peft_lora_lands_on_the_release_file(minimax, tmp_path, budget):
+    """A diffusers / PEFT LoRA (ai-toolkit's and diffusers' names) on the release-named file, baked (resident) and on
+    the fly (streamed): equal to diffusers' model with the LoRA merged by hand."""
+    _lora_case(minimax, tmp_path, budget, "release", {d: f"transformer.{d}" for d in PEFT_NAMES}, kohya=False)
+
+
+@pytest.mark.parametrize(("budget", "prefix"), [(None, "diffusion_model."), (0.0, "lora_unet_")])
+def test_a_release_named_lora_lands_on_the_diffusers_file(minimax, tmp_path, budget, prefix):
+    """A LoRA in the release's names (diffusion-pipe's `diffusion_model.`, kohya's `lora_unet_` with underscores) on the
+    diffusers-named file, baked and on the fly."""
+    keys = {
+        d: prefix + (r.replace(".", "_") if prefix.endswith("_") else r) for d, r in RELEASE_NAMES.items()
+    }
+    _lora_case(minimax, tmp_path, budget, "diffusers", keys, kohya=True)
+
+
+def test_a_peft_lora_of_the_attention_alone_names_minimax_h3_by_its_width():
+    """diffusers' attention names are many families'; MiniMax-H3's stream is 5376 wide (heads 7168)."""
+    from engine.lora.describe import describe_lora
+
+    r = 4
+    lora = {}
+    for n, (out, inp) in {"to_q": (7168, 5376), "to_k": (7168, 5376), "to_out.0": (5376, 7168)}.items():
+        lora[f"transformer.transformer_blocks.3.attn.{n}.lora_A.weight"] = (r, inp)
+        lora[f"transformer.transformer_blocks.3.attn.{n}.lora_B.weight"] = (out, r)
+    from engine.detect.keys import index_from_shapes
+
+    assert describe_lora(index_from_shapes(lora, None, dtype="BF16")).base == "minimax_h3"
