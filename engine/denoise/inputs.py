@@ -152,6 +152,11 @@ weights' names): `hidden_states` [B, L, 128] (2×2 patches of the 32-channel lat
 [B, T, 4] (0, 0, 0, i), and for the step-distilled (flow-map) model `target_timestep` [B] (the time the step jumps to:
 the next sigma, 0 after the last); optionally the reference images' `image_cond_hidden_states` [B, L', 128] and their
 `image_cond_ids` [B, L', 4] (l = −1, −2, … per image). Random: one reference image of the target's size.
+
+MiniMax-H3 (diffusers' MiniMaxH3Transformer3DModel.forward): `hidden_states` [B, Nv, 96], `audio_hidden_states` [B, Na,
+32], `encoder_hidden_states` [B, Nt, 5120], and one packed layout the batch shares, without a batch axis (the model's
+`unbatched`): `timestep` [K], `timestep_indices` / `token_tags` [S], `position_ids` [S, 3], `video_indices` [Nv],
+`audio_indices` [Na], `text_indices` [Nt] (engine.denoise.minimax_h3).
 """
 
 from __future__ import annotations

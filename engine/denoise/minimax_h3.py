@@ -221,9 +221,11 @@ def random_inputs(model: MiniMaxH3, h: int, w: int, batch: int, g: torch.Generat
     grid = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
     pos[t + a :, 0] = t
     pos[t + a :, 1:] = torch.stack([c.reshape(-1) for c in grid], dim=-1)
-    levels = torch.zeros(t + a + v)
+    levels = torch.zeros(
+        t + a + v, dtype=torch.long
+    )  # rows and tags as integers (a card's bf16 would round them)
     levels[t : t + a] = 1
-    tags = torch.ones(t + a + v)
+    tags = torch.ones(t + a + v, dtype=torch.long)
     tags[t : t + a], tags[t + a :] = 2, 0
     return {
         "hidden_states": torch.randn(batch, v, model.in_channels, generator=g),
@@ -233,9 +235,9 @@ def random_inputs(model: MiniMaxH3, h: int, w: int, batch: int, g: torch.Generat
         "timestep_indices": levels,
         "token_tags": tags,
         "position_ids": pos,
-        "video_indices": torch.arange(t + a, t + a + v).float(),
-        "audio_indices": torch.arange(t, t + a).float(),
-        "text_indices": torch.arange(t).float(),
+        "video_indices": torch.arange(t + a, t + a + v),
+        "audio_indices": torch.arange(t, t + a),
+        "text_indices": torch.arange(t),
     }
 
 
