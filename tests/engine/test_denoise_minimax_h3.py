@@ -284,3 +284,17 @@ def test_a_peft_lora_of_the_attention_alone_names_minimax_h3_by_its_width():
     from engine.detect.keys import index_from_shapes
 
     assert describe_lora(index_from_shapes(lora, None, dtype="BF16")).base == "minimax_h3"
+
+
+def test_the_release_files_rotary_frequencies_are_read(tmp_path):
+    """A release file's `rope.inv_freq` is what the forward turns by: 4 frequencies per axis (24 of each head's 32
+    channels), not diffusers' default 16."""
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    ref, sd = well_scaled(MiniMaxH3Transformer3DModel(**config(hidden_size=64)), 44)
+    den = _bound(write(tmp_path / "minimax_h3_rope4.safetensors", release(ref, sd)))
+    x = den.check_inputs(_inputs(den, 1, 6), "inputs")
+    want = _diffusers(ref, x)
+    with torch.inference_mode():
+        got = den.outputs(x)
+    assert all(rel_l2(got[k], want[k]) <= TOL for k in ("out", "audio_out"))
