@@ -350,6 +350,12 @@ def bind_minimax_h3(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype)
             f"{ops.what}: attention {inner} wide in heads of {head}, AdaLN rows {wshape(blocks[0].ada)[0]} for width "
             f"{dim}: not MiniMax-H3's 6 x 3 modulations per row of its per-head attention"
         )
+    if rope is None and head < 6 * ROPE_FREQS:
+        raise UnsupportedModel(
+            f"{ops.what}: heads of {head} channels, fewer than the {6 * ROPE_FREQS} diffusers' default rotary "
+            "frequencies turn, and no rope.inv_freq in the file to say its own: a diffusers-named file of another "
+            "rope_freq_dim (its config.json's) Loadout cannot read from the weights"
+        )
     final = tuple(ops[f"final_layer.{n}"] for n in ("norm", "adaln_proj.linear", "video_out", "audio_out"))
     model = MiniMaxH3(
         architecture, ops["video_patch_proj"], ops["audio_patch_proj"], ops["condition_proj"],

@@ -298,3 +298,15 @@ def test_the_release_files_rotary_frequencies_are_read(tmp_path):
     with torch.inference_mode():
         got = den.outputs(x)
     assert all(rel_l2(got[k], want[k]) <= TOL for k in ("out", "audio_out"))
+
+
+def test_narrow_heads_without_their_frequencies_are_refused(tmp_path):
+    """A diffusers-named file (no rope.inv_freq) whose heads are narrower than the default frequencies turn: refused in
+    words, not run at the wrong frequencies."""
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from engine.errors import UnsupportedModel
+
+    _, sd = well_scaled(MiniMaxH3Transformer3DModel(**config()), 45)
+    with pytest.raises(UnsupportedModel, match="rope_freq_dim"):
+        _bound(write(tmp_path / "minimax_h3_rope4_diffusers.safetensors", sd))
