@@ -77,6 +77,9 @@ def run_diffusers(model, family: str, x: dict):
         mask = x.get("y_mask", torch.ones(x["y_feat"].shape[:2], device=x["x"].device))
         return model(hidden_states=x["x"], encoder_hidden_states=x["y_feat"], timestep=1000 * (1 - x["sigma"]),
                      encoder_attention_mask=mask).sample  # fmt: skip
+    if family == "minimax_h3":  # Loadout's input names are diffusers' forward's; the layout's rows as indices
+        layout = ("timestep_indices", "token_tags", "video_indices", "audio_indices", "text_indices")
+        return model(**{k: v.long() if k in layout else v for k, v in x.items()}).sample
     if family == "hunyuan_dit":
         # v1.2: every text token kept; its pipeline's RoPE (the release's on a square grid)
         from diffusers.models.embeddings import get_2d_rotary_pos_embed

@@ -43,6 +43,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
     (1590 tokens), 256 T5 tokens.
   * ernie_image: ERNIE-Image at its real width (3072, 24 heads of 128, a GELU-gated MLP of 8192, 2560-wide text)
     at 2 of its 24 layers (0.33 B parameters, 1.3 GB) at 512×512 pixels (1024 image tokens) with 256 text tokens.
+  * minimax_h3: MiniMax-H3 at its real width (5376, 56 heads of 128, SwiGLU 14336, 5120-wide text, per-(level,
+    modality) AdaLN) at 1 of its 50 blocks and 1 of its 2 refiner blocks, one 512×512 frame packed with 256 text and
+    7 audio rows (519 rows).
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
     reduced depth (1 main layer, 1 noise and 1 caption refiner: 0.56 B parameters, 2.2 GB) at 512×512
     pixels (1024 image tokens) with 128 caption tokens.
@@ -80,7 +83,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|ernie_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|minimax_h3|ernie_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -184,6 +187,9 @@ HIDREAM = dict(
 MOCHI = dict(num_layers=2)
 # ERNIE-Image's width (diffusers' ErnieImageTransformer2DModel defaults) at 2 of its 24 layers
 ERNIE_IMAGE = dict(num_layers=2)
+# MiniMax-H3's width (diffusers' MiniMaxH3Transformer3DModel defaults: MiniMaxAI/MiniMax-H3's config) at 1 of its 50
+# blocks and 1 of its 2 token refiner blocks
+MINIMAX_H3 = dict(num_layers=1, num_refiner_layers=1)
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
@@ -201,6 +207,7 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "hunyuan_dit": ((1024, 1024), "transformer", "hunyuan_dit"),
             "hidream": ((512, 512), "transformer", "hidream"),
             "mochi": ((848, 480), "transformer", "mochi"),
+            "minimax_h3": ((512, 512), "transformer", "minimax_h3"),
             "qwen_image21": ((1024, 1024), "transformer", "qwen_image21"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image"),
             "ernie_image": ((512, 512), "transformer", "ernie_image"),
@@ -208,6 +215,7 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
 # the families whose diffusers side bench_families.run_diffusers runs
 FAMILIES_RUN_BY_BENCH_FAMILIES = ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3",
                                   "hunyuan_dit", "mochi", "ernie_image", "wan_animate2")  # fmt: skip
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("minimax_h3",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -302,6 +310,10 @@ def _diffusers_model(family: str):
             from diffusers import ErnieImageTransformer2DModel
 
             return ErnieImageTransformer2DModel(**ERNIE_IMAGE)
+        if family == "minimax_h3":
+            from diffusers import MiniMaxH3Transformer3DModel
+
+            return MiniMaxH3Transformer3DModel(**MINIMAX_H3)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
@@ -336,6 +348,10 @@ def real_rotary_tables(model, family: str) -> None:
 
         model.pos_embed = q21.QwenImage21Rope(theta=10000, axes_dim=list(model.config.axes_dims_rope))
         model.time_text_embed.time_proj = q21.QwenImage21TemporalTimesteps(timestep_dim=256)
+    elif family == "minimax_h3":  # its rotary frequencies (a buffer the file does not hold)
+        from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed
+
+        model.rope = MiniMaxH3RotaryPosEmbed(model.config.rope_freq_dim, model.config.rope_theta)
     elif family in ("qwen_image", "qwen_edit"):
         from diffusers.models.transformers.transformer_qwenimage import QwenEmbedRope
 

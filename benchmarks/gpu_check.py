@@ -72,6 +72,7 @@ TITLES = {
     "qwen_image21": "qwen_image21 width 1 block 1024x1024",
     "hidream": "hidream-i1 width 1+1 blocks 512x512",
     "mochi": "mochi 1 width 2 blocks one 848x480 frame",
+    "minimax_h3": "minimax-h3 width 1+1 refiner blocks 512x512 + 256 text + 7 audio rows",
     "flux3": "flux3 width 1+1+1 per-mode + 2 single blocks 256x256 + 256x256 reference",
     "qwen_edit": "qwen_edit 2511 width 1 block 512x512 + 512x512 reference",
     "wan_animate2": "wan_animate2 1.3B width 4 blocks two 480x480 frames + a driving frame",
@@ -92,6 +93,7 @@ BF16 = (
     "mochi",
     "flux3",
     "ernie_image",
+    "minimax_h3",
 )  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
@@ -278,7 +280,9 @@ def _step_diffusers(model: str, family: str, modules: list[str] | None, steps: i
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     dtype = _half(family) if cuda else torch.float32
-    x = {k: v.to(dev, dtype if v.is_floating_point() else v.dtype) for k, v in _inputs(model, family).items()}
+    # positions stay float32 (MiniMax-H3's pipeline passes them in float64; bf16 rounds a place past 256)
+    x = {k: v.to(dev, dtype if v.is_floating_point() and k != "position_ids" else v.dtype)
+         for k, v in _inputs(model, family).items()}  # fmt: skip
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -406,7 +410,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,ernie_image",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,minimax_h3,ernie_image",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")

@@ -323,7 +323,7 @@ STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "une
               "hunyuan_video15": "hunyuan_video15", "ltxv": "ltxv", "ltx2": "ltx2",
               "cosmos_predict2": "cosmos", "krea2": "krea2", "hunyuan_image21": "hunyuan_image21",
               "sana": "sana", "pixart": "pixart", "hunyuan_dit": "hunyuan_dit", "mochi": "mochi",
-              "hidream": "hidream", "ernie_image": "ernie_image"}  # fmt: skip
+              "hidream": "hidream", "ernie_image": "ernie_image", "minimax_h3": "minimax_h3"}  # fmt: skip
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
     "sd1": (512, 512),
@@ -359,6 +359,7 @@ NATIVE_PX = {
     "hunyuan_dit": (1024, 1024),
     "hidream": (1024, 1024),
     "ernie_image": (1024, 1024),  # its pipeline's default size
+    "minimax_h3": (1344, 768),  # its pipeline's canvas (short edge 768, 768 x 1344 px at most)
 }
 
 

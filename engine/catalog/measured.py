@@ -46,6 +46,7 @@ ACTIVATION_BYTES = {
     "ltx2": 160 * 1024,  # video width 4096, 4x MLP, one token per 32x32 pixels (its audio tokens are few)
     "ernie_image": 112 * 1024,  # width 3072, a GELU-gated MLP of 8192 (text tokens beside the image's)
     "text": 64 * 1024,  # text encoders: per token
+    "minimax_h3": 256 * 1024,  # width 5376, SwiGLU 14336, per video row (text and audio rows ride)
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
@@ -53,7 +54,7 @@ UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "qwen_image": 16, "nextdit": 16, 
            "hunyuan_video": 16, "hunyuan_video15": 16,
            "ltxv": 32, "ltx2": 32, "cosmos": 16, "krea2": 16, "flux3": 16, "hunyuan_image21": 32,
            "sana": 32, "pixart": 16, "hunyuan_dit": 16, "hidream": 16, "qwen_image21": 16, "mochi": 16,
-           "ernie_image": 16}  # fmt: skip
+           "ernie_image": 16, "minimax_h3": 32}  # fmt: skip
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.
 STEP_FRAMES = {"ltx2": 3}

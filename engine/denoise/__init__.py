@@ -42,6 +42,8 @@ HUNYUAN_DIT = ("hunyuan_dit",)  # Hunyuan-DiT v1.0 / v1.1 / v1.2, distilled (eng
 HIDREAM = ("hidream",)  # HiDream-I1 Full / Dev / Fast, and HiDream-E1 on its layout (engine.denoise.hidream)
 HUNYUAN_IMAGE = ("hunyuan_image21",)  # HunyuanImage 2.1 (engine.denoise.hunyuan_image)
 MOCHI = ("mochi",)  # Mochi 1 (Genmo's 10B asymmetric joint DiT) (engine.denoise.mochi)
+# MiniMax-H3's packed video + text + audio transformer (engine.denoise.minimax_h3)
+MINIMAX_H3 = ("minimax_h3",)
 COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B and 14B (engine.denoise.cosmos)
 ERNIE_IMAGE = ("ernie_image",)  # ERNIE-Image (engine.denoise.ernie_image)
 SUPPORTED = (
@@ -61,6 +63,7 @@ SUPPORTED = (
         + MOCHI
         + ERNIE_IMAGE
     ),
+    *MINIMAX_H3,
 )
 _MISFIT = re.compile(
     r"shapes cannot be multiplied|Given groups=|expected input\[|must match the size of tensor|"
@@ -242,6 +245,11 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
 
         naming, model = bind_mochi(ops, mods, architecture, dtype)
         return Denoiser("mochi", architecture, naming, model)
+    if architecture in MINIMAX_H3:
+        from .minimax_h3 import bind_minimax_h3
+
+        naming, model = bind_minimax_h3(ops, mods, architecture, dtype)
+        return Denoiser("minimax_h3", architecture, naming, model)
     if architecture in LTXV:
         from .ltxv import bind_ltxv
 

@@ -105,6 +105,10 @@ def _family_shapes(model, got) -> dict:
         from .ernie_image import input_shapes as ernie_shapes
 
         return ernie_shapes(model, got)
+    if getattr(model, "family", "") == "minimax_h3":
+        from .minimax_h3 import input_shapes as minimax_shapes
+
+        return minimax_shapes(model, got)
     if getattr(model, "family", "") == "flux3":
         from .flux3 import input_shapes
 

@@ -157,6 +157,11 @@ ERNIE-Image (diffusers' ErnieImageTransformer2DModel.forward; the release's own 
 `hidden_states` [B, 128, h, w] (FLUX.2's 32-channel latent packed 2×2, a 16th of the pixels), `timestep` [B] in 0–1000
 (the scheduler's timesteps), `text_bth` [B, T, 2560] (the text encoder's second-to-last hidden states, zero-padded to
 the longest prompt) and optionally `text_lens` [B] (each prompt's token count; default all T).
+
+MiniMax-H3 (diffusers' MiniMaxH3Transformer3DModel.forward): `hidden_states` [B, Nv, 96], `audio_hidden_states` [B, Na,
+32], `encoder_hidden_states` [B, Nt, 5120], and one packed layout the batch shares, without a batch axis (the model's
+`unbatched`): `timestep` [K], `timestep_indices` / `token_tags` [S], `position_ids` [S, 3], `video_indices` [Nv],
+`audio_indices` [Na], `text_indices` [Nt] (engine.denoise.minimax_h3).
 """
 
 from __future__ import annotations
@@ -368,6 +373,11 @@ def names(model) -> tuple[str, ...]:
         return HIDREAM_INPUTS
     if getattr(model, "family", "") == "cosmos":
         return COSMOS_INPUTS + (("t5xxl_ids",) if model.adapter is not None else ())
+    # MiniMax-H3: diffusers' forward arguments (engine.denoise.minimax_h3)
+    if getattr(model, "family", "") == "minimax_h3":
+        from .minimax_h3 import INPUTS
+
+        return INPUTS
     if getattr(model, "family", "") == "text":
         return TEXT_INPUTS
     return FLUX_INPUTS if model.guidance_in is not None else FLUX_INPUTS[:6]
@@ -391,7 +401,9 @@ def check_inputs(model, tensors: dict, source: str) -> dict:
     for n, shape in expect.items():
         t = got[n]
         ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape, strict=True))
-        if not ok or t.shape[batch_axis(n)] != b:
+        # MiniMax-H3's packed layout: one for the whole batch
+        unbatched = n in getattr(model, "unbatched", ())
+        if not ok or (not unbatched and t.shape[batch_axis(n)] != b):
             want_s = "[" + ", ".join("·" if s is None else str(s) for s in shape) + "]"
             raise FormatError(f"{source}: input {n} has shape {list(t.shape)}; expected {want_s} (batch {b})")
         if t.numel() == 0:

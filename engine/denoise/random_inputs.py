@@ -164,6 +164,10 @@ def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generato
         from .ernie_image import random_inputs as ernie_inputs
 
         return ernie_inputs(model, *_latent(width, height, 16), ERNIE_IMAGE_TOKENS, batch, g)
+    if getattr(model, "family", "") == "minimax_h3":  # one latent frame of its 16x VAE in 2x2 patches, packed
+        from .minimax_h3 import random_inputs as minimax_inputs
+
+        return minimax_inputs(model, *_latent(width, height, 32), batch, g)
     if getattr(model, "family", "") == "flux3":  # packed tokens, an image-to-image step
         from .flux3 import random_inputs as flux3_inputs
 

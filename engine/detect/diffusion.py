@@ -24,7 +24,7 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, ernie_image, flux, flux3, hunyuan, image_dits, nextdit, unets, video_dits, wan
+from . import dits, ernie_image, flux, flux3, hunyuan, image_dits, minimax_h3, nextdit, unets, video_dits, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
@@ -53,6 +53,7 @@ PROBES = (
     dits.pixart,
     dits.cascade,
     ernie_image.ernie_image,
+    minimax_h3.minimax_h3,
 )
 
 

@@ -145,6 +145,9 @@ _NOT_KL = {
     ".time_stack.": "temporal layers in the decoder (Stable Video Diffusion's)",
     "time_mix": "temporal layers in the decoder (Stable Video Diffusion's)",
     ".temporal_res_block.": "temporal layers in the decoder (Stable Video Diffusion's)",
+    # MiniMax-H3's VAEs (diffusers `autoencoder_kl_minimax_h3.py` / `_audio.py`): a ViT decoder; a BigVGAN one
+    "decoder.register_tokens": "a transformer decoder over latent patches (MiniMax-H3's video VAE)",
+    "decoder.conv_pre.": "a BigVGAN waveform decoder (an audio VAE: MiniMax-H3's)",
 }
 # A deep-compression autoencoder (diffusers `autoencoder_dc.py`; Sana's VAE is DC-AE f32c32): a decoder
 # of `up_blocks` with an output `norm_out` and no mid block, 32x spatial compression.

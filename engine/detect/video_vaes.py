@@ -28,6 +28,11 @@ Facts (cited, not copied):
 * Mochi (genmoai/mochi `vae/models.py`, names ComfyUI sd.py tests: `blocks.2.blocks.3.stack.5.weight`
   in the decoder, `layers.4.layers.1.attn_block.attn.qkv.weight` in the encoder; diffusers
   AutoencoderKLMochi `decoder.block_in`, `decoder.conv_in` from 12 channels): z 12.
+* MiniMax-H3 (diffusers AutoencoderKLMiniMaxH3, `autoencoder_kl_minimax_h3.py`): a causal 3-D convolution encoder
+  and a ViT decoder (`decoder.register_tokens`, `decoder.proj_in` from z 24, `decoder.transformer_blocks`) — no
+  other family's decoder; its audio VAE (AutoencoderKLMiniMaxH3Audio, `autoencoder_kl_minimax_h3_audio.py`):
+  `dec_in_proj` from z 32 into a BigVGAN waveform decoder (`decoder.conv_pre`, `decoder.ups`). Diffusers naming
+  only (its single-file converter has no VAE entry); neither is a network Loadout decodes.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ def _part(
 
 
 def find_video_vaes(ix: KeyIndex) -> list[Part]:
-    parts = _wan(ix) + _conv_wrapped(ix) + _mochi(ix)
+    parts = _wan(ix) + _conv_wrapped(ix) + _mochi(ix) + _minimax_h3(ix)
     seen: set[str] = set()
     return [p for p in parts if not (p.prefix in seen or seen.add(p.prefix))]
 
@@ -212,6 +217,23 @@ def _mochi(ix: KeyIndex) -> list[Part]:
                 f"Mochi's video VAE (diffusers naming) decoding {z} latent channels",
             )
         )
+    return out
+
+
+def _minimax_h3(ix: KeyIndex) -> list[Part]:
+    out = []
+    for p in ix.prefixes_for("decoder.register_tokens"):
+        key = p + "decoder.proj_in.weight"
+        if ix.has(p + "decoder.transformer_blocks.0.attn.to_q.weight") and ix.has(key):
+            z = ix.dim(key, 1)
+            why = f"a ViT decoder over {z}-channel latent patches (register tokens, transformer blocks) → MiniMax-H3's video VAE"
+            out.append(_part(ix, p, "minimax_h3", z, key, why))
+    for p in ix.prefixes_for("dec_in_proj.weight"):
+        key = p + "dec_in_proj.weight"
+        if ix.has(p + "decoder.conv_pre.weight_v") or ix.has(p + "decoder.conv_pre.weight"):
+            z = ix.dim(key, 1)
+            why = f"{z} latent channels into a BigVGAN waveform decoder → MiniMax-H3's audio VAE"
+            out.append(_part(ix, p, "minimax_h3", z, key, why, what="audio VAE"))
     return out
 
 

@@ -46,6 +46,7 @@ _LABEL = {
     "ltxv": "LTX-Video",
     "ltx2": "LTX-2",
     "mochi": "Mochi 1",
+    "minimax_h3": "MiniMax-H3",
     "hunyuan_dit": "Hunyuan-DiT",
     "ernie_image": "ERNIE-Image",
 }

@@ -43,6 +43,7 @@ _DIT_FAMILY = (
     "mochi",
     "hunyuan_dit",
     "ernie_image",
+    "minimax_h3",
 )
 
 
@@ -146,6 +147,16 @@ _HUNYUAN_DIT_WIDTH = 1408
 _ERNIE_IMAGE = re.compile(
     r"^layers_\d+_(?:self_attention_(?:to_[qkv]|to_out_0)|mlp_linear_fc2)$", re.MULTILINE
 )
+# MiniMax-H3 (the release's and diffusers' names: engine.lora.family_names_dits.MINIMAX_H3): a block's own AdaLN
+# projection, the release's fused `attn.qkv_proj` / `attn.out_proj` (in its refiner too), diffusers' token refiner and
+# audio heads; diffusers' attention alone by its width, 5376 (the release config's hidden_size).
+_MINIMAX_H3 = re.compile(
+    r"^(?:(?:token_refiner_)?blocks_\d+_attn_(?:qkv|out)_proj|(?:transformer_)?blocks_\d+_adaln_proj_linear"
+    r"|token_refiner_refiner_blocks_\d+_|final_layer_(?:video|audio)_out$|audio_proj_(?:in|out)$)",
+    re.MULTILINE,
+)
+_MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
+_MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
 # Hidden widths: Wan 1536 (2.1 1.3B), 5120 (2.1 14B; the 2.2 A14B experts share it), 3072 (2.2 TI2V 5B);
 # NextDiT 2304 (Lumina 2), 3840 (Z-Image). Facts of each release's config.
@@ -185,6 +196,10 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "ernie_image"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
+    if _any_line(_MINIMAX_H3, lines, "blocks_", "\nfinal_layer_", "\naudio_proj_") or (
+        "\ntransformer_blocks_" in lines and _width(diff, facts, _MINIMAX_H3_Q) == _MINIMAX_H3_WIDTH
+    ):
+        return True, "minimax_h3"
     if _any_line(_MOCHI, lines, "\nblocks_", "\ntransformer_blocks_"):
         return True, "mochi"
     if _any_line(_HUNYUAN_DIT, lines, "\nblocks_"):

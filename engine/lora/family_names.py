@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from .dit_names import View
-from .family_names_dits import HUNYUAN_DIT, MOCHI, PIXART, SANA, other_names_of, template_pattern
+from .family_names_dits import HUNYUAN_DIT, MINIMAX_H3, MOCHI, PIXART, SANA, other_names_of, template_pattern
 
 # Wan 2.1 / 2.2 (t2v, i2v, ti2v, VACE, fun): the rename is one-to-one.
 _WAN_BLOCK = (
@@ -316,25 +316,12 @@ def _table(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, r
     return tuple((template_pattern(o), d, template_pattern(d), o) for o, d in pairs)
 
 
-_ALL = (
-    WAN,
-    WAN_ANIMATE2,
-    Z_IMAGE,
-    LUMINA2,
-    HUNYUAN,
-    LTX,
-    AURAFLOW,
-    COSMOS,
-    KREA2,
-    PIXART,
-    SANA,
-    FLUX3,
-    MOCHI,
-    HUNYUAN_DIT,
-)
+_ALL = (WAN, WAN_ANIMATE2, Z_IMAGE, LUMINA2, HUNYUAN, LTX, AURAFLOW, COSMOS, KREA2, PIXART, SANA, FLUX3, MOCHI,
+        HUNYUAN_DIT, MINIMAX_H3)  # fmt: skip
 _TABLES = {id(t): _table(t) for t in _ALL}
 # The tables whose fused modules, swapped halves or extra names engine.lora.family_names_dits adds.
-_EXTRAS = {id(PIXART): "pixart", id(SANA): "pixart", id(MOCHI): "mochi", id(HUNYUAN_DIT): "hunyuan_dit"}
+_EXTRAS = {id(PIXART): "pixart", id(SANA): "pixart", id(MOCHI): "mochi", id(HUNYUAN_DIT): "hunyuan_dit",
+           id(MINIMAX_H3): "minimax_h3"}  # fmt: skip
 
 
 def _fill(template: str, m: re.Match) -> str:
@@ -403,6 +390,8 @@ def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
     if any(p.startswith(("txt_mode_blocks.", "content_mode_blocks.", "mode_blocks.", "early_stream_modulations."))
            for p in ps):  # fmt: skip
         out.append(FLUX3)
+    if any(p.endswith(".adaln_proj.linear") for p in ps):  # MiniMax-H3's per-block AdaLN projection
+        out.append(MINIMAX_H3)
     return out
 
 

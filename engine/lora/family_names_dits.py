@@ -82,6 +82,26 @@ MOCHI: tuple[tuple[str, str], ...] = (
     ("final_layer.linear", "proj_out"),
     *((f"blocks.{{n}}.{o}", f"transformer_blocks.{{n}}.{d}") for o, d in _MOCHI_BLOCK),
 )
+# MiniMax-H3 (diffusers' `convert_minimax_h3_transformer_checkpoint_to_diffusers`): the release's `blocks.N` and
+# `token_refiner.blocks.N` (fused qkv_proj, [q; k; v]) <-> diffusers' `transformer_blocks.N` and
+# `token_refiner.refiner_blocks.N`; the fused qkv_proj and the SwiGLU fc1 ([gate; value], diffusers [value; gate]) are
+# other_names_of's.
+_MM_BLOCK = (("attn.q_norm", "attn.norm_q"), ("attn.k_norm", "attn.norm_k"), ("attn.out_proj", "attn.to_out.0"),
+             ("mlp.fc2", "ff.net.2"), ("norm1", "norm1"), ("norm2", "norm2"))  # fmt: skip
+_MM_STACKS = (("blocks", "transformer_blocks"), ("token_refiner.blocks", "token_refiner.refiner_blocks"))
+MINIMAX_H3: tuple[tuple[str, str], ...] = (
+    ("video_patch_proj", "proj_in"),
+    ("audio_patch_proj", "audio_proj_in"),
+    ("condition_proj", "context_embedder"),
+    ("time_embedder.proj_in", "time_embedder.linear_1"),
+    ("time_embedder.proj_out", "time_embedder.linear_2"),
+    ("final_layer.norm", "norm_out.norm"),
+    ("final_layer.adaln_proj.linear", "norm_out.linear"),
+    ("final_layer.video_out", "proj_out"),
+    ("final_layer.audio_out", "audio_proj_out"),
+    ("blocks.{n}.adaln_proj.linear", "transformer_blocks.{n}.adaln_proj.linear"),
+    *((f"{o}.{{n}}.{a}", f"{d}.{{n}}.{b}") for o, d in _MM_STACKS for a, b in _MM_BLOCK),
+)
 # Hunyuan-DiT: both namings keep `blocks.N`. diffusers names the release's norm3 (before the cross-attention) norm2
 # and its norm2 (before the MLP) norm3: one name for two modules of one shape, which a base's own names answer first,
 # so those two stay out of the table: prefixed_names gives them where a name's prefix says its naming.
@@ -129,6 +149,7 @@ _SWAPPED = {
               ("blocks.{n}.mlp_y.w1", "transformer_blocks.{n}.ff_context.net.0.proj"),
               ("final_layer.mod", "norm_out.linear")),
     "hunyuan_dit": (("final_layer.adaLN_modulation.1", "norm_out.linear"),),
+    "minimax_h3": tuple((f"{o}.{{n}}.mlp.fc1", f"{d}.{{n}}.ff.net.0.proj") for o, d in _MM_STACKS),
 }  # fmt: skip
 _MOCHI_LAST_Y = re.compile(r"^blocks\.(\d+)\.mod_y$")
 
@@ -159,11 +180,30 @@ def other_names_of(family: str, out: dict, shapes: Mapping[str, tuple[int, ...]]
                     out.setdefault(
                         other.replace("{n}", m.group(1)) if m.groups() else other, (path, ("swap",))
                     )
+    if family == "minimax_h3":
+        _minimax_qkv(out, shapes)
     if family == "mochi":
         for path in shapes:
             m = _MOCHI_LAST_Y.match(path)
             if m:
                 out.setdefault(f"transformer_blocks.{m.group(1)}.norm1_context.linear_1", (path, None))
+
+
+_MM_QKV = re.compile(r"^(blocks|token_refiner\.blocks)\.(\d+)\.attn\.qkv_proj$")
+
+
+def _minimax_qkv(out: dict, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """MiniMax-H3's fused qkv_proj ([q; k; v], the published single files' stacked rows) as diffusers' to_q / to_k /
+    to_v row blocks, in both its stacks."""
+    stacks = dict(_MM_STACKS)
+    for path, shape in shapes.items():
+        m = _MM_QKV.match(path)
+        if m and len(shape) == 2 and shape[0] % 3 == 0:
+            rows = shape[0] // 3
+            for i, name in enumerate(("to_q", "to_k", "to_v")):
+                out.setdefault(
+                    f"{stacks[m.group(1)]}.{m.group(2)}.attn.{name}", (path, ("rows", i * rows, rows))
+                )
 
 
 # Hunyuan-DiT's blocks.N.norm2 / norm3, the one name two modules have. Only a prefix tells a LoRA's naming: diffusers'

@@ -62,6 +62,7 @@ INFERENCE_DTYPES = {
     "ltx2": _BF16_ONLY,  # ComfyUI's LTXAV, an LTXV
     "ltxav": _BF16_ONLY,
     "mochi": _BF16_ONLY,
+    "minimax_h3": _BF16_ONLY,  # its release: bfloat16 blocks (float32 patch projections, timestep MLP and heads)
     "wan21": DEFAULT_INFERENCE_DTYPES,
     "wan22": DEFAULT_INFERENCE_DTYPES,
     "hunyuan_video15": DEFAULT_INFERENCE_DTYPES,
