@@ -44,6 +44,8 @@ ACTIVATION_BYTES = {
     "hidream": 128 * 1024,  # width 2560, SwiGLU 6912 (two routed experts and the shared one per token)
     "ltxv": 96 * 1024,  # width 2048 (13B: 4096), 4x MLP, one token per 32x32 pixels
     "ltx2": 160 * 1024,  # video width 4096, 4x MLP, one token per 32x32 pixels (its audio tokens are few)
+    "stable_cascade_c": 160 * 1024,  # width 2048, a 4x channelwise MLP, attention over few positions
+    "stable_cascade_b": 32 * 1024,  # per 2x2 patch of its latent: level 0 is 320 wide (4x MLP), the skips
     "text": 64 * 1024,  # text encoders: per token
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
@@ -51,7 +53,8 @@ ACTIVATION_BYTES = {
 UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "qwen_image": 16, "nextdit": 16, "auraflow": 16, "wan": 16,
            "hunyuan_video": 16, "hunyuan_video15": 16,
            "ltxv": 32, "ltx2": 32, "cosmos": 16, "krea2": 16, "flux3": 16, "hunyuan_image21": 32,
-           "sana": 32, "pixart": 16, "hunyuan_dit": 16, "hidream": 16, "qwen_image21": 16, "mochi": 16}  # fmt: skip
+           "sana": 32, "pixart": 16, "hunyuan_dit": 16, "hidream": 16, "qwen_image21": 16, "mochi": 16,
+           "stable_cascade_c": 42, "stable_cascade_b": 8}  # fmt: skip
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.
 STEP_FRAMES = {"ltx2": 3}

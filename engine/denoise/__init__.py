@@ -1,6 +1,6 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's,
 FLUX.2's, FLUX.3's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's (1 and 2.1), Z-Image's, Lumina 2's, AuraFlow's, Wan
-2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's, Hunyuan-DiT's and HiDream-I1's, run on the component's own castable ops (the residency manager's modules, tiers and
+2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's, Hunyuan-DiT's, HiDream-I1's and Stable Cascade's Stage C and B UNets, run on the component's own castable ops (the residency manager's modules, tiers and
 patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
@@ -42,6 +42,7 @@ HUNYUAN_DIT = ("hunyuan_dit",)  # Hunyuan-DiT v1.0 / v1.1 / v1.2, distilled (eng
 HIDREAM = ("hidream",)  # HiDream-I1 Full / Dev / Fast, and HiDream-E1 on its layout (engine.denoise.hidream)
 HUNYUAN_IMAGE = ("hunyuan_image21",)  # HunyuanImage 2.1 (engine.denoise.hunyuan_image)
 MOCHI = ("mochi",)  # Mochi 1 (Genmo's 10B asymmetric joint DiT) (engine.denoise.mochi)
+STABLE_CASCADE = ("stable_cascade_c", "stable_cascade_b")  # Stage C and B (engine.denoise.stable_cascade)
 COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B and 14B (engine.denoise.cosmos)
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),
@@ -58,6 +59,7 @@ SUPPORTED = (
         + HUNYUAN_DIT
         + HIDREAM
         + MOCHI
+        + STABLE_CASCADE
     ),
 )
 _MISFIT = re.compile(
@@ -235,6 +237,11 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
 
         naming, model = bind_cosmos(ops, mods, architecture, dtype)
         return Denoiser("cosmos", architecture, naming, model)
+    if architecture in STABLE_CASCADE:
+        from .stable_cascade import bind_stable_cascade
+
+        naming, model = bind_stable_cascade(ops, mods, architecture, dtype)
+        return Denoiser(architecture, architecture, naming, model)  # two stages, two activation profiles
     if architecture in MOCHI:
         from .mochi import bind_mochi
 

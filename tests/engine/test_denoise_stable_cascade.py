@@ -1,0 +1,149 @@
+"""Stable Cascade's Stage C and Stage B UNets (engine.denoise.stable_cascade) against diffusers' StableCascadeUNet on
+the same weights, in diffusers' naming and the release's (Stability's files: each attention a torch
+MultiheadAttention, `attention.attn.in_proj_weight` / `out_proj`, Stage B's `clip_mapper`: the inverse of diffusers'
+convert_stable_cascade_unet_single_file_to_diffusers), reduced widths (64-wide heads, as every release's) and depths,
+float32, CPU; the op order, and a step fully and partially resident."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from denoise_files import check_steps_alike, recorded_order, rel_l2, well_scaled, write
+
+from engine import denoise
+from engine.detect import detect_file
+from engine.model import Component
+
+pytest.importorskip("diffusers")
+
+TOL = 1e-4
+TYPES = {"CT": ("SDCascadeResBlock", "SDCascadeTimestepBlock"),
+         "CTA": ("SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock")}  # fmt: skip
+# Stage C's shape (two levels joined by 1×1 mappings, sca and crp, text / pooled / image CLIP) and Stage B's (four
+# levels joined by 2×2 strided convolutions, attention in the last two, sca, effnet and pixels), narrowed
+STAGE_C = dict(in_channels=16, out_channels=16, patch_size=1, conditioning_dim=64, block_out_channels=(64, 128),
+               num_attention_heads=(1, 2), down_num_layers_per_block=(1, 2), up_num_layers_per_block=(2, 1),
+               down_blocks_repeat_mappers=(1, 1), up_blocks_repeat_mappers=(2, 1),
+               block_types_per_layer=(TYPES["CTA"], TYPES["CTA"]), clip_text_in_channels=32,
+               clip_text_pooled_in_channels=48, clip_image_in_channels=24, timestep_conditioning_type=("sca", "crp"),
+               dropout=(0.0, 0.0), switch_level=(False,))  # fmt: skip
+STAGE_B = dict(in_channels=4, out_channels=4, patch_size=2, conditioning_dim=64, block_out_channels=(32, 32, 64, 64),
+               num_attention_heads=(0, 0, 1, 1), down_num_layers_per_block=(1, 1, 1, 1),
+               up_num_layers_per_block=(1, 1, 1, 1), down_blocks_repeat_mappers=(1, 1, 1, 1),
+               up_blocks_repeat_mappers=(2, 2, 1, 1), block_types_per_layer=(TYPES["CT"], TYPES["CT"], TYPES["CTA"],
+               TYPES["CTA"]), clip_text_pooled_in_channels=48, effnet_in_channels=16, pixel_mapper_in_channels=3,
+               timestep_conditioning_type=("sca",), dropout=(0.0,) * 4)  # fmt: skip
+ARCH = {"c": "stable_cascade_c", "b": "stable_cascade_b"}
+
+
+def release(sd: dict, stage: str) -> dict:
+    """diffusers' names back in the release's: q / k / v fused row-wise into a MultiheadAttention's in_proj, its output
+    projection `attn.out_proj`; Stage B's pooled mapper `clip_mapper`."""
+    out = {}
+    for k, v in sd.items():
+        if ".attention.to_k." in k or ".attention.to_v." in k:
+            continue
+        if ".attention.to_q." in k:
+            attr = k.rsplit(".", 1)[1]
+            base = k.split(".attention.to_q.")[0] + ".attention"
+            out[f"{base}.attn.in_proj_{attr}"] = torch.cat([sd[f"{base}.to_{n}.{attr}"] for n in "qkv"])
+            continue
+        k = k.replace(".attention.to_out.0.", ".attention.attn.out_proj.")
+        if stage == "b":
+            k = k.replace("clip_txt_pooled_mapper.", "clip_mapper.")
+        out[k] = v
+    return out
+
+
+@pytest.fixture(scope="module")
+def cascade(tmp_path_factory):
+    from diffusers import StableCascadeUNet
+
+    d = tmp_path_factory.mktemp("cascade")
+    out = {}
+    for stage, cfg in (("c", STAGE_C), ("b", STAGE_B)):
+        ref, sd = well_scaled(StableCascadeUNet(**cfg), seed=11 if stage == "c" else 12)
+        out[stage] = {
+            "ref": ref,
+            "diffusers": write(d / f"stage_{stage}_diffusers.safetensors", sd),
+            "release": write(d / f"stage_{stage}.safetensors", release(sd, stage)),
+        }
+    return out
+
+
+def _bound(path, stage: str):
+    det = detect_file(str(path))
+    assert det.architecture == ARCH[stage]
+    name, comp = next(iter(det.components.items()))
+    return denoise.bind(Component(name, path, comp.prefix), ARCH[stage])
+
+
+def _diffusers(ref, stage: str, x: dict) -> torch.Tensor:
+    """diffusers' forward on the original's inputs: sample = x, timestep_ratio = r, Stage B's clip its pooled text."""
+    with torch.inference_mode():
+        if stage == "c":
+            return ref(x["x"], x["r"], clip_text_pooled=x["clip_text_pooled"], clip_text=x["clip_text"],
+                       clip_img=x["clip_img"], return_dict=False)[0]  # fmt: skip
+        return ref(x["x"], x["r"], clip_text_pooled=x["clip"], effnet=x["effnet"], pixels=x.get("pixels"),
+                   return_dict=False)[0]  # fmt: skip
+
+
+@pytest.mark.parametrize("naming", ["diffusers", "release"])
+@pytest.mark.parametrize("stage", ["c", "b"])
+def test_equals_diffusers(cascade, stage, naming):
+    den = _bound(cascade[stage][naming], stage)
+    assert den.naming == naming
+    want_names = (
+        ("x", "r", "clip_text", "clip_text_pooled", "clip_img")
+        if stage == "c"
+        else ("x", "r", "effnet", "clip")
+    )
+    assert den.input_names == want_names
+    x = den.check_inputs(den.random_inputs(512, 384, batch=2, seed=3), "inputs")
+    if (
+        stage == "c"
+    ):  # ceil(px / 42.67): a 12 x 9 latent, 77 prompt tokens, one pooled and one image embedding
+        assert x["x"].shape == (2, 16, 9, 12) and x["clip_text"].shape == (2, 77, 32)
+        x["clip_text"] = x["clip_text"][:, :20]
+    else:  # int(12 · 10.67) x int(9 · 10.67), made even; Stage C's latent as effnet
+        assert x["x"].shape == (2, 4, 96, 128) and x["effnet"].shape == (2, 16, 9, 12)
+        x["x"] = x["x"][..., :34, :46]  # odd sizes on the way down: resized on the way up
+    want = _diffusers(cascade[stage]["ref"], stage, x)
+    with torch.inference_mode():
+        out = den(x)
+        err = rel_l2(out, want)
+        print(f"stable cascade stage {stage} ({naming}): relative L2 {err:.2e}")
+        assert out.shape == x["x"].shape and err <= TOL
+        if stage == "b":  # given pixels reach the output
+            x["pixels"] = torch.randn(2, 3, 8, 8)
+            want = _diffusers(cascade[stage]["ref"], stage, x)
+            assert rel_l2(den(x), want) <= TOL
+        x["r"] = x["r"].flip(0)
+        assert rel_l2(den(x), want) > 1e-3  # the noise ratio counts
+
+
+@pytest.mark.parametrize("stage", ["c", "b"])
+def test_op_order_is_the_call_order(cascade, stage):
+    """op_order() is the call order with each op at its first call (a level's later passes over its blocks, one per
+    repeat mapper, call them again: the streamer reads those on demand), and names every layer but the plain holders
+    the forward reads itself (GlobalResponseNorm's, the release's in_proj, a transposed convolution widening)."""
+    path = cascade[stage]["release"]
+    det = detect_file(str(path))
+    name, comp = next(iter(det.components.items()))
+    c = Component(name, path, comp.prefix)
+    den = denoise.bind(c, ARCH[stage])
+    seen = recorded_order(den, c, den.random_inputs(64, 64))
+    first = list({id(o): o for o in seen}.values())
+    assert len(seen) > len(first)  # the tiny models repeat a level
+    assert [id(o) for o in first] == [id(o) for o in den.op_order()]
+    m = den.model
+    plain = sum(1 for lv in m.down + m.up for b in lv.blocks if type(b).__name__ in ("Res", "Attn"))
+    plain += sum(1 for lv in m.up if lv.up is not None and not hasattr(lv.up, "cast_params"))
+    assert len(first) == len(c.units) - plain
+
+
+@pytest.mark.parametrize("stage", ["c", "b"])
+def test_steps_fully_and_partially_alike(cascade, stage, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
+    shape = (1, 16, 2, 2) if stage == "c" else (1, 4, 20, 20)
+    check_steps_alike(cascade[stage]["release"], tmp_path, 0.00001, ARCH[stage], shape)
