@@ -147,3 +147,39 @@ def test_steps_fully_and_partially_alike(cascade, stage, tmp_path, monkeypatch):
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
     shape = (1, 16, 2, 2) if stage == "c" else (1, 4, 20, 20)
     check_steps_alike(cascade[stage]["release"], tmp_path, 0.00001, ARCH[stage], shape)
+
+
+# (levels, the first level's width, the deepest level's heads, its ResBlocks on the way down): the original configs
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("stable_cascade_c", (2, 2048, 32, 24)),
+        ("stable_cascade_c_lite", (2, 1536, 24, 12)),
+        ("stable_cascade_b", (4, 320, 20, 6)),
+        ("stable_cascade_b_lite", (4, 320, 18, 4)),
+    ],
+)
+@pytest.mark.parametrize("naming", ["release", "diffusers"])
+def test_the_release_layouts_bind_whole(tmp_path, name, shape, naming):
+    """Stability's four files (tests/support/synth/cascade.py, from the original configs, checked against diffusers'
+    converter by test_synth_dits) and diffusers' conversion of them: every layer is one the forward computes with."""
+    from diffusers.loaders.single_file_utils import convert_stable_cascade_unet_single_file_to_diffusers
+
+    from engine.denoise.common import wshape
+    from engine.formats.safetensors import write_sparse
+    from tests.support import synth
+
+    rows = {k: s for k, _, s in synth.layout(name)}
+    if naming == "diffusers":
+        meta = {k: torch.empty(s, device="meta") for k, s in rows.items()}
+        rows = {
+            k: tuple(v.shape) for k, v in convert_stable_cascade_unet_single_file_to_diffusers(meta).items()
+        }
+    path = write_sparse(tmp_path / f"{name}.safetensors", [(k, "BF16", s) for k, s in rows.items()])
+    den = _bound(path, name.split("_")[2])
+    m = den.model
+    deepest = m.down[-1].blocks
+    heads = next(wshape(b.out)[0] // 64 for b in deepest if type(b).__name__ == "Attn")
+    res = sum(type(b).__name__ == "Res" for b in deepest)
+    assert den.naming == naming
+    assert (len(m.down), wshape(m.embedding)[0], heads, res) == shape
