@@ -38,6 +38,8 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * mochi: Mochi 1 at its real width (visual 3072: 24 heads of 128, SwiGLU 8192; text 1536; T5-XXL 4096 through
     the attention pool) at 2 of its 48 blocks (the last leaving the text as it is), one 848×480 latent frame
     (1590 tokens), 256 T5 tokens.
+  * stable_cascade_c: Stable Cascade's Stage C (the prior) at its real width (2048, 32 heads of 64, CLIP-bigG 1280
+    text and pooled, 768 image) at 1 + 1 of its 8 + 24 layers per half, 1024×1024 (its 24×24 latent), 77 tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
     reduced depth (1 main layer, 1 noise and 1 caption refiner: 0.56 B parameters, 2.2 GB) at 512×512
     pixels (1024 image tokens) with 128 caption tokens.
@@ -75,7 +77,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -175,6 +177,11 @@ HIDREAM = dict(
 # Mochi 1's width (diffusers' MochiTransformer3DModel defaults: genmo/mochi-1-preview's config, 24 heads of 128, text
 # 1536, T5-XXL 4096) at 2 of its 48 blocks
 MOCHI = dict(num_layers=2)
+# Stable Cascade's Stage C (stabilityai/stable-cascade-prior's prior/config.json: 2048 wide, 32 heads, CTA levels joined by
+# 1x1 mappings, sca and crp) at one layer of each level's 8 / 24 per half
+_CTA = ("SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock")
+STABLE_CASCADE_C = dict(down_num_layers_per_block=(1, 1), up_num_layers_per_block=(1, 1), block_types_per_layer=(_CTA, _CTA),
+                        clip_text_in_channels=1280, clip_image_in_channels=768, dropout=(0.0, 0.0), switch_level=(False,))  # fmt: skip
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
@@ -192,11 +199,12 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "hunyuan_dit": ((1024, 1024), "transformer", "hunyuan_dit"),
             "hidream": ((512, 512), "transformer", "hidream"),
             "mochi": ((848, 480), "transformer", "mochi"),
+            "stable_cascade_c": ((1024, 1024), "unet", "stable_cascade_c"),
             "qwen_image21": ((1024, 1024), "transformer", "qwen_image21"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image")}  # fmt: skip
 # the families whose diffusers side bench_families.run_diffusers runs
 FAMILIES_RUN_BY_BENCH_FAMILIES = ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3",
-                                  "hunyuan_dit", "mochi")  # fmt: skip
+                                  "hunyuan_dit", "mochi", "stable_cascade_c")  # fmt: skip
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -283,6 +291,10 @@ def _diffusers_model(family: str):
             from diffusers import MochiTransformer3DModel
 
             return MochiTransformer3DModel(**MOCHI)
+        if family == "stable_cascade_c":
+            from diffusers import StableCascadeUNet
+
+            return StableCascadeUNet(**STABLE_CASCADE_C)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)
