@@ -183,3 +183,39 @@ def test_the_release_layouts_bind_whole(tmp_path, name, shape, naming):
     res = sum(type(b).__name__ == "Res" for b in deepest)
     assert den.naming == naming
     assert (len(m.down), wshape(m.embedding)[0], heads, res) == shape
+
+
+# Modules of every kind a LoRA trains: ResBlocks' convolutions and MLPs, time mappers, condition mappers, the attention's
+# kv_mapper and output projection, repeat mappers and level mappings, the embedding and clf convolutions
+LORA_NAMES = ("embedding.1", "clip_txt_mapper", "down_blocks.0.0.depthwise", "down_blocks.0.0.channelwise.0",
+              "down_blocks.0.0.channelwise.4", "down_blocks.0.1.mapper", "down_blocks.0.1.mapper_crp",
+              "down_blocks.0.2.kv_mapper.1", "down_blocks.1.2.attention.to_out.0", "up_repeat_mappers.0.0",
+              "down_downscalers.1.1.blocks.0", "clf.1")  # fmt: skip
+
+
+def _lora_case(cascade, tmp_path, budget, base: str, keys: dict, kohya: bool):
+    from denoise_files import check_lora_step, lora_and_merged, plain_and_merged
+
+    ref = cascade["c"]["ref"]
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    lora, merged = lora_and_merged(sd, keys, 0.8, seed=7, kohya=kohya)
+    den = _bound(cascade["c"][base], "c")
+    x = den.random_inputs(128, 128, seed=5)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, "c", x))
+    assert rel_l2(plain, want) > 100 * TOL
+    what = f"stable cascade C LoRA on the {base} file (budget {budget})"
+    check_lora_step(cascade["c"][base], lora, 0.8, x, tmp_path, budget, want, len(keys), what, None, TOL)
+
+
+@pytest.mark.parametrize("budget", [None, 0.0])
+def test_a_kohya_lora_lands_on_the_release_file(cascade, tmp_path, budget):
+    """A LoRA in the release's names, kohya's `lora_unet_` with underscores, baked (resident) and on the fly
+    (streamed): equal to diffusers' model with the LoRA merged by hand (each op the forward computes with is patched)."""
+    keys = {d: "lora_unet_" + d.replace("attention.to_out.0", "attention.attn.out_proj").replace(".", "_")
+            for d in LORA_NAMES}  # fmt: skip
+    _lora_case(cascade, tmp_path, budget, "release", keys, kohya=True)
+
+
+def test_a_peft_lora_lands_on_the_diffusers_file(cascade, tmp_path):
+    """A PEFT LoRA in diffusers' names (`unet.`) on the diffusers-named file."""
+    _lora_case(cascade, tmp_path, None, "diffusers", {d: f"unet.{d}" for d in LORA_NAMES}, kohya=False)
