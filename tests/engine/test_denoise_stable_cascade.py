@@ -219,3 +219,20 @@ def test_a_kohya_lora_lands_on_the_release_file(cascade, tmp_path, budget):
 def test_a_peft_lora_lands_on_the_diffusers_file(cascade, tmp_path):
     """A PEFT LoRA in diffusers' names (`unet.`) on the diffusers-named file."""
     _lora_case(cascade, tmp_path, None, "diffusers", {d: f"unet.{d}" for d in LORA_NAMES}, kohya=False)
+
+
+def test_a_lora_of_the_release_in_proj_is_said_to_change_nothing(cascade, tmp_path):
+    """The release's MultiheadAttention in_proj is read from its plain holder, which no patch reaches: a LoRA of it
+    is not counted as placed (it would change nothing), and the step says so."""
+    from denoise_files import lora_step
+
+    c, name = 128, "lora_unet_down_blocks_1_2_attention_attn_in_proj"
+    g = torch.Generator().manual_seed(9)
+    lora = {f"{name}.lora_down.weight": torch.randn(4, c, generator=g),
+            f"{name}.lora_up.weight": torch.randn(3 * c, 4, generator=g), f"{name}.alpha": torch.tensor(4.0)}  # fmt: skip
+    den = _bound(cascade["c"]["release"], "c")
+    x = den.random_inputs(128, 128, seed=5)
+    r, out = lora_step(cascade["c"]["release"], lora, 1.0, x, tmp_path)
+    assert r.loras[0]["mapped"] == 0 and "change nothing" in r.loras[0]["warning"]
+    with torch.inference_mode():
+        assert torch.equal(out, den(x))
