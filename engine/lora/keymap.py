@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from . import cascade_names
 from .dit_names import View, diffusers_to_dit
 from .family_names import other_names
 from .family_names_dits import prefixed_names
@@ -256,11 +257,19 @@ class KeyMap:
                 self._alias([f"{b}.processor.proj_lora", f"diffusion_model.{b}.processor.proj_lora"], t)
 
     def _add_diffusers_unet(self, params: dict[str, str]) -> None:
-        """A diffusers-named UNet base: its own names, and the LDM names kohya SDXL LoRAs use."""
+        """A diffusers-named UNet base: its own names, and the LDM names kohya SDXL LoRAs use (Stable Cascade's, in
+        either naming, comes here too: its other naming's names)."""
         for d, key in params.items():
             t = self._target("unet", key)
             u = underscored(d)
             self._alias([f"lora_unet_{u}", f"unet.{d}", f"base_model.model.{d}", d, f"lycoris_{u}"], t)
+        if cascade_names.is_cascade(params):
+            for name, path in cascade_names.other_names(params).items():
+                u = underscored(name)
+                t = self._target("unet", params[path])
+                self._alias([f"lora_unet_{u}", f"unet.{name}", f"base_model.model.{name}", name, f"lycoris_{u}",
+                             f"diffusion_model.{name}"], t)  # fmt: skip
+            return
         for d, ldm in diffusers_to_ldm(params).items():
             t = self._target("unet", params[d])
             u = underscored(ldm)

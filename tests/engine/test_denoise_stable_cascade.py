@@ -207,18 +207,35 @@ def _lora_case(cascade, tmp_path, budget, base: str, keys: dict, kohya: bool):
     check_lora_step(cascade["c"][base], lora, 0.8, x, tmp_path, budget, want, len(keys), what, None, TOL)
 
 
-@pytest.mark.parametrize("budget", [None, 0.0])
-def test_a_kohya_lora_lands_on_the_release_file(cascade, tmp_path, budget):
-    """A LoRA in the release's names, kohya's `lora_unet_` with underscores, baked (resident) and on the fly
-    (streamed): equal to diffusers' model with the LoRA merged by hand (each op the forward computes with is patched)."""
+@pytest.mark.parametrize(("base", "budget"), [("release", None), ("release", 0.0), ("diffusers", 0.0)])
+def test_a_kohya_lora_lands(cascade, tmp_path, base, budget):
+    """A LoRA in the release's names, kohya's `lora_unet_` with underscores, on either file, baked (resident) and on the
+    fly (streamed): equal to diffusers' model with the LoRA merged by hand (each op the forward computes with is
+    patched; on diffusers' file attn.out_proj reaches to_out.0)."""
     keys = {d: "lora_unet_" + d.replace("attention.to_out.0", "attention.attn.out_proj").replace(".", "_")
             for d in LORA_NAMES}  # fmt: skip
-    _lora_case(cascade, tmp_path, budget, "release", keys, kohya=True)
+    _lora_case(cascade, tmp_path, budget, base, keys, kohya=True)
 
 
-def test_a_peft_lora_lands_on_the_diffusers_file(cascade, tmp_path):
-    """A PEFT LoRA in diffusers' names (`unet.`) on the diffusers-named file."""
-    _lora_case(cascade, tmp_path, None, "diffusers", {d: f"unet.{d}" for d in LORA_NAMES}, kohya=False)
+@pytest.mark.parametrize("base", ["diffusers", "release"])
+def test_a_peft_lora_lands(cascade, tmp_path, base):
+    """A PEFT LoRA in diffusers' names (`unet.`) on either file (on the release's, to_out.0 reaches attn.out_proj)."""
+    _lora_case(cascade, tmp_path, None, base, {d: f"unet.{d}" for d in LORA_NAMES}, kohya=False)
+
+
+def test_stage_b_pooled_mapper_in_either_naming():
+    """Stage B's clip_mapper (release) and clip_txt_pooled_mapper (diffusers) reach each other; Stage C keeps its
+    clip_txt_pooled_mapper in both namings, so nothing is renamed there."""
+    from engine.lora.keymap import KeyMap
+
+    b_release = {"embedding.1.weight": (32, 16, 1, 1), "clf.1.weight": (16, 32, 1, 1), "clip_mapper.weight": (256, 48),
+                 "down_downscalers.1.1.weight": (32, 32, 2, 2), "effnet_mapper.0.weight": (128, 16, 1, 1),
+                 "down_blocks.0.0.depthwise.weight": (32, 1, 3, 3), "up_blocks.0.0.depthwise.weight": (32, 1, 3, 3)}  # fmt: skip
+    b_diffusers = {k.replace("clip_mapper", "clip_txt_pooled_mapper"): v for k, v in b_release.items()}
+    c = {**{k: v for k, v in b_diffusers.items() if "effnet" not in k}, "clip_txt_mapper.weight": (64, 32)}
+    assert KeyMap(b_release).aliases["lora_unet_clip_txt_pooled_mapper"].key == "clip_mapper.weight"
+    assert KeyMap(b_diffusers).aliases["unet.clip_mapper"].key == "clip_txt_pooled_mapper.weight"
+    assert "lora_unet_clip_mapper" not in KeyMap(c).aliases
 
 
 def test_a_lora_of_the_release_in_proj_is_said_to_change_nothing(cascade, tmp_path):
