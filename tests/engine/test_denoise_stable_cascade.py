@@ -204,7 +204,10 @@ def _lora_case(cascade, tmp_path, budget, base: str, keys: dict, kohya: bool):
     plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, "c", x))
     assert rel_l2(plain, want) > 100 * TOL
     what = f"stable cascade C LoRA on the {base} file (budget {budget})"
-    check_lora_step(cascade["c"][base], lora, 0.8, x, tmp_path, budget, want, len(keys), what, None, TOL)
+    # the LoRA's own names say Stable Cascade's Stage C (its mapper_crp, the kv_mappers' width being the tiny model's)
+    check_lora_step(
+        cascade["c"][base], lora, 0.8, x, tmp_path, budget, want, len(keys), what, "stable_cascade_c", TOL
+    )
 
 
 @pytest.mark.parametrize(("base", "budget"), [("release", None), ("release", 0.0), ("diffusers", 0.0)])
@@ -253,3 +256,27 @@ def test_a_lora_of_the_release_in_proj_is_said_to_change_nothing(cascade, tmp_pa
     assert r.loras[0]["mapped"] == 0 and "change nothing" in r.loras[0]["warning"]
     with torch.inference_mode():
         assert torch.equal(out, den(x))
+
+
+@pytest.mark.parametrize(
+    ("names", "width", "base"),
+    [
+        (("down_blocks.1.3.kv_mapper.1", "up_blocks.0.2.attention.attn.out_proj"), 2048, "stable_cascade_c"),
+        (("down_blocks.1.3.kv_mapper.1", "down_blocks.0.0.channelwise.0"), 1536, "stable_cascade_c"),
+        (("down_blocks.2.2.kv_mapper.1", "down_blocks.2.2.attention.to_q"), 1280, "stable_cascade_b"),
+        (
+            ("down_blocks.0.0.channelwise.0", "down_blocks.0.0.channelwise.4"),
+            64,
+            None,
+        ),  # nothing says the stage
+    ],
+)
+def test_a_cascade_lora_names_its_stage(tmp_path, names, width, base):
+    """A LoRA's base from its names (Stable Cascade's block modules) and the kv_mappers' input width (c_cond)."""
+    g = torch.Generator().manual_seed(3)
+    lora = {}
+    for n in names:
+        k = "lora_unet_" + n.replace(".", "_")
+        lora[f"{k}.lora_down.weight"] = torch.randn(4, width, generator=g)
+        lora[f"{k}.lora_up.weight"] = torch.randn(width, 4, generator=g)
+    assert detect_file(str(write(tmp_path / "lora.safetensors", lora))).lora.base == base
