@@ -1,5 +1,5 @@
 """diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2, Qwen-Image
-2.1), PixArt, Mochi 1, Hunyuan-DiT, FLUX.3, Wan-Animate-2 and ERNIE-Image on
+2.1), PixArt, Mochi 1, Hunyuan-DiT, FLUX.3, Wan-Animate-2, ERNIE-Image and Stable Cascade's Stage C on
 Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
 coordinates, masks) built here from the same inputs Loadout's step gets."""
 
@@ -95,6 +95,9 @@ def run_diffusers(model, family: str, x: dict):
                      text_embedding_mask_t5=torch.ones(t5.shape[:2], device=dev), image_rotary_emb=rope).sample  # fmt: skip
     if family == "wan_animate2":
         return _wan_animate2(model, x)
+    if family == "stable_cascade_c":  # sample = x, timestep_ratio = r (StableCascadeUNet's names)
+        return model(x["x"], x["r"], clip_text_pooled=x["clip_text_pooled"], clip_text=x["clip_text"],
+                     clip_img=x["clip_img"]).sample  # fmt: skip
     raise ValueError(family)
 
 

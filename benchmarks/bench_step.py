@@ -46,6 +46,8 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * minimax_h3: MiniMax-H3 at its real width (5376, 56 heads of 128, SwiGLU 14336, 5120-wide text, per-(level,
     modality) AdaLN) at 1 of its 50 blocks and 1 of its 2 refiner blocks, one 512×512 frame packed with 256 text and
     7 audio rows (519 rows).
+  * stable_cascade_c: Stable Cascade's Stage C (the prior) at its real width (2048, 32 heads of 64, CLIP-bigG 1280
+    text and pooled, 768 image) at 1 + 1 of its 8 + 24 layers per half, 1024×1024 (its 24×24 latent), 77 tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
     reduced depth (1 main layer, 1 noise and 1 caption refiner: 0.56 B parameters, 2.2 GB) at 512×512
     pixels (1024 image tokens) with 128 caption tokens.
@@ -83,7 +85,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|minimax_h3|ernie_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -190,6 +192,11 @@ ERNIE_IMAGE = dict(num_layers=2)
 # MiniMax-H3's width (diffusers' MiniMaxH3Transformer3DModel defaults: MiniMaxAI/MiniMax-H3's config) at 1 of its 50
 # blocks and 1 of its 2 token refiner blocks
 MINIMAX_H3 = dict(num_layers=1, num_refiner_layers=1)
+# Stable Cascade's Stage C (stabilityai/stable-cascade-prior's prior/config.json: 2048 wide, 32 heads, CTA levels joined by
+# 1x1 mappings, sca and crp) at one layer of each level's 8 / 24 per half
+_CTA = ("SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock")
+STABLE_CASCADE_C = dict(down_num_layers_per_block=(1, 1), up_num_layers_per_block=(1, 1), block_types_per_layer=(_CTA, _CTA),
+                        clip_text_in_channels=1280, clip_image_in_channels=768, dropout=(0.0, 0.0), switch_level=(False,))  # fmt: skip
 # family -> (size in pixels, the component Loadout steps, the architecture it is bound as)
 FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transformer", "flux1_dev"),
             "wan": ((480, 480), "transformer", "wan21"), "wan_narrow": ((64, 64), "transformer", "wan21"),
@@ -208,13 +215,14 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "hidream": ((512, 512), "transformer", "hidream"),
             "mochi": ((848, 480), "transformer", "mochi"),
             "minimax_h3": ((512, 512), "transformer", "minimax_h3"),
+            "stable_cascade_c": ((1024, 1024), "unet", "stable_cascade_c"),
             "qwen_image21": ((1024, 1024), "transformer", "qwen_image21"),
             "qwen_edit": ((512, 512), "transformer", "qwen_image"),
             "ernie_image": ((512, 512), "transformer", "ernie_image"),
             "wan_animate2": ((480, 480), "transformer", "wan22")}  # fmt: skip
 # the families whose diffusers side bench_families.run_diffusers runs
 FAMILIES_RUN_BY_BENCH_FAMILIES = ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3",
-                                  "hunyuan_dit", "mochi", "ernie_image", "wan_animate2")  # fmt: skip
+                                  "hunyuan_dit", "mochi", "stable_cascade_c", "ernie_image", "wan_animate2")  # fmt: skip
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("minimax_h3",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
@@ -314,6 +322,10 @@ def _diffusers_model(family: str):
             from diffusers import MiniMaxH3Transformer3DModel
 
             return MiniMaxH3Transformer3DModel(**MINIMAX_H3)
+        if family == "stable_cascade_c":
+            from diffusers import StableCascadeUNet
+
+            return StableCascadeUNet(**STABLE_CASCADE_C)
         from diffusers import UNet2DConditionModel
 
         return UNet2DConditionModel(**SD15)

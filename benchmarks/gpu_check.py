@@ -73,6 +73,7 @@ TITLES = {
     "hidream": "hidream-i1 width 1+1 blocks 512x512",
     "mochi": "mochi 1 width 2 blocks one 848x480 frame",
     "minimax_h3": "minimax-h3 width 1+1 refiner blocks 512x512 + 256 text + 7 audio rows",
+    "stable_cascade_c": "stable cascade stage c width 1+1 layers per half 1024x1024",
     "flux3": "flux3 width 1+1+1 per-mode + 2 single blocks 256x256 + 256x256 reference",
     "qwen_edit": "qwen_edit 2511 width 1 block 512x512 + 512x512 reference",
     "wan_animate2": "wan_animate2 1.3B width 4 blocks two 480x480 frames + a driving frame",
@@ -94,6 +95,7 @@ BF16 = (
     "flux3",
     "ernie_image",
     "minimax_h3",
+    "stable_cascade_c",
 )  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
@@ -410,7 +412,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,minimax_h3,ernie_image",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,stable_cascade_c,minimax_h3,ernie_image",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")

@@ -323,6 +323,7 @@ STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "une
               "hunyuan_video15": "hunyuan_video15", "ltxv": "ltxv", "ltx2": "ltx2",
               "cosmos_predict2": "cosmos", "krea2": "krea2", "hunyuan_image21": "hunyuan_image21",
               "sana": "sana", "pixart": "pixart", "hunyuan_dit": "hunyuan_dit", "mochi": "mochi",
+              "stable_cascade_c": "stable_cascade_c", "stable_cascade_b": "stable_cascade_b",
               "hidream": "hidream", "ernie_image": "ernie_image", "minimax_h3": "minimax_h3"}  # fmt: skip
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -360,6 +361,8 @@ NATIVE_PX = {
     "hidream": (1024, 1024),
     "ernie_image": (1024, 1024),  # its pipeline's default size
     "minimax_h3": (1344, 768),  # its pipeline's canvas (short edge 768, 768 x 1344 px at most)
+    "stable_cascade_c": (1024, 1024),
+    "stable_cascade_b": (1024, 1024),
 }
 
 

@@ -45,6 +45,8 @@ ACTIVATION_BYTES = {
     "ltxv": 96 * 1024,  # width 2048 (13B: 4096), 4x MLP, one token per 32x32 pixels
     "ltx2": 160 * 1024,  # video width 4096, 4x MLP, one token per 32x32 pixels (its audio tokens are few)
     "ernie_image": 112 * 1024,  # width 3072, a GELU-gated MLP of 8192 (text tokens beside the image's)
+    "stable_cascade_c": 160 * 1024,  # width 2048, a 4x channelwise MLP, attention over few positions
+    "stable_cascade_b": 32 * 1024,  # per 2x2 patch of its latent: level 0 is 320 wide (4x MLP), the skips
     "text": 64 * 1024,  # text encoders: per token
     "minimax_h3": 256 * 1024,  # width 5376, SwiGLU 14336, per video row (text and audio rows ride)
 }
@@ -54,6 +56,7 @@ UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "qwen_image": 16, "nextdit": 16, 
            "hunyuan_video": 16, "hunyuan_video15": 16,
            "ltxv": 32, "ltx2": 32, "cosmos": 16, "krea2": 16, "flux3": 16, "hunyuan_image21": 32,
            "sana": 32, "pixart": 16, "hunyuan_dit": 16, "hidream": 16, "qwen_image21": 16, "mochi": 16,
+           "stable_cascade_c": 42, "stable_cascade_b": 8,
            "ernie_image": 16, "minimax_h3": 32}  # fmt: skip
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.

@@ -1,7 +1,8 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's,
 FLUX.2's, FLUX.3's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's (1 and 2.1), Z-Image's, Lumina 2's, AuraFlow's, Wan
-2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's, Hunyuan-DiT's, HiDream-I1's and ERNIE-Image's, run on the component's own castable ops (the residency manager's modules, tiers and
-patches), in the file's own key layout — original or diffusers naming.
+2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's, Hunyuan-DiT's, HiDream-I1's,
+ERNIE-Image's, MiniMax-H3's and Stable Cascade's Stage C and B UNets, run on the component's own castable ops (the
+residency manager's modules, tiers and patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
     out = den(inputs)                      # inputs: names as the original codebases call them
@@ -44,6 +45,7 @@ HUNYUAN_IMAGE = ("hunyuan_image21",)  # HunyuanImage 2.1 (engine.denoise.hunyuan
 MOCHI = ("mochi",)  # Mochi 1 (Genmo's 10B asymmetric joint DiT) (engine.denoise.mochi)
 # MiniMax-H3's packed video + text + audio transformer (engine.denoise.minimax_h3)
 MINIMAX_H3 = ("minimax_h3",)
+STABLE_CASCADE = ("stable_cascade_c", "stable_cascade_b")  # Stage C and B (engine.denoise.stable_cascade)
 COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B and 14B (engine.denoise.cosmos)
 ERNIE_IMAGE = ("ernie_image",)  # ERNIE-Image (engine.denoise.ernie_image)
 SUPPORTED = (
@@ -62,8 +64,9 @@ SUPPORTED = (
         + HIDREAM
         + MOCHI
         + ERNIE_IMAGE
+        + STABLE_CASCADE
+        + MINIMAX_H3
     ),
-    *MINIMAX_H3,
 )
 _MISFIT = re.compile(
     r"shapes cannot be multiplied|Given groups=|expected input\[|must match the size of tensor|"
@@ -240,6 +243,11 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
 
         naming, model = bind_cosmos(ops, mods, architecture, dtype)
         return Denoiser("cosmos", architecture, naming, model)
+    if architecture in STABLE_CASCADE:
+        from .stable_cascade import bind_stable_cascade
+
+        naming, model = bind_stable_cascade(ops, mods, architecture, dtype)
+        return Denoiser(architecture, architecture, naming, model)  # two stages, two activation profiles
     if architecture in MOCHI:
         from .mochi import bind_mochi
 

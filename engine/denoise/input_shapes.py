@@ -72,6 +72,8 @@ def _family_shapes(model, got) -> dict:
             out["mask"] = (None, got["y"].shape[1] if got["y"].dim() == 3 else None)
         out.update({n: (None, s) for n, s in (("img_hw", 2), ("aspect_ratio", 1)) if n in got})
         return out
+    if getattr(model, "family", "") == "stable_cascade":
+        return model.shapes(got)
     if getattr(model, "family", "") == "mochi":
         out = {
             "x": (None, model.in_channels, None, None, None),

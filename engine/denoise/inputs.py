@@ -105,6 +105,13 @@ patches inside, h and w even), `sigma` [B] in 0–1 (1 is noise; diffusers' `tim
 `y_feat` [B, T, 4096] T5-XXL states (256 tokens in its pipeline), and optionally `y_mask` [B, T] (1 for the
 prompt's tokens, first; all 0 for the empty negative prompt, as its pipeline zeroes it; default all 1).
 
+Stable Cascade (Stability-AI/StableCascade's `StageC.forward(x, r, clip_text, clip_text_pooled, clip_img)` and
+`StageB.forward(x, r, effnet, clip)`; diffusers' StableCascadeUNet calls them sample, timestep_ratio, clip_text,
+clip_text_pooled, clip_img and effnet, clip_text_pooled): Stage C `x` [B, 16, h, w] (ceil(px / 42.67) a side), `r` [B]
+the noise ratio in 0–1, `clip_text` [B, T, 1280] CLIP-bigG states, `clip_text_pooled` [B, 1, 1280], `clip_img` [B, 1,
+768]; Stage B `x` [B, 4, h, w] (10.67 × Stage C's latent), `r`, `effnet` [B, 16, h', w'] (Stage C's output), `clip`
+[B, 1, 1280] (the pooled prompt), and optionally `pixels` [B, 3, h'', w''] (default zeros of 8 × 8).
+
 HunyuanImage 2.1 (its transformer's forward, batched): `x` [B, 64, h, w] latents (a 32nd of the pixels), `t` [B] in
 0–1000, `text_states` [B, T, 3584] Qwen2.5-VL states, `guidance` [B] for the guidance-distilled model (1000 × the
 scale), and optionally `text_mask` [B, T], `byt5_text_states` [B, L, 1472] with `byt5_text_mask` [B, L] (glyph
@@ -238,6 +245,8 @@ IMAGE_PATCHED = (
 IMAGE_LATENT = {
     "hunyuan_image21": (1, 32),
     "sana": (1, 32),
+    "stable_cascade_c": (1, 42),  # its pipeline's 42.67 px per latent pixel
+    "stable_cascade_b": (2, 4),  # 10.67 latent pixels per Stage C one: 4 px each, in 2×2 patches
 }  # other image families' (patch side, VAE compression)
 VIDEO_LATENT = {
     "wan": (2, 8),
@@ -317,6 +326,8 @@ def optional_names(model) -> tuple[str, ...]:
         return FLUX3_OPTIONAL
     if getattr(model, "family", "") == "ernie_image":
         return ("text_lens",)  # each prompt's tokens, [B]; default: every token
+    if getattr(model, "family", "") == "stable_cascade":  # Stage B's pixels [B, 3, h, w]; default 8×8 zeros
+        return ("pixels",) if model.effnet is not None else ()
     if getattr(model, "family", "") == "hidream":
         return ("max_seq",)  # the tokens a non-square latent is padded to, [B]; default 4096
     if getattr(model, "family", "") == "cosmos":
@@ -361,6 +372,8 @@ def names(model) -> tuple[str, ...]:
         return PIXART_INPUTS
     if getattr(model, "family", "") == "mochi":
         return MOCHI_INPUTS
+    if getattr(model, "family", "") == "stable_cascade":
+        return model.inputs
     if getattr(model, "family", "") == "hunyuan_dit":
         return HUNYUAN_DIT_INPUTS
     if getattr(model, "family", "") == "hunyuan_image21":

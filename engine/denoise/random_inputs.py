@@ -190,6 +190,8 @@ def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generato
             out["context"] = out["context"][:, :ANIMA_TOKENS]
             out["t5xxl_ids"] = torch.randint(0, model.adapter.vocab, (batch, ANIMA_TOKENS), generator=g)
         return out
+    if getattr(model, "family", "") == "stable_cascade":  # each stage's latent from its pipeline's scale
+        return model.random_inputs(width, height, batch, g)
     if getattr(model, "family", "") == "mochi":  # one latent frame of its 8x VAE, sigma in 0–1, T5-XXL states
         h, w = _latent(width, height, 16)
         return {

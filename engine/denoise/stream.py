@@ -52,6 +52,18 @@ MAP_GAP = 64 * 1024
 WINDOW = 8  # how far ahead of the expected module (in modules) an op is still taken as the plan's order
 
 
+def _at_shift(like: torch.Tensor, shift: int) -> torch.Tensor:
+    """An empty CPU tensor of like's dtype and shape whose address is `shift` modulo ALIGN (a fresh one where that
+    is off its element grid)."""
+    size = like.element_size()
+    if shift % size:
+        return torch.empty(like.shape, dtype=like.dtype)
+    nbytes = like.numel() * size
+    raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
+    off = (shift - raw.data_ptr()) % ALIGN
+    return raw[off : off + nbytes].view(like.dtype).view(like.shape)
+
+
 def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -346,8 +358,8 @@ class Streamer(DeviceCopies):
         for attr, info in u.infos.items():
             src = getattr(u.module, attr)
             from_file = u.tier == "disk" and getattr(c, "file", None) is not None and c._in_file(info)
-            if pos is None:
-                dst = torch.empty(src.shape, dtype=src.dtype)
+            if pos is None:  # on demand: where the resident copy would sit, modulo ALIGN, too (see below)
+                dst = _at_shift(src, (c.data_start + info.begin if from_file else src.data_ptr()) % ALIGN)
             else:
                 # The staged copy sits where the resident one would, modulo ALIGN (a file-mapped RAM
                 # copy keeps the file's offsets): the CPU's matmul kernels are chosen by the operands'

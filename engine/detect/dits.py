@@ -119,6 +119,9 @@ def cascade(ix: KeyIndex) -> Backbone | None:
         b.because(
             ix, p + "clip_mapper.weight", "a pooled-CLIP mapper in the decoder → Stable Cascade stage B"
         )
+    elif ix.has(p + "effnet_mapper.0.weight"):  # diffusers' Stage B names clip_mapper clip_txt_pooled_mapper
+        b.architecture = "stable_cascade_b"
+        b.because(ix, p + "effnet_mapper.0.weight", "an EfficientNet-feature mapper → Stable Cascade stage B")
     else:
         b.because(ix, p + "clf.1.weight", "Stable Cascade layout, stage unknown")
     return b

@@ -131,6 +131,29 @@ _FLUX3 = re.compile(
 # `attn2.kv_proj`, `q_proj` / `out_proj`, the `default_modulation`, what its own LoRA training targets) or diffusers'
 # (HunyuanDiTBlock's `norm1.linear`, `ff.net`, `skip_linear`; Wan's are `ffn.net`); diffusers' attention names are
 # Wan's (`blocks.N.attn1.to_q`), told apart by the width: 1408 (DiT-g/2's hidden_size, the release config).
+# Stable Cascade's ResBlocks (depthwise, channelwise MLP) and AttnBlocks (kv_mapper, the MultiheadAttention's
+# out_proj, diffusers' attention.to_*), in either naming: no other family's modules are named so
+_CASCADE = re.compile(
+    r"^(?:down|up)_blocks_\d+_\d+_(?:depthwise|channelwise_[04]|kv_mapper_1|attention_(?:attn_out_proj|to_[qkv]|to_out_0))$",
+    re.MULTILINE,
+)
+# The condition width the kv_mappers read (c_cond): Stage C 2048 (lite 1536), Stage B 1280 (stage_*.yaml)
+_CASCADE_COND = {2048: "stable_cascade_c", 1536: "stable_cascade_c", 1280: "stable_cascade_b"}
+
+
+def _cascade_stage(diff, facts, lines: str) -> str | None:
+    """Stage C or B from the kv_mappers' input width, else from a stage's own modules (C: its text mapper and crp time
+    condition; B: its effnet / pixels mappers and clip_mapper); None when nothing says."""
+    width = _width(diff, facts, re.compile(r"kv_mapper_1$"), "in_features")
+    if width in _CASCADE_COND:
+        return _CASCADE_COND[width]
+    if re.search(r"^(?:clip_txt_mapper|clip_img_mapper|.*_mapper_crp)$", lines, re.MULTILINE):
+        return "stable_cascade_c"
+    if re.search(r"^(?:effnet_mapper_\d|pixels_mapper_\d|clip_mapper)$", lines, re.MULTILINE):
+        return "stable_cascade_b"
+    return None
+
+
 _MOCHI = re.compile(
     r"^(?:blocks_\d+_(?:attn_(?:qkv|proj)_[xy]|mlp_[xy]_w[12]|mod_[xy])|transformer_blocks_\d+_attn1_(?:add_[qkv]_proj|to_add_out))$",
     re.MULTILINE,
@@ -183,6 +206,10 @@ _DOUBLE_BLOCK = re.compile(r"^double_blocks_(\d+)_", re.MULTILINE)
 def _family_2026(diff, facts) -> tuple[bool, str | None]:
     """(decided, base) for the newer DiT families; decided False when none of their names occur."""
     lines = "\n" + "\n".join(d for _, d in diff)
+    if _any_line(
+        _CASCADE, lines, "_depthwise", "_channelwise_", "_kv_mapper_", "_attention_attn_", "_attention_to_"
+    ):
+        return True, _cascade_stage(diff, facts, lines)
     if _any_line(
         _FLUX3,
         lines,

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from . import cascade_names
 from .dit_names import View, diffusers_to_dit
 from .family_names import other_names
 from .family_names_dits import prefixed_names
@@ -150,6 +151,11 @@ class KeyMap:
         self.diffusion_name = "transformer" if self.dit or self.other_dit else "unet"
         for comp, (prefix, layout) in self.components.items():
             params = self._params(prefix)
+            if (
+                comp == "diffusion"
+            ):  # a denoiser's MultiheadAttention in_proj (Stable Cascade's release) is read from
+                # its plain holder, which no patch reaches: a LoRA of it would change nothing, so none is placed there
+                params = {p: k for p, k in params.items() if not k.endswith(".in_proj_weight")}
             if comp == "diffusion" and layout == "diffusers":
                 self._add_diffusers_unet(params)
             elif comp == "diffusion":
@@ -251,11 +257,19 @@ class KeyMap:
                 self._alias([f"{b}.processor.proj_lora", f"diffusion_model.{b}.processor.proj_lora"], t)
 
     def _add_diffusers_unet(self, params: dict[str, str]) -> None:
-        """A diffusers-named UNet base: its own names, and the LDM names kohya SDXL LoRAs use."""
+        """A diffusers-named UNet base: its own names, and the LDM names kohya SDXL LoRAs use (Stable Cascade's, in
+        either naming, comes here too: its other naming's names)."""
         for d, key in params.items():
             t = self._target("unet", key)
             u = underscored(d)
             self._alias([f"lora_unet_{u}", f"unet.{d}", f"base_model.model.{d}", d, f"lycoris_{u}"], t)
+        if cascade_names.is_cascade(params):
+            for name, path in cascade_names.other_names(params).items():
+                u = underscored(name)
+                t = self._target("unet", params[path])
+                self._alias([f"lora_unet_{u}", f"unet.{name}", f"base_model.model.{name}", name, f"lycoris_{u}",
+                             f"diffusion_model.{name}"], t)  # fmt: skip
+            return
         for d, ldm in diffusers_to_ldm(params).items():
             t = self._target("unet", params[d])
             u = underscored(ldm)

@@ -63,6 +63,9 @@ INFERENCE_DTYPES = {
     "ltxav": _BF16_ONLY,
     "mochi": _BF16_ONLY,
     "minimax_h3": _BF16_ONLY,  # its release: bfloat16 blocks (float32 patch projections, timestep MLP and heads)
+    # Stability ships bf16 files; diffusers runs the prior in bf16 and shows the decoder in fp16 too
+    "stable_cascade_c": _BF16_ONLY,
+    "stable_cascade_b": _BF16_FIRST,
     "wan21": DEFAULT_INFERENCE_DTYPES,
     "wan22": DEFAULT_INFERENCE_DTYPES,
     "hunyuan_video15": DEFAULT_INFERENCE_DTYPES,
