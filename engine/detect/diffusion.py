@@ -24,7 +24,7 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, flux, flux3, hunyuan, image_dits, nextdit, unets, video_dits, wan
+from . import dits, flux, flux3, hunyuan, image_dits, kandinsky, nextdit, unets, video_dits, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
@@ -44,6 +44,7 @@ PROBES = (
     video_dits.ltx,
     video_dits.mochi,
     video_dits.cosmos,
+    kandinsky.kandinsky,
     hunyuan.hunyuan,
     dits.mmdit,
     flux3.flux3,
