@@ -24,7 +24,7 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, flux, flux3, hunyuan, image_dits, kandinsky, nextdit, unets, video_dits, wan
+from . import dits, flux, flux3, flux_likes, hunyuan, image_dits, kandinsky, nextdit, unets, video_dits, wan
 from .backbone import Backbone
 from .keys import KeyIndex
 
@@ -47,6 +47,7 @@ PROBES = (
     kandinsky.kandinsky,
     hunyuan.hunyuan,
     dits.mmdit,
+    flux_likes.flux_likes,
     flux3.flux3,
     flux.flux,
     dits.auraflow,
