@@ -24,7 +24,20 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, flux, flux3, flux_likes, hunyuan, image_dits, kandinsky, nextdit, unets, video_dits, wan
+from . import (
+    dits,
+    dits_2026,
+    flux,
+    flux3,
+    flux_likes,
+    hunyuan,
+    image_dits,
+    kandinsky,
+    nextdit,
+    unets,
+    video_dits,
+    wan,
+)
 from .backbone import Backbone
 from .keys import KeyIndex
 
@@ -35,12 +48,17 @@ PROBES = (
     unets.ldm_unet,
     unets.diffusers_unet,
     wan.wan,
+    dits_2026.nucleus_image,
     image_dits.qwen_image,
     image_dits.qwen_image21,
     image_dits.krea2,
     image_dits.hidream,
+    dits_2026.sana_video,
     image_dits.sana,
     nextdit.nextdit,
+    dits_2026.ideogram4,
+    dits_2026.prx,
+    dits_2026.glm_image,
     video_dits.ltx,
     video_dits.mochi,
     video_dits.cosmos,

@@ -1,0 +1,85 @@
+"""2026 image and video transformers Loadout detects with no forward pass, each from modules no other family
+has, in diffusers' naming (what their releases ship; diffusers has no single-file converter for them).
+
+Facts (cited, not copied; diffusers 0.42 classes, built on the meta device by the tests; every pipeline named
+samples with FlowMatchEulerDiscreteScheduler, SANA-Video's also with DPMSolverMultistepScheduler over flow):
+* NucleusMoE-Image (transformer_nucleusmoe_image.py): Qwen-Image-like `img_mod` blocks whose image MLP is a
+  mixture of experts, a router `img_mlp.gate` [experts, hidden] beside a `shared_expert`, and a per-block
+  `encoder_proj` for the text.
+* PRX (Photoroom, transformer_prx.py): `blocks.N.attention.img_qkv_proj` (fused image q / k / v) and
+  `txt_kv_proj` (text keys and values only), SwiGLU `gate_proj` / `up_proj` / `down_proj`.
+* Ideogram 4 (transformer_ideogram4.py): `layers.N` with split `attention.to_q`, sandwich norms
+  (`attention_norm1/2`, `ffn_norm1/2`) and one `adaln_modulation` linear per layer; Lumina 2's NextDiT has the
+  norms too but a fused `attention.qkv` and `adaLN_modulation.1` (nextdit.py).
+* GLM-Image (transformer_glm_image.py): CogView-style `transformer_blocks.N.attn1` under a stem of its own:
+  `prior_token_embedding` (the autoregressive prior's image tokens), `glyph_projector`, `time_condition_embed`.
+* SANA-Video (transformer_sana_video.py): Sana's linear-attention blocks with a temporal convolution in the
+  Mix-FFN (`ff.conv_temp`) and a 3-D patch embedding.
+"""
+
+from __future__ import annotations
+
+from .backbone import Backbone
+from .keys import KeyIndex
+from .view import View, find_view
+
+
+def _backbone(v: View, arch: str, key: str, why: str) -> Backbone:
+    b = Backbone(v.prefix, "transformer", arch, architecture=arch, prediction="flow")
+    v.because(b, key, why)
+    return b
+
+
+def nucleus_image(ix: KeyIndex) -> Backbone | None:
+    gate, q = "transformer_blocks.#.img_mlp.gate.weight", "transformer_blocks.#.attn.to_q.weight"
+    v = find_view(ix, gate, "transformer_blocks.#.img_mlp.shared_expert.net.0.proj.weight", q)
+    if v is None:
+        return None
+    why = (
+        f"blocks with a mixture-of-experts image MLP ({v.dim(gate, 0)} experts and a shared one; {v.blocks(q)}),"
+        f" hidden {v.dim(q, 1)} → NucleusMoE-Image"
+    )
+    return _backbone(v, "nucleus_image", gate, why)
+
+
+def prx(ix: KeyIndex) -> Backbone | None:
+    qkv = "blocks.#.attention.img_qkv_proj.weight"
+    v = find_view(ix, qkv, "blocks.#.attention.txt_kv_proj.weight")
+    if v is None:
+        return None
+    why = f"blocks with fused image q / k / v and text keys / values only ({v.blocks(qkv)}), hidden {v.dim(qkv, 1)} → PRX"
+    return _backbone(v, "prx", qkv, why)
+
+
+def ideogram4(ix: KeyIndex) -> Backbone | None:
+    q = "layers.#.attention.to_q.weight"
+    v = find_view(ix, q, "layers.#.adaln_modulation.weight", "layers.#.attention_norm2.weight")
+    if v is None:
+        return None
+    why = (
+        f"layers with sandwich norms and one modulation linear each ({v.blocks(q)}), hidden {v.dim(q, 1)}"
+        " → Ideogram 4"
+    )
+    return _backbone(v, "ideogram4", q, why)
+
+
+def glm_image(ix: KeyIndex) -> Backbone | None:
+    q = "transformer_blocks.#.attn1.to_q.weight"
+    v = find_view(ix, q, "prior_token_embedding.weight")
+    if v is None or not v.has("time_condition_embed.timestep_embedder.linear_1.weight"):
+        return None
+    b = _backbone(v, "glm_image", q, f"transformer blocks ({v.blocks(q)}), hidden {v.dim(q, 1)}")
+    v.because(b, "prior_token_embedding.weight", "an embedding of the prior's image tokens → GLM-Image")
+    return b
+
+
+def sana_video(ix: KeyIndex) -> Backbone | None:
+    temp, q = "transformer_blocks.#.ff.conv_temp.weight", "transformer_blocks.#.attn1.to_q.weight"
+    v = find_view(ix, temp, "transformer_blocks.#.ff.conv_inverted.weight", q)
+    if v is None:
+        return None
+    why = (
+        f"Sana's linear-attention blocks with a temporal convolution in the Mix-FFN ({v.blocks(q)}),"
+        f" hidden {v.dim(q, 1)} → SANA-Video"
+    )
+    return _backbone(v, "sana_video", temp, why)
