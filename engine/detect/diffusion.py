@@ -59,6 +59,7 @@ PROBES = (
     dits_2026.ideogram4,
     dits_2026.prx,
     dits_2026.glm_image,
+    dits_2026.joyimage,
     video_dits.ltx,
     video_dits.mochi,
     video_dits.cosmos,

@@ -13,6 +13,10 @@ samples with FlowMatchEulerDiscreteScheduler, SANA-Video's also with DPMSolverMu
   norms too but a fused `attention.qkv` and `adaLN_modulation.1` (nextdit.py).
 * GLM-Image (transformer_glm_image.py): CogView-style `transformer_blocks.N.attn1` under a stem of its own:
   `prior_token_embedding` (the autoregressive prior's image tokens), `glyph_projector`, `time_condition_embed`.
+* JoyImage Edit and Edit Plus (transformer_joyimage.py, transformer_joyimage_edit_plus.py; jdopensource/JoyAI-Image-
+  Edit and -Edit-Plus): HunyuanVideo-style `double_blocks.N` whose attention sits in one `attn` module
+  (`attn.img_attn_qkv`, `attn.txt_attn_qkv`) and whose MLPs are diffusers' FeedForward (`img_mlp.net.0.proj`);
+  the two classes build the same modules key for key.
 * SANA-Video (transformer_sana_video.py): Sana's linear-attention blocks with a temporal convolution in the
   Mix-FFN (`ff.conv_temp`) and a 3-D patch embedding.
 """
@@ -83,3 +87,21 @@ def sana_video(ix: KeyIndex) -> Backbone | None:
         f" hidden {v.dim(q, 1)} → SANA-Video"
     )
     return _backbone(v, "sana_video", temp, why)
+
+
+def joyimage(ix: KeyIndex) -> Backbone | None:
+    qkv = "double_blocks.#.attn.img_attn_qkv.weight"
+    v = find_view(
+        ix, qkv, "double_blocks.#.attn.txt_attn_qkv.weight", "double_blocks.#.img_mlp.net.0.proj.weight"
+    )
+    if v is None:
+        return None
+    hidden = v.dim(qkv, 1)
+    why = f"double-stream blocks with one attention module for both streams ({v.blocks(qkv)}), hidden {hidden} → JoyImage"
+    b = _backbone(v, "joyimage", qkv, why)
+    v.because(
+        b,
+        qkv,
+        "JoyImage-Edit and JoyImage-Edit-Plus share this layout key for key: the header cannot tell them apart",
+    )
+    return b

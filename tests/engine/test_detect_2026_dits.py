@@ -45,6 +45,20 @@ CASES = [
         None,  # told by its stem: a shard of its blocks is no GLM-Image of its own
     ),
     (
+        "JoyImageEditTransformer3DModel",
+        "joyimage",
+        dict(num_layers=2, hidden_size=256, num_attention_heads=4, rope_dim_list=[16, 24, 24], text_dim=128),
+        "double-stream blocks with one attention module for both streams (20 blocks), hidden 3072 → JoyImage",
+        "double_blocks.",
+    ),
+    (
+        "JoyImageEditPlusTransformer3DModel",
+        "joyimage",
+        None,
+        "double-stream blocks with one attention module for both streams (20 blocks), hidden 3072 → JoyImage",
+        "double_blocks.",
+    ),
+    (
         "SanaVideoTransformer3DModel",
         "sana_video",
         dict(num_layers=2, num_attention_heads=4, attention_head_dim=32, num_cross_attention_heads=4,
