@@ -116,3 +116,13 @@ def test_skyreels_v2_with_its_fps_embedding_is_told_by_it():
     assert (d.architecture, d.variant, d.also) == ("wan21", "skyreels_v2-14b", ())
     assert "an fps embedding beside the timestep's → SkyReels-V2" in [e.reason for e in d.evidence]
     assert abs(d.params - _params(rows)) <= 0.01 * _params(rows)
+
+
+@pytest.mark.parametrize(
+    "cls, name",
+    [("AutoencoderKLKVAEVideo", "→ Kandinsky's KVAE"), ("AutoencoderKLCogVideoX", "→ CogVideoX's")],
+)
+def test_the_latent_conditioned_video_vaes_say_whose_they_are(cls, name):
+    d = detect(meta_shapes(getattr(diffusers, cls)))
+    assert (d.kind, d.architecture) == ("vae", None)  # no pipeline Loadout knows decodes with them
+    assert any(name in e.reason and "not HunyuanVideo's" in e.reason for e in d.evidence), d.evidence
