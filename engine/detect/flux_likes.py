@@ -1,6 +1,6 @@
 """Image transformers on FLUX.1's double- and single-stream blocks without its pooled text vector, in diffusers'
 naming (what their releases ship; diffusers has no single-file converter for them): LongCat-Image, Bria 3.2,
-Bria FIBO and Ovis-Image. Detection only, no forward.
+Bria FIBO, Ovis-Image and Motif-Video. Detection only, no forward.
 
 Facts (cited, not copied; diffusers 0.42 classes, built on the meta device by the tests):
 * FLUX.1 (transformer_flux.py) conditions the time embedding on a pooled CLIP vector:
@@ -15,7 +15,11 @@ Facts (cited, not copied; diffusers 0.42 classes, built on the meta device by th
 * Ovis-Image (transformer_ovis_image.py, AIDC-AI/Ovis-Image-7B): a bare `timestep_embedder`, an RMS
   `context_embedder_norm`, and gated feed-forwards: `ff.net.0.proj` and the single blocks' `proj_mlp` are
   8 x hidden (SwiGLU over 4 x hidden), FLUX's 4 x.
-* Every pipeline samples with FlowMatchEulerDiscreteScheduler.
+* Motif-Video (transformer_motif_video.py, Motif-Technologies/Motif-Video-2B): the same blocks on video, a 3-D
+  `x_embedder.proj`, the text through an MLP (`context_embedder.linear_1/2`) where HunyuanVideo has a token
+  refiner, and `time_text_embed` holding a timestep embedder only; its pipelines sample flow sigmas from 1 with
+  FLUX's resolution-dependent shift.
+* Every other pipeline samples with FlowMatchEulerDiscreteScheduler.
 """
 
 from __future__ import annotations
@@ -38,11 +42,14 @@ def flux_likes(ix: KeyIndex) -> Backbone | None:
     v = find_view(ix, _Q, _FF)
     if v is None:
         return None
-    if v.has("time_text_embed.timestep_embedder.linear_1.weight") or v.has(
-        "time_text_embed.text_embedder.linear_1.weight"
-    ):
+    if v.has("time_text_embed.text_embedder.linear_1.weight"):
         return None  # FLUX.1's pooled text vector
     hidden = v.dim(_Q, 1)
+    if len(v.shape("x_embedder.proj.weight") or ()) == 5 and v.has("context_embedder.linear_1.weight"):
+        b = _backbone(v, "motif_video", hidden)
+        why = "a video (3-D) patch embedding and the text through an MLP, no token refiner → Motif-Video"
+        v.because(b, "x_embedder.proj.weight", why)
+        return b
     if hidden and v.dim(_FF, 0) == 8 * hidden:
         return _ovis(v, hidden)
     if not v.has("time_embed.timestep_embedder.linear_1.weight"):

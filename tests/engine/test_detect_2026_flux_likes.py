@@ -30,6 +30,11 @@ def _params(rows):
         ("BriaTransformer2DModel", "bria", "text states 4096 wide → Bria 3.2 (T5-XXL text)"),
         ("BriaFiboTransformer2DModel", "bria_fibo", "a caption projection into every block → Bria FIBO"),
         (
+            "MotifVideoTransformer3DModel",
+            "motif_video",
+            "a video (3-D) patch embedding and the text through an MLP, no token refiner → Motif-Video",
+        ),
+        (
             "OvisImageTransformer2DModel",
             "ovis_image",
             "gated feed-forwards (24576 = 8 × hidden, FLUX's are 4 ×) → Ovis-Image",
@@ -58,6 +63,7 @@ def test_small_configs_and_an_ovis_shard():
         ("LongCatImageTransformer2DModel", "longcat_image"),
         ("BriaTransformer2DModel", "bria"),
         ("BriaFiboTransformer2DModel", "bria_fibo"),
+        ("MotifVideoTransformer3DModel", "motif_video"),
     ):
         assert detect(meta_shapes(getattr(diffusers, cls), **SMALL)).architecture == arch
     ovis = meta_shapes(diffusers.OvisImageTransformer2DModel, **SMALL)
@@ -73,6 +79,8 @@ def test_small_configs_and_an_ovis_shard():
     assert "blocks 2-3 (part of a sharded model)" in d.evidence[0].reason
 
 
-def test_flux1_stays_flux1():
+def test_flux1_and_hunyuan_video_stay_themselves():
     d = detect(meta_shapes(diffusers.FluxTransformer2DModel))
     assert d.architecture in ("flux1_dev", "flux1_schnell")
+    hv = meta_shapes(diffusers.HunyuanVideoTransformer3DModel, num_layers=1, num_single_layers=1)
+    assert detect(hv).architecture == "hunyuan_video"

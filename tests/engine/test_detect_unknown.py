@@ -99,8 +99,7 @@ diffusers = pytest.importorskip("diffusers")
         "BriaFibo2Transformer2DModel",
         # PixArt's blocks at 2304 wide, a video model: once PixArt
         "AllegroTransformer3DModel",
-        # FLUX-style video blocks, text through an MLP, no token refiner: once HunyuanVideo
-        "MotifVideoTransformer3DModel",
+        # (Motif-Video, FLUX-style video blocks once read as HunyuanVideo, has its rule: flux_likes.py)
         # Sana's blocks under a 3-D patch embedding: once Sana (SANA-Video, once here too, is dits_2026.py's)
         "SanaWMTransformer3DModel",
     ],
