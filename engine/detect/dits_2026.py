@@ -17,6 +17,11 @@ samples with FlowMatchEulerDiscreteScheduler, SANA-Video's also with DPMSolverMu
   Edit and -Edit-Plus): HunyuanVideo-style `double_blocks.N` whose attention sits in one `attn` module
   (`attn.img_attn_qkv`, `attn.txt_attn_qkv`) and whose MLPs are diffusers' FeedForward (`img_mlp.net.0.proj`);
   the two classes build the same modules key for key.
+* Bria FIBO 2 (transformer_bria_fibo2.py, briaai/Fibo-2.0-dev): NextDiT-style `layers.N` and `noise_refiner.N`
+  behind a perceiver over the text (`perceiver.layers.N.cross_attention`), which no NextDiT release has.
+* SANA-WM (transformer_sana_wm.py, Efficient-Large-Model/SANA-WM): Sana's original-named blocks with camera
+  conditioning in every block (`blocks.N.plucker_proj`, `attn.q_proj_cam`) and a temporal convolution
+  (`mlp.t_conv`).
 * SANA-Video (transformer_sana_video.py): Sana's linear-attention blocks with a temporal convolution in the
   Mix-FFN (`ff.conv_temp`) and a 3-D patch embedding.
 """
@@ -105,3 +110,22 @@ def joyimage(ix: KeyIndex) -> Backbone | None:
         "JoyImage-Edit and JoyImage-Edit-Plus share this layout key for key: the header cannot tell them apart",
     )
     return b
+
+
+def bria_fibo2(ix: KeyIndex) -> Backbone | None:
+    q = "layers.#.attention.to_q.weight"
+    v = find_view(ix, q, "perceiver.layers.#.cross_attention.to_q.weight")
+    if v is None:
+        return None
+    why = f"NextDiT-style layers ({v.blocks(q)}), hidden {v.dim(q, 1)}, behind a perceiver over the text → Bria FIBO 2"
+    return _backbone(v, "bria_fibo2", q, why)
+
+
+def sana_wm(ix: KeyIndex) -> Backbone | None:
+    cam = "blocks.#.plucker_proj.weight"
+    v = find_view(ix, cam, "blocks.#.attn.q_proj_cam.weight", "blocks.#.mlp.t_conv.weight")
+    if v is None:
+        return None
+    q = "blocks.#.attn.qkv.weight"
+    why = f"Sana's blocks with camera conditioning in each ({v.blocks(cam)}), hidden {v.dim(q, 1)} → SANA-WM"
+    return _backbone(v, "sana_wm", cam, why)

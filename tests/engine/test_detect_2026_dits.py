@@ -59,6 +59,20 @@ CASES = [
         "double_blocks.",
     ),
     (
+        "BriaFibo2Transformer2DModel",
+        "bria_fibo2",
+        None,
+        "NextDiT-style layers (44 blocks), hidden 3584, behind a perceiver over the text → Bria FIBO 2",
+        None,  # told by its perceiver: a shard of its layers alone is NextDiT's structure
+    ),
+    (
+        "SanaWMTransformer3DModel",
+        "sana_wm",
+        None,
+        "Sana's blocks with camera conditioning in each (20 blocks), hidden 2240 → SANA-WM",
+        "blocks.",
+    ),
+    (
         "SanaVideoTransformer3DModel",
         "sana_video",
         dict(num_layers=2, num_attention_heads=4, attention_head_dim=32, num_cross_attention_heads=4,

@@ -95,13 +95,11 @@ diffusers = pytest.importorskip("diffusers")
     "cls",
     [
         # (Ovis-Image, LongCat-Image, Bria 3.2 and FIBO, once here, have their rule: flux_likes.py)
-        # NextDiT blocks with a perceiver over the captions: once read as Z-Image at an unknown size
-        "BriaFibo2Transformer2DModel",
         # PixArt's blocks at 2304 wide, a video model: once PixArt
         "AllegroTransformer3DModel",
         # (Motif-Video, FLUX-style video blocks once read as HunyuanVideo, has its rule: flux_likes.py)
-        # Sana's blocks under a 3-D patch embedding: once Sana (SANA-Video, once here too, is dits_2026.py's)
-        "SanaWMTransformer3DModel",
+        # (Sana's blocks under a 3-D patch embedding, once Sana: SANA-Video and SANA-WM are dits_2026.py's, as is
+        # Bria FIBO 2, NextDiT blocks with a perceiver once read as Z-Image)
     ],
 )
 def test_structures_no_rule_knows_are_never_guessed(cls):
