@@ -65,6 +65,7 @@ PROBES = (
     video_dits.ltx,
     video_dits.mochi,
     video_dits.cosmos,
+    dits_2026.cosmos3,
     kandinsky.kandinsky,
     hunyuan.hunyuan,
     dits.mmdit,

@@ -22,6 +22,10 @@ samples with FlowMatchEulerDiscreteScheduler, SANA-Video's also with DPMSolverMu
 * SANA-WM (transformer_sana_wm.py, Efficient-Large-Model/SANA-WM): Sana's original-named blocks with camera
   conditioning in every block (`blocks.N.plucker_proj`, `attn.q_proj_cam`) and a temporal convolution
   (`mlp.t_conv`).
+* Cosmos 3 (transformer_cosmos3.py Cosmos3OmniTransformer): a language model's `layers.N` (`self_attn`, `mlp`,
+  `input_layernorm`) with a second, generation pathway in every layer (`mlp_moe_gen`, `self_attn.add_q_proj`,
+  `input_layernorm_moe_gen`); its outputs are velocities (flow matching). Cosmos Predict2 (video_dits.py) is a
+  different network.
 * SANA-Video (transformer_sana_video.py): Sana's linear-attention blocks with a temporal convolution in the
   Mix-FFN (`ff.conv_temp`) and a 3-D patch embedding.
 """
@@ -129,3 +133,16 @@ def sana_wm(ix: KeyIndex) -> Backbone | None:
     q = "blocks.#.attn.qkv.weight"
     why = f"Sana's blocks with camera conditioning in each ({v.blocks(cam)}), hidden {v.dim(q, 1)} → SANA-WM"
     return _backbone(v, "sana_wm", cam, why)
+
+
+def cosmos3(ix: KeyIndex) -> Backbone | None:
+    gen = "layers.#.mlp_moe_gen.gate_proj.weight"
+    v = find_view(ix, gen, "layers.#.self_attn.add_q_proj.weight", "layers.#.input_layernorm_moe_gen.weight")
+    if v is None:
+        return None
+    q = "layers.#.self_attn.to_q.weight"
+    why = (
+        f"language-model layers with a second, generation pathway in each ({v.blocks(gen)}), hidden {v.dim(q, 1)}"
+        " → Cosmos 3"
+    )
+    return _backbone(v, "cosmos3", gen, why)

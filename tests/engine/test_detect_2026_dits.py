@@ -73,6 +73,13 @@ CASES = [
         "blocks.",
     ),
     (
+        "Cosmos3OmniTransformer",
+        "cosmos3",
+        None,
+        "language-model layers with a second, generation pathway in each (36 blocks), hidden 4096 → Cosmos 3",
+        "layers.",
+    ),
+    (
         "SanaVideoTransformer3DModel",
         "sana_video",
         dict(num_layers=2, num_attention_heads=4, attention_head_dim=32, num_cross_attention_heads=4,
