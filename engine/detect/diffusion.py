@@ -24,7 +24,22 @@ never their code:
 
 from __future__ import annotations
 
-from . import dits, ernie_image, flux, flux3, hunyuan, image_dits, minimax_h3, nextdit, unets, video_dits, wan
+from . import (
+    dits,
+    dits_2026,
+    ernie_image,
+    flux,
+    flux3,
+    flux_likes,
+    hunyuan,
+    image_dits,
+    kandinsky,
+    minimax_h3,
+    nextdit,
+    unets,
+    video_dits,
+    wan,
+)
 from .backbone import Backbone
 from .keys import KeyIndex
 
@@ -35,17 +50,28 @@ PROBES = (
     unets.ldm_unet,
     unets.diffusers_unet,
     wan.wan,
+    dits_2026.nucleus_image,
     image_dits.qwen_image,
     image_dits.qwen_image21,
     image_dits.krea2,
     image_dits.hidream,
+    dits_2026.sana_video,
+    dits_2026.sana_wm,
     image_dits.sana,
+    dits_2026.bria_fibo2,
     nextdit.nextdit,
+    dits_2026.ideogram4,
+    dits_2026.prx,
+    dits_2026.glm_image,
+    dits_2026.joyimage,
     video_dits.ltx,
     video_dits.mochi,
     video_dits.cosmos,
+    dits_2026.cosmos3,
+    kandinsky.kandinsky,
     hunyuan.hunyuan,
     dits.mmdit,
+    flux_likes.flux_likes,
     flux3.flux3,
     flux.flux,
     dits.auraflow,

@@ -141,11 +141,13 @@ def _conv_wrapped(ix: KeyIndex) -> list[Part]:
         ltx_original = ix.has(p + "decoder.up_blocks.0.res_blocks.0.conv1.conv.weight")
         if z == 128 or ltx_original:
             out.append(_ltx(ix, p, z, key, ltx_original))
-        elif z == 16 and (
-            ix.has(p + "decoder.mid_block.resnets.0.norm1.conv_y.conv.weight")  # CogVideoX
-            or ix.has(p + "decoder.mid.block_1.norm1.conv_y.weight")  # Kandinsky's KVAE
-        ):
-            why = "a causal 3-D VAE whose decoder norms are conditioned on the latent (CogVideoX's, KVAE's): not HunyuanVideo's"
+        elif z == 16 and ix.has(
+            p + "decoder.mid.block_1.norm1.conv_y.weight"
+        ):  # diffusers autoencoder_kl_kvae_video.py
+            why = "a causal 3-D VAE whose decoder norms are conditioned on the latent → Kandinsky's KVAE: not HunyuanVideo's"
+            out.append(_part(ix, p, None, z, key, why, what="KVAE (Kandinsky)"))
+        elif z == 16 and ix.has(p + "decoder.mid_block.resnets.0.norm1.conv_y.conv.weight"):  # CogVideoX
+            why = "a causal 3-D VAE whose decoder norms are conditioned on the latent → CogVideoX's: not HunyuanVideo's"
             out.append(_part(ix, p, None, z, key, why))
         elif z == 16:
             out.append(

@@ -99,6 +99,7 @@ def wan(ix: KeyIndex) -> Backbone | None:
     else:
         task, version, also = _task(v, b, names, dim, k_img, version)
     b.architecture = version or "wan21"
+    also += _on_wan21(v, b, names["q"], task, size, version)
     b.also = also
     b.variant = variant(task, size)
     if task == "helios":  # Wan's blocks under another stem and head: no Wan release, none Loadout runs
@@ -147,6 +148,14 @@ def _task(v: View, b: Backbone, names: dict, dim, k_img, version):
             version,
             "anyflow",
             "a second timestep embedding (the flow map's target time) → AnyFlow, Wan 2.1 for any-step sampling",
+        ),
+        # SkyReels-V2 with sample-info injection (SkyworkAI/SkyReels-V2 `transformer.py`; diffusers
+        # transformer_skyreels_v2.py, `inject_sample_info`): an fps embedding added to the time modulation
+        (
+            "fps_embedding.weight",
+            version,
+            "skyreels_v2",
+            "an fps embedding beside the timestep's → SkyReels-V2",
         ),
         # diffusers `transformer_helios.py`: history latents patched at three scales, its own output norm
         (
@@ -223,6 +232,22 @@ def _animate2(v: View, b: Backbone, names: dict):
     )
     v.because(b, names["q"], why + " → Wan-Animate-2 (in-context attention over a driving video's K/V)")
     return "animate2", "wan22", []
+
+
+def _on_wan21(
+    v: View, b: Backbone, q: str, task: str | None, size: str | None, version: str | None
+) -> list[str]:
+    """Releases built on Wan 2.1's modules with nothing of their own in the file: diffusers' SkyReels-V2
+    (transformer_skyreels_v2.py, Skywork's T2V / I2V / DF at 1.3B and 14B) and ChronoEdit (transformer_chronoedit.py,
+    nvidia's ChronoEdit-14B, from Wan 2.1 I2V 14B: CLIP image keys, 36 input channels) hold Wan's modules key for
+    key, and diffusers reads their single files with the Wan converter (loaders/single_file_model.py maps both
+    classes to convert_wan_transformer_to_diffusers). SkyReels-V2's fps conditioning is a marker of _task."""
+    if version == "wan22" or task not in ("t2v", "i2v") or size not in ("1.3b", "14b"):
+        return []
+    also = ["skyreels_v2"] + (["chronoedit"] if task == "i2v" and size == "14b" else [])
+    names = "SkyReels-V2" + (" and ChronoEdit" if len(also) == 2 else "")
+    v.because(b, q, f"{names} hold Wan 2.1's modules key for key: the header cannot tell them apart")
+    return also
 
 
 def _shared(v: View, b: Backbone, suffix: str, releases: str) -> list[str]:

@@ -29,9 +29,9 @@ def _cases() -> list[tuple[str, dict, dict | None, tuple]]:
     )  # fmt: skip
     return [
         ("wan2.1_t2v_14B_fp16.safetensors", V.wan_original(V.WAN21_T2V_14B), None,
-         ("diffusion_model", "wan21", "t2v-14b", ["wan22"])),
+         ("diffusion_model", "wan21", "t2v-14b", ["wan22", "skyreels_v2"])),
         ("wan2.1_i2v_720p_14B-00003-of-00007.safetensors", blocks_only(V.wan_original(V.WAN21_I2V_14B), "blocks.", 12, 18),
-         None, ("diffusion_model", "wan21", "i2v-14b", [])),
+         None, ("diffusion_model", "wan21", "i2v-14b", ["skyreels_v2", "chronoedit"])),
         ("wan2.2_ti2v_5B_diffusers.safetensors", meta_shapes(d.WanTransformer3DModel, **V.wan_diffusers_config(V.WAN22_TI2V_5B)),
          None, ("diffusion_model", "wan22", "ti2v-5b", [])),
         ("flux1-fill-dev.safetensors", I.flux_bfl(I.FLUX1_FILL), None, ("diffusion_model", "flux1_dev", "fill", [])),

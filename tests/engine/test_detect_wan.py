@@ -8,9 +8,9 @@ from layouts_2026.common import assert_same, blocks_only, converted, detect, met
 
 CASES = [
     # config, architecture, variant, also
-    (V.WAN21_T2V_1_3B, "wan21", "t2v-1.3b", ()),
-    (V.WAN21_T2V_14B, "wan21", "t2v-14b", ("wan22",)),  # = each Wan 2.2 T2V A14B expert
-    (V.WAN21_I2V_14B, "wan21", "i2v-14b", ()),
+    (V.WAN21_T2V_1_3B, "wan21", "t2v-1.3b", ("skyreels_v2",)),
+    (V.WAN21_T2V_14B, "wan21", "t2v-14b", ("wan22", "skyreels_v2")),  # = each Wan 2.2 T2V A14B expert
+    (V.WAN21_I2V_14B, "wan21", "i2v-14b", ("skyreels_v2", "chronoedit")),
     (V.WAN21_FLF2V_14B, "wan21", "flf2v-14b", ()),
     (V.WAN21_VACE_1_3B, "wan21", "vace-1.3b", ()),
     (V.WAN21_VACE_14B, "wan21", "vace-14b", ("wan22",)),
@@ -51,10 +51,13 @@ def test_also_survives_the_json_cache_and_worker_processes():
     from engine.detect import Detection
 
     d = detect(V.wan_original(_small(V.WAN21_T2V_14B)))
-    assert d.also == ("wan22",)
+    assert d.also == ("wan22", "skyreels_v2")
     assert Detection.from_json(d.to_json()) == d
     assert pickle.loads(pickle.dumps(d)) == d
-    assert d.to_json()["also"] == ["wan22"] and list(d.to_json())[4:6] == ["architecture", "also"]
+    assert d.to_json()["also"] == ["wan22", "skyreels_v2"] and list(d.to_json())[4:6] == [
+        "architecture",
+        "also",
+    ]
 
 
 def test_full_size_releases_detect_with_their_parameter_counts():
@@ -96,7 +99,8 @@ def test_full_size_diffusers_wan_14b_i2v():
     "cfg, arch, var, also",
     [
         (V.WAN21_T2V_14B, "wan21", "14b", ("wan22",)),  # t2v 2.1 / t2v or i2v 2.2: the stem would tell
-        (V.WAN21_I2V_14B, "wan21", "i2v-14b", ()),  # CLIP image keys sit in every block
+        # CLIP image keys sit in every block
+        (V.WAN21_I2V_14B, "wan21", "i2v-14b", ("skyreels_v2", "chronoedit")),
         (V.WAN22_TI2V_5B, "wan22", "5b", ()),
         (V.WAN21_T2V_1_3B, "wan21", "1.3b", ()),
     ],
