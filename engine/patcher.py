@@ -52,6 +52,7 @@ class Contribution:
     view: tuple | None
     strength: float
     bias: bool
+    rows: tuple[int, int] | None = None  # the row block of the module's change this key receives (None: all)
 
 
 @dataclass
@@ -136,21 +137,24 @@ class ModelPatcher:
                 continue
             cov = self.coverage(entry.file)
             adapter = self.adapter(entry.file)
-            for name, target in cov.placements.items():
+            placed = [(n, (t,)) for n, t in cov.placements.items()]
+            for name, targets in placed + list(cov.split.items()):
                 module = adapter.modules.get(name)
                 if module is None:
                     continue
-                s = entry.strength_model if target.component in MODEL_COMPONENTS else entry.strength_clip
-                if s == 0.0:
-                    continue
-                if module.patches_weight:
-                    wanted.setdefault(target.key, []).append(
-                        Contribution(entry.file, name, target.view, s, False)
-                    )
-                if module.patches_bias and target.bias_key:
-                    wanted.setdefault(target.bias_key, []).append(
-                        Contribution(entry.file, name, target.view, s, True)
-                    )
+                for target in targets:  # one, or the split weights of a fused module (each its rows)
+                    s = entry.strength_model if target.component in MODEL_COMPONENTS else entry.strength_clip
+                    if s == 0.0:
+                        continue
+                    rows = target.change_rows
+                    if module.patches_weight:
+                        wanted.setdefault(target.key, []).append(
+                            Contribution(entry.file, name, target.view, s, False, rows)
+                        )
+                    if module.patches_bias and target.bias_key:
+                        wanted.setdefault(target.bias_key, []).append(
+                            Contribution(entry.file, name, target.view, s, True, rows)
+                        )
         return {k: tuple(v) for k, v in wanted.items()}
 
     def _compute(self, original, contributions: Iterable[Contribution]):
@@ -168,6 +172,8 @@ class ModelPatcher:
             w = original.to(torch.float32, copy=True)
         for c in contributions:
             module = self.adapter(c.file).modules[c.module]
+            if c.rows is not None:
+                module = module.row_block(*c.rows)
             if c.bias:
                 fn = lambda t, m=module, s=c.strength: m.patch_bias(t, s)  # noqa: E731
             else:  # w is this call's own float32 copy (and so is every view _apply_view hands over)
