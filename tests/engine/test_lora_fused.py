@@ -137,14 +137,59 @@ def test_a_fused_release_lora_bakes_onto_the_split_weights(family):
     assert all(p.weights[k] is originals[k] for k in originals)
 
 
+def _more_tables():
+    """The tables with fused modules the other tests leave out (PixArt, Sana, Lumina 2's grouped-query qkv), built
+    on the meta device (shapes only): (diffusers' state dict, the release's, fused module -> its pieces)."""
+    from denoise_files import lumina2_original
+    from diffusers import Lumina2Transformer2DModel, PixArtTransformer2DModel, SanaTransformer2DModel
+    from test_denoise_pixart import release as pixart_release
+    from test_denoise_sana import release as sana_release
+
+    with torch.device("meta"):
+        px = PixArtTransformer2DModel(
+            num_attention_heads=2,
+            attention_head_dim=72,
+            in_channels=4,
+            out_channels=8,
+            num_layers=1,
+            cross_attention_dim=144,
+            caption_channels=64,
+            sample_size=128,
+        )
+        sa = SanaTransformer2DModel(
+            in_channels=8,
+            out_channels=8,
+            num_attention_heads=2,
+            attention_head_dim=32,
+            num_layers=1,
+            num_cross_attention_heads=2,
+            cross_attention_head_dim=32,
+            cross_attention_dim=64,
+            caption_channels=64,
+        )
+        lu = Lumina2Transformer2DModel(hidden_size=192, num_layers=2, num_attention_heads=2, num_kv_heads=1,
+                                       cap_feat_dim=64)  # fmt: skip
+    px, sa, lu = (m.state_dict() for m in (px, sa, lu))
+    cross = {"blocks.0.attn.qkv": tuple(f"transformer_blocks.0.attn1.to_{c}" for c in _Q),
+             "blocks.0.cross_attn.kv_linear": ("transformer_blocks.0.attn2.to_k", "transformer_blocks.0.attn2.to_v")}  # fmt: skip
+    lumina = {"layers.0.attention.qkv": tuple(f"layers.0.attn.to_{c}" for c in _Q),
+              "context_refiner.1.attention.qkv": tuple(f"context_refiner.1.attn.to_{c}" for c in _Q)}  # fmt: skip
+    return [
+        (px, pixart_release(px), cross),
+        (sa, sana_release(sa), cross),
+        (lu, lumina2_original(lu), lumina),
+    ]
+
+
 def test_the_split_keymap_agrees_with_the_fused_one():
     """Both directions of one table: on the release-named base each diffusers name reaches the rows of the fused
     weight that, on the diffusers-named base, the fused name places on that diffusers weight."""
-    for family in FAMILIES:
-        sd, rel, _ = built(family)
+    cases = [(*built(f)[:2], FAMILIES[f][1]) for f in FAMILIES] + _more_tables()
+    for sd, rel, fused in cases:
+        family = next(iter(fused))
         split = KeyMap({k: tuple(v.shape) for k, v in sd.items()})
         whole = KeyMap({k: tuple(v.shape) for k, v in rel.items()})
-        for name in FAMILIES[family][1]:
+        for name in fused:
             pieces = split.resolve_split(f"diffusion_model.{name}")
             assert pieces and split.resolve(f"diffusion_model.{name}") is None, (family, name)
             for t in pieces:
