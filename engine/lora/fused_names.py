@@ -64,6 +64,8 @@ _GATE_UP = (
     ),
 )
 _COMPILED: dict[tuple, list] = {}
+# The last name of every first piece: a base with none of them (any release-named one) has nothing to split.
+_FIRSTS = tuple({"." + pieces[0].rsplit(".", 1)[1] for e in (*_FUSED.values(), _GATE_UP) for _, pieces in e})
 
 
 def _compiled(entries: tuple[tuple[str, tuple[str, ...]], ...]) -> list:
@@ -77,6 +79,8 @@ def split_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[Piece,
     """For a base's module paths (path -> weight shape): each fused module name of the other naming whose every row
     block the base holds as a weight of its own -> its pieces, in row order. The pieces must share their other
     dimensions (one fused weight's)."""
+    if not any(p.endswith(_FIRSTS) for p in shapes):
+        return {}
     groups = [_FUSED[id(t)] for t in tables_for(shapes) if id(t) in _FUSED]
     if any(p.endswith(".img_mlp.gate_layer") for p in shapes):
         groups.append(_GATE_UP)

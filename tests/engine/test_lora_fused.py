@@ -327,3 +327,29 @@ def test_a_step_on_the_diffusers_file_equals_the_release_files(family, budget, t
         f"{family} (budget {budget}): relative L2 {err:.2e}, the LoRA's change {rel_l2(outs['release'], plain):.2e}"
     )
     assert err <= 1e-5 and rel_l2(outs["release"], plain) > 1e-3
+
+
+def test_a_split_weight_held_with_its_halves_swapped_gets_its_rows_swapped():
+    """A piece reached through a ("swap",) view (a split weight whose halves diffusers holds the other way round;
+    no table lists one yet): its rows of the change land swapped, baked as on the fly (weight_function)."""
+    from dataclasses import replace
+
+    sd, _, _ = built("hunyuan_dit")
+    tensors = fused_lora(
+        sd, {"blocks.3.attn2.kv_proj": ("blocks.3.attn2.to_k", "blocks.3.attn2.to_v")}, "lycoris_", 4
+    )
+    km = KeyMap({k: tuple(v.shape) for k, v in sd.items()})
+    k, v = km.splits["lycoris_blocks_3_attn2_kv_proj"]
+    km.splits["lycoris_blocks_3_attn2_kv_proj"] = (k, replace(v, view=("swap",)))
+    adapter = adapter_from_tensors(tensors, path="fused")
+    p = ModelPatcher({n: t.clone() for n, t in sd.items()}, loader=lambda f: adapter, keymap=km)
+    up, down = (
+        tensors["lycoris_blocks_3_attn2_kv_proj.lora_up.weight"],
+        tensors["lycoris_blocks_3_attn2_kv_proj.lora_down.weight"],
+    )
+    delta = 0.5 * (up @ down)[176:]
+    key = "blocks.3.attn2.to_v.weight"
+    on_the_fly = p.weight_function(key, [LoraEntry("fused")])(sd[key])
+    p.apply([LoraEntry("fused")])
+    torch.testing.assert_close(p.weights[key], sd[key] + torch.cat([delta[88:], delta[:88]]))
+    assert torch.equal(on_the_fly, p.weights[key])
