@@ -20,6 +20,7 @@ beside the weights, a backup, fp32 then round) is the idea; this is our own desi
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,24 +138,23 @@ class ModelPatcher:
                 continue
             cov = self.coverage(entry.file)
             adapter = self.adapter(entry.file)
-            placed = [(n, (t,)) for n, t in cov.placements.items()]
-            for name, targets in placed + list(cov.split.items()):
+            # one target per module, then the split weights of each fused module (each its rows of the change)
+            split = ((n, t) for n, ts in cov.split.items() for t in ts)
+            for name, target in itertools.chain(cov.placements.items(), split):
                 module = adapter.modules.get(name)
                 if module is None:
                     continue
-                for target in targets:  # one, or the split weights of a fused module (each its rows)
-                    s = entry.strength_model if target.component in MODEL_COMPONENTS else entry.strength_clip
-                    if s == 0.0:
-                        continue
-                    rows = target.change_rows
-                    if module.patches_weight:
-                        wanted.setdefault(target.key, []).append(
-                            Contribution(entry.file, name, target.view, s, False, rows)
-                        )
-                    if module.patches_bias and target.bias_key:
-                        wanted.setdefault(target.bias_key, []).append(
-                            Contribution(entry.file, name, target.view, s, True, rows)
-                        )
+                s = entry.strength_model if target.component in MODEL_COMPONENTS else entry.strength_clip
+                if s == 0.0:
+                    continue
+                if module.patches_weight:
+                    wanted.setdefault(target.key, []).append(
+                        Contribution(entry.file, name, target.view, s, False, target.change_rows)
+                    )
+                if module.patches_bias and target.bias_key:
+                    wanted.setdefault(target.bias_key, []).append(
+                        Contribution(entry.file, name, target.view, s, True, target.change_rows)
+                    )
         return {k: tuple(v) for k, v in wanted.items()}
 
     def _compute(self, original, contributions: Iterable[Contribution]):
