@@ -6,6 +6,8 @@ and splits again), restored bit-exactly; a step with it equals the release-named
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from denoise_files import diffusers_z_image, lora_step, rel_l2, write, z_image_original
@@ -353,3 +355,18 @@ def test_a_split_weight_held_with_its_halves_swapped_gets_its_rows_swapped():
     p.apply([LoraEntry("fused")])
     torch.testing.assert_close(p.weights[key], sd[key] + torch.cat([delta[88:], delta[:88]]))
     assert torch.equal(on_the_fly, p.weights[key])
+
+
+def test_lora_inspect_says_a_fused_module_is_split(cli, tmp_path):
+    """`loadout lora inspect`: the JSON counts the fused module mapped once, with its weights; the text says so."""
+    sd, _, _ = built("hunyuan_dit")
+    fused = {"blocks.0.attn1.Wqkv": PIECES}
+    base = write(tmp_path / "hunyuan_dit_diffusers.safetensors", sd)
+    lora = write(tmp_path / "fused.safetensors", fused_lora(sd, fused, "lora_unet_", seed=2))
+    j = json.loads(cli("lora", "inspect", str(lora), "--base", str(base), "--json").stdout)
+    assert (j["modules"], j["mapped"], j["weights"]) == (1, 1, 3)
+    assert j["targets"]["transformer"]["split"] == {
+        "lora_unet_blocks_0_attn1_Wqkv": [f"{q}.weight" for q in PIECES]
+    }
+    text = cli("lora", "inspect", str(lora), "--base", str(base)).stdout
+    assert "1/1 modules mapped" in text and "(1 fused, placed on 3 weights)" in text
