@@ -222,7 +222,7 @@ def _rand(*shape, seed: int, scale: float = 0.1):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
 
 
-@pytest.mark.parametrize("algo", ["loha", "ia3", "ia3_input", "oft", "lokr", "dora"])
+@pytest.mark.parametrize("algo", ["loha", "ia3", "ia3_input", "oft", "lokr", "dora", "glora"])
 def test_lycoris_modules_on_a_fused_module_split_by_rows(algo):
     rows, cols = 3 * 176, 176
     parts = {
@@ -234,6 +234,8 @@ def test_lycoris_modules_on_a_fused_module_split_by_rows(algo):
         "lokr": {"lokr_w1": _rand(4, 4, seed=7), "lokr_w2": _rand(rows // 4, cols // 4, seed=8)},
         "dora": {"lora_up.weight": _rand(rows, 4, seed=9), "lora_down.weight": _rand(4, cols, seed=10),
                  "dora_scale": 1 + _rand(rows, 1, seed=11)},
+        "glora": {"a1.weight": _rand(cols, 2, seed=12), "a2.weight": _rand(2, cols, seed=13),
+                  "b1.weight": _rand(rows, 2, seed=14), "b2.weight": _rand(2, cols, seed=15), "alpha": torch.tensor(2.0)},
     }[algo]  # fmt: skip
     p, cov, want = _lycoris_case(parts)
     assert cov.mapped == 1 and [t.key for t in cov.split["lycoris_blocks_0_attn1_Wqkv"]] == [
