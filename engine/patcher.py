@@ -20,6 +20,7 @@ beside the weights, a backup, fp32 then round) is the idea; this is our own desi
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,7 @@ class Contribution:
     view: tuple | None
     strength: float
     bias: bool
+    rows: tuple[int, int] | None = None  # the row block of the module's change this key receives (None: all)
 
 
 @dataclass
@@ -136,7 +138,9 @@ class ModelPatcher:
                 continue
             cov = self.coverage(entry.file)
             adapter = self.adapter(entry.file)
-            for name, target in cov.placements.items():
+            # one target per module, then the split weights of each fused module (each its rows of the change)
+            split = ((n, t) for n, ts in cov.split.items() for t in ts)
+            for name, target in itertools.chain(cov.placements.items(), split):
                 module = adapter.modules.get(name)
                 if module is None:
                     continue
@@ -145,11 +149,11 @@ class ModelPatcher:
                     continue
                 if module.patches_weight:
                     wanted.setdefault(target.key, []).append(
-                        Contribution(entry.file, name, target.view, s, False)
+                        Contribution(entry.file, name, target.view, s, False, target.change_rows)
                     )
                 if module.patches_bias and target.bias_key:
                     wanted.setdefault(target.bias_key, []).append(
-                        Contribution(entry.file, name, target.view, s, True)
+                        Contribution(entry.file, name, target.view, s, True, target.change_rows)
                     )
         return {k: tuple(v) for k, v in wanted.items()}
 
@@ -168,6 +172,8 @@ class ModelPatcher:
             w = original.to(torch.float32, copy=True)
         for c in contributions:
             module = self.adapter(c.file).modules[c.module]
+            if c.rows is not None:
+                module = module.row_block(*c.rows)
             if c.bias:
                 fn = lambda t, m=module, s=c.strength: m.patch_bias(t, s)  # noqa: E731
             else:  # w is this call's own float32 copy (and so is every view _apply_view hands over)

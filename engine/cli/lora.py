@@ -47,12 +47,17 @@ def run(args: argparse.Namespace) -> int:
     if cov.get("warning"):
         print(f"  warning: {cov['warning']}")
     for name, t in cov["targets"].items():
-        print(f"  {name:<12} {t['mapped']}/{t['modules']}")
+        split = t.get("split") or {}
+        fused = f" ({len(split)} fused, placed on {sum(map(len, split.values()))} weights)" if split else ""
+        print(f"  {name:<12} {t['mapped']}/{t['modules']}{fused}")
         limit = None if args.all else 20
         for m in t["unmatched"][:limit]:
             print(f"    unmatched: {m}")
         if limit is not None and len(t["unmatched"]) > limit:
             print(f"    … and {len(t['unmatched']) - limit} more unmatched (--all lists them)")
         for sm in t["shape_mismatch"]:
-            print(f"    shape mismatch: {sm['module']} {sm['lora_shape']} vs {sm['key']} {sm['base_shape']}")
+            why = f": {sm['reason']}" if sm.get("reason") else ""
+            print(
+                f"    shape mismatch: {sm['module']} {sm['lora_shape']} vs {sm['key']} {sm['base_shape']}{why}"
+            )
     return EXIT_OK

@@ -28,6 +28,9 @@ class AdapterModule:
     parts: dict[str, Any]
     algos: tuple[str, ...]
     alpha: float | None = None
+    # A row block of another module's change (row_block): the rows its parts could not be cut to (LoKr, OFT)
+    take: tuple[int, int] | None = None
+    _blocks: dict = field(default_factory=dict, repr=False)
 
     @property
     def algo(self) -> str:
@@ -116,8 +119,22 @@ class AdapterModule:
                 f"{self.name}: the {a!r} algorithm's change depends on the weight it patches "
                 "(patch_weight computes it)"
             )
+        if self.take:
+            d = d[self.take[0] : self.take[0] + self.take[1]]
         scale = self.scale
         return d * scale if scale != 1.0 else d
+
+    def row_block(self, start: int, rows: int) -> AdapterModule:
+        """The module whose change (and bias change) is rows [start, start + rows) of this one's: a fused module's
+        share of one split weight (engine.lora.fused_names). Its parts are views cut where the change's rows are
+        their rows (LoRA's up, LoHa's w_a, full diffs, an (IA)³ vector on the output rows, GLoRA's B, a DoRA
+        magnitude per output row); LoKr's change is computed whole and cut, OFT's blocks rotate their own rows."""
+        key = (start, rows)
+        block = self._blocks.get(key)
+        if block is None:
+            parts, take = _row_parts(self.parts, self.algo, start, rows)
+            block = self._blocks[key] = AdapterModule(self.name, parts, self.algos, self.alpha, take)
+        return block
 
     def _parts_on(self, device):
         if device is None or all(t.device == device for t in self.parts.values()):
@@ -173,6 +190,10 @@ class AdapterModule:
         if a in ("oft", "boft"):
             constraint = float(self.alpha or 0.0)
             make = weighted.oft_weight if a == "oft" else weighted.boft_weight
+            if a == "oft":
+                return make(w, p["oft_blocks"], p.get("rescale"), constraint, strength, rows=self.take)
+            if self.take:  # the butterfly mixes rows across the whole fused weight
+                raise ValueError("a row block of a BOFT's weight is no rotation of its own")
             return make(w, p["oft_blocks"], p.get("rescale"), constraint, strength)
         if a == "ia3":
             flag = p.get("on_input")
@@ -203,6 +224,58 @@ class AdapterModule:
         if "up_bias" in p:
             return b + (strength * self.scale) * algos.fit(algos._f32(p["up_bias"]), b.shape)
         return b
+
+
+# Parts whose first axis is the change's output rows (a Tucker LoHa's w_a holds them second).
+_ROW_PARTS = (
+    "up",
+    "hada_w1_a",
+    "hada_w2_a",
+    "diff",
+    "set_weight",
+    "w_norm",
+    "rescale",
+    "diff_b",
+    "b_norm",
+    "up_bias",
+)
+
+
+def _row_parts(
+    parts: dict[str, Any], algo: str, start: int, rows: int
+) -> tuple[dict[str, Any], tuple | None]:
+    """(parts cut to rows [start, start + rows) of the change, the rows still to take from the change)."""
+    out = dict(parts)
+    end = start + rows
+    tucker = "hada_t1" in parts
+    for k in _ROW_PARTS:
+        if k not in parts or (tucker and k.startswith("hada_")):
+            continue
+        t = parts[k]
+        out[k] = t.reshape(-1)[start:end] if k in ("diff_b", "b_norm", "up_bias", "rescale") else t[start:end]
+    if tucker:
+        out["hada_w1_a"], out["hada_w2_a"] = (
+            parts["hada_w1_a"][:, start:end],
+            parts["hada_w2_a"][:, start:end],
+        )
+    mag = parts.get("dora_scale", parts.get("magnitude"))
+    if mag is not None:  # one per output row (coverage refuses one per input channel: it mixes the rows)
+        name = "dora_scale" if "dora_scale" in parts else "magnitude"
+        out[name] = (
+            mag.reshape(-1)[start:end].reshape(rows, *mag.shape[1:]) if mag.dim() <= 2 else mag[start:end]
+        )
+    if algo == "ia3":
+        flag = parts.get("on_input")
+        if flag is None or float(flag.reshape(-1)[0]) == 0:  # it scales the output rows: its own share
+            out["ia3"] = parts["ia3"].reshape(-1)[start:end]
+    elif algo == "glora":
+        up = (
+            "glora_b1"
+            if weighted.glora_layout({k: tuple(v.shape) for k, v in parts.items()}) == "new"
+            else "glora_b2"
+        )
+        out[up] = parts[up][start:end]
+    return out, ((start, rows) if algo in ("lokr", "oft", "boft") else None)
 
 
 @dataclass

@@ -124,6 +124,9 @@ class TargetCoverage:
     mapped: int = 0
     unmatched: list[str] = field(default_factory=list)
     shape_mismatch: list[dict] = field(default_factory=list)
+    split: dict[str, list[str]] = field(
+        default_factory=dict
+    )  # a mapped module placed on several weights -> keys
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -131,6 +134,7 @@ class TargetCoverage:
             "mapped": self.mapped,
             "unmatched": self.unmatched,
             "shape_mismatch": self.shape_mismatch,
+            **({"split": self.split} if self.split else {}),  # only where a fused module was split
         }
 
 
@@ -144,6 +148,8 @@ class Coverage:
     mapped: int
     targets: dict[str, TargetCoverage]
     placements: dict[str, Target] = field(default_factory=dict)  # module -> target (shape-checked)
+    # module -> the weights it is split over, each a row block of its change (a fused module on a split base)
+    split: dict[str, tuple[Target, ...]] = field(default_factory=dict)
     lora_base: str | None = None  # the architecture the adapter was made for (describe_lora)
     warning: str | None = None  # fit_warning, when the base's architecture was given
 
@@ -156,6 +162,7 @@ class Coverage:
             "modules": self.modules,
             "mapped": self.mapped,
             "targets": {k: v.to_json() for k, v in self.targets.items()},
+            "weights": len(self.placements) + sum(len(v) for v in self.split.values()),
             "lora_base": self.lora_base,
             "warning": self.warning,
             "error": None,
@@ -188,12 +195,25 @@ def coverage(
     base_arch = infer_base(named, facts)
     targets: dict[str, TargetCoverage] = {}
     placements: dict[str, Target] = {}
+    split: dict[str, tuple[Target, ...]] = {}
     for name in sorted(modules):
         parts = modules[name]
         t = km.resolve(name)
         comp = t.component if t else target_of(named[name], base_arch, facts[name])
+        pieces = km.resolve_split(name) if t is None else None
+        if pieces:
+            comp = pieces[0].component
         tc = targets.setdefault(comp, TargetCoverage())
         tc.modules += 1
+        if pieces:
+            why = _split_mismatch(parts, shapes, facts[name].algos, pieces, base_shapes)
+            if why:
+                tc.shape_mismatch.append(why | {"module": name})
+            else:
+                tc.mapped += 1
+                tc.split[name] = [p.key for p in pieces]
+                split[name] = pieces
+            continue
         if t is None:
             tc.unmatched.append(name)
             continue
@@ -244,6 +264,7 @@ def coverage(
         mapped=sum(v.mapped for v in ordered.values()),
         targets=ordered,
         placements=placements,
+        split=split,
         lora_base=info.base,
     )
     if base_architecture is not None:
@@ -253,6 +274,62 @@ def coverage(
     if "tlora" in info.algos:  # its modules fit, but no fixed weight exists to apply (adapter.py refuses it)
         cov.warning = "a T-LoRA: its change depends on each step's timestep; Loadout cannot apply it yet"
     return cov
+
+
+def _split_mismatch(
+    parts: Mapping[str, str],
+    shapes: Mapping[str, tuple[int, ...]],
+    algos: tuple[str, ...],
+    pieces: tuple[Target, ...],
+    base_shapes: Mapping[str, tuple[int, ...]],
+) -> dict | None:
+    """Why a fused module cannot be split by rows over `pieces` (a shape_mismatch entry, with a reason), or None.
+    Its change must have the pieces' rows stacked; an algorithm that mixes rows across the fused weight cannot be
+    cut: a BOFT's butterfly, an OFT whose blocks straddle a boundary, a DoRA normalised per input channel."""
+    got = {p: list(shapes[k]) for p, k in parts.items() if p != "alpha"}
+    total = sum(t.change_rows[1] for t in pieces)
+    fused = (total, *pieces[0].shape[1:])
+    algo = next((a for a in algos if a != "dora"), "")
+
+    def bad(reason: str, key: str | None = None, base: Any = fused) -> dict:
+        keys = [t.key for t in pieces]
+        return {
+            "key": key or keys[0],
+            "keys": keys,
+            "lora_shape": got,
+            "base_shape": list(base),
+            "reason": reason,
+        }
+
+    try:
+        change = change_shape(parts, shapes)
+        if algo in weighted.WEIGHTED:
+            weighted.check(algo, {p: tuple(v) for p, v in got.items()})
+            if not weighted.fits_weight(algo, {p: tuple(v) for p, v in got.items()}, fused):
+                return bad("its change does not fit the fused weight")
+    except (IndexError, TypeError, ValueError, KeyError):
+        return bad("its parts make no change")
+    if algo == "boft":
+        return bad("a BOFT's butterfly mixes rows across its blocks: Loadout does not split it")
+    if algo == "oft":
+        size = got["oft_blocks"][-1]
+        if any(t.change_rows[0] % size or t.change_rows[1] % size for t in pieces):
+            return bad(f"its {size}-row OFT blocks straddle the split weights' boundaries")
+    mag = parts.get("dora_scale", parts.get("magnitude"))
+    if mag is not None and shapes[mag][0] != total:
+        return bad("a DoRA normalised per input channel mixes the rows of the fused weight")
+    if change is not None and (change[0] != total or not fits(change, fused)):
+        return bad("its change's rows are not the split weights' rows stacked")
+    for bp in ("diff_b", "b_norm", "up_bias"):
+        if bp in parts:
+            want = math.prod(shapes[parts[bp]])
+            for t in pieces:
+                b = base_shapes.get(t.bias_key) if t.bias_key else None
+                if b is None or math.prod(b) != t.change_rows[1]:
+                    return bad("a bias change for a weight without that bias", t.bias_key, b or ())
+            if want != total:
+                return bad("its bias change is not the split biases stacked", pieces[0].bias_key, (total,))
+    return None
 
 
 def _bias_view(shape: tuple[int, ...], t: Target) -> tuple[int, ...]:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import cascade_names
 from .dit_names import View, diffusers_to_dit
 from .family_names import other_names
 from .family_names_dits import prefixed_names
+from .fused_names import split_names
 from .naming import underscored
 from .unet_names import diffusers_to_ldm, ldm_to_diffusers
 
@@ -71,16 +72,21 @@ _OPENCLIP = (
 
 @dataclass(frozen=True)
 class Target:
-    """Where an adapter module lands: a base weight key, an optional view of it, and its bias key."""
+    """Where an adapter module lands: a base weight key, an optional view of it, and its bias key; for a module
+    placed on several weights (a fused module on a split base), the rows of its change this one receives."""
 
     component: str
     key: str
     shape: tuple[int, ...]  # the shape of the view the adapter must produce
     view: View = None
     bias_key: str | None = None
+    change_rows: tuple[int, int] | None = None  # (first row, rows) of the module's change; None: all of it
 
     def to_json(self) -> dict:
-        return {"component": self.component, "key": self.key, "view": list(self.view) if self.view else None}
+        out = {"component": self.component, "key": self.key, "view": list(self.view) if self.view else None}
+        if self.change_rows:
+            out["change_rows"] = list(self.change_rows)
+        return out
 
 
 def _view_shape(shape: tuple[int, ...], view: View) -> tuple[int, ...]:
@@ -135,6 +141,8 @@ class KeyMap:
         self.keys = {k: tuple(v) for k, v in keys.items()}
         self.components = find_components(self.keys)
         self.aliases: dict[str, Target] = {}
+        # a fused module of the other naming -> the split weights its change's row blocks land on (fused_names)
+        self.splits: dict[str, tuple[Target, ...]] = {}
         diff = self.components.get("diffusion")
         self.dit = bool(diff) and any(
             k.startswith(diff[0] + b) for k in self.keys for b in ("double_blocks.", "joint_blocks.")
@@ -216,6 +224,13 @@ class KeyMap:
                 shapes
             ).items():  # over the own names: the prefix says the naming
                 self.aliases[name] = self._target(comp, params[path])
+            for name, pieces in split_names(shapes).items():
+                ts = tuple(
+                    replace(self._target(comp, params[p], view), change_rows=(start, rows))
+                    for p, view, start, rows in pieces
+                )
+                for n in (*_dit_names(name), f"diffusion_model.{name}", f"model.diffusion_model.{name}"):
+                    self.splits.setdefault(n, ts)
         if self.dit:
             shapes = {p: self.keys[k] for p, k in params.items()}
             for d, (path, view) in diffusers_to_dit(shapes).items():
@@ -335,3 +350,8 @@ class KeyMap:
     def resolve(self, name: str) -> Target | None:
         """The base target of an adapter module name, or None."""
         return self.aliases.get(name)
+
+    def resolve_split(self, name: str) -> tuple[Target, ...] | None:
+        """The base weights a fused module of the other naming lands on, each a row block of its change (None
+        where the name reaches one weight, or none)."""
+        return None if name in self.aliases else self.splits.get(name)

@@ -143,12 +143,15 @@ def _rescaled(w, rescale):
     return w if rescale is None else w.mul_(_f32(rescale).reshape(w.shape[0], *[1] * (w.dim() - 1)))
 
 
-def oft_weight(w, blocks, rescale, constraint: float, strength: float):
+def oft_weight(w, blocks, rescale, constraint: float, strength: float, rows: tuple[int, int] | None = None):
+    """`rows`: w is rows (start, length) of the weight the blocks rotate (a fused weight's split share); the blocks
+    are made from all of them (the constraint is over every block), those of its own rows rotate it."""
     n, size, _ = blocks.shape
-    rows = w.shape[0]
-    if n * size != rows:
-        raise ValueError(f"{n} OFT blocks of {size} rows cannot rotate a weight of {rows} rows")
-    r = cayley(blocks, constraint * rows)
+    start, length = rows or (0, n * size)
+    if length != w.shape[0] or start % size or length % size or start + length > n * size:
+        raise ValueError(f"{n} OFT blocks of {size} rows cannot rotate a weight of {w.shape[0]} rows")
+    r = cayley(blocks, constraint * n * size)[start // size : (start + length) // size]
+    n = length // size
     if strength != 1.0:
         eye = _eye(size, r)
         r = eye + strength * (r - eye)
