@@ -207,7 +207,11 @@ def _units(den, inputs: dict) -> int:
         return first.shape[0] * (first.shape[2] // p) * (first.shape[3] // p)
     if den.kind in VIDEO_LATENT:
         p = VIDEO_LATENT[den.kind][0]
-        return first.shape[0] * first.shape[2] * (first.shape[3] // p) * (first.shape[4] // p)
+        units = first.shape[0] * first.shape[2] * (first.shape[3] // p) * (first.shape[4] // p)
+        ref = inputs.get("driving_video_latents")  # Wan-Animate-2's reference pass runs beside its first step
+        if ref is not None and ref.dim() == 5:
+            units += ref.shape[0] * ref.shape[2] * (ref.shape[3] // p) * (ref.shape[4] // p)
+        return units
     if den.kind == "text":
         return first.shape[0] * first.shape[1]  # tokens
     if den.kind in IMAGE_PATCHED:
@@ -223,11 +227,7 @@ def _activation_bytes(den, inputs: dict, dtype) -> int:
 
     from .catalog.measured import activation_bytes
 
-    units = _units(den, inputs)
-    ref = inputs.get("driving_video_latents")  # Wan-Animate-2's reference pass runs beside its first step
-    if ref is not None and ref.dim() == 5:
-        units += ref.shape[0] * ref.shape[2] * (ref.shape[3] // 2) * (ref.shape[4] // 2)
-    return activation_bytes(den.kind, units, torch.empty((), dtype=dtype).element_size())
+    return activation_bytes(den.kind, _units(den, inputs), torch.empty((), dtype=dtype).element_size())
 
 
 def _record(parts, req: Step, den, inputs: dict, result: StepResult) -> None:

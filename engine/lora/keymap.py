@@ -159,10 +159,9 @@ class KeyMap:
         self.diffusion_name = "transformer" if self.dit or self.other_dit else "unet"
         for comp, (prefix, layout) in self.components.items():
             params = self._params(prefix)
-            if (
-                comp == "diffusion"
-            ):  # a denoiser's MultiheadAttention in_proj (Stable Cascade's release) is read from
-                # its plain holder, which no patch reaches: a LoRA of it would change nothing, so none is placed there
+            # A denoiser's MultiheadAttention in_proj (Stable Cascade's release) is read from its plain holder, which
+            # no patch reaches: a LoRA of it would change nothing, so none is placed there.
+            if comp == "diffusion":
                 params = {p: k for p, k in params.items() if not k.endswith(".in_proj_weight")}
             if comp == "diffusion" and layout == "diffusers":
                 self._add_diffusers_unet(params)
