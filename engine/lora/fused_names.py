@@ -1,7 +1,8 @@
 """A LoRA of a fused release module on a diffusers-named base: one adapter module over several base weights.
 
 Where the original release fuses what diffusers splits (NextDiT's `attention.qkv`, PixArt's `attn.qkv`, Mochi's
-`qkv_x`, Hunyuan-DiT's `Wqkv` and `kv_proj`, Wan Animate's `linear1_kv`, Qwen-Image 2.1's ComfyUI `gate_up`), the
+`qkv_x`, Hunyuan-DiT's `Wqkv` and `kv_proj`, Wan Animate's `linear1_kv`, MiniMax-H3's `qkv_proj`, Qwen-Image 2.1's ComfyUI
+`gate_up`), the
 fused module's weight is diffusers' weights stacked by rows, in the order listed here. engine.lora.family_names gives
 diffusers' names as row views of a fused base weight; this is the other direction: a module trained on the fused
 weight (musubi-tuner, kohya, diffusion-pipe and ComfyUI name the release's modules) names the split weights of a
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 
 from .dit_names import View
 from .family_names import LUMINA2, WAN, Z_IMAGE, tables_for
-from .family_names_dits import HUNYUAN_DIT, MOCHI, PIXART, SANA, template_pattern
+from .family_names_dits import HUNYUAN_DIT, MINIMAX_H3, MOCHI, PIXART, SANA, template_pattern
 
 # A piece: (base path, view of the base weight, first row of the module's change it receives, rows).
 Piece = tuple[str, View, int, int]
@@ -54,6 +55,14 @@ _FUSED: dict[int, tuple[tuple[str, tuple[str, ...]], ...]] = {
     ),
     id(WAN): (
         ("face_adapter.fuser_blocks.{n}.linear1_kv", ("face_adapter.{n}.to_k", "face_adapter.{n}.to_v")),
+    ),
+    # MiniMax-H3's single files stack [q; k; v] (engine.lora.family_names_dits._minimax_qkv), in both its stacks
+    id(MINIMAX_H3): tuple(
+        (f"{o}.{{n}}.attn.qkv_proj", tuple(f"{d}.{{n}}.attn.to_{c}" for c in _QKV))
+        for o, d in (
+            ("blocks", "transformer_blocks"),
+            ("token_refiner.blocks", "token_refiner.refiner_blocks"),
+        )
     ),
 }
 # Qwen-Image 2.1 has no table (its release keeps diffusers' names); ComfyUI's files fuse each SwiGLU, gate rows first.

@@ -1,6 +1,6 @@
 """A LoRA trained on a fused release module (musubi-tuner / kohya / diffusion-pipe names: Z-Image's `attention.qkv`,
-Hunyuan-DiT's `Wqkv` and `kv_proj`, Mochi's `qkv_x` / `qkv_y`, Wan Animate's `linear1_kv`, Qwen-Image 2.1's ComfyUI
-`gate_up`) on a diffusers-named base, whose weights are the fused one's row blocks: mapped once, placed on every
+Hunyuan-DiT's `Wqkv` and `kv_proj`, Mochi's `qkv_x` / `qkv_y`, Wan Animate's `linear1_kv`, MiniMax-H3's `qkv_proj`,
+Qwen-Image 2.1's ComfyUI `gate_up`) on a diffusers-named base, whose weights are the fused one's row blocks: mapped once, placed on every
 split weight, each baked as the fused merge cut by rows (the reference fuses the base's weights, adds the fused ΔW
 and splits again), restored bit-exactly; a step with it equals the release-named file's step with the same LoRA."""
 
@@ -64,6 +64,13 @@ def _qwen_image21():
     return sd, comfy(sd), "qwen_image21"
 
 
+def _minimax_h3():
+    from test_denoise_minimax_h3 import diffusers_minimax, release
+
+    ref, sd = diffusers_minimax()
+    return sd, release(ref, sd), "minimax_h3"
+
+
 # family -> (its builder, fused release module -> the diffusers modules its rows are, in order)
 FAMILIES = {
     "z_image": (_z_image, {"layers.1.attention.qkv": tuple(f"layers.1.attention.to_{c}" for c in _Q),
@@ -74,6 +81,8 @@ FAMILIES = {
                        "blocks.1.attn.qkv_y": tuple(f"transformer_blocks.1.attn1.add_{c}_proj" for c in _Q)}),
     "wan_animate": (_wan_animate, {"face_adapter.fuser_blocks.1.linear1_kv": ("face_adapter.1.to_k",
                                                                               "face_adapter.1.to_v")}),
+    "minimax_h3": (_minimax_h3, {"blocks.1.attn.qkv_proj": tuple(f"transformer_blocks.1.attn.to_{c}" for c in _Q),
+                                 "token_refiner.blocks.0.attn.qkv_proj": tuple(f"token_refiner.refiner_blocks.0.attn.to_{c}" for c in _Q)}),
     "qwen_image21": (_qwen_image21, {"transformer_blocks.1.img_mlp.gate_up": ("transformer_blocks.1.img_mlp.gate_layer",
                                                                               "transformer_blocks.1.img_mlp.proj")}),
 }  # fmt: skip
@@ -293,7 +302,7 @@ def test_a_full_diff_with_its_bias_splits_and_a_cancel_leaves_the_weights():
 
 
 STEP_SIZES = {"z_image": (64, 64), "hunyuan_dit": (96, 96), "mochi": (64, 64), "qwen_image21": (64, 64),
-              "wan_animate": None}  # fmt: skip
+              "wan_animate": None, "minimax_h3": (64, 64)}  # fmt: skip
 
 
 def _inputs(family: str, den) -> dict:
