@@ -756,7 +756,10 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "krea2": "Krea 2 width, 1 block, 512x512",
              "wan_animate2": "Wan-Animate-2 at the 1.3B width, 4 blocks, two 480x480 frames and a driving frame",
              "qwen_edit": "Qwen-Image-Edit 2511 width, 1 block, 512x512 with a 512x512 reference",
-             "ernie_image": "ERNIE-Image width, 2 layers, 512x512"}[fam]  # fmt: skip
+             "ernie_image": "ERNIE-Image width, 2 layers, 512x512",
+             "stable_cascade_c": "Stable Cascade Stage C width, 1 + 1 layers per half, 1024x1024"}.get(fam)  # fmt: skip
+    if title is None:  # the families named in the module's docstring only
+        title = "{} at its real width, reduced depth, {}x{}".format(fam, *FAMILIES[fam][0])
     print(f"# {title}, float32, CPU ({torch.get_num_threads()} threads); {a.rounds} round(s) of "
           f"{a.steps} steps; s/step over the steps after each process's first", file=sys.stderr)  # fmt: skip
     for name, r in st.items():
