@@ -12,6 +12,7 @@ Written from the published architectures (see unet.py and flux.py for the facts 
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass
 
@@ -47,7 +48,14 @@ MOCHI = ("mochi",)  # Mochi 1 (Genmo's 10B asymmetric joint DiT) (engine.denoise
 MINIMAX_H3 = ("minimax_h3",)
 STABLE_CASCADE = ("stable_cascade_c", "stable_cascade_b")  # Stage C and B (engine.denoise.stable_cascade)
 COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B and 14B (engine.denoise.cosmos)
-ERNIE_IMAGE = ("ernie_image",)  # ERNIE-Image (engine.denoise.ernie_image)
+# Families whose module says all about itself: architecture -> its module in engine.denoise, which exposes
+# `bind(ops, mods, architecture, dtype) -> (naming, model)`; the model names its inputs (`step_inputs`, required, and
+# `step_optional`) and answers `step_shapes(got)` and `step_random(width, height, batch, g)` (engine.denoise.inputs,
+# input_shapes and random_inputs ask it first). A new family adds its module and one line here, nothing in those
+# dispatchers (the plan's, catalog's and LoRA tables still take their one entry each: ARCHITECTURE.md).
+SELF_DESCRIBED = {
+    "ernie_image": "ernie_image",  # ERNIE-Image
+}
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),
     *(
@@ -63,10 +71,10 @@ SUPPORTED = (
         + HUNYUAN_DIT
         + HIDREAM
         + MOCHI
-        + ERNIE_IMAGE
         + STABLE_CASCADE
         + MINIMAX_H3
     ),
+    *SELF_DESCRIBED,
 )
 _MISFIT = re.compile(
     r"shapes cannot be multiplied|Given groups=|expected input\[|must match the size of tensor|"
@@ -166,6 +174,10 @@ def _bind(component, architecture: str | None, dtype=None) -> Denoiser:
 def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) -> Denoiser:
     """The forward for `architecture` over `ops` (each branch takes from it the layers it computes with,
     renamed onto the architecture's native paths where the file uses diffusers' names)."""
+    if architecture in SELF_DESCRIBED:
+        family = importlib.import_module(f".{SELF_DESCRIBED[architecture]}", __package__)
+        naming, model = family.bind(ops, mods, architecture, dtype)
+        return Denoiser(model.family, architecture, naming, model)
     if architecture in UNETS:
         from .unet import bind_unet
 
@@ -301,11 +313,6 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
         ops = ops.renamed(cast)
         bind = bind_wan_animate if is_animate(mods) else bind_wan
         return Denoiser("wan", architecture, naming, bind(ops, architecture, dtype, Taken(plain, ops)))
-    if architecture in ERNIE_IMAGE:
-        from .ernie_image import bind_ernie_image
-
-        model = bind_ernie_image(ops, mods, architecture, dtype)
-        return Denoiser("ernie_image", architecture, "release", model)
     if architecture in FLUX3:
         from .flux3 import bind_flux3
 

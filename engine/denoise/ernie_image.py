@@ -21,6 +21,12 @@ written from that description, nothing copied):
   non-interleaved form). Positions: image token (text length, row, column), text token i (i, 0, 0).
 * Out (image tokens only): (scale, shift) = `final_norm.linear`(c) — no SiLU —, (1 + scale)·LN(x) + shift (affine-free,
   eps 1e-6), `final_linear`, unpatched to [B, C, h, w].
+
+Inputs (diffusers' ErnieImageTransformer2DModel.forward; the release's own forward is not published): `hidden_states`
+[B, 128, h, w] (FLUX.2's 32-channel latent packed 2×2, a 16th of the pixels), `timestep` [B] in 0–1000 (the
+scheduler's timesteps), `text_bth` [B, T, 2560] (the text encoder's second-to-last hidden states, zero-padded to the
+longest prompt) and optionally `text_lens` [B] (each prompt's token count; default all T). A self-described family
+(engine.denoise.SELF_DESCRIBED): `bind`, and the model's `step_*` say all of it.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from .common import Ops, held, merge_heads, mlp2, rms_norm_with, split_heads, ti
 
 AXES = (32, 48, 48)
 THETA = 256.0
+TOKENS = 256  # a random step's prompt tokens
 EPS = 1e-6
 
 
@@ -75,6 +82,8 @@ class ErnieImage:
     heads: int
     dtype: torch.dtype = torch.float32
     family = "ernie_image"
+    step_inputs = ("hidden_states", "timestep", "text_bth")  # diffusers' forward's names
+    step_optional = ("text_lens",)  # each prompt's tokens, [B]; default: every token
 
     @property
     def in_channels(self) -> int:
@@ -137,6 +146,26 @@ class ErnieImage:
         return layer.o(
             merge_heads(F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask))
         )
+
+    def step_random(self, width: int, height: int, batch: int, g: torch.Generator) -> dict:
+        """A text-to-image step at width × height pixels (FLUX.2's latent packed 2×2: one patch per 16 pixels),
+        TOKENS prompt tokens, t in 0–1000."""
+        from .random_inputs import _latent
+
+        h, w = (n * self.patch for n in _latent(width, height, 16))
+        return {
+            "hidden_states": torch.randn(batch, self.in_channels, h, w, generator=g),
+            "timestep": torch.rand(batch, generator=g) * 1000.0,
+            "text_bth": torch.randn(batch, TOKENS, self.context_dim, generator=g),
+        }
+
+    def step_shapes(self, got: dict) -> dict:
+        """The shape of each input (None: any size on that axis)."""
+        out = {"hidden_states": (None, self.in_channels, None, None), "timestep": (None,),
+               "text_bth": (None, None, self.context_dim)}  # fmt: skip
+        if "text_lens" in got:
+            out["text_lens"] = (None,)
+        return out
 
     def check_extra(self, got: dict, source: str) -> None:
         """Each prompt's token count is a whole number within the text it is given, and the latent whole patches."""
@@ -213,7 +242,7 @@ _PLAIN = (
 )  # the blocks' RMS norms, which the module tree cannot tell from their names
 
 
-def bind_ernie_image(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> ErnieImage:
+def bind(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[str, ErnieImage]:
     """The forward of an ERNIE-Image transformer (the release's and diffusers' names are one)."""
 
     def part(path: str):
@@ -237,27 +266,8 @@ def bind_ernie_image(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype
             f"{ops.what}: head width {head} with hidden size {hidden} — ERNIE-Image's heads are {sum(AXES)} wide "
             f"(RoPE axes {AXES})"
         )
-    return ErnieImage(
+    return "release", ErnieImage(
         architecture, ops["x_embedder.proj"], ops.get("text_proj"),
         (ops["time_embedding.linear_1"], ops["time_embedding.linear_2"]), ops["adaLN_modulation.1"], layers,
         ops["final_norm.linear"], ops["final_linear"], hidden // head, dtype,
     )  # fmt: skip
-
-
-def random_inputs(model: ErnieImage, h: int, w: int, tokens: int, batch: int, g: torch.Generator) -> dict:
-    """A text-to-image step on an h × w latent of patches, `tokens` text tokens, t in 0–1000."""
-    p = model.patch
-    return {
-        "hidden_states": torch.randn(batch, model.in_channels, h * p, w * p, generator=g),
-        "timestep": torch.rand(batch, generator=g) * 1000.0,
-        "text_bth": torch.randn(batch, tokens, model.context_dim, generator=g),
-    }
-
-
-def input_shapes(model: ErnieImage, got: dict) -> dict:
-    """The shape of each input (None: any size on that axis)."""
-    out = {"hidden_states": (None, model.in_channels, None, None), "timestep": (None,),
-           "text_bth": (None, None, model.context_dim)}  # fmt: skip
-    if "text_lens" in got:
-        out["text_lens"] = (None,)
-    return out

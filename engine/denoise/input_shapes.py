@@ -23,6 +23,8 @@ def shapes(model, got) -> dict:
 def _family_shapes(model, got) -> dict:
     from .inputs import names
 
+    if hasattr(model, "step_shapes"):  # a self-described family (engine.denoise.SELF_DESCRIBED)
+        return model.step_shapes(got)
     if getattr(model, "family", "") == "text":
         return {"input_ids": (None, None)}
     if getattr(model, "family", "") in ("qwen_image", "nextdit", "auraflow"):  # a latent, its time, its text
@@ -103,10 +105,6 @@ def _family_shapes(model, got) -> dict:
         return out
     if getattr(model, "family", "") in ("hunyuan_video15", "hunyuan_image21"):
         return _hunyuan15_shapes(model, got)
-    if getattr(model, "family", "") == "ernie_image":
-        from .ernie_image import input_shapes as ernie_shapes
-
-        return ernie_shapes(model, got)
     if getattr(model, "family", "") == "minimax_h3":
         from .minimax_h3 import input_shapes as minimax_shapes
 

@@ -160,11 +160,6 @@ weights' names): `hidden_states` [B, L, 128] (2×2 patches of the 32-channel lat
 the next sigma, 0 after the last); optionally the reference images' `image_cond_hidden_states` [B, L', 128] and their
 `image_cond_ids` [B, L', 4] (l = −1, −2, … per image). Random: one reference image of the target's size.
 
-ERNIE-Image (diffusers' ErnieImageTransformer2DModel.forward; the release's own forward is not published):
-`hidden_states` [B, 128, h, w] (FLUX.2's 32-channel latent packed 2×2, a 16th of the pixels), `timestep` [B] in 0–1000
-(the scheduler's timesteps), `text_bth` [B, T, 2560] (the text encoder's second-to-last hidden states, zero-padded to
-the longest prompt) and optionally `text_lens` [B] (each prompt's token count; default all T).
-
 MiniMax-H3 (diffusers' MiniMaxH3Transformer3DModel.forward): `hidden_states` [B, Nv, 96], `audio_hidden_states` [B, Na,
 32], `encoder_hidden_states` [B, Nt, 5120], and one packed layout the batch shares, without a batch axis (the model's
 `unbatched`): `timestep` [K], `timestep_indices` / `token_tags` [S], `position_ids` [S, 3], `video_indices` [Nv],
@@ -210,8 +205,6 @@ COSMOS_INPUTS = ("x", "timesteps", "context")
 FLUX3_INPUTS = ("hidden_states", "encoder_hidden_states", "timestep", "img_ids", "txt_ids")
 FLUX3_OPTIONAL = ("image_cond_hidden_states", "image_cond_ids")  # a reference image's tokens
 FLUX3_TOKENS = 160  # two of the pipeline's 80-token pad multiples
-ERNIE_IMAGE_INPUTS = ("hidden_states", "timestep", "text_bth")  # diffusers' forward's names (and `text_lens`)
-ERNIE_IMAGE_TOKENS = 256
 KREA2_INPUTS = ("x", "timesteps", "context")
 KREA2_TOKENS = 256
 SANA_TOKENS = 300  # the Sana pipeline's max_sequence_length
@@ -285,6 +278,8 @@ AESTHETIC = 6.0  # the refiner's default aesthetic score (generative-models samp
 
 def optional_names(model) -> tuple[str, ...]:
     """Inputs `model` takes when a file gives them (and otherwise runs at their default)."""
+    if hasattr(model, "step_optional"):  # a self-described family (engine.denoise.SELF_DESCRIBED)
+        return tuple(model.step_optional)
     if getattr(model, "family", "") == "wan" and model.vace_channels:
         return ("vace_context_scale",)  # VACE's hint strength, [B]; the original's default 1
     if getattr(model, "family", "") == "wan_animate2":
@@ -324,8 +319,6 @@ def optional_names(model) -> tuple[str, ...]:
         return ("y_mask",)  # the prompt's tokens, [B, T]; default: every token
     if getattr(model, "family", "") == "flux3":
         return FLUX3_OPTIONAL
-    if getattr(model, "family", "") == "ernie_image":
-        return ("text_lens",)  # each prompt's tokens, [B]; default: every token
     if getattr(model, "family", "") == "stable_cascade":  # Stage B's pixels [B, 3, h, w]; default 8×8 zeros
         return ("pixels",) if model.effnet is not None else ()
     if getattr(model, "family", "") == "hidream":
@@ -338,6 +331,8 @@ def optional_names(model) -> tuple[str, ...]:
 
 def names(model) -> tuple[str, ...]:
     """The input names `model` takes, required first."""
+    if hasattr(model, "step_inputs"):  # a self-described family (engine.denoise.SELF_DESCRIBED)
+        return tuple(model.step_inputs)
     if hasattr(model, "model_channels"):
         return UNET_INPUTS if model.adm_channels else UNET_INPUTS[:3]
     if getattr(model, "family", "") == "wan_animate2":  # diffusers' names (engine.denoise.wan_animate2)
@@ -378,8 +373,6 @@ def names(model) -> tuple[str, ...]:
         return HUNYUAN_DIT_INPUTS
     if getattr(model, "family", "") == "hunyuan_image21":
         return HUNYUAN15_INPUTS + (("guidance",) if model.guidance_in is not None else ())
-    if getattr(model, "family", "") == "ernie_image":
-        return ERNIE_IMAGE_INPUTS
     if getattr(model, "family", "") == "flux3":  # the flow map's time it jumps to
         return FLUX3_INPUTS + (("target_timestep",) if model.flow_map else ())
     if getattr(model, "family", "") == "hidream":

@@ -14,7 +14,6 @@ from .inputs import (
     AURAFLOW_TOKENS,
     CLIP_TOKENS,
     COSMOS_TOKENS,
-    ERNIE_IMAGE_TOKENS,
     FLUX2_GUIDANCE,
     FLUX3_TOKENS,
     FLUX_GUIDANCE,
@@ -56,6 +55,8 @@ def random_inputs(model, width: int, height: int, *, batch: int = 1, seed: int =
 
 
 def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generator) -> dict:
+    if hasattr(model, "step_random"):  # a self-described family (engine.denoise.SELF_DESCRIBED)
+        return model.step_random(width, height, batch, g)
     if hasattr(model, "model_channels"):
         h, w = _latent(width, height, 8)
         out = {
@@ -160,10 +161,6 @@ def _family_inputs(model, width: int, height: int, batch: int, g: torch.Generato
             ),
             "pooled_embeds": torch.randn(batch, model.pooled_dim, generator=g),
         }
-    if getattr(model, "family", "") == "ernie_image":  # FLUX.2's latent packed 2x2, its 1x1 patches
-        from .ernie_image import random_inputs as ernie_inputs
-
-        return ernie_inputs(model, *_latent(width, height, 16), ERNIE_IMAGE_TOKENS, batch, g)
     if getattr(model, "family", "") == "minimax_h3":  # one latent frame of its 16x VAE in 2x2 patches, packed
         from .minimax_h3 import random_inputs as minimax_inputs
 
