@@ -314,58 +314,6 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
     return {"step": "decode", "peak_bytes": peak, "mode": tiling.mode, "fits": fits, "detail": detail}
 
 
-# Families whose denoiser Loadout steps (engine.denoise.SUPPORTED), and the size they are made for.
-STEP_KINDS = {"sd1": "unet", "sd2": "unet", "sdxl": "unet", "sdxl_refiner": "unet", "flux1_dev": "flux",
-              "flux1_schnell": "flux", "flux2": "flux", "flux3": "flux3", "chroma": "flux", "sd3": "mmdit", "sd3.5_medium": "mmdit",
-              "sd3.5_large": "mmdit", "mmdit": "mmdit", "qwen_image": "qwen_image", "z_image": "nextdit",
-              "qwen_image21": "qwen_image21", "lumina2": "nextdit", "auraflow": "auraflow", "wan21": "wan",
-              "wan22": "wan", "hunyuan_video": "hunyuan_video",
-              "hunyuan_video15": "hunyuan_video15", "ltxv": "ltxv", "ltx2": "ltx2",
-              "cosmos_predict2": "cosmos", "krea2": "krea2", "hunyuan_image21": "hunyuan_image21",
-              "sana": "sana", "pixart": "pixart", "hunyuan_dit": "hunyuan_dit", "mochi": "mochi",
-              "stable_cascade_c": "stable_cascade_c", "stable_cascade_b": "stable_cascade_b",
-              "hidream": "hidream", "ernie_image": "ernie_image", "minimax_h3": "minimax_h3"}  # fmt: skip
-# (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
-NATIVE_PX = {
-    "sd1": (512, 512),
-    "sd2": (768, 768),
-    "sdxl": (1024, 1024),
-    "sdxl_refiner": (1024, 1024),
-    "flux1_dev": (1024, 1024),
-    "flux1_schnell": (1024, 1024),
-    "flux2": (1024, 1024),
-    "flux3": (1024, 1024),  # its pipeline's default size
-    "chroma": (1024, 1024),
-    "sd3": (1024, 1024),
-    "sd3.5_medium": (1024, 1024),
-    "sd3.5_large": (1024, 1024),
-    "mmdit": (1024, 1024),
-    "qwen_image": (1328, 1328),
-    "qwen_image21": (1024, 1024),  # its pipeline's output_resolution
-    "z_image": (1024, 1024),
-    "lumina2": (1024, 1024),
-    "auraflow": (1024, 1024),
-    "wan21": (832, 480),
-    "wan22": (832, 480),
-    "hunyuan_video": (1280, 720),  # its 720p (one latent frame per step unit, as Wan's)
-    "hunyuan_video15": (1280, 720),
-    "ltxv": (768, 512),  # LTX-Video's base resolution (its pipeline's default)
-    "ltx2": (768, 512),  # its pipelines' first stage (121 frames at 24 fps; a step here is 17 of them)
-    "cosmos_predict2": (1360, 768),  # its Text2Image pipeline's default
-    "krea2": (1024, 1024),
-    "hunyuan_image21": (2048, 2048),  # its 2K
-    "sana": (1024, 1024),
-    "pixart": (1024, 1024),
-    "mochi": (848, 480),  # its pipeline's default (163 frames; one latent frame per step unit, as Wan's)
-    "hunyuan_dit": (1024, 1024),
-    "hidream": (1024, 1024),
-    "ernie_image": (1024, 1024),  # its pipeline's default size
-    "minimax_h3": (1344, 768),  # its pipeline's canvas (short edge 768, 768 x 1344 px at most)
-    "stable_cascade_c": (1024, 1024),
-    "stable_cascade_b": (1024, 1024),
-}
-
-
 def _sample_step(
     model, det, diffusion, size, facts, placed, total_b, resident, free, info, calibrate
 ) -> dict | None:
@@ -375,6 +323,7 @@ def _sample_step(
     from a step measured on this file and device (Try a step, `loadout step`), scaled to the size and
     the streaming; none without one."""
     from .catalog import measured
+    from .catalog.step_families import NATIVE_PX, STEP_KINDS  # the families Loadout steps, their sizes
     from .model.streaming import in_flight_bytes
 
     kind = STEP_KINDS.get(det.architecture or "")

@@ -52,12 +52,33 @@ ACTIVATION_BYTES = {
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
-UNIT_PX = {"unet": 8, "flux": 16, "mmdit": 16, "qwen_image": 16, "nextdit": 16, "auraflow": 16, "wan": 16,
-           "hunyuan_video": 16, "hunyuan_video15": 16,
-           "ltxv": 32, "ltx2": 32, "cosmos": 16, "krea2": 16, "flux3": 16, "hunyuan_image21": 32,
-           "sana": 32, "pixart": 16, "hunyuan_dit": 16, "hidream": 16, "qwen_image21": 16, "mochi": 16,
-           "stable_cascade_c": 42, "stable_cascade_b": 8,
-           "ernie_image": 16, "minimax_h3": 32}  # fmt: skip
+UNIT_PX = {
+    "unet": 8,
+    "flux": 16,
+    "mmdit": 16,
+    "qwen_image": 16,
+    "nextdit": 16,
+    "auraflow": 16,
+    "wan": 16,
+    "hunyuan_video": 16,
+    "hunyuan_video15": 16,
+    "ltxv": 32,
+    "ltx2": 32,
+    "cosmos": 16,
+    "krea2": 16,
+    "flux3": 16,
+    "hunyuan_image21": 32,
+    "sana": 32,
+    "pixart": 16,
+    "hunyuan_dit": 16,
+    "hidream": 16,
+    "qwen_image21": 16,
+    "mochi": 16,
+    "stable_cascade_c": 42,
+    "stable_cascade_b": 8,
+    "ernie_image": 16,
+    "minimax_h3": 32,
+}
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.
 STEP_FRAMES = {"ltx2": 3}

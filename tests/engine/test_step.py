@@ -241,7 +241,7 @@ def test_inputs_from_a_file_in_the_original_names(files, tmp_path):
 def test_the_plan_knows_every_family_loadout_steps():
     """engine.plan keeps its own (torch-free) table of steppable families: it must be denoise's list."""
     from engine import denoise
-    from engine.plan import NATIVE_PX, STEP_KINDS
+    from engine.catalog.step_families import NATIVE_PX, STEP_KINDS
 
     assert set(STEP_KINDS) == set(NATIVE_PX) == set(denoise.SUPPORTED)
 
