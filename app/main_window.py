@@ -183,6 +183,7 @@ class MainWindow(QMainWindow):
         lib.add_to_stack_requested.connect(self._on_add_to_stack)
         lib.entries_changed.connect(stack.on_library_changed)
         lib.entries_changed.connect(self.decode.set_library)
+        lib.entries_changed.connect(loaded.set_library)
         lib.hashed.connect(self._on_hashed)
         lib.status.connect(self._on_status)
         stack.files_to_scan.connect(partial(lib.add_paths, select_first=False))

@@ -29,10 +29,13 @@ from PySide6.QtWidgets import (
 )
 
 from app.widgets.layer_map import TIER_COLORS, LayerMap
+from engine.catalog.step_families import step_refusal
 from engine.formatting import human_bytes
 from engine.requests import Load, Pin, Step, Unload, UnloadAll
 
 STEP_SIZES = (256, 512, 768, 1024)
+STEP_TIP = ("Run the selected model's denoiser on random inputs at this size: seconds per step, peak memory and bytes "
+            "streamed per step (Stop interrupts it)")  # fmt: skip
 
 COLUMNS = ("Component", "File", "Device", "On device", "In RAM", "Resident", "Keep in VRAM")
 REFRESH_S = 0.5  # while a job runs, the table follows the ledger at most twice a second
@@ -73,10 +76,6 @@ class LoadedPanel(QWidget):
                         + " <span style='color:#e84393'>□</span> patched")  # fmt: skip
         self.layer_map = LayerMap()
         self.step_button = QPushButton("Try a step")
-        self.step_button.setToolTip(
-            "Run the selected model's denoiser on random inputs at this size: seconds per step, peak memory "
-            "and bytes streamed per step (Stop interrupts it)"
-        )
         self.step_button.clicked.connect(self._on_step_clicked)
         self.steps_spin = QSpinBox(minimum=1, maximum=100, value=3, suffix=" steps")
         self.size_box = QComboBox()
@@ -87,6 +86,7 @@ class LoadedPanel(QWidget):
         self.step_label.setWordWrap(True)
         self.step_job: int | None = None
         self.step_result = None
+        self.entries: dict = {}  # path -> LibraryEntry: what detection says each file can step
         step_row = QHBoxLayout()
         step_row.addWidget(self.step_button)
         step_row.addWidget(self.steps_spin)
@@ -125,12 +125,29 @@ class LoadedPanel(QWidget):
 
     # -- Try a step ---------------------------------------------------------------------------------------
 
+    @Slot(list)
+    def set_library(self, entries) -> None:
+        """The library's entries: a file whose denoiser has no forward pass gets a greyed-out "Try a step"
+        that says so."""
+        self.entries = {os.path.abspath(e.path): e for e in entries}
+        self._update_buttons()
+
+    def _step_refusal(self) -> str | None:
+        key = self.selected()
+        entry = self.entries.get(os.path.abspath(key[0])) if key else None
+        return step_refusal(entry.detection) if entry is not None else None
+
     def try_step(self, path: str | None = None) -> int | None:
         """Step the denoiser of `path` (default: the selected component's file) with the chosen steps and
         size; returns the job id."""
         key = self.selected()
         path = path or (key[0] if key else None)
         if path is None or self.client is None:
+            return None
+        entry = self.entries.get(os.path.abspath(path))
+        refusal = step_refusal(entry.detection) if entry is not None else None
+        if refusal is not None:
+            self.step_label.setText(refusal)
             return None
         px = self.size_box.currentData()
         req = Step(path, size=(px, px), steps=self.steps_spin.value())
@@ -315,7 +332,9 @@ class LoadedPanel(QWidget):
         has = self.selected() is not None
         for w in (self.unload_button, self.free_button, self.free_spin):
             w.setEnabled(has)
-        self.step_button.setEnabled(has and self.step_job is None)
+        refusal = self._step_refusal()
+        self.step_button.setEnabled(has and self.step_job is None and refusal is None)
+        self.step_button.setToolTip(refusal or STEP_TIP)
         n = self.table.rowCount()
         self.empty.setText(f"{n} component{'s' if n != 1 else ''} loaded" if n else
                            "Nothing loaded. Select a checkpoint or VAE in the library and press Load.")  # fmt: skip

@@ -79,3 +79,22 @@ NATIVE_PX = {
     "stable_cascade_c": (1024, 1024),
     "stable_cascade_b": (1024, 1024),
 }
+
+
+def step_refusal(detection) -> str | None:
+    """Why a step of this file cannot run, from its detection alone (None: Loadout can try it). The window
+    greys out "Try a step" with this reason rather than loading a file only to be told so."""
+    from ..model.dtypes import role_of
+
+    if detection.error is not None:
+        return detection.error.message
+    names = tuple(detection.components)
+    if any(role_of(n) == "diffusion" for n in names):
+        arch = detection.architecture
+        # an unnamed denoiser still gets its chance: an MMDiT of no release's size is read from its shapes
+        if arch is None or arch in STEP_KINDS:
+            return None
+        return f"Loadout has no forward pass for {arch} yet: it detects, loads and patches it, but cannot step it"
+    if any(role_of(n) == "text_encoder" for n in names):
+        return None  # a text encoder's own file steps its encoder (CLIP and T5)
+    return "this file holds no denoiser (UNet or diffusion transformer) or text encoder to step"
