@@ -66,6 +66,15 @@ INFERENCE_DTYPES = {
     # Stability ships bf16 files; diffusers runs the prior in bf16 and shows the decoder in fp16 too
     "stable_cascade_c": _BF16_ONLY,
     "stable_cascade_b": _BF16_FIRST,
+    # 2026 families Loadout detects: diffusers' pipelines run them in bf16 and name no fp16 (as ERNIE-Image's);
+    # Kandinsky 6 (and its SR model) and Cosmos 3 also keep their time embedding / modulation in fp32
+    # (`_keep_in_fp32_modules`); SANA-WM's blocks add its fp32-sensitive modulation inline (its model's note)
+    "kandinsky6": _BF16_ONLY,
+    "kandinsky6_sr": _BF16_ONLY,
+    "cosmos3": _BF16_ONLY,
+    "sana_wm": _BF16_ONLY,
+    "nucleus_image": _BF16_ONLY,
+    "motif_video": _BF16_ONLY,
     "wan21": DEFAULT_INFERENCE_DTYPES,
     "wan22": DEFAULT_INFERENCE_DTYPES,
     "hunyuan_video15": DEFAULT_INFERENCE_DTYPES,

@@ -104,6 +104,9 @@ def test_each_family_runs_in_the_dtypes_its_model_config_lists():
     assert dt("flux1_schnell", "float32", ampere) == ("bfloat16", "bfloat16")
     assert dt("hunyuan_video", "float16", ampere) == ("bfloat16", "bfloat16")
     assert dt("wan21", "float32", ampere) == ("float16", "float16")
+    # the 2026 families' pipelines run bf16 and name no fp16: never fp16, even from an fp16 file
+    assert dt("kandinsky6", "float16", ampere) == ("bfloat16", "bfloat16")
+    assert dt("motif_video", "float16", turing) == ("float16", "float32")
     assert dt("sdxl", "bfloat16", ampere, "unet") == ("bfloat16", "bfloat16")
     assert dt(None, "float32", ampere, "unet") == ("float16", "float16")
     # only the diffusion model follows its family: the text encoder and the VAE keep their own rules
