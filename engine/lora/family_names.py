@@ -305,12 +305,6 @@ FLUX3: tuple[tuple[str, str], ...] = (
     *((f"{o}.{{n}}.{a}", f"{d}.{{n}}.{b}") for o, d in _F3_STACKS for a, b in _F3_BLOCK),
 )
 
-# (fused original path, diffusers names of its q/k/v row blocks) per NextDiT table.
-_FUSED_QKV = {
-    Z_IMAGE: ("attention.qkv", ("attention.to_q", "attention.to_k", "attention.to_v")),
-    LUMINA2: ("attention.qkv", ("attn.to_q", "attn.to_k", "attn.to_v")),
-}
-
 
 def _table(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, re.Pattern, str], ...]:
     return tuple((template_pattern(o), d, template_pattern(d), o) for o, d in pairs)
@@ -319,9 +313,8 @@ def _table(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, r
 _ALL = (WAN, WAN_ANIMATE2, Z_IMAGE, LUMINA2, HUNYUAN, LTX, AURAFLOW, COSMOS, KREA2, PIXART, SANA, FLUX3, MOCHI,
         HUNYUAN_DIT, MINIMAX_H3)  # fmt: skip
 _TABLES = {id(t): _table(t) for t in _ALL}
-# The tables whose fused modules, swapped halves or extra names engine.lora.family_names_dits adds.
-_EXTRAS = {id(PIXART): "pixart", id(SANA): "pixart", id(MOCHI): "mochi", id(HUNYUAN_DIT): "hunyuan_dit",
-           id(MINIMAX_H3): "minimax_h3"}  # fmt: skip
+# The tables whose swapped halves or extra names engine.lora.family_names_dits adds.
+_EXTRAS = {id(MOCHI): "mochi", id(HUNYUAN_DIT): "hunyuan_dit", id(MINIMAX_H3): "minimax_h3"}
 
 
 def _fill(template: str, m: re.Match) -> str:
@@ -411,9 +404,6 @@ def other_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, V
                 if m:
                     out.setdefault(_fill(o_tpl, m), (path, None))
                     break
-        fused = _FUSED_QKV.get(pairs)
-        if fused:
-            _add_fused(out, shapes, *fused)
         if id(pairs) in _EXTRAS:
             other_names_of(_EXTRAS[id(pairs)], out, shapes)
         if pairs is WAN:
@@ -423,55 +413,15 @@ def other_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, V
             for have, other in (final, final[::-1]):
                 if have in shapes:
                     out.setdefault(other, (have, ("swap",)))
-    _add_gate_up(out, shapes)
     return out
 
 
-_GATE_UP = re.compile(r"^(transformer_blocks\.\d+\.img_mlp)\.gate_up$")
-
-
-def _add_gate_up(out: dict, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Qwen-Image 2.1's fused SwiGLU (ComfyUI's `img_mlp.gate_up` [2F, D]: gate, then up) as the row halves diffusers'
-    `img_mlp.gate_layer` and `img_mlp.proj` name."""
-    for path, shape in shapes.items():
-        m = _GATE_UP.match(path)
-        if m and len(shape) == 2 and shape[0] % 2 == 0:
-            half = shape[0] // 2
-            out.setdefault(f"{m.group(1)}.gate_layer", (path, ("rows", 0, half)))
-            out.setdefault(f"{m.group(1)}.proj", (path, ("rows", half, half)))
-
-
-def _add_fused(
-    out: dict, shapes: Mapping[str, tuple[int, ...]], qkv: str, names: tuple[str, str, str]
-) -> None:
-    """diffusers' q/k/v of a NextDiT block as row blocks of the original's fused qkv: q is as wide as
-    the block (the output projection's rows), k and v share the rest (grouped-query attention)."""
-    for path, shape in shapes.items():
-        if not path.endswith("." + qkv) or not shape:
-            continue
-        block = path[: -len(qkv) - 1]
-        hidden = shapes.get(f"{block}.attention.out", (0,))[0]
-        rows = shape[0]
-        if not hidden or rows <= hidden or (rows - hidden) % 2:
-            continue
-        kv = (rows - hidden) // 2
-        for name, start, length in zip(names, (0, hidden, hidden + kv), (hidden, kv, kv), strict=True):
-            out.setdefault(f"{block}.{name}", (path, ("rows", start, length)))
-
-
-_ANIMATE_KV = re.compile(r"^face_adapter\.fuser_blocks\.(\d+)\.linear1_kv$")
 _ANIMATE_APP = "motion_encoder.enc.net_app.convs"
 
 
 def _add_animate(out: dict, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Wan Animate's fused face-adapter `linear1_kv` ([2D, D]: k, v) as the row blocks diffusers' to_k / to_v name, and
-    the motion encoder's last conv, the release's convs.n+1 after its n residual blocks, diffusers' conv_out."""
-    for path, shape in shapes.items():
-        m = _ANIMATE_KV.match(path)
-        if m and len(shape) == 2 and shape[0] % 2 == 0:
-            half = shape[0] // 2
-            for i, name in enumerate(("to_k", "to_v")):
-                out.setdefault(f"face_adapter.{m.group(1)}.{name}", (path, ("rows", i * half, half)))
+    """Wan Animate's motion encoder's last conv: the release's convs.n+1 after its n residual blocks, diffusers'
+    conv_out (its fused face-adapter `linear1_kv` is engine.lora.fused_names')."""
     res = {p.split(".")[2] for p in shapes if p.startswith("motion_encoder.res_blocks.")}
     convs = {p.split(".")[4] for p in shapes if p.startswith(_ANIMATE_APP + ".")}
     last = f"{_ANIMATE_APP}.{len(convs) - 1}"

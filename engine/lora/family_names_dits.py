@@ -132,16 +132,6 @@ HUNYUAN_DIT: tuple[tuple[str, str], ...] = (
     *((f"blocks.{{n}}.{o}", f"blocks.{{n}}.{d}") for o, d in _HDIT_BLOCK),
 )
 
-# Fused release modules (block number, module) -> the other naming's equal row blocks, per table.
-_ATTN1 = ("attn1.to_q", "attn1.to_k", "attn1.to_v")
-_FUSED = {
-    "pixart": (re.compile(r"^blocks\.(\d+)\.(attn\.qkv|cross_attn\.kv_linear)$"), "transformer_blocks",
-               {"attn.qkv": _ATTN1, "cross_attn.kv_linear": ("attn2.to_k", "attn2.to_v")}),
-    "mochi": (re.compile(r"^blocks\.(\d+)\.attn\.(qkv_[xy])$"), "transformer_blocks",
-              {"qkv_x": _ATTN1, "qkv_y": ("attn1.add_q_proj", "attn1.add_k_proj", "attn1.add_v_proj")}),
-    "hunyuan_dit": (re.compile(r"^blocks\.(\d+)\.(attn1\.Wqkv|attn2\.kv_proj)$"), "blocks",
-                    {"attn1.Wqkv": _ATTN1, "attn2.kv_proj": ("attn2.to_k", "attn2.to_v")}),
-}  # fmt: skip
 # (release, diffusers) weights whose two halves diffusers holds the other way round: Mochi's SwiGLU w1 (diffusers'
 # `x · SiLU(gate)`: b, a) and final modulation, Hunyuan-DiT's final adaLN (diffusers' norm_out: scale, shift).
 _SWAPPED = {
@@ -160,17 +150,8 @@ def template_pattern(template: str) -> re.Pattern:
 
 
 def other_names_of(family: str, out: dict, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Add to `out` (name -> (the base's path, view)) what the table of `family` cannot say: the fused modules' row
-    blocks, the swapped weights (both ways), and Mochi's mod_y under the last block's diffusers name too."""
-    fused = _FUSED.get(family)
-    for path, shape in shapes.items() if fused else ():
-        m = fused[0].match(path)
-        parts = fused[2][m.group(2)] if m else ()
-        if len(shape) != 2 or not parts or shape[0] % len(parts):
-            continue
-        rows = shape[0] // len(parts)
-        for i, name in enumerate(parts):
-            out.setdefault(f"{fused[1]}.{m.group(1)}.{name}", (path, ("rows", i * rows, rows)))
+    """Add to `out` (name -> (the base's path, view)) what the table of `family` cannot say: the swapped weights (both
+    ways), and Mochi's mod_y under the last block's diffusers name too (fused modules: engine.lora.fused_names)."""
     for pair in _SWAPPED.get(family, ()):
         for have, other in (pair, pair[::-1]):
             pat = template_pattern(have)
@@ -180,30 +161,11 @@ def other_names_of(family: str, out: dict, shapes: Mapping[str, tuple[int, ...]]
                     out.setdefault(
                         other.replace("{n}", m.group(1)) if m.groups() else other, (path, ("swap",))
                     )
-    if family == "minimax_h3":
-        _minimax_qkv(out, shapes)
     if family == "mochi":
         for path in shapes:
             m = _MOCHI_LAST_Y.match(path)
             if m:
                 out.setdefault(f"transformer_blocks.{m.group(1)}.norm1_context.linear_1", (path, None))
-
-
-_MM_QKV = re.compile(r"^(blocks|token_refiner\.blocks)\.(\d+)\.attn\.qkv_proj$")
-
-
-def _minimax_qkv(out: dict, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """MiniMax-H3's fused qkv_proj ([q; k; v], the published single files' stacked rows) as diffusers' to_q / to_k /
-    to_v row blocks, in both its stacks."""
-    stacks = dict(_MM_STACKS)
-    for path, shape in shapes.items():
-        m = _MM_QKV.match(path)
-        if m and len(shape) == 2 and shape[0] % 3 == 0:
-            rows = shape[0] // 3
-            for i, name in enumerate(("to_q", "to_k", "to_v")):
-                out.setdefault(
-                    f"{stacks[m.group(1)]}.{m.group(2)}.attn.{name}", (path, ("rows", i * rows, rows))
-                )
 
 
 # Hunyuan-DiT's blocks.N.norm2 / norm3, the one name two modules have. Only a prefix tells a LoRA's naming: diffusers'

@@ -1,17 +1,20 @@
-"""A LoRA of a fused release module on a diffusers-named base: one adapter module over several base weights.
+"""Fused release modules: the one place that says which of a release's weights are diffusers' weights stacked by rows.
 
 Where the original release fuses what diffusers splits (NextDiT's `attention.qkv`, PixArt's `attn.qkv`, Mochi's
-`qkv_x`, Hunyuan-DiT's `Wqkv` and `kv_proj`, Wan Animate's `linear1_kv`, MiniMax-H3's `qkv_proj`, Qwen-Image 2.1's ComfyUI
-`gate_up`), the
-fused module's weight is diffusers' weights stacked by rows, in the order listed here. engine.lora.family_names gives
-diffusers' names as row views of a fused base weight; this is the other direction: a module trained on the fused
-weight (musubi-tuner, kohya, diffusion-pipe and ComfyUI name the release's modules) names the split weights of a
-diffusers-named base, each receiving its own row block of the module's change. The row lengths are the split weights'
-own rows, so a grouped-query qkv (Lumina 2) needs no width rule. Facts from the same converters as the tables
-(diffusers `loaders/single_file_utils.py`: `convert_z_image_transformer_checkpoint_to_diffusers`,
-`convert_lumina2_to_diffusers`, `convert_mochi_transformer_checkpoint_to_diffusers`, `convert_wan_transformer_to_
-diffusers`, `convert_qwen_image21_transformer_checkpoint_to_diffusers`; `scripts/convert_hunyuandit_to_diffusers.py`,
-`convert_sana_transformer_to_diffusers`); tests/engine/test_lora_fused_names.py holds both directions to one answer.
+`qkv_x`, Hunyuan-DiT's `Wqkv` and `kv_proj`, Wan Animate's `linear1_kv`, MiniMax-H3's `qkv_proj`, Qwen-Image 2.1's
+ComfyUI `gate_up`), the fused module's weight is diffusers' weights stacked by rows, in the order listed here. Both
+directions read these entries:
+* `row_views`: a base holding the fused weight answers diffusers' names as row views of it (a PEFT LoRA on a
+  release-named file);
+* `split_names`: a module trained on the fused weight (musubi-tuner, kohya, diffusion-pipe and ComfyUI name the
+  release's modules) names the split weights of a diffusers-named base, each receiving its own row block of the
+  module's change. The row lengths are the split weights' own rows.
+Row lengths on a fused weight: equal blocks, except NextDiT's grouped-query qkv (Lumina 2): q as wide as the block's
+output projection, k and v sharing the rest. Facts from the converters of the rename tables (diffusers
+`loaders/single_file_utils.py`: `convert_z_image_transformer_checkpoint_to_diffusers`, `convert_lumina2_to_diffusers`,
+`convert_mochi_transformer_checkpoint_to_diffusers`, `convert_wan_transformer_to_diffusers`,
+`convert_qwen_image21_transformer_checkpoint_to_diffusers`; `scripts/convert_hunyuandit_to_diffusers.py`,
+`convert_sana_transformer_to_diffusers`); tests/engine/test_lora_fused.py holds both directions to one answer.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ _FUSED: dict[int, tuple[tuple[str, tuple[str, ...]], ...]] = {
     id(WAN): (
         ("face_adapter.fuser_blocks.{n}.linear1_kv", ("face_adapter.{n}.to_k", "face_adapter.{n}.to_v")),
     ),
-    # MiniMax-H3's single files stack [q; k; v] (engine.lora.family_names_dits._minimax_qkv), in both its stacks
+    # MiniMax-H3's single files stack [q; k; v], in both its stacks
     id(MINIMAX_H3): tuple(
         (f"{o}.{{n}}.attn.qkv_proj", tuple(f"{d}.{{n}}.attn.to_{c}" for c in _QKV))
         for o, d in (
@@ -73,8 +76,59 @@ _GATE_UP = (
     ),
 )
 _COMPILED: dict[tuple, list] = {}
+_COMPILED_FUSED: dict[tuple, list] = {}
 # The last name of every first piece: a base with none of them (any release-named one) has nothing to split.
 _FIRSTS = tuple({"." + pieces[0].rsplit(".", 1)[1] for e in (*_FUSED.values(), _GATE_UP) for _, pieces in e})
+# The last name of every fused module: a base with none of them has no row views to give.
+_FUSED_LASTS = tuple({"." + fused.rsplit(".", 1)[1] for e in (*_FUSED.values(), _GATE_UP) for fused, _ in e})
+
+
+def _groups(shapes: Mapping[str, tuple[int, ...]], gate_up: str) -> list:
+    """The fused-module entries of the tables a base's paths call for (and Qwen-Image 2.1's SwiGLU, told by `gate_up`:
+    the last name its base holds in the direction asked)."""
+    groups = [_FUSED[id(t)] for t in tables_for(shapes) if id(t) in _FUSED]
+    if any(p.endswith(gate_up) for p in shapes):
+        groups.append(_GATE_UP)
+    return groups
+
+
+def row_views(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, View]]:
+    """For a base's module paths (path -> weight shape): every diffusers name of a row block of a fused weight the base
+    holds -> (the fused path, its rows view)."""
+    if not any(p.endswith(_FUSED_LASTS) for p in shapes):
+        return {}
+    out: dict[str, tuple[str, View]] = {}
+    for entries in _groups(shapes, ".img_mlp.gate_up"):
+        compiled = _COMPILED_FUSED.get(entries)
+        if compiled is None:
+            compiled = _COMPILED_FUSED[entries] = [(template_pattern(f), pieces) for f, pieces in entries]
+        for path, shape in shapes.items():
+            for fused, pieces in compiled:
+                m = fused.match(path)
+                rows = _rows(path, shape, len(pieces), shapes) if m else None
+                if rows is None:
+                    continue
+                start = 0
+                for piece, n in zip(pieces, rows, strict=True):
+                    out.setdefault(piece.replace("{n}", m.group(1)), (path, ("rows", start, n)))
+                    start += n
+                break
+    return out
+
+
+def _rows(
+    path: str, shape: tuple[int, ...], parts: int, shapes: Mapping[str, tuple[int, ...]]
+) -> tuple[int, ...] | None:
+    """Each piece's rows in a fused weight of `shape` (None: not a weight of that many pieces)."""
+    if len(shape) < 2:
+        return None
+    total = shape[0]
+    if path.endswith(".attention.qkv"):  # NextDiT: grouped-query attention where k / v are narrower than q
+        q = shapes.get(path.removesuffix("qkv") + "out", (0,))[0]
+        if not q or total <= q or (total - q) % 2:
+            return None
+        return (q, (total - q) // 2, (total - q) // 2)
+    return (total // parts,) * parts if total % parts == 0 else None
 
 
 def _compiled(entries: tuple[tuple[str, tuple[str, ...]], ...]) -> list:
@@ -90,11 +144,8 @@ def split_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[Piece,
     dimensions (one fused weight's)."""
     if not any(p.endswith(_FIRSTS) for p in shapes):
         return {}
-    groups = [_FUSED[id(t)] for t in tables_for(shapes) if id(t) in _FUSED]
-    if any(p.endswith(".img_mlp.gate_layer") for p in shapes):
-        groups.append(_GATE_UP)
     out: dict[str, tuple[Piece, ...]] = {}
-    for entries in groups:
+    for entries in _groups(shapes, ".img_mlp.gate_layer"):
         compiled = _compiled(entries)
         for path in shapes:
             for first, fused, pieces in compiled:

@@ -18,7 +18,7 @@ from . import cascade_names
 from .dit_names import View, diffusers_to_dit
 from .family_names import other_names
 from .family_names_dits import prefixed_names
-from .fused_names import split_names
+from .fused_names import row_views, split_names
 from .naming import underscored
 from .unet_names import diffusers_to_ldm, ldm_to_diffusers
 
@@ -214,7 +214,12 @@ class KeyMap:
             self._add_xlabs(params)
         if self.dit or self.other_dit:
             shapes = {p: self.keys[k] for p, k in params.items()}
-            for name, (path, view) in other_names(shapes).items():
+            names = other_names(shapes)
+            for name, at in row_views(
+                shapes
+            ).items():  # the fused weights' row blocks (engine.lora.fused_names)
+                names.setdefault(name, at)
+            for name, (path, view) in names.items():
                 self._alias(
                     [*_dit_names(name), f"diffusion_model.{name}", f"model.diffusion_model.{name}"],
                     self._target(comp, params[path], view),
