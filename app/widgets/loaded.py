@@ -87,6 +87,7 @@ class LoadedPanel(QWidget):
         self.step_job: int | None = None
         self.step_result = None
         self.entries: dict = {}  # path -> LibraryEntry: what detection says each file can step
+        self._refusal_shown = False
         step_row = QHBoxLayout()
         step_row.addWidget(self.step_button)
         step_row.addWidget(self.steps_spin)
@@ -335,6 +336,11 @@ class LoadedPanel(QWidget):
         refusal = self._step_refusal()
         self.step_button.setEnabled(has and self.step_job is None and refusal is None)
         self.step_button.setToolTip(refusal or STEP_TIP)
+        if self.step_job is None and (refusal is not None or self._refusal_shown):
+            self.step_label.setText(
+                refusal or ""
+            )  # beside the greyed-out button: why (cleared on another row)
+            self._refusal_shown = refusal is not None
         n = self.table.rowCount()
         self.empty.setText(f"{n} component{'s' if n != 1 else ''} loaded" if n else
                            "Nothing loaded. Select a checkpoint or VAE in the library and press Load.")  # fmt: skip

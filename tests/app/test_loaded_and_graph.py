@@ -182,5 +182,6 @@ def test_try_a_step_is_greyed_out_with_its_reason_for_a_family_without_a_forward
     qtbot.waitUntil(lambda: panel.select(path, snap.components[0].name), timeout=10_000)
     assert panel.unload_button.isEnabled() and not panel.step_button.isEnabled()
     assert "no forward pass for kandinsky6 yet" in panel.step_button.toolTip()
+    assert panel.step_label.text() == panel.step_button.toolTip()  # said beside the button too
     assert panel.try_step() is None and "no forward pass for kandinsky6" in panel.step_label.text()
     assert not w.reporter.dialogs  # nothing was submitted to fail
