@@ -55,6 +55,8 @@ COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B an
 # dispatchers (the plan's, catalog's and LoRA tables still take their one entry each: ARCHITECTURE.md).
 SELF_DESCRIBED = {
     "ernie_image": "ernie_image",  # ERNIE-Image
+    "bria": "bria",  # Bria 3.2 (FLUX.1's blocks, no pooled vector)
+    "bria_fibo": "bria",  # Bria FIBO (Bria 3.2's, a text-encoder layer into each block)
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),
