@@ -56,6 +56,10 @@ class Bria(Flux):
     step_inputs = ("hidden_states", "encoder_hidden_states", "timestep", "img_ids", "txt_ids")
     step_optional = ()
 
+    @property
+    def vec_dim(self) -> int:
+        return 0  # no pooled text vector
+
     def __call__(self, hidden_states, encoder_hidden_states, timestep, img_ids, txt_ids) -> torch.Tensor:
         return self._run(hidden_states, encoder_hidden_states, timestep, img_ids, txt_ids)
 
