@@ -41,6 +41,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * mochi: Mochi 1 at its real width (visual 3072: 24 heads of 128, SwiGLU 8192; text 1536; T5-XXL 4096 through
     the attention pool) at 2 of its 48 blocks (the last leaving the text as it is), one 848×480 latent frame
     (1590 tokens), 256 T5 tokens.
+  * bria / bria_fibo: Bria 3.2 and Bria FIBO at their real width (3072, 24 heads of 128, FLUX.1's blocks, 4096-wide
+    text; FIBO a 2048-wide text-encoder layer per block) at 1 + 2 of their 19 + 38 blocks, 512×512 pixels (1024
+    image tokens) with 128 (FIBO: 512) text tokens.
   * ernie_image: ERNIE-Image at its real width (3072, 24 heads of 128, a GELU-gated MLP of 8192, 2560-wide text)
     at 2 of its 24 layers (0.33 B parameters, 1.3 GB) at 512×512 pixels (1024 image tokens) with 256 text tokens.
   * minimax_h3: MiniMax-H3 at its real width (5376, 56 heads of 128, SwiGLU 14336, 5120-wide text, per-(level,
@@ -85,7 +88,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -192,6 +195,9 @@ ERNIE_IMAGE = dict(num_layers=2)
 # MiniMax-H3's width (diffusers' MiniMaxH3Transformer3DModel defaults: MiniMaxAI/MiniMax-H3's config) at 1 of its 50
 # blocks and 1 of its 2 token refiner blocks
 MINIMAX_H3 = dict(num_layers=1, num_refiner_layers=1)
+# Bria 3.2's and FIBO's width (diffusers' BriaTransformer2DModel / BriaFiboTransformer2DModel defaults) at 1 + 2 of
+# their 19 + 38 blocks
+BRIA = dict(num_layers=1, num_single_layers=2)
 # Stable Cascade's Stage C (stabilityai/stable-cascade-prior's prior/config.json: 2048 wide, 32 heads, CTA levels joined by
 # 1x1 mappings, sca and crp) at one layer of each level's 8 / 24 per half
 _CTA = ("SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock")
@@ -220,10 +226,15 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
             "qwen_edit": ((512, 512), "transformer", "qwen_image"),
             "ernie_image": ((512, 512), "transformer", "ernie_image"),
             "wan_animate2": ((480, 480), "transformer", "wan22")}  # fmt: skip
+FAMILIES |= {
+    "bria": ((512, 512), "transformer", "bria"),
+    "bria_fibo": ((512, 512), "transformer", "bria_fibo"),
+}
 # the families whose diffusers side bench_families.run_diffusers runs
 FAMILIES_RUN_BY_BENCH_FAMILIES = ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3",
                                   "hunyuan_dit", "mochi", "stable_cascade_c", "ernie_image", "wan_animate2")  # fmt: skip
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("minimax_h3",)
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("bria", "bria_fibo")
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -322,6 +333,14 @@ def _diffusers_model(family: str):
             from diffusers import MiniMaxH3Transformer3DModel
 
             return MiniMaxH3Transformer3DModel(**MINIMAX_H3)
+        if family == "bria":
+            from diffusers import BriaTransformer2DModel
+
+            return BriaTransformer2DModel(**BRIA)
+        if family == "bria_fibo":
+            from diffusers import BriaFiboTransformer2DModel
+
+            return BriaFiboTransformer2DModel(**BRIA)
         if family == "stable_cascade_c":
             from diffusers import StableCascadeUNet
 

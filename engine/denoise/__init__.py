@@ -1,7 +1,7 @@
 """Denoisers' forward passes over loaded components: the UNet of SD1 / SD2 / SDXL, FLUX.1's,
 FLUX.2's, FLUX.3's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's (1 and 2.1), Z-Image's, Lumina 2's, AuraFlow's, Wan
 2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's, Hunyuan-DiT's, HiDream-I1's,
-ERNIE-Image's, MiniMax-H3's and Stable Cascade's Stage C and B UNets, run on the component's own castable ops (the
+ERNIE-Image's, Bria 3.2's and FIBO's, MiniMax-H3's and Stable Cascade's Stage C and B UNets, run on the component's own castable ops (the
 residency manager's modules, tiers and patches), in the file's own key layout — original or diffusers naming.
 
     den = bind(component, "sdxl")          # engine.denoise.Denoiser
@@ -55,6 +55,8 @@ COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B an
 # dispatchers (the plan's, catalog's and LoRA tables still take their one entry each: ARCHITECTURE.md).
 SELF_DESCRIBED = {
     "ernie_image": "ernie_image",  # ERNIE-Image
+    "bria": "bria",  # Bria 3.2 (FLUX.1's blocks, no pooled vector)
+    "bria_fibo": "bria",  # Bria FIBO (Bria 3.2's, a text-encoder layer into each block)
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),

@@ -116,8 +116,8 @@ def rope_table(ids: torch.Tensor, axes: tuple[int, ...] = AXES, theta: float = T
     return torch.cat(parts, dim=-3).unsqueeze(1).float()
 
 
-def _attention(q, k, v, pe) -> torch.Tensor:
-    o = F.scaled_dot_product_attention(rope(q, pe), rope(k, pe), v)
+def _attention(q, k, v, pe, mask=None) -> torch.Tensor:
+    o = F.scaled_dot_product_attention(rope(q, pe), rope(k, pe), v, attn_mask=mask)
     b, h, n, d = o.shape
     return o.transpose(1, 2).reshape(b, n, h * d)
 
@@ -183,15 +183,15 @@ class Flux:
         q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
         return s.q_norm(q).to(v.dtype), s.k_norm(k).to(v.dtype), v
 
-    def _double(self, blk: Double, img, txt, vs, pe):
+    def _double(self, blk: Double, img, txt, vs, pe, mask=None):
         im = blk.img.mod(vs)[:, None].chunk(6, dim=-1)
         tm = blk.txt.mod(vs)[:, None].chunk(6, dim=-1)
-        return self._joint(blk, img, txt, im, tm, pe)
+        return self._joint(blk, img, txt, im, tm, pe, mask)
 
-    def _joint(self, blk: Double, img, txt, im, tm, pe):
+    def _joint(self, blk: Double, img, txt, im, tm, pe, mask=None):
         iq, ik, iv = self._qkv(blk.img, img, im[0], im[1])
         tq, tk, tv = self._qkv(blk.txt, txt, tm[0], tm[1])
-        attn = _attention(torch.cat([tq, iq], 2), torch.cat([tk, ik], 2), torch.cat([tv, iv], 2), pe)
+        attn = _attention(torch.cat([tq, iq], 2), torch.cat([tk, ik], 2), torch.cat([tv, iv], 2), pe, mask)
         n = txt.shape[1]
         img = self._after(blk.img, img, attn[:, n:], im)
         txt = self._after(blk.txt, txt, attn[:, :n], tm)
@@ -203,15 +203,15 @@ class Flux:
         h = s.mlp_in((1 + m[4]) * layer_norm(x) + m[3])
         return x + m[5] * s.mlp_out(F.gelu(h, approximate="tanh"))
 
-    def _single(self, blk: Single, x, vs, pe):
+    def _single(self, blk: Single, x, vs, pe, mask=None):
         shift, scale, gate = blk.mod(vs)[:, None].chunk(3, dim=-1)
-        return self._single_with(blk, x, shift, scale, gate, pe)
+        return self._single_with(blk, x, shift, scale, gate, pe, mask)
 
-    def _single_with(self, blk: Single, x, shift, scale, gate, pe):
+    def _single_with(self, blk: Single, x, shift, scale, gate, pe, mask=None):
         q, k, v, mlp = blk.linear1((1 + scale) * layer_norm(x) + shift)
         q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
         q, k = blk.q_norm(q).to(v.dtype), blk.k_norm(k).to(v.dtype)
-        attn = _attention(q, k, v, pe)
+        attn = _attention(q, k, v, pe, mask)
         return x + gate * blk.linear2(torch.cat([attn, F.gelu(mlp, approximate="tanh")], dim=2))
 
     def op_order(self) -> list:
@@ -369,32 +369,7 @@ def _approximator(ops: Ops, inner: str, outer: str) -> Approximator:
 def bind_diffusers(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
     hidden = wshape(ops["x_embedder"])[0]
     chroma = "distilled_guidance_layer.in_proj" in ops
-    doubles = []
-    for i in ops.children("transformer_blocks"):
-        p = f"transformer_blocks.{i}"
-        a = f"{p}.attn"
-        img = Stream(None if chroma else ops[f"{p}.norm1.linear"], Proj(None, parts=(ops[f"{a}.to_q"], ops[f"{a}.to_k"], ops[f"{a}.to_v"])),
-                     ops[f"{a}.norm_q"], ops[f"{a}.norm_k"], ops[f"{a}.to_out.0"],
-                     ops[f"{p}.ff.net.0.proj"], ops[f"{p}.ff.net.2"])  # fmt: skip
-        txt = Stream(None if chroma else ops[f"{p}.norm1_context.linear"],
-                     Proj(None, parts=(ops[f"{a}.add_q_proj"], ops[f"{a}.add_k_proj"], ops[f"{a}.add_v_proj"])),
-                     ops[f"{a}.norm_added_q"], ops[f"{a}.norm_added_k"], ops[f"{a}.to_add_out"],
-                     ops[f"{p}.ff_context.net.0.proj"], ops[f"{p}.ff_context.net.2"])  # fmt: skip
-        doubles.append(Double(img, txt))
-    singles = []
-    for i in ops.children("single_transformer_blocks"):
-        p = f"single_transformer_blocks.{i}"
-        a = f"{p}.attn"
-        lin1 = Proj(None, parts=(ops[f"{a}.to_q"], ops[f"{a}.to_k"], ops[f"{a}.to_v"], ops[f"{p}.proj_mlp"]))
-        singles.append(
-            Single(
-                None if chroma else ops[f"{p}.norm.linear"],
-                lin1,
-                ops[f"{a}.norm_q"],
-                ops[f"{a}.norm_k"],
-                ops[f"{p}.proj_out"],
-            )
-        )
+    doubles, singles = diffusers_blocks(ops, chroma)
     heads = _check_heads(doubles[0].img.q_norm if doubles else singles[0].q_norm, hidden, ops.what)
     if chroma:
         return Chroma(architecture, ops["x_embedder"], ops["context_embedder"], (), None, (), doubles, singles,
@@ -411,3 +386,35 @@ def bind_diffusers(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
         (ops[f"{te}.text_embedder.linear_1"], ops[f"{te}.text_embedder.linear_2"]), doubles, singles,
         ops["norm_out.linear"], True, ops["proj_out"], heads, dtype,
     )  # fmt: skip
+
+
+def diffusers_blocks(ops: Ops, bare: bool = False) -> tuple[list[Double], list[Single]]:
+    """The double and single blocks in diffusers' FLUX.1 naming (also Bria's, engine.denoise.bria); `bare`: without
+    their modulation Linears (Chroma's)."""
+    doubles = []
+    for i in ops.children("transformer_blocks"):
+        p = f"transformer_blocks.{i}"
+        a = f"{p}.attn"
+        img = Stream(None if bare else ops[f"{p}.norm1.linear"], Proj(None, parts=(ops[f"{a}.to_q"], ops[f"{a}.to_k"], ops[f"{a}.to_v"])),
+                     ops[f"{a}.norm_q"], ops[f"{a}.norm_k"], ops[f"{a}.to_out.0"],
+                     ops[f"{p}.ff.net.0.proj"], ops[f"{p}.ff.net.2"])  # fmt: skip
+        txt = Stream(None if bare else ops[f"{p}.norm1_context.linear"],
+                     Proj(None, parts=(ops[f"{a}.add_q_proj"], ops[f"{a}.add_k_proj"], ops[f"{a}.add_v_proj"])),
+                     ops[f"{a}.norm_added_q"], ops[f"{a}.norm_added_k"], ops[f"{a}.to_add_out"],
+                     ops[f"{p}.ff_context.net.0.proj"], ops[f"{p}.ff_context.net.2"])  # fmt: skip
+        doubles.append(Double(img, txt))
+    singles = []
+    for i in ops.children("single_transformer_blocks"):
+        p = f"single_transformer_blocks.{i}"
+        a = f"{p}.attn"
+        lin1 = Proj(None, parts=(ops[f"{a}.to_q"], ops[f"{a}.to_k"], ops[f"{a}.to_v"], ops[f"{p}.proj_mlp"]))
+        singles.append(
+            Single(
+                None if bare else ops[f"{p}.norm.linear"],
+                lin1,
+                ops[f"{a}.norm_q"],
+                ops[f"{a}.norm_k"],
+                ops[f"{p}.proj_out"],
+            )
+        )
+    return doubles, singles

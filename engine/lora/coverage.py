@@ -49,6 +49,8 @@ _LABEL = {
     "minimax_h3": "MiniMax-H3",
     "hunyuan_dit": "Hunyuan-DiT",
     "ernie_image": "ERNIE-Image",
+    "bria": "Bria 3.2",
+    "bria_fibo": "Bria FIBO",
 }
 
 

@@ -80,6 +80,8 @@ INFERENCE_DTYPES = {
     "hunyuan_video15": DEFAULT_INFERENCE_DTYPES,
     # ERNIE-Image: diffusers' model works its AdaLN arithmetic in fp32 and names no fp16; bf16 or fp32
     "ernie_image": _BF16_ONLY,
+    "bria": _BF16_FIRST,  # Bria 3.2: bf16 weights and pipeline (FLUX.1's blocks, clipped in fp16 as FLUX's)
+    "bria_fibo": _BF16_FIRST,  # Bria FIBO: bf16 weights and pipeline
 }
 
 
