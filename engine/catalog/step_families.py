@@ -40,6 +40,7 @@ STEP_KINDS = {
     "ernie_image": "ernie_image",
     "minimax_h3": "minimax_h3",
     "glm_image": "glm_image",
+    "ideogram4": "ideogram4",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -80,4 +81,5 @@ NATIVE_PX = {
     "stable_cascade_c": (1024, 1024),
     "stable_cascade_b": (1024, 1024),
     "glm_image": (1024, 1024),  # its pipeline's default size
+    "ideogram4": (2048, 2048),  # its pipeline's default size
 }

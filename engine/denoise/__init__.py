@@ -56,6 +56,7 @@ COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B an
 SELF_DESCRIBED = {
     "ernie_image": "ernie_image",  # ERNIE-Image
     "glm_image": "glm_image",  # GLM-Image
+    "ideogram4": "ideogram4",  # Ideogram 4
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),

@@ -72,6 +72,7 @@ INFERENCE_DTYPES = {
     # ERNIE-Image: diffusers' model works its AdaLN arithmetic in fp32 and names no fp16; bf16 or fp32
     "ernie_image": _BF16_ONLY,
     "glm_image": _BF16_ONLY,  # its pipeline's example loads bf16
+    "ideogram4": _BF16_ONLY,  # its pipeline's example loads bf16
 }
 
 
