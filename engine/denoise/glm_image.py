@@ -209,7 +209,9 @@ def _rope(hp: int, wp: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [hp·wp, HEAD] in float32: [row angles, column angles] twice, each axis HEAD/4 frequencies
     theta^(-2i / (HEAD/2))."""
     half = HEAD // 2
-    omega = THETA ** (-torch.arange(0, half, 2, dtype=torch.float32, device=device) / half)
+    omega = 1.0 / THETA ** (
+        torch.arange(0, half, 2, dtype=torch.float32, device=device) / half
+    )  # as diffusers rounds it
     rows = torch.arange(hp, device=device, dtype=torch.float32)[:, None, None] * omega
     cols = torch.arange(wp, device=device, dtype=torch.float32)[None, :, None] * omega
     a = torch.cat([rows.expand(hp, wp, -1), cols.expand(hp, wp, -1)], dim=-1).reshape(hp * wp, -1)
