@@ -1,5 +1,5 @@
 """diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2, Qwen-Image
-2.1), PixArt, Mochi 1, Hunyuan-DiT, FLUX.3, Wan-Animate-2, ERNIE-Image, Bria 3.2 / FIBO and Stable Cascade's Stage C on
+2.1), PixArt, Mochi 1, Hunyuan-DiT, FLUX.3, Wan-Animate-2, ERNIE-Image, GLM-Image, Ideogram 4, Bria 3.2 / FIBO and Stable Cascade's Stage C on
 Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
 coordinates, masks) built here from the same inputs Loadout's step gets."""
 
@@ -67,6 +67,16 @@ def run_diffusers(model, family: str, x: dict):
             more["text_encoder_layers"] = list(x["text_encoder_layers"].unbind(1))
         return model(hidden_states=x["hidden_states"], encoder_hidden_states=x["encoder_hidden_states"],
                      timestep=x["timestep"], img_ids=x["img_ids"][0], txt_ids=x["txt_ids"][0], **more).sample  # fmt: skip
+    if family == "glm_image":  # Loadout's names are diffusers' forward's (ids and drop flags as their dtypes)
+        return model(hidden_states=x["hidden_states"], encoder_hidden_states=x["encoder_hidden_states"],
+                     prior_token_id=x["prior_token_id"].long(), prior_token_drop=x["prior_token_drop"].bool(),
+                     timestep=x["timestep"], target_size=x["target_size"], crop_coords=x["crop_coords"]).sample  # fmt: skip
+    if (
+        family == "ideogram4"
+    ):  # Loadout's names are diffusers' forward's (its packed layout's ids as integers)
+        return model(hidden_states=x["hidden_states"], timestep=x["timestep"],
+                     encoder_hidden_states=x["encoder_hidden_states"], position_ids=x["position_ids"].long(),
+                     segment_ids=x["segment_ids"].long(), indicator=x["indicator"].long()).sample  # fmt: skip
     if family == "qwen_image21":
         # text to image: unpatched tokens, the target's slots in img_mask, its tokens out
         b, c, h, w = x["x"].shape

@@ -46,6 +46,10 @@ tier — against diffusers on the same weights. `--family` picks the model:
     image tokens) with 128 (FIBO: 512) text tokens.
   * ernie_image: ERNIE-Image at its real width (3072, 24 heads of 128, a GELU-gated MLP of 8192, 2560-wide text)
     at 2 of its 24 layers (0.33 B parameters, 1.3 GB) at 512×512 pixels (1024 image tokens) with 256 text tokens.
+  * glm_image: GLM-Image at its real width (2560, 64 heads of 40, a 4x MLP, 1472-wide glyph states, the prior's
+    16384-token codebook) at 2 of its 30 blocks, 512×512 pixels (1024 image tokens) with 64 glyph tokens.
+  * ideogram4: Ideogram 4 at its real width (4608, 18 heads of 256, SwiGLU 12288, 53248-wide text features) at 1 of
+    its 34 layers, 512×512 pixels (1024 image rows) after 256 prompt rows.
   * minimax_h3: MiniMax-H3 at its real width (5376, 56 heads of 128, SwiGLU 14336, 5120-wide text, per-(level,
     modality) AdaLN) at 1 of its 50 blocks and 1 of its 2 refiner blocks, one 512×512 frame packed with 256 text and
     7 audio rows (519 rows).
@@ -88,7 +92,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|glm_image|ideogram4|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -198,6 +202,10 @@ MINIMAX_H3 = dict(num_layers=1, num_refiner_layers=1)
 # Bria 3.2's and FIBO's width (diffusers' BriaTransformer2DModel / BriaFiboTransformer2DModel defaults) at 1 + 2 of
 # their 19 + 38 blocks
 BRIA = dict(num_layers=1, num_single_layers=2)
+# GLM-Image's width (diffusers' GlmImageTransformer2DModel defaults) at 2 of its 30 blocks
+GLM_IMAGE = dict(num_layers=2)
+# Ideogram 4's width (diffusers' Ideogram4Transformer2DModel defaults) at 1 of its 34 layers
+IDEOGRAM4 = dict(num_layers=1)
 # Stable Cascade's Stage C (stabilityai/stable-cascade-prior's prior/config.json: 2048 wide, 32 heads, CTA levels joined by
 # 1x1 mappings, sca and crp) at one layer of each level's 8 / 24 per half
 _CTA = ("SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock")
@@ -230,11 +238,15 @@ FAMILIES |= {
     "bria": ((512, 512), "transformer", "bria"),
     "bria_fibo": ((512, 512), "transformer", "bria_fibo"),
 }
+FAMILIES["glm_image"] = ((512, 512), "transformer", "glm_image")
+FAMILIES["ideogram4"] = ((512, 512), "transformer", "ideogram4")
 # the families whose diffusers side bench_families.run_diffusers runs
 FAMILIES_RUN_BY_BENCH_FAMILIES = ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3",
                                   "hunyuan_dit", "mochi", "stable_cascade_c", "ernie_image", "wan_animate2")  # fmt: skip
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("minimax_h3",)
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("bria", "bria_fibo")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("glm_image",)
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("ideogram4",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -329,6 +341,14 @@ def _diffusers_model(family: str):
             from diffusers import ErnieImageTransformer2DModel
 
             return ErnieImageTransformer2DModel(**ERNIE_IMAGE)
+        if family == "ideogram4":
+            from diffusers import Ideogram4Transformer2DModel
+
+            return Ideogram4Transformer2DModel(**IDEOGRAM4)
+        if family == "glm_image":
+            from diffusers import GlmImageTransformer2DModel
+
+            return GlmImageTransformer2DModel(**GLM_IMAGE)
         if family == "minimax_h3":
             from diffusers import MiniMaxH3Transformer3DModel
 
@@ -389,6 +409,11 @@ def real_rotary_tables(model, family: str) -> None:
         model.pos_embed = QwenEmbedRope(
             theta=10000, axes_dim=list(model.config.axes_dims_rope), scale_rope=True
         )
+    elif family == "ideogram4":  # its rotary frequencies (a buffer the file does not hold)
+        from diffusers.models.transformers.transformer_ideogram4 import Ideogram4MRoPE
+
+        c = model.config
+        model.rotary_emb = Ideogram4MRoPE(c.attention_head_dim, c.rope_theta, tuple(c.mrope_section))
 
 
 def write_random(path: Path, family: str, dtype=None) -> None:

@@ -51,6 +51,8 @@ ACTIVATION_BYTES = {
     "minimax_h3": 256 * 1024,  # width 5376, SwiGLU 14336, per video row (text and audio rows ride)
     "bria": 128 * 1024,  # FLUX.1's blocks: width 3072, 4x MLP (128 text tokens beside the image's)
     "bria_fibo": 128 * 1024,  # FLUX.1's blocks: width 3072, 4x MLP (its long JSON prompts ride beside)
+    "glm_image": 96 * 1024,  # width 2560, a 4x MLP, one token per 16x16 pixels (its glyph tokens are few)
+    "ideogram4": 160 * 1024,  # width 4608, SwiGLU 12288, one row per 16x16 pixels (text rows ride)
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
@@ -82,6 +84,8 @@ UNIT_PX = {
     "minimax_h3": 32,
     "bria": 16,
     "bria_fibo": 16,
+    "glm_image": 16,
+    "ideogram4": 16,
 }
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.

@@ -41,6 +41,8 @@ STEP_KINDS = {
     "minimax_h3": "minimax_h3",
     "bria": "bria",
     "bria_fibo": "bria_fibo",
+    "glm_image": "glm_image",
+    "ideogram4": "ideogram4",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -82,6 +84,8 @@ NATIVE_PX = {
     "stable_cascade_b": (1024, 1024),
     "bria": (1024, 1024),  # its pipeline's default size
     "bria_fibo": (1024, 1024),  # its pipeline's default size
+    "glm_image": (1024, 1024),  # its pipeline's default size
+    "ideogram4": (2048, 2048),  # its pipeline's default size
 }
 
 

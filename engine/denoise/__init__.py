@@ -57,6 +57,8 @@ SELF_DESCRIBED = {
     "ernie_image": "ernie_image",  # ERNIE-Image
     "bria": "bria",  # Bria 3.2 (FLUX.1's blocks, no pooled vector)
     "bria_fibo": "bria",  # Bria FIBO (Bria 3.2's, a text-encoder layer into each block)
+    "glm_image": "glm_image",  # GLM-Image
+    "ideogram4": "ideogram4",  # Ideogram 4
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),

@@ -51,6 +51,8 @@ _LABEL = {
     "ernie_image": "ERNIE-Image",
     "bria": "Bria 3.2",
     "bria_fibo": "Bria FIBO",
+    "glm_image": "GLM-Image",
+    "ideogram4": "Ideogram 4",
 }
 
 

@@ -82,6 +82,8 @@ INFERENCE_DTYPES = {
     "ernie_image": _BF16_ONLY,
     "bria": _BF16_FIRST,  # Bria 3.2: bf16 weights and pipeline (FLUX.1's blocks, clipped in fp16 as FLUX's)
     "bria_fibo": _BF16_FIRST,  # Bria FIBO: bf16 weights and pipeline
+    "glm_image": _BF16_ONLY,  # its pipeline's example loads bf16
+    "ideogram4": _BF16_ONLY,  # its pipeline's example loads bf16
 }
 
 
