@@ -55,6 +55,7 @@ COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B an
 # dispatchers (the plan's, catalog's and LoRA tables still take their one entry each: ARCHITECTURE.md).
 SELF_DESCRIBED = {
     "ernie_image": "ernie_image",  # ERNIE-Image
+    "prx": "prx",  # PRX (Photoroom): latent and pixel-space
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),
