@@ -50,6 +50,7 @@ ACTIVATION_BYTES = {
     "text": 64 * 1024,  # text encoders: per token
     "minimax_h3": 256 * 1024,  # width 5376, SwiGLU 14336, per video row (text and audio rows ride)
     "prx": 64 * 1024,  # width 1792, a GELU-gated MLP of 6272 (text tokens are keys only)
+    "joyimage": 128 * 1024,  # width 3072, 4x MLP, two streams (per image token, the reference's counted too)
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
@@ -80,6 +81,7 @@ UNIT_PX = {
     "ernie_image": 16,
     "minimax_h3": 32,
     "prx": 16,
+    "joyimage": 16,
 }
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.

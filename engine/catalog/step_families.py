@@ -40,6 +40,7 @@ STEP_KINDS = {
     "ernie_image": "ernie_image",
     "minimax_h3": "minimax_h3",
     "prx": "prx",
+    "joyimage": "joyimage",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -80,4 +81,5 @@ NATIVE_PX = {
     "stable_cascade_c": (1024, 1024),
     "stable_cascade_b": (1024, 1024),
     "prx": (512, 512),  # its pipeline's default size (DEFAULT_RESOLUTION)
+    "joyimage": (1024, 1024),  # its pipeline edits at the input image's size: 1024 px as others
 }

@@ -56,6 +56,7 @@ COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B an
 SELF_DESCRIBED = {
     "ernie_image": "ernie_image",  # ERNIE-Image
     "prx": "prx",  # PRX (Photoroom): latent and pixel-space
+    "joyimage": "joyimage",  # JoyImage Edit and Edit Plus (one layout)
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),

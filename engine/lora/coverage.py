@@ -50,6 +50,7 @@ _LABEL = {
     "hunyuan_dit": "Hunyuan-DiT",
     "ernie_image": "ERNIE-Image",
     "prx": "PRX",
+    "joyimage": "JoyImage",
 }
 
 

@@ -72,6 +72,7 @@ INFERENCE_DTYPES = {
     # ERNIE-Image: diffusers' model works its AdaLN arithmetic in fp32 and names no fp16; bf16 or fp32
     "ernie_image": _BF16_ONLY,
     "prx": _BF16_ONLY,  # PRX: its pipelines' examples load bfloat16 and name no fp16
+    "joyimage": _BF16_ONLY,  # its pipeline loads bfloat16 and keeps the time embedder and norms in fp32
 }
 
 
