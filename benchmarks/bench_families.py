@@ -1,5 +1,5 @@
 """diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2, Qwen-Image
-2.1), PixArt, Mochi 1, Hunyuan-DiT, FLUX.3, Wan-Animate-2, ERNIE-Image, PRX and Stable Cascade's Stage C on
+2.1), PixArt, Mochi 1, Hunyuan-DiT, FLUX.3, Wan-Animate-2, ERNIE-Image, PRX, JoyImage and Stable Cascade's Stage C on
 Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
 coordinates, masks) built here from the same inputs Loadout's step gets."""
 
@@ -60,7 +60,7 @@ def run_diffusers(model, family: str, x: dict):
         lens = x.get("text_lens", torch.full((b,), t, device=x["text_bth"].device))
         return model(hidden_states=x["hidden_states"], timestep=x["timestep"], text_bth=x["text_bth"],
                      text_lens=lens.long()).sample  # fmt: skip
-    if family == "prx":  # Loadout's names are diffusers' forward's
+    if family in ("prx", "joyimage"):  # Loadout's names are diffusers' forward's (JoyImage: the Edit class's)
         return model(**x).sample
     if family == "qwen_image21":
         # text to image: unpatched tokens, the target's slots in img_mask, its tokens out
