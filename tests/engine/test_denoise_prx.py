@@ -174,4 +174,4 @@ def test_a_peft_lora_lands_baked_and_on_the_fly(prx, tmp_path, budget):
     plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
     check_lora_step(prx["prefixed"], lora, 0.8, x, tmp_path, budget, want, len(LORA_MODULES),
-                    f"prx LoRA (budget {budget})", tol=TOL)  # fmt: skip
+                    f"prx LoRA (budget {budget})", "prx", TOL)  # fmt: skip
