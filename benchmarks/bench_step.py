@@ -53,6 +53,10 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * minimax_h3: MiniMax-H3 at its real width (5376, 56 heads of 128, SwiGLU 14336, 5120-wide text, per-(level,
     modality) AdaLN) at 1 of its 50 blocks and 1 of its 2 refiner blocks, one 512×512 frame packed with 256 text and
     7 audio rows (519 rows).
+  * prx: PRX at its real width (1792, 28 heads of 64, a GELU-gated MLP of 6272, T5Gemma's 2304-wide text) at 2 of its
+    16 blocks, 512×512 (the FLUX.1 VAE's 64×64 latent in 2×2 patches: 1024 tokens), 256 text tokens.
+  * joyimage: JoyImage Edit at its real width (3072, 24 heads of 128, two streams, Qwen3-VL's 4096-wide text) at 2 of
+    its 20 blocks, a 512×512 edit with a 512×512 reference image (2048 image tokens), 256 text tokens.
   * stable_cascade_c: Stable Cascade's Stage C (the prior) at its real width (2048, 32 heads of 64, CLIP-bigG 1280
     text and pooled, 768 image) at 1 + 1 of its 8 + 24 layers per half, 1024×1024 (its 24×24 latent), 77 tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
@@ -92,7 +96,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|glm_image|ideogram4|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -196,6 +200,10 @@ HIDREAM = dict(
 MOCHI = dict(num_layers=2)
 # ERNIE-Image's width (diffusers' ErnieImageTransformer2DModel defaults) at 2 of its 24 layers
 ERNIE_IMAGE = dict(num_layers=2)
+# PRX's width (diffusers' PRXTransformer2DModel defaults) at 2 of its 16 blocks
+PRX = dict(depth=2)
+# JoyImage Edit's width (diffusers' JoyImageEditTransformer3DModel defaults) at 2 of its 20 blocks
+JOYIMAGE = dict(num_layers=2)
 # MiniMax-H3's width (diffusers' MiniMaxH3Transformer3DModel defaults: MiniMaxAI/MiniMax-H3's config) at 1 of its 50
 # blocks and 1 of its 2 token refiner blocks
 MINIMAX_H3 = dict(num_layers=1, num_refiner_layers=1)
@@ -247,6 +255,10 @@ FAMILIES_RUN_BY_BENCH_FAMILIES += ("minimax_h3",)
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("bria", "bria_fibo")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("glm_image",)
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("ideogram4",)
+FAMILIES["prx"] = ((512, 512), "transformer", "prx")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("prx",)
+FAMILIES["joyimage"] = ((512, 512), "transformer", "joyimage")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("joyimage",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -349,6 +361,14 @@ def _diffusers_model(family: str):
             from diffusers import GlmImageTransformer2DModel
 
             return GlmImageTransformer2DModel(**GLM_IMAGE)
+        if family == "prx":
+            from diffusers import PRXTransformer2DModel
+
+            return PRXTransformer2DModel(**PRX)
+        if family == "joyimage":
+            from diffusers import JoyImageEditTransformer3DModel
+
+            return JoyImageEditTransformer3DModel(**JOYIMAGE)
         if family == "minimax_h3":
             from diffusers import MiniMaxH3Transformer3DModel
 
@@ -801,6 +821,8 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "wan_animate2": "Wan-Animate-2 at the 1.3B width, 4 blocks, two 480x480 frames and a driving frame",
              "qwen_edit": "Qwen-Image-Edit 2511 width, 1 block, 512x512 with a 512x512 reference",
              "ernie_image": "ERNIE-Image width, 2 layers, 512x512",
+             "prx": "PRX width, 2 blocks, 512x512",
+             "joyimage": "JoyImage Edit width, 2 blocks, 512x512 with a 512x512 reference",
              "stable_cascade_c": "Stable Cascade Stage C width, 1 + 1 layers per half, 1024x1024"}.get(fam)  # fmt: skip
     if title is None:  # the families named in the module's docstring only
         title = "{} at its real width, reduced depth, {}x{}".format(fam, *FAMILIES[fam][0])

@@ -82,6 +82,8 @@ TITLES = {
     "bria_fibo": "bria fibo width 1+2 blocks 512x512",
     "glm_image": "glm_image width 2 blocks 512x512",
     "ideogram4": "ideogram4 width 1 layer 512x512 + 256 text rows",
+    "prx": "prx width 2 blocks 512x512",
+    "joyimage": "joyimage edit width 2 blocks 512x512 + 512x512 reference",
 }
 BF16 = (
     "z_image",
@@ -104,6 +106,8 @@ BF16 = (
     "bria_fibo",
     "glm_image",
     "ideogram4",
+    "prx",
+    "joyimage",
 )  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
@@ -420,7 +424,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,stable_cascade_c,minimax_h3,ernie_image,glm_image,ideogram4,bria,bria_fibo",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,stable_cascade_c,minimax_h3,ernie_image,prx,joyimage,glm_image,ideogram4,bria,bria_fibo",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")

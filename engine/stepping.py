@@ -199,6 +199,8 @@ def _units(den, inputs: dict) -> int:
     from .denoise.inputs import IMAGE_LATENT, IMAGE_PATCHED, VIDEO_LATENT
 
     first = inputs[den.input_names[0]]
+    if hasattr(den.model, "step_units"):  # a self-described family that counts its own tokens
+        return den.model.step_units(inputs)
     if den.kind == "hidream":  # a non-square latent's tokens are padded (engine.denoise.hidream)
         h, w = first.shape[-2:]
         return first.shape[0] * (den.model.padded_length(h, w, inputs.get("max_seq")) or (h // 2) * (w // 2))

@@ -53,6 +53,8 @@ ACTIVATION_BYTES = {
     "bria_fibo": 128 * 1024,  # FLUX.1's blocks: width 3072, 4x MLP (its long JSON prompts ride beside)
     "glm_image": 96 * 1024,  # width 2560, a 4x MLP, one token per 16x16 pixels (its glyph tokens are few)
     "ideogram4": 160 * 1024,  # width 4608, SwiGLU 12288, one row per 16x16 pixels (text rows ride)
+    "prx": 64 * 1024,  # width 1792, a GELU-gated MLP of 6272 (text tokens are keys only)
+    "joyimage": 128 * 1024,  # width 3072, 4x MLP, two streams (per image token, the reference's counted too)
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
@@ -86,6 +88,8 @@ UNIT_PX = {
     "bria_fibo": 16,
     "glm_image": 16,
     "ideogram4": 16,
+    "prx": 16,
+    "joyimage": 16,
 }
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.

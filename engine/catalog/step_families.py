@@ -43,6 +43,8 @@ STEP_KINDS = {
     "bria_fibo": "bria_fibo",
     "glm_image": "glm_image",
     "ideogram4": "ideogram4",
+    "prx": "prx",
+    "joyimage": "joyimage",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -86,6 +88,8 @@ NATIVE_PX = {
     "bria_fibo": (1024, 1024),  # its pipeline's default size
     "glm_image": (1024, 1024),  # its pipeline's default size
     "ideogram4": (2048, 2048),  # its pipeline's default size
+    "prx": (512, 512),  # its pipeline's default size (DEFAULT_RESOLUTION)
+    "joyimage": (1024, 1024),  # its pipeline edits at the input image's size: 1024 px as others
 }
 
 

@@ -59,6 +59,8 @@ SELF_DESCRIBED = {
     "bria_fibo": "bria",  # Bria FIBO (Bria 3.2's, a text-encoder layer into each block)
     "glm_image": "glm_image",  # GLM-Image
     "ideogram4": "ideogram4",  # Ideogram 4
+    "prx": "prx",  # PRX (Photoroom): latent and pixel-space
+    "joyimage": "joyimage",  # JoyImage Edit and Edit Plus (one layout)
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),

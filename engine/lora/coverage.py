@@ -53,6 +53,8 @@ _LABEL = {
     "bria_fibo": "Bria FIBO",
     "glm_image": "GLM-Image",
     "ideogram4": "Ideogram 4",
+    "prx": "PRX",
+    "joyimage": "JoyImage",
 }
 
 

@@ -44,6 +44,8 @@ _DIT_FAMILY = (
     "hunyuan_dit",
     "ernie_image",
     "minimax_h3",
+    "prx",
+    "joyimage",
 )
 
 
@@ -178,6 +180,14 @@ _MINIMAX_H3 = re.compile(
     r"|token_refiner_refiner_blocks_\d+_|final_layer_(?:video|audio)_out$|audio_proj_(?:in|out)$)",
     re.MULTILINE,
 )
+# PRX (diffusers' names are its files'): the image's fused q / k / v beside the text's keys and values
+_PRX = re.compile(r"^blocks_\d+_attention_(?:img_qkv_proj|txt_kv_proj)$", re.MULTILINE)
+# JoyImage Edit / Edit Plus (diffusers' names): both streams' attention inside one `attn` and diffusers' FeedForward
+# MLPs; FLUX.1's and HunyuanVideo's double blocks name them `img_attn_qkv` / `img_mlp_0` / `img_mlp_fc1`
+_JOYIMAGE = re.compile(
+    r"^double_blocks_\d+_(?:attn_(?:img|txt)_attn_(?:qkv|proj)|(?:img|txt)_mlp_net_(?:0_proj|2))$",
+    re.MULTILINE,
+)
 _MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
 _MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
@@ -221,6 +231,10 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "flux3"
     if _any_line(_ERNIE_IMAGE, lines, "\nlayers_"):
         return True, "ernie_image"
+    if _any_line(_PRX, lines, "_attention_img_qkv_proj", "_attention_txt_kv_proj"):
+        return True, "prx"
+    if _any_line(_JOYIMAGE, lines, "_attn_img_attn_", "_attn_txt_attn_", "_mlp_net_"):
+        return True, "joyimage"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
     if _any_line(_MINIMAX_H3, lines, "blocks_", "\nfinal_layer_", "\naudio_proj_") or (

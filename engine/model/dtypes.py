@@ -84,6 +84,8 @@ INFERENCE_DTYPES = {
     "bria_fibo": _BF16_FIRST,  # Bria FIBO: bf16 weights and pipeline
     "glm_image": _BF16_ONLY,  # its pipeline's example loads bf16
     "ideogram4": _BF16_ONLY,  # its pipeline's example loads bf16
+    "prx": _BF16_ONLY,  # PRX: its pipelines' examples load bfloat16 and name no fp16
+    "joyimage": _BF16_ONLY,  # its pipeline loads bfloat16 and keeps the time embedder and norms in fp32
 }
 
 
