@@ -163,8 +163,11 @@ class Flux:
             vec = vec + mlp2(self.guidance_in, timestep_embedding(TIME_FACTOR * guidance.float(), 256).to(dt))
         vec = vec + mlp2(self.vector_in, y.to(dt))
         txt = self.txt_in(txt.to(dt))
-        pe = rope_table(torch.cat([txt_ids, img_ids], dim=1))
-        vs = F.silu(vec)
+        return self._blocks(img, txt, F.silu(vec), rope_table(torch.cat([txt_ids, img_ids], dim=1)))
+
+    def _blocks(self, img, txt, vs, pe) -> torch.Tensor:
+        """The double blocks, the single blocks and the last layer, from the embedded streams and SiLU(vec) (the
+        FLUX-like families without a pooled vector share them: engine.denoise.longcat_image)."""
         for blk in self.doubles:
             img, txt = self._double(blk, img, txt, vs, pe)
         n_txt = txt.shape[1]
@@ -369,6 +372,28 @@ def _approximator(ops: Ops, inner: str, outer: str) -> Approximator:
 def bind_diffusers(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
     hidden = wshape(ops["x_embedder"])[0]
     chroma = "distilled_guidance_layer.in_proj" in ops
+    doubles, singles = diffusers_blocks(ops, chroma)
+    heads = _check_heads(doubles[0].img.q_norm if doubles else singles[0].q_norm, hidden, ops.what)
+    if chroma:
+        return Chroma(architecture, ops["x_embedder"], ops["context_embedder"], (), None, (), doubles, singles,
+                      None, False, ops["proj_out"], heads, dtype, _approximator(ops, "linear_1", "linear_2"))  # fmt: skip
+    te = "time_text_embed"
+    guidance = (
+        (ops[f"{te}.guidance_embedder.linear_1"], ops[f"{te}.guidance_embedder.linear_2"])
+        if f"{te}.guidance_embedder.linear_1" in ops
+        else None
+    )
+    return Flux(
+        architecture, ops["x_embedder"], ops["context_embedder"],
+        (ops[f"{te}.timestep_embedder.linear_1"], ops[f"{te}.timestep_embedder.linear_2"]), guidance,
+        (ops[f"{te}.text_embedder.linear_1"], ops[f"{te}.text_embedder.linear_2"]), doubles, singles,
+        ops["norm_out.linear"], True, ops["proj_out"], heads, dtype,
+    )  # fmt: skip
+
+
+def diffusers_blocks(ops: Ops, chroma: bool = False) -> tuple[list[Double], list[Single]]:
+    """FLUX.1's double and single blocks in diffusers' naming (Chroma's without their modulation Linears); the
+    FLUX-like families without a pooled vector have them too (engine.denoise.longcat_image)."""
     doubles = []
     for i in ops.children("transformer_blocks"):
         p = f"transformer_blocks.{i}"
@@ -395,19 +420,4 @@ def bind_diffusers(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:
                 ops[f"{p}.proj_out"],
             )
         )
-    heads = _check_heads(doubles[0].img.q_norm if doubles else singles[0].q_norm, hidden, ops.what)
-    if chroma:
-        return Chroma(architecture, ops["x_embedder"], ops["context_embedder"], (), None, (), doubles, singles,
-                      None, False, ops["proj_out"], heads, dtype, _approximator(ops, "linear_1", "linear_2"))  # fmt: skip
-    te = "time_text_embed"
-    guidance = (
-        (ops[f"{te}.guidance_embedder.linear_1"], ops[f"{te}.guidance_embedder.linear_2"])
-        if f"{te}.guidance_embedder.linear_1" in ops
-        else None
-    )
-    return Flux(
-        architecture, ops["x_embedder"], ops["context_embedder"],
-        (ops[f"{te}.timestep_embedder.linear_1"], ops[f"{te}.timestep_embedder.linear_2"]), guidance,
-        (ops[f"{te}.text_embedder.linear_1"], ops[f"{te}.text_embedder.linear_2"]), doubles, singles,
-        ops["norm_out.linear"], True, ops["proj_out"], heads, dtype,
-    )  # fmt: skip
+    return doubles, singles
