@@ -39,6 +39,8 @@ STEP_KINDS = {
     "hidream": "hidream",
     "ernie_image": "ernie_image",
     "minimax_h3": "minimax_h3",
+    "longcat_image": "longcat_image",
+    "ovis_image": "ovis_image",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -78,4 +80,6 @@ NATIVE_PX = {
     "minimax_h3": (1344, 768),  # its pipeline's canvas (short edge 768, 768 x 1344 px at most)
     "stable_cascade_c": (1024, 1024),
     "stable_cascade_b": (1024, 1024),
+    "longcat_image": (1024, 1024),  # its pipeline's default size
+    "ovis_image": (1024, 1024),  # its pipeline's default size
 }

@@ -55,6 +55,8 @@ COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B an
 # dispatchers (the plan's, catalog's and LoRA tables still take their one entry each: ARCHITECTURE.md).
 SELF_DESCRIBED = {
     "ernie_image": "ernie_image",  # ERNIE-Image
+    "longcat_image": "longcat_image",  # LongCat-Image (and -Edit)
+    "ovis_image": "longcat_image",  # Ovis-Image: LongCat-Image's module, its SwiGLU MLPs and text norm
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),

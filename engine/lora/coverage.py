@@ -49,6 +49,8 @@ _LABEL = {
     "minimax_h3": "MiniMax-H3",
     "hunyuan_dit": "Hunyuan-DiT",
     "ernie_image": "ERNIE-Image",
+    "longcat_image": "LongCat-Image",
+    "ovis_image": "Ovis-Image",
 }
 
 

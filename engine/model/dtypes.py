@@ -71,6 +71,9 @@ INFERENCE_DTYPES = {
     "hunyuan_video15": DEFAULT_INFERENCE_DTYPES,
     # ERNIE-Image: diffusers' model works its AdaLN arithmetic in fp32 and names no fp16; bf16 or fp32
     "ernie_image": _BF16_ONLY,
+    # LongCat-Image and Ovis-Image ship bf16 weights and their pipelines run bf16; fp16 not shown to run them
+    "longcat_image": _BF16_ONLY,
+    "ovis_image": _BF16_ONLY,
 }
 
 
