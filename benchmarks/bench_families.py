@@ -60,6 +60,9 @@ def run_diffusers(model, family: str, x: dict):
         lens = x.get("text_lens", torch.full((b,), t, device=x["text_bth"].device))
         return model(hidden_states=x["hidden_states"], timestep=x["timestep"], text_bth=x["text_bth"],
                      text_lens=lens.long()).sample  # fmt: skip
+    if family in ("longcat_image", "ovis_image"):  # Loadout's names are diffusers' forward's
+        return model(hidden_states=x["hidden_states"], encoder_hidden_states=x["encoder_hidden_states"],
+                     timestep=x["timestep"], img_ids=x["img_ids"], txt_ids=x["txt_ids"]).sample  # fmt: skip
     if family == "qwen_image21":
         # text to image: unpatched tokens, the target's slots in img_mask, its tokens out
         b, c, h, w = x["x"].shape

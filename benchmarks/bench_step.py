@@ -43,6 +43,10 @@ tier — against diffusers on the same weights. `--family` picks the model:
     (1590 tokens), 256 T5 tokens.
   * ernie_image: ERNIE-Image at its real width (3072, 24 heads of 128, a GELU-gated MLP of 8192, 2560-wide text)
     at 2 of its 24 layers (0.33 B parameters, 1.3 GB) at 512×512 pixels (1024 image tokens) with 256 text tokens.
+  * longcat_image: LongCat-Image at its real width (3072, 24 heads of 128, FLUX.1's 4x MLP, Qwen2.5-VL 3584-wide text)
+    at 1 + 1 of its 19 + 38 double / single blocks, 512×512 (1024 image tokens) with its 512 text tokens.
+  * ovis_image: Ovis-Image at its real width (3072, 24 heads of 128, SwiGLU 2 x 12288, 2048-wide text) at 1 + 1 of its
+    6 + 27 double / single blocks, 512×512 (1024 image tokens) with its 256 text tokens.
   * minimax_h3: MiniMax-H3 at its real width (5376, 56 heads of 128, SwiGLU 14336, 5120-wide text, per-(level,
     modality) AdaLN) at 1 of its 50 blocks and 1 of its 2 refiner blocks, one 512×512 frame packed with 256 text and
     7 audio rows (519 rows).
@@ -85,7 +89,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|longcat_image|ovis_image] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -189,6 +193,10 @@ HIDREAM = dict(
 MOCHI = dict(num_layers=2)
 # ERNIE-Image's width (diffusers' ErnieImageTransformer2DModel defaults) at 2 of its 24 layers
 ERNIE_IMAGE = dict(num_layers=2)
+# LongCat-Image's and Ovis-Image's widths (diffusers' LongCatImage / OvisImageTransformer2DModel defaults) at one double and
+# one single block
+LONGCAT_IMAGE = dict(num_layers=1, num_single_layers=1)
+OVIS_IMAGE = dict(num_layers=1, num_single_layers=1)
 # MiniMax-H3's width (diffusers' MiniMaxH3Transformer3DModel defaults: MiniMaxAI/MiniMax-H3's config) at 1 of its 50
 # blocks and 1 of its 2 token refiner blocks
 MINIMAX_H3 = dict(num_layers=1, num_refiner_layers=1)
@@ -224,6 +232,9 @@ FAMILIES = {"sd15": ((512, 512), "unet", "sd1"), "flux": ((256, 256), "transform
 FAMILIES_RUN_BY_BENCH_FAMILIES = ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3",
                                   "hunyuan_dit", "mochi", "stable_cascade_c", "ernie_image", "wan_animate2")  # fmt: skip
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("minimax_h3",)
+FAMILIES["longcat_image"] = ((512, 512), "transformer", "longcat_image")
+FAMILIES["ovis_image"] = ((512, 512), "transformer", "ovis_image")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("longcat_image", "ovis_image")
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -322,6 +333,14 @@ def _diffusers_model(family: str):
             from diffusers import MiniMaxH3Transformer3DModel
 
             return MiniMaxH3Transformer3DModel(**MINIMAX_H3)
+        if family == "longcat_image":
+            from diffusers import LongCatImageTransformer2DModel
+
+            return LongCatImageTransformer2DModel(**LONGCAT_IMAGE)
+        if family == "ovis_image":
+            from diffusers import OvisImageTransformer2DModel
+
+            return OvisImageTransformer2DModel(**OVIS_IMAGE)
         if family == "stable_cascade_c":
             from diffusers import StableCascadeUNet
 
