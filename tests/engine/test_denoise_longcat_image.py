@@ -180,7 +180,8 @@ LORA_MODULES = ("transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.add
 @pytest.mark.parametrize("budget", [None, 0.0])
 def test_a_peft_lora_lands_baked_and_on_the_fly(tiny, tmp_path, budget):
     """PEFT (`transformer.` + diffusers' names), baked (resident) and on the fly (streamed): equal to diffusers' model
-    with the LoRA merged by hand; every module of it placed."""
+    with the LoRA merged by hand; every module of it placed; its base told from its names and widths (LongCat's
+    3584-wide context_embedder, Ovis' gated MLPs)."""
     from denoise_files import check_lora_step, lora_and_merged, plain_and_merged
 
     arch, bare, _, ref, sd = tiny
@@ -192,4 +193,4 @@ def test_a_peft_lora_lands_baked_and_on_the_fly(tiny, tmp_path, budget):
     plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
     check_lora_step(bare, lora, 0.8, x, tmp_path, budget, want, len(LORA_MODULES), f"{arch} LoRA (budget {budget})",
-                    None, TOL)  # fmt: skip
+                    arch, TOL)  # fmt: skip
