@@ -79,6 +79,9 @@ def run_diffusers(model, family: str, x: dict):
                      segment_ids=x["segment_ids"].long(), indicator=x["indicator"].long()).sample  # fmt: skip
     if family in ("prx", "joyimage"):  # Loadout's names are diffusers' forward's (JoyImage: the Edit class's)
         return model(**x).sample
+    if family in ("longcat_image", "ovis_image"):  # Loadout's names are diffusers' forward's
+        return model(hidden_states=x["hidden_states"], encoder_hidden_states=x["encoder_hidden_states"],
+                     timestep=x["timestep"], img_ids=x["img_ids"], txt_ids=x["txt_ids"]).sample  # fmt: skip
     if family == "qwen_image21":
         # text to image: unpatched tokens, the target's slots in img_mask, its tokens out
         b, c, h, w = x["x"].shape

@@ -50,6 +50,10 @@ tier — against diffusers on the same weights. `--family` picks the model:
     16384-token codebook) at 2 of its 30 blocks, 512×512 pixels (1024 image tokens) with 64 glyph tokens.
   * ideogram4: Ideogram 4 at its real width (4608, 18 heads of 256, SwiGLU 12288, 53248-wide text features) at 1 of
     its 34 layers, 512×512 pixels (1024 image rows) after 256 prompt rows.
+  * longcat_image: LongCat-Image at its real width (3072, 24 heads of 128, FLUX.1's 4x MLP, Qwen2.5-VL 3584-wide text)
+    at 1 + 1 of its 19 + 38 double / single blocks, 512×512 (1024 image tokens) with its 512 text tokens.
+  * ovis_image: Ovis-Image at its real width (3072, 24 heads of 128, SwiGLU 2 x 12288, 2048-wide text) at 1 + 1 of its
+    6 + 27 double / single blocks, 512×512 (1024 image tokens) with its 256 text tokens.
   * minimax_h3: MiniMax-H3 at its real width (5376, 56 heads of 128, SwiGLU 14336, 5120-wide text, per-(level,
     modality) AdaLN) at 1 of its 50 blocks and 1 of its 2 refiner blocks, one 512×512 frame packed with 256 text and
     7 audio rows (519 rows).
@@ -96,7 +100,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -204,6 +208,10 @@ ERNIE_IMAGE = dict(num_layers=2)
 PRX = dict(depth=2)
 # JoyImage Edit's width (diffusers' JoyImageEditTransformer3DModel defaults) at 2 of its 20 blocks
 JOYIMAGE = dict(num_layers=2)
+# LongCat-Image's and Ovis-Image's widths (diffusers' LongCatImage / OvisImageTransformer2DModel defaults) at one double and
+# one single block
+LONGCAT_IMAGE = dict(num_layers=1, num_single_layers=1)
+OVIS_IMAGE = dict(num_layers=1, num_single_layers=1)
 # MiniMax-H3's width (diffusers' MiniMaxH3Transformer3DModel defaults: MiniMaxAI/MiniMax-H3's config) at 1 of its 50
 # blocks and 1 of its 2 token refiner blocks
 MINIMAX_H3 = dict(num_layers=1, num_refiner_layers=1)
@@ -259,6 +267,9 @@ FAMILIES["prx"] = ((512, 512), "transformer", "prx")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("prx",)
 FAMILIES["joyimage"] = ((512, 512), "transformer", "joyimage")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("joyimage",)
+FAMILIES["longcat_image"] = ((512, 512), "transformer", "longcat_image")
+FAMILIES["ovis_image"] = ((512, 512), "transformer", "ovis_image")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("longcat_image", "ovis_image")
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -381,6 +392,14 @@ def _diffusers_model(family: str):
             from diffusers import BriaFiboTransformer2DModel
 
             return BriaFiboTransformer2DModel(**BRIA)
+        if family == "longcat_image":
+            from diffusers import LongCatImageTransformer2DModel
+
+            return LongCatImageTransformer2DModel(**LONGCAT_IMAGE)
+        if family == "ovis_image":
+            from diffusers import OvisImageTransformer2DModel
+
+            return OvisImageTransformer2DModel(**OVIS_IMAGE)
         if family == "stable_cascade_c":
             from diffusers import StableCascadeUNet
 

@@ -45,6 +45,8 @@ STEP_KINDS = {
     "ideogram4": "ideogram4",
     "prx": "prx",
     "joyimage": "joyimage",
+    "longcat_image": "longcat_image",
+    "ovis_image": "ovis_image",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -90,6 +92,8 @@ NATIVE_PX = {
     "ideogram4": (2048, 2048),  # its pipeline's default size
     "prx": (512, 512),  # its pipeline's default size (DEFAULT_RESOLUTION)
     "joyimage": (1024, 1024),  # its pipeline edits at the input image's size: 1024 px as others
+    "longcat_image": (1024, 1024),  # its pipeline's default size
+    "ovis_image": (1024, 1024),  # its pipeline's default size
 }
 
 

@@ -61,6 +61,8 @@ SELF_DESCRIBED = {
     "ideogram4": "ideogram4",  # Ideogram 4
     "prx": "prx",  # PRX (Photoroom): latent and pixel-space
     "joyimage": "joyimage",  # JoyImage Edit and Edit Plus (one layout)
+    "longcat_image": "longcat_image",  # LongCat-Image (and -Edit)
+    "ovis_image": "longcat_image",  # Ovis-Image: LongCat-Image's module, its SwiGLU MLPs and text norm
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),

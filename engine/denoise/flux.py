@@ -163,8 +163,16 @@ class Flux:
             vec = vec + mlp2(self.guidance_in, timestep_embedding(TIME_FACTOR * guidance.float(), 256).to(dt))
         vec = vec + mlp2(self.vector_in, y.to(dt))
         txt = self.txt_in(txt.to(dt))
-        pe = rope_table(torch.cat([txt_ids, img_ids], dim=1))
-        vs = F.silu(vec)
+        streams = [img, txt]
+        del img, txt  # _blocks holds the only references: each block's output replaces its input
+        return self._blocks(streams, F.silu(vec), rope_table(torch.cat([txt_ids, img_ids], dim=1)))
+
+    def _blocks(self, streams: list, vs, pe) -> torch.Tensor:
+        """The double blocks, the single blocks and the last layer, from the embedded [image, text] `streams` (emptied,
+        so no caller keeps the first activations for the whole pass) and SiLU(vec); the FLUX-like families without a
+        pooled vector share them (engine.denoise.longcat_image)."""
+        img, txt = streams
+        streams.clear()
         for blk in self.doubles:
             img, txt = self._double(blk, img, txt, vs, pe)
         n_txt = txt.shape[1]

@@ -55,6 +55,8 @@ _LABEL = {
     "ideogram4": "Ideogram 4",
     "prx": "PRX",
     "joyimage": "JoyImage",
+    "longcat_image": "LongCat-Image",
+    "ovis_image": "Ovis-Image",
 }
 
 

@@ -46,6 +46,8 @@ _DIT_FAMILY = (
     "minimax_h3",
     "prx",
     "joyimage",
+    "longcat_image",
+    "ovis_image",
 )
 
 
@@ -100,6 +102,13 @@ _WAN_ANIMATE2 = re.compile(
 )
 _WAN_Q = re.compile(r"^blocks_\d+_(?:self_attn_q|attn1_to_q)$")
 _QWEN = re.compile(r"^transformer_blocks_\d+_(?:img_mod|txt_mod|img_mlp|txt_mlp)_", re.MULTILINE)
+# LongCat-Image and Ovis-Image (engine.detect.flux_likes): FLUX.1's diffusers-named blocks without its pooled vector.
+# Ovis' gated MLPs are 8 x the stream wide (ff.net.0.proj, a single block's proj_mlp; FLUX.1's 4 x); LongCat's
+# context_embedder reads Qwen2.5-VL's 3584-wide states (FLUX.1's T5 4096).
+_FLUX_LIKE_MLP = re.compile(
+    r"^(?:single_transformer_blocks_\d+_proj_mlp|transformer_blocks_\d+_ff(?:_context)?_net_0_proj)$"
+)
+_CONTEXT_EMBEDDER = re.compile(r"^context_embedder$")
 # Qwen-Image 2.1 (diffusers' QwenImage21Transformer2DModel): a SwiGLU `img_mlp.{gate_layer, proj, out}` (ComfyUI's
 # `gate_up`) where Qwen-Image's is `img_mlp.net.N`, and the shared `modulation.1` / `txt_in.{in,out}_layer` around
 # the blocks; checked before Qwen-Image's pattern, which its MLP names also match.
@@ -264,6 +273,12 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "hunyuan_video"
     if "\ndistilled_guidance_layer" in lines:
         return True, "chroma"
+    if "\nsingle_transformer_blocks_" in lines:
+        inner = _width(diff, facts, _FLUX_LIKE_MLP, "in_features")
+        if inner and _width(diff, facts, _FLUX_LIKE_MLP, "out_features") == 8 * inner:
+            return True, "ovis_image"
+        if _width(diff, facts, _CONTEXT_EMBEDDER) == 3584:
+            return True, "longcat_image"
     # FLUX.2 keeps FLUX.1's block names; its SwiGLU MLP makes img_mlp.0 six times as wide as the
     # stream (FLUX.1: four times).
     if "\ndouble_blocks_" not in lines:

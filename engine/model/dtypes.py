@@ -86,6 +86,9 @@ INFERENCE_DTYPES = {
     "ideogram4": _BF16_ONLY,  # its pipeline's example loads bf16
     "prx": _BF16_ONLY,  # PRX: its pipelines' examples load bfloat16 and name no fp16
     "joyimage": _BF16_ONLY,  # its pipeline loads bfloat16 and keeps the time embedder and norms in fp32
+    # LongCat-Image and Ovis-Image ship bf16 weights and their pipelines run bf16; fp16 not shown to run them
+    "longcat_image": _BF16_ONLY,
+    "ovis_image": _BF16_ONLY,
 }
 
 
