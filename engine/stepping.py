@@ -199,7 +199,9 @@ def _units(den, inputs: dict) -> int:
     from .denoise.inputs import IMAGE_LATENT, IMAGE_PATCHED, VIDEO_LATENT
 
     first = inputs[den.input_names[0]]
-    if hasattr(den.model, "step_units"):  # a self-described family that counts its own tokens
+    if hasattr(
+        den.model, "step_inputs"
+    ):  # a self-described family counts its own tokens (not its latent's channels)
         return den.model.step_units(inputs)
     if den.kind == "hidream":  # a non-square latent's tokens are padded (engine.denoise.hidream)
         h, w = first.shape[-2:]

@@ -104,6 +104,11 @@ class Bria(Flux):
             "txt_ids": torch.zeros(batch, tokens, 3),
         }
 
+    def step_units(self, inputs: dict) -> int:
+        """Image tokens, the batch's (what its activations grow with; engine.stepping)."""
+        x = inputs["hidden_states"]
+        return x.shape[0] * x.shape[1]
+
     def step_shapes(self, got: dict) -> dict:
         """The shape of each input (None: any size on that axis); the ids as long as the tokens they place."""
         n_img, n_txt = got["hidden_states"].shape[1], got["encoder_hidden_states"].shape[1]

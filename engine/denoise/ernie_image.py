@@ -159,6 +159,11 @@ class ErnieImage:
             "text_bth": torch.randn(batch, TOKENS, self.context_dim, generator=g),
         }
 
+    def step_units(self, inputs: dict) -> int:
+        """Image tokens, the batch's (what its activations grow with; engine.stepping)."""
+        b, _, h, w = inputs["hidden_states"].shape
+        return b * (h // self.patch) * (w // self.patch)
+
     def step_shapes(self, got: dict) -> dict:
         """The shape of each input (None: any size on that axis)."""
         out = {"hidden_states": (None, self.in_channels, None, None), "timestep": (None,),

@@ -168,6 +168,11 @@ class GlmImage:
             "crop_coords": torch.zeros(batch, 2),
         }
 
+    def step_units(self, inputs: dict) -> int:
+        """Image tokens, the batch's (what its activations grow with; engine.stepping)."""
+        b, _, h, w = inputs["hidden_states"].shape
+        return b * (h // PATCH) * (w // PATCH)
+
     def step_shapes(self, got: dict) -> dict:
         """The shape of each input (None: any size on that axis)."""
         x = got.get("hidden_states")

@@ -175,6 +175,11 @@ class Ideogram4:
             "indicator": torch.cat([torch.full((batch, TOKENS), float(TEXT)), torch.full((batch, n), float(IMAGE))], 1),
         }  # fmt: skip
 
+    def step_units(self, inputs: dict) -> int:
+        """Rows of the packed sequence, the batch's (what its activations grow with; engine.stepping)."""
+        x = inputs["hidden_states"]
+        return x.shape[0] * x.shape[1]
+
     def step_shapes(self, got: dict) -> dict:
         """The shape of each input (None: any size on that axis): every one spans the packed sequence's L rows."""
         x = got.get("hidden_states")

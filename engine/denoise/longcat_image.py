@@ -104,6 +104,11 @@ class LongCatImage(Flux):
             "txt_ids": txt_ids,
         }
 
+    def step_units(self, inputs: dict) -> int:
+        """Image tokens, the batch's (what its activations grow with; engine.stepping)."""
+        x = inputs["hidden_states"]
+        return x.shape[0] * x.shape[1]
+
     def step_shapes(self, got: dict) -> dict:
         """The shape of each input (None: any size on that axis); the ids as long as their tokens."""
         tokens, text = got["hidden_states"], got["encoder_hidden_states"]

@@ -183,3 +183,12 @@ def test_a_lora_in_either_naming_lands_on_a_base_in_either_naming(ernie, tmp_pat
     check_lora_step(
         path, lora, strength, x, tmp_path, budget, want, len(LORA_MODULES), what, "ernie_image", TOL
     )
+
+
+def test_the_activation_estimate_counts_image_tokens(ernie):
+    """A step's memory estimate grows with the image's tokens (engine.stepping), not with the latent's 128 channels."""
+    from engine.stepping import _units
+
+    den = _bound(ernie[0])
+    small, large = den.random_inputs(256, 256, batch=2), den.random_inputs(512, 512, batch=2)
+    assert _units(den, small) == 2 * (256 // 16) ** 2 and _units(den, large) == 4 * _units(den, small)

@@ -172,3 +172,13 @@ def test_a_peft_lora_lands_baked_and_on_the_fly(glm, tmp_path, base, budget):
     assert rel_l2(plain, want) > 100 * TOL
     what = f"glm_image LoRA (peft on {base}, budget {budget})"
     check_lora_step(path, lora, strength, x, tmp_path, budget, want, len(LORA_MODULES), what, None, TOL)
+
+
+def test_the_activation_estimate_counts_image_tokens(glm):
+    """A step's memory estimate grows with the image's 2x2 patches (engine.stepping), not with the latent's channels."""
+    from engine.stepping import _units
+
+    den = _bound(glm[0])
+    small, large = den.random_inputs(256, 256, batch=2), den.random_inputs(512, 512, batch=2)
+    h, w = small["hidden_states"].shape[-2:]
+    assert _units(den, small) == 2 * (h // 2) * (w // 2) and _units(den, large) == 4 * _units(den, small)
