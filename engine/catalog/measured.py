@@ -49,6 +49,7 @@ ACTIVATION_BYTES = {
     "stable_cascade_b": 32 * 1024,  # per 2x2 patch of its latent: level 0 is 320 wide (4x MLP), the skips
     "text": 64 * 1024,  # text encoders: per token
     "minimax_h3": 256 * 1024,  # width 5376, SwiGLU 14336, per video row (text and audio rows ride)
+    "kandinsky5": 96 * 1024,  # width 1792 (Pro 4096, Image 2560), a 4x GELU MLP; its few text tokens ride
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
@@ -78,6 +79,7 @@ UNIT_PX = {
     "stable_cascade_b": 8,
     "ernie_image": 16,
     "minimax_h3": 32,
+    "kandinsky5": 16,
 }
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.

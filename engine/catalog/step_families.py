@@ -39,6 +39,7 @@ STEP_KINDS = {
     "hidream": "hidream",
     "ernie_image": "ernie_image",
     "minimax_h3": "minimax_h3",
+    "kandinsky5": "kandinsky5",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -78,4 +79,5 @@ NATIVE_PX = {
     "minimax_h3": (1344, 768),  # its pipeline's canvas (short edge 768, 768 x 1344 px at most)
     "stable_cascade_c": (1024, 1024),
     "stable_cascade_b": (1024, 1024),
+    "kandinsky5": (768, 512),  # its T2V pipeline's default (one latent frame per step unit, as Wan's)
 }

@@ -55,6 +55,7 @@ COSMOS = ("cosmos_predict2",)  # Cosmos Predict2 Text2Image / Video2World, 2B an
 # dispatchers (the plan's, catalog's and LoRA tables still take their one entry each: ARCHITECTURE.md).
 SELF_DESCRIBED = {
     "ernie_image": "ernie_image",  # ERNIE-Image
+    "kandinsky5": "kandinsky5",  # Kandinsky 5 (T2V / I2V Lite and Pro, Image Lite T2I / I2I)
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),

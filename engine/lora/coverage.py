@@ -49,6 +49,7 @@ _LABEL = {
     "minimax_h3": "MiniMax-H3",
     "hunyuan_dit": "Hunyuan-DiT",
     "ernie_image": "ERNIE-Image",
+    "kandinsky5": "Kandinsky 5",
 }
 
 

@@ -71,6 +71,8 @@ INFERENCE_DTYPES = {
     "hunyuan_video15": DEFAULT_INFERENCE_DTYPES,
     # ERNIE-Image: diffusers' model works its AdaLN arithmetic in fp32 and names no fp16; bf16 or fp32
     "ernie_image": _BF16_ONLY,
+    # Kandinsky 5: bf16 releases whose attention rounds the rotated q / k to bf16 (the original's apply_rotary)
+    "kandinsky5": _BF16_ONLY,
 }
 
 
