@@ -78,6 +78,7 @@ TITLES = {
     "qwen_edit": "qwen_edit 2511 width 1 block 512x512 + 512x512 reference",
     "wan_animate2": "wan_animate2 1.3B width 4 blocks two 480x480 frames + a driving frame",
     "ernie_image": "ernie_image width 2 layers 512x512",
+    "kandinsky5": "kandinsky5 t2v lite width 2+2 blocks one 768x512 frame",
 }
 BF16 = (
     "z_image",
@@ -96,6 +97,7 @@ BF16 = (
     "ernie_image",
     "minimax_h3",
     "stable_cascade_c",
+    "kandinsky5",
 )  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
@@ -412,7 +414,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,stable_cascade_c,minimax_h3,ernie_image",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,stable_cascade_c,minimax_h3,ernie_image,kandinsky5",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")
