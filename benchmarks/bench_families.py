@@ -99,6 +99,15 @@ def run_diffusers(model, family: str, x: dict):
         mask = x.get("y_mask", torch.ones(x["y_feat"].shape[:2], device=x["x"].device))
         return model(hidden_states=x["x"], encoder_hidden_states=x["y_feat"], timestep=1000 * (1 - x["sigma"]),
                      encoder_attention_mask=mask).sample  # fmt: skip
+    if family == "kandinsky5":  # diffusers' names; the pipelines' aranges, one RoPE scale for the batch
+        _, t, h, w, _ = x["hidden_states"].shape
+        dev = x["hidden_states"].device
+        pos = [torch.arange(n, device=dev) for n in (t, h // 2, w // 2)]
+        scale = x["scale_factor"][0].tolist() if "scale_factor" in x else (1.0, 1.0, 1.0)
+        return model(hidden_states=x["hidden_states"], encoder_hidden_states=x["encoder_hidden_states"],
+                     timestep=x["timestep"], pooled_projections=x["pooled_projections"], visual_rope_pos=pos,
+                     text_rope_pos=torch.arange(x["encoder_hidden_states"].shape[1], device=dev),
+                     scale_factor=scale).sample  # fmt: skip
     if family == "minimax_h3":  # Loadout's input names are diffusers' forward's; the layout's rows as indices
         layout = ("timestep_indices", "token_tags", "video_indices", "audio_indices", "text_indices")
         return model(**{k: v.long() if k in layout else v for k, v in x.items()}).sample

@@ -61,6 +61,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
     16 blocks, 512×512 (the FLUX.1 VAE's 64×64 latent in 2×2 patches: 1024 tokens), 256 text tokens.
   * joyimage: JoyImage Edit at its real width (3072, 24 heads of 128, two streams, Qwen3-VL's 4096-wide text) at 2 of
     its 20 blocks, a 512×512 edit with a 512×512 reference image (2048 image tokens), 256 text tokens.
+  * kandinsky5: Kandinsky 5 T2V Lite at its real width (1792, 28 heads of 64, a GELU MLP of 7168, Qwen2.5-VL 3584 text,
+    CLIP 768 pooled, visual conditioning) at 2 + 2 of its 2 + 32 blocks, one 768×512 latent frame (1536 tokens), 256 text
+    tokens.
   * stable_cascade_c: Stable Cascade's Stage C (the prior) at its real width (2048, 32 heads of 64, CLIP-bigG 1280
     text and pooled, 768 image) at 1 + 1 of its 8 + 24 layers per half, 1024×1024 (its 24×24 latent), 77 tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
@@ -100,7 +103,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -222,6 +225,9 @@ BRIA = dict(num_layers=1, num_single_layers=2)
 GLM_IMAGE = dict(num_layers=2)
 # Ideogram 4's width (diffusers' Ideogram4Transformer2DModel defaults) at 1 of its 34 layers
 IDEOGRAM4 = dict(num_layers=1)
+# Kandinsky 5 T2V Lite (Kandinsky-5 configs/config_5s_sft.yaml) at 2 of its 2 text and 2 of its 32 visual blocks
+KANDINSKY5 = dict(in_visual_dim=16, out_visual_dim=16, time_dim=512, model_dim=1792, ff_dim=7168, num_text_blocks=2,
+                  num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True)  # fmt: skip
 # Stable Cascade's Stage C (stabilityai/stable-cascade-prior's prior/config.json: 2048 wide, 32 heads, CTA levels joined by
 # 1x1 mappings, sca and crp) at one layer of each level's 8 / 24 per half
 _CTA = ("SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock")
@@ -256,6 +262,7 @@ FAMILIES |= {
 }
 FAMILIES["glm_image"] = ((512, 512), "transformer", "glm_image")
 FAMILIES["ideogram4"] = ((512, 512), "transformer", "ideogram4")
+FAMILIES["kandinsky5"] = ((768, 512), "transformer", "kandinsky5")
 # the families whose diffusers side bench_families.run_diffusers runs
 FAMILIES_RUN_BY_BENCH_FAMILIES = ("hunyuan_video15", "ltxv", "cosmos", "krea2", "pixart", "qwen_image21", "flux3",
                                   "hunyuan_dit", "mochi", "stable_cascade_c", "ernie_image", "wan_animate2")  # fmt: skip
@@ -270,6 +277,7 @@ FAMILIES_RUN_BY_BENCH_FAMILIES += ("joyimage",)
 FAMILIES["longcat_image"] = ((512, 512), "transformer", "longcat_image")
 FAMILIES["ovis_image"] = ((512, 512), "transformer", "ovis_image")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("longcat_image", "ovis_image")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("kandinsky5",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -380,6 +388,10 @@ def _diffusers_model(family: str):
             from diffusers import JoyImageEditTransformer3DModel
 
             return JoyImageEditTransformer3DModel(**JOYIMAGE)
+        if family == "kandinsky5":
+            from diffusers import Kandinsky5Transformer3DModel
+
+            return Kandinsky5Transformer3DModel(**KANDINSKY5)
         if family == "minimax_h3":
             from diffusers import MiniMaxH3Transformer3DModel
 
@@ -442,6 +454,13 @@ def real_rotary_tables(model, family: str) -> None:
         from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed
 
         model.rope = MiniMaxH3RotaryPosEmbed(model.config.rope_freq_dim, model.config.rope_theta)
+    elif family == "kandinsky5":  # its rotary tables and timestep frequencies (made when built)
+        from diffusers.models.transformers import transformer_kandinsky as k5
+
+        c = model.config
+        model.time_embeddings.freqs = k5.get_freqs(c.model_dim // 2)
+        model.text_rope_embeddings = k5.Kandinsky5RoPE1D(sum(c.axes_dims))
+        model.visual_rope_embeddings = k5.Kandinsky5RoPE3D(c.axes_dims)
     elif family in ("qwen_image", "qwen_edit"):
         from diffusers.models.transformers.transformer_qwenimage import QwenEmbedRope
 
@@ -842,6 +861,7 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "ernie_image": "ERNIE-Image width, 2 layers, 512x512",
              "prx": "PRX width, 2 blocks, 512x512",
              "joyimage": "JoyImage Edit width, 2 blocks, 512x512 with a 512x512 reference",
+             "kandinsky5": "Kandinsky 5 T2V Lite width, 2+2 blocks, one 768x512 frame",
              "stable_cascade_c": "Stable Cascade Stage C width, 1 + 1 layers per half, 1024x1024"}.get(fam)  # fmt: skip
     if title is None:  # the families named in the module's docstring only
         title = "{} at its real width, reduced depth, {}x{}".format(fam, *FAMILIES[fam][0])

@@ -86,6 +86,7 @@ TITLES = {
     "joyimage": "joyimage edit width 2 blocks 512x512 + 512x512 reference",
     "longcat_image": "longcat_image width 1+1 blocks 512x512",
     "ovis_image": "ovis_image width 1+1 blocks 512x512",
+    "kandinsky5": "kandinsky5 t2v lite width 2+2 blocks one 768x512 frame",
 }
 BF16 = (
     "z_image",
@@ -112,6 +113,7 @@ BF16 = (
     "joyimage",
     "longcat_image",
     "ovis_image",
+    "kandinsky5",
 )  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
@@ -428,7 +430,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,stable_cascade_c,minimax_h3,ernie_image,longcat_image,ovis_image,prx,joyimage,glm_image,ideogram4,bria,bria_fibo",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,stable_cascade_c,minimax_h3,ernie_image,kandinsky5,longcat_image,ovis_image,prx,joyimage,glm_image,ideogram4,bria,bria_fibo",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")

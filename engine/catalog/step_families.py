@@ -47,6 +47,7 @@ STEP_KINDS = {
     "joyimage": "joyimage",
     "longcat_image": "longcat_image",
     "ovis_image": "ovis_image",
+    "kandinsky5": "kandinsky5",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -94,6 +95,7 @@ NATIVE_PX = {
     "joyimage": (1024, 1024),  # its pipeline edits at the input image's size: 1024 px as others
     "longcat_image": (1024, 1024),  # its pipeline's default size
     "ovis_image": (1024, 1024),  # its pipeline's default size
+    "kandinsky5": (768, 512),  # its T2V pipeline's default (one latent frame per step unit, as Wan's)
 }
 
 

@@ -57,6 +57,7 @@ _LABEL = {
     "joyimage": "JoyImage",
     "longcat_image": "LongCat-Image",
     "ovis_image": "Ovis-Image",
+    "kandinsky5": "Kandinsky 5",
 }
 
 

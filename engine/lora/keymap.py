@@ -55,6 +55,7 @@ _DIT_BARE = (
     "noise_refiner.",
     "double_stream_blocks.",
     "single_stream_blocks.",
+    "visual_transformer_blocks.",  # Kandinsky 5 (a bare diffusers-named file)
 )
 _UNET_PATHS = ("input_blocks.", "middle_block.", "output_blocks.")
 _DIFFUSERS_UNET = ("down_blocks.", "mid_block.", "up_blocks.")

@@ -89,6 +89,8 @@ INFERENCE_DTYPES = {
     # LongCat-Image and Ovis-Image ship bf16 weights and their pipelines run bf16; fp16 not shown to run them
     "longcat_image": _BF16_ONLY,
     "ovis_image": _BF16_ONLY,
+    # Kandinsky 5: bf16 releases whose attention rounds the rotated q / k to bf16 (the original's apply_rotary)
+    "kandinsky5": _BF16_ONLY,
 }
 
 
