@@ -1,7 +1,7 @@
 """Bria 3.2's and Bria FIBO's transformer forward passes (Bria AI), run on the component's own castable ops. Their
 releases hold diffusers' own module names (`BriaTransformer2DModel`, `BriaFiboTransformer2DModel`; diffusers has no
 single-file converter for them), and their blocks are FLUX.1's in diffusers' naming, so the blocks are
-engine.denoise.flux's (`diffusers_blocks`, `Flux._double` / `_single`).
+engine.denoise.flux's (`flux_like_blocks`, `Flux._double` / `_single`).
 
 Architecture facts, from diffusers' `transformer_bria.py`, `transformer_bria_fibo.py`, `pipelines/bria` and
 `pipelines/bria_fibo` (read for the facts, written from that description, nothing copied):
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ..errors import FormatError, UnsupportedModel
 from .common import Ops, layer_norm, mlp2, timestep_embedding, wshape
-from .flux import AXES, Flux, diffusers_blocks, rope_table
+from .flux import Flux, flux_like_blocks, rope_table
 
 TIME_THETA = 10000.0  # the configs' time_theta (diffusers' default)
 TOKENS = {
@@ -180,19 +180,10 @@ def bind(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[s
             f"{ops.what}: a guidance embedding (guidance_embed), which no {name} release has — a guidance-distilled "
             "variant Loadout does not run"
         )
-    hidden = wshape(ops["x_embedder"])[0]
-    doubles, singles = diffusers_blocks(ops)
-    if not doubles and not singles:
-        raise UnsupportedModel(f"{ops.what}: no {name} blocks")
-    head = wshape(doubles[0].img.q_norm if doubles else singles[0].q_norm)[0]
-    if head != sum(AXES) or hidden % head:
-        raise UnsupportedModel(
-            f"{ops.what}: head width {head} with hidden size {hidden} — {name} uses {sum(AXES)}-wide heads (RoPE "
-            f"axes {AXES})"
-        )
+    doubles, singles, heads = flux_like_blocks(ops, name)
     te = "time_embed.timestep_embedder"
     common = (architecture, ops["x_embedder"], ops["context_embedder"], (ops[f"{te}.linear_1"], ops[f"{te}.linear_2"]),
-              None, (), doubles, singles, ops["norm_out.linear"], True, ops["proj_out"], hidden // head, dtype)  # fmt: skip
+              None, (), doubles, singles, ops["norm_out.linear"], True, ops["proj_out"], heads, dtype)  # fmt: skip
     if architecture != "bria_fibo":
         return "diffusers", Bria(*common)
     n = len(doubles) + len(singles)
@@ -203,7 +194,7 @@ def bind(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[s
             "(caption_projection.0 … N-1)"
         )
     captions = [ops[f"caption_projection.{i}.linear"] for i in range(n)]
-    if wshape(captions[0])[0] * 2 != hidden:
+    if wshape(captions[0])[0] * 2 != wshape(ops["x_embedder"])[0]:
         raise FormatError(
             f"{ops.what}: caption projections {wshape(captions[0])[0]} wide; FIBO's are hidden / 2"
         )

@@ -1,6 +1,6 @@
 """LongCat-Image's (Meituan, 2025) and Ovis-Image's (AIDC, 2025) transformer forward passes, run on the component's own
 castable ops. One module serves both: each is FLUX.1's double- and single-stream blocks in diffusers' naming
-(engine.denoise.flux: `diffusers_blocks` binds them, `Flux` runs them) without FLUX.1's pooled text vector, and they
+(engine.denoise.flux: `flux_like_blocks` binds them, `Flux` runs them) without FLUX.1's pooled text vector, and they
 differ from each other in three small points. Their releases hold diffusers' own module names (no single-file
 converter exists), bare or under the prefix detection accepts.
 
@@ -37,9 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import UnsupportedModel
-from .common import Ops, layer_norm, mlp2, rms_norm_with, split_heads, timestep_embedding, wshape
-from .flux import AXES, TIME_FACTOR, Flux, Single, Stream, _attention, diffusers_blocks, rope_table
+from .common import Ops, layer_norm, mlp2, rms_norm_with, split_heads, timestep_embedding
+from .flux import TIME_FACTOR, Flux, Single, Stream, _attention, flux_like_blocks, rope_table
 
 EPS = 1e-6  # Ovis' context_embedder_norm
 # a random step's prompt tokens (the pipelines' padded lengths: LongCat's tokenizer_max_length, Ovis'
@@ -166,20 +165,11 @@ class OvisImage(LongCatImage):
 def bind(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[str, LongCatImage]:
     """The forward of a LongCat-Image or Ovis-Image transformer (diffusers' names: the releases' own)."""
     ovis = architecture == "ovis_image"
-    hidden = wshape(ops["x_embedder"])[0]
-    doubles, singles = diffusers_blocks(ops)
-    if not doubles and not singles:
-        raise UnsupportedModel(f"{ops.what}: no double- or single-stream blocks")
-    head = wshape(doubles[0].img.q_norm if doubles else singles[0].q_norm)[0]
-    if head != sum(AXES) or hidden % head:
-        raise UnsupportedModel(
-            f"{ops.what}: head width {head} with hidden size {hidden} — {architecture} uses 128-wide heads "
-            f"(RoPE axes {AXES})"
-        )
+    doubles, singles, heads = flux_like_blocks(ops, architecture)
     time = "timestep_embedder" if ovis else "time_embed.timestep_embedder"
     cls = OvisImage if ovis else LongCatImage
     return "diffusers", cls(
         architecture, ops["x_embedder"], ops["context_embedder"], (ops[f"{time}.linear_1"], ops[f"{time}.linear_2"]),
-        None, (), doubles, singles, ops["norm_out.linear"], True, ops["proj_out"], hidden // head, dtype,
+        None, (), doubles, singles, ops["norm_out.linear"], True, ops["proj_out"], heads, dtype,
         ops["context_embedder_norm"] if ovis else None,
     )  # fmt: skip
