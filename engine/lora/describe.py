@@ -46,6 +46,7 @@ _DIT_FAMILY = (
     "minimax_h3",
     "prx",
     "joyimage",
+    "kandinsky5",
     "longcat_image",
     "ovis_image",
 )
@@ -197,6 +198,12 @@ _JOYIMAGE = re.compile(
     r"^double_blocks_\d+_(?:attn_(?:img|txt)_attn_(?:qkv|proj)|(?:img|txt)_mlp_net_(?:0_proj|2))$",
     re.MULTILINE,
 )
+# Kandinsky 5 (diffusers' names are its files'): its text blocks, or its visual blocks' cross-attention. Kandinsky 6
+# nests its blocks (`video_dec_block`, `video_text_transformer_blocks`) and its SR model has no cross-attention or text
+# blocks, so a LoRA of the visual self-attention and MLP alone names no base.
+_KANDINSKY5 = re.compile(
+    r"^(?:text_transformer_blocks_\d+_|visual_transformer_blocks_\d+_cross_attention_)", re.MULTILINE
+)
 _MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
 _MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
@@ -244,6 +251,8 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "prx"
     if _any_line(_JOYIMAGE, lines, "_attn_img_attn_", "_attn_txt_attn_", "_mlp_net_"):
         return True, "joyimage"
+    if _any_line(_KANDINSKY5, lines, "\ntext_transformer_blocks_", "_cross_attention_"):
+        return True, "kandinsky5"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
     if _any_line(_MINIMAX_H3, lines, "blocks_", "\nfinal_layer_", "\naudio_proj_") or (

@@ -210,7 +210,9 @@ def test_a_peft_lora_lands_baked_and_on_the_fly(k5, tmp_path, base, budget):
     plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
     what = f"kandinsky5 LoRA (peft on {base}, budget {budget})"
-    check_lora_step(path, lora, strength, x, tmp_path, budget, want, len(LORA_MODULES), what, None, TOL)
+    check_lora_step(
+        path, lora, strength, x, tmp_path, budget, want, len(LORA_MODULES), what, "kandinsky5", TOL
+    )
 
 
 def test_loadout_step_runs_a_tiny_file(k5, tmp_path):

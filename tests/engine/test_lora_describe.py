@@ -311,3 +311,28 @@ def test_group_modules_splits_every_key_as_split_key_does():
         assert group_modules(keys) == _grouped_by_split_key(keys)
 
     agree()
+
+
+def test_kandinsky_loras_name_kandinsky5_only_where_its_own_blocks_say_so(tmp_path):
+    """Kandinsky 5's text blocks or its visual blocks' cross-attention name it; Kandinsky 6's nested blocks and a LoRA of
+    the visual self-attention alone (Kandinsky 6 SR has the same) do not."""
+
+    def base(name, modules):
+        entries = []
+        for m in modules:
+            entries += [
+                (f"transformer.{m}.lora_A.weight", "BF16", (8, 64)),
+                (f"transformer.{m}.lora_B.weight", "BF16", (64, 8)),
+            ]
+        return describe_lora(_lora(tmp_path, name, entries)).base
+
+    k5 = (
+        "visual_transformer_blocks.0.self_attention.to_query",
+        "visual_transformer_blocks.0.cross_attention.to_key",
+    )
+    assert base("k5.safetensors", k5) == "kandinsky5"
+    assert base("k5_text.safetensors", ("text_transformer_blocks.1.feed_forward.in_layer",)) == "kandinsky5"
+    k6 = ("visual_transformer_blocks.0.video_dec_block.cross_attention.to_key",
+          "video_text_transformer_blocks.0.self_attention.to_query")  # fmt: skip
+    assert base("k6.safetensors", k6) != "kandinsky5"
+    assert base("sr.safetensors", ("visual_transformer_blocks.0.self_attention.to_query",)) != "kandinsky5"
