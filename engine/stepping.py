@@ -39,7 +39,9 @@ def denoiser_of(components: dict, name: str | None = None):
     for n, c in components.items():
         if role_of(n) == "text_encoder":
             return c
-    raise FormatError("this file holds no denoiser (UNet or diffusion transformer) or text encoder to step")
+    from .catalog.step_families import NO_DENOISER
+
+    raise FormatError(NO_DENOISER)
 
 
 def architecture_of(component):

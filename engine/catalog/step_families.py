@@ -98,6 +98,9 @@ NATIVE_PX = {
     "kandinsky5": (768, 512),  # its T2V pipeline's default (one latent frame per step unit, as Wan's)
 }
 
+# What a file with nothing to step is told, before it loads (step_refusal) and when a step is asked (engine.stepping)
+NO_DENOISER = "this file holds no denoiser (UNet or diffusion transformer) or text encoder to step"
+
 
 def step_refusal(detection) -> str | None:
     """Why a step of this file cannot run, from its detection alone (None: Loadout can try it). The window
@@ -115,4 +118,4 @@ def step_refusal(detection) -> str | None:
         return f"Loadout has no forward pass for {arch} yet: it detects, loads and patches it, but cannot step it"
     if any(role_of(n) == "text_encoder" for n in names):
         return None  # a text encoder's own file steps its encoder (CLIP and T5)
-    return "this file holds no denoiser (UNet or diffusion transformer) or text encoder to step"
+    return NO_DENOISER
