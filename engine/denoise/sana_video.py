@@ -10,7 +10,8 @@ Architecture facts, from diffusers' `SanaVideoTransformer3DModel` (`transformer_
 * x [B, 16, F, H, W] (Wan 2.1 VAE latents) → `x_embedder.proj`, a Conv3d with kernel = stride = the patch ((1, 2, 2)
   at 480p; the converter's 720p layout patches (1, 1, 1)) → tokens in (frame, row, column) order.
 * t in 0–1000, one per item [B] or one per token [B, 1, F', h, w] (image-to-video: 0 on the conditioning frame):
-  e = `t_embedder.mlp`(emb₂₅₆(t)) per token; six modulations = `t_block.1`(SiLU(e)). Captions as Sana's (Gemma 2
+  e = `t_embedder.mlp`(emb₂₅₆(t)) per token; six modulations = `t_block.1`(SiLU(e)) (worked out here once per distinct
+  t and picked per token: diffusers holds them per token, six times the tokens' size). Captions as Sana's (Gemma 2
   states [B, T, 2304] → `y_embedder.y_proj` → RMSNorm `attention_y_norm`), keys masked by the prompt's mask.
 * Block: Sana's (modulated affine-free LN, eps 1e-6; cross-attention over the caption; Mix-FFN), with
   * heads 112 wide in both attentions, q and k RMS-normalised over the whole width (`q_norm`, `k_norm`, eps 1e-5);
@@ -102,11 +103,9 @@ class SanaVideo:
         _, dim, f, h, w = x.shape
         tokens = x.flatten(2).transpose(1, 2)
         del x
-        t = timestep.to(tokens.device).reshape(b, -1)  # [B, 1] or [B, F'·h·w]
-        e = mlp2(self.t_embedder, timestep_embedding(t.flatten().float(), 256).to(dt)).view(
-            b, t.shape[1], dim
-        )
-        mods = self.t_block(F.silu(e)).unflatten(-1, (6, dim))  # [B, 1 or N, 6, D]
+        levels, which = _levels(timestep.to(tokens.device).reshape(b, -1).float())
+        e = mlp2(self.t_embedder, timestep_embedding(levels, 256).to(dt))  # [U, D]
+        mods = self.t_block(F.silu(e)).unflatten(-1, (6, dim))  # [U, 6, D]
         ctx = self.caption[1](
             F.gelu(self.caption[0](encoder_hidden_states.to(tokens.device, dt)), approximate="tanh")
         )
@@ -118,15 +117,15 @@ class SanaVideo:
         cos, sin = ang.cos().float()[None, None], ang.sin().float()[None, None]  # [1, 1, N, HEAD/2]
         for blk in self.blocks:
             table = held(blk.table, "scale_shift_table", tokens.device).to(tokens.device, dt)
-            shift, scale, gate, shift2, scale2, gate2 = (table + mods).unbind(2)
-            y = layer_norm(tokens) * (1 + scale) + shift
-            tokens = tokens + gate * self._linear_attn(blk.attn, y, cos, sin)
+            m = table + mods  # (shift, scale, gate, shift₂, scale₂, gate₂) per level, picked per token
+            y = layer_norm(tokens) * (1 + m[which, 1]) + m[which, 0]
+            tokens = tokens + m[which, 2] * self._linear_attn(blk.attn, y, cos, sin)
             tokens = tokens + self._cross(blk.cross, tokens, ctx, keys)
-            y = layer_norm(tokens) * (1 + scale2) + shift2
-            tokens = tokens + gate2 * _temporal_ffn(blk.ffn, y, f, h, w)
+            y = layer_norm(tokens) * (1 + m[which, 4]) + m[which, 3]
+            tokens = tokens + m[which, 5] * _temporal_ffn(blk.ffn, y, f, h, w)
         table = held(self.final_table, "scale_shift_table", tokens.device).to(tokens.device, dt)
-        shift, scale = (table + e[:, :, None]).unbind(2)
-        out = self.final_linear(layer_norm(tokens) * (1 + scale) + shift)
+        m = table + e[:, None]
+        out = self.final_linear(layer_norm(tokens) * (1 + m[which, 1]) + m[which, 0])
         pt, ph, pw = self.patch
         out = out.reshape(b, f, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return out.reshape(b, -1, f * pt, h * ph, w * pw)
@@ -195,6 +194,16 @@ class SanaVideo:
         for blk in self.blocks:
             order += [*blk.attn.ops(), *blk.cross.ops(), *blk.ffn]
         return [*order, self.final_linear]
+
+
+def _levels(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the distinct times [U], each token's index into them [B, 1 or N]) of t [B, 1] or per token [B, N]: the
+    modulations are worked out per level (image-to-video has two: 0 on the first frame, t elsewhere), not held as
+    [B, N, 6·D] (six times the tokens); one per item needs no search (and no device sync)."""
+    if t.shape[1] == 1:
+        return t[:, 0], torch.arange(t.shape[0], device=t.device)[:, None]
+    levels, which = torch.unique(t, return_inverse=True)
+    return levels, which
 
 
 def _temporal_ffn(ffn, y: torch.Tensor, f: int, h: int, w: int) -> torch.Tensor:
