@@ -134,12 +134,18 @@ class SanaVideo:
     def _linear_attn(a: Attn, x, cos, sin):
         q, k, v = Sana._qk(a, x, None)
         heads = q.shape[-1] // HEAD
+        dt = x.dtype
         q, k, v = (split_heads(p, heads).float() for p in (q, k, v))  # [B, H, N, d]
-        q, k = F.relu(q), F.relu(k)
-        qr, kr = _rope(q, cos, sin), _rope(k, cos, sin)
-        out = torch.einsum("bhnd,bhde->bhne", qr, torch.einsum("bhnd,bhne->bhde", kr, v))
-        den = torch.einsum("bhnd,bhd->bhn", q, k.sum(dim=2))[..., None]  # the unrotated q and k
-        return a.o(merge_heads(out * (1 / (den + 1e-15))).to(x.dtype))
+        # float32 copies of the tokens' size, each dropped once used: a video's N is large
+        k = F.relu(k)
+        k_sum = k.sum(dim=2)  # the denominator's keys, unrotated
+        kv = torch.einsum("bhnd,bhne->bhde", _rope(k, cos, sin), v)  # [B, H, d, d]
+        del k, v
+        q = F.relu(q)
+        den = torch.einsum("bhnd,bhd->bhn", q, k_sum)[..., None]  # the unrotated q
+        out = torch.einsum("bhnd,bhde->bhne", _rope(q, cos, sin), kv)
+        del q
+        return a.o(merge_heads(out * (1 / (den + 1e-15))).to(dt))
 
     @staticmethod
     def _cross(a: Attn, x, ctx, keys):
