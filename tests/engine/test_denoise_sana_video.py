@@ -2,7 +2,7 @@
 weights, in diffusers' naming (bare and under `model.diffusion_model.`) and the release's (Sana's fused qkv and
 kv_linear, `mlp.t_conv`, the unread `pos_embed`, null caption and `logvar_linear`); 2 blocks, 2 heads of 112, a 3x
 Mix-FFN (the release's), 64-wide captions, float32, CPU; 3 latent frames, a padded prompt and the image-to-video
-per-token timestep; its op order, a step fully and partially resident, the default-size layout binding whole, a PEFT
+per-token timestep, and the 720p layout's 1×1×1 patches; its op order, a step fully and partially resident, the default-size layout binding whole, a PEFT
 LoRA and `loadout step` from the command line."""
 
 from __future__ import annotations
@@ -178,3 +178,16 @@ def test_a_peft_lora_lands_baked_and_on_the_fly(sana_video, tmp_path, base, budg
     check_lora_step(
         path, lora, strength, x, tmp_path, budget, want, len(LORA_MODULES), what, "sana_video", TOL
     )
+
+
+def test_the_720p_layout_patches_one_by_one(tmp_path):
+    """The converter's 720p layout (patch (1, 1, 1): the kernel says so) equals diffusers' too."""
+    ref, sd = well_scaled(diffusers.SanaVideoTransformer3DModel(**CONFIG, patch_size=(1, 1, 1)), 23)
+    den = _bound(write(tmp_path / "sana_video_720p.safetensors", release(sd)))
+    assert den.model.patch == (1, 1, 1)
+    x = {k: v[..., :4, :6] if k == "hidden_states" else v for k, v in _inputs(seed=2).items()}
+    x = den.check_inputs(x, "inputs")
+    with torch.inference_mode():
+        err = rel_l2(den(x), _diffusers(ref, x))
+    print(f"sana_video (720p, patch 1x1x1): relative L2 {err:.2e}")
+    assert err <= TOL
