@@ -64,6 +64,8 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * kandinsky5: Kandinsky 5 T2V Lite at its real width (1792, 28 heads of 64, a GELU MLP of 7168, Qwen2.5-VL 3584 text,
     CLIP 768 pooled, visual conditioning) at 2 + 2 of its 2 + 32 blocks, one 768×512 latent frame (1536 tokens), 256 text
     tokens.
+  * sana_video: SANA-Video 2B at its real width (2240, 20 heads of 112, a 3x Mix-FFN with its temporal conv, Gemma 2
+    2304-wide captions) at 2 of its 20 blocks, one 832×480 latent frame (1560 tokens), 300 text tokens.
   * stable_cascade_c: Stable Cascade's Stage C (the prior) at its real width (2048, 32 heads of 64, CLIP-bigG 1280
     text and pooled, 768 image) at 1 + 1 of its 8 + 24 layers per half, 1024×1024 (its 24×24 latent), 77 tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
@@ -103,7 +105,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|sana_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -228,6 +230,8 @@ IDEOGRAM4 = dict(num_layers=1)
 # Kandinsky 5 T2V Lite (Kandinsky-5 configs/config_5s_sft.yaml) at 2 of its 2 text and 2 of its 32 visual blocks
 KANDINSKY5 = dict(in_visual_dim=16, out_visual_dim=16, time_dim=512, model_dim=1792, ff_dim=7168, num_text_blocks=2,
                   num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True)  # fmt: skip
+# SANA-Video 2B (diffusers' convert_sana_video_to_diffusers.py: the default width, a 3x Mix-FFN) at 2 of its 20 blocks
+SANA_VIDEO = dict(num_layers=2, mlp_ratio=3.0)
 # Stable Cascade's Stage C (stabilityai/stable-cascade-prior's prior/config.json: 2048 wide, 32 heads, CTA levels joined by
 # 1x1 mappings, sca and crp) at one layer of each level's 8 / 24 per half
 _CTA = ("SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock")
@@ -278,6 +282,8 @@ FAMILIES["longcat_image"] = ((512, 512), "transformer", "longcat_image")
 FAMILIES["ovis_image"] = ((512, 512), "transformer", "ovis_image")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("longcat_image", "ovis_image")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("kandinsky5",)
+FAMILIES["sana_video"] = ((832, 480), "transformer", "sana_video")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("sana_video",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -392,6 +398,10 @@ def _diffusers_model(family: str):
             from diffusers import Kandinsky5Transformer3DModel
 
             return Kandinsky5Transformer3DModel(**KANDINSKY5)
+        if family == "sana_video":
+            from diffusers import SanaVideoTransformer3DModel
+
+            return SanaVideoTransformer3DModel(**SANA_VIDEO)
         if family == "minimax_h3":
             from diffusers import MiniMaxH3Transformer3DModel
 
@@ -467,6 +477,11 @@ def real_rotary_tables(model, family: str) -> None:
         model.pos_embed = QwenEmbedRope(
             theta=10000, axes_dim=list(model.config.axes_dims_rope), scale_rope=True
         )
+    elif family == "sana_video":  # Wan's rotary tables (buffers the file does not hold)
+        from diffusers.models.transformers.transformer_sana_video import WanRotaryPosEmbed
+
+        c = model.config
+        model.rope = WanRotaryPosEmbed(c.attention_head_dim, c.patch_size, c.rope_max_seq_len)
     elif family == "ideogram4":  # its rotary frequencies (a buffer the file does not hold)
         from diffusers.models.transformers.transformer_ideogram4 import Ideogram4MRoPE
 
@@ -862,6 +877,7 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "prx": "PRX width, 2 blocks, 512x512",
              "joyimage": "JoyImage Edit width, 2 blocks, 512x512 with a 512x512 reference",
              "kandinsky5": "Kandinsky 5 T2V Lite width, 2+2 blocks, one 768x512 frame",
+             "sana_video": "SANA-Video 2B width, 2 blocks, one 832x480 frame",
              "stable_cascade_c": "Stable Cascade Stage C width, 1 + 1 layers per half, 1024x1024"}.get(fam)  # fmt: skip
     if title is None:  # the families named in the module's docstring only
         title = "{} at its real width, reduced depth, {}x{}".format(fam, *FAMILIES[fam][0])

@@ -206,11 +206,14 @@ def release_path(p: str, top, block) -> str:
     return p
 
 
-def release_ops(ops: Ops, mods: dict, top, block, unread) -> tuple[bool, Ops, dict, object]:
-    """(whether the file is diffusers-named, its ops and modules by the release's paths, the patch
-    embedding): a diffusers file renamed, the buffers no forward reads (`unread`) taken, the embedding's
-    stride set from its kernel (the file holds the kernel; the stride is the architecture's)."""
-    diffusers = "patch_embed.proj" in mods or "pos_embed.proj" in mods
+def release_ops(
+    ops: Ops, mods: dict, top, block, unread, marks=("patch_embed.proj", "pos_embed.proj")
+) -> tuple[bool, Ops, dict, object]:
+    """(whether the file is diffusers-named — it holds a module of `marks` —, its ops and modules by the
+    release's paths, the patch embedding): a diffusers file renamed, the buffers no forward reads (`unread`)
+    taken, the embedding's stride set from its kernel (the file holds the kernel; the stride is the
+    architecture's)."""
+    diffusers = any(m in mods for m in marks)
     if diffusers:
         mods = {release_path(p, top, block): m for p, m in mods.items()}
         ops = ops.renamed(mods)

@@ -27,7 +27,8 @@ samples with FlowMatchEulerDiscreteScheduler, SANA-Video's also with DPMSolverMu
   `input_layernorm_moe_gen`); its outputs are velocities (flow matching). Cosmos Predict2 (video_dits.py) is a
   different network.
 * SANA-Video (transformer_sana_video.py): Sana's linear-attention blocks with a temporal convolution in the
-  Mix-FFN (`ff.conv_temp`) and a 3-D patch embedding.
+  Mix-FFN (`ff.conv_temp`) and a 3-D patch embedding; the original release names them as Sana's with the convolution
+  `mlp.t_conv` (diffusers' convert_sana_video_to_diffusers.py), as SANA-WM's blocks do beside their camera modules.
 """
 
 from __future__ import annotations
@@ -89,8 +90,13 @@ def glm_image(ix: KeyIndex) -> Backbone | None:
 def sana_video(ix: KeyIndex) -> Backbone | None:
     temp, q = "transformer_blocks.#.ff.conv_temp.weight", "transformer_blocks.#.attn1.to_q.weight"
     v = find_view(ix, temp, "transformer_blocks.#.ff.conv_inverted.weight", q)
-    if v is None:
-        return None
+    if v is None:  # the release's names (Sana's, `mlp.t_conv`: diffusers' convert_sana_video_to_diffusers.py)
+        temp, q = "blocks.#.mlp.t_conv.weight", "blocks.#.attn.qkv.weight"
+        v = find_view(
+            ix, temp, "blocks.#.mlp.inverted_conv.conv.weight", q, "blocks.#.cross_attn.kv_linear.weight"
+        )
+        if v is None or v.has("blocks.#.plucker_proj.weight") or v.has("blocks.#.attn.q_proj_cam.weight"):
+            return None  # SANA-WM's blocks hold `mlp.t_conv` too, beside their camera conditioning
     why = (
         f"Sana's linear-attention blocks with a temporal convolution in the Mix-FFN ({v.blocks(q)}),"
         f" hidden {v.dim(q, 1)} → SANA-Video"

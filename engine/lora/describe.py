@@ -49,6 +49,7 @@ _DIT_FAMILY = (
     "kandinsky5",
     "longcat_image",
     "ovis_image",
+    "sana_video",
 )
 
 
@@ -204,6 +205,9 @@ _JOYIMAGE = re.compile(
 _KANDINSKY5 = re.compile(
     r"^(?:text_transformer_blocks_\d+_|visual_transformer_blocks_\d+_cross_attention_)", re.MULTILINE
 )
+# SANA-Video (diffusers' names): the temporal convolution of its Mix-FFN; its attention is Sana image's, and the
+# release's `blocks.N.mlp.t_conv` is SANA-WM's too, so a LoRA of neither names no base
+_SANA_VIDEO = re.compile(r"^transformer_blocks_\d+_ff_conv_temp$", re.MULTILINE)
 _MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
 _MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
@@ -253,6 +257,8 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "joyimage"
     if _any_line(_KANDINSKY5, lines, "\ntext_transformer_blocks_", "_cross_attention_"):
         return True, "kandinsky5"
+    if _any_line(_SANA_VIDEO, lines, "_ff_conv_temp"):
+        return True, "sana_video"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
     if _any_line(_MINIMAX_H3, lines, "blocks_", "\nfinal_layer_", "\naudio_proj_") or (

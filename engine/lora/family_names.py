@@ -378,7 +378,9 @@ def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
         out.append(KREA2)
     if (not hunyuan_dit and "pos_embed.proj" in ps) or ("t_block.1" in ps and "attention_y_norm" not in ps):
         out.append(PIXART)
-    if "attention_y_norm" in ps or ("caption_norm" in ps and "patch_embed.proj" in ps):
+    if "attention_y_norm" in ps or (
+        "caption_norm" in ps and ("patch_embed.proj" in ps or "patch_embedding" in ps)
+    ):
         out.append(SANA)
     if any(p.startswith(("txt_mode_blocks.", "content_mode_blocks.", "mode_blocks.", "early_stream_modulations."))
            for p in ps):  # fmt: skip

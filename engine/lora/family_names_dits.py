@@ -56,6 +56,9 @@ SANA: tuple[tuple[str, str], ...] = (
         (f"blocks.{{n}}.mlp.{o}_conv.conv", f"transformer_blocks.{{n}}.ff.conv_{d}")
         for o, d in (("inverted", "inverted"), ("depth", "depth"), ("point", "point"))
     ),  # fmt: skip
+    # SANA-Video's (diffusers' convert_sana_video_to_diffusers.py): its 3-D patch embedding, its temporal convolution
+    ("x_embedder.proj", "patch_embedding"),
+    ("blocks.{n}.mlp.t_conv", "transformer_blocks.{n}.ff.conv_temp"),
 )
 
 # Mochi 1: the release's `blocks.N` (fused qkv_x / qkv_y, the streams' mod_x / mod_y) <-> diffusers'
