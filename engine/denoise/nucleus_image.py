@@ -47,11 +47,12 @@ import torch.nn.functional as F
 
 from ..errors import FormatError, UnsupportedModel
 from ..model.experts import PackedExperts
-from .common import Ops, held_shape, layer_norm, rms_norm_with, rope, timestep_embedding, wshape
+from .common import Ops, held_shape, layer_norm, rms_norm_with, rope, wshape
 from .flux import rope_table
 from .qwen_image import positions
 
 EPS = 1e-6
+AXES = (16, 56, 56)  # the rotary axes (frame, row, column), base 10000: FLUX.1's and Qwen-Image's table
 GATE_CLAMP = 2.0
 ROUTE_SCALE = 2.5  # the release's route_scale (not in the weights)
 CAPACITY = {
@@ -162,7 +163,7 @@ class NucleusImage:
         x = self.img_in(hidden_states.to(dt))
         dev = x.device
         t = timestep.to(dev, dt).float()  # diffusers rounds t to the model's dtype before the sinusoid
-        emb = timestep_embedding(1000.0 * t, wshape(self.time[0])[1]).to(dt)
+        emb = _sinusoid(t, wshape(self.time[0])[1]).to(dt)
         temb = rms_norm_with(self.time_norm, self.time[1](F.silu(self.time[0](emb))), EPS)
         ctx = rms_norm_with(self.txt_norm, encoder_hidden_states.to(dev, dt), EPS).to(dt)
         _, h, w = (int(v) for v in img_shapes[0])
@@ -248,6 +249,16 @@ class NucleusImage:
         return [*order, self.norm_out, self.proj_out]
 
 
+def _sinusoid(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """[B] t → [B, dim] float32: cos then sin of 1000·(t·f_i), f_i = 10000^(−i/half) — diffusers' order of the
+    products (t times the frequency, then the 1000), which rounds differently from (1000·t)·f_i by up to ~1e-5 of
+    the output at angles near 1000."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = 1000.0 * (t.float()[:, None] * freqs[None])
+    return torch.cat([args.cos(), args.sin()], dim=-1)
+
+
 def _heads(t: torch.Tensor, n: int) -> torch.Tensor:
     """[B, L, n·d] → [B, n, L, d]."""
     return t.unflatten(-1, (n, -1)).transpose(1, 2)
@@ -276,7 +287,7 @@ def bind(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[s
     hidden = wshape(ops["img_in"])[0]
     head = wshape(blocks[0].norm_q)[0]
     kv = wshape(blocks[0].k)[0]
-    if head != sum((16, 56, 56)) or hidden % head or kv % head or (hidden // head) % (kv // head):
+    if head != sum(AXES) or hidden % head or kv % head or (hidden // head) % (kv // head):
         raise UnsupportedModel(
             f"{ops.what}: heads of {head} with hidden size {hidden} and keys {kv} wide — NucleusMoE-Image's heads are "
             "128 wide (RoPE axes 16, 56, 56) and its query heads a multiple of its key heads"

@@ -6,9 +6,14 @@ text mask; its op order, a step fully and partially resident, the default-size l
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
-from denoise_files import check_op_order, check_steps_alike, rel_l2, well_scaled, write
+from denoise_files import check_op_order, rel_l2, well_scaled, write
 
 from engine import denoise
 from engine.detect import detect_file
@@ -16,7 +21,7 @@ from engine.model import Component
 
 diffusers = pytest.importorskip("diffusers")
 
-TOL = 1e-4
+TOL = 1e-5
 PREFIX = "model.diffusion_model."
 # the release's capacity factors by block (transformer/config.json), cut to 6 blocks
 CONFIG = dict(num_layers=6, out_channels=16, attention_head_dim=128, num_attention_heads=2, num_key_value_heads=1,
@@ -111,6 +116,82 @@ def test_nucleus_op_order_is_the_call_order(nucleus):
     check_op_order(nucleus[1], "nucleus_image", PREFIX, plain=6)  # the unused norm_added_q
 
 
-def test_nucleus_steps_fully_and_partially_alike(nucleus, tmp_path, monkeypatch):
+def test_a_partial_step_equals_the_full_one_and_streams_the_packed_experts(nucleus, tmp_path, monkeypatch):
+    """The experts are a castable op: on a budget they stay off the device and stream like the layers (a plain holder
+    would have to be resident whole), and every expert is read each step — expert-choice routing runs them all."""
+    from denoise_files import step_full_and_partial
+
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
-    check_steps_alike(nucleus[0], tmp_path, 0.0005, "nucleus_image", (1, 16, 64))
+    runs = step_full_and_partial(nucleus[0], tmp_path, 0.0005, size=(64, 64), steps=1)
+    (full, a), (partial, b) = runs["full"], runs["partial"]
+    sd = nucleus[3]
+    experts = sum(sd[k].numel() * 4 for k in sd if ".experts." in k)
+    total = sum(t.numel() * 4 for t in sd.values())
+    print(f"nucleus_image: streamed {partial.streamed_bytes_per_step} B/step of {total} (experts {experts})")
+    assert (full.architecture, full.output_shape) == ("nucleus_image", (1, 16, 64))
+    assert torch.equal(a, b)  # the partial step gives the full step's bits
+    assert experts <= partial.streamed_bytes_per_step <= total
+
+
+def test_the_default_size_layout_binds_whole(tmp_path):
+    """The release's config (transformer/config.json: 32 blocks, the first 3 dense, 16 heads of 128 over 4 key heads,
+    64 experts of 1344, Qwen3-VL's 4096-wide states), header only."""
+    from layouts_2026.common import meta_shapes
+
+    from engine.formats.safetensors import write_sparse
+
+    rows = meta_shapes(diffusers.NucleusMoEImageTransformer2DModel, num_layers=32, num_key_value_heads=4,
+                       joint_attention_dim=4096, num_experts=64, out_channels=16,
+                       dense_moe_strategy="leave_first_three_blocks_dense")  # fmt: skip
+    path = write_sparse(tmp_path / "nucleus.safetensors", [(k, "BF16", s) for k, s in rows.items()])
+    m = _bound(path).model
+    moe = [b.mlp for b in m.blocks if hasattr(b.mlp, "capacity")]
+    assert (len(m.blocks), len(moe), m.heads, m.kv_heads, m.in_channels, m.context_dim) == (
+        32,
+        29,
+        16,
+        4,
+        64,
+        4096,
+    )
+    assert [x.capacity for x in moe[:3]] == [4.0, 4.0, 2.0]
+
+
+def test_step_from_the_command_line(nucleus, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "engine", "step", "--model", str(nucleus[1]), "--size", "64x32",
+                        "--steps", "1", "--cpu", "--json"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "LOADOUT_CACHE_DIR": str(tmp_path)})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert (
+        got["architecture"] == "nucleus_image" and got["mode"] == "full" and got["output_shape"] == [1, 8, 64]
+    )
+
+
+# Every Linear kind: the stems, a dense and a MoE block's modulation, text projection, attention, the router, the
+# shared expert and the dense SwiGLU, the head. (The packed experts are 3-D tensors no PEFT LoRA targets.)
+LORA_MODULES = ("img_in", "time_text_embed.timestep_embedder.linear_1", "transformer_blocks.0.img_mod.1",
+                "transformer_blocks.3.encoder_proj", "transformer_blocks.1.attn.to_q", "transformer_blocks.4.attn.to_k",
+                "transformer_blocks.5.attn.add_v_proj", "transformer_blocks.3.attn.to_out.0",
+                "transformer_blocks.4.img_mlp.gate", "transformer_blocks.5.img_mlp.shared_expert.net.0.proj",
+                "transformer_blocks.2.img_mlp.net.2", "norm_out.linear", "proj_out")  # fmt: skip
+
+
+@pytest.mark.parametrize("base, budget", [("bare", None), ("prefixed", 0.0)])
+def test_a_peft_lora_lands_baked_and_on_the_fly(nucleus, tmp_path, base, budget):
+    """PEFT (`transformer.` + diffusers' names), baked (resident) and on the fly (streamed): equal to diffusers' model
+    with the LoRA merged by hand; every module of it placed; the file reads as a NucleusMoE-Image LoRA."""
+    from denoise_files import check_lora_step, lora_and_merged, plain_and_merged
+
+    diff_path, prefixed_path, ref, sd = nucleus
+    path = prefixed_path if base == "prefixed" else diff_path
+    strength = 0.8
+    lora, merged = lora_and_merged({k: v.clone() for k, v in sd.items()}, {d: "transformer." + d for d in LORA_MODULES},
+                                   strength, seed=7)  # fmt: skip
+    x, _ = _inputs(_bound(path), seed=9, batch=1)
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
+    assert rel_l2(plain, want) > 100 * TOL
+    what = f"nucleus_image LoRA (peft on {base}, budget {budget})"
+    check_lora_step(
+        path, lora, strength, x, tmp_path, budget, want, len(LORA_MODULES), what, "nucleus_image", TOL
+    )
