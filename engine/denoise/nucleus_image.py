@@ -55,10 +55,8 @@ EPS = 1e-6
 AXES = (16, 56, 56)  # the rotary axes (frame, row, column), base 10000: FLUX.1's and Qwen-Image's table
 GATE_CLAMP = 2.0
 ROUTE_SCALE = 2.5  # the release's route_scale (not in the weights)
-CAPACITY = {
-    3: 4.0,
-    4: 4.0,
-}  # the release's capacity factors by block; DEFAULT_CAPACITY for the other MoE blocks
+# the release's capacity factors by block (transformer/config.json); DEFAULT_CAPACITY for its other MoE blocks
+CAPACITY = {3: 4.0, 4: 4.0}
 DEFAULT_CAPACITY = 2.0
 TOKENS = 256  # a random step's prompt tokens
 
@@ -305,6 +303,11 @@ def _check_experts(ops: Ops, p: str, moe: MoE) -> None:
     e, d2 = wshape(moe.gate)
     gu, dn = held_shape(moe.experts, "gate_up_proj"), held_shape(moe.experts, "down_proj")
     d = d2 // 2
+    if moe.capacity > e:  # each expert would take more tokens than an image has (diffusers' topk fails)
+        raise UnsupportedModel(
+            f"{ops.what}: {p}.img_mlp routes to {e} experts, fewer than NucleusMoE-Image's capacity factor "
+            f"{moe.capacity:g} for that block: not the release's layout"
+        )
     if (
         len(gu) != 3
         or len(dn) != 3

@@ -217,3 +217,21 @@ def test_a_gguf_with_quantized_experts_steps_like_its_twin(nucleus, tmp_path):
     quantized = check_gguf_like_its_twin(tmp_path, nucleus[3], "nucleus_image", pick, "nucleus_image", size=(64, 96),
                                          tol=1e-5)  # fmt: skip
     assert sum(".experts." in k for k in quantized) == 6  # both tensors of the 3 MoE blocks
+
+
+def test_layouts_it_cannot_run_are_refused_by_name(nucleus, tmp_path):
+    from engine.errors import UnsupportedModel
+
+    sd = nucleus[3]
+    broken = {k: v for k, v in sd.items() if k != "transformer_blocks.4.img_mlp.experts.down_proj"}
+    with pytest.raises(
+        UnsupportedModel, match=r"transformer_blocks\.4\.img_mlp\.experts holds gate_up_proj, not"
+    ):
+        _bound(write(tmp_path / "no_down.safetensors", broken))
+    # 2 experts: block 3's capacity factor 4 would have each take more tokens than an image has
+    few = dict(CONFIG, num_layers=4, num_experts=2, capacity_factors=[0.0, 0.0, 0.0, 4.0])
+    _, sd2 = well_scaled(diffusers.NucleusMoEImageTransformer2DModel(**few), 3)
+    with pytest.raises(
+        UnsupportedModel, match="routes to 2 experts, fewer than NucleusMoE-Image's capacity factor 4"
+    ):
+        _bound(write(tmp_path / "few.safetensors", sd2))
