@@ -30,6 +30,10 @@ and the release's `transformer/config.json` (read for the facts, written from th
   `shared_expert` SwiGLU (as the dense MLP) of every token. No load-balancing term acts in the forward, and every
   expert runs on C tokens of every item at every step: the routing decides which tokens, never which experts.
 * Out: (scale, shift) = `norm_out.linear`(SiLU(temb)), `proj_out`(LN(x)·(1 + scale) + shift) → 64 per patch.
+* Rounding: the routing orders tokens by their bf16 scores, so a one-ulp difference upstream moves tokens between
+  experts (31% apart after 3 MoE blocks in bf16). The norms round as diffusers' RMSNorm (float32, then the weight's
+  dtype, then the weight) and the rotary table is diffusers' (float32 angles through torch.polar), not Qwen-Image's
+  float64 one: bit for bit with diffusers in bf16 on the CPU.
 
 Inputs (diffusers' NucleusMoEImageTransformer2DModel.forward's names): `hidden_states` [B, h·w, 64] (the pipeline's
 packed latent), `timestep` [B] in 0–1, `encoder_hidden_states` [B, T, 4096] (Qwen3-VL states), `img_shapes` [B, 3]
@@ -47,8 +51,7 @@ import torch.nn.functional as F
 
 from ..errors import FormatError, UnsupportedModel
 from ..model.experts import PackedExperts
-from .common import Ops, held_shape, layer_norm, rms_norm_with, rope, wshape
-from .flux import rope_table
+from .common import Ops, held_shape, layer_norm, rope, wshape
 from .qwen_image import positions
 
 EPS = 1e-6
@@ -158,11 +161,11 @@ class NucleusImage:
         dev = x.device
         t = timestep.to(dev, dt).float()  # diffusers rounds t to the model's dtype before the sinusoid
         emb = _sinusoid(t, wshape(self.time[0])[1]).to(dt)
-        temb = rms_norm_with(self.time_norm, self.time[1](F.silu(self.time[0](emb))), EPS)
-        ctx = rms_norm_with(self.txt_norm, encoder_hidden_states.to(dev, dt), EPS).to(dt)
+        temb = _rms(self.time_norm, self.time[1](F.silu(self.time[0](emb))))
+        ctx = _rms(self.txt_norm, encoder_hidden_states.to(dev, dt)).to(dt)
         _, h, w = (int(v) for v in img_shapes[0])
         ipos, tpos = positions(h, w, ctx.shape[1])
-        pe = rope_table(ipos.to(dev)[None]), rope_table(tpos.to(dev)[None])
+        pe = _rope_table(ipos.to(dev)[None]), _rope_table(tpos.to(dev)[None])
         mask = None
         if encoder_hidden_states_mask is not None:
             keep = encoder_hidden_states_mask.to(dev).bool()
@@ -180,9 +183,9 @@ class NucleusImage:
         m = layer_norm(x) * (1 + scale)
         q = _heads(blk.q(m), self.heads)
         k, v = _heads(blk.k(m), self.kv_heads), _heads(blk.v(m), self.kv_heads)
-        q, k = rms_norm_with(blk.norm_q, q, EPS).to(v.dtype), rms_norm_with(blk.norm_k, k, EPS).to(v.dtype)
+        q, k = _rms(blk.norm_q, q).to(v.dtype), _rms(blk.norm_k, k).to(v.dtype)
         tk, tv = _heads(blk.add_k(txt), self.kv_heads), _heads(blk.add_v(txt), self.kv_heads)
-        tk = rms_norm_with(blk.norm_added_k, tk, EPS).to(tv.dtype)
+        tk = _rms(blk.norm_added_k, tk).to(tv.dtype)
         q, k, tk = rope(q, pe[0]), rope(k, pe[0]), rope(tk, pe[1])
         groups = self.heads // self.kv_heads
         k, v = torch.cat([k, tk], 2), torch.cat([v, tv], 2)
@@ -251,6 +254,30 @@ def _sinusoid(t: torch.Tensor, dim: int) -> torch.Tensor:
     freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
     args = 1000.0 * (t.float()[:, None] * freqs[None])
     return torch.cat([args.cos(), args.sin()], dim=-1)
+
+
+def _rope_table(ids: torch.Tensor) -> torch.Tensor:
+    """[B, L, 3] positions → [B, 1, L, 64, 2, 2] rotations (common.rope's layout) tabulated as diffusers'
+    NucleusMoEEmbedRope does: float32 angles through torch.polar (Qwen-Image's table, float64 angles, differs by an ulp
+    here and there — enough, in bf16, to move a token between experts)."""
+    parts = []
+    for i, d in enumerate(AXES):
+        omega = 1.0 / torch.pow(10000, torch.arange(0, d, 2, device=ids.device).to(torch.float32).div(d))
+        z = torch.polar(torch.ones_like(ang := ids[..., i].float()[..., None] * omega), ang)
+        cos, sin = z.real, z.imag
+        parts.append(torch.stack([cos, -sin, sin, cos], dim=-1).reshape(*ang.shape, 2, 2))
+    return torch.cat(parts, dim=-3).unsqueeze(1)
+
+
+def _rms(op, x: torch.Tensor) -> torch.Tensor:
+    """RMSNorm (eps 1e-6) rounded as diffusers' RMSNorm does: x·rsqrt(mean x²) in float32, rounded to the weight's
+    dtype, then times the weight — in bf16 a second rounding F.rms_norm does not make. Expert-choice routing picks
+    tokens by their scores' order, so a one-ulp difference upstream can move a token between experts."""
+    if op.compute_dtype is not None and x.dtype != op.compute_dtype:
+        x = x.to(op.compute_dtype)
+    w, _ = op.cast_params(x)
+    y = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + EPS)
+    return y.to(w.dtype) * w if w.dtype in (torch.float16, torch.bfloat16) else y * w
 
 
 def _heads(t: torch.Tensor, n: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """NucleusMoE-Image's transformer (engine.denoise.nucleus_image) against diffusers' NucleusMoEImageTransformer2DModel on
 the same weights, bare and under `model.diffusion_model.`; 6 blocks (the first 3 dense, as the release), 4 query heads
-of 128 over 2 key heads, 16 experts, the release's capacity factors and route scale, float32, CPU; with and without a
+of 128 over 2 key heads, 16 experts, the release's capacity factors and route scale, float32 and bf16, CPU; with and without a
 text mask; its op order, a step fully and partially resident, the default-size layout binding whole, a PEFT LoRA and
 `loadout step` from the command line."""
 
@@ -85,6 +85,26 @@ def test_nucleus_equals_diffusers_in_both_namings_with_and_without_a_text_mask(n
                 assert out.shape == (2, 24, 64) and err <= TOL
         # the mask matters: the masked tokens are not attended to
         assert rel_l2(dens[0](x), _diffusers(ref, dict(x, encoder_hidden_states_mask=mask))) > 100 * TOL
+
+
+def test_bf16_equals_diffusers_bit_for_bit(nucleus, tmp_path):
+    """In bf16 (the release's dtype) on the CPU: every rounding as diffusers' (its RMSNorm's two, its float32 rotary
+    table), so its expert-choice routing picks the same tokens — a one-ulp difference upstream moves tokens between
+    experts (31% apart at the last block with F.rms_norm and Qwen-Image's float64 table)."""
+    from engine.model import Component
+
+    ref = diffusers.NucleusMoEImageTransformer2DModel(**CONFIG)
+    ref.load_state_dict(nucleus[3])
+    ref = ref.to(torch.bfloat16).eval()
+    path = write(tmp_path / "bf16.safetensors", {k: v.bfloat16() for k, v in nucleus[3].items()})
+    den = denoise.bind(Component("transformer", path, "", compute_dtype="bfloat16"), "nucleus_image")
+    x, mask = _inputs(den)
+    x = {
+        k: v if k == "img_shapes" else v.bfloat16()
+        for k, v in dict(x, encoder_hidden_states_mask=mask).items()
+    }
+    with torch.inference_mode():
+        assert torch.equal(den(x), _diffusers(ref, x))
 
 
 def test_routing_is_expert_choice_with_the_release_capacity(nucleus, monkeypatch):
