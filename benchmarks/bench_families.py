@@ -77,6 +77,14 @@ def run_diffusers(model, family: str, x: dict):
         return model(hidden_states=x["hidden_states"], timestep=x["timestep"],
                      encoder_hidden_states=x["encoder_hidden_states"], position_ids=x["position_ids"].long(),
                      segment_ids=x["segment_ids"].long(), indicator=x["indicator"].long()).sample  # fmt: skip
+    if (
+        family == "nucleus_image"
+    ):  # Loadout's names are diffusers' forward's (img_shapes as its list of tuples)
+        shapes = [tuple(int(v) for v in row) for row in x["img_shapes"]]
+        mask = x.get("encoder_hidden_states_mask")
+        return model(hidden_states=x["hidden_states"], timestep=x["timestep"], img_shapes=shapes,
+                     encoder_hidden_states=x["encoder_hidden_states"],
+                     encoder_hidden_states_mask=None if mask is None else mask.bool()).sample  # fmt: skip
     if family in (
         "prx",
         "joyimage",

@@ -50,6 +50,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
     16384-token codebook) at 2 of its 30 blocks, 512×512 pixels (1024 image tokens) with 64 glyph tokens.
   * ideogram4: Ideogram 4 at its real width (4608, 18 heads of 256, SwiGLU 12288, 53248-wide text features) at 1 of
     its 34 layers, 512×512 pixels (1024 image rows) after 256 prompt rows.
+  * nucleus_image: NucleusMoE-Image at its real width (2048, 16 heads of 128 over 4 key heads, 64 experts of 1344 and a
+    shared one, Qwen3-VL's 4096-wide text) at 1 dense + 1 MoE of its 3 + 29 blocks, 512×512 (1024 image tokens), 256 text
+    tokens; the MoE block's packed experts are 2.1 GB of its 2.5 GB (float32).
   * longcat_image: LongCat-Image at its real width (3072, 24 heads of 128, FLUX.1's 4x MLP, Qwen2.5-VL 3584-wide text)
     at 1 + 1 of its 19 + 38 double / single blocks, 512×512 (1024 image tokens) with its 512 text tokens.
   * ovis_image: Ovis-Image at its real width (3072, 24 heads of 128, SwiGLU 2 x 12288, 2048-wide text) at 1 + 1 of its
@@ -105,7 +108,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|sana_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|nucleus_image|sana_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -227,6 +230,9 @@ BRIA = dict(num_layers=1, num_single_layers=2)
 GLM_IMAGE = dict(num_layers=2)
 # Ideogram 4's width (diffusers' Ideogram4Transformer2DModel defaults) at 1 of its 34 layers
 IDEOGRAM4 = dict(num_layers=1)
+# NucleusMoE-Image (its transformer/config.json) at 1 dense and 1 MoE block (capacity 2, as its blocks past 4)
+NUCLEUS_IMAGE = dict(num_layers=2, num_key_value_heads=4, joint_attention_dim=4096, num_experts=64, out_channels=16,
+                     dense_moe_strategy="leave_first_block_dense", capacity_factors=[0.0, 2.0])  # fmt: skip
 # Kandinsky 5 T2V Lite (Kandinsky-5 configs/config_5s_sft.yaml) at 2 of its 2 text and 2 of its 32 visual blocks
 KANDINSKY5 = dict(in_visual_dim=16, out_visual_dim=16, time_dim=512, model_dim=1792, ff_dim=7168, num_text_blocks=2,
                   num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True)  # fmt: skip
@@ -284,6 +290,8 @@ FAMILIES_RUN_BY_BENCH_FAMILIES += ("longcat_image", "ovis_image")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("kandinsky5",)
 FAMILIES["sana_video"] = ((832, 480), "transformer", "sana_video")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("sana_video",)
+FAMILIES["nucleus_image"] = ((512, 512), "transformer", "nucleus_image")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("nucleus_image",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -382,6 +390,10 @@ def _diffusers_model(family: str):
             from diffusers import Ideogram4Transformer2DModel
 
             return Ideogram4Transformer2DModel(**IDEOGRAM4)
+        if family == "nucleus_image":
+            from diffusers import NucleusMoEImageTransformer2DModel
+
+            return NucleusMoEImageTransformer2DModel(**NUCLEUS_IMAGE)
         if family == "glm_image":
             from diffusers import GlmImageTransformer2DModel
 
@@ -482,6 +494,10 @@ def real_rotary_tables(model, family: str) -> None:
 
         c = model.config
         model.rope = WanRotaryPosEmbed(c.attention_head_dim, c.patch_size, c.rope_max_seq_len)
+    elif family == "nucleus_image":  # its rotary tables (plain tensors made when built)
+        from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEEmbedRope
+
+        model.pos_embed = NucleusMoEEmbedRope(10000, list(model.config.axes_dims_rope), scale_rope=True)
     elif family == "ideogram4":  # its rotary frequencies (a buffer the file does not hold)
         from diffusers.models.transformers.transformer_ideogram4 import Ideogram4MRoPE
 
@@ -503,6 +519,8 @@ def write_random(path: Path, family: str, dtype=None) -> None:
         r = torch.randn(shape, generator=g)
         if k.endswith("pad_token"):  # Z-Image's learned padding rows
             sd[k] = r
+        elif ".experts." in k:  # packed experts [E, in, out] (NucleusMoE-Image): fan-in is the middle axis
+            sd[k] = r / math.sqrt(shape[1])
         elif len(shape) >= 2 and "scale_shift_table" not in k:
             sd[k] = r / math.sqrt(math.prod(shape[1:]))
         else:
@@ -878,6 +896,7 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "joyimage": "JoyImage Edit width, 2 blocks, 512x512 with a 512x512 reference",
              "kandinsky5": "Kandinsky 5 T2V Lite width, 2+2 blocks, one 768x512 frame",
              "sana_video": "SANA-Video 2B width, 2 blocks, one 832x480 frame",
+             "nucleus_image": "NucleusMoE-Image width, 1 dense + 1 MoE block (64 experts), 512x512",
              "stable_cascade_c": "Stable Cascade Stage C width, 1 + 1 layers per half, 1024x1024"}.get(fam)  # fmt: skip
     if title is None:  # the families named in the module's docstring only
         title = "{} at its real width, reduced depth, {}x{}".format(fam, *FAMILIES[fam][0])

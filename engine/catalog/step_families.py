@@ -49,6 +49,7 @@ STEP_KINDS = {
     "ovis_image": "ovis_image",
     "kandinsky5": "kandinsky5",
     "sana_video": "sana_video",
+    "nucleus_image": "nucleus_image",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -98,6 +99,7 @@ NATIVE_PX = {
     "ovis_image": (1024, 1024),  # its pipeline's default size
     "kandinsky5": (768, 512),  # its T2V pipeline's default (one latent frame per step unit, as Wan's)
     "sana_video": (832, 480),  # its pipelines' default (81 frames; one latent frame per step unit, as Wan's)
+    "nucleus_image": (1024, 1024),  # its pipeline's default size
 }
 
 # What a file with nothing to step is told, before it loads (step_refusal) and when a step is asked (engine.stepping)

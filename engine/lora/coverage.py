@@ -59,6 +59,7 @@ _LABEL = {
     "ovis_image": "Ovis-Image",
     "kandinsky5": "Kandinsky 5",
     "sana_video": "SANA-Video",
+    "nucleus_image": "NucleusMoE-Image",
 }
 
 

@@ -50,6 +50,7 @@ _DIT_FAMILY = (
     "longcat_image",
     "ovis_image",
     "sana_video",
+    "nucleus_image",
 )
 
 
@@ -208,6 +209,11 @@ _KANDINSKY5 = re.compile(
 # SANA-Video (diffusers' names): the temporal convolution of its Mix-FFN; its attention is Sana image's, and the
 # release's `blocks.N.mlp.t_conv` is SANA-WM's too, so a LoRA of neither names no base
 _SANA_VIDEO = re.compile(r"^transformer_blocks_\d+_ff_conv_temp$", re.MULTILINE)
+# NucleusMoE-Image (diffusers' names are its release's): Qwen-Image's img_mod blocks, with a text projection per block
+# and a mixture of experts (its router, its shared expert) in the image MLP, which no Qwen-Image has.
+_NUCLEUS = re.compile(
+    r"^transformer_blocks_\d+_(?:encoder_proj|img_mlp_gate|img_mlp_shared_expert_)", re.MULTILINE
+)
 _MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
 _MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
@@ -271,6 +277,8 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "hunyuan_dit"
     if _any_line(_AURAFLOW, lines, "_layers_", "\njoint_transformer_blocks_", "\nsingle_transformer_blocks_"):
         return True, "auraflow"
+    if _any_line(_NUCLEUS, lines, "_encoder_proj", "_img_mlp_gate", "_img_mlp_shared_expert_"):
+        return True, "nucleus_image"
     if _any_line(_QWEN21, lines, "\ntransformer_blocks_", "\nmodulation_1", "\ntxt_in_"):
         return True, "qwen_image21"
     if _any_line(_QWEN, lines, "\ntransformer_blocks_"):

@@ -16,7 +16,9 @@ The file says nothing about module types, so each module is decided from its own
 * ``x.weight`` with 1 dim and no bias under a norm-like name (``norm`` in a segment) → ``RMSNorm``; so is
   a lone 1-dim ``x.scale`` under such a name (FLUX.1's QK-norm in BFL naming, ``query_norm.scale``);
 * anything else (buffers such as ``position_ids``, stray scalars, ``x.scale``) → plain parameters (float
-  tensors) or buffers (integer tensors) on a plain ``nn.Module``, kept exactly as named.
+  tensors) or buffers (integer tensors) on a plain ``nn.Module``, kept exactly as named;
+* but ``x.gate_up_proj`` and ``x.down_proj``, 3-D each → a mixture of experts' packed weights
+  (``engine.model.experts.PackedExperts``, a castable op, so they tier and stream as layers do).
 
 Every module is created on the meta device (no memory); the caller binds the real tensors, so the
 tree's ``state_dict`` keys are exactly the file's keys below the component prefix. A tensor of a ggml
@@ -45,7 +47,7 @@ class ModuleSpec:
     """What one module of the tree is: its path, the op kind and the tensors it holds (attr -> info)."""
 
     path: str
-    kind: str  # linear | embedding | conv1d | conv2d | conv3d | layernorm | groupnorm | rmsnorm | plain
+    kind: str  # linear | embedding | conv1d | conv2d | conv3d | layernorm | groupnorm | rmsnorm | experts | plain
     tensors: dict[str, TensorInfo]
 
 
@@ -61,6 +63,8 @@ def classify(path: str, tensors: dict[str, TensorInfo]) -> str:
     w = tensors.get("weight")
     b = tensors.get("bias")
     s = tensors.get("scale")
+    if is_packed_experts(tensors):
+        return "experts"
     if set(tensors) == {"scale"} and len(s.shape) == 1 and s.dtype.startswith(("F", "BF")):
         return "rmsnorm" if _norm_named(path) else "plain"
     if w is None or set(tensors) - {"weight", "bias"} or w.dtype in ("I64", "I32", "I8", "U8", "BOOL"):
@@ -85,6 +89,14 @@ def classify(path: str, tensors: dict[str, TensorInfo]) -> str:
         if _norm_named(path):
             return "rmsnorm"
     return "plain"
+
+
+def is_packed_experts(tensors: dict[str, TensorInfo]) -> bool:
+    """A module's tensors are a mixture of experts' packed pair: `gate_up_proj` [E, D, 2I], `down_proj` [E, I, D]."""
+    if set(tensors) != {"gate_up_proj", "down_proj"}:
+        return False
+    gu, dn = tensors["gate_up_proj"].shape, tensors["down_proj"].shape
+    return len(gu) == 3 and len(dn) == 3 and gu[0] == dn[0] and gu[2] == 2 * dn[1] and gu[1] == dn[2]
 
 
 def _norm_named(path: str) -> bool:
@@ -219,6 +231,11 @@ def _make_op(spec: ModuleSpec):
     if spec.kind == "groupnorm":
         c = w.shape[0]
         return _new(ops.GroupNorm, GROUPS if c % GROUPS == 0 else 1, c)
+    if spec.kind == "experts":
+        from .experts import PackedExperts
+
+        e, d, i2 = spec.tensors["gate_up_proj"].shape
+        return _new(PackedExperts, e, d, i2 // 2)
     if spec.kind == "rmsnorm":
         if w is None:
             return _new(ops.ScaleRMSNorm, spec.tensors["scale"].shape[0])

@@ -76,6 +76,8 @@ def _info(shape, dtype="F16"):
         ("x", {"scale": _info((64,))}, "plain"),
         ("x", {"weight": _info((4, 8)), "bias": _info((5,))}, "plain"),
         ("x", {"weight": _info((4,), "I64")}, "plain"),
+        ("mlp.experts", {"gate_up_proj": _info((8, 64, 32)), "down_proj": _info((8, 16, 64))}, "experts"),
+        ("mlp.experts", {"gate_up_proj": _info((8, 64, 32)), "down_proj": _info((4, 16, 64))}, "plain"),
     ],
 )
 def test_classification_rule(path, tensors, kind):
