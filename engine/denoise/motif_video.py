@@ -265,7 +265,8 @@ class MotifVideo(Flux):
         pt, p = self.patch
         if f % pt or h % p or w % p:
             raise FormatError(
-                f"{source}: input hidden_states has {f} frames of {h}×{w}; Motif-Video's patches are {pt}×{p}×{p}"
+                f"{source}: input hidden_states has {f} frames of {h}×{w}; this Motif-Video's patches are {pt} "
+                f"frame{'s' if pt > 1 else ''} of {p}×{p}"
             )
         m = got.get("encoder_attention_mask")
         if m is not None and not ((m == 0) | (m == 1)).all():

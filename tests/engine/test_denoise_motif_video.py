@@ -31,17 +31,27 @@ LAYOUTS = {
         image_embed_dim=32,
         enable_text_cross_attention_dual=True,
         enable_text_cross_attention_single=True,
-    ),  # fmt: skip
+        patch_size_t=2,
+    ),
 }
 
 
-@pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def tiny(request, tmp_path_factory):
-    ref, sd = well_scaled(diffusers.MotifVideoTransformer3DModel(**LAYOUTS[request.param]), 61)
-    d = tmp_path_factory.mktemp(request.param)
-    bare = write(d / "motif.safetensors", sd)
-    prefixed = write(d / "motif_prefixed.safetensors", {PREFIX + k: v for k, v in sd.items()})
-    return request.param, bare, prefixed, ref, sd
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """layout -> (layout, bare file, prefixed file, diffusers' model, its state dict)."""
+    out = {}
+    for layout, cfg in LAYOUTS.items():
+        ref, sd = well_scaled(diffusers.MotifVideoTransformer3DModel(**cfg), 61)
+        d = tmp_path_factory.mktemp(layout)
+        bare = write(d / "motif.safetensors", sd)
+        prefixed = write(d / "motif_prefixed.safetensors", {PREFIX + k: v for k, v in sd.items()})
+        out[layout] = (layout, bare, prefixed, ref, sd)
+    return out
+
+
+@pytest.fixture(params=sorted(LAYOUTS))
+def tiny(request, files):
+    return files[request.param]
 
 
 def _bound(path):
@@ -61,7 +71,8 @@ def _diffusers(ref, x: dict) -> torch.Tensor:
 def _inputs(layout, seed=1, tokens=10):
     g = torch.Generator().manual_seed(seed)
     x = {
-        "hidden_states": torch.randn(2, 33, 2, 4, 6, generator=g),  # 2 frames of 2 x 3 tokens
+        # 2 frames of 2 x 3 tokens (the branches' patches are 2 frames deep)
+        "hidden_states": torch.randn(2, 33, 4 if layout == "branches" else 2, 4, 6, generator=g),
         "timestep": torch.tensor([937.0, 211.0]),
         "encoder_hidden_states": torch.randn(2, tokens, 64, generator=g),
         "encoder_attention_mask": torch.ones(2, tokens),
@@ -85,7 +96,7 @@ def test_each_equals_diffusers_bare_and_prefixed(tiny):
             out = den(x)
             err = rel_l2(out, want)
             print(f"motif_video {layout} ({n}): relative L2 {err:.2e}")
-            assert out.shape == (2, 16, 2, 4, 6) and err <= TOL
+            assert out.shape == x["hidden_states"][:, :16].shape and err <= TOL
         # the mask reaches the output: unmasking the padding changes the padded item alone
         other = dens[0](dict(x, encoder_attention_mask=torch.ones_like(x["encoder_attention_mask"])))
         assert torch.allclose(other[0], out[0], atol=1e-5) and rel_l2(other[1], out[1]) > 1e-3
@@ -101,8 +112,8 @@ def test_image_tokens_without_an_image_embedder_are_refused(tiny):
     if layout == "plain":
         with pytest.raises(FormatError, match="no image embedder"):
             den.check_inputs(dict(x, image_embeds=torch.randn(2, 5, 32)), "in.safetensors")
-    with pytest.raises(FormatError, match="patches are 1×2×2"):
-        den.check_inputs(dict(x, hidden_states=torch.randn(2, 33, 1, 4, 5)), "in.safetensors")
+    with pytest.raises(FormatError, match="patches are . frames? of 2×2"):
+        den.check_inputs(dict(x, hidden_states=torch.randn(2, 33, 2, 4, 5)), "in.safetensors")
     with pytest.raises(FormatError, match="encoder_attention_mask holds values"):
         den.check_inputs(dict(x, encoder_attention_mask=x["encoder_attention_mask"] * 0.5), "in.safetensors")
 
@@ -113,17 +124,17 @@ def test_op_order_is_the_call_order(tiny):
 
 
 def test_steps_fully_and_partially_alike(tiny, tmp_path, monkeypatch):
-    _, _, prefixed, *_ = tiny
+    layout, _, prefixed, *_ = tiny
     monkeypatch.setenv("LOADOUT_CACHE_DIR", str(tmp_path / "cache"))
-    check_steps_alike(prefixed, tmp_path, 0.004, "motif_video", (1, 16, 1, 8, 8))
+    check_steps_alike(
+        prefixed, tmp_path, 0.004, "motif_video", (1, 16, 2 if layout == "branches" else 1, 8, 8)
+    )
 
 
-def test_loadout_step_runs_it_from_the_command_line(tiny, tmp_path):
+def test_loadout_step_runs_it_from_the_command_line(files, tmp_path):
     from engine.formats.safetensors import SafetensorsFile
 
-    layout, bare, *_ = tiny
-    if layout != "plain":
-        pytest.skip("one command-line run is enough")
+    _, bare, *_ = files["plain"]
     out = tmp_path / "out.safetensors"
     r = subprocess.run([sys.executable, "-m", "engine", "step", "--model", str(bare), "--size", "32x48", "--cpu",
                         "--out", str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -163,18 +174,40 @@ LORA_MODULES = ("transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.add
 
 
 @pytest.mark.parametrize("budget", [None, 0.0])
-def test_a_peft_lora_lands_baked_and_on_the_fly(tiny, tmp_path, budget):
-    """PEFT (`transformer.` + diffusers' names), baked (resident) and on the fly (streamed): equal to diffusers' model
-    with the LoRA merged by hand; every module of it placed."""
+def test_a_peft_lora_lands_baked_and_on_the_fly(files, tmp_path, budget):
+    """PEFT (`transformer.` + diffusers' names) on the layout with every branch, baked (resident) and on the fly
+    (streamed): equal to diffusers' model with the LoRA merged by hand; every module of it placed; its base told from
+    its names (the cross-attention, the text MLP)."""
     from denoise_files import check_lora_step, lora_and_merged, plain_and_merged
 
-    layout, bare, _, ref, sd = tiny
-    if layout != "branches":
-        pytest.skip("the layout with every branch holds every module")
+    layout, bare, _, ref, sd = files["branches"]
     names = {d: PREFIX + d for d in LORA_MODULES}
     lora, merged = lora_and_merged({k: v.clone() for k, v in sd.items()}, names, 0.8, seed=7)
     x = {k: v[:1] for k, v in _inputs(layout, seed=9).items()}
     plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
     check_lora_step(bare, lora, 0.8, x, tmp_path, budget, want, len(LORA_MODULES),
-                    f"motif_video LoRA (budget {budget})", None, TOL)  # fmt: skip
+                    f"motif_video LoRA (budget {budget})", "motif_video", TOL)  # fmt: skip
+
+
+def test_a_lora_names_motif_video_only_where_its_own_modules_say_so(tmp_path):
+    """Its cross-attention or its text MLP name it; FLUX.1's block names alone, and a double block's cross-attention
+    query alone (Stable Audio 3's blocks have `cross_attn.to_q` too), do not."""
+    from engine.formats.safetensors import read_header, write_sparse
+    from engine.lora.describe import describe_lora
+
+    def base(name, modules):
+        rows = []
+        for m in modules:
+            rows += [
+                (f"transformer.{m}.lora_A.weight", "BF16", (8, 256)),
+                (f"transformer.{m}.lora_B.weight", "BF16", (256, 8)),
+            ]
+        return describe_lora(read_header(write_sparse(tmp_path / name, rows))).base
+
+    flux = ("transformer_blocks.0.attn.to_q", "single_transformer_blocks.0.attn.to_v")
+    assert base("cross.safetensors", (*flux, "single_transformer_blocks.0.cross_attn.to_q")) == "motif_video"
+    assert base("cross2.safetensors", (*flux, "transformer_blocks.1.cross_attn.to_k")) == "motif_video"
+    assert base("text.safetensors", (*flux, "context_embedder.linear_1")) == "motif_video"
+    assert base("flux.safetensors", flux) != "motif_video"
+    assert base("audio.safetensors", ("transformer_blocks.0.cross_attn.to_q",)) != "motif_video"
