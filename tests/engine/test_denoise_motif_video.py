@@ -83,16 +83,19 @@ def _inputs(layout, seed=1, tokens=10):
     return x
 
 
-def test_each_equals_diffusers_bare_and_prefixed(tiny):
-    layout, bare, prefixed, ref, _ = tiny
-    dens = [_bound(bare), _bound(prefixed)]
+def test_each_equals_diffusers_bare_and_prefixed(tiny, tmp_path):
+    """Bare, under `transformer.` and under a single file's `model.diffusion_model.` (diffusers' single-file loader
+    reads Motif-Video's checkpoints by their own names)."""
+    layout, bare, prefixed, ref, sd = tiny
+    single = write(tmp_path / "single.safetensors", {"model.diffusion_model." + k: v for k, v in sd.items()})
+    dens = [_bound(bare), _bound(prefixed), _bound(single)]
     m = dens[0].model
     assert (m.decoders, m.image_in is not None) == ((1, True) if layout == "branches" else (0, False))
     assert dens[0].input_names == ("hidden_states", "timestep", "encoder_hidden_states")
     x = dens[0].check_inputs(_inputs(layout), "inputs")
     with torch.inference_mode():
         want = _diffusers(ref, x)
-        for den, n in zip(dens, ("bare", "prefixed"), strict=True):
+        for den, n in zip(dens, ("bare", "prefixed", "single file"), strict=True):
             out = den(x)
             err = rel_l2(out, want)
             print(f"motif_video {layout} ({n}): relative L2 {err:.2e}")
