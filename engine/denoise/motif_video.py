@@ -92,7 +92,7 @@ class MotifVideo(Flux):
     """A bound Motif-Video transformer: call it with hidden_states [B, C, F, H, W], timestep [B] (0–1000),
     encoder_hidden_states [B, T, D] [, encoder_attention_mask [B, T], image_embeds [B, N, E]]."""
 
-    text_act: tuple = ()  # context_embedder's linear_2 (txt_in is its linear_1)
+    txt_out: tuple = ()  # context_embedder's linear_2 (txt_in is its linear_1)
     image_in: tuple | None = None  # image_embedder's norm_in, linear_1, linear_2, norm_out
     cross_doubles: list = field(default_factory=list)  # a Cross or None per double block
     cross_singles: list = field(default_factory=list)  # a Cross or None per single block
@@ -124,7 +124,7 @@ class MotifVideo(Flux):
         dev = img.device
         first = img if self.decoders else None  # the decoder's stream starts from the patch embedding
         vs = F.silu(mlp2(self.time_in, timestep_embedding(timestep.float().to(dev), 256).to(dt)))
-        txt = self.text_act[0](
+        txt = self.txt_out[0](
             F.gelu(self.txt_in(encoder_hidden_states.to(device=dev, dtype=dt)), approximate="tanh")
         )
         keep = None if encoder_attention_mask is None else encoder_attention_mask.to(dev) > 0.5
@@ -137,9 +137,8 @@ class MotifVideo(Flux):
                 keep = torch.cat([torch.ones(b, n_image, dtype=torch.bool, device=dev), keep], dim=1)
         pos = _grid(f // pt, h // p, w // p, dev)
         n_img, n_txt = pos.shape[0], txt.shape[1]
-        pe = rope_table(
-            torch.cat([pos.new_zeros(n_txt, 3), pos])[None], theta=THETA
-        )  # text: angle 0, unrotated
+        # the text at position 0 in every axis: angle 0, left as it is
+        pe = rope_table(torch.cat([pos.new_zeros(n_txt, 3), pos])[None], theta=THETA)
         pe_img = pe[:, :, n_txt:]
         mask = text_mask = None
         if keep is not None and not bool(keep.all()):
@@ -172,11 +171,7 @@ class MotifVideo(Flux):
 
     def _cross(self, c: Cross, x, text, pe_img, text_mask) -> torch.Tensor:
         """The text cross-attention of video tokens `x` to the normed `text` (RoPE on the queries alone)."""
-        q, k, v = (
-            split_heads(c.q(x), self.heads),
-            split_heads(c.k(text), self.heads),
-            split_heads(c.v(text), self.heads),
-        )
+        q, k, v = (split_heads(t, self.heads) for t in (c.q(x), c.k(text), c.v(text)))
         q, k = rope(c.q_norm(q).to(v.dtype), pe_img), c.k_norm(k).to(v.dtype)
         return c.out(merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=text_mask)))
 
@@ -255,7 +250,8 @@ class MotifVideo(Flux):
         return out
 
     def check_extra(self, got: dict, source: str) -> None:
-        """The latent's frames and sides are whole patches; a mask holds 0 / 1; image tokens need an image embedder."""
+        """The latent's frames and sides are whole patches; a mask holds 0 / 1 (and, for a file with a text
+        cross-attention, keeps a token of every prompt); image tokens need an image embedder."""
         if "image_embeds" in got and self.image_in is None:
             raise FormatError(
                 f"{source}: input image_embeds given, but this Motif-Video file has no image embedder "
@@ -271,9 +267,15 @@ class MotifVideo(Flux):
         m = got.get("encoder_attention_mask")
         if m is not None and not ((m == 0) | (m == 1)).all():
             raise FormatError(f"{source}: input encoder_attention_mask holds values other than 0 and 1")
+        crosses = any(c is not None for c in (*self.cross_doubles, *self.cross_singles))
+        if m is not None and crosses and not bool(m.any(dim=1).all()):
+            raise FormatError(
+                f"{source}: input encoder_attention_mask keeps no prompt token for some item; this file's text "
+                "cross-attention needs one (an empty prompt still has its end token)"
+            )
 
     def op_order(self) -> list:
-        order = [self.img_in, *self.time_in, self.txt_in, *self.text_act, *(self.image_in or ())]
+        order = [self.img_in, *self.time_in, self.txt_in, *self.txt_out, *(self.image_in or ())]
         for d, c in zip(self.doubles, self.cross_doubles, strict=True):
             i, t = d.img, d.txt
             order += [i.mod, t.mod, *i.ops_before_attention(), *t.ops_before_attention(), i.proj]

@@ -108,7 +108,7 @@ def test_each_equals_diffusers_bare_and_prefixed(tiny, tmp_path):
         assert rel_l2(dens[0](x), _diffusers(ref, x)) <= TOL
 
 
-def test_image_tokens_without_an_image_embedder_are_refused(tiny):
+def test_inputs_it_cannot_run_are_refused(tiny):
     layout, bare, *_ = tiny
     den = _bound(bare)
     x = _inputs(layout)
@@ -119,6 +119,13 @@ def test_image_tokens_without_an_image_embedder_are_refused(tiny):
         den.check_inputs(dict(x, hidden_states=torch.randn(2, 33, 2, 4, 5)), "in.safetensors")
     with pytest.raises(FormatError, match="encoder_attention_mask holds values"):
         den.check_inputs(dict(x, encoder_attention_mask=x["encoder_attention_mask"] * 0.5), "in.safetensors")
+    empty = x["encoder_attention_mask"].clone()
+    empty[1] = 0  # its cross-attention would attend to nothing (diffusers' gives NaN)
+    if layout == "branches":
+        with pytest.raises(FormatError, match="keeps no prompt token"):
+            den.check_inputs(dict(x, encoder_attention_mask=empty), "in.safetensors")
+    else:  # the joint attention still has the video tokens
+        assert torch.isfinite(den(den.check_inputs(dict(x, encoder_attention_mask=empty), "in"))).all()
 
 
 def test_op_order_is_the_call_order(tiny):
