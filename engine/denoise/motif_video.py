@@ -32,6 +32,9 @@ written from that description, nothing copied):
   stream's output is what the head reads. Only the encoder's single blocks can hold a cross-attention, so the header
   tells the decoder blocks where the encoder's have one (they are the trailing single blocks without it); a file
   with decoder blocks and no single-block cross-attention cannot be told from one without and is read with none.
+* Config facts no weight holds, taken as diffusers' defaults: the block norms are LayerNorms (norm_type
+  "layer_norm"; "rms_norm" would leave the same keys), RoPE axes (16, 56, 56) and theta 256. The QK norms are RMS
+  (qk_norm "rms_norm"): a LayerNorm QK norm holds a bias, and such a file is refused.
 * Head: `norm_out.linear` (scale, shift) of SiLU(c), LayerNorm (eps 1e-6, affine-free), `proj_out` (patch_t·p·p·16
   values a token), unpatched to [B, 16, F, H, W] (the velocity).
 
@@ -312,6 +315,11 @@ def bind(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[s
         )
     stem.stride = stem.kernel_size  # the file holds the kernel; the stride is the architecture's
     doubles, singles, heads = flux_like_blocks(ops, "Motif-Video", "x_embedder.proj")
+    q_norm = doubles[0].img.q_norm if doubles else singles[0].q_norm
+    if getattr(q_norm, "bias", None) is not None:
+        raise UnsupportedModel(
+            f'{ops.what}: its QK norms hold a bias (qk_norm "layer_norm"); Loadout runs Motif-Video\'s RMS QK norms'
+        )
     cross_doubles = [_cross(ops, f"transformer_blocks.{i}") for i in ops.children("transformer_blocks")]
     cross_singles = [
         _cross(ops, f"single_transformer_blocks.{i}") for i in ops.children("single_transformer_blocks")

@@ -160,6 +160,14 @@ def test_a_single_block_cross_attention_after_one_without_is_refused(tmp_path):
         _bound(write(tmp_path / "m.safetensors", moved))
 
 
+def test_layer_norm_qk_norms_are_refused_by_name(tmp_path):
+    from engine.errors import UnsupportedModel
+
+    _, sd = well_scaled(diffusers.MotifVideoTransformer3DModel(**dict(SMALL, qk_norm="layer_norm")), 63)
+    with pytest.raises(UnsupportedModel, match="QK norms hold a bias"):
+        _bound(write(tmp_path / "m.safetensors", sd))
+
+
 def test_the_default_size_layout_binds_whole(tmp_path):
     """diffusers' default config, under transformer., header only."""
     from layouts_2026.common import meta_shapes
