@@ -15,7 +15,7 @@ written from that description, nothing copied):
 * Optional image conditioning (`image_embedder`, present when the config sets image_embed_dim): vision-encoder
   tokens through LayerNorm (eps 1e-5, affine), linear_1, exact GELU, linear_2, LayerNorm; they go before the text
   tokens in the text stream, always attended.
-* Sequence order [video; text] (FLUX.1's is [text; image]: attention over a permuted set of keys is the same sum),
+* Sequence order [video; text] (FLUX.1's is [text; image]; kept as diffusers has it, so the sums run in its order),
   key padding from `encoder_attention_mask` (video tokens always kept). RoPE only on the video tokens, a 2×2 rotation
   per frequency (FLUX.1's), axes (frame, row, column) of widths (16, 56, 56) at positions 0.. and theta 256
   (FLUX.1's is 10000); heads of 128 (the QK norms' scale holds it), QK RMS norms eps 1e-6.
@@ -140,28 +140,28 @@ class MotifVideo(Flux):
                 keep = torch.cat([torch.ones(b, n_image, dtype=torch.bool, device=dev), keep], dim=1)
         pos = _grid(f // pt, h // p, w // p, dev)
         n_img, n_txt = pos.shape[0], txt.shape[1]
-        # the text at position 0 in every axis: angle 0, left as it is
-        pe = rope_table(torch.cat([pos.new_zeros(n_txt, 3), pos])[None], theta=THETA)
-        pe_img = pe[:, :, n_txt:]
+        # [video; text], diffusers' order; the text at position 0 in every axis: angle 0, left as it is
+        pe = rope_table(torch.cat([pos, pos.new_zeros(n_txt, 3)])[None], theta=THETA)
+        pe_img = pe[:, :, :n_img]
         mask = text_mask = None
         if keep is not None and not bool(keep.all()):
-            mask = torch.cat([keep, torch.ones(b, n_img, dtype=torch.bool, device=dev)], dim=1)[:, None, None]
+            mask = torch.cat([torch.ones(b, n_img, dtype=torch.bool, device=dev), keep], dim=1)[:, None, None]
             text_mask = keep[:, n_image:][:, None, None]
         ctx = (pe_img, text_mask, n_image)
         for blk, cross in zip(self.doubles, self.cross_doubles, strict=True):
             img, txt = self._dual(blk, cross, img, txt, vs, pe, mask, ctx)
-        x = torch.cat([txt, img], dim=1)
+        x = torch.cat([img, txt], dim=1)
         del img, txt
         n_enc = len(self.singles) - self.decoders
         for blk, cross in zip(self.singles[:n_enc], self.cross_singles[:n_enc], strict=True):
-            x = self._single_cross(blk, cross, x, n_txt, vs, pe, mask, ctx)
-        x = x[:, n_txt:]
-        if self.decoders:  # [encoder's video tokens (unrotated); the decoder's stream]
-            pe = rope_table(torch.cat([pos.new_zeros(n_img, 3), pos])[None], theta=THETA)
-            x = torch.cat([x, first], dim=1)
+            x = self._single_cross(blk, cross, x, n_img, vs, pe, mask, ctx)
+        x = x[:, :n_img]
+        if self.decoders:  # [the decoder's stream; the encoder's video tokens (unrotated)]
+            pe = rope_table(torch.cat([pos, pos.new_zeros(n_img, 3)])[None], theta=THETA)
+            x = torch.cat([first, x], dim=1)
             for blk in self.singles[n_enc:]:
                 x = self._single(blk, x, vs, pe)
-            x = x[:, n_img:]
+            x = x[:, :n_img]
         scale, shift = self.final_mod(vs)[:, None].chunk(2, dim=-1)  # diffusers' norm_out: (scale, shift)
         out = self.final_linear((1 + scale) * layer_norm(x) + shift)
         out = out.reshape(b, f // pt, h // p, w // p, -1, pt, p, p).permute(0, 4, 1, 5, 2, 6, 3, 7)
@@ -183,22 +183,22 @@ class MotifVideo(Flux):
         tm = blk.txt.mod(vs)[:, None].chunk(6, dim=-1)
         iq, ik, iv = self._qkv(blk.img, img, im[0], im[1])
         tq, tk, tv = self._qkv(blk.txt, txt, tm[0], tm[1])
-        attn = _attention(torch.cat([tq, iq], 2), torch.cat([tk, ik], 2), torch.cat([tv, iv], 2), pe, mask)
+        attn = _attention(torch.cat([iq, tq], 2), torch.cat([ik, tk], 2), torch.cat([iv, tv], 2), pe, mask)
         del iq, ik, iv, tq, tk, tv
-        n = txt.shape[1]
+        n = img.shape[1]
         if cross is None:
-            img = self._after(blk.img, img, attn[:, n:], im)
+            img = self._after(blk.img, img, attn[:, :n], im)
         else:
             pe_img, text_mask, n_image = ctx
-            o = blk.img.proj(attn[:, n:])
+            o = blk.img.proj(attn[:, :n])
             normed = ((1 + tm[1]) * layer_norm(txt) + tm[0])[:, n_image:]
             img = img + im[2] * o + self._cross(cross, o, normed, pe_img, text_mask)
             img = img + im[5] * blk.img.mlp_out(
                 F.gelu(blk.img.mlp_in((1 + im[4]) * layer_norm(img) + im[3]), approximate="tanh")
             )
-        return img, self._after(blk.txt, txt, attn[:, :n], tm)
+        return img, self._after(blk.txt, txt, attn[:, n:], tm)
 
-    def _single_cross(self, blk, cross: Cross | None, x, n_txt: int, vs, pe, mask, ctx):
+    def _single_cross(self, blk, cross: Cross | None, x, n_img: int, vs, pe, mask, ctx):
         if cross is None:
             return self._single(blk, x, vs, pe, mask)
         pe_img, text_mask, n_image = ctx
@@ -209,9 +209,9 @@ class MotifVideo(Flux):
         q, k = blk.q_norm(q).to(v.dtype), blk.k_norm(k).to(v.dtype)
         attn = _attention(q, k, v, pe, mask)
         del q, k, v
-        a = attn[:, n_txt:]
-        a = a + self._cross(cross, a, normed[:, n_image:n_txt], pe_img, text_mask)
-        attn = torch.cat([attn[:, :n_txt], a], dim=1)
+        a = attn[:, :n_img]
+        a = a + self._cross(cross, a, normed[:, n_img + n_image :], pe_img, text_mask)
+        attn = torch.cat([a, attn[:, n_img:]], dim=1)
         return x + gate * blk.linear2(torch.cat([attn, F.gelu(mlp, approximate="tanh")], dim=2))
 
     def step_random(self, width: int, height: int, batch: int, g: torch.Generator) -> dict:
