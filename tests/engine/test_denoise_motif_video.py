@@ -1,8 +1,10 @@
 """Motif-Video's transformer (engine.denoise.motif_video) against diffusers' MotifVideoTransformer3DModel on the same
-weights, bare and under `transformer.`; 2 double and 3 single blocks, 2 heads of 128, 64-wide text, float32, CPU. Two
-layouts: the default config's (no cross-attention, no decoder, no image embedder) and every branch switched on (text
-cross-attention in both kinds of block, one decoder block, an image embedder). Each: its op order, a step fully and
-partially resident; the default-size layout binding whole, a PEFT LoRA baked and on the fly, the command line."""
+weights (bit for bit on the CPU; the bound is TOL), bare, under `transformer.` and under `model.diffusion_model.`; 2
+double and 3 single blocks, 2 heads of 128, 64-wide text, float32, CPU. Two layouts: the default config's (no
+cross-attention, no decoder, no image embedder, 1-frame patches) and every branch switched on (text cross-attention in
+both kinds of block, one decoder block, an image embedder, 2-frame patches). Each: its op order, a step fully and
+partially resident, what it refuses; the default-size layout binding whole, a PEFT LoRA baked and on the fly (its base
+told from its names), the command line."""
 
 from __future__ import annotations
 
