@@ -68,8 +68,9 @@ from .flux import Flux, _attention, flux_like_blocks, rope_table
 
 THETA = 256.0  # the config's rope_theta (FLUX.1's axes (16, 56, 56), another base)
 TOKENS = 512  # the pipelines' max_sequence_length: a random step's prompt tokens
-# a random image-to-video step's image tokens: the vision tower of T5Gemma 2 (Gemma 3's SigLIP, 896 px in patches of
-# 14) gives 64 × 64 (an assumption: the release's image processor config was not at hand)
+# a random image-to-video step's image tokens: the pipeline passes the last hidden states of T5Gemma 2's vision tower
+# (Gemma 3's SigLIP: 896 px in patches of 14, 64 × 64, before the projector pools them to 256; the release's image
+# processor config was not at hand to confirm the size)
 IMAGE_TOKENS = 4096
 LATENT = 16  # the Wan 2.1 VAE's channels: the output's
 IMAGE_EPS = 1e-5  # the image embedder's LayerNorms (torch's default)
