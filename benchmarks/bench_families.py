@@ -1,5 +1,5 @@
 """diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2, Qwen-Image
-2.1), PixArt, Mochi 1, Hunyuan-DiT, FLUX.3, Wan-Animate-2, ERNIE-Image, PRX, JoyImage, GLM-Image, Ideogram 4, Bria 3.2 / FIBO, SANA-Video and Stable Cascade's Stage C on
+2.1), PixArt, Mochi 1, Hunyuan-DiT, FLUX.3, Wan-Animate-2, ERNIE-Image, PRX, JoyImage, GLM-Image, Ideogram 4, Bria 3.2 / FIBO, Motif-Video, SANA-Video and Stable Cascade's Stage C on
 Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
 coordinates, masks) built here from the same inputs Loadout's step gets."""
 
@@ -90,6 +90,8 @@ def run_diffusers(model, family: str, x: dict):
         "joyimage",
         "sana_video",
     ):  # Loadout's names are diffusers' forward's (JoyImage: the Edit class's)
+        return model(**x).sample
+    if family == "motif_video":  # Loadout's names are diffusers' forward's (no mask, no image: t2v)
         return model(**x).sample
     if family in ("longcat_image", "ovis_image"):  # Loadout's names are diffusers' forward's
         return model(hidden_states=x["hidden_states"], encoder_hidden_states=x["encoder_hidden_states"],

@@ -69,6 +69,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
     tokens.
   * sana_video: SANA-Video 2B at its real width (2240, 20 heads of 112, a 3x Mix-FFN with its temporal conv, Gemma 2
     2304-wide captions) at 2 of its 20 blocks, one 832×480 latent frame (1560 tokens), 300 text tokens.
+  * motif_video: Motif-Video at diffusers' default width (3072, 24 heads of 128, FLUX.1's blocks, 4096-wide text; the
+    release's own config was not at hand) at 1 + 1 of its 20 + 40 double / single blocks, one 512×512 latent frame
+    (1024 video tokens) with its 512 text tokens.
   * stable_cascade_c: Stable Cascade's Stage C (the prior) at its real width (2048, 32 heads of 64, CLIP-bigG 1280
     text and pooled, 768 image) at 1 + 1 of its 8 + 24 layers per half, 1024×1024 (its 24×24 latent), 77 tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
@@ -108,7 +111,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|nucleus_image|sana_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|motif_video|nucleus_image|sana_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -238,6 +241,8 @@ KANDINSKY5 = dict(in_visual_dim=16, out_visual_dim=16, time_dim=512, model_dim=1
                   num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True)  # fmt: skip
 # SANA-Video 2B (diffusers' convert_sana_video_to_diffusers.py: the default width, a 3x Mix-FFN) at 2 of its 20 blocks
 SANA_VIDEO = dict(num_layers=2, mlp_ratio=3.0)
+# Motif-Video at diffusers' MotifVideoTransformer3DModel defaults (width 3072) at 1 + 1 of its 20 + 40 blocks
+MOTIF_VIDEO = dict(num_layers=1, num_single_layers=1)
 # Stable Cascade's Stage C (stabilityai/stable-cascade-prior's prior/config.json: 2048 wide, 32 heads, CTA levels joined by
 # 1x1 mappings, sca and crp) at one layer of each level's 8 / 24 per half
 _CTA = ("SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock")
@@ -292,6 +297,8 @@ FAMILIES["sana_video"] = ((832, 480), "transformer", "sana_video")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("sana_video",)
 FAMILIES["nucleus_image"] = ((512, 512), "transformer", "nucleus_image")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("nucleus_image",)
+FAMILIES["motif_video"] = ((512, 512), "transformer", "motif_video")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("motif_video",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -434,6 +441,10 @@ def _diffusers_model(family: str):
             from diffusers import OvisImageTransformer2DModel
 
             return OvisImageTransformer2DModel(**OVIS_IMAGE)
+        if family == "motif_video":
+            from diffusers import MotifVideoTransformer3DModel
+
+            return MotifVideoTransformer3DModel(**MOTIF_VIDEO)
         if family == "stable_cascade_c":
             from diffusers import StableCascadeUNet
 

@@ -87,6 +87,7 @@ TITLES = {
     "longcat_image": "longcat_image width 1+1 blocks 512x512",
     "ovis_image": "ovis_image width 1+1 blocks 512x512",
     "kandinsky5": "kandinsky5 t2v lite width 2+2 blocks one 768x512 frame",
+    "motif_video": "motif_video width 1+1 blocks one 512x512 frame + 512 text",
 }
 BF16 = (
     "z_image",
@@ -114,6 +115,7 @@ BF16 = (
     "longcat_image",
     "ovis_image",
     "kandinsky5",
+    "motif_video",
 )  # families Loadout runs in bfloat16 on a GPU (engine.model.dtypes): both sides so
 
 
@@ -430,7 +432,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where the step's weights are written")
     ap.add_argument(
         "--families",
-        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,stable_cascade_c,minimax_h3,ernie_image,kandinsky5,longcat_image,ovis_image,prx,joyimage,glm_image,ideogram4,bria,bria_fibo",
+        default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,stable_cascade_c,minimax_h3,ernie_image,kandinsky5,longcat_image,ovis_image,prx,joyimage,glm_image,ideogram4,bria,bria_fibo,motif_video",
         help="denoisers to step (bench_step's families)",
     )
     ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")

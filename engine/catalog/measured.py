@@ -61,6 +61,8 @@ ACTIVATION_BYTES = {
     "sana_video": 160 * 1024,  # width 2240, a 3x Mix-FFN: two 13440-wide conv outputs alive at once
     "nucleus_image": 80
     * 1024,  # width 2048, SwiGLU 5376 or ~3 experts of 1344 per token (text tokens are keys only)
+    "motif_video": 128
+    * 1024,  # FLUX.1's blocks (diffusers' default width 3072, 4x MLP); 512 text tokens ride
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
@@ -101,6 +103,7 @@ UNIT_PX = {
     "kandinsky5": 16,
     "sana_video": 16,
     "nucleus_image": 16,
+    "motif_video": 16,
 }
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.

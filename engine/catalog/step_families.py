@@ -50,6 +50,7 @@ STEP_KINDS = {
     "kandinsky5": "kandinsky5",
     "sana_video": "sana_video",
     "nucleus_image": "nucleus_image",
+    "motif_video": "motif_video",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -100,6 +101,7 @@ NATIVE_PX = {
     "kandinsky5": (768, 512),  # its T2V pipeline's default (one latent frame per step unit, as Wan's)
     "sana_video": (832, 480),  # its pipelines' default (81 frames; one latent frame per step unit, as Wan's)
     "nucleus_image": (1024, 1024),  # its pipeline's default size
+    "motif_video": (1280, 736),  # its pipelines' default (121 frames; one latent frame per step unit)
 }
 
 # What a file with nothing to step is told, before it loads (step_refusal) and when a step is asked (engine.stepping)

@@ -322,14 +322,15 @@ def _check_heads(q_norm, hidden: int, what: str, name: str = "FLUX.1") -> int:
     return hidden // head
 
 
-def flux_like_blocks(ops: Ops, name: str) -> tuple[list, list, int]:
+def flux_like_blocks(ops: Ops, name: str, stem: str = "x_embedder") -> tuple[list, list, int]:
     """The diffusers-named FLUX.1 blocks of a FLUX-like family without FLUX.1's pooled vector (Bria, LongCat-Image,
-    Ovis-Image) and their head count, from the 128-wide heads over the x_embedder's width."""
+    Ovis-Image, Motif-Video) and their head count, from the 128-wide heads over the `stem`'s width (Motif-Video's
+    is its patch convolution, `x_embedder.proj`)."""
     doubles, singles = diffusers_blocks(ops)
     if not doubles and not singles:
         raise UnsupportedModel(f"{ops.what}: no {name} double- or single-stream blocks")
     q_norm = doubles[0].img.q_norm if doubles else singles[0].q_norm
-    return doubles, singles, _check_heads(q_norm, wshape(ops["x_embedder"])[0], ops.what, name)
+    return doubles, singles, _check_heads(q_norm, wshape(ops[stem])[0], ops.what, name)
 
 
 def bind_bfl(ops: Ops, architecture: str, dtype: torch.dtype) -> Flux:

@@ -1,7 +1,7 @@
 """Image transformers on FLUX.1's double- and single-stream blocks without its pooled text vector, in diffusers'
 naming (what their releases ship; diffusers has no single-file converter for them): LongCat-Image, Bria 3.2,
-Bria FIBO, Ovis-Image and Motif-Video. LongCat-Image and Ovis-Image step (engine.denoise.longcat_image); the others
-are detected only.
+Bria FIBO, Ovis-Image and Motif-Video. All of them step: LongCat-Image and Ovis-Image in engine.denoise.longcat_image,
+Bria 3.2 and FIBO in engine.denoise.bria, Motif-Video in engine.denoise.motif_video.
 
 Facts (cited, not copied; diffusers 0.42 classes, built on the meta device by the tests):
 * FLUX.1 (transformer_flux.py) conditions the time embedding on a pooled CLIP vector:

@@ -60,6 +60,7 @@ _LABEL = {
     "kandinsky5": "Kandinsky 5",
     "sana_video": "SANA-Video",
     "nucleus_image": "NucleusMoE-Image",
+    "motif_video": "Motif-Video",
 }
 
 

@@ -51,6 +51,7 @@ _DIT_FAMILY = (
     "ovis_image",
     "sana_video",
     "nucleus_image",
+    "motif_video",
 )
 
 
@@ -214,6 +215,15 @@ _SANA_VIDEO = re.compile(r"^transformer_blocks_\d+_ff_conv_temp$", re.MULTILINE)
 _NUCLEUS = re.compile(
     r"^transformer_blocks_\d+_(?:encoder_proj|img_mlp_gate|img_mlp_shared_expert_)", re.MULTILINE
 )
+# Motif-Video (diffusers' names are its files'): a text cross-attention in its FLUX-style blocks (Stable Audio 3's
+# `transformer_blocks.N.cross_attn` fuses `to_kv`, so a double block's names it by its own `to_k` / `to_v`), or its text
+# MLP (`context_embedder.linear_1/2`; FLUX.1's and LongCat's context_embedder is one Linear). Its blocks' attention and
+# MLPs alone carry FLUX.1's names and (diffusers' default config) widths, and name FLUX.1.
+_MOTIF_VIDEO = re.compile(
+    r"^(?:single_transformer_blocks_\d+_cross_attn_|transformer_blocks_\d+_cross_attn_to_[kv]$"
+    r"|context_embedder_linear_[12]$)",
+    re.MULTILINE,
+)
 _MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
 _MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
@@ -265,6 +275,8 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "kandinsky5"
     if _any_line(_SANA_VIDEO, lines, "_ff_conv_temp"):
         return True, "sana_video"
+    if _any_line(_MOTIF_VIDEO, lines, "_cross_attn_", "\ncontext_embedder_linear_"):
+        return True, "motif_video"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
     if _any_line(_MINIMAX_H3, lines, "blocks_", "\nfinal_layer_", "\naudio_proj_") or (
