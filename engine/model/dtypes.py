@@ -91,6 +91,7 @@ INFERENCE_DTYPES = {
     "ovis_image": _BF16_ONLY,
     # Kandinsky 5: bf16 releases whose attention rounds the rotated q / k to bf16 (the original's apply_rotary)
     "kandinsky5": _BF16_ONLY,
+    "cosmos_predict1": _BF16_ONLY,  # Cosmos 1.0: bf16 releases, its diffusers pipelines run bf16 and name no fp16
 }
 
 
