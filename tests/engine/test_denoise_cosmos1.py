@@ -227,3 +227,57 @@ def test_step_from_the_command_line(cosmos1, tmp_path):
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert (got["architecture"], got["mode"], got["output_shape"]) == (ARCH, "full", [1, 16, 1, 4, 8])
+
+
+# Every Linear of a block (its three modulation pairs, both attentions' q / k / v / out, the MLP), the stems and
+# the head, in diffusers' names (PEFT's)
+LORA_MODULES = ("transformer_blocks.0.attn1.to_q", "transformer_blocks.1.attn1.to_k", "transformer_blocks.0.attn1.to_v",
+                "transformer_blocks.1.attn1.to_out.0", "transformer_blocks.0.attn2.to_q", "transformer_blocks.1.attn2.to_k",
+                "transformer_blocks.0.attn2.to_v", "transformer_blocks.1.attn2.to_out.0", "transformer_blocks.0.ff.net.0.proj",
+                "transformer_blocks.1.ff.net.2", "transformer_blocks.0.norm1.linear_1", "transformer_blocks.1.norm2.linear_2",
+                "transformer_blocks.0.norm3.linear_1", "patch_embed.proj", "time_embed.t_embedder.linear_1",
+                "norm_out.linear_2", "proj_out")  # fmt: skip
+
+
+@pytest.mark.parametrize("base, budget", [("nvidia", None), ("nvidia", 0.0), ("diffusers", 0.0)])
+def test_a_peft_lora_lands_baked_and_on_the_fly(cosmos1, tmp_path, base, budget):
+    """PEFT (`transformer.` + diffusers' names) on either naming's file, baked (resident) and on the fly (streamed):
+    equal to diffusers' model with the LoRA merged by hand; every module of it placed."""
+    from denoise_files import check_lora_step, lora_and_merged, plain_and_merged
+
+    diff_path, nv_path, ref, sd = cosmos1[False]
+    strength = 0.8
+    lora, merged = lora_and_merged({k: v.clone() for k, v in sd.items()}, {d: "transformer." + d for d in LORA_MODULES},
+                                   strength, seed=7)  # fmt: skip
+    x = _bound(nv_path).random_inputs(64, 64, seed=9)
+    x["context"] = x["context"][:, :16]
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
+    assert rel_l2(plain, want) > 100 * TOL
+    what = f"cosmos 1.0 LoRA (peft on {base}, budget {budget})"
+    path = nv_path if base == "nvidia" else diff_path
+    check_lora_step(path, lora, strength, x, tmp_path, budget, want, len(LORA_MODULES), what, None, TOL)
+
+
+def test_a_kohya_lora_in_nvidias_naming_names_its_base_and_lands(cosmos1, tmp_path):
+    """kohya's `lora_unet_` + NVIDIA's 1.0 names (`blocks_block0_blocks_0_block_attn_to_q_0`): read as made for
+    Cosmos 1.0 from its keys alone, placed whole on the release file and equal to diffusers' merged model."""
+    from denoise_files import check_lora_step, lora_and_merged, plain_and_merged
+
+    _, nv_path, ref, sd = cosmos1[False]
+
+    def nvidia_name(d: str) -> str:  # the first key nvidia() writes is the module's own
+        return (
+            next(iter(nvidia({f"{d}.weight": sd[f"{d}.weight"]})))
+            .removeprefix("net.")
+            .removesuffix(".weight")
+        )
+
+    keys = {d: "lora_unet_" + nvidia_name(d).replace(".", "_") for d in LORA_MODULES}
+    assert len(set(keys.values())) == len(LORA_MODULES)
+    lora, merged = lora_and_merged({k: v.clone() for k, v in sd.items()}, keys, 0.7, seed=8, kohya=True)
+    x = _bound(nv_path).random_inputs(64, 64, seed=10)
+    x["context"] = x["context"][:, :16]
+    plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
+    assert rel_l2(plain, want) > 100 * TOL
+    check_lora_step(nv_path, lora, 0.7, x, tmp_path, 0.0, want, len(keys), "cosmos 1.0 LoRA (kohya, nvidia names)",
+                    ARCH, TOL)  # fmt: skip
