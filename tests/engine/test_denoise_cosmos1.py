@@ -281,3 +281,27 @@ def test_a_kohya_lora_in_nvidias_naming_names_its_base_and_lands(cosmos1, tmp_pa
     assert rel_l2(plain, want) > 100 * TOL
     check_lora_step(nv_path, lora, 0.7, x, tmp_path, 0.0, want, len(keys), "cosmos 1.0 LoRA (kohya, nvidia names)",
                     ARCH, TOL)  # fmt: skip
+
+
+def test_predict2_names_with_the_position_tables_step_as_1_0(cosmos1, tmp_path):
+    """A 1.0 model written in Predict2's MiniTrainDIT names (`blocks.N.self_attn.q_proj`) with its
+    `extra_pos_embedder`: read as Cosmos 1.0, equal to diffusers."""
+    from test_denoise_cosmos import release
+
+    _, _, ref, sd = cosmos1[False]
+    sd2 = {k.replace("learnable_pos_embed", "extra_pos_embedder"): v for k, v in release(sd).items()}
+    den = _bound(write(tmp_path / "predict2_names.safetensors", sd2))
+    assert den.naming == "release"
+    x = den.random_inputs(64, 64, seed=4)
+    with torch.inference_mode():
+        assert rel_l2(den(x), _diffusers(ref, x)) <= TOL
+
+
+def test_a_predict2_file_is_not_bound_as_1_0(tmp_path):
+    from test_denoise_cosmos import diffusers_cosmos
+
+    _, sd = diffusers_cosmos()
+    path = write(tmp_path / "predict2.safetensors", sd)
+    comp = detect_file(str(path)).components["transformer"]
+    with pytest.raises(UnsupportedModel, match="no learnable position embeddings.*steps as cosmos_predict2"):
+        denoise.bind(Component("transformer", path, comp.prefix), ARCH)
