@@ -6,8 +6,10 @@ file's own naming: NVIDIA's 1.0 release (`blocks.blockN.blocks.{0,1,2}.block…`
 (engine.denoise.SELF_DESCRIBED).
 
 Architecture facts, from diffusers' `CosmosTransformer3DModel` (`transformer_cosmos.py`, which runs both
-generations), its `convert_cosmos_to_diffusers.py` (the Cosmos-1.0 configs and COSMOS_1_0 renames) and
-nvidia-cosmos/cosmos-predict1 (`general_dit.py`, `blocks.py`); written from that description, nothing copied:
+generations), its `convert_cosmos_to_diffusers.py` (the Cosmos-1.0 configs and COSMOS_1_0 renames) and NVIDIA's cosmos1 code as
+NeMo ships it (`cosmos1/models/diffusion/module/position_embedding.py`, the Cosmos-1.0 Text2World inference
+configs: `extra_per_block_abs_pos_emb`, the RoPE extrapolation ratios, a [16, 16, 88, 160] latent); written from
+that description, nothing copied:
 
 * The block, time embedding, AdaLN-LoRA modulation, RoPE and final layer are Predict2's (engine.denoise.cosmos).
   NVIDIA's 1.0 names nest each block's three parts: `blocks.0` self-attention, `blocks.1` cross-attention,
@@ -17,8 +19,10 @@ nvidia-cosmos/cosmos-predict1 (`general_dit.py`, `blocks.py`); written from that
 * Learnable position embeddings `pos_emb_t` [128, D], `pos_emb_h` [120, D], `pos_emb_w` [120, D] (max 128 latent
   frames, 240 × 240 latent px in 2×2 patches): e = t[f] + h[i] + w[j] per token, divided by its RMS (+ 1e-6),
   in float32, then cast to the compute dtype and added to the tokens at the start of EVERY block (diffusers
-  adds `extra_pos_emb` in each block's forward; the original's `extra_per_block_pos_emb`).
-* RoPE NTK scales (t, h, w): 7B (2, 1, 1), 14B (2, 2, 2) (the converter's 1.0 configs; not in the weights).
+  adds `extra_pos_emb` in each block's forward; the original's `extra_per_block_abs_pos_emb`; the 14B config's
+  `extra_*_extrapolation_ratio` is ignored by its table, which only crops).
+* RoPE NTK scales (t, h, w): 7B (2, 1, 1), 14B (2, 2, 2) (the converter's 1.0 configs and NVIDIA's; not in the
+  weights). Native size 1280 × 704 px, 121 frames (16 latent frames).
 * x: 16 latent channels of Cosmos-Tokenize1-CV8x8x8 (8× spatial and temporal), Video2World a condition-mask
   channel, then the padding mask (zeros): 68 patch inputs for Text2World, 72 for Video2World.
 * timesteps: EDM's c_noise = ln(σ) / 4 (diffusers' EDMEulerScheduler); the output is EDM's F, which the
