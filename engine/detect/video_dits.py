@@ -140,7 +140,14 @@ def cosmos(ix: KeyIndex) -> Backbone | None:
     )
     for learnable in ("extra_pos_embedder.pos_emb_h", "learnable_pos_embed.pos_emb_h"):
         if v.has(learnable):
-            return _predict1(v, b, hidden, learnable, names[3])
+            return _predict1(v, b, hidden, learnable, names[3], names[0])
+    stem = v.has(names[3])
+    if hidden == 4096 and not stem:  # a shard of blocks only: this width is Cosmos 1.0 7B's alone
+        return _predict1(v, b, hidden, None, names[3], names[0])
+    if hidden == 5120 and not stem:
+        b.also = [
+            "cosmos_predict1"
+        ]  # Cosmos 1.0 14B's blocks are this very layout; its tables would be elsewhere
     size = COSMOS_SIZES.get(hidden or 0)
     if size is None:
         v.because(b, names[0], f"hidden {hidden}: no known Cosmos Predict2 release has this size")
@@ -193,19 +200,24 @@ def _predict1_original(ix: KeyIndex) -> Backbone | None:
         k.endswith(".blocks.0.block.attn.to_q.0.weight") for k in ix.with_prefix(v.prefix + "blocks.block")
     )
     v.because(b, _C1_Q, f"Cosmos 1.0 blocks (`blocks.blockN.blocks.M.block`, {n} blocks)")
-    return _predict1(v, b, v.dim(_C1_Q, 1), "extra_pos_embedder.pos_emb_h", "x_embedder.proj.1.weight")
+    return _predict1(v, b, v.dim(_C1_Q, 1), "extra_pos_embedder.pos_emb_h", "x_embedder.proj.1.weight", _C1_Q)
 
 
-def _predict1(v, b: Backbone, hidden: int | None, learnable: str, patch: str) -> Backbone:
+def _predict1(v, b: Backbone, hidden: int | None, learnable: str | None, patch: str, block: str) -> Backbone:
     """Cosmos 1.0 (Predict1): the variant from the width and the patch embedding's inputs."""
     b.architecture, b.prediction = "cosmos_predict1", None
-    v.because(b, learnable, "learnable position embeddings beside RoPE → Cosmos 1.0 (Predict1)")
+    if learnable is not None:
+        v.because(b, learnable, "learnable position embeddings beside RoPE → Cosmos 1.0 (Predict1)")
+    else:
+        b.evidence.append(
+            Evidence("", None, "Cosmos blocks 4096 wide with no stem (a shard): only Cosmos 1.0 7B")
+        )
     b.evidence.append(Evidence("", None, "EDM-preconditioned (c_skip / c_out of σ): none of eps, v or flow"))
     size = COSMOS1_SIZES.get(hidden or 0)
     why = (
         f"hidden {hidden} → Cosmos 1.0 {size.upper()}" if size else f"hidden {hidden}: no Cosmos 1.0 release"
     )
-    v.because(b, learnable, why)
+    v.because(b, block, why)
     task = None
     patch_in = v.dim(patch, 1)
     if patch_in is not None:

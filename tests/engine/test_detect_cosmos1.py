@@ -64,3 +64,19 @@ def test_predict2_files_stay_predict2():
         )
         assert detect(ref).architecture == "cosmos_predict2"
     assert detect(blocks_only(ref, "transformer_blocks.", 1, 2)).architecture == "cosmos_predict2"
+
+
+def test_a_shard_of_blocks_alone_is_1_0_by_its_7b_width_and_either_at_14b():
+    """diffusers' sharded 1.0 releases keep the position tables in the first shard: a later one holds blocks alone.
+    Predict2 has no 4096-wide release, so 7B's blocks are 1.0's; 14B's are either generation's layout."""
+    for cfg, arch, also in (
+        (C.T2W_7B, "cosmos_predict1", []),
+        (C.T2W_14B, "cosmos_predict2", ["cosmos_predict1"]),
+    ):
+        ref = meta_shapes(diffusers.CosmosTransformer3DModel, **C.cosmos1_diffusers_config(cfg, layers=2))
+        d = detect(blocks_only(ref, "transformer_blocks.", 1, 2))
+        assert (d.architecture, list(d.also)) == (arch, also), d.evidence
+    two = meta_shapes(
+        diffusers.CosmosTransformer3DModel, **V.cosmos_diffusers_config(V.COSMOS2_2B_T2I, layers=2)
+    )
+    assert list(detect(blocks_only(two, "transformer_blocks.", 1, 2)).also) == []
