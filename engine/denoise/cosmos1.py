@@ -132,8 +132,8 @@ def bind(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[s
     holder = mods.get("extra_pos_embedder") or mods.get("learnable_pos_embed")
     if holder is None or not all(hasattr(holder, f"pos_emb_{a}") for a in "thw"):
         raise UnsupportedModel(
-            f"{ops.what}: no learnable position embeddings (`extra_pos_embedder.pos_emb_t/h/w`): not a Cosmos 1.0 "
-            "transformer (a Cosmos Predict2 file steps as cosmos_predict2)"
+            f"{ops.what}: no learnable position embeddings (`extra_pos_embedder.pos_emb_t/h/w`): not a whole Cosmos "
+            "1.0 transformer (a shard of one? load the whole model; a Cosmos Predict2 file steps as cosmos_predict2)"
         )
     ops.take(holder)
     for p in ("logvar", "logvar.0", "logvar.1"):  # EDM's training-only uncertainty head
