@@ -1,4 +1,4 @@
-"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2, Krea 2, Qwen-Image
+"""diffusers' forward of the 2026 video and image families (HunyuanVideo 1.5, LTX-Video, Cosmos Predict2 and 1.0, Krea 2, Qwen-Image
 2.1), PixArt, Mochi 1, Hunyuan-DiT, FLUX.3, Wan-Animate-2, ERNIE-Image, PRX, JoyImage, GLM-Image, Ideogram 4, Bria 3.2 / FIBO, Motif-Video, SANA-Video and Stable Cascade's Stage C on
 Loadout's input names, for bench_step.py and gpu_check.py: each family's own conventions (packed tokens, position
 coordinates, masks) built here from the same inputs Loadout's step gets."""
@@ -37,7 +37,7 @@ def run_diffusers(model, family: str, x: dict):
                     timestep=x["timestep"] * 1000, encoder_attention_mask=torch.ones(x["context"].shape[:2], device=dev),
                     video_coords=coords).sample  # fmt: skip
         return out.transpose(1, 2).reshape(b, c, f, h, w)
-    if family == "cosmos":  # a zero padding mask, as its pipelines pass
+    if family in ("cosmos", "cosmos1"):  # a zero padding mask, as its pipelines pass (Predict2's and 1.0's)
         _torchvision_resize()
         b, c, f, h, w = x["x"].shape
         pad = torch.zeros(1, 1, h, w, device=x["x"].device, dtype=x["x"].dtype)

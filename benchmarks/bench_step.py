@@ -36,6 +36,8 @@ tier — against diffusers on the same weights. `--family` picks the model:
     (its 32× VAE: 1024 tokens), 128 text tokens.
   * cosmos: Cosmos Predict2 2B Text2Image at its real width (2048, 16 heads, T5 1024 text, AdaLN-LoRA 256) at 2
     blocks, 512×512 (1024 tokens), 512 text tokens.
+  * cosmos1: Cosmos 1.0 7B Text2World at its real width (4096, 32 heads, T5 1024 text, learnable position
+    embeddings) at 2 of its 28 blocks, 512×512 (1024 tokens), 512 text tokens.
   * krea2: Krea 2 at its real width (6144, 48 heads on 12 K/V heads, SwiGLU 16384, a fusion of 12 Qwen3-VL
     2560-wide layers) at 1 block, 512×512 (1024 tokens), 256 text tokens.
   * mochi: Mochi 1 at its real width (visual 3072: 24 heads of 128, SwiGLU 8192; text 1536; T5-XXL 4096 through
@@ -111,7 +113,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|motif_video|nucleus_image|sana_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|cosmos1|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|motif_video|nucleus_image|sana_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -299,6 +301,11 @@ FAMILIES["nucleus_image"] = ((512, 512), "transformer", "nucleus_image")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("nucleus_image",)
 FAMILIES["motif_video"] = ((512, 512), "transformer", "motif_video")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("motif_video",)
+# Cosmos 1.0 7B Text2World's width (diffusers' CosmosTransformer3DModel defaults: its converter's 1.0 7B config,
+# learnable position embeddings) at 2 of its 28 blocks
+COSMOS1 = dict(num_layers=2)
+FAMILIES["cosmos1"] = ((512, 512), "transformer", "cosmos_predict1")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("cosmos1",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -365,6 +372,10 @@ def _diffusers_model(family: str):
             from diffusers import CosmosTransformer3DModel
 
             return CosmosTransformer3DModel(**COSMOS)
+        if family == "cosmos1":
+            from diffusers import CosmosTransformer3DModel
+
+            return CosmosTransformer3DModel(**COSMOS1)
         if family == "krea2":
             from diffusers import Krea2Transformer2DModel
 

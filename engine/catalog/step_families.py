@@ -51,6 +51,7 @@ STEP_KINDS = {
     "sana_video": "sana_video",
     "nucleus_image": "nucleus_image",
     "motif_video": "motif_video",
+    "cosmos_predict1": "cosmos_predict1",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -102,6 +103,7 @@ NATIVE_PX = {
     "sana_video": (832, 480),  # its pipelines' default (81 frames; one latent frame per step unit, as Wan's)
     "nucleus_image": (1024, 1024),  # its pipeline's default size
     "motif_video": (1280, 736),  # its pipelines' default (121 frames; one latent frame per step unit)
+    "cosmos_predict1": (1280, 704),  # its Text2World pipeline's default (one latent frame per step unit)
 }
 
 # What a file with nothing to step is told, before it loads (step_refusal) and when a step is asked (engine.stepping)

@@ -187,14 +187,20 @@ class Cosmos:
         base, e = (_per_token(v.reshape(b, per, -1), tokens.shape[1]) for v in (base, e))
         cos, sin = self._rope(f, h // 2, w // 2, fps, x.device)
         es = F.silu(e)
+        extra = self._extra_pos(f, h // 2, w // 2, x.device)  # Cosmos 1.0's, added at each block's start
         for blk in self.blocks:
-            tokens = self._block(blk, tokens, context.to(dt), es, base, cos, sin)
+            tokens = self._block(
+                blk, tokens if extra is None else tokens + extra, context.to(dt), es, base, cos, sin
+            )
         shift, scale = (self.final_mod[1](self.final_mod[0](es)) + base[..., : 2 * tokens.shape[-1]]).chunk(
             2, -1
         )
         out = self.final_linear(layer_norm(tokens) * (1 + scale) + shift)  # [B, S, (h, w, t, c)]
         out = out.reshape(b, f, h // 2, w // 2, 2, 2, 1, -1).permute(0, 7, 1, 6, 2, 4, 3, 5)
         return out.reshape(b, -1, f, h, w)
+
+    def _extra_pos(self, f: int, h: int, w: int, device) -> torch.Tensor | None:
+        return None  # Predict2 has no learnable position embedding (engine.denoise.cosmos1 has)
 
     def _block(self, blk: Block, x, ctx, es, base, cos, sin):
         for (l1, l2), run in zip(blk.mods, (0, 1, 2), strict=True):

@@ -19,8 +19,10 @@ Facts (cited, not copied):
   (`adaln_modulation_self_attn.1/2`), T5 text 1024 wide, `x_embedder.proj.1` over (channels + padding
   mask) x 2x2: 68 = text-to-image, 72 = Video2World (one conditioning frame channel). 2B: 2048 wide, 28
   blocks; 14B: 5120, 36 blocks. Anima (circlestone-labs) is the 2B model with an `llm_adapter` (diffusers
-  AnimaTextConditioner) mapping Qwen3 0.6B states into that T5 space. Cosmos 1.0 (Predict1) has its own
-  learnable position embeddings (`extra_pos_embedder`, diffusers `learnable_pos_embed`).
+  AnimaTextConditioner) mapping Qwen3 0.6B states into that T5 space. Cosmos 1.0 (Predict1, `cosmos_predict1`) adds
+  learnable position embeddings (`extra_pos_embedder`, diffusers `learnable_pos_embed`); NVIDIA's 1.0 naming
+  nests each block's parts (`blocks.blockN.blocks.{0,1,2}.block`, diffusers' COSMOS_1_0 renames); 7B 4096
+  wide, 14B 5120; 68 patch inputs = Text2World (`t2v`), 72 = Video2World (`i2v`).
 """
 
 from __future__ import annotations
@@ -130,21 +132,22 @@ def cosmos(ix: KeyIndex) -> Backbone | None:
         )
         v = find_view(ix, *names[:3], "transformer_blocks.#.norm3.linear_2.weight")
     if v is None:
-        return None
+        return _predict1_original(ix)
     hidden = v.dim(names[0], 1)
     b = Backbone(v.prefix, "transformer", "cosmos", architecture="cosmos_predict2", prediction="flow")
     v.because(
         b, names[2], f"Cosmos blocks with AdaLN-LoRA modulation ({v.blocks(names[0])}), hidden {hidden}"
     )
-    for old in ("extra_pos_embedder.pos_emb_h", "learnable_pos_embed.pos_emb_h"):
-        if v.has(old):
-            b.architecture = None
-            v.because(
-                b,
-                old,
-                "learnable position embeddings: Cosmos 1.0 (Predict1), which has no architecture id here",
-            )
-            return b
+    for learnable in ("extra_pos_embedder.pos_emb_h", "learnable_pos_embed.pos_emb_h"):
+        if v.has(learnable):
+            return _predict1(v, b, hidden, learnable, names[3], names[0])
+    stem = v.has(names[3])
+    if hidden == 4096 and not stem:  # a shard of blocks only: this width is Cosmos 1.0 7B's alone
+        return _predict1(v, b, hidden, None, names[3], names[0])
+    if hidden == 5120 and not stem:
+        b.also = [
+            "cosmos_predict1"
+        ]  # Cosmos 1.0 14B's blocks are this very layout; its tables would be elsewhere
     size = COSMOS_SIZES.get(hidden or 0)
     if size is None:
         v.because(b, names[0], f"hidden {hidden}: no known Cosmos Predict2 release has this size")
@@ -177,5 +180,51 @@ def cosmos(ix: KeyIndex) -> Backbone | None:
                 "Anima's transformer alone (its adapter saved apart, as diffusers does) is this layout too",
             )
         )
+    b.variant = variant(task, size)
+    return b
+
+
+# Cosmos 1.0 (Cosmos-Predict1) Diffusion: 7B 4096 wide (32 heads), 28 blocks; 14B 5120 (40 heads), 36 blocks
+# (diffusers' convert_cosmos_to_diffusers.py Cosmos-1.0 configs); its own learnable position embeddings
+COSMOS1_SIZES = {4096: "7b", 5120: "14b"}
+# NVIDIA's 1.0 naming: `blocks.blockN.blocks.{0,1,2}.block.…` (self-attention, cross-attention, MLP)
+_C1_Q = "blocks.block0.blocks.0.block.attn.to_q.0.weight"
+
+
+def _predict1_original(ix: KeyIndex) -> Backbone | None:
+    v = find_view(ix, "extra_pos_embedder.pos_emb_h", _C1_Q)
+    if v is None:
+        return None
+    b = Backbone(v.prefix, "transformer", "cosmos", architecture="cosmos_predict1")
+    n = sum(
+        k.endswith(".blocks.0.block.attn.to_q.0.weight") for k in ix.with_prefix(v.prefix + "blocks.block")
+    )
+    v.because(b, _C1_Q, f"Cosmos 1.0 blocks (`blocks.blockN.blocks.M.block`, {n} blocks)")
+    return _predict1(v, b, v.dim(_C1_Q, 1), "extra_pos_embedder.pos_emb_h", "x_embedder.proj.1.weight", _C1_Q)
+
+
+def _predict1(v, b: Backbone, hidden: int | None, learnable: str | None, patch: str, block: str) -> Backbone:
+    """Cosmos 1.0 (Predict1): the variant from the width and the patch embedding's inputs."""
+    b.architecture, b.prediction = "cosmos_predict1", None
+    if learnable is not None:
+        v.because(b, learnable, "learnable position embeddings beside RoPE → Cosmos 1.0 (Predict1)")
+    else:
+        b.evidence.append(
+            Evidence("", None, "Cosmos blocks 4096 wide with no stem (a shard): only Cosmos 1.0 7B")
+        )
+    b.evidence.append(Evidence("", None, "EDM-preconditioned (c_skip / c_out of σ): none of eps, v or flow"))
+    size = COSMOS1_SIZES.get(hidden or 0)
+    why = (
+        f"hidden {hidden} → Cosmos 1.0 {size.upper()}" if size else f"hidden {hidden}: no Cosmos 1.0 release"
+    )
+    v.because(b, block, why)
+    task = None
+    patch_in = v.dim(patch, 1)
+    if patch_in is not None:
+        task = {68: "t2v", 72: "i2v"}.get(patch_in)
+        what = {"t2v": "Text2World", "i2v": "Video2World (a condition-mask channel)"}.get(
+            task or "", "no release"
+        )
+        v.because(b, patch, f"{patch_in} = (16 latent + masks) × 2×2 input features → {what}")
     b.variant = variant(task, size)
     return b

@@ -61,6 +61,7 @@ _LABEL = {
     "sana_video": "SANA-Video",
     "nucleus_image": "NucleusMoE-Image",
     "motif_video": "Motif-Video",
+    "cosmos_predict1": "Cosmos 1.0",
 }
 
 

@@ -52,6 +52,7 @@ _DIT_FAMILY = (
     "sana_video",
     "nucleus_image",
     "motif_video",
+    "cosmos_predict1",
 )
 
 
@@ -224,6 +225,9 @@ _MOTIF_VIDEO = re.compile(
     r"|context_embedder_linear_[12]$)",
     re.MULTILINE,
 )
+# Cosmos 1.0 in NVIDIA's naming: each block's parts nested (`blocks.blockN.blocks.M.`), no other family's. Its
+# diffusers-named LoRAs share Cosmos Predict2's names (and the 7B's width LTX-Video 13B's), so they name no base.
+_COSMOS1 = re.compile(r"^blocks_block\d+_blocks_[012]_", re.MULTILINE)
 _MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
 _MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
@@ -277,6 +281,8 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "sana_video"
     if _any_line(_MOTIF_VIDEO, lines, "_cross_attn_", "\ncontext_embedder_linear_"):
         return True, "motif_video"
+    if _any_line(_COSMOS1, lines, "\nblocks_block"):
+        return True, "cosmos_predict1"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
     if _any_line(_MINIMAX_H3, lines, "blocks_", "\nfinal_layer_", "\naudio_proj_") or (

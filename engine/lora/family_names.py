@@ -253,6 +253,34 @@ COSMOS: tuple[tuple[str, str], ...] = (
         for i in (1, 2)
     ),
 )
+# Cosmos 1.0: NVIDIA's 1.0 names (each block's parts nested: `blocks.blockN.blocks.{0,1,2}.block`) <-> diffusers'
+# CosmosTransformer3DModel, one to one (diffusers' `convert_cosmos_to_diffusers.py`, COSMOS_1_0 renames).
+_C1_ATTN = (("to_q.0", "to_q"), ("to_k.0", "to_k"), ("to_v.0", "to_v"), ("to_out.0", "to_out.0"), ("to_q.1", "norm_q"),
+            ("to_k.1", "norm_k"))  # fmt: skip
+COSMOS1: tuple[tuple[str, str], ...] = (
+    ("x_embedder.proj.1", "patch_embed.proj"),
+    ("t_embedder.1.linear_1", "time_embed.t_embedder.linear_1"),
+    ("t_embedder.1.linear_2", "time_embed.t_embedder.linear_2"),
+    ("final_layer.adaLN_modulation.1", "norm_out.linear_1"),
+    ("final_layer.adaLN_modulation.2", "norm_out.linear_2"),
+    ("final_layer.linear", "proj_out"),
+    ("affline_norm", "time_embed.norm"),
+    *(
+        (f"blocks.block{{n}}.blocks.{j}.block.attn.{o}", f"transformer_blocks.{{n}}.attn{j + 1}.{d}")
+        for j in (0, 1)
+        for o, d in _C1_ATTN
+    ),  # fmt: skip
+    ("blocks.block{n}.blocks.2.block.layer1", "transformer_blocks.{n}.ff.net.0.proj"),
+    ("blocks.block{n}.blocks.2.block.layer2", "transformer_blocks.{n}.ff.net.2"),
+    *(
+        (
+            f"blocks.block{{n}}.blocks.{j}.adaLN_modulation.{i}",
+            f"transformer_blocks.{{n}}.norm{j + 1}.linear_{i}",
+        )
+        for j in range(3)
+        for i in (1, 2)
+    ),  # fmt: skip
+)
 # Krea 2: the release's names <-> diffusers' Krea2Transformer2DModel, one to one (diffusers'
 # `convert_krea2_transformer_checkpoint_to_diffusers`), the text-fusion blocks named as the main ones.
 _KREA_BLOCK = (("attn.wq", "attn.to_q"), ("attn.wk", "attn.to_k"), ("attn.wv", "attn.to_v"), ("attn.wo", "attn.to_out.0"),
@@ -311,7 +339,7 @@ def _table(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str, r
 
 
 _ALL = (WAN, WAN_ANIMATE2, Z_IMAGE, LUMINA2, HUNYUAN, LTX, AURAFLOW, COSMOS, KREA2, PIXART, SANA, FLUX3, MOCHI,
-        HUNYUAN_DIT, MINIMAX_H3)  # fmt: skip
+        HUNYUAN_DIT, MINIMAX_H3, COSMOS1)  # fmt: skip
 _TABLES = {id(t): _table(t) for t in _ALL}
 # The tables whose swapped halves or extra names engine.lora.family_names_dits adds.
 _EXTRAS = {id(MOCHI): "mochi", id(HUNYUAN_DIT): "hunyuan_dit", id(MINIMAX_H3): "minimax_h3"}
@@ -387,6 +415,8 @@ def tables_for(paths: Iterable[str]) -> list[tuple[tuple[str, str], ...]]:
         out.append(FLUX3)
     if any(p.endswith(".adaln_proj.linear") for p in ps):  # MiniMax-H3's per-block AdaLN projection
         out.append(MINIMAX_H3)
+    if any(p.startswith("blocks.block") and ".block.attn." in p for p in ps):  # Cosmos 1.0's nested blocks
+        out.append(COSMOS1)
     return out
 
 

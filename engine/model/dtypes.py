@@ -92,6 +92,7 @@ INFERENCE_DTYPES = {
     # Kandinsky 5: bf16 releases whose attention rounds the rotated q / k to bf16 (the original's apply_rotary)
     "kandinsky5": _BF16_ONLY,
     "sana_video": _BF16_ONLY,  # its pipelines' examples run the transformer in bf16 and name no fp16
+    "cosmos_predict1": _BF16_ONLY,  # Cosmos 1.0: bf16 releases, its diffusers pipelines run bf16 and name no fp16
 }
 
 

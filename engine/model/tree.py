@@ -13,7 +13,8 @@ The file says nothing about module types, so each module is decided from its own
   ``blocks``), else
   ``GroupNorm`` with 32 groups — the SD family's fixed group count (ldm's ``Normalize``), or 1 group
   when the channels do not divide by 32;
-* ``x.weight`` with 1 dim and no bias under a norm-like name (``norm`` in a segment) → ``RMSNorm``; so is
+* ``x.weight`` with 1 dim and no bias under a norm-like name (``norm`` in a segment, or Cosmos 1.0's
+  ``to_q.1`` / ``to_k.1``) → ``RMSNorm``; so is
   a lone 1-dim ``x.scale`` under such a name (FLUX.1's QK-norm in BFL naming, ``query_norm.scale``);
 * anything else (buffers such as ``position_ids``, stray scalars, ``x.scale``) → plain parameters (float
   tensors) or buffers (integer tensors) on a plain ``nn.Module``, kept exactly as named;
@@ -103,6 +104,8 @@ def _norm_named(path: str) -> bool:
     """A norm by its name: `…query_norm`, `…norm1`, `…ln_q`, or an item of a list of norms (Chroma's
     `distilled_guidance_layer.norms.3`)."""
     parts = path.split(".")
+    if parts[-2:] in (["to_q", "1"], ["to_k", "1"]):
+        return True  # Cosmos 1.0's per-head QK norms, each the second item of a (Linear, RMSNorm) Sequential
     last = parts[-2] if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
     return "norm" in last or last.startswith("ln_")  # SD3.5's per-head `ln_q` / `ln_k`
 

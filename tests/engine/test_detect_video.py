@@ -188,7 +188,7 @@ def test_cosmos_predict2_and_anima(cfg, var):
     assert detect(blocks_only(ref, "transformer_blocks.", 1, 3)).variant == var.split("-")[1]
 
 
-def test_cosmos_1_0_is_named_but_has_no_architecture_id():
+def test_cosmos_1_0_is_cosmos_predict1():
     d = detect(meta_shapes(diffusers.CosmosTransformer3DModel, num_layers=2))  # the defaults: Cosmos 1.0 7B
-    assert (d.kind, d.architecture) == ("diffusion_model", None)
+    assert (d.kind, d.architecture, d.variant) == ("diffusion_model", "cosmos_predict1", "t2v-7b")
     assert any("Cosmos 1.0" in e.reason for e in d.evidence)
