@@ -66,6 +66,7 @@ SELF_DESCRIBED = {
     "longcat_image": "longcat_image",  # LongCat-Image (and -Edit)
     "ovis_image": "longcat_image",  # Ovis-Image: LongCat-Image's module, its SwiGLU MLPs and text norm
     "kandinsky5": "kandinsky5",  # Kandinsky 5 (T2V / I2V Lite and Pro, Image Lite T2I / I2I)
+    "bria_fibo2": "bria_fibo2",  # Bria FIBO 2 (Z-Image's blocks, a Perceiver over the text, injection blocks)
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),

@@ -91,6 +91,7 @@ INFERENCE_DTYPES = {
     "ovis_image": _BF16_ONLY,
     # Kandinsky 5: bf16 releases whose attention rounds the rotated q / k to bf16 (the original's apply_rotary)
     "kandinsky5": _BF16_ONLY,
+    "bria_fibo2": _BF16_ONLY,  # its pipeline's example loads bf16
 }
 
 
