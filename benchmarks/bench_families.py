@@ -77,6 +77,10 @@ def run_diffusers(model, family: str, x: dict):
         return model(hidden_states=x["hidden_states"], timestep=x["timestep"],
                      encoder_hidden_states=x["encoder_hidden_states"], position_ids=x["position_ids"].long(),
                      segment_ids=x["segment_ids"].long(), indicator=x["indicator"].long()).sample  # fmt: skip
+    if (
+        family == "bria_fibo2"
+    ):  # Loadout's names are diffusers' forward's (a random step: no mask, no context)
+        return model(**x).sample
     if family in ("prx", "joyimage"):  # Loadout's names are diffusers' forward's (JoyImage: the Edit class's)
         return model(**x).sample
     if family in ("longcat_image", "ovis_image"):  # Loadout's names are diffusers' forward's

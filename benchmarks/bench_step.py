@@ -50,6 +50,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
     16384-token codebook) at 2 of its 30 blocks, 512×512 pixels (1024 image tokens) with 64 glyph tokens.
   * ideogram4: Ideogram 4 at its real width (4608, 18 heads of 256, SwiGLU 12288, 53248-wide text features) at 1 of
     its 34 layers, 512×512 pixels (1024 image rows) after 256 prompt rows.
+  * bria_fibo2: Bria FIBO 2 at its real width (3584, 28 heads of 128, SwiGLU 9536, 7680-wide text) at 2 of its 44
+    layers (one an injection block), 1 of 2 refiner and Perceiver layers, 512×512 (1024 image tokens), 512 prompt tokens
+    (320 gist tokens).
   * longcat_image: LongCat-Image at its real width (3072, 24 heads of 128, FLUX.1's 4x MLP, Qwen2.5-VL 3584-wide text)
     at 1 + 1 of its 19 + 38 double / single blocks, 512×512 (1024 image tokens) with its 512 text tokens.
   * ovis_image: Ovis-Image at its real width (3072, 24 heads of 128, SwiGLU 2 x 12288, 2048-wide text) at 1 + 1 of its
@@ -103,7 +106,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|bria_fibo2] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -225,6 +228,8 @@ BRIA = dict(num_layers=1, num_single_layers=2)
 GLM_IMAGE = dict(num_layers=2)
 # Ideogram 4's width (diffusers' Ideogram4Transformer2DModel defaults) at 1 of its 34 layers
 IDEOGRAM4 = dict(num_layers=1)
+# Bria FIBO 2's width (diffusers' BriaFibo2Transformer2DModel defaults) at 2 of its 44 layers, one an injection block
+BRIA_FIBO2 = dict(n_layers=2, n_refiner_layers=1, perceiver_num_layers=1, injection_layer_ids=(1,))
 # Kandinsky 5 T2V Lite (Kandinsky-5 configs/config_5s_sft.yaml) at 2 of its 2 text and 2 of its 32 visual blocks
 KANDINSKY5 = dict(in_visual_dim=16, out_visual_dim=16, time_dim=512, model_dim=1792, ff_dim=7168, num_text_blocks=2,
                   num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True)  # fmt: skip
@@ -278,6 +283,8 @@ FAMILIES["longcat_image"] = ((512, 512), "transformer", "longcat_image")
 FAMILIES["ovis_image"] = ((512, 512), "transformer", "ovis_image")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("longcat_image", "ovis_image")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("kandinsky5",)
+FAMILIES["bria_fibo2"] = ((512, 512), "transformer", "bria_fibo2")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("bria_fibo2",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -404,6 +411,10 @@ def _diffusers_model(family: str):
             from diffusers import BriaFiboTransformer2DModel
 
             return BriaFiboTransformer2DModel(**BRIA)
+        if family == "bria_fibo2":
+            from diffusers.models.transformers.transformer_bria_fibo2 import BriaFibo2Transformer2DModel
+
+            return BriaFibo2Transformer2DModel(**BRIA_FIBO2)
         if family == "longcat_image":
             from diffusers import LongCatImageTransformer2DModel
 
