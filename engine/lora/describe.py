@@ -49,6 +49,10 @@ _DIT_FAMILY = (
     "kandinsky5",
     "longcat_image",
     "ovis_image",
+    "bria",
+    "bria_fibo",
+    "glm_image",
+    "bria_fibo2",
 )
 
 
@@ -204,13 +208,27 @@ _JOYIMAGE = re.compile(
 _KANDINSKY5 = re.compile(
     r"^(?:text_transformer_blocks_\d+_|visual_transformer_blocks_\d+_cross_attention_)", re.MULTILINE
 )
+# Bria FIBO 2: its Perceiver or an injection block's cross-attention (its NextDiT layers alone: _NEXTDIT_WIDTH).
+# Bria FIBO: a caption projection into each block. GLM-Image: its projectors / time-and-size embedder, or `attn1`
+# 2560 wide with no `attn2` (PixArt / Sana 1152, LTX-Video 2048, Mochi 3072). A time embedding without FLUX.1's
+# pooled text (`time_embed`, not `time_text_embed`): LongCat-Image by its 3584-wide text, else Bria 3.2 or a FIBO LoRA
+# without the caption projections, which no key tells apart (engine.detect.flux_likes).
+_BRIA_FIBO2 = re.compile(
+    r"^(?:perceiver_layers_\d+_|(?:layers|noise_refiner)_\d+_cross_attention_)", re.MULTILINE
+)
+_BRIA_FIBO = re.compile(r"^caption_projection_\d+_linear$", re.MULTILINE)
+_GLM_IMAGE = re.compile(
+    r"^(?:glyph_projector_|prior_projector_|image_projector_proj$|time_condition_embed_)", re.M
+)
+_GLM_IMAGE_Q, _GLM_IMAGE_WIDTH = re.compile(r"^transformer_blocks_\d+_attn1_to_[qkv]$"), 2560
+_TIME_EMBED = re.compile(r"^time_embed_timestep_embedder_linear_[12]$", re.MULTILINE)
 _MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
 _MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
 # Hidden widths: Wan 1536 (2.1 1.3B), 5120 (2.1 14B; the 2.2 A14B experts share it), 3072 (2.2 TI2V 5B);
-# NextDiT 2304 (Lumina 2), 3840 (Z-Image). Facts of each release's config.
+# NextDiT 2304 (Lumina 2), 3840 (Z-Image), 3584 (Bria FIBO 2). Facts of each release's config.
 _WAN_WIDTH = {1536: "wan21", 5120: "wan21", 3072: "wan22"}
-_NEXTDIT_WIDTH = {2304: "lumina2", 3840: "z_image"}
+_NEXTDIT_WIDTH = {2304: "lumina2", 3840: "z_image", 3584: "bria_fibo2"}
 
 
 def _width(diff, facts, pattern: re.Pattern, attr: str = "in_features") -> int | None:
@@ -255,6 +273,14 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "kandinsky5"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
+    if _any_line(_BRIA_FIBO2, lines, "\nperceiver_layers_", "_cross_attention_"):
+        return True, "bria_fibo2"
+    if _any_line(_GLM_IMAGE, lines, "_projector_", "\ntime_condition_embed_") or (
+        "_attn1_to_" in lines
+        and "_attn2_" not in lines
+        and _width(diff, facts, _GLM_IMAGE_Q) == _GLM_IMAGE_WIDTH
+    ):
+        return True, "glm_image"
     if _any_line(_MINIMAX_H3, lines, "blocks_", "\nfinal_layer_", "\naudio_proj_") or (
         "\ntransformer_blocks_" in lines and _width(diff, facts, _MINIMAX_H3_Q) == _MINIMAX_H3_WIDTH
     ):
@@ -282,6 +308,10 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "hunyuan_video"
     if "\ndistilled_guidance_layer" in lines:
         return True, "chroma"
+    if _any_line(_BRIA_FIBO, lines, "\ncaption_projection_"):
+        return True, "bria_fibo"
+    if _any_line(_TIME_EMBED, lines, "\ntime_embed_"):  # else Bria 3.2, or FIBO without its projections: None
+        return True, "longcat_image" if _width(diff, facts, _CONTEXT_EMBEDDER) == 3584 else None
     if "\nsingle_transformer_blocks_" in lines:
         inner = _width(diff, facts, _FLUX_LIKE_MLP, "in_features")
         if inner and _width(diff, facts, _FLUX_LIKE_MLP, "out_features") == 8 * inner:
