@@ -71,11 +71,18 @@ def test_bria_fibo2_equals_diffusers_in_both_namings(fibo2):
     diff_path, prefixed_path, ref, _ = fibo2
     dens = [_bound(diff_path), _bound(prefixed_path)]
     padded = _inputs(1)
+    left = {k: v.flip(-1) if k == "encoder_attention_mask" else v.flip(-2) if k == "encoder_hidden_states" else v
+            for k, v in padded.items()}  # fmt: skip
     one = {k: v for k, v in _inputs(2, 1, (700,)).items() if k != "encoder_attention_mask"}
     g = torch.Generator().manual_seed(3)
     edit = dict(one, context_latents=torch.randn(1, 8, 4, 2, generator=g))
     with torch.inference_mode():
-        for x, what in ((padded, "two prompts, gist padded"), (one, "one prompt"), (edit, "a context image")):
+        for x, what in (
+            (padded, "two prompts, gist padded"),
+            (one, "one prompt"),
+            (edit, "a context image"),
+            (left, "left-padded"),
+        ):
             x = dens[0].check_inputs(x, "inputs")
             want = _diffusers(ref, x)
             for den, n in zip(dens, ("bare", "prefixed"), strict=True):
@@ -116,7 +123,7 @@ def test_bad_inputs_are_refused(fibo2):
     den = _bound(fibo2[0])
     x = _inputs(5)
     bad = x["encoder_attention_mask"].clone()
-    bad[0, 0] = 0
+    bad[0, 0] = 0.5
     with pytest.raises(FormatError, match="encoder_attention_mask"):
         den.check_inputs(dict(x, encoder_attention_mask=bad), "in.safetensors")
     with pytest.raises(FormatError, match="2×2 patches"):
