@@ -1,7 +1,7 @@
 """The base a LoRA of Bria FIBO, Bria FIBO 2 or GLM-Image names, from PEFT-named files whose factors take the real
 layouts' widths (diffusers' classes at their default configs, built on the meta device); FLUX.1's and Z-Image's LoRAs
-still name theirs, and a Bria 3.2 LoRA (whose layout a FIBO LoRA without the caption projections shares) names none
-rather than FLUX.1."""
+still name theirs; Bria FIBO by its caption projections or 48-channel latent, Bria 3.2 by its stem, T5-wide text and
+64-channel latent, and a LoRA that could be either names none rather than FLUX.1."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_z_image_and_flux1_loras_still_name_theirs(tmp_path):
     assert _base(tmp_path, FluxTransformer2DModel, flux + stems) == "flux1"
 
 
-def test_a_bria_fibo_lora_names_it_by_its_caption_projections(tmp_path):
+def test_bria_fibo_and_bria_32_loras_name_theirs_where_a_key_or_width_says(tmp_path):
     from diffusers import BriaFiboTransformer2DModel, BriaTransformer2DModel
 
     blocks = [f"transformer_blocks.0.attn.{p}" for p in (*ATTN, "add_q_proj")] + [
@@ -63,10 +63,31 @@ def test_a_bria_fibo_lora_names_it_by_its_caption_projections(tmp_path):
     stems = ["time_embed.timestep_embedder.linear_1", "context_embedder"]
     fibo = blocks + stems + ["caption_projection.0.linear", "caption_projection.7.linear"]
     assert _base(tmp_path, BriaFiboTransformer2DModel, fibo) == "bria_fibo"
-    # Bria 3.2's stems are FIBO's too: no base said, and not FLUX.1's (whose time embedding reads a pooled vector)
+    # the release's 48-channel latent (Wan 2.2's VAE) without the projections
+    assert (
+        _base(tmp_path, BriaFiboTransformer2DModel, blocks + stems + ["x_embedder"], in_channels=48)
+        == "bria_fibo"
+    )
+    assert _base(tmp_path, BriaFiboTransformer2DModel, blocks + ["proj_out"], in_channels=48) == "bria_fibo"
+    # Bria 3.2: its stem (no pooled vector: not FLUX.1), T5's 4096-wide text and the 64-channel packed latent
+    assert _base(tmp_path, BriaTransformer2DModel, blocks + stems + ["x_embedder"]) == "bria"
+    # without the latent's width its stems are FIBO's too: no base said, and not FLUX.1
     assert _base(tmp_path, BriaTransformer2DModel, blocks + stems) is None
     # its blocks alone are FLUX.1's, key for key and width for width: read as FLUX.1, as before
     assert _base(tmp_path, BriaTransformer2DModel, blocks) == "flux1"
+    assert _base(tmp_path, BriaTransformer2DModel, blocks + ["x_embedder"]) == "flux1"
+
+
+def test_a_longcat_lora_with_its_stem_still_names_longcat(tmp_path):
+    from diffusers import LongCatImageTransformer2DModel
+
+    mods = [
+        "transformer_blocks.0.attn.to_q",
+        "time_embed.timestep_embedder.linear_1",
+        "context_embedder",
+        "x_embedder",
+    ]
+    assert _base(tmp_path, LongCatImageTransformer2DModel, mods) == "longcat_image"
 
 
 def test_a_glm_image_lora_names_it(tmp_path):
