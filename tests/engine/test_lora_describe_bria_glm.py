@@ -23,7 +23,11 @@ def _base(tmp_path, cls, modules, **config) -> str | None:
         entries += [(f"transformer.{m}.lora_A.weight", "BF16", (8, inp)),
                     (f"transformer.{m}.lora_B.weight", "BF16", (out, 8))]  # fmt: skip
     path = write_sparse(tmp_path / f"{cls.__name__}_{len(modules)}.safetensors", entries)
-    return describe_lora(read_header(path)).base
+    info = describe_lora(read_header(path))
+    assert info.base is None or info.targets == (
+        "transformer",
+    )  # a named base's modules are a DiT's, not a UNet's
+    return info.base
 
 
 ATTN = ("to_q", "to_k", "to_v", "to_out.0")
