@@ -187,3 +187,11 @@ def test_a_peft_lora_lands_baked_and_on_the_fly(fibo2, tmp_path, base, budget):
     assert rel_l2(plain, want) > 100 * TOL
     what = f"bria_fibo2 LoRA (peft on {base}, budget {budget})"
     check_lora_step(path, lora, strength, x, tmp_path, budget, want, len(LORA_MODULES), what, None, 1e-4)
+
+
+def test_heads_other_than_128_wide_are_refused_by_name(tmp_path):
+    from engine.errors import UnsupportedModel
+
+    _, sd = well_scaled(BriaFibo2Transformer2DModel(**dict(CONFIG, n_heads=2)), 5)
+    with pytest.raises(UnsupportedModel, match="heads 64 wide"):
+        _bound(write(tmp_path / "fibo2_64.safetensors", sd))
