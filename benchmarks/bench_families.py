@@ -85,6 +85,10 @@ def run_diffusers(model, family: str, x: dict):
         return model(hidden_states=x["hidden_states"], timestep=x["timestep"], img_shapes=shapes,
                      encoder_hidden_states=x["encoder_hidden_states"],
                      encoder_hidden_states_mask=None if mask is None else mask.bool()).sample  # fmt: skip
+    if (
+        family == "bria_fibo2"
+    ):  # Loadout's names are diffusers' forward's (a random step: no mask, no context)
+        return model(**x).sample
     if family in (
         "prx",
         "joyimage",

@@ -55,6 +55,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * nucleus_image: NucleusMoE-Image at its real width (2048, 16 heads of 128 over 4 key heads, 64 experts of 1344 and a
     shared one, Qwen3-VL's 4096-wide text) at 1 dense + 1 MoE of its 3 + 29 blocks, 512×512 (1024 image tokens), 256 text
     tokens; the MoE block's packed experts are 2.1 GB of its 2.5 GB (float32).
+  * bria_fibo2: Bria FIBO 2 at its real width (3584, 28 heads of 128, SwiGLU 9536, 7680-wide text) at 2 of its 44
+    layers (one an injection block), 1 of 2 refiner and Perceiver layers, 512×512 (1024 image tokens), 512 prompt tokens
+    (320 gist tokens).
   * longcat_image: LongCat-Image at its real width (3072, 24 heads of 128, FLUX.1's 4x MLP, Qwen2.5-VL 3584-wide text)
     at 1 + 1 of its 19 + 38 double / single blocks, 512×512 (1024 image tokens) with its 512 text tokens.
   * ovis_image: Ovis-Image at its real width (3072, 24 heads of 128, SwiGLU 2 x 12288, 2048-wide text) at 1 + 1 of its
@@ -113,7 +116,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|cosmos1|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|motif_video|nucleus_image|sana_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|cosmos1|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|bria_fibo2|motif_video|nucleus_image|sana_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -238,6 +241,8 @@ IDEOGRAM4 = dict(num_layers=1)
 # NucleusMoE-Image (its transformer/config.json) at 1 dense and 1 MoE block (capacity 2, as its blocks past 4)
 NUCLEUS_IMAGE = dict(num_layers=2, num_key_value_heads=4, joint_attention_dim=4096, num_experts=64, out_channels=16,
                      dense_moe_strategy="leave_first_block_dense", capacity_factors=[0.0, 2.0])  # fmt: skip
+# Bria FIBO 2's width (diffusers' BriaFibo2Transformer2DModel defaults) at 2 of its 44 layers, one an injection block
+BRIA_FIBO2 = dict(n_layers=2, n_refiner_layers=1, perceiver_num_layers=1, injection_layer_ids=(1,))
 # Kandinsky 5 T2V Lite (Kandinsky-5 configs/config_5s_sft.yaml) at 2 of its 2 text and 2 of its 32 visual blocks
 KANDINSKY5 = dict(in_visual_dim=16, out_visual_dim=16, time_dim=512, model_dim=1792, ff_dim=7168, num_text_blocks=2,
                   num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True)  # fmt: skip
@@ -306,6 +311,8 @@ FAMILIES_RUN_BY_BENCH_FAMILIES += ("motif_video",)
 COSMOS1 = dict(num_layers=2)
 FAMILIES["cosmos1"] = ((512, 512), "transformer", "cosmos_predict1")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("cosmos1",)
+FAMILIES["bria_fibo2"] = ((512, 512), "transformer", "bria_fibo2")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("bria_fibo2",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -444,6 +451,10 @@ def _diffusers_model(family: str):
             from diffusers import BriaFiboTransformer2DModel
 
             return BriaFiboTransformer2DModel(**BRIA)
+        if family == "bria_fibo2":
+            from diffusers.models.transformers.transformer_bria_fibo2 import BriaFibo2Transformer2DModel
+
+            return BriaFibo2Transformer2DModel(**BRIA_FIBO2)
         if family == "longcat_image":
             from diffusers import LongCatImageTransformer2DModel
 

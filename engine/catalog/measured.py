@@ -64,6 +64,8 @@ ACTIVATION_BYTES = {
     "motif_video": 128
     * 1024,  # FLUX.1's blocks (diffusers' default width 3072, 4x MLP); 512 text tokens ride
     "cosmos_predict1": 160 * 1024,  # width 4096 (14B: 5120), 4x MLP, a learnable position table per token
+    "bria_fibo2": 128
+    * 1024,  # width 3584, SwiGLU 9536, one token per 16x16 pixels (256-512 gist tokens ride)
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
@@ -106,6 +108,7 @@ UNIT_PX = {
     "nucleus_image": 16,
     "motif_video": 16,
     "cosmos_predict1": 16,  # 2x2 patches of its 8x tokenizer's latent, per latent frame
+    "bria_fibo2": 16,
 }
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.

@@ -52,6 +52,7 @@ STEP_KINDS = {
     "nucleus_image": "nucleus_image",
     "motif_video": "motif_video",
     "cosmos_predict1": "cosmos_predict1",
+    "bria_fibo2": "bria_fibo2",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -104,6 +105,7 @@ NATIVE_PX = {
     "nucleus_image": (1024, 1024),  # its pipeline's default size
     "motif_video": (1280, 736),  # its pipelines' default (121 frames; one latent frame per step unit)
     "cosmos_predict1": (1280, 704),  # its Text2World pipeline's default (one latent frame per step unit)
+    "bria_fibo2": (1024, 1024),  # its pipeline's default size
 }
 
 # What a file with nothing to step is told, before it loads (step_refusal) and when a step is asked (engine.stepping)

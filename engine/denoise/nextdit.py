@@ -107,6 +107,42 @@ def z_image_positions(h: int, w: int, n_img: int, n_cap: int) -> tuple[torch.Ten
     return img, cap
 
 
+def modulation(blk: Block, tmod, runs=None):
+    """apply(i, y): y times the block's i-th factor of (1 + scale, tanh(gate), 1 + scale₂, tanh(gate₂))
+    (y itself in an unmodulated refiner). With `runs` (Z-Image Omni: [(start, end, noisy)] covering
+    the sequence), `tmod` holds the B noisy time rows then the B clean ones (t = 1), and each run
+    takes its side's factors — per token as the Omni forward selects them."""
+    if blk.mod is None:
+        return lambda i, y: y
+    s1, g1, s2, g2 = blk.mod(tmod)[:, None].chunk(4, dim=-1)
+    mod = (1 + s1, g1.tanh(), 1 + s2, g2.tanh())
+    if runs is None:
+        return lambda i, y: y * mod[i]
+    b = mod[0].shape[0] // 2
+    sides = ([f[:b] for f in mod], [f[b:] for f in mod])  # noisy, clean
+    return lambda i, y: torch.cat([y[:, s:e] * sides[0 if noisy else 1][i] for s, e, noisy in runs], 1)
+
+
+def attention_half(blk: Block, x, pe, apply, keys=None):
+    """x plus the block's gated self-attention (`apply` from `modulation`)."""
+    a = rms_norm_with(blk.norm1, x, NORM_EPS)
+    q, k, v = blk.qkv(apply(0, a))
+    hd = wshape(blk.norm_q)[0]
+    q, k, v = (u.unflatten(-1, (-1, hd)).transpose(1, 2) for u in (q, k, v))
+    q = rope(rms_norm_with(blk.norm_q, q, NORM_EPS).to(v.dtype), pe)
+    k = rope(rms_norm_with(blk.norm_k, k, NORM_EPS).to(v.dtype), pe)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, enable_gqa=k.shape[1] != q.shape[1])
+    o = rms_norm_with(blk.norm2, blk.out(merge_heads(o)), NORM_EPS)
+    return x + apply(1, o)
+
+
+def ffn_half(blk: Block, x, apply):
+    """x plus the block's gated SwiGLU feed-forward."""
+    f = apply(2, rms_norm_with(blk.ffn_norm1, x, NORM_EPS))
+    f = rms_norm_with(blk.ffn_norm2, blk.w2(F.silu(blk.w1(f)) * blk.w3(f)), NORM_EPS)
+    return x + apply(3, f)
+
+
 @dataclass
 class NextDiT:
     """A bound Z-Image or Lumina 2 transformer: call it with x [B, 16, h, w] (h, w even), t [B] (0–1) and
@@ -286,34 +322,11 @@ class NextDiT:
         return torch.cat([rows, token.expand(rows.shape[0], to - rows.shape[1], -1)], 1)
 
     def _modulation(self, blk: Block, tmod, runs=None):
-        """apply(i, y): y times the block's i-th factor of (1 + scale, tanh(gate), 1 + scale₂, tanh(gate₂))
-        (y itself in an unmodulated refiner). With `runs` (Z-Image Omni: [(start, end, noisy)] covering
-        the sequence), `tmod` holds the B noisy time rows then the B clean ones (t = 1), and each run
-        takes its side's factors — per token as the Omni forward selects them."""
-        if blk.mod is None:
-            return lambda i, y: y
-        s1, g1, s2, g2 = blk.mod(tmod)[:, None].chunk(4, dim=-1)
-        mod = (1 + s1, g1.tanh(), 1 + s2, g2.tanh())
-        if runs is None:
-            return lambda i, y: y * mod[i]
-        b = mod[0].shape[0] // 2
-        sides = ([f[:b] for f in mod], [f[b:] for f in mod])  # noisy, clean
-        return lambda i, y: torch.cat([y[:, s:e] * sides[0 if noisy else 1][i] for s, e, noisy in runs], 1)
+        return modulation(blk, tmod, runs)
 
     def _block(self, blk: Block, x, pe, tmod, keys=None, runs=None):
-        apply = self._modulation(blk, tmod, runs)
-        a = rms_norm_with(blk.norm1, x, NORM_EPS)
-        q, k, v = blk.qkv(apply(0, a))
-        hd = wshape(blk.norm_q)[0]
-        q, k, v = (u.unflatten(-1, (-1, hd)).transpose(1, 2) for u in (q, k, v))
-        q = rope(rms_norm_with(blk.norm_q, q, NORM_EPS).to(v.dtype), pe)
-        k = rope(rms_norm_with(blk.norm_k, k, NORM_EPS).to(v.dtype), pe)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, enable_gqa=k.shape[1] != q.shape[1])
-        o = rms_norm_with(blk.norm2, blk.out(merge_heads(o)), NORM_EPS)
-        x = x + apply(1, o)
-        f = apply(2, rms_norm_with(blk.ffn_norm1, x, NORM_EPS))
-        f = rms_norm_with(blk.ffn_norm2, blk.w2(F.silu(blk.w1(f)) * blk.w3(f)), NORM_EPS)
-        return x + apply(3, f)
+        apply = modulation(blk, tmod, runs)
+        return ffn_half(blk, attention_half(blk, x, pe, apply, keys), apply)
 
     def op_order(self) -> list:
         image, caption = self.noise_refiner, self.context_refiner

@@ -62,6 +62,7 @@ _LABEL = {
     "nucleus_image": "NucleusMoE-Image",
     "motif_video": "Motif-Video",
     "cosmos_predict1": "Cosmos 1.0",
+    "bria_fibo2": "Bria FIBO 2",
 }
 
 

@@ -53,6 +53,10 @@ _DIT_FAMILY = (
     "nucleus_image",
     "motif_video",
     "cosmos_predict1",
+    "bria",
+    "bria_fibo",
+    "glm_image",
+    "bria_fibo2",
 )
 
 
@@ -228,13 +232,24 @@ _MOTIF_VIDEO = re.compile(
 # Cosmos 1.0 in NVIDIA's naming: each block's parts nested (`blocks.blockN.blocks.M.`), no other family's. Its
 # diffusers-named LoRAs share Cosmos Predict2's names (and the 7B's width LTX-Video 13B's), so they name no base.
 _COSMOS1 = re.compile(r"^blocks_block\d+_blocks_[012]_", re.MULTILINE)
+# Bria FIBO 2: its Perceiver or an injection block's cross-attention (its NextDiT layers alone: _NEXTDIT_WIDTH).
+# GLM-Image: its projectors / time-and-size embedder, or `attn1` 2560 wide with no `attn2` (PixArt / Sana 1152,
+# LTX-Video 2048, Mochi 3072). FLUX.1's blocks in diffusers' names (engine.detect.flux_likes): Bria FIBO by its caption
+# projections or its 48-channel latent (x_embedder / proj_out; FLUX.1, Bria 3.2, LongCat 64); a time embedding without
+# FLUX.1's pooled text (`time_embed`) is LongCat-Image's (3584-wide text) or Bria 3.2's (T5's 4096, 64 channels).
+_BRIA_FIBO2 = re.compile(r"^(?:perceiver_layers_\d+_|(?:layers|noise_refiner)_\d+_cross_attention_)", re.M)
+_BRIA_FIBO = re.compile(r"^caption_projection_\d+_linear$", re.MULTILINE)
+_GLM_IMAGE = re.compile(r"^(?:(?:glyph|prior)_projector_|image_projector_proj$|time_condition_embed_)", re.M)
+_GLM_Q, _GLM_WIDTH = re.compile(r"^transformer_blocks_\d+_attn1_to_[qkv]$"), 2560
+_TIME_EMBED = re.compile(r"^time_embed_timestep_embedder_linear_[12]$", re.MULTILINE)
+_IMG_IN, _IMG_OUT = re.compile(r"^x_embedder$"), re.compile(r"^proj_out$")
 _MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
 _MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
 # Hidden widths: Wan 1536 (2.1 1.3B), 5120 (2.1 14B; the 2.2 A14B experts share it), 3072 (2.2 TI2V 5B);
-# NextDiT 2304 (Lumina 2), 3840 (Z-Image). Facts of each release's config.
+# NextDiT 2304 (Lumina 2), 3840 (Z-Image), 3584 (Bria FIBO 2). Facts of each release's config.
 _WAN_WIDTH = {1536: "wan21", 5120: "wan21", 3072: "wan22"}
-_NEXTDIT_WIDTH = {2304: "lumina2", 3840: "z_image"}
+_NEXTDIT_WIDTH = {2304: "lumina2", 3840: "z_image", 3584: "bria_fibo2"}
 
 
 def _width(diff, facts, pattern: re.Pattern, attr: str = "in_features") -> int | None:
@@ -285,6 +300,12 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "cosmos_predict1"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
+    if _any_line(_BRIA_FIBO2, lines, "\nperceiver_layers_", "_cross_attention_"):
+        return True, "bria_fibo2"
+    if _any_line(_GLM_IMAGE, lines, "_projector_", "\ntime_condition_embed_") or (
+        "_attn1_to_" in lines and "_attn2_" not in lines and _width(diff, facts, _GLM_Q) == _GLM_WIDTH
+    ):
+        return True, "glm_image"
     if _any_line(_MINIMAX_H3, lines, "blocks_", "\nfinal_layer_", "\naudio_proj_") or (
         "\ntransformer_blocks_" in lines and _width(diff, facts, _MINIMAX_H3_Q) == _MINIMAX_H3_WIDTH
     ):
@@ -314,6 +335,15 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "hunyuan_video"
     if "\ndistilled_guidance_layer" in lines:
         return True, "chroma"
+    latent = _width(diff, facts, _IMG_IN) or _width(diff, facts, _IMG_OUT, "out_features")
+    flux_like = any(
+        n in lines for n in ("\ntime_embed_", "\ntransformer_blocks_", "\nsingle_transformer_blocks_")
+    )
+    if _any_line(_BRIA_FIBO, lines, "\ncaption_projection_") or (flux_like and latent == 48):
+        return True, "bria_fibo"
+    if _any_line(_TIME_EMBED, lines, "\ntime_embed_"):  # without the latent's width, Bria 3.2 or FIBO: None
+        text = _width(diff, facts, _CONTEXT_EMBEDDER)
+        return True, "longcat_image" if text == 3584 else "bria" if text == 4096 and latent == 64 else None
     if "\nsingle_transformer_blocks_" in lines:
         inner = _width(diff, facts, _FLUX_LIKE_MLP, "in_features")
         if inner and _width(diff, facts, _FLUX_LIKE_MLP, "out_features") == 8 * inner:

@@ -93,6 +93,7 @@ INFERENCE_DTYPES = {
     "kandinsky5": _BF16_ONLY,
     "sana_video": _BF16_ONLY,  # its pipelines' examples run the transformer in bf16 and name no fp16
     "cosmos_predict1": _BF16_ONLY,  # Cosmos 1.0: bf16 releases, its diffusers pipelines run bf16 and name no fp16
+    "bria_fibo2": _BF16_ONLY,  # its pipeline's example loads bf16
 }
 
 
