@@ -49,6 +49,7 @@ _DIT_FAMILY = (
     "kandinsky5",
     "longcat_image",
     "ovis_image",
+    "kandinsky6",
 )
 
 
@@ -204,6 +205,13 @@ _JOYIMAGE = re.compile(
 _KANDINSKY5 = re.compile(
     r"^(?:text_transformer_blocks_\d+_|visual_transformer_blocks_\d+_cross_attention_)", re.MULTILINE
 )
+# Kandinsky 6 (diffusers' names are its files'): its per-modality text blocks, or its fused blocks' halves and the
+# attention between them — names no other family holds (Kandinsky 5's blocks are not nested; its SR model's are not)
+_KANDINSKY6 = re.compile(
+    r"^(?:(?:video|audio)_text_transformer_blocks_\d+_|visual_transformer_blocks_\d+_(?:video_dec_block|audio_dec_block"
+    r"|va_cross_attention|av_cross_attention|va_modulation|av_modulation)_)",
+    re.MULTILINE,
+)
 _MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
 _MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
@@ -253,6 +261,10 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "joyimage"
     if _any_line(_KANDINSKY5, lines, "\ntext_transformer_blocks_", "_cross_attention_"):
         return True, "kandinsky5"
+    if _any_line(
+        _KANDINSKY6, lines, "_text_transformer_blocks_", "_dec_block_", "_cross_attention_", "_modulation_"
+    ):
+        return True, "kandinsky6"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
     if _any_line(_MINIMAX_H3, lines, "blocks_", "\nfinal_layer_", "\naudio_proj_") or (
