@@ -58,6 +58,7 @@ _LABEL = {
     "longcat_image": "LongCat-Image",
     "ovis_image": "Ovis-Image",
     "kandinsky5": "Kandinsky 5",
+    "kandinsky6": "Kandinsky 6",
 }
 
 
