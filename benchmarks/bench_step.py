@@ -64,6 +64,9 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * kandinsky5: Kandinsky 5 T2V Lite at its real width (1792, 28 heads of 64, a GELU MLP of 7168, Qwen2.5-VL 3584 text,
     CLIP 768 pooled, visual conditioning) at 2 + 2 of its 2 + 32 blocks, one 768×512 latent frame (1536 tokens), 256 text
     tokens.
+  * kandinsky6: Kandinsky 6 at diffusers' default width (video and audio 4096, 32 heads of 128, GELU MLPs of 16384, the
+    released cross gates and cross-modal RoPE) at 1 + 1 text blocks and 1 of its 60 fused blocks, one 768×512 latent
+    frame (1536 tokens) with 4 audio tokens, 256 text tokens.
   * stable_cascade_c: Stable Cascade's Stage C (the prior) at its real width (2048, 32 heads of 64, CLIP-bigG 1280
     text and pooled, 768 image) at 1 + 1 of its 8 + 24 layers per half, 1024×1024 (its 24×24 latent), 77 tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
@@ -103,7 +106,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|kandinsky6|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -228,6 +231,7 @@ IDEOGRAM4 = dict(num_layers=1)
 # Kandinsky 5 T2V Lite (Kandinsky-5 configs/config_5s_sft.yaml) at 2 of its 2 text and 2 of its 32 visual blocks
 KANDINSKY5 = dict(in_visual_dim=16, out_visual_dim=16, time_dim=512, model_dim=1792, ff_dim=7168, num_text_blocks=2,
                   num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True)  # fmt: skip
+KANDINSKY6 = dict(num_text_blocks=1, num_visual_blocks=1, ca_rope=True, cross_gates=True, fix_modulation=True)
 # Stable Cascade's Stage C (stabilityai/stable-cascade-prior's prior/config.json: 2048 wide, 32 heads, CTA levels joined by
 # 1x1 mappings, sca and crp) at one layer of each level's 8 / 24 per half
 _CTA = ("SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock")
@@ -278,6 +282,8 @@ FAMILIES["longcat_image"] = ((512, 512), "transformer", "longcat_image")
 FAMILIES["ovis_image"] = ((512, 512), "transformer", "ovis_image")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("longcat_image", "ovis_image")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("kandinsky5",)
+FAMILIES["kandinsky6"] = ((768, 512), "transformer", "kandinsky6")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("kandinsky6",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -392,6 +398,10 @@ def _diffusers_model(family: str):
             from diffusers import Kandinsky5Transformer3DModel
 
             return Kandinsky5Transformer3DModel(**KANDINSKY5)
+        if family == "kandinsky6":
+            from diffusers import Kandinsky6Transformer3DModel
+
+            return Kandinsky6Transformer3DModel(**KANDINSKY6)
         if family == "minimax_h3":
             from diffusers import MiniMaxH3Transformer3DModel
 
@@ -461,6 +471,14 @@ def real_rotary_tables(model, family: str) -> None:
         model.time_embeddings.freqs = k5.get_freqs(c.model_dim // 2)
         model.text_rope_embeddings = k5.Kandinsky5RoPE1D(sum(c.axes_dims))
         model.visual_rope_embeddings = k5.Kandinsky5RoPE3D(c.axes_dims)
+    elif family == "kandinsky6":  # its rotary tables (buffers the file does not hold)
+        from diffusers.models.transformers import transformer_kandinsky6 as k6
+
+        c, head = model.config, sum(model.config.axes_dims)
+        model.visual_rope_embeddings = k6.Kandinsky6RoPE3D(c.axes_dims)
+        model.video_text_rope_embeddings = k6.Kandinsky6RoPE1D(head)
+        model.audio_text_rope_embeddings = k6.Kandinsky6RoPE1D(head)
+        model.audio_rope_embeddings = k6.Kandinsky6RoPE1D(head, freqs_scaling=c.audio_freqs_scaling)
     elif family in ("qwen_image", "qwen_edit"):
         from diffusers.models.transformers.transformer_qwenimage import QwenEmbedRope
 
@@ -862,6 +880,7 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "prx": "PRX width, 2 blocks, 512x512",
              "joyimage": "JoyImage Edit width, 2 blocks, 512x512 with a 512x512 reference",
              "kandinsky5": "Kandinsky 5 T2V Lite width, 2+2 blocks, one 768x512 frame",
+             "kandinsky6": "Kandinsky 6 width, 1+1 text blocks, 1 fused block, one 768x512 frame with audio",
              "stable_cascade_c": "Stable Cascade Stage C width, 1 + 1 layers per half, 1024x1024"}.get(fam)  # fmt: skip
     if title is None:  # the families named in the module's docstring only
         title = "{} at its real width, reduced depth, {}x{}".format(fam, *FAMILIES[fam][0])
