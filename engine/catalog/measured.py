@@ -59,6 +59,7 @@ ACTIVATION_BYTES = {
     "ovis_image": 144 * 1024,  # FLUX.1's width, SwiGLU 2 x 12288 (256 text tokens ride)
     "kandinsky5": 96 * 1024,  # width 1792 (Pro 4096, Image 2560), a 4x GELU MLP; its few text tokens ride
     "kandinsky6": 160 * 1024,  # width 4096, a 4x GELU MLP, per video token (text and audio tokens ride)
+    "kandinsky6_sr": 96 * 1024,  # width 1792, a 4x GELU MLP, per latent pixel (a band of NABLA's mask rides)
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
@@ -98,6 +99,7 @@ UNIT_PX = {
     "ovis_image": 16,
     "kandinsky5": 16,
     "kandinsky6": 16,
+    "kandinsky6_sr": 16,
 }
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.

@@ -49,6 +49,7 @@ STEP_KINDS = {
     "ovis_image": "ovis_image",
     "kandinsky5": "kandinsky5",
     "kandinsky6": "kandinsky6",
+    "kandinsky6_sr": "kandinsky6_sr",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -98,6 +99,7 @@ NATIVE_PX = {
     "ovis_image": (1024, 1024),  # its pipeline's default size
     "kandinsky5": (768, 512),  # its T2V pipeline's default (one latent frame per step unit, as Wan's)
     "kandinsky6": (768, 512),  # its TI2VA pipeline's default (one latent frame per step unit)
+    "kandinsky6_sr": (512, 768),  # one of its trained tiles (tile_sizes), one latent frame per step unit
 }
 
 # What a file with nothing to step is told, before it loads (step_refusal) and when a step is asked (engine.stepping)

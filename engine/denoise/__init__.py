@@ -67,6 +67,7 @@ SELF_DESCRIBED = {
     "ovis_image": "longcat_image",  # Ovis-Image: LongCat-Image's module, its SwiGLU MLPs and text norm
     "kandinsky5": "kandinsky5",  # Kandinsky 5 (T2V / I2V Lite and Pro, Image Lite T2I / I2I)
     "kandinsky6": "kandinsky6",  # Kandinsky 6 (video with audio)
+    "kandinsky6_sr": "kandinsky6_sr",  # Kandinsky 6 SR (NABLA attention)
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),

@@ -59,6 +59,7 @@ _LABEL = {
     "ovis_image": "Ovis-Image",
     "kandinsky5": "Kandinsky 5",
     "kandinsky6": "Kandinsky 6",
+    "kandinsky6_sr": "Kandinsky 6 SR",
 }
 
 
