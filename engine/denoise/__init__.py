@@ -2,7 +2,7 @@
 FLUX.2's, FLUX.3's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's (1 and 2.1), Z-Image's, Lumina 2's, AuraFlow's, Wan
 2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's, Mochi 1's, Krea 2's, Sana's, PixArt's, Hunyuan-DiT's, HiDream-I1's,
 ERNIE-Image's, Bria 3.2's and FIBO's, LongCat-Image's, Ovis-Image's, GLM-Image's, Ideogram 4's, PRX's, JoyImage's,
-Kandinsky 5's and 6's, MiniMax-H3's and Stable Cascade's Stage C and B UNets, run on the component's own castable ops (the
+Kandinsky 5's, 6's and 6 SR's, MiniMax-H3's and Stable Cascade's Stage C and B UNets, run on the component's own castable ops (the
 residency manager's modules, tiers and patches), in the file's own key layout — original or diffusers naming
 (SELF_DESCRIBED lists the families whose module says all about itself).
 

@@ -18,7 +18,7 @@ self-attention, MLP), the MLP diffusers' `FeedForward` (`feed_forward.net.0.proj
   blocks that make up the top `threshold` of its mass (the smallest probabilities dropped while their sum stays
   within 1 − threshold) and every block within the window (±5 frames, ±3 tiles); it attends to those blocks' tokens
   in full. Here that is scaled-dot-product attention with the block mask spread to tokens, a band of query blocks at
-  a time (diffusers runs flex attention).
+  a time, the band's scores bounded (BAND_ELEMS; diffusers runs flex attention).
 * Out: Kandinsky 5's head (`out_layer`): [B, T, H, W, out] (out = C for a velocity checkpoint, n·C for the
   piflow-distilled ones, whose scheduler reads the n-way mixture).
 
@@ -42,7 +42,7 @@ from .kandinsky6 import SCALE, _chunks, _gated, _modulate, _rope_video
 TILE = 8  # NABLA's tiles of the token grid: 8 × 8 tokens a block
 THRESHOLD = 0.8  # the released config's nabla_threshold
 WINDOW = (11, 7, 7)  # the released config's nabla_window (frames, tile rows, tile columns)
-BAND = 16  # query blocks attended at once (bounds the token mask to BAND·64 × tokens per head)
+BAND_ELEMS = 1 << 26  # scores (and mask entries) one band of query blocks may span, all items and heads
 _ATTN = ("to_query", "to_key", "to_value", "query_norm", "key_norm", "out_layer")
 
 
@@ -113,9 +113,10 @@ class Kandinsky6SR:
         keep = _nabla(q, k, sta)  # [B, heads, n, n] key blocks per query block
         blk = TILE * TILE
         out = torch.empty_like(q)
-        for i in range(0, keep.shape[-2], BAND):
-            rows = keep[:, :, i : i + BAND].repeat_interleave(blk, dim=-2).repeat_interleave(blk, dim=-1)
-            qs = q[:, :, i * blk : (i + BAND) * blk]
+        band = max(1, BAND_ELEMS // (blk * q.shape[0] * q.shape[1] * q.shape[2]))
+        for i in range(0, keep.shape[-2], band):
+            rows = keep[:, :, i : i + band].repeat_interleave(blk, dim=-2).repeat_interleave(blk, dim=-1)
+            qs = q[:, :, i * blk : (i + band) * blk]
             out[:, :, i * blk : i * blk + qs.shape[2]] = F.scaled_dot_product_attention(
                 qs, k, v, attn_mask=rows
             )

@@ -85,6 +85,9 @@ def test_kandinsky6_sr_equals_diffusers_bare_and_prefixed(sr, honoured_blocks, m
                 err = rel_l2(den(den.check_inputs(x, "inputs")), want)
             print(f"kandinsky6_sr {what} ({n}): relative L2 {err:.2e}")
             assert err <= TOL
+    with torch.inference_mode(), monkeypatch.context() as mp:  # one query block a band: the same output
+        mp.setattr(K, "BAND_ELEMS", 1)
+        assert rel_l2(dens[0](x), want) <= TOL
     # the wide grid's attention is sparse indeed: every block kept, or another threshold, is another output
     for name, wrong in (("_nabla", lambda q, k, sta: torch.ones(*q.shape[:2], *sta.shape, dtype=torch.bool)),
                         ("THRESHOLD", 0.5)):  # fmt: skip
