@@ -126,6 +126,12 @@ def run_diffusers(model, family: str, x: dict):
                      timestep=x["timestep"], pooled_projections=x["pooled_projections"], visual_rope_pos=pos,
                      text_rope_pos=torch.arange(x["encoder_hidden_states"].shape[1], device=dev),
                      scale_factor=scale).sample  # fmt: skip
+    if family == "kandinsky6":  # diffusers' names; its config's RoPE scale (1, 2, 2); the video's velocity
+        return model(hidden_states=x["hidden_states"], encoder_hidden_states=x["encoder_hidden_states"],
+                     pooled_projections=x["pooled_projections"], timestep=x["timestep"],
+                     audio_hidden_states=x.get("audio_hidden_states")).sample  # fmt: skip
+    if family == "kandinsky6_sr":  # diffusers' names
+        return model(hidden_states=x["hidden_states"], timestep=x["timestep"]).sample
     if family == "minimax_h3":  # Loadout's input names are diffusers' forward's; the layout's rows as indices
         layout = ("timestep_indices", "token_tags", "video_indices", "audio_indices", "text_indices")
         return model(**{k: v.long() if k in layout else v for k, v in x.items()}).sample

@@ -77,6 +77,12 @@ tier — against diffusers on the same weights. `--family` picks the model:
   * motif_video: Motif-Video at diffusers' default width (3072, 24 heads of 128, FLUX.1's blocks, 4096-wide text; the
     release's own config was not at hand) at 1 + 1 of its 20 + 40 double / single blocks, one 512×512 latent frame
     (1024 video tokens) with its 512 text tokens.
+  * kandinsky6: Kandinsky 6 at diffusers' default width (video and audio 4096, 32 heads of 128, GELU MLPs of 16384, the
+    released cross gates and cross-modal RoPE) at 1 + 1 text blocks and 1 of its 60 fused blocks, one 768×512 latent
+    frame (1536 tokens) with 4 audio tokens, 256 text tokens.
+  * kandinsky6_sr: Kandinsky 6 SR at its real width (1792, 28 heads of 64, a GELU MLP of 7168, 64 K-VAE channels and the
+    piflow checkpoints' 640-wide output) at 2 of its 32 blocks, one 512×512 tile's latent frame (1024 tokens: inside
+    NABLA's window, so every block is kept, as diffusers' flex attention on the CPU keeps them).
   * stable_cascade_c: Stable Cascade's Stage C (the prior) at its real width (2048, 32 heads of 64, CLIP-bigG 1280
     text and pooled, 768 image) at 1 + 1 of its 8 + 24 layers per half, 1024×1024 (its 24×24 latent), 77 tokens.
   * z_image: Z-Image at its real width (3840, 30 heads of 128, SwiGLU 10240, Qwen3-4B 2560 captions) at
@@ -116,7 +122,7 @@ On a shared machine the figures move a lot: each configuration runs in --rounds 
 `ours_s` / `baseline_s` the medians of all pooled steps; `ratio_best` compares the fastest steps (load only
 ever adds time) and `ratio_cpu` the process CPU time per step (every thread: the reader's too).
 
-Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|cosmos1|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|bria_fibo2|motif_video|nucleus_image|sana_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
+Usage: bench_step.py [--family sd15|flux|flux2|flux3|wan|wan_narrow|wan_i2v|wan_animate2|z_image|lumina2|qwen_image|qwen_edit|auraflow|hunyuan_video|hunyuan_video15|ltxv|cosmos|cosmos1|krea2|pixart|hidream|mochi|stable_cascade_c|minimax_h3|ernie_image|kandinsky5|kandinsky6|kandinsky6_sr|longcat_image|ovis_image|prx|joyimage|glm_image|ideogram4|bria|bria_fibo|bria_fibo2|motif_video|nucleus_image|sana_video] [--steps N] [--rounds R] [--dir DIR]  (DIR keeps the
 weights file between runs)
 """
 
@@ -250,6 +256,8 @@ KANDINSKY5 = dict(in_visual_dim=16, out_visual_dim=16, time_dim=512, model_dim=1
 SANA_VIDEO = dict(num_layers=2, mlp_ratio=3.0)
 # Motif-Video at diffusers' MotifVideoTransformer3DModel defaults (width 3072) at 1 + 1 of its 20 + 40 blocks
 MOTIF_VIDEO = dict(num_layers=1, num_single_layers=1)
+KANDINSKY6 = dict(num_text_blocks=1, num_visual_blocks=1, ca_rope=True, cross_gates=True, fix_modulation=True)
+KANDINSKY6_SR = dict(num_visual_blocks=2)
 # Stable Cascade's Stage C (stabilityai/stable-cascade-prior's prior/config.json: 2048 wide, 32 heads, CTA levels joined by
 # 1x1 mappings, sca and crp) at one layer of each level's 8 / 24 per half
 _CTA = ("SDCascadeResBlock", "SDCascadeTimestepBlock", "SDCascadeAttnBlock")
@@ -313,6 +321,10 @@ FAMILIES["cosmos1"] = ((512, 512), "transformer", "cosmos_predict1")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("cosmos1",)
 FAMILIES["bria_fibo2"] = ((512, 512), "transformer", "bria_fibo2")
 FAMILIES_RUN_BY_BENCH_FAMILIES += ("bria_fibo2",)
+FAMILIES["kandinsky6"] = ((768, 512), "transformer", "kandinsky6")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("kandinsky6",)
+FAMILIES["kandinsky6_sr"] = ((512, 512), "transformer", "kandinsky6_sr")
+FAMILIES_RUN_BY_BENCH_FAMILIES += ("kandinsky6_sr",)
 # Qwen-Image-Edit 2511 (`qwen_edit`): Qwen-Image's width and depth above, diffusers' zero_cond_t (ComfyUI's
 # `__index_timestep_zero__` marker in the file), a 512x512 reference image's latents beside the 512x512 output
 EDIT_REFERENCE = (64, 64)
@@ -439,6 +451,14 @@ def _diffusers_model(family: str):
             from diffusers import SanaVideoTransformer3DModel
 
             return SanaVideoTransformer3DModel(**SANA_VIDEO)
+        if family == "kandinsky6":
+            from diffusers import Kandinsky6Transformer3DModel
+
+            return Kandinsky6Transformer3DModel(**KANDINSKY6)
+        if family == "kandinsky6_sr":
+            from diffusers import Kandinsky6SRTransformer3DModel
+
+            return Kandinsky6SRTransformer3DModel(**KANDINSKY6_SR)
         if family == "minimax_h3":
             from diffusers import MiniMaxH3Transformer3DModel
 
@@ -516,6 +536,18 @@ def real_rotary_tables(model, family: str) -> None:
         model.time_embeddings.freqs = k5.get_freqs(c.model_dim // 2)
         model.text_rope_embeddings = k5.Kandinsky5RoPE1D(sum(c.axes_dims))
         model.visual_rope_embeddings = k5.Kandinsky5RoPE3D(c.axes_dims)
+    elif family == "kandinsky6":  # its rotary tables (buffers the file does not hold)
+        from diffusers.models.transformers import transformer_kandinsky6 as k6
+
+        c, head = model.config, sum(model.config.axes_dims)
+        model.visual_rope_embeddings = k6.Kandinsky6RoPE3D(c.axes_dims)
+        model.video_text_rope_embeddings = k6.Kandinsky6RoPE1D(head)
+        model.audio_text_rope_embeddings = k6.Kandinsky6RoPE1D(head)
+        model.audio_rope_embeddings = k6.Kandinsky6RoPE1D(head, freqs_scaling=c.audio_freqs_scaling)
+    elif family == "kandinsky6_sr":  # its rotary tables (buffers the file does not hold)
+        from diffusers.models.transformers.transformer_kandinsky6_sr import Kandinsky6SRRoPE3D
+
+        model.visual_rope_embeddings = Kandinsky6SRRoPE3D(model.config.axes_dims)
     elif family in ("qwen_image", "qwen_edit"):
         from diffusers.models.transformers.transformer_qwenimage import QwenEmbedRope
 
@@ -930,6 +962,8 @@ def _measure(a: argparse.Namespace, d: Path) -> None:
              "kandinsky5": "Kandinsky 5 T2V Lite width, 2+2 blocks, one 768x512 frame",
              "sana_video": "SANA-Video 2B width, 2 blocks, one 832x480 frame",
              "nucleus_image": "NucleusMoE-Image width, 1 dense + 1 MoE block (64 experts), 512x512",
+             "kandinsky6": "Kandinsky 6 width, 1+1 text blocks, 1 fused block, one 768x512 frame with audio",
+             "kandinsky6_sr": "Kandinsky 6 SR width, 2 blocks, one 512x512 tile's frame",
              "stable_cascade_c": "Stable Cascade Stage C width, 1 + 1 layers per half, 1024x1024"}.get(fam)  # fmt: skip
     if title is None:  # the families named in the module's docstring only
         title = "{} at its real width, reduced depth, {}x{}".format(fam, *FAMILIES[fam][0])

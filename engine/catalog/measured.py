@@ -66,6 +66,8 @@ ACTIVATION_BYTES = {
     "cosmos_predict1": 160 * 1024,  # width 4096 (14B: 5120), 4x MLP, a learnable position table per token
     "bria_fibo2": 128
     * 1024,  # width 3584, SwiGLU 9536, one token per 16x16 pixels (256-512 gist tokens ride)
+    "kandinsky6": 160 * 1024,  # width 4096, a 4x GELU MLP, per video token (text and audio tokens ride)
+    "kandinsky6_sr": 96 * 1024,  # width 1792, a 4x GELU MLP, per latent pixel (a band of NABLA's mask rides)
 }
 # Latent pixels per image pixel side: a UNet works on the 8x latent, FLUX.1, MMDiT and Wan on 2x2 patches
 # (Wan: per latent frame).
@@ -109,6 +111,8 @@ UNIT_PX = {
     "motif_video": 16,
     "cosmos_predict1": 16,  # 2x2 patches of its 8x tokenizer's latent, per latent frame
     "bria_fibo2": 16,
+    "kandinsky6": 16,
+    "kandinsky6_sr": 16,
 }
 # Latent frames a step of a video family stands for where it is more than one: LTX-2's random step is a short
 # clip (engine.denoise.inputs.LTX2_FRAMES), its video and the audio of that time.

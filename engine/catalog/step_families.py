@@ -53,6 +53,8 @@ STEP_KINDS = {
     "motif_video": "motif_video",
     "cosmos_predict1": "cosmos_predict1",
     "bria_fibo2": "bria_fibo2",
+    "kandinsky6": "kandinsky6",
+    "kandinsky6_sr": "kandinsky6_sr",
 }
 # (width, height) each family is made for (Wan: 480p, HunyuanVideo: 720p, one latent frame per step unit)
 NATIVE_PX = {
@@ -106,6 +108,8 @@ NATIVE_PX = {
     "motif_video": (1280, 736),  # its pipelines' default (121 frames; one latent frame per step unit)
     "cosmos_predict1": (1280, 704),  # its Text2World pipeline's default (one latent frame per step unit)
     "bria_fibo2": (1024, 1024),  # its pipeline's default size
+    "kandinsky6": (768, 512),  # its TI2VA pipeline's default (one latent frame per step unit)
+    "kandinsky6_sr": (512, 768),  # one of its trained tiles (tile_sizes), one latent frame per step unit
 }
 
 # What a file with nothing to step is told, before it loads (step_refusal) and when a step is asked (engine.stepping)

@@ -2,7 +2,7 @@
 FLUX.2's, FLUX.3's and Chroma's transformers, SD3 / SD3.5's MMDiT, Qwen-Image's (1 and 2.1), Z-Image's, Lumina 2's, AuraFlow's, Wan
 2.x's, HunyuanVideo 1.0's and 1.5's, HunyuanImage 2.1's, LTX-Video's, LTX-2's, Cosmos Predict2's and 1.0's, Mochi 1's, Krea 2's, Sana's, SANA-Video's, PixArt's, Hunyuan-DiT's, HiDream-I1's,
 ERNIE-Image's, Bria 3.2's and FIBO's, LongCat-Image's, Ovis-Image's, GLM-Image's, Ideogram 4's, PRX's, JoyImage's,
-Kandinsky 5's, Bria FIBO 2's, NucleusMoE-Image's, Motif-Video's, MiniMax-H3's and Stable Cascade's Stage C and B UNets, run on the component's own castable ops (the
+Kandinsky 5's, 6's and 6 SR's, Bria FIBO 2's, NucleusMoE-Image's, Motif-Video's, MiniMax-H3's and Stable Cascade's Stage C and B UNets, run on the component's own castable ops (the
 residency manager's modules, tiers and patches), in the file's own key layout — original or diffusers naming
 (SELF_DESCRIBED lists the families whose module says all about itself).
 
@@ -71,6 +71,8 @@ SELF_DESCRIBED = {
     "motif_video": "motif_video",  # Motif-Video (FLUX.1's blocks on video)
     "cosmos_predict1": "cosmos1",  # Cosmos 1.0 7B / 14B Text2World, Video2World (Predict2's blocks + learnable pos.)
     "bria_fibo2": "bria_fibo2",  # Bria FIBO 2 (Z-Image's blocks, a Perceiver over the text, injection blocks)
+    "kandinsky6": "kandinsky6",  # Kandinsky 6 (video with audio)
+    "kandinsky6_sr": "kandinsky6_sr",  # Kandinsky 6 SR (NABLA attention)
 }
 SUPPORTED = (
     *(UNETS + FLUX + FLUX2 + FLUX3 + CHROMA + MMDIT + QWEN + QWEN21 + NEXTDIT + AURAFLOW + WAN),

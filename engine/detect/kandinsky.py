@@ -1,4 +1,5 @@
-"""Kandinsky 5 and Kandinsky 6 (and its video super-resolution transformer): detection only, no forward.
+"""Kandinsky 5 and Kandinsky 6 (and its video super-resolution transformer): detection (their forwards:
+engine.denoise.kandinsky5, kandinsky6, kandinsky6_sr).
 
 Facts (cited, not copied):
 * Kandinsky 5 (ai-forever/Kandinsky-5 `kandinsky/models/dit.py` DiffusionTransformer3D; diffusers

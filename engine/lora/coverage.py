@@ -63,6 +63,8 @@ _LABEL = {
     "motif_video": "Motif-Video",
     "cosmos_predict1": "Cosmos 1.0",
     "bria_fibo2": "Bria FIBO 2",
+    "kandinsky6": "Kandinsky 6",
+    "kandinsky6_sr": "Kandinsky 6 SR",
 }
 
 

@@ -57,6 +57,7 @@ _DIT_FAMILY = (
     "bria_fibo",
     "glm_image",
     "bria_fibo2",
+    "kandinsky6",
 )
 
 
@@ -243,6 +244,13 @@ _GLM_IMAGE = re.compile(r"^(?:(?:glyph|prior)_projector_|image_projector_proj$|t
 _GLM_Q, _GLM_WIDTH = re.compile(r"^transformer_blocks_\d+_attn1_to_[qkv]$"), 2560
 _TIME_EMBED = re.compile(r"^time_embed_timestep_embedder_linear_[12]$", re.MULTILINE)
 _IMG_IN, _IMG_OUT = re.compile(r"^x_embedder$"), re.compile(r"^proj_out$")
+# Kandinsky 6 (diffusers' names are its files'): its per-modality text blocks, or its fused blocks' halves and the
+# attention between them — names no other family holds (Kandinsky 5's blocks are not nested; its SR model's are not)
+_KANDINSKY6 = re.compile(
+    r"^(?:(?:video|audio)_text_transformer_blocks_\d+_|visual_transformer_blocks_\d+_(?:video_dec_block|audio_dec_block"
+    r"|va_cross_attention|av_cross_attention|va_modulation|av_modulation)_)",
+    re.MULTILINE,
+)
 _MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
 _MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
@@ -298,6 +306,10 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "motif_video"
     if _any_line(_COSMOS1, lines, "\nblocks_block"):
         return True, "cosmos_predict1"
+    if _any_line(
+        _KANDINSKY6, lines, "_text_transformer_blocks_", "_dec_block_", "_cross_attention_", "_modulation_"
+    ):
+        return True, "kandinsky6"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
     if _any_line(_BRIA_FIBO2, lines, "\nperceiver_layers_", "_cross_attention_"):

@@ -159,18 +159,18 @@ def test_try_a_step_reports_speed_and_memory_and_stop_keeps_the_ledger(qtbot, wi
 
 
 def test_try_a_step_is_greyed_out_with_its_reason_for_a_family_without_a_forward(qtbot, window, tmp_path):
-    """A Kandinsky 6 transformer is detected, loads and patches, but Loadout has no forward pass for it:
+    """A Cosmos 3 transformer is detected, loads and patches, but Loadout has no forward pass for it:
     its "Try a step" is greyed out and says why, rather than loading the file only to fail."""
     import diffusers
 
     from tests.engine.denoise_files import random_weights, write
     from tests.engine.layouts_2026.common import meta_shapes
+    from tests.engine.test_step_refusal import COSMOS3_SMALL
 
-    small = dict(model_dim=64, ff_dim=128, num_text_blocks=1, num_visual_blocks=1, axes_dims=(8, 12, 12))
-    rows = meta_shapes(diffusers.Kandinsky6Transformer3DModel, **small)
+    rows = meta_shapes(diffusers.Cosmos3OmniTransformer, **COSMOS3_SMALL)
     path = str(
         write(
-            tmp_path / "kandinsky6_tiny.safetensors",
+            tmp_path / "cosmos3_tiny.safetensors",
             random_weights([(k, "F32", v) for k, v in rows.items()], seed=1),
         )
     )
@@ -181,7 +181,7 @@ def test_try_a_step_is_greyed_out_with_its_reason_for_a_family_without_a_forward
     snap = wait_job(qtbot, w, Load).snapshot
     qtbot.waitUntil(lambda: panel.select(path, snap.components[0].name), timeout=10_000)
     assert panel.unload_button.isEnabled() and not panel.step_button.isEnabled()
-    assert "no forward pass for kandinsky6 yet" in panel.step_button.toolTip()
+    assert "no forward pass for cosmos3 yet" in panel.step_button.toolTip()
     assert panel.step_label.text() == panel.step_button.toolTip()  # said beside the button too
-    assert panel.try_step() is None and "no forward pass for kandinsky6" in panel.step_label.text()
+    assert panel.try_step() is None and "no forward pass for cosmos3" in panel.step_label.text()
     assert not w.reporter.dialogs  # nothing was submitted to fail

@@ -314,8 +314,8 @@ def test_group_modules_splits_every_key_as_split_key_does():
 
 
 def test_kandinsky_loras_name_kandinsky5_only_where_its_own_blocks_say_so(tmp_path):
-    """Kandinsky 5's text blocks or its visual blocks' cross-attention name it; Kandinsky 6's nested blocks and a LoRA of
-    the visual self-attention alone (Kandinsky 6 SR has the same) do not."""
+    """Kandinsky 5's text blocks or its visual blocks' cross-attention name it; Kandinsky 6's nested blocks name
+    Kandinsky 6; a LoRA of the visual self-attention alone (Kandinsky 6 SR has the same) names neither."""
 
     def base(name, modules):
         entries = []
@@ -334,5 +334,8 @@ def test_kandinsky_loras_name_kandinsky5_only_where_its_own_blocks_say_so(tmp_pa
     assert base("k5_text.safetensors", ("text_transformer_blocks.1.feed_forward.in_layer",)) == "kandinsky5"
     k6 = ("visual_transformer_blocks.0.video_dec_block.cross_attention.to_key",
           "video_text_transformer_blocks.0.self_attention.to_query")  # fmt: skip
-    assert base("k6.safetensors", k6) != "kandinsky5"
+    assert base("k6.safetensors", k6) == "kandinsky6"
+    for m in ("audio_text_transformer_blocks.3.feed_forward.net.2", "visual_transformer_blocks.7.va_cross_attention.to_key",
+              "visual_transformer_blocks.0.audio_dec_block.feed_forward.net.0.proj"):  # fmt: skip
+        assert base("k6_one.safetensors", (m,)) == "kandinsky6", m
     assert base("sr.safetensors", ("visual_transformer_blocks.0.self_attention.to_query",)) != "kandinsky5"

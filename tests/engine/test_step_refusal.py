@@ -9,13 +9,16 @@ from engine.catalog.step_families import STEP_KINDS, step_refusal
 from engine.detect.result import Detection, Failure
 from tests.engine.layouts_2026.common import detect, meta_shapes
 
+# Cosmos 3, reduced: a family Loadout detects but has no forward for (Kandinsky 6, which these tests used, now steps)
+COSMOS3_SMALL = dict(head_dim=32, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_hidden_layers=1,
+                     num_key_value_heads=1, vocab_size=64)  # fmt: skip
+
 
 def test_a_detected_family_without_a_forward_is_refused_by_name():
-    small = dict(model_dim=64, ff_dim=128, num_text_blocks=1, num_visual_blocks=1, axes_dims=(8, 12, 12))
-    d = detect(meta_shapes(diffusers.Kandinsky6Transformer3DModel, **small))
-    assert d.architecture == "kandinsky6" and "kandinsky6" not in STEP_KINDS
+    d = detect(meta_shapes(diffusers.Cosmos3OmniTransformer, **COSMOS3_SMALL))
+    assert d.architecture == "cosmos3" and "cosmos3" not in STEP_KINDS
     assert step_refusal(d) == (
-        "Loadout has no forward pass for kandinsky6 yet: it detects, loads and patches it, but cannot step it"
+        "Loadout has no forward pass for cosmos3 yet: it detects, loads and patches it, but cannot step it"
     )
 
 
