@@ -91,6 +91,44 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return out.reshape(x.shape).type_as(x)
 
 
+def embed_time(pair, t: torch.Tensor, dt) -> torch.Tensor:
+    """Linear, SiLU, Linear over the 256-wide sinusoid of t ([B] or [B, F], flattened): [B·F, dim]."""
+    return pair[1](F.silu(pair[0](timestep_embedding(t.float().flatten(), FREQ_DIM).to(dt))))
+
+
+def per_frame(t: torch.Tensor, e: torch.Tensor, e0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e, e0) of a flattened [B, F] t laid out per frame: [B, F, dim] and [B, 6, F, dim]; as they are for t [B]."""
+    if t.dim() != 2:
+        return e, e0
+    return e.unflatten(0, t.shape), e0.unflatten(0, t.shape).transpose(1, 2)
+
+
+def modulation(table: torch.Tensor, e: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+    """The n modulations of a learned table [1, n, dim] plus e: [B, n, dim] gives n × [B, 1, dim], per frame
+    [B, n, F, dim] gives n × [B, F, dim]."""
+    if e.dim() == 3:
+        return (table + e).chunk(n, dim=1)
+    return tuple(c.squeeze(1) for c in (table[:, :, None] + e).chunk(n, dim=1))
+
+
+def _frames(x: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, L, dim] and m [B, F, dim] so that they broadcast frame by frame (F = 1: as they are)."""
+    if m.shape[1] == 1:
+        return x, m
+    return x.unflatten(1, (m.shape[1], -1)), m[:, :, None]
+
+
+def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    xv, sc = _frames(x, scale)
+    return (xv * (1 + sc) + _frames(x, shift)[1]).reshape(x.shape)
+
+
+def gated(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x + y · gate in float32 (a per-frame gate over each frame's tokens)."""
+    yv, g = _frames(y.float(), gate)
+    return x.float() + (yv * g).reshape(x.shape)
+
+
 @dataclass
 class Attn:
     q: object
@@ -193,18 +231,24 @@ class Wan:
         return self.run(h, t, context, clip_fea, vace_context, vace_context_scale)
 
     def run(
-        self, h, t, context, clip_fea=None, vace_context=None, vace_context_scale=None, after_block=None
+        self,
+        h,
+        t,
+        context,
+        clip_fea=None,
+        vace_context=None,
+        vace_context_scale=None,
+        after_block=None,
+        time_inputs=None,
     ) -> torch.Tensor:
         """The forward from the patched latents h [B, dim, F, h, w] on; `after_block(i, x)`, where given,
-        returns the tokens that go on after main block i (Wan Animate's face adapter adds to them)."""
+        returns the tokens that go on after main block i (Wan Animate's face adapter adds to them);
+        `time_inputs`: a variant's own time conditions, for its `_time` (engine.denoise.wan_variants)."""
         dt = self.dtype
         b, dim, f, hh, ww = h.shape
         x = h.flatten(2).transpose(1, 2)
         del h
-        e = self.time_embedding[1](
-            F.silu(self.time_embedding[0](timestep_embedding(t.float(), FREQ_DIM).to(dt)))
-        )
-        e0 = self.time_projection(F.silu(e)).float().unflatten(1, (6, dim))
+        e, e0 = self._time(t, dim, **(time_inputs or {}))
         if context.shape[1] < TEXT_LEN:  # the original pads the T5 states to 512 tokens with zeros
             context = F.pad(context, (0, 0, 0, TEXT_LEN - context.shape[1]))
         ctx = self.text_embedding[1](F.gelu(self.text_embedding[0](context.to(dt)), approximate="tanh"))
@@ -230,10 +274,16 @@ class Wan:
         mod = held(self.head_modulation, _modulation(self.head_modulation), x.device).to(
             x.device, torch.float32
         )
-        shift, scale = (mod + e.float()[:, None]).chunk(2, dim=1)
-        out = self.head((_ln(x) * (1 + scale) + shift).to(dt))
+        shift, scale = modulation(mod, e.float()[:, None], 2)
+        out = self.head(modulate(_ln(x), scale, shift).to(dt))
         out = out.reshape(b, f, hh, ww, 1, 2, 2, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return out.reshape(b, -1, f, hh * 2, ww * 2)
+
+    def _time(self, t, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(e, e0): the time embedding and its six modulations, [B, dim] and [B, 6, dim] for t [B], or per
+        latent frame, [B, F, dim] and [B, 6, F, dim], for t [B, F] (SkyReels-V2's diffusion forcing)."""
+        e = embed_time(self.time_embedding, t, self.dtype)
+        return per_frame(t, e, self.time_projection(F.silu(e)).float().unflatten(1, (6, dim)))
 
     def _vace_hints(self, x, vace_context, e0, ctx, cos, sin, img) -> dict[int, torch.Tensor]:
         """{main block index: the hint added after it}, from the VACE blocks over the control video."""
@@ -268,16 +318,16 @@ class Wan:
     def _block(self, blk: Block, x, e0, ctx, cos, sin, img=None) -> torch.Tensor:
         dt = self.dtype
         mod = held(blk.modulation, _modulation(blk.modulation), x.device).to(x.device, torch.float32)
-        e = (mod + e0).chunk(6, dim=1)
-        h = (_ln(x) * (1 + e[1]) + e[0]).to(dt)
+        e = modulation(mod, e0, 6)
+        h = modulate(_ln(x), e[1], e[0]).to(dt)
         y = self._attn(blk.self_attn, h, h, cos, sin)
         del h
-        x = (x.float() + y.float() * e[2]).to(dt)
+        x = gated(x, y, e[2]).to(dt)
         # norm3 through layer_norm_with: in a VACE block the module tree types it GroupNorm (its path has
         # no `blocks` segment, which is what tells the tree a block's 1-D norm is a LayerNorm)
         x = x + self._attn(blk.cross_attn, layer_norm_with(blk.norm3, x, EPS), ctx, img=img)
-        y = blk.ffn_out(F.gelu(blk.ffn_in((_ln(x) * (1 + e[4]) + e[3]).to(dt)), approximate="tanh"))
-        return (x.float() + y.float() * e[5]).to(dt)
+        y = blk.ffn_out(F.gelu(blk.ffn_in(modulate(_ln(x), e[4], e[3]).to(dt)), approximate="tanh"))
+        return gated(x, y, e[5]).to(dt)
 
     def op_order(self, stem: tuple = (), after_block=None) -> list:
         """The ops in call order; `stem`: ops a variant runs between the patch embedding and the time
