@@ -90,7 +90,8 @@ class SkyReelsV2(Wan):
     def op_order(self, stem: tuple = (), after_block=None) -> list:
         order = super().op_order(stem, after_block)
         at = order.index(self.time_projection) + 1
-        return [*order[:at], self.fps_embedding, *self.fps_projection, *order[at:]]
+        # the Embedding is read whole from the file (ops.FromFile), not streamed: not in the order
+        return [*order[:at], *self.fps_projection, *order[at:]]
 
 
 @dataclass
