@@ -35,6 +35,12 @@ rope_params / rope_apply, sinusoidal_embedding_1d; written from that description
   evenly (1.3B: every 2nd of 30, 14B: every 5th of 40 — the configs' `vace_layers`; ComfyUI spreads
   `num_layers // vace blocks` apart too).
 
+* ChronoEdit (nv-tlabs; diffusers `transformer_chronoedit.py`, ChronoEditTransformer3DModel) is Wan 2.1 I2V
+  14B's network and file; its RoPE alone differs: a clip of two latent frames (the input image and the
+  edit, no temporal-reasoning frames) places the second at frame position `rope_temporal_skip_len` − 1 (8 − 1),
+  an optional input here (Wan's positions 0 … F − 1 without it, which ChronoEdit's are for F ≠ 2).
+* SkyReels-V2 and AnyFlow condition the time differently: engine.denoise.wan_variants, on this forward.
+
 diffusers' WanTransformer3DModel is the same network (its tests here compare the two on the same
 weights through diffusers' own single-file converter).
 """
@@ -46,7 +52,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import UnsupportedModel
+from ..errors import FormatError, UnsupportedModel
 from .common import Ops, held, held_shape, layer_norm_with, timestep_embedding, wshape
 
 TEXT_LEN = 512
@@ -62,15 +68,19 @@ def _ln(x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x.float(), (x.shape[-1],), eps=EPS)
 
 
-def rope_angles(f: int, h: int, w: int, d: int, device) -> torch.Tensor:
-    """[f·h·w, d/2] rotation angles (float64) for a grid of f frames of h × w patches."""
+def rope_angles(f: int, h: int, w: int, d: int, device, skip: int | None = None) -> torch.Tensor:
+    """[f·h·w, d/2] rotation angles (float64) for a grid of f frames of h × w patches; `skip`: ChronoEdit's
+    temporal skip, which places a two-frame clip's second frame at position skip − 1."""
     c = d // 2
     parts = (c - 2 * (c // 3), c // 3, c // 3)
     axes = []
     for n, count in zip((f, h, w), parts, strict=True):
         share = 2 * count
         freqs = 1.0 / THETA ** (torch.arange(0, share, 2, dtype=torch.float64, device=device) / share)
-        axes.append(torch.arange(n, dtype=torch.float64, device=device)[:, None] * freqs[None])
+        pos = torch.arange(n, dtype=torch.float64, device=device)
+        if skip is not None and not axes and f == 2:  # the frame axis comes first
+            pos = torch.tensor([0.0, skip - 1.0], dtype=torch.float64, device=device)
+        axes.append(pos[:, None] * freqs[None])
     ft, fh, fw = axes
     grid = torch.cat(
         [
@@ -224,11 +234,38 @@ class Wan:
     def vace_channels(self) -> int | None:
         return None if self.vace_patch_embedding is None else wshape(self.vace_patch_embedding)[1]
 
+    @property
+    def optional_inputs(self) -> tuple[str, ...]:
+        """VACE's hint strength [B] (default 1); an image-to-video model's ChronoEdit RoPE skip [B]."""
+        vace = ("vace_context_scale",) if self.vace_channels else ()
+        return vace + (("rope_temporal_skip_len",) if self.image_dim and type(self) is Wan else ())
+
+    def shapes_extra(self, got: dict) -> dict:
+        return {"rope_temporal_skip_len": (None,)} if "rope_temporal_skip_len" in got else {}
+
+    def check_extra(self, got: dict, source: str) -> None:
+        skip = got.get("rope_temporal_skip_len")
+        if skip is not None and not (
+            torch.all(skip == skip[0]) and skip[0] >= 2 and skip[0] == skip[0].round()
+        ):
+            raise FormatError(
+                f"{source}: rope_temporal_skip_len holds {skip.tolist()}; it is one whole number ≥ 2 for the "
+                "batch (ChronoEdit's: 8)"
+            )
+
     def __call__(
-        self, x, t, context, clip_fea=None, vace_context=None, vace_context_scale=None
+        self,
+        x,
+        t,
+        context,
+        clip_fea=None,
+        vace_context=None,
+        vace_context_scale=None,
+        rope_temporal_skip_len=None,
     ) -> torch.Tensor:
         h = self.patch_embedding(x.to(self.dtype))
-        return self.run(h, t, context, clip_fea, vace_context, vace_context_scale)
+        skip = None if rope_temporal_skip_len is None else int(rope_temporal_skip_len.reshape(-1)[0])
+        return self.run(h, t, context, clip_fea, vace_context, vace_context_scale, rope_skip=skip)
 
     def run(
         self,
@@ -240,10 +277,12 @@ class Wan:
         vace_context_scale=None,
         after_block=None,
         time_inputs=None,
+        rope_skip=None,
     ) -> torch.Tensor:
         """The forward from the patched latents h [B, dim, F, h, w] on; `after_block(i, x)`, where given,
         returns the tokens that go on after main block i (Wan Animate's face adapter adds to them);
-        `time_inputs`: a variant's own time conditions, for its `_time` (engine.denoise.wan_variants)."""
+        `time_inputs`: a variant's own time conditions, for its `_time` (engine.denoise.wan_variants);
+        `rope_skip`: ChronoEdit's temporal skip (`rope_angles`)."""
         dt = self.dtype
         b, dim, f, hh, ww = h.shape
         x = h.flatten(2).transpose(1, 2)
@@ -259,7 +298,7 @@ class Wan:
                 feats = feats + held(self.emb_pos, _emb_pos(self.emb_pos), feats.device).to(feats.device, dt)
             norm1, lin1, lin2, norm2 = self.img_emb  # the norms may be typed GroupNorm by the tree
             img = layer_norm_with(norm2, lin2(F.gelu(lin1(layer_norm_with(norm1, feats, IMG_EPS)))), IMG_EPS)
-        ang = rope_angles(f, hh, ww, dim // self.heads, x.device)
+        ang = rope_angles(f, hh, ww, dim // self.heads, x.device, rope_skip)
         cos, sin = ang.cos().float()[None, :, None], ang.sin().float()[None, :, None]
         hints = self._vace_hints(x, vace_context, e0, ctx, cos, sin, img) if self.vace_blocks else {}
         strength = (

@@ -34,15 +34,9 @@ from .wan import Wan, embed_time, per_frame
 
 ANYFLOW_GATE = 0.25  # AnyFlowTransformer3DModel's gate_value default: the released stage-1 distillations'
 
-# diffusers' paths of the variants' own layers -> the original's (the rest is Wan's, family_names.WAN)
-DIFFUSERS = {
-    "fps_embedding": "fps_embedding",
-    "fps_projection.net.0.proj": "fps_projection.0",
-    "fps_projection.net.2": "fps_projection.2",
-    "condition_embedder.delta_embedder.linear_1": "delta_embedding.0",
-    "condition_embedder.delta_embedder.linear_2": "delta_embedding.2",
-    "far_patch_embedding": "far_patch_embedding",
-}
+# the variants' layers that keep one name in both namings (their projections and AnyFlow's second time
+# embedder are renamed with Wan's, engine.lora.family_names.WAN)
+DIFFUSERS = {"fps_embedding": "fps_embedding", "far_patch_embedding": "far_patch_embedding"}
 
 
 def _frame_times(got: dict, name: str) -> tuple:

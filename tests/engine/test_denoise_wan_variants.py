@@ -179,3 +179,66 @@ def test_anyflow_far_is_refused_by_name(anyflow, tmp_path):
     sd["far_patch_embedding.bias"] = torch.zeros(DIM)
     with pytest.raises(UnsupportedModel, match="AnyFlow-FAR"):
         _bind(write(tmp_path / "anyflow_far_tiny.safetensors", sd))
+
+
+def test_chronoedit_is_wan21_i2v_with_its_two_frame_rope(tmp_path):
+    """ChronoEdit's file is Wan 2.1 I2V's (same layers; detected as one): diffusers' ChronoEdit class differs
+    only in RoPE, which puts a two-latent-frame clip's second frame (the edit) at position
+    rope_temporal_skip_len − 1; Loadout takes that as an optional input, Wan's positions without it."""
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    c = TINY.with_(in_dim=36, clip_image=True)
+    w = random_weights([(k, "F32", s) for k, s in wan_original(c).items()], seed=8)
+    ref = diffusers.ChronoEditTransformer3DModel(
+        **SMALL,
+        in_channels=36,
+        out_channels=16,
+        image_dim=1280,
+        added_kv_proj_dim=c.dim,
+        rope_temporal_skip_len=8,
+    ).eval()
+    ref.load_state_dict(convert_wan_transformer_to_diffusers(dict(w)), strict=True)
+    _, den = _bind(write(tmp_path / "chronoedit_tiny.safetensors", w))
+    assert type(den.model).__name__ == "Wan" and den.input_names == ("x", "t", "context", "clip_fea")
+    g = torch.Generator().manual_seed(4)
+    ctx, img = torch.randn(1, 512, 64, generator=g), torch.randn(1, 257, 1280, generator=g)
+    skip = {"rope_temporal_skip_len": torch.tensor([8.0])}
+    for frames in (2, 3):  # the edit alone; with a temporal-reasoning frame (Wan's positions)
+        x = torch.randn(1, 36, frames, 8, 12, generator=g)
+        inputs = {"x": x, "t": torch.tensor([700.0]), "context": ctx, "clip_fea": img}
+        den.check_inputs({**inputs, **skip}, "in.safetensors")
+        with torch.inference_mode():
+            got = den({**inputs, **skip})
+            plain = den(inputs)
+            want = ref(x, inputs["t"], ctx, img, return_dict=False)[0]
+        assert rel_l2(got, want) <= TOL, frames
+        assert (rel_l2(plain, want) > 1e-3) == (frames == 2)  # Wan's positions differ at two frames only
+    with pytest.raises(FormatError, match="rope_temporal_skip_len"):
+        den.check_inputs({**inputs, "rope_temporal_skip_len": torch.tensor([0.5])}, "in.safetensors")
+
+
+SKY_LORA = ("blocks.0.attn1.to_q", "blocks.1.ffn.net.0.proj", "condition_embedder.time_proj", "fps_projection.net.2",
+            "proj_out")  # fmt: skip
+
+
+@pytest.mark.parametrize("budget", [None, 0.0])
+def test_a_peft_lora_on_skyreels_v2_lands_baked_and_on_the_fly(sky, tmp_path, budget):
+    """PEFT (`transformer.` + diffusers' names, its fps projection too) on the original-named file, baked and
+    streamed: equal to diffusers' model with the LoRA merged by hand."""
+    from denoise_files import check_lora_step, lora_and_merged, plain_and_merged
+
+    original, _, ref = sky
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    lora, merged = lora_and_merged(sd, {d: "transformer." + d for d in SKY_LORA}, 0.8, seed=7)
+    g = torch.Generator().manual_seed(5)
+    x = {"x": torch.randn(1, 16, 2, 8, 8, generator=g), "t": torch.tensor([[800.0, 300.0]]),
+         "context": torch.randn(1, 512, 64, generator=g), "fps": torch.tensor([1.0])}  # fmt: skip
+
+    def run():
+        return ref(x["x"], x["t"], x["context"], fps=[1], enable_diffusion_forcing=True, return_dict=False)[0]
+
+    plain, want = plain_and_merged(ref, sd, merged, run)
+    assert rel_l2(plain, want) > 1e-3
+    check_lora_step(
+        original, lora, 0.8, x, tmp_path, budget, want, len(SKY_LORA), f"skyreels LoRA {budget}", None, TOL
+    )
