@@ -242,3 +242,19 @@ def test_a_peft_lora_on_skyreels_v2_lands_baked_and_on_the_fly(sky, tmp_path, bu
     check_lora_step(
         original, lora, 0.8, x, tmp_path, budget, want, len(SKY_LORA), f"skyreels LoRA {budget}", None, TOL
     )
+
+
+def test_step_from_the_command_line(sky, anyflow, tmp_path):
+    """`loadout step` with random inputs: SkyReels-V2's fps (row 0) and AnyFlow's target time drawn with them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    for path in (sky[1], anyflow[0]):
+        r = subprocess.run([sys.executable, "-m", "engine", "step", "--model", str(path), "--size", "64x32", "--steps",
+                            "1", "--cpu", "--json"], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "LOADOUT_CACHE_DIR": str(tmp_path)})  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        assert got["architecture"] == "wan21" and got["output_shape"] == [1, 16, 1, 4, 8], got
