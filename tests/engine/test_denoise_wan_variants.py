@@ -258,3 +258,26 @@ def test_step_from_the_command_line(sky, anyflow, tmp_path):
         assert r.returncode == 0, r.stderr
         got = json.loads(r.stdout)
         assert got["architecture"] == "wan21" and got["output_shape"] == [1, 16, 1, 4, 8], got
+
+
+@pytest.mark.parametrize("size", ["1.3b", "14b"])
+def test_real_size_skyreels_v2_detects_and_binds_whole(tmp_path, size):
+    """A header-faithful sparse SkyReels-V2 (SkyworkAI's names, bf16) of each released width: detected as such and
+    bound whole (no layer left unused), with its fps input."""
+    from layouts_2026.video import WAN21_T2V_1_3B, WAN21_T2V_14B
+
+    from engine.detect import detect_file
+    from engine.formats.safetensors import write_sparse
+
+    c = WAN21_T2V_1_3B if size == "1.3b" else WAN21_T2V_14B
+    d = c.dim
+    rows = [(k, "BF16", s) for k, s in wan_original(c).items()]
+    rows += [("fps_embedding.weight", "BF16", (2, d)), ("fps_projection.0.weight", "BF16", (d, d)),
+             ("fps_projection.0.bias", "BF16", (d,)), ("fps_projection.2.weight", "BF16", (6 * d, d)),
+             ("fps_projection.2.bias", "BF16", (6 * d,))]  # fmt: skip
+    path = write_sparse(tmp_path / f"skyreels_v2_df_{size}.safetensors", rows)
+    r = detect_file(str(path))
+    assert (r.architecture, r.variant) == ("wan21", f"skyreels_v2-{size}")
+    den = denoise.bind(Component("transformer", str(path), ""), r.architecture)
+    assert type(den.model).__name__ == "SkyReelsV2" and len(den.model.blocks) == c.layers
+    assert den.input_names == ("x", "t", "context", "fps")
