@@ -328,8 +328,9 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
         if is_animate(mods):
             model = bind_wan_animate(ops, architecture, dtype, Taken(plain, ops))
         else:
-            from .wan_variants import bind_variant
+            from .wan_variants import bind_variant, refuse
 
+            refuse(ops)
             model = bind_variant(ops, bind_wan(ops, architecture, dtype, Taken(plain, ops)))
         return Denoiser("wan", architecture, naming, model)
     if architecture in FLUX3:

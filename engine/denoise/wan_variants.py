@@ -118,23 +118,26 @@ class AnyFlow(Wan):
         return [*order[:at], *self.delta_embedding, *order[at:]]
 
 
-def bind_variant(ops, wan: Wan) -> Wan:
-    """`wan` as the variant its file's layers say (or as it is)."""
-    fields = {k: getattr(wan, k) for k in wan.__dataclass_fields__}
+def refuse(ops) -> None:
+    """Refuse by name, before Wan's binder reads the blocks, the variants this forward does not compute."""
     if "far_patch_embedding" in ops:
         raise UnsupportedModel(
             f"{ops.what}: AnyFlow-FAR (compressed context frames, block-causal attention) — Loadout runs "
             "AnyFlow's bidirectional model, not FAR's: use the AnyFlow (non-FAR) checkpoint"
         )
+    if "delta_embedding.0" in ops and "img_emb.proj.1" in ops:
+        # AnyFlow's image tokens join the text in one cross-attention (no k_img / v_img): not Wan 2.1 I2V's
+        raise UnsupportedModel(f"{ops.what}: an image-to-video AnyFlow: Loadout runs AnyFlow's text-to-video")
+
+
+def bind_variant(ops, wan: Wan) -> Wan:
+    """`wan` as the variant its file's layers say (or as it is)."""
+    fields = {k: getattr(wan, k) for k in wan.__dataclass_fields__}
     if "fps_embedding" in ops:
         return SkyReelsV2(
             **fields, fps_embedding=ops["fps_embedding"],
             fps_projection=(ops["fps_projection.0"], ops["fps_projection.2"]),
         )  # fmt: skip
     if "delta_embedding.0" in ops:
-        if wan.img_emb is not None:
-            raise UnsupportedModel(
-                f"{ops.what}: an image-to-video AnyFlow: Loadout runs AnyFlow's text-to-video"
-            )
         return AnyFlow(**fields, delta_embedding=(ops["delta_embedding.0"], ops["delta_embedding.2"]))
     return wan

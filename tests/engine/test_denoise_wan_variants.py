@@ -281,3 +281,11 @@ def test_real_size_skyreels_v2_detects_and_binds_whole(tmp_path, size):
     den = denoise.bind(Component("transformer", str(path), ""), r.architecture)
     assert type(den.model).__name__ == "SkyReelsV2" and len(den.model.blocks) == c.layers
     assert den.input_names == ("x", "t", "context", "fps")
+
+
+def test_an_image_to_video_anyflow_is_refused_by_name(tmp_path):
+    """AnyFlow's image tokens share the text's cross-attention (no k_img / v_img): not Wan 2.1 I2V's branch."""
+    ref = diffusers.AnyFlowTransformer3DModel(**SMALL, in_channels=36, image_dim=1280).eval()
+    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    with pytest.raises(UnsupportedModel, match="image-to-video AnyFlow"):
+        _bind(write(tmp_path / "anyflow_i2v_tiny.safetensors", sd))
