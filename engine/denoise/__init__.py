@@ -322,15 +322,24 @@ def _bind_denoiser(ops: Ops, mods: dict, architecture: str, dtype, what: str) ->
             from ..lora.family_names import to_original
 
             animate = diffusers_paths(mods) if is_animate(mods) else {}  # WanAnimateTransformer3DModel's own
+            from .wan_variants import DIFFUSERS as VARIANTS  # SkyReels-V2's and AnyFlow's own layers
+
             naming, rename = "diffusers", {**to_original(cast, WAN_NAMES), **animate}
+            rename.update({p: o for p, o in VARIANTS.items() if p in cast})
             cast = {rename[p]: m for p, m in cast.items() if p in rename}
             # the per-block and head modulations are diffusers' `scale_shift_table`s; FLF2V's image
             # position embedding is its image embedder's `pos_embed`
             renamed = {"": "head", "condition_embedder.image_embedder": "img_emb", **animate}
             plain = {renamed.get(p, p): m for p, m in plain.items()}
         ops = ops.renamed(cast)
-        bind = bind_wan_animate if is_animate(mods) else bind_wan
-        return Denoiser("wan", architecture, naming, bind(ops, architecture, dtype, Taken(plain, ops)))
+        if is_animate(mods):
+            model = bind_wan_animate(ops, architecture, dtype, Taken(plain, ops))
+        else:
+            from .wan_variants import bind_variant, refuse
+
+            refuse(ops)
+            model = bind_variant(ops, bind_wan(ops, architecture, dtype, Taken(plain, ops)))
+        return Denoiser("wan", architecture, naming, model)
     if architecture in FLUX3:
         from .flux3 import bind_flux3
 

@@ -280,8 +280,8 @@ def optional_names(model) -> tuple[str, ...]:
     """Inputs `model` takes when a file gives them (and otherwise runs at their default)."""
     if hasattr(model, "step_optional"):  # a self-described family (engine.denoise.SELF_DESCRIBED)
         return tuple(model.step_optional)
-    if getattr(model, "family", "") == "wan" and model.vace_channels:
-        return ("vace_context_scale",)  # VACE's hint strength, [B]; the original's default 1
+    if getattr(model, "family", "") == "wan" and hasattr(model, "optional_inputs"):
+        return model.optional_inputs  # VACE's hint strength; ChronoEdit's RoPE skip (engine.denoise.wan)
     if getattr(model, "family", "") == "wan_animate2":
         return ("is_uncondtion",)  # diffusers' (its spelling): the unconditional samples skip block 9, [B]
     if getattr(model, "family", "") == "nextdit":

@@ -35,6 +35,12 @@ rope_params / rope_apply, sinusoidal_embedding_1d; written from that description
   evenly (1.3B: every 2nd of 30, 14B: every 5th of 40 — the configs' `vace_layers`; ComfyUI spreads
   `num_layers // vace blocks` apart too).
 
+* ChronoEdit (nv-tlabs; diffusers `transformer_chronoedit.py`, ChronoEditTransformer3DModel) is Wan 2.1 I2V
+  14B's network and file; its RoPE alone differs: a clip of two latent frames (the input image and the
+  edit, no temporal-reasoning frames) places the second at frame position `rope_temporal_skip_len` − 1 (8 − 1),
+  an optional input here (Wan's positions 0 … F − 1 without it, which ChronoEdit's are for F ≠ 2).
+* SkyReels-V2 and AnyFlow condition the time differently: engine.denoise.wan_variants, on this forward.
+
 diffusers' WanTransformer3DModel is the same network (its tests here compare the two on the same
 weights through diffusers' own single-file converter).
 """
@@ -46,7 +52,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import UnsupportedModel
+from ..errors import FormatError, UnsupportedModel
 from .common import Ops, held, held_shape, layer_norm_with, timestep_embedding, wshape
 
 TEXT_LEN = 512
@@ -62,15 +68,19 @@ def _ln(x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x.float(), (x.shape[-1],), eps=EPS)
 
 
-def rope_angles(f: int, h: int, w: int, d: int, device) -> torch.Tensor:
-    """[f·h·w, d/2] rotation angles (float64) for a grid of f frames of h × w patches."""
+def rope_angles(f: int, h: int, w: int, d: int, device, skip: int | None = None) -> torch.Tensor:
+    """[f·h·w, d/2] rotation angles (float64) for a grid of f frames of h × w patches; `skip`: ChronoEdit's
+    temporal skip, which places a two-frame clip's second frame at position skip − 1."""
     c = d // 2
     parts = (c - 2 * (c // 3), c // 3, c // 3)
     axes = []
     for n, count in zip((f, h, w), parts, strict=True):
         share = 2 * count
         freqs = 1.0 / THETA ** (torch.arange(0, share, 2, dtype=torch.float64, device=device) / share)
-        axes.append(torch.arange(n, dtype=torch.float64, device=device)[:, None] * freqs[None])
+        pos = torch.arange(n, dtype=torch.float64, device=device)
+        if skip is not None and not axes and f == 2:  # the frame axis comes first
+            pos = torch.tensor([0.0, skip - 1.0], dtype=torch.float64, device=device)
+        axes.append(pos[:, None] * freqs[None])
     ft, fh, fw = axes
     grid = torch.cat(
         [
@@ -89,6 +99,44 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     a, b = xf[..., 0], xf[..., 1]
     out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
     return out.reshape(x.shape).type_as(x)
+
+
+def embed_time(pair, t: torch.Tensor, dt) -> torch.Tensor:
+    """Linear, SiLU, Linear over the 256-wide sinusoid of t ([B] or [B, F], flattened): [B·F, dim]."""
+    return pair[1](F.silu(pair[0](timestep_embedding(t.float().flatten(), FREQ_DIM).to(dt))))
+
+
+def per_frame(t: torch.Tensor, e: torch.Tensor, e0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e, e0) of a flattened [B, F] t laid out per frame: [B, F, dim] and [B, 6, F, dim]; as they are for t [B]."""
+    if t.dim() != 2:
+        return e, e0
+    return e.unflatten(0, t.shape), e0.unflatten(0, t.shape).transpose(1, 2)
+
+
+def modulation(table: torch.Tensor, e: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+    """The n modulations of a learned table [1, n, dim] plus e: [B, n, dim] gives n × [B, 1, dim], per frame
+    [B, n, F, dim] gives n × [B, F, dim]."""
+    if e.dim() == 3:
+        return (table + e).chunk(n, dim=1)
+    return tuple(c.squeeze(1) for c in (table[:, :, None] + e).chunk(n, dim=1))
+
+
+def _frames(x: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, L, dim] and m [B, F, dim] so that they broadcast frame by frame (F = 1: as they are)."""
+    if m.shape[1] == 1:
+        return x, m
+    return x.unflatten(1, (m.shape[1], -1)), m[:, :, None]
+
+
+def modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    xv, sc = _frames(x, scale)
+    return (xv * (1 + sc) + _frames(x, shift)[1]).reshape(x.shape)
+
+
+def gated(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x + y · gate in float32 (a per-frame gate over each frame's tokens)."""
+    yv, g = _frames(y.float(), gate)
+    return x.float() + (yv * g).reshape(x.shape)
 
 
 @dataclass
@@ -186,25 +234,60 @@ class Wan:
     def vace_channels(self) -> int | None:
         return None if self.vace_patch_embedding is None else wshape(self.vace_patch_embedding)[1]
 
+    @property
+    def optional_inputs(self) -> tuple[str, ...]:
+        """VACE's hint strength [B] (default 1); an image-to-video model's ChronoEdit RoPE skip [B]."""
+        vace = ("vace_context_scale",) if self.vace_channels else ()
+        return vace + (("rope_temporal_skip_len",) if self.image_dim and type(self) is Wan else ())
+
+    def shapes_extra(self, got: dict) -> dict:
+        return {"rope_temporal_skip_len": (None,)} if "rope_temporal_skip_len" in got else {}
+
+    def check_extra(self, got: dict, source: str) -> None:
+        skip = got.get("rope_temporal_skip_len")
+        if skip is not None and not (
+            torch.all(skip == skip[0]) and skip[0] >= 2 and skip[0] == skip[0].round()
+        ):
+            raise FormatError(
+                f"{source}: rope_temporal_skip_len holds {skip.tolist()}; it is one whole number ≥ 2 for the "
+                "batch (ChronoEdit's: 8)"
+            )
+
     def __call__(
-        self, x, t, context, clip_fea=None, vace_context=None, vace_context_scale=None
+        self,
+        x,
+        t,
+        context,
+        clip_fea=None,
+        vace_context=None,
+        vace_context_scale=None,
+        rope_temporal_skip_len=None,
     ) -> torch.Tensor:
         h = self.patch_embedding(x.to(self.dtype))
-        return self.run(h, t, context, clip_fea, vace_context, vace_context_scale)
+        skip = None if rope_temporal_skip_len is None else int(rope_temporal_skip_len.reshape(-1)[0])
+        return self.run(h, t, context, clip_fea, vace_context, vace_context_scale, rope_skip=skip)
 
     def run(
-        self, h, t, context, clip_fea=None, vace_context=None, vace_context_scale=None, after_block=None
+        self,
+        h,
+        t,
+        context,
+        clip_fea=None,
+        vace_context=None,
+        vace_context_scale=None,
+        after_block=None,
+        time_inputs=None,
+        rope_skip=None,
     ) -> torch.Tensor:
         """The forward from the patched latents h [B, dim, F, h, w] on; `after_block(i, x)`, where given,
-        returns the tokens that go on after main block i (Wan Animate's face adapter adds to them)."""
+        returns the tokens that go on after main block i (Wan Animate's face adapter adds to them);
+        `time_inputs`: a variant's own time conditions, for its `_time` (engine.denoise.wan_variants);
+        `rope_skip`: ChronoEdit's temporal skip (`rope_angles`)."""
         dt = self.dtype
         b, dim, f, hh, ww = h.shape
         x = h.flatten(2).transpose(1, 2)
         del h
-        e = self.time_embedding[1](
-            F.silu(self.time_embedding[0](timestep_embedding(t.float(), FREQ_DIM).to(dt)))
-        )
-        e0 = self.time_projection(F.silu(e)).float().unflatten(1, (6, dim))
+        e, e0 = self._time(t, dim, **(time_inputs or {}))
         if context.shape[1] < TEXT_LEN:  # the original pads the T5 states to 512 tokens with zeros
             context = F.pad(context, (0, 0, 0, TEXT_LEN - context.shape[1]))
         ctx = self.text_embedding[1](F.gelu(self.text_embedding[0](context.to(dt)), approximate="tanh"))
@@ -215,7 +298,7 @@ class Wan:
                 feats = feats + held(self.emb_pos, _emb_pos(self.emb_pos), feats.device).to(feats.device, dt)
             norm1, lin1, lin2, norm2 = self.img_emb  # the norms may be typed GroupNorm by the tree
             img = layer_norm_with(norm2, lin2(F.gelu(lin1(layer_norm_with(norm1, feats, IMG_EPS)))), IMG_EPS)
-        ang = rope_angles(f, hh, ww, dim // self.heads, x.device)
+        ang = rope_angles(f, hh, ww, dim // self.heads, x.device, rope_skip)
         cos, sin = ang.cos().float()[None, :, None], ang.sin().float()[None, :, None]
         hints = self._vace_hints(x, vace_context, e0, ctx, cos, sin, img) if self.vace_blocks else {}
         strength = (
@@ -230,10 +313,16 @@ class Wan:
         mod = held(self.head_modulation, _modulation(self.head_modulation), x.device).to(
             x.device, torch.float32
         )
-        shift, scale = (mod + e.float()[:, None]).chunk(2, dim=1)
-        out = self.head((_ln(x) * (1 + scale) + shift).to(dt))
+        shift, scale = modulation(mod, e.float()[:, None], 2)
+        out = self.head(modulate(_ln(x), scale, shift).to(dt))
         out = out.reshape(b, f, hh, ww, 1, 2, 2, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return out.reshape(b, -1, f, hh * 2, ww * 2)
+
+    def _time(self, t, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(e, e0): the time embedding and its six modulations, [B, dim] and [B, 6, dim] for t [B], or per
+        latent frame, [B, F, dim] and [B, 6, F, dim], for t [B, F] (SkyReels-V2's diffusion forcing)."""
+        e = embed_time(self.time_embedding, t, self.dtype)
+        return per_frame(t, e, self.time_projection(F.silu(e)).float().unflatten(1, (6, dim)))
 
     def _vace_hints(self, x, vace_context, e0, ctx, cos, sin, img) -> dict[int, torch.Tensor]:
         """{main block index: the hint added after it}, from the VACE blocks over the control video."""
@@ -268,16 +357,16 @@ class Wan:
     def _block(self, blk: Block, x, e0, ctx, cos, sin, img=None) -> torch.Tensor:
         dt = self.dtype
         mod = held(blk.modulation, _modulation(blk.modulation), x.device).to(x.device, torch.float32)
-        e = (mod + e0).chunk(6, dim=1)
-        h = (_ln(x) * (1 + e[1]) + e[0]).to(dt)
+        e = modulation(mod, e0, 6)
+        h = modulate(_ln(x), e[1], e[0]).to(dt)
         y = self._attn(blk.self_attn, h, h, cos, sin)
         del h
-        x = (x.float() + y.float() * e[2]).to(dt)
+        x = gated(x, y, e[2]).to(dt)
         # norm3 through layer_norm_with: in a VACE block the module tree types it GroupNorm (its path has
         # no `blocks` segment, which is what tells the tree a block's 1-D norm is a LayerNorm)
         x = x + self._attn(blk.cross_attn, layer_norm_with(blk.norm3, x, EPS), ctx, img=img)
-        y = blk.ffn_out(F.gelu(blk.ffn_in((_ln(x) * (1 + e[4]) + e[3]).to(dt)), approximate="tanh"))
-        return (x.float() + y.float() * e[5]).to(dt)
+        y = blk.ffn_out(F.gelu(blk.ffn_in(modulate(_ln(x), e[4], e[3]).to(dt)), approximate="tanh"))
+        return gated(x, y, e[5]).to(dt)
 
     def op_order(self, stem: tuple = (), after_block=None) -> list:
         """The ops in call order; `stem`: ops a variant runs between the patch embedding and the time

@@ -65,6 +65,12 @@ _WAN_TOP = (
     ("img_emb.proj.4", "condition_embedder.image_embedder.norm2"),
     ("head.head", "proj_out"),
     ("vace_patch_embedding", "vace_patch_embedding"),
+    # SkyReels-V2's fps projection (SkyworkAI's Sequential); AnyFlow's second time embedder (diffusers' names
+    # only: engine.denoise.wan_variants names it as Wan's time_embedding)
+    ("fps_projection.0", "fps_projection.net.0.proj"),
+    ("fps_projection.2", "fps_projection.net.2"),
+    ("delta_embedding.0", "condition_embedder.delta_embedder.linear_1"),
+    ("delta_embedding.2", "condition_embedder.delta_embedder.linear_2"),
 )
 # Wan 2.2 Animate's own modules (diffusers' generate_face_adapter_mappings / generate_motion_encoder_mappings in
 # convert_wan_transformer_to_diffusers): the face adapter's fuser blocks, the face encoder's convs, the motion
