@@ -127,9 +127,10 @@ _KANDINSKY5 = re.compile(
 # release's `blocks.N.mlp.t_conv` is SANA-WM's too, so a LoRA of neither names no base
 _SANA_VIDEO = re.compile(r"^transformer_blocks_\d+_ff_conv_temp$", re.MULTILINE)
 # NucleusMoE-Image (diffusers' names are its release's): Qwen-Image's img_mod blocks, with a text projection per block
-# and a mixture of experts (its router, its shared expert) in the image MLP, which no Qwen-Image has.
+# and a mixture of experts (its router `img_mlp.gate`, its shared expert) in the image MLP, which no Qwen-Image has
+# (Qwen-Image 2.1's SwiGLU is `img_mlp.gate_layer`: the router's name ends there).
 _NUCLEUS = re.compile(
-    r"^transformer_blocks_\d+_(?:encoder_proj|img_mlp_gate|img_mlp_shared_expert_)", re.MULTILINE
+    r"^transformer_blocks_\d+_(?:encoder_proj|img_mlp_gate$|img_mlp_shared_expert_)", re.MULTILINE
 )
 # Motif-Video (diffusers' names are its files'): a text cross-attention in its FLUX-style blocks (Stable Audio 3's
 # `transformer_blocks.N.cross_attn` fuses `to_kv`, so a double block's names it by its own `to_k` / `to_v`), or its text
