@@ -182,7 +182,7 @@ class Kandinsky5:
 
     def _attn(self, a: Attention, x, ctx, pe):
         q, k, v = (split_heads(p(s), self.heads) for p, s in ((a.q, x), (a.k, ctx), (a.v, ctx)))
-        q, k = _qk_norm(a.q_norm, q), _qk_norm(a.k_norm, k)
+        q, k = qk_norm(a.q_norm, q), qk_norm(a.k_norm, k)
         if pe is not None:  # the release rounds the rotated q and k to bfloat16 (see the module's docstring)
             q, k = _rotate(q, pe), _rotate(k, pe)
         return a.o(merge_heads(F.scaled_dot_product_attention(q, k, v.to(q.dtype))))
@@ -247,7 +247,7 @@ def _residual(x: torch.Tensor, mod, f) -> torch.Tensor:
     return (x.float() + gate * f(n).float()).to(x.dtype)
 
 
-def _qk_norm(op, x: torch.Tensor) -> torch.Tensor:
+def qk_norm(op, x: torch.Tensor) -> torch.Tensor:
     """Per-head RMS norm with the op's weight, in float32 (as the release computes it), cast back."""
     w, _ = op.cast_params(x)
     return F.rms_norm(x.float(), (x.shape[-1],), w.float(), QK_EPS).to(x.dtype)
@@ -261,20 +261,20 @@ def _rotate(x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
     return out.reshape(x.shape).to(torch.bfloat16).to(x.dtype)
 
 
-def _table(angles: torch.Tensor) -> torch.Tensor:
+def rotations(angles: torch.Tensor) -> torch.Tensor:
     """[..., n] angles -> [..., n, 2, 2] rotations [[cos, -sin], [sin, cos]] (FLUX.1's layout, common.rope's)."""
     cos, sin = angles.cos(), angles.sin()
     return torch.stack([cos, -sin, sin, cos], dim=-1).reshape(*angles.shape, 2, 2)
 
 
-def _freqs(d: int) -> torch.Tensor:
+def rope_freqs(d: int) -> torch.Tensor:
     half = d // 2
     return torch.exp(-torch.log(torch.tensor(THETA)) * torch.arange(half, dtype=torch.float32) / half)
 
 
 def _rope_1d(n: int, head: int, device) -> torch.Tensor:
     """[n, head/2, 2, 2]: token i's rotations over the whole head."""
-    return _table(torch.outer(torch.arange(n, dtype=torch.float32), _freqs(head))).to(device)
+    return rotations(torch.outer(torch.arange(n, dtype=torch.float32), rope_freqs(head))).to(device)
 
 
 def _rope_3d(grid: tuple[int, int, int], axes: tuple[int, ...], scales: torch.Tensor, device) -> torch.Tensor:
@@ -283,11 +283,11 @@ def _rope_3d(grid: tuple[int, int, int], axes: tuple[int, ...], scales: torch.Te
     b = scales.shape[0]
     parts = []
     for i, (n, d) in enumerate(zip(grid, axes, strict=True)):
-        a = torch.outer(torch.arange(n, dtype=torch.float32), _freqs(d))[None] / scales[:, i, None, None]
+        a = torch.outer(torch.arange(n, dtype=torch.float32), rope_freqs(d))[None] / scales[:, i, None, None]
         shape = [b, 1, 1, 1, d // 2]
         shape[1 + i] = n
         parts.append(a.reshape(shape).expand(b, *grid, d // 2))
-    return _table(torch.cat(parts, dim=-1).reshape(b, 1, -1, sum(axes) // 2)).to(device)
+    return rotations(torch.cat(parts, dim=-1).reshape(b, 1, -1, sum(axes) // 2)).to(device)
 
 
 # -- binding the file's ops -----------------------------------------------------------------------------

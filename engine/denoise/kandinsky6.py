@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from ..errors import FormatError, UnsupportedModel
 from .common import Ops, layer_norm_with, merge_heads, mlp2, rope, split_heads, timestep_embedding, wshape
-from .kandinsky5 import AXES, LN_EPS, PATCH, Attention, _freqs, _qk_norm, _table
+from .kandinsky5 import AXES, LN_EPS, PATCH, Attention, qk_norm, rope_freqs, rotations
 
 SCALE = (1.0, 2.0, 2.0)  # diffusers' config default for the video RoPE's divisors
 TOKENS = 256  # a random step's prompt tokens
@@ -167,7 +167,7 @@ class Kandinsky6:
         x = x.reshape(b, tp * hp * wp, -1)
         scales = torch.tensor([SCALE]).expand(b, 3) if scale_factor is None else scale_factor.float().cpu()
         frames = torch.arange(tp) if frame_positions is None else frame_positions.cpu().long()
-        pe_v = _rope_video(frames, (hp, wp), AXES[self.head], scales, dev)
+        pe_v = rope_video(frames, (hp, wp), AXES[self.head], scales, dev)
         if audio_hidden_states is not None:
             aud = layer_norm_with(self.audio_in[1], self.audio_in[0](audio_hidden_states.to(dt)), LN_EPS)
             pe_a = _rope_1d(torch.arange(aud.shape[1]), self.head_a, dev)
@@ -178,13 +178,13 @@ class Kandinsky6:
                 x, aud = self._fused(blk, x, aud, (c_v, c_a), (pe_v, pe_a), (txt_v, txt_a), mask)
         mod, lin = self.out
         shift, scale = mod(F.silu(c_v)).float().chunk(2, dim=-1)
-        x = _modulate(x, shift[:, None], scale[:, None])
+        x = modulate(x, shift[:, None], scale[:, None])
         y = lin(x).reshape(b, tp, hp, wp, -1, pt, ph, pw)  # each token's values: (channel, t, h, w)
         outs = {"out": y.permute(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, tp * pt, hp * ph, wp * pw, -1)}
         if aud is not None:
             mod, lin = self.audio_out
             shift, scale = mod(F.silu(c_a)).float().chunk(2, dim=-1)
-            a = _modulate(aud, shift[:, None], scale[:, None])
+            a = modulate(aud, shift[:, None], scale[:, None])
             outs["audio_out"] = lin(_renorm(a))
         return outs
 
@@ -197,45 +197,45 @@ class Kandinsky6:
         cemb = mlp2(br.time, temb.to(dt)) + pooled
         pe = _rope_1d(torch.arange(txt.shape[1]), head, txt.device)
         for mod, a, ff_in, ff_out in br.text_blocks:
-            m = _chunks(mod, cemb, 6)
-            txt = _gated(txt, m[2], self._attn(a, _modulate(txt, m[0], m[1]), None, pe, pe, mask))
-            txt = _gated(txt, m[5], ff_out(F.gelu(ff_in(_modulate(txt, m[3], m[4])), approximate="none")))
+            m = modulations(mod, cemb, 6)
+            txt = gated(txt, m[2], self._attn(a, modulate(txt, m[0], m[1]), None, pe, pe, mask))
+            txt = gated(txt, m[5], ff_out(F.gelu(ff_in(modulate(txt, m[3], m[4])), approximate="none")))
         return txt, cemb
 
     def _video_alone(self, half: Half, x, cemb, pe, txt, mask):
-        m = _chunks(half.modulation, cemb, 9)
-        x = _gated(x, m[2], self._attn(half.attn, _modulate(x, m[0], m[1]), None, pe, pe, None))
-        x = _gated(x, m[5], self._attn(half.cross, _modulate(x, m[3], m[4]), txt, None, None, mask))
-        return _gated(x, m[8], half.ff_out(F.gelu(half.ff_in(_modulate(x, m[6], m[7])))))
+        m = modulations(half.modulation, cemb, 9)
+        x = gated(x, m[2], self._attn(half.attn, modulate(x, m[0], m[1]), None, pe, pe, None))
+        x = gated(x, m[5], self._attn(half.cross, modulate(x, m[3], m[4]), txt, None, None, mask))
+        return gated(x, m[8], half.ff_out(F.gelu(half.ff_in(modulate(x, m[6], m[7])))))
 
     def _fused(self, blk: Fused, x, aud, cembs, pes, txts, mask):
         """Both halves' self-attention and cross-attention to their text, the attention between the two (on each
         side's pre-cross-attention input, with both RoPEs), then both MLPs."""
         (c_v, c_a), (pe_v, pe_a), (txt_v, txt_a) = cembs, pes, txts
-        mv, ma = _chunks(blk.video.modulation, c_v, 9), _chunks(blk.audio.modulation, c_a, 9)
-        x = _gated(x, mv[2], self._attn(blk.video.attn, _modulate(x, mv[0], mv[1]), None, pe_v, pe_v, None))
-        pre_v = _modulate(x, mv[3], mv[4])
+        mv, ma = modulations(blk.video.modulation, c_v, 9), modulations(blk.audio.modulation, c_a, 9)
+        x = gated(x, mv[2], self._attn(blk.video.attn, modulate(x, mv[0], mv[1]), None, pe_v, pe_v, None))
+        pre_v = modulate(x, mv[3], mv[4])
         from_txt_v = self._attn(blk.video.cross, pre_v, txt_v, None, None, mask)
-        aud = _gated(
-            aud, ma[2], self._attn(blk.audio.attn, _modulate(aud, ma[0], ma[1]), None, pe_a, pe_a, None)
+        aud = gated(
+            aud, ma[2], self._attn(blk.audio.attn, modulate(aud, ma[0], ma[1]), None, pe_a, pe_a, None)
         )
-        pre_a = _modulate(aud, ma[3], ma[4])
-        aud = _gated(aud, ma[5], self._attn(blk.audio.cross, pre_a, txt_a, None, None, mask))
+        pre_a = modulate(aud, ma[3], ma[4])
+        aud = gated(aud, ma[5], self._attn(blk.audio.cross, pre_a, txt_a, None, None, mask))
         va, av = _cross_mods(blk, c_v, c_a, self.hidden, wshape(self.audio_in[0])[0])
-        x = _gated(x, mv[5], from_txt_v)
-        q_v, q_a = _modulate(x, va[0], va[1]), _modulate(aud, av[0], av[1])
+        x = gated(x, mv[5], from_txt_v)
+        q_v, q_a = modulate(x, va[0], va[1]), modulate(aud, av[0], av[1])
         from_aud = self._attn(blk.va, q_v, pre_a, pe_v, pe_a, None)
         from_vid = self._attn(blk.av, q_a, pre_v, pe_a, pe_v, None)
-        x, aud = _gated(x, av[2], from_aud), _gated(aud, va[2], from_vid)
-        x = _gated(x, mv[8], blk.video.ff_out(F.gelu(blk.video.ff_in(_modulate(x, mv[6], mv[7])))))
-        return x, _gated(aud, ma[8], blk.audio.ff_out(F.gelu(blk.audio.ff_in(_modulate(aud, ma[6], ma[7])))))
+        x, aud = gated(x, av[2], from_aud), gated(aud, va[2], from_vid)
+        x = gated(x, mv[8], blk.video.ff_out(F.gelu(blk.video.ff_in(modulate(x, mv[6], mv[7])))))
+        return x, gated(aud, ma[8], blk.audio.ff_out(F.gelu(blk.audio.ff_in(modulate(aud, ma[6], ma[7])))))
 
     def _attn(self, a: Attention, x, ctx, pe_q, pe_k, mask):
         """q from x, k / v from ctx (x itself when None); RoPE on q and k where given; `mask` on the keys."""
         ctx = x if ctx is None else ctx
         heads = wshape(a.q)[0] // wshape(a.q_norm)[0]
         q, k, v = (split_heads(p(s), heads) for p, s in ((a.q, x), (a.k, ctx), (a.v, ctx)))
-        q, k = _qk_norm(a.q_norm, q), _qk_norm(a.k_norm, k)
+        q, k = qk_norm(a.q_norm, q), qk_norm(a.k_norm, k)
         if pe_q is not None:
             q, k = rope(q, pe_q), rope(k, pe_k)
         return a.o(merge_heads(F.scaled_dot_product_attention(q, k, v.to(q.dtype), attn_mask=mask)))
@@ -350,25 +350,25 @@ def _renorm(a: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(a, (a.shape[-1],), eps=LN_EPS)
 
 
-def _chunks(mod, cemb, n: int) -> tuple:
+def modulations(mod, cemb, n: int) -> tuple:
     return mod(F.silu(cemb)).float()[:, None].chunk(n, dim=-1)
 
 
-def _modulate(x: torch.Tensor, shift, scale) -> torch.Tensor:
+def modulate(x: torch.Tensor, shift, scale) -> torch.Tensor:
     """(1 + scale)·LN(x) + shift in float32 (an affine-free LayerNorm), cast back to x's dtype."""
     return (F.layer_norm(x.float(), (x.shape[-1],), eps=LN_EPS) * (1 + scale) + shift).to(x.dtype)
 
 
-def _gated(x: torch.Tensor, gate, y: torch.Tensor) -> torch.Tensor:
+def gated(x: torch.Tensor, gate, y: torch.Tensor) -> torch.Tensor:
     return (x.float() + gate * y.float()).to(x.dtype)
 
 
 def _rope_1d(pos: torch.Tensor, head: int, device) -> torch.Tensor:
     """[1, 1, n, head/2, 2, 2]: each position's rotations over the whole head."""
-    return _table(torch.outer(pos.float(), _freqs(head)))[None, None].to(device)
+    return rotations(torch.outer(pos.float(), rope_freqs(head)))[None, None].to(device)
 
 
-def _rope_video(
+def rope_video(
     frames: torch.Tensor, grid: tuple[int, int], axes, scales: torch.Tensor, device
 ) -> torch.Tensor:
     """[B, 1, t·h·w, head/2, 2, 2]: each patch's rotations, (frame position, row, column) over the three axes, each
@@ -378,11 +378,11 @@ def _rope_video(
     for i, (pos, d) in enumerate(
         zip((frames, torch.arange(grid[0]), torch.arange(grid[1])), axes, strict=True)
     ):
-        a = torch.outer(pos.float(), _freqs(d))[None] / scales[:, i, None, None]
+        a = torch.outer(pos.float(), rope_freqs(d))[None] / scales[:, i, None, None]
         shape = [b, 1, 1, 1, d // 2]
         shape[1 + i] = sizes[i]
         parts.append(a.reshape(shape).expand(b, *sizes, d // 2))
-    return _table(torch.cat(parts, dim=-1).reshape(b, 1, -1, sum(axes) // 2)).to(device)
+    return rotations(torch.cat(parts, dim=-1).reshape(b, 1, -1, sum(axes) // 2)).to(device)
 
 
 # -- binding the file's ops -----------------------------------------------------------------------------

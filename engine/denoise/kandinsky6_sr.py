@@ -36,8 +36,8 @@ import torch.nn.functional as F
 
 from ..errors import FormatError, UnsupportedModel
 from .common import Ops, Taken, held, merge_heads, mlp2, rope, split_heads, timestep_embedding, wshape
-from .kandinsky5 import AXES, Attention, _qk_norm
-from .kandinsky6 import SCALE, _chunks, _gated, _modulate, _rope_video
+from .kandinsky5 import AXES, Attention, qk_norm
+from .kandinsky6 import SCALE, gated, modulate, modulations, rope_video
 
 TILE = 8  # NABLA's tiles of the token grid: 8 × 8 tokens a block
 THRESHOLD = 0.8  # the released config's nabla_threshold
@@ -91,25 +91,25 @@ class Kandinsky6SR:
         x = self.visual_in(hidden_states.to(dt))  # [B, T, H, W, D]
         temb = timestep_embedding(timestep.float().to(dev), wshape(self.time[0])[1])
         cemb = mlp2(self.time, temb.to(dt)) + held(self.bias, "pooled_bias", dev).to(dt)
-        pe = _rope_video(torch.arange(t), (h, w), AXES[self.head], torch.tensor([SCALE]), dev)
+        pe = rope_video(torch.arange(t), (h, w), AXES[self.head], torch.tensor([SCALE]), dev)
         pe = _tiled(
             pe.reshape(1, 1, t, h, w, *pe.shape[-3:]), 2
         )  # [1, 1, S, d/2, 2, 2] in NABLA's token order
         x = _tiled(x, 1)
         sta = _window_mask(t, h // TILE, w // TILE, dev)
         for blk in self.blocks:
-            m = _chunks(blk.modulation, cemb, 6)
-            x = _gated(x, m[2], self._attn(blk.attn, _modulate(x, m[0], m[1]), pe, sta))
-            x = _gated(x, m[5], blk.ff_out(F.gelu(blk.ff_in(_modulate(x, m[3], m[4])))))
+            m = modulations(blk.modulation, cemb, 6)
+            x = gated(x, m[2], self._attn(blk.attn, modulate(x, m[0], m[1]), pe, sta))
+            x = gated(x, m[5], blk.ff_out(F.gelu(blk.ff_in(modulate(x, m[3], m[4])))))
         mod, lin = self.out
         shift, scale = mod(F.silu(cemb)).float().chunk(2, dim=-1)
-        y = lin(_modulate(x, shift[:, None], scale[:, None]))
+        y = lin(modulate(x, shift[:, None], scale[:, None]))
         return _untiled(y, (t, h, w))
 
     def _attn(self, a: Attention, x, pe, sta):
         heads = self.hidden // self.head
         q, k, v = (split_heads(p(x), heads) for p in (a.q, a.k, a.v))
-        q, k = rope(_qk_norm(a.q_norm, q), pe), rope(_qk_norm(a.k_norm, k), pe)
+        q, k = rope(qk_norm(a.q_norm, q), pe), rope(qk_norm(a.k_norm, k), pe)
         keep = _nabla(q, k, sta)  # [B, heads, n, n] key blocks per query block
         blk = TILE * TILE
         out = torch.empty_like(q)

@@ -59,6 +59,7 @@ _DIT_FAMILY = (
     "glm_image",
     "bria_fibo2",
     "kandinsky6",
+    "kandinsky6_sr",
 )
 
 

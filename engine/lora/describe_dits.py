@@ -162,6 +162,9 @@ _KANDINSKY6 = re.compile(
     r"|va_cross_attention|av_cross_attention|va_modulation|av_modulation)_)",
     re.MULTILINE,
 )
+# Kandinsky 6 SR: its visual blocks' MLP is diffusers' FeedForward (`net.0.proj`, `net.2`), where Kandinsky 5's is
+# `in_layer` / `out_layer` and Kandinsky 6's sits inside a `*_dec_block`; its self-attention alone is Kandinsky 5's too
+_KANDINSKY6_SR = re.compile(r"^visual_transformer_blocks_\d+_feed_forward_net_(?:0_proj|2)$", re.MULTILINE)
 _MINIMAX_H3_Q = re.compile(r"^transformer_blocks_\d+_attn_to_q$")
 _MINIMAX_H3_WIDTH = 5376
 _FLUX_MLP_IN = re.compile(r"^double_blocks_\d+_img_mlp_0$")
@@ -221,6 +224,8 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         _KANDINSKY6, lines, "_text_transformer_blocks_", "_dec_block_", "_cross_attention_", "_modulation_"
     ):
         return True, "kandinsky6"
+    if _any_line(_KANDINSKY6_SR, lines, "_feed_forward_net_"):
+        return True, "kandinsky6_sr"
     if _any_line(_HIDREAM, lines, "_stream_blocks_"):
         return True, "hidream"
     if _any_line(_BRIA_FIBO2, lines, "\nperceiver_layers_", "_cross_attention_"):

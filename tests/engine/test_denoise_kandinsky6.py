@@ -157,6 +157,9 @@ def test_bad_inputs_and_variants_are_refused(k6, tmp_path):
     _, sd = well_scaled(diffusers.Kandinsky6Transformer3DModel(**dict(CONFIG, cross_gates=False)), 3)
     with pytest.raises(UnsupportedModel, match="cross-gated"):
         _bound(write(tmp_path / "k6_ungated.safetensors", sd))
+    _, sd = well_scaled(diffusers.Kandinsky6Transformer3DModel(**dict(CONFIG, axes_dims_a=(8, 12, 12))), 3)
+    with pytest.raises(UnsupportedModel, match="one width for both"):  # diffusers' own forward fails on it
+        _bound(write(tmp_path / "k6_heads.safetensors", sd))
 
 
 def test_kandinsky6_op_order_is_the_call_order(k6):

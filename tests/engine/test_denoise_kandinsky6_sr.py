@@ -130,8 +130,7 @@ LORA_MODULES = ("visual_transformer_blocks.0.self_attention.to_query", "visual_t
 
 
 def test_a_peft_lora_lands_on_the_fly(sr, tmp_path):
-    """PEFT, streamed (budget 0): equal to diffusers' model with the LoRA merged by hand. (Its keys, the visual
-    self-attention and MLP alone, name no base: Kandinsky 5's blocks hold the same.)"""
+    """PEFT, streamed (budget 0): equal to diffusers' model with the LoRA merged by hand; its MLP's keys name the base."""
     from denoise_files import check_lora_step, lora_and_merged, plain_and_merged
 
     bare, _, ref, sd = sr
@@ -141,7 +140,17 @@ def test_a_peft_lora_lands_on_the_fly(sr, tmp_path):
     plain, want = plain_and_merged(ref, sd, merged, lambda: _diffusers(ref, x))
     assert rel_l2(plain, want) > 100 * TOL
     check_lora_step(
-        bare, lora, 0.8, x, tmp_path, 0.0, want, len(LORA_MODULES), "kandinsky6_sr LoRA", None, 1e-4
+        bare,
+        lora,
+        0.8,
+        x,
+        tmp_path,
+        0.0,
+        want,
+        len(LORA_MODULES),
+        "kandinsky6_sr LoRA",
+        "kandinsky6_sr",
+        1e-4,
     )
 
 

@@ -315,7 +315,8 @@ def test_group_modules_splits_every_key_as_split_key_does():
 
 def test_kandinsky_loras_name_kandinsky5_only_where_its_own_blocks_say_so(tmp_path):
     """Kandinsky 5's text blocks or its visual blocks' cross-attention name it; Kandinsky 6's nested blocks name
-    Kandinsky 6; a LoRA of the visual self-attention alone (Kandinsky 6 SR has the same) names neither."""
+    Kandinsky 6; Kandinsky 6 SR's MLP names it, while a LoRA of the visual self-attention alone (both hold it) names
+    none."""
 
     def base(name, modules):
         entries = []
@@ -338,4 +339,12 @@ def test_kandinsky_loras_name_kandinsky5_only_where_its_own_blocks_say_so(tmp_pa
     for m in ("audio_text_transformer_blocks.3.feed_forward.net.2", "visual_transformer_blocks.7.va_cross_attention.to_key",
               "visual_transformer_blocks.0.audio_dec_block.feed_forward.net.0.proj"):  # fmt: skip
         assert base("k6_one.safetensors", (m,)) == "kandinsky6", m
-    assert base("sr.safetensors", ("visual_transformer_blocks.0.self_attention.to_query",)) != "kandinsky5"
+    assert base("sr.safetensors", ("visual_transformer_blocks.0.self_attention.to_query",)) not in (
+        "kandinsky5",
+        "kandinsky6_sr",
+    )
+    sr = (
+        "visual_transformer_blocks.0.self_attention.to_query",
+        "visual_transformer_blocks.3.feed_forward.net.2",
+    )
+    assert base("sr_mlp.safetensors", sr) == "kandinsky6_sr"  # its MLP's names are its own
