@@ -295,6 +295,18 @@ def _rope_3d(grid: tuple[int, int, int], axes: tuple[int, ...], scales: torch.Te
 _ATTN = ("to_query", "to_key", "to_value", "query_norm", "key_norm", "out_layer")
 
 
+def check_patches(ops: Ops, family: str) -> None:
+    """The patch embedding's inputs and the output layer's values are whole channels of the 1×2×2 patches (Kandinsky
+    5's and 6's, as their files are named)."""
+    patch = PATCH[0] * PATCH[1] * PATCH[2]
+    ins, outs = wshape(ops["visual_embeddings.in_layer"])[1], wshape(ops["out_layer.out_layer"])[0]
+    if ins % patch or outs % patch:
+        raise UnsupportedModel(
+            f"{ops.what}: patch embedding of {ins} and output of {outs} values — not a whole number of channels in "
+            f"{family}'s {'×'.join(map(str, PATCH))} patches"
+        )
+
+
 def bind(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[str, Kandinsky5]:
     """The forward of a Kandinsky 5 transformer (the release's and diffusers' names are one)."""
 
@@ -321,13 +333,7 @@ def bind(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[s
             f"{ops.what}: head width {head} with hidden size {hidden} — Kandinsky 5's heads are "
             f"{' or '.join(map(str, AXES))} wide (their RoPE axes {' / '.join(map(str, AXES.values()))})"
         )
-    patch = PATCH[0] * PATCH[1] * PATCH[2]
-    ins, outs = wshape(ops["visual_embeddings.in_layer"])[1], wshape(ops["out_layer.out_layer"])[0]
-    if ins % patch or outs % patch:
-        raise UnsupportedModel(
-            f"{ops.what}: patch embedding of {ins} and output of {outs} values — not a whole number of channels in "
-            f"Kandinsky 5's {'×'.join(map(str, PATCH))} patches"
-        )
+    check_patches(ops, "Kandinsky 5")
     return "diffusers", Kandinsky5(
         architecture, ops["visual_embeddings.in_layer"], (ops["text_embeddings.in_layer"], ops["text_embeddings.norm"]),
         (ops["time_embeddings.in_layer"], ops["time_embeddings.out_layer"]),

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from ..errors import FormatError, UnsupportedModel
 from .common import Ops, layer_norm_with, merge_heads, mlp2, rope, split_heads, timestep_embedding, wshape
-from .kandinsky5 import AXES, LN_EPS, PATCH, Attention, qk_norm, rope_freqs, rotations
+from .kandinsky5 import AXES, LN_EPS, PATCH, Attention, check_patches, qk_norm, rope_freqs, rotations
 
 SCALE = (1.0, 2.0, 2.0)  # diffusers' config default for the video RoPE's divisors
 TOKENS = 256  # a random step's prompt tokens
@@ -437,13 +437,7 @@ def bind(ops: Ops, mods: dict, architecture: str, dtype: torch.dtype) -> tuple[s
             f"{ops.what}: a video-audio modulation of {gates} rows, not the released cross-gated "
             f"{2 * hidden + hidden_a} (2 × video {hidden} + audio {hidden_a}): a Kandinsky 6 variant Loadout does not run"
         )
-    patch = PATCH[0] * PATCH[1] * PATCH[2]
-    ins, outs = wshape(ops["visual_embeddings.in_layer"])[1], wshape(ops["out_layer.out_layer"])[0]
-    if ins % patch or outs % patch:
-        raise UnsupportedModel(
-            f"{ops.what}: patch embedding of {ins} and output of {outs} values — not a whole number of channels in "
-            f"Kandinsky 6's {'×'.join(map(str, PATCH))} patches"
-        )
+    check_patches(ops, "Kandinsky 6")
     return "diffusers", Kandinsky6(
         architecture, ops["visual_embeddings.in_layer"], ops.get("visual_token_type_embeddings"),
         (ops["audio_embeddings.in_layer"], ops["audio_embeddings.norm"]), video, audio, blocks,
