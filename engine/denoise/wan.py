@@ -278,11 +278,13 @@ class Wan:
         after_block=None,
         time_inputs=None,
         rope_skip=None,
+        self_mask=None,
     ) -> torch.Tensor:
         """The forward from the patched latents h [B, dim, F, h, w] on; `after_block(i, x)`, where given,
         returns the tokens that go on after main block i (Wan Animate's face adapter adds to them);
         `time_inputs`: a variant's own time conditions, for its `_time` (engine.denoise.wan_variants);
-        `rope_skip`: ChronoEdit's temporal skip (`rope_angles`)."""
+        `rope_skip`: ChronoEdit's temporal skip (`rope_angles`); `self_mask`: the self-attention's [N, N] mask
+        (True: attended; SkyReels-V2's block-causal frames)."""
         dt = self.dtype
         b, dim, f, hh, ww = h.shape
         x = h.flatten(2).transpose(1, 2)
@@ -305,7 +307,7 @@ class Wan:
             None if vace_context_scale is None else vace_context_scale.to(x.device, x.dtype)[:, None, None]
         )
         for i, blk in enumerate(self.blocks):
-            x = self._block(blk, x, e0, ctx, cos, sin, img)
+            x = self._block(blk, x, e0, ctx, cos, sin, img, self_mask)
             if i in hints:  # × the context scale (1, the original's default, when none is given)
                 x = x + (hints.pop(i) if strength is None else hints.pop(i) * strength)
             if after_block is not None:
@@ -337,7 +339,7 @@ class Wan:
             hints[layer] = vb.after_proj(c)
         return hints
 
-    def _attn(self, a: Attn, x, kv, cos=None, sin=None, img=None) -> torch.Tensor:
+    def _attn(self, a: Attn, x, kv, cos=None, sin=None, img=None, mask=None) -> torch.Tensor:
         b, n, _ = x.shape
         q = a.norm_q(a.q(x)).reshape(b, n, self.heads, -1)
         k = a.norm_k(a.k(kv)).reshape(b, kv.shape[1], self.heads, -1)
@@ -345,7 +347,9 @@ class Wan:
         if cos is not None:
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         q = q.transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype))
+        o = F.scaled_dot_product_attention(
+            q, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype), attn_mask=mask
+        )
         if img is not None and a.k_img is not None:  # the image tokens' own attention, added
             ki = a.norm_k_img(a.k_img(img)).reshape(b, img.shape[1], self.heads, -1)
             vi = a.v_img(img).reshape(b, img.shape[1], self.heads, -1)
@@ -354,12 +358,12 @@ class Wan:
             )
         return a.o(o.transpose(1, 2).reshape(b, n, -1))
 
-    def _block(self, blk: Block, x, e0, ctx, cos, sin, img=None) -> torch.Tensor:
+    def _block(self, blk: Block, x, e0, ctx, cos, sin, img=None, mask=None) -> torch.Tensor:
         dt = self.dtype
         mod = held(blk.modulation, _modulation(blk.modulation), x.device).to(x.device, torch.float32)
         e = modulation(mod, e0, 6)
         h = modulate(_ln(x), e[1], e[0]).to(dt)
-        y = self._attn(blk.self_attn, h, h, cos, sin)
+        y = self._attn(blk.self_attn, h, h, cos, sin, mask=mask)
         del h
         x = gated(x, y, e[2]).to(dt)
         # norm3 through layer_norm_with: in a VACE block the module tree types it GroupNorm (its path has

@@ -10,8 +10,11 @@ forward: SkyReels-V2 and AnyFlow.
   tokens are modulated by their own frame's time, the head too. The input `fps` [B] is that index, as
   the original forward names it. The original and diffusers repeat the fps term over frames with
   `repeat`, which pairs it with the right sample only at batch 1; here each sample gets its own.
-  The DF models' optional block-causal attention (`num_frame_per_block` > 1) is a pipeline setting, not
-  in the file: this forward attends over all frames (its default, one frame per block).
+  The DF models' asynchronous mode is a pipeline setting, not in the file: frames denoised in blocks of
+  `causal_block_size` latent frames, each block's self-attention seeing its own and the earlier blocks'
+  frames (diffusers' `_set_ar_attention`, `num_frame_per_block`; cross-attention unmasked). It comes as the
+  optional input `causal_block_size` [B] (one whole number dividing the frames); absent or 1, every frame
+  sees every other (the synchronous mode, the pipelines' default).
 * AnyFlow (diffusers `transformer_anyflow.py`, AnyFlowTransformer3DModel; arXiv 2605.13724): Wan 2.1's
   network whose time embedding mixes a second embedder's (`condition_embedder.delta_embedder`, the flow
   map's target time r): e = (1 − g)·time_embedding(t) + g·delta_embedding(r), g = 0.25, both through the
@@ -45,6 +48,17 @@ def _frame_times(got: dict, name: str) -> tuple:
     return (None, frames) if t is not None and t.dim() == 2 else (None,)
 
 
+def block_causal_mask(block_size, frames: int, per_frame: int, device) -> torch.Tensor | None:
+    """The self-attention's [N, N] mask (True: attended) for blocks of `block_size` latent frames, each seeing
+    itself and the blocks before it; None for blocks of one frame, where nothing is masked."""
+    n = 1 if block_size is None else int(block_size.reshape(-1)[0])
+    if n <= 1:
+        return None
+    block = torch.arange(frames, device=device) // n
+    seen = block[None, :] <= block[:, None]
+    return seen.repeat_interleave(per_frame, 0).repeat_interleave(per_frame, 1)
+
+
 @dataclass
 class SkyReelsV2(Wan):
     """Wan 2.1 with SkyReels-V2's fps conditioning and per-frame timesteps."""
@@ -53,10 +67,14 @@ class SkyReelsV2(Wan):
     fps_projection: tuple = ()
     extra_inputs = ("fps",)
 
-    def __call__(self, x, t, context, clip_fea=None, fps=None) -> torch.Tensor:
-        return self.run(
-            self.patch_embedding(x.to(self.dtype)), t, context, clip_fea, time_inputs={"fps": fps}
-        )
+    @property
+    def optional_inputs(self) -> tuple[str, ...]:
+        return (*super().optional_inputs, "causal_block_size")
+
+    def __call__(self, x, t, context, clip_fea=None, fps=None, causal_block_size=None) -> torch.Tensor:
+        h = self.patch_embedding(x.to(self.dtype))
+        mask = block_causal_mask(causal_block_size, h.shape[2], h.shape[3] * h.shape[4], h.device)
+        return self.run(h, t, context, clip_fea, time_inputs={"fps": fps}, self_mask=mask)
 
     def _time(self, t, dim: int, fps=None):
         e = embed_time(self.time_embedding, t, self.dtype)
@@ -67,9 +85,18 @@ class SkyReelsV2(Wan):
         return per_frame(t, e, e0)
 
     def shapes_extra(self, got: dict) -> dict:
-        return {"t": _frame_times(got, "t"), "fps": (None,)}
+        block = {"causal_block_size": (None,)} if "causal_block_size" in got else {}
+        return {"t": _frame_times(got, "t"), "fps": (None,), **block}
 
     def check_extra(self, got: dict, source: str) -> None:
+        n, frames = got.get("causal_block_size"), got["x"].shape[2]
+        if n is not None and not (
+            torch.all(n == n[0]) and n[0] >= 1 and n[0] == n[0].round() and frames % int(n[0]) == 0
+        ):
+            raise UnsupportedModel(
+                f"{source}: causal_block_size holds {n.tolist()}; it is one whole number for the batch that divides "
+                f"the {frames} latent frames (SkyReels-V2's asynchronous mode; 1: synchronous)"
+            )
         rows = self.fps_embedding.weight.shape[0]
         fps = got["fps"]
         if not torch.all((fps == fps.round()) & (fps >= 0) & (fps < rows)):

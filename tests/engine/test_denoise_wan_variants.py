@@ -289,3 +289,32 @@ def test_an_image_to_video_anyflow_is_refused_by_name(tmp_path):
     sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
     with pytest.raises(UnsupportedModel, match="image-to-video AnyFlow"):
         _bind(write(tmp_path / "anyflow_i2v_tiny.safetensors", sd))
+
+
+def test_skyreels_v2_asynchronous_mode_equals_diffusers(sky):
+    """The asynchronous mode: blocks of 2 of 4 latent frames (`causal_block_size`), each block's self-attention seeing
+    itself and the earlier block: diffusers' model with `_set_ar_attention(2)`; the first block's frames do not move
+    when a later frame does; a size that does not divide the frames is refused by name."""
+    path, _, ref = sky
+    _, den = _bind(path)
+    assert "causal_block_size" in den.model.optional_inputs
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 16, 4, 8, 12, generator=g)
+    ctx = torch.randn(1, 512, TINY.text_dim, generator=g)
+    t = torch.tensor([[900.0, 900.0, 300.0, 300.0]])
+    inputs = {"x": x, "t": t, "context": ctx, "fps": torch.tensor([1.0])}
+    ref._set_ar_attention(2)
+    try:
+        with torch.inference_mode():
+            want = ref(x, t, ctx, fps=[1], enable_diffusion_forcing=True, return_dict=False)[0]
+            got = den(inputs | {"causal_block_size": torch.tensor([2.0])})
+            plain = den(inputs)
+            y = x.clone()
+            y[:, :, 3] += 1.0
+            moved = den(inputs | {"x": y, "causal_block_size": torch.tensor([2.0])})
+    finally:
+        ref._set_ar_attention(1)
+    assert rel_l2(got, want) <= TOL and rel_l2(got, plain) > 1e-3
+    assert torch.equal(moved[:, :, :2], got[:, :, :2]) and not torch.equal(moved[:, :, 2:], got[:, :, 2:])
+    with pytest.raises(UnsupportedModel, match="divides the 4 latent frames"):
+        den.check_inputs(inputs | {"causal_block_size": torch.tensor([3.0])}, "in.safetensors")
