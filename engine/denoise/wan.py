@@ -115,7 +115,8 @@ def per_frame(t: torch.Tensor, e: torch.Tensor, e0: torch.Tensor) -> tuple[torch
 
 def modulation(table: torch.Tensor, e: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
     """The n modulations of a learned table [1, n, dim] plus e: [B, n, dim] gives n × [B, 1, dim], per frame
-    [B, n, F, dim] gives n × [B, F, dim]."""
+    [B, n, F, dim] gives n × [B, F, dim]. A table ggml's writer stored as [n, dim] is read as [1, n, dim]."""
+    table = table.reshape(1, n, -1)
     if e.dim() == 3:
         return (table + e).chunk(n, dim=1)
     return tuple(c.squeeze(1) for c in (table[:, :, None] + e).chunk(n, dim=1))

@@ -318,3 +318,23 @@ def test_skyreels_v2_asynchronous_mode_equals_diffusers(sky):
     assert torch.equal(moved[:, :, :2], got[:, :, :2]) and not torch.equal(moved[:, :, 2:], got[:, :, 2:])
     with pytest.raises(UnsupportedModel, match="divides the 4 latent frames"):
         den.check_inputs(inputs | {"causal_block_size": torch.tensor([3.0])}, "in.safetensors")
+
+
+def test_a_ggml_shaped_gguf_skyreels_v2_steps_per_frame_like_its_twin(tmp_path):
+    """A GGUF written by ggml's own writer drops the modulation tables' leading axis of 1 ([6, dim]); a step with a
+    time per latent frame reads it as the [1, 6, dim] table, as its dequantized safetensors twin does."""
+    pytest.importorskip("gguf")
+    from tests.support.gguf_files import write_gguf_twin
+
+    twin, quantized = write_gguf_twin(
+        tmp_path / "sky.gguf", _sky_original(7), "wan", lambda k, t: t.dim() == 2 and k.endswith(".weight"),
+        ggml_dims=True,
+    )  # fmt: skip
+    assert quantized
+    twin_path = write(tmp_path / "twin.safetensors", twin)
+    g = torch.Generator().manual_seed(4)
+    x = {"x": torch.randn(1, 16, 3, 8, 12, generator=g), "t": torch.tensor([[900.0, 500.0, 100.0]]),
+         "context": torch.randn(1, 512, TINY.text_dim, generator=g), "fps": torch.tensor([1.0])}  # fmt: skip
+    with torch.inference_mode():
+        got, want = (_bind(p)[1](x) for p in (tmp_path / "sky.gguf", twin_path))
+    assert rel_l2(got, want) <= 1e-6
