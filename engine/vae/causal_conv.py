@@ -1,7 +1,12 @@
 """The Wan VAE's causal 3-D convolution and the state that makes chunked decoding exact.
 
 Every convolution of the Wan-family VAEs (engine.vae.wan) is causal in time: zero padding on both sides
-in space, and 2 * pad frames of history before the clip only in time. Each keeps the last input frames it
+in space, and 2 * pad frames of history before the clip only in time. Other video VAEs pad by replication
+(`pad="replicate"`: at the clip's start the history frames are copies of its first frame, and the spatial
+borders copies of the edge rows and columns, as `F.pad(mode="replicate")` gives -- the HunyuanVideo and
+CogVideoX-style causal convolutions of diffusers' autoencoder_kl_hunyuan_video.py and
+autoencoder_kl_mochi.py; `pad="replicate_time"`: the history only, zero spatial borders, as LTX-Video's
+causal convolutions in autoencoder_kl_ltx.py). Each keeps the last input frames it
 saw in a `Stream` (one per clip and per spatial tile), so a clip decoded chunk by chunk equals the whole
 pass. On the CPU the padded input is channels-last and oneDNN is called directly (see `_onednn`).
 """
@@ -32,15 +37,24 @@ class Stream:
         return s
 
 
-class CausalConv3d(ops.Conv3d):
-    """A 3-D convolution, causal in time: `pad_t` frames of history (zeros at the clip's start, the
-    stream's cached frames after) instead of symmetric padding."""
+PADS = ("zeros", "replicate", "replicate_time")
 
-    def __init__(self, cin: int, cout: int, kernel, stride=1, padding=0):
+
+class CausalConv3d(ops.Conv3d):
+    """A 3-D convolution, causal in time: `2 * padding[0]` frames of history (at the clip's start zeros, or
+    copies of its first frame where `pad` replicates; the stream's cached frames after) instead of
+    symmetric padding; `padding[1:]` rows and columns of zeros on each side, or of edge copies where
+    `pad` is "replicate"."""
+
+    def __init__(self, cin: int, cout: int, kernel, stride=1, padding=0, pad: str = "zeros"):
         super().__init__(cin, cout, kernel, stride=stride, padding=0)
+        if pad not in PADS:
+            raise ValueError(f"pad {pad!r}: one of {PADS}")
         pt, ph, pw = (padding,) * 3 if isinstance(padding, int) else padding
         self.history = 2 * pt
         self.space_pad = (pw, pw, ph, ph)
+        self.replicate_time = pad != "zeros"
+        self.replicate_space = pad == "replicate"
 
     def _conv_forward(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if _onednn(x):
@@ -80,6 +94,7 @@ class CausalConv3d(ops.Conv3d):
         x, h and one slice, not x, a padded h and h's convolution."""
         hist, (n, _, t, _, _) = self.history, x.shape
         buf, inner = self._buffer(x, frames, stream)
+        start = self._at_start(stream)
         out = x if inplace else None
         for a in range(0, t, frames):
             k = min(t, a + frames) - a
@@ -87,6 +102,7 @@ class CausalConv3d(ops.Conv3d):
                 norm.silu_into(x[:, :, a : a + k], inner[:, :, hist : hist + k])
             else:
                 inner[:, :, hist : hist + k] = x[:, :, a : a + k]
+            self._replicate(buf[:, :, : hist + k], inner, start and a == 0)
             y = self(buf[:, :, : hist + k])
             if out is None:
                 out = torch.empty((n, y.shape[1], t, *y.shape[3:]), dtype=y.dtype, device=y.device,
@@ -111,10 +127,12 @@ class CausalConv3d(ops.Conv3d):
             # History frames and zero borders in one buffer, x copied in once (a cat and then a pad
             # held two copies of the chunk's input at once)
             buf, inner = self._buffer(x, x.shape[2], stream)
+            start = self._at_start(stream)
             if norm is not None:
                 norm.silu_into(x, inner[:, :, hist:])
             else:
                 inner[:, :, hist:] = x
+            self._replicate(buf, inner, start)
             self._carry(stream, inner[:, :, inner.shape[2] - hist :])
             del inner
             x = buf
@@ -134,6 +152,31 @@ class CausalConv3d(ops.Conv3d):
         if prev is not None:
             inner[:, :, :hist] = prev
         return buf, inner
+
+    def _at_start(self, stream: Stream | None) -> bool:
+        """Whether this call convolves the clip's first frame (no history in the stream)."""
+        return bool(self.history) and (stream is None or id(self) not in stream.frames)
+
+    def _replicate(self, buf: torch.Tensor, inner: torch.Tensor, start: bool) -> None:
+        """The replicated padding of `buf` (the frames to convolve), its inside written: at the clip's
+        start the history frames become copies of the first frame, then (time first, so the corners are
+        edge copies of edge copies, as F.pad's) the border rows and columns copies of the edge ones."""
+        hist = self.history
+        if start and self.replicate_time:
+            inner[:, :, :hist] = inner[:, :, hist : hist + 1]
+        if not self.replicate_space:
+            return
+        pl, pr, pt, pb = self.space_pad
+        h, w = buf.shape[3], buf.shape[4]
+        cols = slice(pl, w - pr)
+        if pt:
+            buf[:, :, :, :pt, cols] = buf[:, :, :, pt : pt + 1, cols]
+        if pb:
+            buf[:, :, :, h - pb :, cols] = buf[:, :, :, h - pb - 1 : h - pb, cols]
+        if pl:
+            buf[:, :, :, :, :pl] = buf[:, :, :, :, pl : pl + 1]
+        if pr:
+            buf[:, :, :, :, w - pr :] = buf[:, :, :, :, w - pr - 1 : w - pr]
 
     def _carry(self, stream: Stream | None, last: torch.Tensor) -> None:
         """The stream keeps a copy of the last `history` input frames for the next chunk -- or, past the
