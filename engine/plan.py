@@ -375,7 +375,12 @@ def _sample_step(
     return {"step": "step", "peak_bytes": peak, "mode": mode, "fits": fits, "detail": detail}
 
 
-VIDEO_VAES = ("wan21", "wan22", "qwen_image21")  # the Wan-network VAEs (Qwen-Image 2.1's: one frame)
+VIDEO_VAES = (
+    "wan21",
+    "wan22",
+    "qwen_image21",
+    "minimax_h3",
+)  # Wan-network VAEs (Qwen-Image 2.1's: one frame), ViTs
 
 
 def _video_decode_step(pf, size, budget: int, device: str, architecture, path: str, prefix: str) -> dict:
@@ -397,8 +402,8 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
     spec = estimate.video_spec(
         architecture, sum(f.unit_sizes), estimate.video_widths(path, architecture, prefix)
     )
-    ds, tf = spec.downscale, spec.time_factor
-    latent_frames = 1 + max(0, frames - 1 + tf - 1) // tf
+    ds = spec.downscale
+    latent_frames = estimate.latent_frames_for(architecture, frames)
     dtype = p.compute_dtype if p.compute_dtype in ("float32", "float16", "bfloat16") else "float32"
     esize = estimate.DTYPE_BYTES[dtype]
     lat_hw = (max(1, h // ds), max(1, w // ds))
@@ -410,7 +415,7 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
     detail = {
         "width": w,
         "height": h,
-        "frames": 1 + tf * (latent_frames - 1),
+        "frames": estimate.video_frames(architecture, latent_frames),
         "latent_frames": latent_frames,
         "vae_bytes": spec.weight_bytes,
         "vae_device": p.device,
@@ -418,7 +423,9 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
         "tile_frames": t.tile_frames,
         "retry_snapshot": snapshot_for(job, t, cap),
         "full_bytes": job.video_bytes(None, 1),
-        "estimate": "engine.vae.estimate (video: calibrated on measured Wan decodes)",
+        "estimate": "engine.vae.estimate (video: calibrated on measured Wan decodes)"
+        if architecture not in estimate.VIT_KINDS
+        else "engine.vae.estimate (a ViT decoder: one tile's tokens, a chunk's tiles, the result)",
     }
     if t.tiled:
         detail.update(tile=t.tile_px, overlap=t.overlap_px, tiles=len(t.rects))

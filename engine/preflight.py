@@ -51,13 +51,15 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
     kw = dict(kind=kind, latent_channels=channels, batch=batch, weight_bytes=weights)
     frames = 0
     if direction == "decode":
-        f = 16 if kind in ("wan22", "qwen_image21") else 8
+        from .vae.estimate import VIDEO_SPECS, video_frames
+
+        f = VIDEO_SPECS[kind].downscale if kind in VIDEO_SPECS else 8
         width, height = w * f, h * f
-        if kind in ("wan21", "wan22", "qwen_image21"):
+        if kind in VIDEO_SPECS:
             t = shape[2] if len(shape) == 5 else 1
             kw["latent_frames"] = t
             kw["widths"] = widths
-            frames = 1 + 4 * (t - 1) if len(shape) == 5 else 0
+            frames = video_frames(kind, t) if len(shape) == 5 else 0
     full = fn(width, height, **kw)
     if "latent_frames" in kw:  # a video tile computes its whole box: as the run plans it
         from .vae.choice import largest_box_px

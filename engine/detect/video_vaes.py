@@ -32,7 +32,8 @@ Facts (cited, not copied):
   and a ViT decoder (`decoder.register_tokens`, `decoder.proj_in` from z 24, `decoder.transformer_blocks`) — no
   other family's decoder; its audio VAE (AutoencoderKLMiniMaxH3Audio, `autoencoder_kl_minimax_h3_audio.py`):
   `dec_in_proj` from z 32 into a BigVGAN waveform decoder (`decoder.conv_pre`, `decoder.ups`). Diffusers naming
-  only (its single-file converter has no VAE entry); neither is a network Loadout decodes.
+  only (its single-file converter has no VAE entry); the video VAE decodes (engine.vae.minimax_h3), the audio
+  VAE is detected only.
 """
 
 from __future__ import annotations

@@ -27,6 +27,36 @@ def _splits(n: int, core: int) -> list[tuple[int, int]]:
     return [(edges[i], edges[i + 1]) for i in range(k)]
 
 
+def release_tiles(
+    length: int, tile: int, min_overlap: int, step: int
+) -> tuple[list[int], list[int], list[int]]:
+    """Tile starts, lengths and overlaps over `length` px: the fewest `tile`-px tiles whose overlaps are at least
+    `min_overlap`, the slack spread over the overlaps round robin in `step`-px units: MiniMax-H3's VAE
+    decodes in these tiles, its released output (diffusers AutoencoderKLMiniMaxH3._split_tiles; engine.vae.minimax_h3)."""
+    if tile >= length:
+        return [0], [length], []
+    n = math.ceil(length / tile)
+    while tile * n - min_overlap * (n - 1) < length:
+        n += 1
+    overlaps = [min_overlap] * (n - 1)
+    for i in range((tile * n - sum(overlaps) - length) // step):
+        overlaps[i % (n - 1)] += step
+    starts = [0]
+    for o in overlaps:
+        starts.append(starts[-1] + tile - o)
+    return starts, [tile] * n, overlaps
+
+
+def release_rects(lat_hw: tuple[int, int], f: int, tile_px: int, overlap_px: int) -> tuple:
+    """The output rectangles (y0, y1, x0, x1) of release_tiles over a frame of `lat_hw` latent units."""
+    ys, xs = (release_tiles(n * f, tile_px, overlap_px, f) for n in lat_hw)
+    return tuple(
+        (y, y + ly, x, x + lx)
+        for y, ly in zip(ys[0], ys[1], strict=True)
+        for x, lx in zip(xs[0], xs[1], strict=True)
+    )
+
+
 def plan_tiles(h: int, w: int, tile: int, overlap: int) -> list[Tile]:
     """Tiles over an h x w latent: `tile` and `overlap` in latent units, as ComfyUI's tiled node
     (tiles of `tile` stepping by `tile - overlap`); each core gets overlap / 2 of context per side.
@@ -176,6 +206,11 @@ def _frame_area(t: Tiling) -> float:
 
 
 def _choose_video(job, budget, mode, tile, overlap, tile_frames, overlap_frames, snapshot) -> Tiling:
+    if job.spec.kind in estimate.VIT_KINDS:  # its release decodes in its own tiles: they are its output
+        if mode == "full":
+            return Tiling("full")
+        tile, overlap = tile or estimate.VIT_TILE[0], estimate.VIT_TILE[1] if overlap is None else overlap
+        return Tiling("tiled", tile, overlap, release_rects(job.lat_hw, job.downscale, tile, overlap))
     full_fits = job.video_bytes(None, 1, snapshot=snapshot) <= budget
     if mode == "full" or (mode == "auto" and tile is None and full_fits):
         n = tile_frames or tile_frames_for(job, budget, None, snapshot=snapshot)

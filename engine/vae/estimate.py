@@ -59,7 +59,16 @@ K_VIDEO_CHUNK = {"wan21": 4.0, "wan22": 8.0, "qwen_image21": 8.0}
 # (engine.vae.choice.snapshot_for decides).
 K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0, "qwen_image21": 0.0}  # one frame: nothing is carried
 K_VIDEO_HEAD = 8.0
-VIDEO_KINDS = ("wan21", "wan22", "qwen_image21")
+# ViT decoders (MiniMax-H3's, engine.vae.minimax_h3): the release's own tiles (256 px, overlaps of at least 64)
+# and chunks of latent frames define the output, so the estimate only says what they take. Per token of a
+# tile's chunk (chunk + overlap latent frames x its latent pixels): K_VIT_TOKEN values of the width alive at
+# the worst moment (the float32 residual, the norm's output, the SwiGLU's 8-wide projection and product),
+# plus every tile of a chunk waiting as float32 output on the CPU for the stitch, then the result.
+VIT_KINDS = ("minimax_h3",)
+VIT_TILE = (256, 64)
+K_VIT_TOKEN = 16.0
+VIT_CHUNK_FRAMES = 7  # MiniMax-H3: chunks of 5 latent frames read 2 more (engine.vae.minimax_h3)
+VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -82,6 +91,10 @@ class VaeSpec:
         return self.kind in VIDEO_KINDS
 
     def k_act(self, direction: str) -> float:
+        if (
+            self.kind in VIT_KINDS
+        ):  # per output pixel of 4 frames (a latent frame's): a chunk's 7 frames of tokens
+            return K_VIT_TOKEN * self.ch * VIT_CHUNK_FRAMES / (self.downscale**2 * self.time_factor)
         if self.video:
             return (K_VIDEO_FRAME if direction == "decode" else K_VIDEO_ENCODE)[self.kind] * self.ch
         if self.kind == "taesd":
@@ -89,6 +102,8 @@ class VaeSpec:
         return K_ACT[("kl", direction)] * self.ch
 
     def k_head(self) -> float:
+        if self.kind in VIT_KINDS:  # nothing runs whole before the tiles
+            return 0.0
         if self.video:
             return K_VIDEO_HEAD * self.mid
         return K_HEAD["kl"] * self.ch if self.kind == "kl" else K_HEAD["taesd"]
@@ -127,6 +142,8 @@ def video_bytes(
     result when it lives in the same memory (a CPU decode, which keeps no snapshot). `tile_area`: the
     largest tile's box in output pixels where the caller planned the tiles (engine.vae.choice.Job), else
     tile_px squared."""
+    if spec.kind in VIT_KINDS:
+        return vit_video_bytes(spec, frame_pixels, latent_frames, esize, tile_area, result_in_ram)
     latent_px = frame_pixels // (spec.downscale**2)
     head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * tile_frames * latent_px * esize
     area = frame_pixels if tile_px is None else min(frame_pixels, tile_area or tile_px * tile_px)
@@ -138,8 +155,62 @@ def video_bytes(
     return int(RUNTIME_BYTES + spec.weight_bytes + head + max(chunk, head // 2) + result)
 
 
+def vit_video_bytes(spec: VaeSpec, frame_pixels: int, latent_frames: int, esize: int, tile_area: int | None,
+                    result_in_ram: bool) -> int:  # fmt: skip
+    """A ViT video decoder's peak: one tile's chunk of tokens (`tile_area` output pixels; None: whole frames)
+    through a block, the chunk's output and the tiles and blends that make it (on the CPU), and the result."""
+    chunk_frames = VIT_CHUNK_FRAMES
+    area = frame_pixels if tile_area is None else min(frame_pixels, tile_area)
+    tokens = chunk_frames * area // spec.downscale**2
+    act = int(K_VIT_TOKEN * spec.ch * tokens * esize)
+    clip_frames = chunk_frames * spec.time_factor
+    # a chunk's float32 output, and beside it (in units of it) the tiles and blends that make it: measured 3.2
+    # tiled (two rows of raw tiles, the chunk's frames cross-faded into the result) and 1.8 whole (CPU, fresh
+    # processes, a 512-wide 4-block decoder at 832x480 x 7 latent frames), carried ~7 % over
+    tiles = 12 * clip_frames * frame_pixels * (3.4 if tile_area is not None else 2.0)
+    frames = vit_frames(latent_frames)
+    result = 12 * frames * frame_pixels if result_in_ram else 0
+    return int(RUNTIME_BYTES + spec.weight_bytes + act + tiles + result)
+
+
+def vit_frames(latent_frames: int, clip_length: int = 17, token_drop: int = 3, time_factor: int = 4) -> int:
+    """Frames MiniMax-H3's VAE decodes from `latent_frames` (engine.vae.minimax_h3: chunks of ceil(17 / 4) = 5
+    latent frames reading 2 more, 17 frames kept of each, 5 cross-faded into the next; the frames that copies of
+    the last latent frame made, cut): 5n + 2 latent frames give 17n + 5; 0 where they make no chunk."""
+    chunk = -(-clip_length // time_factor)
+    pre, overlap = (-clip_length) % time_factor, (-token_drop) % chunk
+    tokens = latent_frames + token_drop
+    pad = (-tokens) % chunk
+    n = (tokens + pad) // chunk - int(token_drop > 0)
+    if n <= 0:
+        return 0
+    span = chunk * time_factor
+    carry = max(0, min(2 * span, (chunk + overlap) * time_factor) - span - pre) if token_drop > 0 else 0
+    tail = clip_length % time_factor
+    cut = sum(tail if tail and (latent_frames + k) % chunk == 0 else time_factor for k in range(pad))
+    return max(0, n * (span - pre) + carry - cut)
+
+
+def video_frames(kind: str, latent_frames: int) -> int:
+    """Frames a video VAE of `kind` decodes from `latent_frames`."""
+    if kind in VIT_KINDS:
+        return vit_frames(latent_frames)
+    tf = VIDEO_SPECS[kind].time_factor if kind in VIDEO_SPECS else 4
+    return 1 + tf * (latent_frames - 1) if latent_frames > 0 else 0
+
+
+def latent_frames_for(kind: str, frames: int) -> int:
+    """The fewest latent frames that decode to at least `frames` frames."""
+    t = 1
+    while video_frames(kind, t) < frames and t < 100_000:
+        t += 1
+    return t
+
+
 def spec_of(vae) -> VaeSpec:
     """The estimate's view of a loaded model."""
+    if hasattr(vae, "vae_spec"):  # a VAE that describes itself (engine.vae.minimax_h3)
+        return vae.vae_spec()
     if getattr(vae, "video", False):
         cfg = vae.cfg
         wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
@@ -200,6 +271,9 @@ VIDEO_SPECS = {
     "wan22": VaeSpec("wan22", 48, 1_409_400_000, 64, 1024, 4, 16),  # 705 M parameters in fp16
     # diffusers AutoencoderKLQwenImage21's defaults: z 64, decoder 144 x [8, 8, 4, 2, 1], 16x, one frame
     "qwen_image21": VaeSpec("qwen_image21", 64, 675_480_808, 144, 1152, 1, 16),  # 338 M parameters in fp16
+    # diffusers AutoencoderKLMiniMaxH3's defaults: a 36-block ViT decoder of width 2048 (the encoder left unread),
+    # z 24, 16x, 4 frames a latent frame; its release is float32
+    "minimax_h3": VaeSpec("minimax_h3", 24, 9_720_000_000, 2048, 2048, 4, 16),
 }
 
 
@@ -233,6 +307,9 @@ def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | No
         info = next((tensors[prefix + k] for k in keys if prefix + k in tensors), None)
         return tuple(info.shape) if info is not None and len(info.shape) == dims else None
 
+    if kind in VIT_KINDS:  # a ViT decoder: its token width, from proj_in
+        info = tensors.get(prefix + "decoder.proj_in.weight")
+        return (info.shape[0], info.shape[0]) if info is not None and len(info.shape) == 2 else None
     dims = 4 if kind == "qwen_image21" else 5  # its convolutions are 2-D
     head, first = shape(_VIDEO_HEAD_KEYS), shape(_VIDEO_MID_KEYS)
     if head is None or first is None:

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..detect.parts import not_kl_decoder
 from ..errors import FormatError, UnsupportedModel
-from . import wan_loading
+from . import minimax_h3, wan_loading
 from .autoencoder_kl import AutoencoderKL, KLConfig
 from .taesd import TAESD
 from .wan import WanVAE
@@ -260,6 +260,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     p = os.fspath(path)
     sd = vae_component(read_state_dict(p, header))
     quantized = {k: v for k, v in sd.items() if isinstance(v, QuantizedTensor)}
+    if minimax_h3.is_minimax_h3(sd):
+        return _build_minimax_h3(_dequantize_all(sd) if quantized else sd, p)
     if quantized:
         if _taesd_part(sd) is not None or is_diffusers(sd) or any(k.startswith("bn.") for k in quantized):
             sd, quantized = _dequantize_all(sd), {}
@@ -310,6 +312,16 @@ def _build_wan(sd: dict[str, torch.Tensor], path: str) -> WanVAE:
 
         sd = lift_frame_convs(sd, model)
     strict_load(model, sd, path)
+    model.source = path
+    return model
+
+
+def _build_minimax_h3(sd: dict[str, torch.Tensor], path: str) -> minimax_h3.MiniMaxH3VAE:
+    """MiniMax-H3's video VAE (diffusers naming, its only one): the decoder, loaded strictly."""
+    cfg = minimax_h3.h3_config(sd, path)
+    with torch.device("meta"):
+        model = _made(path, lambda: minimax_h3.MiniMaxH3VAE(cfg))
+    strict_load(model, minimax_h3.decoder_keys(sd), path)
     model.source = path
     return model
 

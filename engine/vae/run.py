@@ -16,7 +16,7 @@ from torch import nn
 from .. import ops
 from ..errors import FormatError, OutOfMemory
 from ..events import Tiling
-from ..jobs import CancelToken, Progress, Report, no_report
+from ..jobs import CancelToken, Progress, Report, TileDone, no_report
 from ..memory import release_memory, trim_heap
 from . import choice, estimate
 from .choice import MIN_TILE_PX  # noqa: F401  (re-exported for callers of the run)
@@ -438,6 +438,9 @@ def _pass_video(vae, x, direction, tiling, device, dtype, budget, token, report,
         info.tiles = max(1, len(tiling.rects))
         info.tile_frames, info.overlap_frames = tiling.tile_frames, tiling.overlap_frames
 
+        if getattr(vae, "own_driver", False):
+            return _own_driver(vae, z, tiling, device, dtype, report, stage, still)
+
         @contextlib.contextmanager
         def on_cpu():
             with _compute(vae, torch.device("cpu"), torch.float32, None):
@@ -455,6 +458,21 @@ def _pass_video(vae, x, direction, tiling, device, dtype, budget, token, report,
             info.notes.append(f"the VAE decodes {clip.shape[2]} channels: kept the first three (RGB)")
             clip = clip[:, :, :3]
         return clip[:, 0].contiguous() if still else clip
+
+
+def _own_driver(vae, z, tiling, device, dtype, report, stage, still):
+    """A VAE whose release defines its decode's chunks and tiles (engine.vae.minimax_h3): run as it is, a
+    progress line and a TileDone after each tile."""
+
+    def on_tile(chunk, chunks, index, count, rect):
+        report(Progress(stage, chunk * count + index + 1, chunks * count,
+                        f"chunk {chunk + 1}/{chunks}, tile {index + 1}/{count}",
+                        TileDone(chunk + 1, chunks, index, count, rect)))  # fmt: skip
+
+    tile = (tiling.tile_px, tiling.overlap_px) if tiling.tiled else None
+    clip = vae.decode_clips(z.to(device=device, dtype=dtype), tile, on_tile)  # (B, 3, F, H, W), frame-major
+    clip = clip.add_(1).div_(2).clamp_(0, 1).transpose(1, 2)
+    return clip[:, 0].contiguous() if still else clip.contiguous()
 
 
 def _guard(t, dtype):
