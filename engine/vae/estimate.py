@@ -164,10 +164,10 @@ def vit_video_bytes(spec: VaeSpec, frame_pixels: int, latent_frames: int, esize:
     tokens = chunk_frames * area // spec.downscale**2
     act = int(K_VIT_TOKEN * spec.ch * tokens * esize)
     clip_frames = chunk_frames * spec.time_factor
-    # a chunk's float32 output, and beside it (in units of it) the tiles and blends that make it: measured 3.2
-    # tiled (two rows of raw tiles, the chunk's frames cross-faded into the result) and 1.8 whole (CPU, fresh
-    # processes, a 512-wide 4-block decoder at 832x480 x 7 latent frames), carried ~7 % over
-    tiles = 12 * clip_frames * frame_pixels * (3.4 if tile_area is not None else 2.0)
+    # a chunk's float32 output, and beside it (in units of it) the tiles and blends that make it: two rows of raw
+    # tiles, the chunk's frames cross-faded into the result (CPU, fresh processes, a 512-wide 4-block decoder at
+    # 832x480 x 7 latent frames: `bench_vae_vit.py` prints estimate vs measured, 1.1-1.2 with these)
+    tiles = 12 * clip_frames * frame_pixels * (2.6 if tile_area is not None else 2.0)
     frames = vit_frames(latent_frames)
     result = 12 * frames * frame_pixels if result_in_ram else 0
     return int(RUNTIME_BYTES + spec.weight_bytes + act + tiles + result)
