@@ -67,7 +67,8 @@ K_VIDEO_HEAD = 8.0
 VIT_KINDS = ("minimax_h3",)
 VIT_TILE = (256, 64)
 K_VIT_TOKEN = 16.0
-VIT_CHUNK_FRAMES = 7  # MiniMax-H3: chunks of 5 latent frames read 2 more (engine.vae.minimax_h3)
+VIT_CHUNK = 5  # MiniMax-H3: latent frames a chunk advances by (engine.vae.minimax_h3)
+VIT_CHUNK_FRAMES = 7  # and the latent frames it reads: 2 more
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
