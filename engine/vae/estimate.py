@@ -60,6 +60,16 @@ K_VIDEO_CHUNK = {"wan21": 4.0, "wan22": 8.0, "qwen_image21": 8.0}
 K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0, "qwen_image21": 0.0}  # one frame: nothing is carried
 K_VIDEO_HEAD = 8.0
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21")
+# LTX-Video (engine.vae.ltx, kind "ltxv"): `ch` is the last level's width per output pixel (128 / 4x4 = 8
+# for the releases), time_factor 8, 32x. Its blocks run whole chunks (no rolling buffer), nothing is
+# carried between chunks, and each chunk decodes with `time_context` latent frames of context a side
+# (VaeSpec.time_context). LTX_K_FRAME / LTX_K_CHUNK: see the measurement beside them.
+LTX_K_FRAME, LTX_K_CHUNK = 12.0, 8.0
+K_VIDEO_ENCODE["ltxv"] = 0.0  # no encoder
+K_VIDEO_FRAME["ltxv"] = LTX_K_FRAME
+K_VIDEO_CHUNK["ltxv"] = LTX_K_CHUNK
+K_VIDEO_CACHE["ltxv"] = 0.0
+VIDEO_KINDS += ("ltxv",)
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -76,6 +86,7 @@ class VaeSpec:
     mid: int = 512  # a video VAE's middle-block width (its head output waits for every tile)
     time_factor: int = 1  # output frames per latent frame after the first (4 for Wan)
     downscale: int = 8
+    time_context: int = 0  # latent frames of context a chunk decodes with on each side (LTX-Video)
 
     @property
     def video(self) -> bool:
@@ -99,6 +110,8 @@ class VaeSpec:
         return K_STORE[("kl", direction)] * self.ch if self.kind == "kl" else 0.0
 
     def context_px(self, direction: str) -> int:
+        if self.kind == "ltxv":  # long reach at 32x: 2 latent pixels a side (tests/engine/test_vae_ltx)
+            return 64
         if self.video:  # 32 px gives > 50 dB tiled-vs-full on random-weight Wan 2.1 / 2.2 decoders
             return 32 if direction == "decode" else 64
         return CONTEXT_PX[(self.kind, direction)]
@@ -128,6 +141,8 @@ def video_bytes(
     largest tile's box in output pixels where the caller planned the tiles (engine.vae.choice.Job), else
     tile_px squared."""
     latent_px = frame_pixels // (spec.downscale**2)
+    if spec.time_context:  # a chunk decodes with its context frames (engine.vae.video._widened)
+        tile_frames = min(latent_frames, tile_frames + 2 * spec.time_context)
     head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * tile_frames * latent_px * esize
     area = frame_pixels if tile_px is None else min(frame_pixels, tile_area or tile_px * tile_px)
     chunk = video_chunk_bytes(spec, area, tile_frames, esize)
@@ -140,6 +155,11 @@ def video_bytes(
 
 def spec_of(vae) -> VaeSpec:
     """The estimate's view of a loaded model."""
+    if getattr(vae, "video", False) and hasattr(vae, "time_context"):  # LTX-Video (engine.vae.ltx)
+        cfg = vae.cfg
+        wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
+        return VaeSpec("ltxv", cfg.z, wbytes, max(1, cfg.last_width // cfg.patch**2), cfg.width, cfg.time_factor,
+                       cfg.downscale, vae.time_context)  # fmt: skip
     if getattr(vae, "video", False):
         cfg = vae.cfg
         wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
@@ -201,6 +221,9 @@ VIDEO_SPECS = {
     # diffusers AutoencoderKLQwenImage21's defaults: z 64, decoder 144 x [8, 8, 4, 2, 1], 16x, one frame
     "qwen_image21": VaeSpec("qwen_image21", 64, 675_480_808, 144, 1152, 1, 16),  # 338 M parameters in fp16
 }
+# LTX-Video 0.9.5+'s decoder (diffusers' config for Lightricks/LTX-Video-0.9.5: decoder widths 1024 -> 128,
+# z 128, 32x, 8x in time): ~ 0.43 G parameters in bf16 with its encoder; reach from LTXConfig.reach()
+VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 22)
 
 
 def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:
@@ -209,13 +232,15 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
     spec = VIDEO_SPECS[kind]
     ch, mid = widths if widths is not None else (spec.ch, spec.mid)
     wb = spec.weight_bytes if weight_bytes is None else weight_bytes
-    return VaeSpec(spec.kind, spec.latent_channels, wb, ch, mid, spec.time_factor, spec.downscale)
+    return VaeSpec(spec.kind, spec.latent_channels, wb, ch, mid, spec.time_factor, spec.downscale,
+                   spec.time_context)  # fmt: skip
 
 
 # The decoder's last convolution (its input: the last level's width) and first one (its output: the
 # middle block's width), in the original naming and diffusers'
-_VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight")
-_VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight")
+# (LTX-Video's convolutions wrap a `conv`: the last key of each)
+_VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight", "decoder.conv_out.conv.weight")
+_VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight", "decoder.conv_in.conv.weight")
 
 
 def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | None:
@@ -237,7 +262,7 @@ def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | No
     head, first = shape(_VIDEO_HEAD_KEYS), shape(_VIDEO_MID_KEYS)
     if head is None or first is None:
         return None
-    patch = 2 if kind == "wan22" else 1  # Wan 2.2 works on 2x2 patches
+    patch = {"wan22": 2, "ltxv": 4}.get(kind, 1)  # Wan 2.2 works on 2x2 patches, LTX-Video on 4x4
     return max(1, head[1] // (patch * patch)), first[0]
 
 

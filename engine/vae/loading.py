@@ -18,7 +18,7 @@ from torch import nn
 
 from ..detect.parts import not_kl_decoder
 from ..errors import FormatError, UnsupportedModel
-from . import wan_loading
+from . import ltx_loading, wan_loading
 from .autoencoder_kl import AutoencoderKL, KLConfig
 from .taesd import TAESD
 from .wan import WanVAE
@@ -259,6 +259,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     sibling half is loaded too when present (`pair`), so one path gives both directions."""
     p = os.fspath(path)
     sd = vae_component(read_state_dict(p, header))
+    if ltx_loading.is_ltx_vae(sd):  # LTX-Video (its GGUF files, if any, dequantized whole)
+        return ltx_loading.build(_dequantize_all(sd), p, strict_load, _made)
     quantized = {k: v for k, v in sd.items() if isinstance(v, QuantizedTensor)}
     if quantized:
         if _taesd_part(sd) is not None or is_diffusers(sd) or any(k.startswith("bn.") for k in quantized):

@@ -1,0 +1,183 @@
+"""The LTX-Video VAE's decoder (engine.vae.ltx) against diffusers' AutoencoderKLLTXVideo on the same
+weights: 0.9.0's layout and the timestep-conditioned one with residual upsamplers (0.9.5+), in both
+namings, whole, in chunks with context frames, and tiled; what it refuses, by name."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.errors import FormatError, UnsupportedModel
+from engine.events import Tiling
+from engine.vae import decode
+from engine.vae import estimate as est
+from engine.vae.loading import _made, load_vae, strict_load
+from engine.vae.ltx_loading import build
+from engine.vae.run import RunInfo
+from engine.vae.video import decode_video
+
+diffusers = pytest.importorskip("diffusers")
+
+# Tiny decoders: 0.9.0's layout (a width-changing block before an upsampler, no timestep) and 0.9.5's
+# (timestep conditioning, upsamplers with the residual and a factor of 2)
+V090 = dict(block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(4, 8, 16, 16), latent_channels=16,
+            layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1))  # fmt: skip
+V095 = dict(block_out_channels=(8, 8, 8, 8), decoder_block_out_channels=(8, 16, 32), latent_channels=16,
+            layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1),
+            decoder_spatio_temporal_scaling=(True, True, True), decoder_inject_noise=(False,) * 4,
+            upsample_residual=(True,) * 3, upsample_factor=(2,) * 3, timestep_conditioning=True)  # fmt: skip
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor, peak: float = 2.0) -> float:
+    mse = float(((a.float() - b.float()) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(peak**2 / mse)
+
+
+def _reference(kw: dict, seed: int = 0):
+    ref = diffusers.AutoencoderKLLTXVideo(**kw)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # weights of a trained network's scale: activations stay O(1) through the blocks
+        for n, p in ref.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            p.copy_(
+                1000 + 100 * r
+                if n.endswith("multiplier")
+                else r * (0.5 / math.sqrt(p[0].numel() if p.dim() else 1))
+            )
+    return ref.eval()
+
+
+def _mine(ref):
+    return build({k: v.clone() for k, v in ref.state_dict().items()}, "ref", strict_load, _made)
+
+
+@pytest.fixture(scope="module", params=["0.9.0", "0.9.5"])
+def pair(request):
+    ref = _reference(V090 if request.param == "0.9.0" else V095)
+    return ref, _mine(ref)
+
+
+def _ref_decode(ref, z, t: float = 0.05):
+    temb = torch.tensor([t]) if ref.config.timestep_conditioning else None
+    with torch.inference_mode():
+        return ref.decode(z, temb, return_dict=False)[0].clamp(-1, 1).transpose(1, 2)
+
+
+def test_full_decode_matches_diffusers(pair):
+    ref, mine = pair
+    torch.manual_seed(1)
+    z = torch.randn(1, 16, 3, 2, 3)
+    want = _ref_decode(ref, z)
+    got = decode(mine, z) * 2 - 1
+    assert got.shape == want.shape == (1, 17, 3, 64, 96)
+    err = float((got - want).abs().max())
+    # measured: max abs error ~1e-5 (float32; ~5e-6 for the [0, 1] image), PSNR > 100 dB
+    assert err < 1e-4 and psnr(got, want) >= 40
+    if mine.cfg.timestep:  # the decode timestep is an input: another one gives another clip, as diffusers'
+        mine.decode_timestep = 0.5
+        try:
+            other = decode(mine, z) * 2 - 1
+        finally:
+            mine.decode_timestep = 0.05
+        assert psnr(other, _ref_decode(ref, z, 0.5)) >= 40 and psnr(other, want) < 40
+
+
+def test_chunks_with_context_frames_equal_the_whole_clip_and_tiles_are_seamless(pair):
+    """The decoder is not causal: each chunk decodes with time_context latent frames a side, whose
+    output is dropped. Covering the decoder's reach, that is the whole pass's result."""
+    _, mine = pair
+    torch.manual_seed(2)
+    t = 2 * mine.time_context + 3  # chunks in the middle see context on both sides
+    z = torch.randn(1, 16, t, 2, 2)
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        whole = decode_video(mine, z, Tiling("full", tile_frames=0), device=cpu, dtype=torch.float32)
+        one = decode_video(mine, z, Tiling("full", tile_frames=1), device=cpu, dtype=torch.float32)
+    assert one.shape == whole.shape == (1, 1 + 8 * (t - 1), 3, 64, 64)
+    assert float((one - whole).abs().max()) < 1e-5
+    # too little context is not exact: the reach is real
+    mine.time_context, reach = 1, mine.time_context
+    try:
+        with torch.inference_mode():
+            short = decode_video(mine, z, Tiling("full", tile_frames=1), device=cpu, dtype=torch.float32)
+    finally:
+        mine.time_context = reach
+    assert float((short - whole).abs().max()) > 1e-3
+    z = torch.randn(1, 16, 2, 8, 8)
+    want = decode(mine, z) * 2 - 1
+    info = RunInfo()
+    # the releases' context (VaeSpec.context_px: 64 px, 2 latent pixels each side of a seam), 6-pixel tiles;
+    # measured 61 dB (0.9.0's layout) and 38 dB (0.9.5's); one latent pixel of context gave 57 and 34
+    tiled = decode(
+        mine, z, tiled=True, tile=192, overlap=2 * est.VIDEO_SPECS["ltxv"].context_px("decode"), info=info
+    )
+    tiled = tiled * 2 - 1
+    assert info.mode == "tiled" and info.tiles > 1
+    assert psnr(tiled, want) >= 35
+
+
+def _original_named(ref, mine) -> dict[str, torch.Tensor]:
+    """Lightricks' single-file naming: our module paths under `vae.`, with the latent statistics."""
+    sd = {f"vae.{k}": v.contiguous() for k, v in mine.state_dict().items()}
+    g = torch.Generator().manual_seed(5)
+    sd["vae.per_channel_statistics.mean-of-means"] = torch.randn(16, generator=g)
+    sd["vae.per_channel_statistics.std-of-means"] = torch.rand(16, generator=g) + 0.5
+    return sd
+
+
+def test_original_naming_is_what_diffusers_converts_from(pair):
+    """diffusers' own single-file converter turns our (Lightricks) names into exactly the diffusers
+    decoder's (it reads the encoder's last conv to pick the release: one is given)."""
+    from diffusers.loaders.single_file_utils import convert_ltx_vae_checkpoint_to_diffusers
+
+    ref, mine = pair
+    sd = _original_named(ref, mine)
+    sd["vae.encoder.conv_out.conv.weight"] = torch.zeros(1, 8, 1, 1, 1)
+    converted = convert_ltx_vae_checkpoint_to_diffusers(dict(sd))
+    theirs = {k: v for k, v in ref.state_dict().items() if k.startswith("decoder.")}
+    got = {k: v for k, v in converted.items() if k.startswith("decoder.")}
+    assert set(got) == set(theirs)
+    assert all(torch.equal(got[k], theirs[k]) for k in theirs)
+
+
+def test_both_namings_load_from_files_and_decode_alike(pair, tmp_path):
+    from safetensors.torch import save_file
+
+    ref, mine = pair
+    save_file(_original_named(ref, mine), tmp_path / "ltx-video-2b-v0.9-tiny.safetensors")
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "diffusers.safetensors")
+    a, b = (
+        load_vae(tmp_path / "ltx-video-2b-v0.9-tiny.safetensors"),
+        load_vae(tmp_path / "diffusers.safetensors"),
+    )
+    assert a.cfg == b.cfg == mine.cfg
+    assert set(a.latent_stats) == {
+        "per_channel_statistics.mean-of-means",
+        "per_channel_statistics.std-of-means",
+    }
+    z = torch.randn(1, 16, 2, 2, 2)
+    assert torch.allclose(decode(a, z), decode(b, z), atol=1e-5)  # the same sums, other weight buffers
+    spec = est.spec_of(a)
+    assert (spec.kind, spec.time_factor, spec.downscale, spec.time_context) == ("ltxv", 8, 32, a.time_context)
+
+
+def test_a_missing_or_misshapen_key_is_named_and_noise_injection_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    ref = _reference(V095)
+    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    sd.pop("decoder.up_blocks.1.resnets.0.conv2.conv.weight")
+    save_file(sd, tmp_path / "broken.safetensors")
+    with pytest.raises(FormatError, match=r"missing .*up_blocks\.4\.res_blocks\.0\.conv2\.conv\.weight"):
+        load_vae(tmp_path / "broken.safetensors")
+    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    sd["decoder.mid_block.resnets.0.scale_shift_table"] = torch.zeros(4, 31)
+    save_file(sd, tmp_path / "bad.safetensors")
+    with pytest.raises(FormatError, match=r"wrong shape .*up_blocks\.0\.res_blocks\.0\.scale_shift_table"):
+        load_vae(tmp_path / "bad.safetensors")
+    noisy = _reference({**V095, "decoder_inject_noise": (False, True, True, True)})  # 0.9.1's decoder
+    save_file({k: v.contiguous() for k, v in noisy.state_dict().items()}, tmp_path / "noisy.safetensors")
+    with pytest.raises(UnsupportedModel, match=r"random noise .*0\.9\.1"):
+        load_vae(tmp_path / "noisy.safetensors")
