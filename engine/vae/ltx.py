@@ -247,7 +247,7 @@ class LTXVideoVAE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.decoder = Decoder(cfg)
-        self.decode_timestep = DECODE_TIMESTEP
+        self.default_decode_timestep = self.decode_timestep = DECODE_TIMESTEP
         # engine.vae.video: each chunk decodes as a clip of its own with this many context frames a side
         self.time_context = cfg.reach()
 

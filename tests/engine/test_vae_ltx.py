@@ -181,3 +181,36 @@ def test_a_missing_or_misshapen_key_is_named_and_noise_injection_is_refused(tmp_
     save_file({k: v.contiguous() for k, v in noisy.state_dict().items()}, tmp_path / "noisy.safetensors")
     with pytest.raises(UnsupportedModel, match=r"random noise .*0\.9\.1"):
         load_vae(tmp_path / "noisy.safetensors")
+
+
+def test_loadout_decode_writes_the_clip_and_takes_the_decode_timestep(tmp_path, capsys):
+    """`loadout decode` on a tiny Lightricks-named file: 1 + 8 (T - 1) frames at 32x and 24 fps; the decode
+    timestep and the pipelines' seeded noise mixing are options of the decode, not of the file."""
+    import json
+
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    from engine.cli import main
+    from engine.formats.latent import write_latent
+
+    ref = _reference(V095)
+    save_file(_original_named(ref, _mine(ref)), tmp_path / "ltxv.safetensors")
+    z = torch.randn(1, 16, 2, 2, 3, generator=torch.Generator().manual_seed(7))
+    write_latent(tmp_path / "clip.latent", z)
+    base = ["decode", "--json", "--quiet", "--vae", str(tmp_path / "ltxv.safetensors"),
+            "--latent", str(tmp_path / "clip.latent")]  # fmt: skip
+
+    def frame(out: str, *extra: str) -> bytes:
+        assert main([*base, "--out", str(tmp_path / out) + "/", *extra]) == 0
+        res = json.loads(capsys.readouterr().out)
+        assert res["frames"] == 9 and res["size"] == [96, 64] and res["fps"] == 24
+        with Image.open(tmp_path / out / "000004.png") as im:
+            return im.tobytes()
+
+    want = _ref_decode(ref, z)[0, 4]  # diffusers at the pipelines' 0.05
+    got = torch.frombuffer(bytearray(frame("a")), dtype=torch.uint8).reshape(64, 96, 3).permute(2, 0, 1)
+    assert float((got.float() / 255 - (want + 1) / 2).abs().max()) <= 1 / 255 + 1e-6
+    assert frame("b", "--decode-timestep", "0.05") == frame("a2") != frame("c", "--decode-timestep", "0.5")
+    noisy = frame("d", "--decode-noise-scale", "0.5", "--seed", "3")
+    assert noisy != frame("a3") and noisy == frame("e", "--decode-noise-scale", "0.5", "--seed", "3")
