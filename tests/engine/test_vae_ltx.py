@@ -214,3 +214,52 @@ def test_loadout_decode_writes_the_clip_and_takes_the_decode_timestep(tmp_path, 
     assert frame("b", "--decode-timestep", "0.05") == frame("a2") != frame("c", "--decode-timestep", "0.5")
     noisy = frame("d", "--decode-noise-scale", "0.5", "--seed", "3")
     assert noisy != frame("a3") and noisy == frame("e", "--decode-noise-scale", "0.5", "--seed", "3")
+
+
+@pytest.mark.parametrize("release", ["0.9.0", "0.9.5"])
+def test_the_released_layouts_config_is_read_from_a_header_faithful_file(release, tmp_path):
+    """The releases' layouts at full size in Lightricks' naming (sparse: the header, no data): 0.9.0
+    (diffusers' defaults) and a timestep-conditioned one with residual upsamplers (0.9.5's decoder:
+    widths 1024 -> 128, 5 blocks a level); the config, the reach and the estimate's spec follow."""
+    from engine.formats.safetensors import write_sparse
+    from tests.engine.layouts_2026.common import meta_shapes
+    from tests.engine.layouts_2026.parts import LTXV090_STAGES, ltx_vae_original
+
+    kw = {} if release == "0.9.0" else dict(
+        decoder_block_out_channels=(256, 512, 1024), decoder_layers_per_block=(5, 5, 5, 5),
+        decoder_spatio_temporal_scaling=(True,) * 3, decoder_inject_noise=(False,) * 4, upsample_residual=(True,) * 3,
+        upsample_factor=(2,) * 3, timestep_conditioning=True,
+    )  # fmt: skip
+    shapes = meta_shapes(diffusers.AutoencoderKLLTXVideo, **kw)
+    stages = LTXV090_STAGES if release == "0.9.0" else {"decoder": []}
+    rows = (
+        ltx_vae_original(shapes, stages) if release == "0.9.0" else {f"vae.{k}": s for k, s in shapes.items()}
+    )
+    path = write_sparse(
+        tmp_path / "ltx-video-2b.safetensors", [(k, "BF16", tuple(s)) for k, s in rows.items()]
+    )
+    vae = load_vae(path)
+    cfg = vae.cfg
+    assert (cfg.z, cfg.downscale, cfg.time_factor, cfg.image_channels) == (128, 32, 8, 3)
+    if release == "0.9.0":
+        assert not cfg.timestep and cfg.width == 512 and cfg.last_width == 128
+        # decoder.up_blocks.0-9 (diffusers' 0.9.0 table): the middle, then 512 x3, up, 512 x3, 512 -> 256, up, ...
+        assert cfg.blocks == (
+            ("res", 512, 4),
+            ("res", 512, 3),
+            ("up", 512, 1),
+            ("res", 512, 3),
+            ("lone", 512, 256),
+            ("up", 256, 1),
+            ("res", 256, 3),
+            ("lone", 256, 128),
+            ("up", 128, 1),
+            ("res", 128, 4),
+        )
+    else:
+        assert cfg.timestep and cfg.width == 1024 and cfg.last_width == 128
+        assert [b for b in cfg.blocks if b[0] == "up"] == [("up", 1024, 2), ("up", 512, 2), ("up", 256, 2)]
+    spec = est.spec_of(vae)
+    assert (spec.kind, spec.ch, spec.mid) == ("ltxv", 8, cfg.width)
+    assert est.video_widths(str(path), "ltxv", "vae.") == (8, cfg.width)
+    assert vae.time_context == cfg.reach() > 10  # the released decoders reach far: chunks mostly run whole
