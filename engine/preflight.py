@@ -51,13 +51,16 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
     kw = dict(kind=kind, latent_channels=channels, batch=batch, weight_bytes=weights)
     frames = 0
     if direction == "decode":
-        f = 16 if kind in ("wan22", "qwen_image21") else 8
+        from .vae.estimate import VIDEO_SPECS
+
+        video = VIDEO_SPECS.get(kind)
+        f = video.downscale if video is not None else 8
         width, height = w * f, h * f
-        if kind in ("wan21", "wan22", "qwen_image21"):
+        if video is not None:
             t = shape[2] if len(shape) == 5 else 1
             kw["latent_frames"] = t
             kw["widths"] = widths
-            frames = 1 + 4 * (t - 1) if len(shape) == 5 else 0
+            frames = 1 + video.time_factor * (t - 1) if len(shape) == 5 else 0
     full = fn(width, height, **kw)
     if "latent_frames" in kw:  # a video tile computes its whole box: as the run plans it
         from .vae.choice import largest_box_px

@@ -68,11 +68,13 @@ VIDEO_KINDS = ("wan21", "wan22", "qwen_image21")
 # 2 blocks a level, whole clips of 2 and 3 latent frames at 256^2 and 384^2): 6.6-8.3 per counted output
 # frame (time_factor per latent frame) and per unit of ch, nothing measurable per chunk; carried ~25 % over.
 LTX_K_FRAME, LTX_K_CHUNK = 10.5, 4.0
-K_VIDEO_ENCODE["ltxv"] = 0.0  # no encoder
-K_VIDEO_FRAME["ltxv"] = LTX_K_FRAME
-K_VIDEO_CHUNK["ltxv"] = LTX_K_CHUNK
-K_VIDEO_CACHE["ltxv"] = 0.0
-VIDEO_KINDS += ("ltxv",)
+# LTX-2's video VAE ("ltx2") is the same decoder, its borders mirrored: the same figures.
+for _k in ("ltxv", "ltx2"):
+    K_VIDEO_ENCODE[_k] = 0.0  # no encoder
+    K_VIDEO_FRAME[_k] = LTX_K_FRAME
+    K_VIDEO_CHUNK[_k] = LTX_K_CHUNK
+    K_VIDEO_CACHE[_k] = 0.0
+VIDEO_KINDS += ("ltxv", "ltx2")
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -113,7 +115,10 @@ class VaeSpec:
         return K_STORE[("kl", direction)] * self.ch if self.kind == "kl" else 0.0
 
     def context_px(self, direction: str) -> int:
-        if self.kind == "ltxv":  # long reach at 32x: 2 latent pixels a side (tests/engine/test_vae_ltx)
+        if self.kind in (
+            "ltxv",
+            "ltx2",
+        ):  # long reach at 32x: 2 latent pixels a side (tests/engine/test_vae_ltx)
             return 64
         if self.video:  # 32 px gives > 50 dB tiled-vs-full on random-weight Wan 2.1 / 2.2 decoders
             return 32 if direction == "decode" else 64
@@ -161,7 +166,7 @@ def spec_of(vae) -> VaeSpec:
     if getattr(vae, "video", False) and hasattr(vae, "time_context"):  # LTX-Video (engine.vae.ltx)
         cfg = vae.cfg
         wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
-        return VaeSpec("ltxv", cfg.z, wbytes, max(1, cfg.last_width // cfg.patch**2), cfg.width, cfg.time_factor,
+        return VaeSpec(cfg.generation, cfg.z, wbytes, max(1, cfg.last_width // cfg.patch**2), cfg.width, cfg.time_factor,
                        cfg.downscale, vae.time_context)  # fmt: skip
     if getattr(vae, "video", False):
         cfg = vae.cfg
@@ -227,6 +232,9 @@ VIDEO_SPECS = {
 # LTX-Video 0.9.5+'s decoder (diffusers' config for Lightricks/LTX-Video-0.9.5: decoder widths 1024 -> 128,
 # z 128, 32x, 8x in time): ~ 0.43 G parameters in bf16 with its encoder; reach from LTXConfig.reach()
 VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 22)
+# LTX-2's (diffusers AutoencoderKLLTX2Video defaults: the same decoder, non-causal per its metadata config):
+# the decoder's figures; its own weight bytes come from the file's header where known
+VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 22)
 
 
 def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:
@@ -265,7 +273,7 @@ def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | No
     head, first = shape(_VIDEO_HEAD_KEYS), shape(_VIDEO_MID_KEYS)
     if head is None or first is None:
         return None
-    patch = {"wan22": 2, "ltxv": 4}.get(kind, 1)  # Wan 2.2 works on 2x2 patches, LTX-Video on 4x4
+    patch = {"wan22": 2, "ltxv": 4, "ltx2": 4}.get(kind, 1)  # Wan 2.2 works on 2x2 patches, LTX-Video on 4x4
     return max(1, head[1] // (patch * patch)), first[0]
 
 

@@ -118,6 +118,7 @@ LATENT_FORMATS: dict[str, LatentFormat] = {
 # (`per_channel_statistics.mean-of-means` / `std-of-means`, diffusers `latents_mean` / `latents_std`; the
 # loaded VAE's `latent_stats`), not one published table, and its scaling_factor is 1.0
 LATENT_FORMATS["ltxv"] = LatentFormat("ltxv", 128, 1.0, 0.0, 32, (), (), 8)
+LATENT_FORMATS["ltx2"] = LatentFormat("ltx2", 128, 1.0, 0.0, 32, (), (), 8)  # LTX-2's video VAE, alike
 
 # The architecture a VAE most likely belongs to, from its latent channels alone (4-channel VAEs of SD1
 # and SDXL have identical layouts; the caller may know better from the checkpoint).

@@ -20,6 +20,9 @@ re-implements it; its `convert_ltx_vae_checkpoint_to_diffusers` gives the name m
   * conv_out gives 3 x 4 x 4 channels, unpacked into 4x4 pixels (Wan 2.2's channel order): 32x spatial,
     8x temporal (T latent frames -> 1 + 8 (T - 1)).
 0.9.1's decoder adds random noise in its blocks (`per_channel_scale1/2`): refused by name.
+LTX-2's video VAE (Lightricks/LTX-2; diffusers AutoencoderKLLTX2Video) has the same decoder -- the residual
+layout of 0.9.5, timestep-conditioned -- with its spatial borders mirrored (`decoder_spatial_padding_mode`
+"reflect") and, where its config says so, causal time padding (two copies of the first frame): `Pads`.
 
 Chunked decoding: the decoder sees frames after the one it outputs, so a causal cache cannot make chunks
 exact. Each temporal chunk is decoded as a clip of its own with `time_context` latent frames of context on
@@ -60,18 +63,32 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale) + shift
 
 
-class Conv(nn.Module):
-    """A 3x3x3 (or 1x1x1) convolution under `.conv`, time padded with copies of the chunk's end frames,
-    space with zeros."""
+@dataclass(frozen=True)
+class Pads:
+    """How the convolutions pad: time with copies of the first frame only (`causal`) or of the first and
+    last; space with zeros, or mirrored (`reflect`: LTX-2's decoder)."""
 
-    def __init__(self, cin: int, cout: int, k: int = 3):
+    causal: bool = False
+    reflect: bool = False
+
+
+class Conv(nn.Module):
+    """A 3x3x3 (or 1x1x1) convolution under `.conv`, time padded with copies of the chunk's end frames."""
+
+    def __init__(self, cin: int, cout: int, k: int = 3, pads: Pads = Pads()):
         super().__init__()
-        self.conv = CausalConv3d(cin, cout, k, padding=(0, k // 2, k // 2))
+        self.pads = pads
+        p = 0 if pads.reflect else k // 2
+        self.conv = CausalConv3d(cin, cout, k, padding=(0, p, p))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.conv.kernel_size[0] // 2
-        if n:
-            x = torch.cat([x[:, :, :1]] * n + [x] + [x[:, :, -1:]] * n, dim=2)
+        k = self.conv.kernel_size[0]
+        if k > 1:
+            first, last = (k - 1, 0) if self.pads.causal else ((k - 1) // 2, (k - 1) // 2)
+            x = torch.cat([x[:, :, :1]] * first + [x] + [x[:, :, -1:]] * last, dim=2)
+        if self.pads.reflect and self.conv.kernel_size[1] > 1:
+            p = self.conv.kernel_size[1] // 2
+            x = F.pad(x, (p, p, p, p, 0, 0), mode="reflect")
         return self.conv.step(x, None)
 
 
@@ -96,10 +113,10 @@ class TimeEmbedder(nn.Module):
 
 
 class ResBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, timestep: bool):
+    def __init__(self, cin: int, cout: int, timestep: bool, pads: Pads = Pads()):
         super().__init__()
-        self.conv1 = Conv(cin, cout)
-        self.conv2 = Conv(cout, cout)
+        self.conv1 = Conv(cin, cout, 3, pads)
+        self.conv2 = Conv(cout, cout, 3, pads)
         if cin != cout:
             self.norm3 = nn.Module()
             self.norm3.norm = ops.LayerNorm(cin, eps=LAYER_NORM_EPS)
@@ -127,9 +144,9 @@ class ResBlock(nn.Module):
 class ResGroup(nn.Module):
     """`res_blocks.M` of one width, with its own `time_embedder` when conditioned on the timestep."""
 
-    def __init__(self, dim: int, layers: int, timestep: bool):
+    def __init__(self, dim: int, layers: int, timestep: bool, pads: Pads = Pads()):
         super().__init__()
-        self.res_blocks = nn.ModuleList(ResBlock(dim, dim, timestep) for _ in range(layers))
+        self.res_blocks = nn.ModuleList(ResBlock(dim, dim, timestep, pads) for _ in range(layers))
         if timestep:
             self.time_embedder = TimeEmbedder(4 * dim)
 
@@ -156,10 +173,10 @@ def depth_to_space(x: torch.Tensor) -> torch.Tensor:
 
 
 class Upsample(nn.Module):
-    def __init__(self, cin: int, factor: int):
+    def __init__(self, cin: int, factor: int, pads: Pads = Pads()):
         super().__init__()
         self.factor = factor
-        self.conv = Conv(cin, cin * 8 // factor)
+        self.conv = Conv(cin, cin * 8 // factor, 3, pads)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor | None = None) -> torch.Tensor:
         y = depth_to_space(self.conv(x))
@@ -179,6 +196,8 @@ class LTXConfig:
     timestep: bool
     patch: int = 4
     image_channels: int = 3
+    pads: Pads = Pads()  # LTX-2's decoder: Pads(reflect=True)
+    generation: str = "ltxv"  # or "ltx2"
 
     @property
     def ups(self) -> int:
@@ -199,11 +218,12 @@ class LTXConfig:
 
     def reach(self) -> int:
         """Latent frames on each side an output frame depends on: each 3-tap convolution reaches one
-        frame at its own rate (1 / 2^k latent frames after k upsamplers), plus one for the upsamplers'
-        half-frame shifts, rounded up."""
-        r, rate = 1.0, 1  # conv_in
+        frame at its own rate (1 / 2^k latent frames after k upsamplers; two back where it is causal),
+        plus one for the upsamplers' half-frame shifts, rounded up."""
+        per = 2 if self.pads.causal else 1
+        r, rate = 1.0 * per, 1  # conv_in
         for kind, _, n in self.blocks:
-            r += {"res": 2 * n, "lone": 2, "up": 1}[kind] / rate
+            r += per * {"res": 2 * n, "lone": 2, "up": 1}[kind] / rate
             if kind == "up":
                 rate *= 2
         return math.ceil(r + 1 / rate) + 1
@@ -212,19 +232,19 @@ class LTXConfig:
 class Decoder(nn.Module):
     def __init__(self, cfg: LTXConfig):
         super().__init__()
-        t = cfg.timestep
-        self.conv_in = Conv(cfg.z, cfg.width)
+        t, pads = cfg.timestep, cfg.pads
+        self.conv_in = Conv(cfg.z, cfg.width, 3, pads)
         items: list[nn.Module] = []
         for kind, a, b in cfg.blocks:
             if kind == "res":
-                items.append(ResGroup(a, b, t))
+                items.append(ResGroup(a, b, t, pads))
             elif kind == "lone":
-                items.append(Lone(a, b, False))
+                items.append(Lone(a, b, False, pads))
             else:
-                items.append(Upsample(a, b))
+                items.append(Upsample(a, b, pads))
         self.up_blocks = nn.ModuleList(items)
         c = cfg.last_width
-        self.conv_out = Conv(c, cfg.image_channels * cfg.patch**2)
+        self.conv_out = Conv(c, cfg.image_channels * cfg.patch**2, 3, pads)
         if t:
             self.timestep_scale_multiplier = nn.Parameter(torch.empty(()))
             self.last_time_embedder = TimeEmbedder(2 * c)

@@ -12,12 +12,13 @@ statistics are `per_channel_statistics.*` (diffusers: `latents_mean` / `latents_
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
 
 from ..errors import FormatError, UnsupportedModel
-from .ltx import LTXConfig, LTXVideoVAE
+from .ltx import LTXConfig, LTXVideoVAE, Pads
 
 _STATS = ("per_channel_statistics.", "latents_mean", "latents_std")
 
@@ -152,6 +153,48 @@ def ltx_config(sd: dict[str, torch.Tensor], path: str) -> LTXConfig:
     return LTXConfig(z, width, tuple(blocks), "decoder.timestep_scale_multiplier" in sd, 4, head // 16)
 
 
+def _file_config(path: str) -> dict | None:
+    """The `vae` part of the JSON config Lightricks' single files store in their metadata (`config`), or
+    None (another format, no such entry)."""
+    import json
+
+    from ..formats.safetensors import read_header
+
+    try:
+        cfg = json.loads(read_header(path).metadata.get("config", "null"))
+    except Exception:  # noqa: BLE001 -- no readable metadata: the weights decide
+        return None
+    return cfg.get("vae") if isinstance(cfg, dict) and isinstance(cfg.get("vae"), dict) else None
+
+
+# LTX-2's decoder (Lightricks' metadata config: decoder_spatial_padding_mode "reflect", causal_decoder false)
+LTX2_PADS = Pads(causal=False, reflect=True)
+LTX2_ENCODER_WIDTH = (
+    256  # LTX-2's encoder.conv_in width (diffusers AutoencoderKLLTX2Video); LTX-Video's is 128
+)
+
+
+def _generation(sd: dict[str, torch.Tensor], cfg: LTXConfig, path: str) -> tuple[str, Pads]:
+    """LTX-Video or LTX-2, and how the decoder pads: the file's metadata config where it has one, else
+    the encoder's width; a residual decoder alone, without either, could be both -- refused by name."""
+    meta = _file_config(path)
+    if meta is not None:
+        pads = Pads(
+            bool(meta.get("causal_decoder", False)), meta.get("decoder_spatial_padding_mode") == "reflect"
+        )
+        return ("ltx2" if pads.reflect else "ltxv"), pads
+    enc = sd.get("encoder.conv_in.conv.weight")
+    if enc is not None:
+        return ("ltx2", LTX2_PADS) if enc.shape[0] == LTX2_ENCODER_WIDTH else ("ltxv", Pads())
+    if any(b[0] == "up" and b[2] > 1 for b in cfg.blocks):
+        raise UnsupportedModel(
+            f"{path}: an LTX decoder without its encoder or a config: LTX-Video 0.9.5+'s and LTX-2's decoders have "
+            "the same tensors but pad differently -- load the release's full VAE file",
+            path=path,
+        )
+    return "ltxv", Pads()  # 0.9.0's layout: LTX-Video's only
+
+
 def build(sd: dict[str, torch.Tensor], path: str, strict_load, made) -> LTXVideoVAE:
     """The decoder in either naming, loaded strictly; the encoder's tensors left unused (Loadout does
     not encode with this VAE), the latent statistics kept as `latent_stats`."""
@@ -160,6 +203,8 @@ def build(sd: dict[str, torch.Tensor], path: str, strict_load, made) -> LTXVideo
     stats = {k: v for k, v in sd.items() if k.startswith(_STATS)}
     dec = {k: v for k, v in sd.items() if not k.startswith(("encoder.", *_STATS))}
     cfg = ltx_config(dec, path)
+    generation, pads = _generation(sd, cfg, path)
+    cfg = dataclasses.replace(cfg, pads=pads, generation=generation)
     with torch.device("meta"):
         model = made(path, lambda: LTXVideoVAE(cfg))
     strict_load(model, dec, path)

@@ -35,8 +35,8 @@ def psnr(a: torch.Tensor, b: torch.Tensor, peak: float = 2.0) -> float:
     return math.inf if mse == 0 else 10 * math.log10(peak**2 / mse)
 
 
-def _reference(kw: dict, seed: int = 0):
-    ref = diffusers.AutoencoderKLLTXVideo(**kw)
+def _reference(kw: dict, seed: int = 0, cls=None):
+    ref = (cls or diffusers.AutoencoderKLLTXVideo)(**kw)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # weights of a trained network's scale: activations stay O(1) through the blocks
         for n, p in ref.named_parameters():
@@ -49,8 +49,11 @@ def _reference(kw: dict, seed: int = 0):
     return ref.eval()
 
 
-def _mine(ref):
-    return build({k: v.clone() for k, v in ref.state_dict().items()}, "ref", strict_load, _made)
+def _mine(ref, ltx2: bool = False):
+    sd = {k: v.clone() for k, v in ref.state_dict().items()}
+    if ltx2:  # what tells LTX-2 in diffusers' naming: its encoder's width
+        sd["encoder.conv_in.conv.weight"] = torch.zeros(256, 48, 3, 3, 3)
+    return build(sd, "ref", strict_load, _made)
 
 
 @pytest.fixture(scope="module", params=["0.9.0", "0.9.5"])
@@ -118,6 +121,10 @@ def test_chunks_with_context_frames_equal_the_whole_clip_and_tiles_are_seamless(
     assert psnr(tiled, want) >= 35
 
 
+# What Lightricks' single files say of their VAE in the metadata's `config` (the decoder's part of it)
+LTXV_META = {"config": '{"vae": {"_class_name": "CausalVideoAutoencoder", "causal_decoder": false}}'}
+
+
 def _original_named(ref, mine) -> dict[str, torch.Tensor]:
     """Lightricks' single-file naming: our module paths under `vae.`, with the latent statistics."""
     sd = {f"vae.{k}": v.contiguous() for k, v in mine.state_dict().items()}
@@ -146,7 +153,7 @@ def test_both_namings_load_from_files_and_decode_alike(pair, tmp_path):
     from safetensors.torch import save_file
 
     ref, mine = pair
-    save_file(_original_named(ref, mine), tmp_path / "ltx-video-2b-v0.9-tiny.safetensors")
+    save_file(_original_named(ref, mine), tmp_path / "ltx-video-2b-v0.9-tiny.safetensors", LTXV_META)
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "diffusers.safetensors")
     a, b = (
         load_vae(tmp_path / "ltx-video-2b-v0.9-tiny.safetensors"),
@@ -195,7 +202,7 @@ def test_loadout_decode_writes_the_clip_and_takes_the_decode_timestep(tmp_path, 
     from engine.formats.latent import write_latent
 
     ref = _reference(V095)
-    save_file(_original_named(ref, _mine(ref)), tmp_path / "ltxv.safetensors")
+    save_file(_original_named(ref, _mine(ref)), tmp_path / "ltxv.safetensors", LTXV_META)
     z = torch.randn(1, 16, 2, 2, 3, generator=torch.Generator().manual_seed(7))
     write_latent(tmp_path / "clip.latent", z)
     base = ["decode", "--json", "--quiet", "--vae", str(tmp_path / "ltxv.safetensors"),
@@ -263,3 +270,64 @@ def test_the_released_layouts_config_is_read_from_a_header_faithful_file(release
     assert (spec.kind, spec.ch, spec.mid) == ("ltxv", 8, cfg.width)
     assert est.video_widths(str(path), "ltxv", "vae.") == (8, cfg.width)
     assert vae.time_context == cfg.reach() > 10  # the released decoders reach far: chunks mostly run whole
+
+
+# LTX-2's video VAE: the residual decoder with mirrored borders (and, where its config says so, causal)
+LTX2 = dict(block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1), latent_channels=16,
+            decoder_block_out_channels=(8, 16, 32), decoder_layers_per_block=(1, 1, 1, 1), timestep_conditioning=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ltx2_decodes_like_diffusers_in_chunks_and_tiles(causal, tmp_path):
+    """Told apart from LTX-Video by its encoder's width (diffusers' naming) or by the metadata config
+    (Lightricks' naming, the one way to say `causal_decoder`)."""
+    from safetensors.torch import save_file
+
+    ref = _reference({**LTX2, "decoder_causal": causal}, cls=diffusers.AutoencoderKLLTX2Video)
+    if causal:  # Lightricks' naming and metadata
+        meta = '{"vae": {"decoder_spatial_padding_mode": "reflect", "causal_decoder": true}}'
+        sd = {f"vae.{k}": v.contiguous() for k, v in _mine(ref, ltx2=True).state_dict().items()}
+        save_file(sd, tmp_path / "ltx-2.safetensors", {"config": meta})
+    else:  # diffusers' naming, the encoder as wide as LTX-2's (only its first convolution)
+        sd = {k: v.contiguous() for k, v in ref.state_dict().items() if not k.startswith("encoder.")}
+        save_file(
+            {**sd, "encoder.conv_in.conv.weight": torch.zeros(256, 48, 3, 3, 3)},
+            tmp_path / "ltx-2.safetensors",
+        )
+    mine = load_vae(tmp_path / "ltx-2.safetensors")
+    assert mine.cfg.generation == "ltx2" and mine.cfg.pads.reflect and mine.cfg.pads.causal == causal
+    assert est.spec_of(mine).kind == "ltx2"
+    torch.manual_seed(4)
+    z = torch.randn(1, 16, 3, 2, 3)
+    want = _ref_decode(ref, z)
+    got = decode(mine, z) * 2 - 1
+    assert float((got - want).abs().max()) < 1e-4 and psnr(got, want) >= 40  # measured ~1e-6, 140 dB
+    z = torch.randn(1, 16, 2 * mine.time_context + 2, 2, 2)
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        whole = decode_video(mine, z, Tiling("full", tile_frames=0), device=cpu, dtype=torch.float32)
+        one = decode_video(mine, z, Tiling("full", tile_frames=1), device=cpu, dtype=torch.float32)
+    assert float((one - whole).abs().max()) < 1e-5
+    z = torch.randn(1, 16, 2, 8, 8)
+    tiled = decode(mine, z, tiled=True, tile=192, overlap=128) * 2 - 1
+    assert psnr(tiled, decode(mine, z) * 2 - 1) >= 35
+    # the same decoder alone, with neither an encoder nor a config, could be LTX-Video 0.9.5's: refused
+    save_file(sd, tmp_path / "decoder_only.safetensors")
+    with pytest.raises(UnsupportedModel, match="without its encoder or a config"):
+        load_vae(tmp_path / "decoder_only.safetensors")
+
+
+def test_the_decode_panels_estimate_counts_ltx_frames_and_pixels(tmp_path):
+    """The preflight estimate (the Decode panel's) of an LTX latent: 32x, 1 + 8 (T - 1) frames."""
+    from safetensors.torch import save_file
+
+    from engine.formats.latent import write_latent
+    from engine.preflight import estimate as preflight
+    from engine.requests import EstimateDecode
+
+    ref = _reference(V090)
+    save_file(_original_named(ref, _mine(ref)), tmp_path / "ltxv.safetensors", LTXV_META)
+    write_latent(tmp_path / "clip.latent", torch.zeros(1, 16, 4, 3, 5))
+    got = preflight(EstimateDecode(str(tmp_path / "ltxv.safetensors"), str(tmp_path / "clip.latent")))
+    assert (got.width, got.height, got.frames) == (160, 96, 25)
+    assert 0 < got.tiled_bytes <= got.full_bytes
