@@ -1,6 +1,7 @@
 """Load a VAE from a file: an SD checkpoint (`first_stage_model.` prefix), an all-in-one file (`vae.`),
 a standalone VAE in LDM or diffusers naming, a Wan-family video VAE (Wan 2.1 / 2.2, Qwen-Image; original
-or diffusers naming), or a TAESD-family encoder/decoder (.pth or .safetensors).
+or diffusers naming), LTX-Video's or LTX-2's video VAE (its decoder: engine.vae.ltx_loading), or a
+TAESD-family encoder/decoder (.pth or .safetensors).
 
 Loading is strict: every tensor of the VAE component is used, none is missing, every shape matches —
 anything else is a FormatError naming the keys, never a silently half-initialised model. Weights stay
@@ -283,7 +284,7 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     if foreign is not None:
         raise UnsupportedModel(
             f"{p}: {foreign[1]} ({foreign[0]}): not an AutoencoderKL. Loadout decodes the SD, SD3, FLUX and "
-            "Wan-family VAEs and TAESD, not this one yet",
+            "Wan-family and LTX video VAEs and TAESD, not this one yet",
             path=p,
         )
     latent_norm = {k: sd.pop(k) for k in [k for k in sd if k.startswith("bn.")]}
