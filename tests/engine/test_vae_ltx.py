@@ -331,3 +331,21 @@ def test_the_decode_panels_estimate_counts_ltx_frames_and_pixels(tmp_path):
     got = preflight(EstimateDecode(str(tmp_path / "ltxv.safetensors"), str(tmp_path / "clip.latent")))
     assert (got.width, got.height, got.frames) == (160, 96, 25)
     assert 0 < got.tiled_bytes <= got.full_bytes
+
+
+def test_plan_an_ltx_video_decode(tmp_path, capsys):
+    """`loadout plan --decode WxHxF` on an LTX-Video VAE: 121 frames are 16 latent frames at 32x."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from engine.cli import main
+
+    ref = _reference(V090)
+    save_file(_original_named(ref, _mine(ref)), tmp_path / "ltxv.safetensors", LTXV_META)
+    args = ["plan", "--model", str(tmp_path / "ltxv.safetensors"), "--decode", "768x512x121", "--json"]
+    assert main([*args, "--vram", "80"]) == 0
+    (step,) = json.loads(capsys.readouterr().out)["steps"]
+    assert (
+        step["step"] == "decode" and step["detail"]["frames"] == 121 and step["detail"]["latent_frames"] == 16
+    )
