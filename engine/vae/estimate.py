@@ -149,9 +149,10 @@ def video_bytes(
     largest tile's box in output pixels where the caller planned the tiles (engine.vae.choice.Job), else
     tile_px squared."""
     latent_px = frame_pixels // (spec.downscale**2)
-    if spec.time_context:  # a chunk decodes with its context frames (engine.vae.video._widened)
-        tile_frames = min(latent_frames, tile_frames + 2 * spec.time_context)
-    head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * tile_frames * latent_px * esize
+    head_frames = tile_frames
+    if spec.time_context:  # the head runs whole, a chunk with its context frames (engine.vae.video)
+        tile_frames, head_frames = min(latent_frames, tile_frames + 2 * spec.time_context), latent_frames
+    head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * head_frames * latent_px * esize
     area = frame_pixels if tile_px is None else min(frame_pixels, tile_area or tile_px * tile_px)
     chunk = video_chunk_bytes(spec, area, tile_frames, esize)
     if tile_frames < latent_frames:
@@ -231,10 +232,10 @@ VIDEO_SPECS = {
 }
 # LTX-Video 0.9.5+'s decoder (diffusers' config for Lightricks/LTX-Video-0.9.5: decoder widths 1024 -> 128,
 # z 128, 32x, 8x in time): ~ 0.43 G parameters in bf16 with its encoder; reach from LTXConfig.reach()
-VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 22)
+VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 12)
 # LTX-2's (diffusers AutoencoderKLLTX2Video defaults: the same decoder, non-causal per its metadata config):
 # the decoder's figures; its own weight bytes come from the file's header where known
-VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 22)
+VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 12)
 
 
 def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:

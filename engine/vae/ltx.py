@@ -25,11 +25,14 @@ layout of 0.9.5, timestep-conditioned -- with its spatial borders mirrored (`dec
 "reflect") and, where its config says so, causal time padding (two copies of the first frame): `Pads`.
 
 Chunked decoding: the decoder sees frames after the one it outputs, so a causal cache cannot make chunks
-exact. Each temporal chunk is decoded as a clip of its own with `time_context` latent frames of context on
-each side (their output discarded; engine.vae.video), `time_context` being the decoder's temporal reach --
-every padded frame's influence then lies outside what is kept, so the chunked decode equals the whole one
-(to float rounding). The reach is long for the released widths (~22 latent frames), so on real clips the
-chunks mostly run whole; the spatial tiles are what bound the memory.
+exact. The head (conv_in and the blocks before the first upsampler, at latent resolution) runs over the
+whole clip at once; then each temporal chunk of the up path decodes as a clip of its own with
+`time_context` latent frames of context on each side (their output discarded; engine.vae.video),
+`time_context` being the up path's temporal reach -- every padded frame's influence then lies outside what
+is kept, so the chunked decode equals the whole one. The reach is long for the released decoders (10
+latent frames for 0.9.0's, 12 for 0.9.5's, 23 for a causal LTX-2 one), so a chunk of one latent frame
+computes up to 25: on a clip of 16 latent frames (121 frames) the chunks mostly run whole, and the
+spatial tiles are what bound the memory.
 """
 
 from __future__ import annotations
@@ -217,16 +220,18 @@ class LTXConfig:
         return b if kind == "lone" else a // b if kind == "up" else a
 
     def reach(self) -> int:
-        """Latent frames on each side an output frame depends on: each 3-tap convolution reaches one
-        frame at its own rate (1 / 2^k latent frames after k upsamplers; two back where it is causal),
-        plus one for the upsamplers' half-frame shifts, rounded up."""
+        """Latent frames on each side an output frame depends on through the up path (from the first
+        upsampler on; the head runs whole): each 3-tap convolution reaches one frame at its own rate
+        (1 / 2^k latent frames after k upsamplers; two back where it is causal), plus one for the
+        upsamplers' half-frame shifts, rounded up."""
         per = 2 if self.pads.causal else 1
-        r, rate = 1.0 * per, 1  # conv_in
-        for kind, _, n in self.blocks:
+        r, rate = 0.0, 1
+        first = next((i for i, b in enumerate(self.blocks) if b[0] == "up"), len(self.blocks))
+        for kind, _, n in self.blocks[first:]:
             r += per * {"res": 2 * n, "lone": 2, "up": 1}[kind] / rate
             if kind == "up":
                 rate *= 2
-        return math.ceil(r + 1 / rate) + 1
+        return math.ceil(r + per / rate) + 1  # conv_out
 
 
 class Decoder(nn.Module):

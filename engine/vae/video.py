@@ -17,9 +17,9 @@ chunk without a cache, warmed up on `overlap_frames` earlier latent frames whose
 (exact when the warm-up reaches the clip's start); below the smallest tile the rest runs on the CPU.
 
 A decoder that is not causal (LTX-Video: its convolutions see the next frames) says so with `time_context`:
-each chunk, of the head and of every tile, then decodes as a clip of its own with that many latent frames
-of context on each side, their output dropped (`_widened`); exact where the context covers the
-decoder's reach. The Wan VAEs have none and run as above.
+its head then runs over the whole clip at once, and each chunk of every tile decodes as a clip of its own
+with that many latent frames of context on each side, their output dropped (`_widened`); exact where the
+context covers the up path's reach. The Wan VAEs have none and run as above.
 """
 
 from __future__ import annotations
@@ -150,20 +150,16 @@ def decode_video(
         blend = 0
     stream = Stream()
     parts = []
-    for a, c in chunks:
+    # a decoder that is not causal (time_context) runs its head -- latent resolution, cheap -- over the whole
+    # clip at once: exact, whatever its reach; its tiles' chunks then need only the up path's context
+    for a, c in [(0, t)] if getattr(vae, "time_context", 0) else chunks:
         if token is not None:
             token.raise_if_cancelled()
         # the head runs before any tile is done: say so, rather than leave the last stage's bar standing
         report(
             Progress(stage, 0, len(tiles) * len(chunks), f"middle block, latent frames {a}-{c - 1} of {t}")
         )
-        a0, c0 = _widened(vae, a, c, t)
-        if a0 == a and c0 == c:
-            parts.append(vae.decode_head(z[:, :, a:c].to(device=device, dtype=dtype), stream))
-        else:  # a VAE that is not causal: the chunk with its context frames, as a clip of its own
-            wide = vae.decode_head(z[:, :, a0:c0].to(device=device, dtype=dtype), Stream())
-            parts.append(wide[:, :, a - a0 : c - a0].clone())
-            del wide
+        parts.append(vae.decode_head(z[:, :, a:c].to(device=device, dtype=dtype), stream))
     head = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
     del parts, stream
     if not torch.isfinite(head).all() and dtype != torch.float32:
