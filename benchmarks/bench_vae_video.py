@@ -70,10 +70,11 @@ def _vae(dim: int, family: str = "wan21"):
         sd[n] = 1 + 0.1 * r if n.endswith("gamma") else r * (0.5 / math.sqrt(math.prod(p.shape[1:])))
     if family == "ltxv":
         from engine.vae.loading import _made, strict_load
+        from engine.vae.ltx import Pads
         from engine.vae.ltx_loading import build
 
         sd["decoder.timestep_scale_multiplier"] = torch.tensor(1000.0)
-        return build(sd, "bench", strict_load, _made)
+        return build(sd, "bench", strict_load, _made, Pads())  # LTX-Video's padding
     return _build_wan(sd, "bench")
 
 

@@ -169,33 +169,58 @@ def _file_config(path: str) -> dict | None:
 
 # LTX-2's decoder (Lightricks' metadata config: decoder_spatial_padding_mode "reflect", causal_decoder false)
 LTX2_PADS = Pads(causal=False, reflect=True)
-LTX2_ENCODER_WIDTH = (
-    256  # LTX-2's encoder.conv_in width (diffusers AutoencoderKLLTX2Video); LTX-Video's is 128
-)
 
 
-def _generation(sd: dict[str, torch.Tensor], cfg: LTXConfig, path: str) -> tuple[str, Pads]:
-    """LTX-Video or LTX-2, and how the decoder pads: the file's metadata config where it has one, else
-    the encoder's width; a residual decoder alone, without either, could be both -- refused by name."""
+def _diffusers_config(path: str) -> dict | None:
+    """diffusers' `config.json` beside the weights (a `vae/` folder), or None."""
+    import json
+    import os
+
+    cfg = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
+    try:
+        with open(cfg, encoding="utf-8") as f:
+            out = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return (
+        out
+        if isinstance(out, dict) and str(out.get("_class_name", "")).startswith("AutoencoderKLLTX")
+        else None
+    )
+
+
+def _generation(cfg: LTXConfig, path: str) -> tuple[str, Pads]:
+    """LTX-Video or LTX-2, and how the decoder pads. LTX-2's VAE has the tensors of LTX-Video 0.9.5's
+    (diffusers' two classes give the same shapes), so what tells them is the config the release ships:
+    Lightricks' metadata (`decoder_spatial_padding_mode`, `causal_decoder`) or diffusers' config.json
+    (`_class_name`, `decoder_spatial_padding_mode`, `decoder_causal`). 0.9.0's layout is LTX-Video's
+    alone; a residual decoder with neither config is refused by name rather than guessed."""
     meta = _file_config(path)
     if meta is not None:
         pads = Pads(
             bool(meta.get("causal_decoder", False)), meta.get("decoder_spatial_padding_mode") == "reflect"
         )
         return ("ltx2" if pads.reflect else "ltxv"), pads
-    enc = sd.get("encoder.conv_in.conv.weight")
-    if enc is not None:
-        return ("ltx2", LTX2_PADS) if enc.shape[0] == LTX2_ENCODER_WIDTH else ("ltxv", Pads())
+    dc = _diffusers_config(path)
+    if dc is not None:
+        two = dc["_class_name"] == "AutoencoderKLLTX2Video"
+        # the classes' defaults where the config leaves them out: LTX-2 reflect and causal, LTX-Video zeros
+        causal = bool(dc.get("decoder_causal", two))
+        pads = Pads(
+            causal, dc.get("decoder_spatial_padding_mode", "reflect" if two else "zeros") == "reflect"
+        )
+        return ("ltx2" if two else "ltxv"), pads
     if any(b[0] == "up" and b[2] > 1 for b in cfg.blocks):
         raise UnsupportedModel(
-            f"{path}: an LTX decoder without its encoder or a config: LTX-Video 0.9.5+'s and LTX-2's decoders have "
-            "the same tensors but pad differently -- load the release's full VAE file",
+            f"{path}: an LTX VAE without its config (no `config` in the file's metadata, no diffusers config.json "
+            "beside it): LTX-Video 0.9.5+'s and LTX-2's have the same tensors but pad differently -- load the "
+            "release's own file, or keep config.json beside a diffusers one",
             path=path,
         )
-    return "ltxv", Pads()  # 0.9.0's layout: LTX-Video's only
+    return "ltxv", Pads()
 
 
-def build(sd: dict[str, torch.Tensor], path: str, strict_load, made) -> LTXVideoVAE:
+def build(sd: dict[str, torch.Tensor], path: str, strict_load, made, pads: Pads | None = None) -> LTXVideoVAE:
     """The decoder in either naming, loaded strictly; the encoder's tensors left unused (Loadout does
     not encode with this VAE), the latent statistics kept as `latent_stats`."""
     if is_diffusers(sd):
@@ -203,7 +228,10 @@ def build(sd: dict[str, torch.Tensor], path: str, strict_load, made) -> LTXVideo
     stats = {k: v for k, v in sd.items() if k.startswith(_STATS)}
     dec = {k: v for k, v in sd.items() if not k.startswith(("encoder.", *_STATS))}
     cfg = ltx_config(dec, path)
-    generation, pads = _generation(sd, cfg, path)
+    # `pads`: a caller that knows the generation (a test, a benchmark) says so; else the release's config
+    generation, pads = (
+        ("ltx2" if pads.reflect else "ltxv", pads) if pads is not None else _generation(cfg, path)
+    )
     cfg = dataclasses.replace(cfg, pads=pads, generation=generation)
     with torch.device("meta"):
         model = made(path, lambda: LTXVideoVAE(cfg))

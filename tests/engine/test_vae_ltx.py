@@ -14,7 +14,8 @@ from engine.events import Tiling
 from engine.vae import decode
 from engine.vae import estimate as est
 from engine.vae.loading import _made, load_vae, strict_load
-from engine.vae.ltx_loading import build
+from engine.vae.ltx import Pads
+from engine.vae.ltx_loading import LTX2_PADS, build
 from engine.vae.run import RunInfo
 from engine.vae.video import decode_video
 
@@ -50,10 +51,9 @@ def _reference(kw: dict, seed: int = 0, cls=None):
 
 
 def _mine(ref, ltx2: bool = False):
+    """Our decoder on ref's weights; the generation said by the caller (a file says it in its config)."""
     sd = {k: v.clone() for k, v in ref.state_dict().items()}
-    if ltx2:  # what tells LTX-2 in diffusers' naming: its encoder's width
-        sd["encoder.conv_in.conv.weight"] = torch.zeros(256, 48, 3, 3, 3)
-    return build(sd, "ref", strict_load, _made)
+    return build(sd, "ref", strict_load, _made, LTX2_PADS if ltx2 else Pads())
 
 
 @pytest.fixture(scope="module", params=["0.9.0", "0.9.5"])
@@ -154,10 +154,15 @@ def test_both_namings_load_from_files_and_decode_alike(pair, tmp_path):
 
     ref, mine = pair
     save_file(_original_named(ref, mine), tmp_path / "ltx-video-2b-v0.9-tiny.safetensors", LTXV_META)
-    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, tmp_path / "diffusers.safetensors")
+    (tmp_path / "vae").mkdir()  # diffusers' folder: the weights and config.json
+    save_file(
+        {k: v.contiguous() for k, v in ref.state_dict().items()},
+        tmp_path / "vae/diffusion_pytorch_model.safetensors",
+    )
+    ref.save_config(tmp_path / "vae")
     a, b = (
         load_vae(tmp_path / "ltx-video-2b-v0.9-tiny.safetensors"),
-        load_vae(tmp_path / "diffusers.safetensors"),
+        load_vae(tmp_path / "vae/diffusion_pytorch_model.safetensors"),
     )
     assert a.cfg == b.cfg == mine.cfg
     assert set(a.latent_stats) == {
@@ -174,6 +179,7 @@ def test_a_missing_or_misshapen_key_is_named_and_noise_injection_is_refused(tmp_
     from safetensors.torch import save_file
 
     ref = _reference(V095)
+    ref.save_config(tmp_path)  # diffusers' config.json beside the files: an LTX-Video VAE
     sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
     sd.pop("decoder.up_blocks.1.resnets.0.conv2.conv.weight")
     save_file(sd, tmp_path / "broken.safetensors")
@@ -242,8 +248,9 @@ def test_the_released_layouts_config_is_read_from_a_header_faithful_file(release
     rows = (
         ltx_vae_original(shapes, stages) if release == "0.9.0" else {f"vae.{k}": s for k, s in shapes.items()}
     )
+    meta = None if release == "0.9.0" else LTXV_META  # 0.9.5's tensors are LTX-2's too: its config tells
     path = write_sparse(
-        tmp_path / "ltx-video-2b.safetensors", [(k, "BF16", tuple(s)) for k, s in rows.items()]
+        tmp_path / "ltx-video-2b.safetensors", [(k, "BF16", tuple(s)) for k, s in rows.items()], meta
     )
     vae = load_vae(path)
     cfg = vae.cfg
@@ -281,8 +288,8 @@ LTX2 = dict(block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1), l
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_ltx2_decodes_like_diffusers_in_chunks_and_tiles(causal, tmp_path):
-    """Told apart from LTX-Video by its encoder's width (diffusers' naming) or by the metadata config
-    (Lightricks' naming, the one way to say `causal_decoder`)."""
+    """LTX-Video 0.9.5's tensors: told apart by the config the release ships -- diffusers' config.json
+    beside its weights, or the metadata of Lightricks' single file."""
     from safetensors.torch import save_file
 
     ref = _reference({**LTX2, "decoder_causal": causal}, cls=diffusers.AutoencoderKLLTX2Video)
@@ -290,12 +297,10 @@ def test_ltx2_decodes_like_diffusers_in_chunks_and_tiles(causal, tmp_path):
         meta = '{"vae": {"decoder_spatial_padding_mode": "reflect", "causal_decoder": true}}'
         sd = {f"vae.{k}": v.contiguous() for k, v in _mine(ref, ltx2=True).state_dict().items()}
         save_file(sd, tmp_path / "ltx-2.safetensors", {"config": meta})
-    else:  # diffusers' naming, the encoder as wide as LTX-2's (only its first convolution)
-        sd = {k: v.contiguous() for k, v in ref.state_dict().items() if not k.startswith("encoder.")}
-        save_file(
-            {**sd, "encoder.conv_in.conv.weight": torch.zeros(256, 48, 3, 3, 3)},
-            tmp_path / "ltx-2.safetensors",
-        )
+    else:  # diffusers' naming and config.json
+        sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+        save_file(sd, tmp_path / "ltx-2.safetensors")
+        ref.save_config(tmp_path)
     mine = load_vae(tmp_path / "ltx-2.safetensors")
     assert mine.cfg.generation == "ltx2" and mine.cfg.pads.reflect and mine.cfg.pads.causal == causal
     assert est.spec_of(mine).kind == "ltx2"
@@ -313,10 +318,11 @@ def test_ltx2_decodes_like_diffusers_in_chunks_and_tiles(causal, tmp_path):
     z = torch.randn(1, 16, 2, 8, 8)
     tiled = decode(mine, z, tiled=True, tile=192, overlap=128) * 2 - 1
     assert psnr(tiled, decode(mine, z) * 2 - 1) >= 35
-    # the same decoder alone, with neither an encoder nor a config, could be LTX-Video 0.9.5's: refused
-    save_file(sd, tmp_path / "decoder_only.safetensors")
-    with pytest.raises(UnsupportedModel, match="without its encoder or a config"):
-        load_vae(tmp_path / "decoder_only.safetensors")
+    # the same tensors without a config could be LTX-Video 0.9.5's: refused, not guessed
+    (tmp_path / "bare").mkdir()
+    save_file(sd, tmp_path / "bare/ltx.safetensors")
+    with pytest.raises(UnsupportedModel, match="without its config"):
+        load_vae(tmp_path / "bare/ltx.safetensors")
 
 
 def test_the_decode_panels_estimate_counts_ltx_frames_and_pixels(tmp_path):
