@@ -1,4 +1,4 @@
-"""The LTX-Video VAE's decoder (Lightricks' 0.9.x releases), built from castable ops under the names of
+"""The LTX-Video VAE's decoder (Lightricks' 0.9.x releases; LTX-2's video VAE, the same network), built from castable ops under the names of
 Lightricks' own single-file release (`ltx-video-2b-v0.9*.safetensors`, VAE keys under `vae.`), so those
 files load as they are; diffusers-named files are renamed onto them (engine.vae.ltx_loading).
 
