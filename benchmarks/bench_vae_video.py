@@ -6,7 +6,7 @@ The decoder has the Wan 2.1 layout (dim_mult 1,2,4,4; 2 res blocks; temporal ups
 deepest levels) with random deterministic weights at base width `--dim` (96 = the real VAE; the default
 16 keeps a CPU run near a minute: activations scale with the width, FLOPs with its square). Threads: 2.
 
-    python benchmarks/bench_vae_video.py [--family wan21|wan22|qwen_image21] [--dim 16] [--size 832x480]
+    python benchmarks/bench_vae_video.py [--family wan21|wan22|qwen_image21|ltxv] [--dim 16] [--size 832x480]
                                          [--latent-frames 2] [--tile 256] [--overlap 32]
                                          [--repeat N] [--long]
 
@@ -40,14 +40,23 @@ def _vae(dim: int, family: str = "wan21"):
     """A Wan 2.1 (or, `family` wan22, a Wan 2.2 48-channel) VAE with deterministic random weights, built
     from diffusers' AutoencoderKLWan's layout. Wan 2.2's decoder is 1.6x its encoder's width (256 / 160
     in the real one) and works on 2x2 patches; `family` qwen_image21: Qwen-Image 2.1's image VAE (Wan 2.2's
-    network with 2-D convolutions, z 64, RGBA; decoder 1.5x its encoder's width: 144 / 96), one frame."""
+    network with 2-D convolutions, z 64, RGBA; decoder 1.5x its encoder's width: 144 / 96), one frame;
+    `family` ltxv: LTX-Video 0.9.5's decoder layout (engine.vae.ltx; widths 8 dim -> dim, the releases'
+    1024 -> 128 at dim 128; 2 residual blocks a level, the releases have 5; 32x, 8x in time)."""
     import torch
-    from diffusers import AutoencoderKLQwenImage21, AutoencoderKLWan
+    from diffusers import AutoencoderKLLTXVideo, AutoencoderKLQwenImage21, AutoencoderKLWan
 
     from engine.vae.loading import _build_wan
 
     with torch.device("meta"):
-        if family == "qwen_image21":
+        if family == "ltxv":
+            ref = AutoencoderKLLTXVideo(
+                block_out_channels=(8,) * 4, layers_per_block=(1,) * 5, decoder_block_out_channels=(2 * dim, 4 * dim, 8 * dim),
+                decoder_layers_per_block=(2,) * 4, decoder_spatio_temporal_scaling=(True,) * 3,
+                decoder_inject_noise=(False,) * 4, upsample_residual=(True,) * 3, upsample_factor=(2,) * 3,
+                timestep_conditioning=True,
+            )  # fmt: skip
+        elif family == "qwen_image21":
             ref = AutoencoderKLQwenImage21(base_dim=dim, decoder_base_dim=dim * 3 // 2)
         elif family == "wan22":
             ref = AutoencoderKLWan(base_dim=dim, decoder_base_dim=dim * 8 // 5, z_dim=48, is_residual=True,
@@ -59,6 +68,13 @@ def _vae(dim: int, family: str = "wan21"):
     for n, p in ref.state_dict().items():
         r = torch.randn(p.shape, generator=g)
         sd[n] = 1 + 0.1 * r if n.endswith("gamma") else r * (0.5 / math.sqrt(math.prod(p.shape[1:])))
+    if family == "ltxv":
+        from engine.vae.loading import _made, strict_load
+        from engine.vae.ltx import Pads
+        from engine.vae.ltx_loading import build
+
+        sd["decoder.timestep_scale_multiplier"] = torch.tensor(1000.0)
+        return build(sd, "bench", strict_load, _made, Pads())  # LTX-Video's padding
     return _build_wan(sd, "bench")
 
 
@@ -121,7 +137,7 @@ def main() -> None:
     from _record import record
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--family", choices=("wan21", "wan22", "qwen_image21"), default="wan21")
+    ap.add_argument("--family", choices=("wan21", "wan22", "qwen_image21", "ltxv"), default="wan21")
     ap.add_argument("--dim", type=int, default=16, help="the encoder's base width (Wan 2.2: decoder 1.6x)")
     ap.add_argument("--size", default="832x480")
     ap.add_argument("--latent-frames", type=int, default=2)

@@ -144,6 +144,22 @@ def choose_tiling(vae, x, direction: str, req, device, dtype, cap: int | None = 
     return choice.choose(job, budget, req.mode, None, req.overlap), budget
 
 
+def _decode_inputs(vae, latent, req):
+    """A timestep-conditioned decoder's inputs (engine.vae.ltx), set for this decode only: its timestep
+    (the request's, else the VAE's default), and the pipelines' noise mixing, seeded, when asked."""
+    if not hasattr(vae, "decode_timestep"):
+        return latent
+    t = getattr(req, "decode_timestep", None)
+    vae.decode_timestep = vae.default_decode_timestep if t is None else t
+    s = getattr(req, "decode_noise_scale", 0.0)
+    if s:  # (1 - s) latent + s noise, as diffusers' LTX pipelines mix before the decode
+        import torch
+
+        g = torch.Generator().manual_seed(getattr(req, "seed", 0))
+        latent = (1 - s) * latent + s * torch.randn(latent.shape, generator=g, dtype=latent.dtype)
+    return latent
+
+
 def _rgb(img, i: int = 0) -> tuple[int, int, bytes]:
     import torch
 
@@ -172,8 +188,9 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     if latent.dim() == 5 and not video:
         raise FormatError(
             f"{os.path.basename(req.latent)} is a video latent {tuple(latent.shape)}: decode it with a video VAE "
-            f"(Wan 2.1 / 2.2, Qwen-Image); {os.path.basename(req.vae)} decodes images"
+            f"(Wan 2.1 / 2.2, Qwen-Image, LTX-Video); {os.path.basename(req.vae)} decodes images"
         )
+    latent = _decode_inputs(vae, latent, req)
     f = vae.downscale
     frame_px = latent.shape[0] * latent.shape[-2] * latent.shape[-1] * f * f
     device, dtype = _place(parts, comp, "decode", frame_px * (4 if video else 1), token, report)
@@ -219,6 +236,8 @@ FPS = {"wan21": 16.0, "wan22": 24.0}
 
 
 def video_fps(vae) -> float:
+    if getattr(vae, "fps", None):  # a VAE that says its family's rate (engine.vae.ltx)
+        return vae.fps
     return FPS["wan22" if getattr(vae.cfg, "residual", False) else "wan21"]
 
 

@@ -201,6 +201,12 @@ class Decode:
     overlap: int = 64
     tile_frames: int | None = None  # video: latent frames per temporal chunk (None: as the budget allows)
     overlap_frames: int = 0  # video: warm-up latent frames when a chunk restarts without its cache
+    # A timestep-conditioned video decoder's inputs (LTX-Video 0.9.1+, engine.vae.ltx): the timestep it
+    # decodes at (None: the pipelines' 0.05), and the share of seeded noise mixed into the latent first
+    # (the pipelines' decode_noise_scale; 0: the latent decodes as it is)
+    decode_timestep: float | None = None
+    decode_noise_scale: float = 0.0
+    seed: int = 0
 
 
 @dataclass(frozen=True)

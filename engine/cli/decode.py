@@ -19,7 +19,8 @@ DESCRIPTION = (
     "tiled (whole-image GroupNorm statistics, so no seams) when not. A batch writes NAME_0.png, NAME_1.png, ... "
     "A 5-D video latent (Wan 2.1 / 2.2 VAE) decodes in temporal chunks that carry the causal cache and "
     "writes --out clip.mp4 (H.264), clip.webp (animated), or DIR/ (000000.png, 000001.png, ...); "
-    "T latent frames give 1 + 4 (T - 1) frames."
+    "T latent frames give 1 + 4 (T - 1) frames. LTX-Video's VAE (1 + 8 (T - 1) frames, 32x) decodes each chunk "
+    "with context frames on both sides, its decoder not being causal."
 )
 
 
@@ -35,6 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fps", type=float, metavar="N", help="video frame rate (default: the family's, 16 or 24)"
     )
+    parser.add_argument(
+        "--decode-timestep", type=float, metavar="T",
+        help="LTX-Video 0.9.1+: the timestep its decoder is conditioned on (default 0.05, the pipelines')",
+    )  # fmt: skip
+    parser.add_argument(
+        "--decode-noise-scale", type=float, default=0.0, metavar="S",
+        help="LTX-Video: mix S of seeded noise into the latent first, as its pipelines do (default 0: none)",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="the noise's seed (--decode-noise-scale)")
     add_tile_arguments(parser, no_tile=True)
     add_device_arguments(parser)
 
@@ -54,7 +64,12 @@ def run(args: argparse.Namespace) -> int:
         raise EngineError(f"{args.latent} is an image latent {list(shape)}: write a .png or a folder/")
     engine, _ = engine_for(args)
     try:
-        res = engine.run(Decode(args.vae, args.latent, **tiling(args)), report=StderrProgress(args.quiet))
+        extra = dict(
+            decode_timestep=args.decode_timestep, decode_noise_scale=args.decode_noise_scale, seed=args.seed
+        )
+        res = engine.run(
+            Decode(args.vae, args.latent, **tiling(args), **extra), report=StderrProgress(args.quiet)
+        )
         fps = args.fps or res.fps or 16.0
         if res.frames:
             paths = write_clip(args.out, res.frames, res.width, res.height, fps)

@@ -70,6 +70,21 @@ K_VIT_TOKEN = 16.0
 VIT_CHUNK = 5  # MiniMax-H3: latent frames a chunk advances by (engine.vae.minimax_h3)
 VIT_CHUNK_FRAMES = 7  # and the latent frames it reads: 2 more
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
+# LTX-Video (engine.vae.ltx, kind "ltxv"): `ch` is the last level's width per output pixel (128 / 4x4 = 8
+# for the releases), time_factor 8, 32x. Its blocks run whole chunks (no rolling buffer), nothing is
+# carried between chunks, and each chunk decodes with `time_context` latent frames of context a side
+# (VaeSpec.time_context). Measured on the CPU (float32, 2 threads, fresh processes, peak RSS less the
+# loaded process and the result; a reduced 0.9.5-layout decoder, widths 128 -> 16 -- the releases' 8:1 --
+# 2 blocks a level, whole clips of 2 and 3 latent frames at 256^2 and 384^2): 6.6-8.3 per counted output
+# frame (time_factor per latent frame) and per unit of ch, nothing measurable per chunk; carried ~25 % over.
+LTX_K_FRAME, LTX_K_CHUNK = 10.5, 4.0
+# LTX-2's video VAE ("ltx2") is the same decoder, its borders mirrored: the same figures.
+for _k in ("ltxv", "ltx2"):
+    K_VIDEO_ENCODE[_k] = 0.0  # no encoder
+    K_VIDEO_FRAME[_k] = LTX_K_FRAME
+    K_VIDEO_CHUNK[_k] = LTX_K_CHUNK
+    K_VIDEO_CACHE[_k] = 0.0
+VIDEO_KINDS += ("ltxv", "ltx2")
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -86,6 +101,7 @@ class VaeSpec:
     mid: int = 512  # a video VAE's middle-block width (its head output waits for every tile)
     time_factor: int = 1  # output frames per latent frame after the first (4 for Wan)
     downscale: int = 8
+    time_context: int = 0  # latent frames of context a chunk decodes with on each side (LTX-Video)
 
     @property
     def video(self) -> bool:
@@ -115,6 +131,11 @@ class VaeSpec:
         return K_STORE[("kl", direction)] * self.ch if self.kind == "kl" else 0.0
 
     def context_px(self, direction: str) -> int:
+        if self.kind in (
+            "ltxv",
+            "ltx2",
+        ):  # long reach at 32x: 2 latent pixels a side (tests/engine/test_vae_ltx)
+            return 64
         if self.video:  # 32 px gives > 50 dB tiled-vs-full on random-weight Wan 2.1 / 2.2 decoders
             return 32 if direction == "decode" else 64
         return CONTEXT_PX[(self.kind, direction)]
@@ -146,7 +167,10 @@ def video_bytes(
     if spec.kind in VIT_KINDS:
         return vit_video_bytes(spec, frame_pixels, latent_frames, esize, tile_area, result_in_ram)
     latent_px = frame_pixels // (spec.downscale**2)
-    head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * tile_frames * latent_px * esize
+    head_frames = tile_frames
+    if spec.time_context:  # the head runs whole, a chunk with its context frames (engine.vae.video)
+        tile_frames, head_frames = min(latent_frames, tile_frames + 2 * spec.time_context), latent_frames
+    head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * head_frames * latent_px * esize
     area = frame_pixels if tile_px is None else min(frame_pixels, tile_area or tile_px * tile_px)
     chunk = video_chunk_bytes(spec, area, tile_frames, esize)
     if tile_frames < latent_frames:
@@ -212,6 +236,11 @@ def spec_of(vae) -> VaeSpec:
     """The estimate's view of a loaded model."""
     if hasattr(vae, "vae_spec"):  # a VAE that describes itself (engine.vae.minimax_h3)
         return vae.vae_spec()
+    if getattr(vae, "video", False) and hasattr(vae, "time_context"):  # LTX-Video (engine.vae.ltx)
+        cfg = vae.cfg
+        wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
+        return VaeSpec(cfg.generation, cfg.z, wbytes, max(1, cfg.last_width // cfg.patch**2), cfg.width, cfg.time_factor,
+                       cfg.downscale, vae.time_context)  # fmt: skip
     if getattr(vae, "video", False):
         cfg = vae.cfg
         wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
@@ -276,6 +305,12 @@ VIDEO_SPECS = {
     # z 24, 16x, 4 frames a latent frame; its release is float32
     "minimax_h3": VaeSpec("minimax_h3", 24, 9_720_000_000, 2048, 2048, 4, 16),
 }
+# LTX-Video 0.9.5+'s decoder (diffusers' config for Lightricks/LTX-Video-0.9.5: decoder widths 1024 -> 128,
+# z 128, 32x, 8x in time): ~ 0.43 G parameters in bf16 with its encoder; reach from LTXConfig.reach()
+VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 12)
+# LTX-2's (diffusers AutoencoderKLLTX2Video defaults: the same decoder, non-causal per its metadata config):
+# the decoder's figures; its own weight bytes come from the file's header where known
+VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 12)
 
 
 def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:
@@ -284,13 +319,15 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
     spec = VIDEO_SPECS[kind]
     ch, mid = widths if widths is not None else (spec.ch, spec.mid)
     wb = spec.weight_bytes if weight_bytes is None else weight_bytes
-    return VaeSpec(spec.kind, spec.latent_channels, wb, ch, mid, spec.time_factor, spec.downscale)
+    return VaeSpec(spec.kind, spec.latent_channels, wb, ch, mid, spec.time_factor, spec.downscale,
+                   spec.time_context)  # fmt: skip
 
 
 # The decoder's last convolution (its input: the last level's width) and first one (its output: the
 # middle block's width), in the original naming and diffusers'
-_VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight")
-_VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight")
+# (LTX-Video's convolutions wrap a `conv`: the last key of each)
+_VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight", "decoder.conv_out.conv.weight")
+_VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight", "decoder.conv_in.conv.weight")
 
 
 def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | None:
@@ -315,7 +352,7 @@ def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | No
     head, first = shape(_VIDEO_HEAD_KEYS), shape(_VIDEO_MID_KEYS)
     if head is None or first is None:
         return None
-    patch = 2 if kind == "wan22" else 1  # Wan 2.2 works on 2x2 patches
+    patch = {"wan22": 2, "ltxv": 4, "ltx2": 4}.get(kind, 1)  # Wan 2.2 works on 2x2 patches, LTX-Video on 4x4
     return max(1, head[1] // (patch * patch)), first[0]
 
 

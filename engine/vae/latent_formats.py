@@ -114,6 +114,11 @@ LATENT_FORMATS: dict[str, LatentFormat] = {
     "wan22": LatentFormat("wan22", 48, 1.0, 0.0, 16, WAN22_MEAN, WAN22_STD, 4),
     "qwen_image21": LatentFormat("qwen_image21", 64, 1.0, 0.0, 16, QWEN21_MEAN, QWEN21_STD, 1),
 }
+# LTX-Video: 128 channels, 32x, 8x in time; its per-channel mean / std are in each file
+# (`per_channel_statistics.mean-of-means` / `std-of-means`, diffusers `latents_mean` / `latents_std`; the
+# loaded VAE's `latent_stats`), not one published table, and its scaling_factor is 1.0
+LATENT_FORMATS["ltxv"] = LatentFormat("ltxv", 128, 1.0, 0.0, 32, (), (), 8)
+LATENT_FORMATS["ltx2"] = LatentFormat("ltx2", 128, 1.0, 0.0, 32, (), (), 8)  # LTX-2's video VAE, alike
 
 # The architecture a VAE most likely belongs to, from its latent channels alone (4-channel VAEs of SD1
 # and SDXL have identical layouts; the caller may know better from the checkpoint).

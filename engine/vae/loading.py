@@ -1,6 +1,7 @@
 """Load a VAE from a file: an SD checkpoint (`first_stage_model.` prefix), an all-in-one file (`vae.`),
 a standalone VAE in LDM or diffusers naming, a Wan-family video VAE (Wan 2.1 / 2.2, Qwen-Image; original
-or diffusers naming), or a TAESD-family encoder/decoder (.pth or .safetensors).
+or diffusers naming), LTX-Video's or LTX-2's video VAE (its decoder: engine.vae.ltx_loading), or a
+TAESD-family encoder/decoder (.pth or .safetensors).
 
 Loading is strict: every tensor of the VAE component is used, none is missing, every shape matches —
 anything else is a FormatError naming the keys, never a silently half-initialised model. Weights stay
@@ -18,7 +19,7 @@ from torch import nn
 
 from ..detect.parts import not_kl_decoder
 from ..errors import FormatError, UnsupportedModel
-from . import minimax_h3, wan_loading
+from . import ltx_loading, minimax_h3, wan_loading
 from .autoencoder_kl import AutoencoderKL, KLConfig
 from .taesd import TAESD
 from .wan import WanVAE
@@ -259,6 +260,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     sibling half is loaded too when present (`pair`), so one path gives both directions."""
     p = os.fspath(path)
     sd = vae_component(read_state_dict(p, header))
+    if ltx_loading.is_ltx_vae(sd):  # LTX-Video (its GGUF files, if any, dequantized whole)
+        return ltx_loading.build(_dequantize_all(sd), p, strict_load, _made)
     quantized = {k: v for k, v in sd.items() if isinstance(v, QuantizedTensor)}
     if minimax_h3.is_minimax_h3(sd):
         return _build_minimax_h3(_dequantize_all(sd) if quantized else sd, p)
@@ -283,7 +286,7 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     if foreign is not None:
         raise UnsupportedModel(
             f"{p}: {foreign[1]} ({foreign[0]}): not an AutoencoderKL. Loadout decodes the SD, SD3, FLUX and "
-            "Wan-family VAEs and TAESD, not this one yet",
+            "Wan-family and LTX video VAEs and TAESD, not this one yet",
             path=p,
         )
     latent_norm = {k: sd.pop(k) for k in [k for k in sd if k.startswith("bn.")]}

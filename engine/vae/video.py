@@ -15,6 +15,11 @@ in pinned host RAM where the budget is tight: `Snapshots`) with half the frames
 remaining work is split into four smaller tiles, which restart at that
 chunk without a cache, warmed up on `overlap_frames` earlier latent frames whose output is discarded
 (exact when the warm-up reaches the clip's start); below the smallest tile the rest runs on the CPU.
+
+A decoder that is not causal (LTX-Video: its convolutions see the next frames) says so with `time_context`:
+its head then runs over the whole clip at once, and each chunk of every tile decodes as a clip of its own
+with that many latent frames of context on each side, their output dropped (`_widened`); exact where the
+context covers the up path's reach. The Wan VAEs have none and run as above.
 """
 
 from __future__ import annotations
@@ -145,7 +150,9 @@ def decode_video(
         blend = 0
     stream = Stream()
     parts = []
-    for a, c in chunks:
+    # a decoder that is not causal (time_context) runs its head -- latent resolution, cheap -- over the whole
+    # clip at once: exact, whatever its reach; its tiles' chunks then need only the up path's context
+    for a, c in [(0, t)] if getattr(vae, "time_context", 0) else chunks:
         if token is not None:
             token.raise_if_cancelled()
         # the head runs before any tile is done: say so, rather than leave the last stage's bar standing
@@ -209,7 +216,9 @@ def _tile(ctx: _Ctx, tile: Tile, hw, chunks, start: int, index: int, count: int,
         ctx.wsum[:, :, ry0:ry1, rx0:rx1] += wy[:, None] * wx[None, :]
     stream = Stream()
     fa = 1 if warm_from is not None else None  # output frames at once in the full-resolution levels
-    if warm_from is not None:  # one latent frame at a time: the restart is after an out-of-memory
+    # one latent frame at a time: the restart is after an out-of-memory (not for a VAE with time_context,
+    # whose chunks each decode as a clip of their own)
+    if warm_from is not None and not getattr(ctx.vae, "time_context", 0):
         for a in range(warm_from, chunks[start][0]):
             _run_chunk(ctx, tile, (a, a + 1), stream, None, fa)
     j, snap, again = start, None, False
@@ -307,8 +316,14 @@ def _run_chunk(
     """Latent frames [a, c) of one tile through the up path; `region` None: a warm-up (output dropped)."""
     a, c = span
     py0, py1, px0, px1 = tile.pad
-    x = ctx.head[:, :, a:c, py0:py1, px0:px1].to(device=ctx.device, dtype=ctx.dtype)
-    y = ctx.vae.decode_up(x, stream, frames_at_once)
+    a0, c0 = _widened(ctx.vae, a, c, ctx.head.shape[2])
+    x = ctx.head[:, :, a0:c0, py0:py1, px0:px1].to(device=ctx.device, dtype=ctx.dtype)
+    if (a0, c0) != (a, c):  # a clip of its own: its frame l is the clip's frame l + tf * a0
+        y = ctx.vae.decode_up(x, Stream(), frames_at_once)
+        fa, fb = frame_span(a, c, ctx.tf)
+        y = y[:, :, fa - ctx.tf * a0 : fb - ctx.tf * a0]
+    else:
+        y = ctx.vae.decode_up(x, stream, frames_at_once)
     del x
     if region is None:
         return
@@ -326,6 +341,14 @@ def _run_chunk(
     del part
     if ctx.device.type == "cpu":
         trim_heap()
+
+
+def _widened(vae, a: int, c: int, t: int) -> tuple[int, int]:
+    """Latent frames [a, c) with the VAE's `time_context` frames on each side (within the clip): a decoder
+    that is not causal (engine.vae.ltx) decodes each chunk as a clip of its own, exact where the context
+    covers its temporal reach. 0 (the Wan VAEs, causal): the chunk alone, its history in the Stream."""
+    n = getattr(vae, "time_context", 0)
+    return (max(0, a - n), min(t, c + n)) if n and (a > 0 or c < t) else (a, c)
 
 
 def _note(ctx: _Ctx, text: str) -> None:
