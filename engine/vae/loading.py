@@ -1,6 +1,7 @@
 """Load a VAE from a file: an SD checkpoint (`first_stage_model.` prefix), an all-in-one file (`vae.`),
 a standalone VAE in LDM or diffusers naming, a Wan-family video VAE (Wan 2.1 / 2.2, Qwen-Image; original
-or diffusers naming), or a TAESD-family encoder/decoder (.pth or .safetensors).
+or diffusers naming), the Mochi 1 VAE's decoder (engine.vae.mochi), or a TAESD-family encoder/decoder
+(.pth or .safetensors).
 
 Loading is strict: every tensor of the VAE component is used, none is missing, every shape matches —
 anything else is a FormatError naming the keys, never a silently half-initialised model. Weights stay
@@ -18,7 +19,7 @@ from torch import nn
 
 from ..detect.parts import not_kl_decoder
 from ..errors import FormatError, UnsupportedModel
-from . import wan_loading
+from . import mochi, wan_loading
 from .autoencoder_kl import AutoencoderKL, KLConfig
 from .taesd import TAESD
 from .wan import WanVAE
@@ -261,7 +262,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     sd = vae_component(read_state_dict(p, header))
     quantized = {k: v for k, v in sd.items() if isinstance(v, QuantizedTensor)}
     if quantized:
-        if _taesd_part(sd) is not None or is_diffusers(sd) or any(k.startswith("bn.") for k in quantized):
+        if (_taesd_part(sd) is not None or is_diffusers(sd) or mochi.is_mochi_vae(sd)
+                or any(k.startswith("bn.") for k in quantized)):  # fmt: skip
             sd, quantized = _dequantize_all(sd), {}
         else:  # the model is built with placeholders of the logical shapes, then given the blocks
             sd = {k: torch.empty(v.shape, device="meta") if k in quantized else v for k, v in sd.items()}
@@ -273,6 +275,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
                 for which, part in (_taesd_part(read_state_dict(sib)) or {}).items():
                     taesd.setdefault(which, part)
         return _build_taesd(taesd, p)
+    if mochi.is_mochi_vae(sd):
+        return mochi.build(sd, p)
     if wan_loading.is_wan_vae(sd):
         model = _build_wan(sd, p)
         _hold_quantized(model, quantized)
