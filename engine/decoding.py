@@ -216,9 +216,13 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
 # Frame rates the families generate at: Wan 2.1 (and 2.2 A14B, on the 2.1 VAE) 16 fps, Wan 2.2 TI2V-5B
 # (the 48-channel VAE) 24 fps (Wan2.2 configs: sample_fps).
 FPS = {"wan21": 16.0, "wan22": 24.0}
+FPS["mochi"] = 30.0  # Mochi 1 (genmoai/mochi's and diffusers' MochiPipeline examples save at 30 fps)
 
 
 def video_fps(vae) -> float:
+    own = getattr(vae, "spec_kind", None)
+    if own in FPS:
+        return FPS[own]
     return FPS["wan22" if getattr(vae.cfg, "residual", False) else "wan21"]
 
 

@@ -376,6 +376,7 @@ def _sample_step(
 
 
 VIDEO_VAES = ("wan21", "wan22", "qwen_image21")  # the Wan-network VAEs (Qwen-Image 2.1's: one frame)
+VIDEO_VAES += ("mochi",)
 
 
 def _video_decode_step(pf, size, budget: int, device: str, architecture, path: str, prefix: str) -> dict:

@@ -58,8 +58,21 @@ K_VIDEO_CHUNK = {"wan21": 4.0, "wan22": 8.0, "qwen_image21": 8.0}
 # snapshot: twice that when the snapshot stays on the device, once when it waits in host RAM
 # (engine.vae.choice.snapshot_for decides).
 K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0, "qwen_image21": 0.0}  # one frame: nothing is carried
+# Mochi (engine.vae.mochi; its convolutions take a chunk whole, GroupNorm + SiLU a tensor of their own):
+# `bench_vae_video.py --child` with family mochi, dim 32 (widths 32/64/128/192, the release's blocks), 832x480,
+# whole frames, one chunk, CPU float32, 2 threads, fresh processes: peak RSS above the process 472 MB at 1
+# latent frame (1 output frame), 2056 MB at 2 (7 frames) -- 5.2 units of ch per output frame, ~4 once;
+# carried ~25 % over. The cache is counted, not measured: 2 frames per causal convolution, summed over the
+# blocks at their widths and resolutions (12 + 6 + 4 + 2.25 units), ~25 % over. The encoder is not run.
+K_VIDEO_FRAME["mochi"], K_VIDEO_CHUNK["mochi"], K_VIDEO_CACHE["mochi"], K_VIDEO_ENCODE["mochi"] = (
+    6.5,
+    5.0,
+    30.0,
+    0.0,
+)
 K_VIDEO_HEAD = 8.0
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21")
+VIDEO_KINDS += ("mochi",)
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -143,6 +156,8 @@ def spec_of(vae) -> VaeSpec:
     if getattr(vae, "video", False):
         cfg = vae.cfg
         wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
+        if hasattr(vae, "spec_widths"):  # a video VAE that is no Wan network names its kind and widths
+            return VaeSpec(vae.spec_kind, cfg.z, wbytes, *vae.spec_widths, vae.time_factor, vae.downscale)
         kind = "qwen_image21" if cfg.frame else "wan22" if cfg.residual else "wan21"
         return VaeSpec(kind, cfg.z, wbytes, cfg.dec_dims[-1] // cfg.patch**2, cfg.dec_dims[0], cfg.time_factor,
                        cfg.downscale)  # fmt: skip
@@ -201,6 +216,8 @@ VIDEO_SPECS = {
     # diffusers AutoencoderKLQwenImage21's defaults: z 64, decoder 144 x [8, 8, 4, 2, 1], 16x, one frame
     "qwen_image21": VaeSpec("qwen_image21", 64, 675_480_808, 144, 1152, 1, 16),  # 338 M parameters in fp16
 }
+# Mochi 1 (engine.vae.mochi; diffusers AutoencoderKLMochi's defaults): decoder widths 768 .. 128, z 12, 6x time
+VIDEO_SPECS["mochi"] = VaeSpec("mochi", 12, 725_053_190, 128, 768, 6, 8)  # the decoder's 362.5 M in bf16
 
 
 def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:
@@ -216,6 +233,9 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
 # middle block's width), in the original naming and diffusers'
 _VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight")
 _VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight")
+# Mochi's: the output Linear (2-D) and the 1x1x1 input conv (the release's `blocks.0.0`; diffusers' conv_in)
+_VIDEO_HEAD_KEYS += ("decoder.output_proj.weight", "decoder.proj_out.weight")
+_VIDEO_MID_KEYS += ("decoder.blocks.0.0.weight",)
 
 
 def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | None:
@@ -229,12 +249,12 @@ def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | No
     except Exception:  # noqa: BLE001 -- an unreadable header: the published widths stand
         return None
 
-    def shape(keys):
+    def shape(keys, dims):
         info = next((tensors[prefix + k] for k in keys if prefix + k in tensors), None)
         return tuple(info.shape) if info is not None and len(info.shape) == dims else None
 
     dims = 4 if kind == "qwen_image21" else 5  # its convolutions are 2-D
-    head, first = shape(_VIDEO_HEAD_KEYS), shape(_VIDEO_MID_KEYS)
+    head, first = shape(_VIDEO_HEAD_KEYS, 2 if kind == "mochi" else dims), shape(_VIDEO_MID_KEYS, dims)
     if head is None or first is None:
         return None
     patch = 2 if kind == "wan22" else 1  # Wan 2.2 works on 2x2 patches

@@ -152,6 +152,13 @@ class MochiVAE(nn.Module):
         self.cfg = cfg
         self.decoder = Decoder(cfg)
 
+    spec_kind = "mochi"  # engine.vae.estimate's kind
+
+    @property
+    def spec_widths(self) -> tuple[int, int]:
+        """(ch, mid) for the memory estimate: the last block's width, the first block's."""
+        return self.cfg.widths[-1], self.cfg.widths[0]
+
     @property
     def latent_channels(self) -> int:
         return self.cfg.z
