@@ -58,15 +58,15 @@ K_VIDEO_CHUNK = {"wan21": 4.0, "wan22": 8.0, "qwen_image21": 8.0}
 # snapshot: twice that when the snapshot stays on the device, once when it waits in host RAM
 # (engine.vae.choice.snapshot_for decides).
 K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0, "qwen_image21": 0.0}  # one frame: nothing is carried
-# Mochi (engine.vae.mochi; its convolutions take a chunk whole, GroupNorm + SiLU a tensor of their own):
-# `bench_vae_video.py --child` with family mochi, dim 32 (widths 32/64/128/192, the release's blocks), 832x480,
-# whole frames, one chunk, CPU float32, 2 threads, fresh processes: peak RSS above the process 472 MB at 1
-# latent frame (1 output frame), 2056 MB at 2 (7 frames) -- 5.2 units of ch per output frame, ~4 once;
-# carried ~25 % over. The cache is counted, not measured: 2 frames per causal convolution, summed over the
-# blocks at their widths and resolutions (12 + 6 + 4 + 2.25 units), ~25 % over. The encoder is not run.
+# Mochi (engine.vae.mochi; per-frame GroupNorm + SiLU into a tensor of its own, then convolutions a frame at a
+# time over it, in place): `bench_vae_video.py --child` with family mochi, dim 32 (widths 32/64/128/192, the
+# release's blocks), 832x480, whole frames, one chunk, CPU float32, 2 threads, fresh processes: peak RSS above
+# the process 430 MB at 1 latent frame (1 output frame), 1529 MB at 2 (7 frames) -- 3.6 units of ch per output
+# frame, ~4.8 once; carried ~25 % over. The cache is counted, not measured: 2 frames per causal convolution,
+# summed over the blocks at their widths and resolutions (12 + 6 + 4 + 2.25 units), ~25 % over. No encoder.
 K_VIDEO_FRAME["mochi"], K_VIDEO_CHUNK["mochi"], K_VIDEO_CACHE["mochi"], K_VIDEO_ENCODE["mochi"] = (
-    6.5,
-    5.0,
+    4.5,
+    6.0,
     30.0,
     0.0,
 )

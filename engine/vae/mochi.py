@@ -43,6 +43,7 @@ GROUPS = 32  # the release's GroupNorm groups (norm_fn: num_groups=32)
 SPACE = 2  # spatial expansion of every up block (the release's spatial_expansions (2, 2, 2))
 RELEASE_TIME = (3, 2, 1)  # temporal expansion per up block, first to last (the release's config)
 DROPS = ("levels", "end")
+SLICE_FRAMES = 1  # input frames per convolution call in the residual blocks (CausalConv3d.sliced)
 
 
 @dataclass(frozen=True)
@@ -83,17 +84,21 @@ class ResBlock(nn.Module):
 
     def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
         s = self.stack
-        h = s[2].step(_norm_silu(s[0], x), stream)
-        h = s[5].step(_norm_silu(s[3], h), stream)
+        # Each convolution a frame at a time over its own (fresh) input, its output written over the
+        # frames it has read (CausalConv3d.sliced, inplace): x, h and one frame's buffers at most
+        h = s[2].sliced(_norm_silu(s[0], x), stream, frames=SLICE_FRAMES, inplace=True)
+        h = s[5].sliced(_norm_silu(s[3], h), stream, frames=SLICE_FRAMES, inplace=True)
         h += x
         return h
 
 
 def _norm_silu(norm: ops.GroupNorm, x: torch.Tensor) -> torch.Tensor:
-    """SiLU of the GroupNorm of every frame on its own."""
-    b, c, t, h, w = x.shape
-    y = norm(x.transpose(1, 2).reshape(b * t, c, h, w))
-    return F.silu(y, inplace=True).reshape(b, t, c, h, w).transpose(1, 2)
+    """SiLU of the GroupNorm of every frame on its own, frame by frame into one output (the whole chunk's
+    reshaped copy and its normalised copy were two tensors of x's size at once)."""
+    out = torch.empty_like(x)
+    for i in range(x.shape[2]):
+        out[:, :, i] = F.silu(norm(x[:, :, i]), inplace=True)
+    return out
 
 
 def _linear(proj: ops.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -144,6 +149,7 @@ class MochiVAE(nn.Module):
     kind = "vae"
     video = True
     image_range = (-1.0, 1.0)
+    spec_kind = "mochi"  # engine.vae.estimate's kind
 
     def __init__(self, cfg: MochiConfig):
         super().__init__()
@@ -151,8 +157,6 @@ class MochiVAE(nn.Module):
             raise ValueError(f"drop {cfg.drop!r}: one of {DROPS}")
         self.cfg = cfg
         self.decoder = Decoder(cfg)
-
-    spec_kind = "mochi"  # engine.vae.estimate's kind
 
     @property
     def spec_widths(self) -> tuple[int, int]:
@@ -190,7 +194,7 @@ class MochiVAE(nn.Module):
             x = m.step(x, stream, levels)
         for m in blocks[-1]._modules.values():
             x = m.step(x, stream)
-        x = _linear(self.decoder.output_proj, F.silu(x))
+        x = _linear(self.decoder.output_proj, F.silu(x, inplace=True))  # x: the last block's fresh sum
         cut = self.time_factor - 1
         if not levels and cut and id(self) not in stream.started:
             stream.started.add(id(self))  # diffusers' drop: the clip's first output frames, once
