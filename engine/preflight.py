@@ -11,7 +11,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
 def _vae_facts(path: str) -> tuple[str, int | None, tuple[int, int] | None]:
-    """('taesd' | 'kl' | 'wan21' | 'wan22' | 'qwen_image21', weight bytes or None, a video VAE's widths or
+    """('taesd' | 'kl' | a video kind (estimate.VIDEO_KINDS), weight bytes or None, a video VAE's widths or
     None) as the VAE's header says; an unreadable VAE counts as a full KL VAE of the usual size (the
     estimate's defaults)."""
     from .detect import detect_file
@@ -51,13 +51,15 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
     kw = dict(kind=kind, latent_channels=channels, batch=batch, weight_bytes=weights)
     frames = 0
     if direction == "decode":
-        f = 16 if kind in ("wan22", "qwen_image21") else 8
+        from .vae.estimate import VIDEO_KINDS, VIDEO_SPECS
+
+        f = VIDEO_SPECS[kind].downscale if kind in VIDEO_KINDS else 8
         width, height = w * f, h * f
-        if kind in ("wan21", "wan22", "qwen_image21"):
+        if kind in VIDEO_KINDS:
             t = shape[2] if len(shape) == 5 else 1
             kw["latent_frames"] = t
             kw["widths"] = widths
-            frames = 1 + 4 * (t - 1) if len(shape) == 5 else 0
+            frames = 1 + VIDEO_SPECS[kind].time_factor * (t - 1) if len(shape) == 5 else 0
     full = fn(width, height, **kw)
     if "latent_frames" in kw:  # a video tile computes its whole box: as the run plans it
         from .vae.choice import largest_box_px

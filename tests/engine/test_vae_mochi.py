@@ -204,6 +204,14 @@ def test_the_release_layout_loads_from_a_header_faithful_file(naming, tmp_path):
         and spec.weight_bytes == est.VIDEO_SPECS["mochi"].weight_bytes
     )
     assert est.video_widths(str(path), "mochi") == (128, 768)
+    from engine.formats.latent import write_latent
+    from engine.preflight import estimate as preflight
+    from engine.requests import EstimateDecode
+
+    write_latent(tmp_path / "clip.latent", torch.zeros(1, 12, 5, 60, 106))
+    got = preflight(EstimateDecode(str(path), str(tmp_path / "clip.latent")))
+    assert (got.width, got.height, got.frames) == (848, 480, 25)  # 6T - 5
+    assert got.tiled_bytes < got.full_bytes
 
 
 def test_the_cli_decodes_a_clip_into_png_frames(ref, tmp_path, capsys):
