@@ -180,7 +180,7 @@ def test_a_missing_or_misshapen_key_is_named(ref, tmp_path):
 
 
 @pytest.mark.parametrize("naming", ["release", "diffusers"])
-def test_the_release_layout_loads_from_a_header_faithful_file(naming, tmp_path):
+def test_the_release_layout_loads_from_a_header_faithful_file(naming, tmp_path, capsys):
     """The published VAE's layout (diffusers' defaults: widths 128/256/512/768, residual blocks 3/6/4/3/3,
     projections to 512 x 3 x 4, 256 x 2 x 4, 128 x 1 x 4 channels) as a sparse bf16 file: the config, the
     estimate's widths and kind read from it."""
@@ -212,6 +212,18 @@ def test_the_release_layout_loads_from_a_header_faithful_file(naming, tmp_path):
     got = preflight(EstimateDecode(str(path), str(tmp_path / "clip.latent")))
     assert (got.width, got.height, got.frames) == (848, 480, 25)  # 6T - 5
     assert got.tiled_bytes < got.full_bytes
+    # `loadout plan` of the pipeline's default clip (848x480, 163 frames = 6 x 28 - 5) on a 6 GiB card
+    import json
+
+    from engine.cli import main
+
+    capsys.readouterr()
+    assert main(["plan", "--model", str(path), "--decode", "848x480x163", "--vram", "6", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    (step,) = plan["steps"]
+    d = step["detail"]
+    assert step["step"] == "decode" and d["frames"] == 163 and d["latent_frames"] == 28
+    assert step["mode"] == "tiled" and step["peak_bytes"] <= plan["budget_bytes"]
 
 
 def test_the_cli_decodes_a_clip_into_png_frames(ref, tmp_path, capsys):
