@@ -172,7 +172,7 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     if latent.dim() == 5 and not video:
         raise FormatError(
             f"{os.path.basename(req.latent)} is a video latent {tuple(latent.shape)}: decode it with a video VAE "
-            f"(Wan 2.1 / 2.2, Qwen-Image); {os.path.basename(req.vae)} decodes images"
+            f"(Wan 2.1 / 2.2, Qwen-Image, Mochi); {os.path.basename(req.vae)} decodes images"
         )
     f = vae.downscale
     frame_px = latent.shape[0] * latent.shape[-2] * latent.shape[-1] * f * f

@@ -389,7 +389,7 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
 
     if architecture not in VIDEO_VAES:
         raise UnsupportedModel(
-            "a video decode (WxHxF) needs a video VAE (Wan 2.1 / 2.2, Qwen-Image); this file's VAE decodes images"
+            "a video decode (WxHxF) needs a video VAE (Wan 2.1 / 2.2, Qwen-Image, Mochi); this file's VAE decodes images"
         )
     p, f = pf
     w, h, frames = size if len(size) == 3 else (*size, 1)
