@@ -6,7 +6,7 @@ The decoder has the Wan 2.1 layout (dim_mult 1,2,4,4; 2 res blocks; temporal ups
 deepest levels) with random deterministic weights at base width `--dim` (96 = the real VAE; the default
 16 keeps a CPU run near a minute: activations scale with the width, FLOPs with its square). Threads: 2.
 
-    python benchmarks/bench_vae_video.py [--family wan21|wan22|qwen_image21|ltxv] [--dim 16] [--size 832x480]
+    python benchmarks/bench_vae_video.py [--family wan21|wan22|qwen_image21|mochi|ltxv] [--dim 16] [--size 832x480]
                                          [--latent-frames 2] [--tile 256] [--overlap 32]
                                          [--repeat N] [--long]
 
@@ -48,6 +48,8 @@ def _vae(dim: int, family: str = "wan21"):
 
     from engine.vae.loading import _build_wan
 
+    if family == "mochi":
+        return _mochi(dim)
     with torch.device("meta"):
         if family == "ltxv":
             ref = AutoencoderKLLTXVideo(
@@ -76,6 +78,29 @@ def _vae(dim: int, family: str = "wan21"):
         sd["decoder.timestep_scale_multiplier"] = torch.tensor(1000.0)
         return build(sd, "bench", strict_load, _made, Pads())  # LTX-Video's padding
     return _build_wan(sd, "bench")
+
+
+def _mochi(dim: int):
+    """Mochi 1's decoder (engine.vae.mochi) at widths dim x (1, 2, 4, 6) (the release: 128 x that; dim a
+    multiple of 32 for the GroupNorms), the release's residual blocks per block (3, 3, 4, 6, 3) and time
+    x3, x2, x1, random deterministic weights."""
+    import torch
+    from diffusers import AutoencoderKLMochi
+
+    from engine.vae.mochi import build
+
+    with torch.device("meta"):
+        ref = AutoencoderKLMochi(decoder_block_out_channels=tuple(dim * m for m in (1, 2, 4, 6)),
+                                 encoder_block_out_channels=(32,) * 4, add_attention_block=(False,) * 5)  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    sd = {}
+    for n, p in ref.state_dict().items():
+        if not n.startswith("decoder."):
+            continue
+        r = torch.randn(p.shape, generator=g)
+        norm = ".norm" in n and n.endswith("weight")
+        sd[n] = 1 + 0.1 * r if norm else r * (0.5 / math.sqrt(math.prod(p.shape[1:])))
+    return build(sd, "bench")
 
 
 def run_child(cfg: dict) -> dict:
@@ -137,7 +162,7 @@ def main() -> None:
     from _record import record
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--family", choices=("wan21", "wan22", "qwen_image21", "ltxv"), default="wan21")
+    ap.add_argument("--family", choices=("wan21", "wan22", "qwen_image21", "mochi", "ltxv"), default="wan21")
     ap.add_argument("--dim", type=int, default=16, help="the encoder's base width (Wan 2.2: decoder 1.6x)")
     ap.add_argument("--size", default="832x480")
     ap.add_argument("--latent-frames", type=int, default=2)

@@ -188,7 +188,7 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     if latent.dim() == 5 and not video:
         raise FormatError(
             f"{os.path.basename(req.latent)} is a video latent {tuple(latent.shape)}: decode it with a video VAE "
-            f"(Wan 2.1 / 2.2, Qwen-Image, LTX-Video); {os.path.basename(req.vae)} decodes images"
+            f"(Wan 2.1 / 2.2, Qwen-Image, Mochi, LTX-Video); {os.path.basename(req.vae)} decodes images"
         )
     latent = _decode_inputs(vae, latent, req)
     f = vae.downscale
@@ -233,11 +233,15 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
 # Frame rates the families generate at: Wan 2.1 (and 2.2 A14B, on the 2.1 VAE) 16 fps, Wan 2.2 TI2V-5B
 # (the 48-channel VAE) 24 fps (Wan2.2 configs: sample_fps).
 FPS = {"wan21": 16.0, "wan22": 24.0}
+FPS["mochi"] = 30.0  # Mochi 1 (genmoai/mochi's and diffusers' MochiPipeline examples save at 30 fps)
 
 
 def video_fps(vae) -> float:
     if getattr(vae, "fps", None):  # a VAE that says its family's rate (engine.vae.ltx)
         return vae.fps
+    own = getattr(vae, "spec_kind", None)
+    if own in FPS:
+        return FPS[own]
     return FPS["wan22" if getattr(vae.cfg, "residual", False) else "wan21"]
 
 

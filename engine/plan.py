@@ -378,6 +378,7 @@ def _sample_step(
 VIDEO_VAES = ("wan21", "wan22", "qwen_image21")  # the Wan-network VAEs (Qwen-Image 2.1's: one frame)
 VIDEO_VAES += ("minimax_h3",)  # MiniMax-H3's ViT decoder (engine.vae.minimax_h3)
 VIDEO_VAES += ("ltxv", "ltx2")  # LTX-Video's and LTX-2's (engine.vae.ltx)
+VIDEO_VAES += ("mochi",)
 
 
 def _video_decode_step(pf, size, budget: int, device: str, architecture, path: str, prefix: str) -> dict:
@@ -390,7 +391,7 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
 
     if architecture not in VIDEO_VAES:
         raise UnsupportedModel(
-            "a video decode (WxHxF) needs a video VAE (Wan 2.1 / 2.2, Qwen-Image, LTX); this file's VAE decodes images"
+            "a video decode (WxHxF) needs a video VAE (Wan 2.1 / 2.2, Qwen-Image, Mochi, LTX); this file's VAE decodes images"
         )
     p, f = pf
     w, h, frames = size if len(size) == 3 else (*size, 1)

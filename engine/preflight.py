@@ -11,7 +11,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
 def _vae_facts(path: str) -> tuple[str, int | None, tuple[int, int] | None]:
-    """('taesd' | 'kl' | 'wan21' | 'wan22' | 'qwen_image21', weight bytes or None, a video VAE's widths or
+    """('taesd' | 'kl' | a video kind (estimate.VIDEO_KINDS), weight bytes or None, a video VAE's widths or
     None) as the VAE's header says; an unreadable VAE counts as a full KL VAE of the usual size (the
     estimate's defaults)."""
     from .detect import detect_file

@@ -1,6 +1,7 @@
 """VAE decode and encode: AutoencoderKL (4-, 16- and 32-channel latents) and the TAESD family, full or
-tiled with whole-image GroupNorm statistics; the Wan-family video VAEs (Wan 2.1 / 2.2, Qwen-Image) in
-temporal chunks that carry the causal cache, and spatial tiles; memory estimated before running.
+tiled with whole-image GroupNorm statistics; the Wan-family video VAEs (Wan 2.1 / 2.2, Qwen-Image) and
+Mochi 1's decoder in temporal chunks that carry the causal cache, and spatial tiles; memory estimated
+before running.
 
 Torch-free at import (the memory estimates and latent formats are used by `loadout plan` and the GUI
 thread); `load_vae`, `decode` and `encode` import torch when called.

@@ -58,6 +58,18 @@ K_VIDEO_CHUNK = {"wan21": 4.0, "wan22": 8.0, "qwen_image21": 8.0}
 # snapshot: twice that when the snapshot stays on the device, once when it waits in host RAM
 # (engine.vae.choice.snapshot_for decides).
 K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0, "qwen_image21": 0.0}  # one frame: nothing is carried
+# Mochi (engine.vae.mochi; per-frame GroupNorm + SiLU into a tensor of its own, then convolutions a frame at a
+# time over it, in place): `bench_vae_video.py --child` with family mochi, dim 32 (widths 32/64/128/192, the
+# release's blocks), 832x480, whole frames, one chunk, CPU float32, 2 threads, fresh processes: peak RSS above
+# the process 430 MB at 1 latent frame (1 output frame), 1529 MB at 2 (7 frames) -- 3.6 units of ch per output
+# frame, ~4.8 once; carried ~25 % over. The cache is counted, not measured: 2 frames per causal convolution,
+# summed over the blocks at their widths and resolutions (12 + 6 + 4 + 2.25 units), ~25 % over. No encoder.
+K_VIDEO_FRAME["mochi"], K_VIDEO_CHUNK["mochi"], K_VIDEO_CACHE["mochi"], K_VIDEO_ENCODE["mochi"] = (
+    4.5,
+    6.0,
+    30.0,
+    0.0,
+)
 K_VIDEO_HEAD = 8.0
 # ViT decoders (MiniMax-H3's, engine.vae.minimax_h3): the release's own tiles (256 px, overlaps of at least 64)
 # and chunks of latent frames define the output, so the estimate only says what they take. Per token of a
@@ -85,6 +97,7 @@ for _k in ("ltxv", "ltx2"):
     K_VIDEO_CHUNK[_k] = LTX_K_CHUNK
     K_VIDEO_CACHE[_k] = 0.0
 VIDEO_KINDS += ("ltxv", "ltx2")
+VIDEO_KINDS += ("mochi",)
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -244,6 +257,8 @@ def spec_of(vae) -> VaeSpec:
     if getattr(vae, "video", False):
         cfg = vae.cfg
         wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
+        if hasattr(vae, "spec_widths"):  # a video VAE that is no Wan network names its kind and widths
+            return VaeSpec(vae.spec_kind, cfg.z, wbytes, *vae.spec_widths, vae.time_factor, vae.downscale)
         kind = "qwen_image21" if cfg.frame else "wan22" if cfg.residual else "wan21"
         return VaeSpec(kind, cfg.z, wbytes, cfg.dec_dims[-1] // cfg.patch**2, cfg.dec_dims[0], cfg.time_factor,
                        cfg.downscale)  # fmt: skip
@@ -311,6 +326,8 @@ VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 12)
 # LTX-2's (diffusers AutoencoderKLLTX2Video defaults: the same decoder, non-causal per its metadata config):
 # the decoder's figures; its own weight bytes come from the file's header where known
 VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 12)
+# Mochi 1 (engine.vae.mochi; diffusers AutoencoderKLMochi's defaults): decoder widths 768 .. 128, z 12, 6x time
+VIDEO_SPECS["mochi"] = VaeSpec("mochi", 12, 725_053_190, 128, 768, 6, 8)  # the decoder's 362.5 M in bf16
 
 
 def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:
@@ -328,6 +345,9 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
 # (LTX-Video's convolutions wrap a `conv`: the last key of each)
 _VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight", "decoder.conv_out.conv.weight")
 _VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight", "decoder.conv_in.conv.weight")
+# Mochi's: the output Linear (2-D) and the 1x1x1 input conv (the release's `blocks.0.0`; diffusers' conv_in)
+_VIDEO_HEAD_KEYS += ("decoder.output_proj.weight", "decoder.proj_out.weight")
+_VIDEO_MID_KEYS += ("decoder.blocks.0.0.weight",)
 
 
 def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | None:
@@ -341,7 +361,7 @@ def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | No
     except Exception:  # noqa: BLE001 -- an unreadable header: the published widths stand
         return None
 
-    def shape(keys):
+    def shape(keys, dims):
         info = next((tensors[prefix + k] for k in keys if prefix + k in tensors), None)
         return tuple(info.shape) if info is not None and len(info.shape) == dims else None
 
@@ -349,7 +369,7 @@ def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | No
         info = tensors.get(prefix + "decoder.proj_in.weight")
         return (info.shape[0], info.shape[0]) if info is not None and len(info.shape) == 2 else None
     dims = 4 if kind == "qwen_image21" else 5  # its convolutions are 2-D
-    head, first = shape(_VIDEO_HEAD_KEYS), shape(_VIDEO_MID_KEYS)
+    head, first = shape(_VIDEO_HEAD_KEYS, 2 if kind == "mochi" else dims), shape(_VIDEO_MID_KEYS, dims)
     if head is None or first is None:
         return None
     patch = {"wan22": 2, "ltxv": 4, "ltx2": 4}.get(kind, 1)  # Wan 2.2 works on 2x2 patches, LTX-Video on 4x4

@@ -7,7 +7,8 @@ latents. Values as published with each model (and as ComfyUI's latent_formats.py
 SD1/SD2 0.18215 (LDM configs `scale_factor`), SDXL 0.13025 (SDXL VAE config), SD3 1.5305 / 0.0609,
 FLUX.1 0.3611 / 0.1159 (BFL's AutoEncoderParams). FLUX.2 normalises latents with a batch-norm over
 2x2-patchified 128 channels instead of one scalar; its 32-channel VAE space is what TAEF2 works in.
-The Wan-family video VAEs (and Qwen-Image's) normalise per channel with a published mean and std.
+The Wan-family video VAEs (and Qwen-Image's) normalise per channel with a published mean and std, as does
+Mochi 1 (diffusers AutoencoderKLMochi's `latents_mean` / `latents_std`; 12 channels, 8x, 6x in time).
 Torch-free, so the GUI thread may import it.
 """
 
@@ -99,6 +100,19 @@ QWEN21_STD = (
 )  # fmt: skip
 
 
+# Mochi 1 (diffusers AutoencoderKLMochi's config `latents_mean` / `latents_std`)
+MOCHI_MEAN = (
+    -0.06730895953510081, -0.038011381506090416, -0.07477820912866141, -0.05565264470995561, 0.012767231469026969,
+    -0.04703542746246419, 0.043896967884726704, -0.09346305707025976, -0.09918314763016893, -0.008729793427399178,
+    -0.011931556316503654, -0.0321993391887285,
+)  # fmt: skip
+MOCHI_STD = (
+    0.9263795028493863, 0.9248894543193766, 0.9393059390890617, 0.959253732819592, 0.8244560132752793,
+    0.917259975397747, 0.9294154431013696, 1.3720942357788521, 0.881393668867029, 0.9168315692124348,
+    0.9185249279345552, 0.9274757570805041,
+)  # fmt: skip
+
+
 LATENT_FORMATS: dict[str, LatentFormat] = {
     "sd1": LatentFormat("sd1", 4, 0.18215),
     "sd2": LatentFormat("sd2", 4, 0.18215),
@@ -119,6 +133,7 @@ LATENT_FORMATS: dict[str, LatentFormat] = {
 # loaded VAE's `latent_stats`), not one published table, and its scaling_factor is 1.0
 LATENT_FORMATS["ltxv"] = LatentFormat("ltxv", 128, 1.0, 0.0, 32, (), (), 8)
 LATENT_FORMATS["ltx2"] = LatentFormat("ltx2", 128, 1.0, 0.0, 32, (), (), 8)  # LTX-2's video VAE, alike
+LATENT_FORMATS["mochi"] = LatentFormat("mochi", 12, 1.0, 0.0, 8, MOCHI_MEAN, MOCHI_STD, 6)
 
 # The architecture a VAE most likely belongs to, from its latent channels alone (4-channel VAEs of SD1
 # and SDXL have identical layouts; the caller may know better from the checkpoint).

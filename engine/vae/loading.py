@@ -1,7 +1,7 @@
 """Load a VAE from a file: an SD checkpoint (`first_stage_model.` prefix), an all-in-one file (`vae.`),
 a standalone VAE in LDM or diffusers naming, a Wan-family video VAE (Wan 2.1 / 2.2, Qwen-Image; original
-or diffusers naming), LTX-Video's or LTX-2's video VAE (its decoder: engine.vae.ltx_loading), or a
-TAESD-family encoder/decoder (.pth or .safetensors).
+or diffusers naming), LTX-Video's or LTX-2's video VAE (its decoder: engine.vae.ltx_loading), the Mochi 1
+VAE's decoder (engine.vae.mochi), or a TAESD-family encoder/decoder (.pth or .safetensors).
 
 Loading is strict: every tensor of the VAE component is used, none is missing, every shape matches —
 anything else is a FormatError naming the keys, never a silently half-initialised model. Weights stay
@@ -19,7 +19,7 @@ from torch import nn
 
 from ..detect.parts import not_kl_decoder
 from ..errors import FormatError, UnsupportedModel
-from . import ltx_loading, minimax_h3, wan_loading
+from . import ltx_loading, minimax_h3, mochi, wan_loading
 from .autoencoder_kl import AutoencoderKL, KLConfig
 from .taesd import TAESD
 from .wan import WanVAE
@@ -266,7 +266,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     if minimax_h3.is_minimax_h3(sd):
         return _build_minimax_h3(_dequantize_all(sd) if quantized else sd, p)
     if quantized:
-        if _taesd_part(sd) is not None or is_diffusers(sd) or any(k.startswith("bn.") for k in quantized):
+        if (_taesd_part(sd) is not None or is_diffusers(sd) or mochi.is_mochi_vae(sd)
+                or any(k.startswith("bn.") for k in quantized)):  # fmt: skip
             sd, quantized = _dequantize_all(sd), {}
         else:  # the model is built with placeholders of the logical shapes, then given the blocks
             sd = {k: torch.empty(v.shape, device="meta") if k in quantized else v for k, v in sd.items()}
@@ -278,6 +279,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
                 for which, part in (_taesd_part(read_state_dict(sib)) or {}).items():
                     taesd.setdefault(which, part)
         return _build_taesd(taesd, p)
+    if mochi.is_mochi_vae(sd):
+        return mochi.build(sd, p)
     if wan_loading.is_wan_vae(sd):
         model = _build_wan(sd, p)
         _hold_quantized(model, quantized)
