@@ -16,9 +16,10 @@ per block 3/6/4/3/3 from the top, time x3, x2, x1 and space x2 per up block, no 
     pad="replicate"; diffusers' CogVideoXCausalConv3d with pad_mode "replicate" is the same padding);
   * frames: T latent frames decode to 6T - 5 = 1 + 6 (T - 1), the count engine.vae.video already makes
     with time_factor 6 (the first latent frame gives one frame, each later one six). The original's depth-to-space drops the first st - 1
-    frames of the clip after each up block that expands time (`drop="levels"`, the default: the network
-    the release was trained as); diffusers' decoder keeps them and drops the first 5 output frames
-    instead (`drop_last_temporal_frames`; `drop="end"`). The two differ in the clip's first frames.
+    frames of the clip after each up block that expands time (`drop="levels"`: the network the release
+    was trained as, and ComfyUI's); diffusers' decoder keeps them and drops the first 5 output frames
+    instead (`drop_last_temporal_frames`; `drop="end"`, the default here: the decode Loadout checks itself
+    against, as for every other VAE). The two differ in the clip's first frames.
 
 Everything is causal or per frame, so a clip decoded chunk by chunk equals the whole pass; the frames
 dropped at the clip's start are dropped once per `Stream` (per clip or tile), never per chunk. A spatial
@@ -55,7 +56,7 @@ class MochiConfig:
     widths: tuple[int, ...]  # blocks.0 first (768 in the release), the last block's last (128)
     res_blocks: tuple[int, ...]  # per block: blocks.0, each up block, the last block
     time: tuple[int, ...]  # per up block
-    drop: str = "levels"
+    drop: str = "end"
     image_channels: int = 3
 
     @property
@@ -274,7 +275,7 @@ def _blocks(sd, pattern: str) -> int:
     return max(got) + 1 if got else 0
 
 
-def mochi_config(sd: dict[str, torch.Tensor], path: str, drop: str = "levels") -> MochiConfig:
+def mochi_config(sd: dict[str, torch.Tensor], path: str, drop: str = "end") -> MochiConfig:
     """The configuration the (release-named) decoder tensors describe; a FormatError names what is
     missing or does not fit."""
 
@@ -307,7 +308,7 @@ def mochi_config(sd: dict[str, torch.Tensor], path: str, drop: str = "levels") -
     return MochiConfig(top[1], tuple(widths), tuple(res), tuple(time), drop, image)
 
 
-def build(sd: dict[str, torch.Tensor], path: str, drop: str = "levels") -> MochiVAE:
+def build(sd: dict[str, torch.Tensor], path: str, drop: str = "end") -> MochiVAE:
     """A Mochi VAE decoder in either naming, loaded strictly (engine.vae.loading.strict_load)."""
     from .loading import _made, strict_load
 
