@@ -194,13 +194,16 @@ def _generation(cfg: LTXConfig, path: str) -> tuple[str, Pads]:
     (diffusers' two classes give the same shapes), so what tells them is the config the release ships:
     Lightricks' metadata (`decoder_spatial_padding_mode`, `causal_decoder`) or diffusers' config.json
     (`_class_name`, `decoder_spatial_padding_mode`, `decoder_causal`). 0.9.0's layout is LTX-Video's
-    alone; a residual decoder with neither config is refused by name rather than guessed."""
+    alone; a residual decoder with neither config (a VAE file stripped of its metadata) decodes as LTX-2's,
+    the generation its detection names, and the decode says so: a 0.9.5+ VAE so decoded differs only at
+    the frame's borders (mirrored there, zeros in LTX-Video's), where a refusal would lose the whole decode.
+    Returns the generation, the padding and that note (None where a config decided)."""
     meta = _file_config(path)
     if meta is not None:
         pads = Pads(
             bool(meta.get("causal_decoder", False)), meta.get("decoder_spatial_padding_mode") == "reflect"
         )
-        return ("ltx2" if pads.reflect else "ltxv"), pads
+        return ("ltx2" if pads.reflect else "ltxv"), pads, None
     dc = _diffusers_config(path)
     if dc is not None:
         two = dc["_class_name"] == "AutoencoderKLLTX2Video"
@@ -209,15 +212,18 @@ def _generation(cfg: LTXConfig, path: str) -> tuple[str, Pads]:
         pads = Pads(
             causal, dc.get("decoder_spatial_padding_mode", "reflect" if two else "zeros") == "reflect"
         )
-        return ("ltx2" if two else "ltxv"), pads
+        return ("ltx2" if two else "ltxv"), pads, None
     if any(b[0] == "up" and b[2] > 1 for b in cfg.blocks):
-        raise UnsupportedModel(
-            f"{path}: an LTX VAE without its config (no `config` in the file's metadata, no diffusers config.json "
-            "beside it): LTX-Video 0.9.5+'s and LTX-2's have the same tensors but pad differently -- load the "
-            "release's own file, or keep config.json beside a diffusers one",
-            path=path,
+        return (
+            "ltx2",
+            LTX2_PADS,
+            (
+                "an LTX VAE without its config (no `config` in the file's metadata, no diffusers config.json beside "
+                "it): decoded as LTX-2's (mirrored borders). LTX-Video 0.9.5+'s has the same tensors and pads with "
+                "zeros: its borders would differ -- load the release's own file to be sure"
+            ),
         )
-    return "ltxv", Pads()
+    return "ltxv", Pads(), None
 
 
 def build(sd: dict[str, torch.Tensor], path: str, strict_load, made, pads: Pads | None = None) -> LTXVideoVAE:
@@ -229,13 +235,14 @@ def build(sd: dict[str, torch.Tensor], path: str, strict_load, made, pads: Pads 
     dec = {k: v for k, v in sd.items() if not k.startswith(("encoder.", *_STATS))}
     cfg = ltx_config(dec, path)
     # `pads`: a caller that knows the generation (a test, a benchmark) says so; else the release's config
-    generation, pads = (
-        ("ltx2" if pads.reflect else "ltxv", pads) if pads is not None else _generation(cfg, path)
+    generation, pads, note = (
+        ("ltx2" if pads.reflect else "ltxv", pads, None) if pads is not None else _generation(cfg, path)
     )
     cfg = dataclasses.replace(cfg, pads=pads, generation=generation)
     with torch.device("meta"):
         model = made(path, lambda: LTXVideoVAE(cfg))
     strict_load(model, dec, path)
     model.latent_stats = stats
+    model.notes = [note] if note else []  # engine.vae.run adds them to the decode's notes
     model.source = path
     return model

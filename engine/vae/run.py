@@ -433,6 +433,7 @@ def _pass_video(vae, x, direction, tiling, device, dtype, budget, token, report,
             return _finish(vae, lat[:, :, 0] if still else lat, direction)
         z = x.unsqueeze(2) if still else x
         counters = Counters(notes=info.notes)
+        info.notes.extend(getattr(vae, "notes", ()))  # what the loader had to assume (engine.vae.ltx_loading)
         info.mode = tiling.mode
         info.tile_px, info.overlap_px = (tiling.tile_px, tiling.overlap_px) if tiling.tiled else (None, None)
         info.tiles = max(1, len(tiling.rects))
