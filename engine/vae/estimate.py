@@ -69,6 +69,16 @@ VIT_TILE = (256, 64)
 K_VIT_TOKEN = 16.0
 VIT_CHUNK_FRAMES = 7  # MiniMax-H3: chunks of 5 latent frames read 2 more (engine.vae.minimax_h3)
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
+# Kandinsky 6 SR's K-VAE (engine.vae.kandinsky6_sr): its level widths per output pixel are 4x (level 1: 256 at
+# half resolution), 2x, 1x and 1/2 `ch` (16), and each latent-conditioned norm expands two of the features' size:
+# per unit of ch, measured on the CPU as the Wan figures were (float32, fresh processes, peak RSS less the result
+# and the head; an eighth-width decoder at 256x256 and 512x256, 1-3 latent frames in chunks of 1 and 2), carried
+# ~25 % over.
+VIDEO_KINDS += ("kandinsky6_sr",)
+K_VIDEO_ENCODE["kandinsky6_sr"] = 0.0  # its encoder is not run
+K_VIDEO_FRAME["kandinsky6_sr"] = 12.0
+K_VIDEO_CHUNK["kandinsky6_sr"] = 16.0
+K_VIDEO_CACHE["kandinsky6_sr"] = 60.0
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -275,6 +285,10 @@ VIDEO_SPECS = {
     # z 24, 16x, 4 frames a latent frame; its release is float32
     "minimax_h3": VaeSpec("minimax_h3", 24, 9_720_000_000, 2048, 2048, 4, 16),
 }
+# diffusers Kandinsky6SRVAE's defaults: decoder (16, 256, 512, 1024, 2048), z 64, 16x, 4x in time; its 1.46 B
+# decoder parameters counted in float32 (a file's header gives its own bytes); the head's output is the middle
+# block's 2048 channels and the latent's 64
+VIDEO_SPECS["kandinsky6_sr"] = VaeSpec("kandinsky6_sr", 64, 5_852_283_532, 16, 2048 + 64, 4, 16)
 
 
 def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:
