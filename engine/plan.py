@@ -380,6 +380,7 @@ VIDEO_VAES = (
     "wan22",
     "qwen_image21",
     "minimax_h3",
+    "kandinsky6_sr",
 )  # Wan-network VAEs (Qwen-Image 2.1's: one frame), ViTs
 
 

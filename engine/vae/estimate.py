@@ -302,8 +302,8 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
 
 # The decoder's last convolution (its input: the last level's width) and first one (its output: the
 # middle block's width), in the original naming and diffusers'
-_VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight")
-_VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight")
+_VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight", "decoder.conv_out.conv.weight")
+_VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight", "decoder.conv_in.conv.weight")
 
 
 def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | None:

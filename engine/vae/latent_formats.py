@@ -113,6 +113,8 @@ LATENT_FORMATS: dict[str, LatentFormat] = {
     "qwen_image": LatentFormat("qwen_image", 16, 1.0, 0.0, 8, WAN21_MEAN, WAN21_STD, 4),
     "wan22": LatentFormat("wan22", 48, 1.0, 0.0, 16, WAN22_MEAN, WAN22_STD, 4),
     "qwen_image21": LatentFormat("qwen_image21", 64, 1.0, 0.0, 16, QWEN21_MEAN, QWEN21_STD, 1),
+    # diffusers Kandinsky6SRVAE: scaling_factor 0.910344004631042 (its pipeline divides by it before decoding)
+    "kandinsky6_sr": LatentFormat("kandinsky6_sr", 64, 0.910344004631042, 0.0, 16, time_factor=4),
 }
 
 # The architecture a VAE most likely belongs to, from its latent channels alone (4-channel VAEs of SD1

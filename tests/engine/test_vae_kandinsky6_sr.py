@@ -19,7 +19,7 @@ from engine.vae.loading import load_vae  # noqa: E402
 from engine.vae.run import RunInfo  # noqa: E402
 from engine.vae.video import decode_video  # noqa: E402
 
-Z = 8
+Z = 64  # the release's latent channels: detection knows the file by them
 SMALL = dict(
     latent_channels=Z,
     encoder_block_out_channels=(4, 8, 8, 16, 16),
@@ -107,3 +107,58 @@ def test_a_missing_or_misshapen_key_is_named_and_the_encoder_is_not_needed(k6, t
     save_file(broken, str(tmp_path / "shape.safetensors"))
     with pytest.raises(FormatError, match=r"wrong shape .*decoder\.mid\.block_2\.norm1\.norm_layer\.gamma"):
         load_vae(tmp_path / "shape.safetensors")
+
+
+def test_the_released_layout_is_detected_and_read_from_a_header_faithful_file(tmp_path):
+    """diffusers' default configuration (the release's) as a sparse file: detected as Kandinsky 6 SR's video VAE
+    (the image and video KVAEs stay refused as before), built at its widths with no tensor data read, its
+    estimate and plan counting 1 + 4 (T - 1) frames."""
+    from diffusers.models.autoencoders.autoencoder_kl_kvae import AutoencoderKLKVAE
+    from diffusers.models.autoencoders.autoencoder_kl_kvae_video import AutoencoderKLKVAEVideo
+
+    from engine.detect import detect_file
+    from engine.errors import UnsupportedModel
+    from engine.formats.safetensors import write_sparse
+    from engine.vae import estimate as est
+    from tests.engine.layouts_2026.common import meta_shapes
+
+    def sparse(cls, name):
+        return write_sparse(tmp_path / name, [(k, "BF16", s) for k, s in meta_shapes(cls).items()])
+
+    path = sparse(Reference, "kandinsky6_sr_vae.safetensors")
+    det = detect_file(path)
+    assert (det.kind, det.architecture) == ("vae", "kandinsky6_sr")
+    for cls in (AutoencoderKLKVAE, AutoencoderKLKVAEVideo):
+        other = sparse(cls, f"{cls.__name__}.safetensors")
+        assert detect_file(other).architecture is None
+        with pytest.raises(UnsupportedModel, match="KVAE"):
+            load_vae(other)
+    vae = load_vae(path)
+    c = vae.cfg
+    assert (c.z, c.dims, c.temporal, c.layers_per_block) == (64, (16, 256, 512, 1024, 2048),
+                                                             (False, False, True, True, False), 2)  # fmt: skip
+    assert (vae.downscale, vae.time_factor) == (16, 4)
+    spec = est.spec_of(vae)
+    assert spec.kind == "kandinsky6_sr" and spec.video and 2.9e9 < spec.weight_bytes < 3.0e9  # bf16 decoder
+    assert est.video_widths(str(path), "kandinsky6_sr") == (16, 2048)
+    assert [est.video_frames("kandinsky6_sr", t) for t in (1, 2, 21)] == [1, 5, 81]
+
+
+def test_the_command_line_decodes_a_clip_and_plans_one(k6, tmp_path, capsys):
+    import json
+
+    from engine.cli import main
+    from engine.formats.latent import write_latent
+
+    z = torch.randn(1, Z, 2, 3, 4, generator=torch.Generator().manual_seed(5))
+    write_latent(tmp_path / "clip.latent", z)
+    args = ["decode", "--json", "--quiet", "--vae", k6[1], "--latent", str(tmp_path / "clip.latent")]
+    assert main([*args, "--out", f"{tmp_path}/frames/"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["frames"] == 5 and res["size"] == [64, 48]
+    assert sorted(p.name for p in (tmp_path / "frames").iterdir()) == [f"{i:06d}.png" for i in range(5)]
+    assert main(["plan", "--model", k6[1], "--decode", "832x480x81", "--vram", "2", "--json"]) == 0
+    (step,) = json.loads(capsys.readouterr().out)["steps"]
+    assert (
+        step["step"] == "decode" and step["detail"]["frames"] == 81 and step["detail"]["latent_frames"] == 21
+    )
