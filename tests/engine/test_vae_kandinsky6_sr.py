@@ -60,7 +60,7 @@ def _want(ref, z: torch.Tensor) -> torch.Tensor:
         return ref.decode(z).sample.clamp(-1, 1)
 
 
-@pytest.mark.parametrize("frames, hw", [(4, (3, 5)), (1, (4, 4)), (6, (2, 3))])
+@pytest.mark.parametrize("frames, hw", [(3, (2, 3)), (1, (2, 2)), (6, (1, 2))])
 def test_decode_equals_diffusers(k6, frames, hw):
     """Over diffusers' own segments (its first one 5 latent frames, then 4: 6 frames cross one), a single frame."""
     ref, path, _ = k6
@@ -77,7 +77,7 @@ def test_decode_equals_diffusers(k6, frames, hw):
 def test_chunks_are_exact_and_tiles_are_seamless(k6):
     ref, path, _ = k6
     vae = load_vae(path)
-    z = torch.randn(1, Z, 4, 6, 8, generator=torch.Generator().manual_seed(3))
+    z = torch.randn(1, Z, 3, 4, 6, generator=torch.Generator().manual_seed(3))
     want = _want(ref, z).transpose(1, 2)  # (B, F, C, H, W) as decode_video gives it
     with torch.inference_mode():
         one = decode_video(vae, z, Tiling("full", tile_frames=1), device=CPU, dtype=torch.float32)
