@@ -69,16 +69,19 @@ VIT_TILE = (256, 64)
 K_VIT_TOKEN = 16.0
 VIT_CHUNK_FRAMES = 7  # MiniMax-H3: chunks of 5 latent frames read 2 more (engine.vae.minimax_h3)
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
-# Kandinsky 6 SR's K-VAE (engine.vae.kandinsky6_sr): its level widths per output pixel are 4x (level 1: 256 at
-# half resolution), 2x, 1x and 1/2 `ch` (16), and each latent-conditioned norm expands two of the features' size:
-# per unit of ch, measured on the CPU as the Wan figures were (float32, fresh processes, peak RSS less the result
-# and the head; an eighth-width decoder at 256x256 and 512x256, 1-3 latent frames in chunks of 1 and 2), carried
-# ~25 % over.
+# Kandinsky 6 SR's K-VAE (engine.vae.kandinsky6_sr): per unit of `ch` (its full-resolution width, 16) far more
+# than Wan's -- level 1's width (16 ch) is upsampled to full resolution before level 0 narrows it, every
+# latent-conditioned norm holds two expanded maps beside its output, and a chunk runs whole (no frame slices in
+# the full-resolution levels). Measured on the CPU as the Wan figures were (float32, 2 threads, fresh processes,
+# peak RSS less the result and the head; an eighth-width decoder, widths (2, 32, 64, 128, 256), z 64): at 256x256,
+# one latent frame 277 per unit of ch per output pixel, 3 latent frames in one chunk (9 frames) 587, 2 in chunks
+# of one 484 (the carried history: +207), 3 in chunks of two 578; at 512x256 486-488. Fitted (4 frames counted a
+# latent frame, as video_chunk_bytes counts them): 39 a frame, 122 a chunk, 207 the cache, carried ~25 % over.
 VIDEO_KINDS += ("kandinsky6_sr",)
 K_VIDEO_ENCODE["kandinsky6_sr"] = 0.0  # its encoder is not run
-K_VIDEO_FRAME["kandinsky6_sr"] = 12.0
-K_VIDEO_CHUNK["kandinsky6_sr"] = 16.0
-K_VIDEO_CACHE["kandinsky6_sr"] = 60.0
+K_VIDEO_FRAME["kandinsky6_sr"] = 48.0
+K_VIDEO_CHUNK["kandinsky6_sr"] = 150.0
+K_VIDEO_CACHE["kandinsky6_sr"] = 250.0
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
