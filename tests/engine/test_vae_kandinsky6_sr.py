@@ -62,7 +62,8 @@ def _want(ref, z: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("frames, hw", [(3, (2, 3)), (1, (2, 2)), (6, (1, 2))])
 def test_decode_equals_diffusers(k6, frames, hw):
-    """Over diffusers' own segments (its first one 5 latent frames, then 4: 6 frames cross one), a single frame."""
+    """Over diffusers' own segments (its first one 5 latent frames, then 4: 6 frames cross one), a single frame.
+    `decode` runs one latent frame at a time; the chunk test below decodes whole clips against diffusers too."""
     ref, path, _ = k6
     vae = load_vae(path)
     assert (vae.downscale, vae.time_factor, vae.video) == (16, 4, True)
@@ -107,6 +108,13 @@ def test_a_missing_or_misshapen_key_is_named_and_the_encoder_is_not_needed(k6, t
     save_file(broken, str(tmp_path / "shape.safetensors"))
     with pytest.raises(FormatError, match=r"wrong shape .*decoder\.mid\.block_2\.norm1\.norm_layer\.gamma"):
         load_vae(tmp_path / "shape.safetensors")
+    from engine.errors import UnsupportedModel
+
+    rgba = dict(decoder, **{"decoder.conv_out.conv.weight": torch.zeros(4, 4, 3, 3, 3),
+                            "decoder.conv_out.conv.bias": torch.zeros(4)})  # fmt: skip
+    save_file(rgba, str(tmp_path / "rgba.safetensors"))
+    with pytest.raises(UnsupportedModel, match="4 image channels"):
+        load_vae(tmp_path / "rgba.safetensors")
 
 
 def test_the_released_layout_is_detected_and_read_from_a_header_faithful_file(tmp_path):
