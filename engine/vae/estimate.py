@@ -67,7 +67,8 @@ K_VIDEO_HEAD = 8.0
 VIT_KINDS = ("minimax_h3",)
 VIT_TILE = (256, 64)
 K_VIT_TOKEN = 16.0
-VIT_CHUNK_FRAMES = 7  # MiniMax-H3: chunks of 5 latent frames read 2 more (engine.vae.minimax_h3)
+VIT_CHUNK = 5  # MiniMax-H3: latent frames a chunk advances by (engine.vae.minimax_h3)
+VIT_CHUNK_FRAMES = 7  # and the latent frames it reads: 2 more
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
 # Kandinsky 6 SR's K-VAE (engine.vae.kandinsky6_sr): per unit of `ch` (its full-resolution width, 16) far more
 # than Wan's -- level 1's width (16 ch) is upsampled to full resolution before level 0 narrows it, every
