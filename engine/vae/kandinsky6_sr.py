@@ -145,11 +145,16 @@ class Upsample(nn.Module):
             x = x.repeat_interleave(2, dim=2)
             if first:  # T + 1 frames become 2T + 1: the first one is not doubled
                 x = x[:, :, 1:]
-            x = x + self.temporal_conv.step(x, stream)
+            y = self.temporal_conv.step(x, stream)
+            y += x  # into the fresh output (the same sum): one tensor of this size fewer at once
+            x = y
+            del y
         b, c, t, h, w = x.shape
         x = x[:, :, :, :, None, :, None].expand(b, c, t, h, 2, w, 2).reshape(b, c, t, 2 * h, 2 * w)
-        x = x + self.spatial_conv(x)
-        return self.linear(x)
+        y = self.spatial_conv(x)
+        y += x
+        del x  # at level 1 these are 256 channels at full resolution: the largest tensors of the pass
+        return self.linear(y)
 
 
 class _Level(nn.Module):
