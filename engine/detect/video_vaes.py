@@ -1,5 +1,5 @@
 """Video VAEs (3-D causal convolutions): Wan 2.1 (also Qwen-Image's), Wan 2.2, HunyuanVideo (and 1.5),
-LTX-Video, LTX-2 and Mochi, in original and diffusers naming. A VAE's architecture is the family that
+LTX-Video, LTX-2, Mochi and Kandinsky 6 SR's, in original and diffusers naming. A VAE's architecture is the family that
 introduced its layout; `also` names the other families whose pipelines use a VAE of that very layout.
 
 Facts (cited, not copied):
@@ -28,6 +28,11 @@ Facts (cited, not copied):
 * Mochi (genmoai/mochi `vae/models.py`, names ComfyUI sd.py tests: `blocks.2.blocks.3.stack.5.weight`
   in the decoder, `layers.4.layers.1.attn_block.attn.qkv.weight` in the encoder; diffusers
   AutoencoderKLMochi `decoder.block_in`, `decoder.conv_in` from 12 channels): z 12.
+* Kandinsky 6 SR (diffusers Kandinsky6SRVAE, `autoencoder_kandinsky6_sr.py`): KVAE's latent-conditioned decoder
+  norms (`decoder.mid.block_1.norm1.conv_y`) around RMS norms (`norm1.norm_layer.gamma`, [C, 1, 1, 1]) where the
+  image KVAE (`autoencoder_kl_kvae.py`: 2-D convolutions) and the video KVAE (`autoencoder_kl_kvae_video.py`,
+  z 16) normalise with GroupNorms (`norm_layer.weight`); z 64, `decoder.conv_in.conv` [2048, 64, 3, 3, 3].
+  Diffusers naming only.
 * MiniMax-H3 (diffusers AutoencoderKLMiniMaxH3, `autoencoder_kl_minimax_h3.py`): a causal 3-D convolution encoder
   and a ViT decoder (`decoder.register_tokens`, `decoder.proj_in` from z 24, `decoder.transformer_blocks`) — no
   other family's decoder; its audio VAE (AutoencoderKLMiniMaxH3Audio, `autoencoder_kl_minimax_h3_audio.py`):
@@ -142,6 +147,8 @@ def _conv_wrapped(ix: KeyIndex) -> list[Part]:
         ltx_original = ix.has(p + "decoder.up_blocks.0.res_blocks.0.conv1.conv.weight")
         if z == 128 or ltx_original:
             out.append(_ltx(ix, p, z, key, ltx_original))
+        elif ix.has(p + "decoder.mid.block_1.norm1.norm_layer.gamma"):
+            out.append(_kandinsky6_sr(ix, p, z, key))
         elif z == 16 and ix.has(
             p + "decoder.mid.block_1.norm1.conv_y.weight"
         ):  # diffusers autoencoder_kl_kvae_video.py
@@ -177,6 +184,16 @@ def _conv_wrapped(ix: KeyIndex) -> list[Part]:
                 _part(ix, p, None, z, key, f"a causal 3-D VAE with {z} latent channels: no known release")
             )
     return out
+
+
+def _kandinsky6_sr(ix: KeyIndex, p: str, z: int, key: str) -> Part:
+    """Kandinsky6SRVAE: its latent-conditioned norms normalise with an RMS `gamma` where both KVAEs' are GroupNorms
+    (`norm_layer.weight` / `.bias`), its convolutions 3-D where the image KVAE's are 2-D."""
+    width = ix.dim(key, 0)
+    what = f"a causal 3-D VAE with RMS norms conditioned on the latent, {z} latent channels, a {width}-wide middle"
+    if z != 64:
+        return _part(ix, p, None, z, key, f"{what}: Kandinsky 6 SR's layout, no known release")
+    return _part(ix, p, "kandinsky6_sr", z, key, f"{what} → Kandinsky 6 SR's video VAE")
 
 
 def _ltx(ix: KeyIndex, p: str, z: int, key: str, original: bool) -> Part:

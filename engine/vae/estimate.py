@@ -98,6 +98,19 @@ for _k in ("ltxv", "ltx2"):
     K_VIDEO_CACHE[_k] = 0.0
 VIDEO_KINDS += ("ltxv", "ltx2")
 VIDEO_KINDS += ("mochi",)
+# Kandinsky 6 SR's K-VAE (engine.vae.kandinsky6_sr): per unit of `ch` (its full-resolution width, 16) far more
+# than Wan's -- level 1's width (16 ch) is upsampled to full resolution before level 0 narrows it, every
+# latent-conditioned norm holds two expanded maps beside its output, and a chunk runs whole (no frame slices in
+# the full-resolution levels). Measured on the CPU as the Wan figures were (float32, 2 threads, fresh processes,
+# peak RSS less the result and the head; an eighth-width decoder, widths (2, 32, 64, 128, 256), z 64): at 256x256,
+# one latent frame 277 per unit of ch per output pixel, 3 latent frames in one chunk (9 frames) 587, 2 in chunks
+# of one 484 (the carried history: +207), 3 in chunks of two 578; at 512x256 486-488. Fitted (4 frames counted a
+# latent frame, as video_chunk_bytes counts them): 39 a frame, 122 a chunk, 207 the cache, carried ~25 % over.
+VIDEO_KINDS += ("kandinsky6_sr",)
+K_VIDEO_ENCODE["kandinsky6_sr"] = 0.0  # its encoder is not run
+K_VIDEO_FRAME["kandinsky6_sr"] = 48.0
+K_VIDEO_CHUNK["kandinsky6_sr"] = 150.0
+K_VIDEO_CACHE["kandinsky6_sr"] = 250.0
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -328,6 +341,10 @@ VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 12)
 VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 12)
 # Mochi 1 (engine.vae.mochi; diffusers AutoencoderKLMochi's defaults): decoder widths 768 .. 128, z 12, 6x time
 VIDEO_SPECS["mochi"] = VaeSpec("mochi", 12, 725_053_190, 128, 768, 6, 8)  # the decoder's 362.5 M in bf16
+# diffusers Kandinsky6SRVAE's defaults: decoder (16, 256, 512, 1024, 2048), z 64, 16x, 4x in time; its 1.46 B
+# decoder parameters counted in float32 (a file's header gives its own bytes); the head's output is the middle
+# block's 2048 channels and the latent's 64
+VIDEO_SPECS["kandinsky6_sr"] = VaeSpec("kandinsky6_sr", 64, 5_852_283_532, 16, 2048 + 64, 4, 16)
 
 
 def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:

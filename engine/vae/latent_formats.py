@@ -127,6 +127,8 @@ LATENT_FORMATS: dict[str, LatentFormat] = {
     "qwen_image": LatentFormat("qwen_image", 16, 1.0, 0.0, 8, WAN21_MEAN, WAN21_STD, 4),
     "wan22": LatentFormat("wan22", 48, 1.0, 0.0, 16, WAN22_MEAN, WAN22_STD, 4),
     "qwen_image21": LatentFormat("qwen_image21", 64, 1.0, 0.0, 16, QWEN21_MEAN, QWEN21_STD, 1),
+    # diffusers Kandinsky6SRVAE: scaling_factor 0.910344004631042 (its pipeline divides by it before decoding)
+    "kandinsky6_sr": LatentFormat("kandinsky6_sr", 64, 0.910344004631042, 0.0, 16, time_factor=4),
 }
 # LTX-Video: 128 channels, 32x, 8x in time; its per-channel mean / std are in each file
 # (`per_channel_statistics.mean-of-means` / `std-of-means`, diffusers `latents_mean` / `latents_std`; the
