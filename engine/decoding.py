@@ -219,6 +219,8 @@ FPS = {"wan21": 16.0, "wan22": 24.0}
 
 
 def video_fps(vae) -> float:
+    if getattr(vae, "fps", None):  # a VAE whose family says its rate (engine.vae.hunyuan_video)
+        return vae.fps
     return FPS["wan22" if getattr(vae.cfg, "residual", False) else "wan21"]
 
 

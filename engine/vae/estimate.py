@@ -68,7 +68,13 @@ VIT_KINDS = ("minimax_h3",)
 VIT_TILE = (256, 64)
 K_VIT_TOKEN = 16.0
 VIT_CHUNK_FRAMES = 7  # MiniMax-H3: chunks of 5 latent frames read 2 more (engine.vae.minimax_h3)
-VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
+# The HunyuanVideo VAE (engine.vae.hunyuan_video): GroupNorms, and its last up block doubles space at width
+# 2 ch (256 for the release's 128): PROVISIONAL figures, see the coefficients' entries below.
+K_VIDEO_FRAME["hunyuan_video"] = 6.0
+K_VIDEO_CHUNK["hunyuan_video"] = 8.0
+K_VIDEO_CACHE["hunyuan_video"] = 60.0
+K_VIDEO_ENCODE["hunyuan_video"] = 43.5  # no encoder is built: never read
+VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS, "hunyuan_video")
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -274,6 +280,9 @@ VIDEO_SPECS = {
     # diffusers AutoencoderKLMiniMaxH3's defaults: a 36-block ViT decoder of width 2048 (the encoder left unread),
     # z 24, 16x, 4 frames a latent frame; its release is float32
     "minimax_h3": VaeSpec("minimax_h3", 24, 9_720_000_000, 2048, 2048, 4, 16),
+    # diffusers AutoencoderKLHunyuanVideo's defaults: widths (128, 256, 512, 512), z 16, 8x, 4x; the decoder's
+    # 146 M parameters in fp16 (the encoder is not built)
+    "hunyuan_video": VaeSpec("hunyuan_video", 16, 293_000_000, 128, 512, 4, 8),
 }
 
 
@@ -288,8 +297,8 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
 
 # The decoder's last convolution (its input: the last level's width) and first one (its output: the
 # middle block's width), in the original naming and diffusers'
-_VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight")
-_VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight")
+_VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight", "decoder.conv_out.conv.weight")
+_VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight", "decoder.conv_in.conv.weight")
 
 
 def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | None:

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..detect.parts import not_kl_decoder
 from ..errors import FormatError, UnsupportedModel
-from . import minimax_h3, wan_loading
+from . import hunyuan_video, minimax_h3, wan_loading
 from .autoencoder_kl import AutoencoderKL, KLConfig
 from .taesd import TAESD
 from .wan import WanVAE
@@ -262,6 +262,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     quantized = {k: v for k, v in sd.items() if isinstance(v, QuantizedTensor)}
     if minimax_h3.is_minimax_h3(sd):
         return _build_minimax_h3(_dequantize_all(sd) if quantized else sd, p)
+    if hunyuan_video.is_hunyuan_video(sd):
+        return hunyuan_video.build(_dequantize_all(sd) if quantized else sd, p, strict_load, _made)
     if quantized:
         if _taesd_part(sd) is not None or is_diffusers(sd) or any(k.startswith("bn.") for k in quantized):
             sd, quantized = _dequantize_all(sd), {}
