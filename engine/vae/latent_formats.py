@@ -113,6 +113,9 @@ LATENT_FORMATS: dict[str, LatentFormat] = {
     "qwen_image": LatentFormat("qwen_image", 16, 1.0, 0.0, 8, WAN21_MEAN, WAN21_STD, 4),
     "wan22": LatentFormat("wan22", 48, 1.0, 0.0, 16, WAN22_MEAN, WAN22_STD, 4),
     "qwen_image21": LatentFormat("qwen_image21", 64, 1.0, 0.0, 16, QWEN21_MEAN, QWEN21_STD, 1),
+    # HunyuanVideo (also Kandinsky 5's and SkyReels-V1's VAE): one scalar, diffusers AutoencoderKLHunyuanVideo's
+    # scaling_factor 0.476986 (its pipeline multiplies and divides by it alone)
+    "hunyuan_video": LatentFormat("hunyuan_video", 16, 0.476986, 0.0, 8, time_factor=4),
 }
 
 # The architecture a VAE most likely belongs to, from its latent channels alone (4-channel VAEs of SD1

@@ -182,3 +182,12 @@ def test_the_command_line_decodes_frames(hv, tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["frames"] == 5 and res["size"] == [48, 32]
     assert sorted(p.name for p in (tmp_path / "frames").iterdir()) == [f"{i:06d}.png" for i in range(5)]
+
+
+def test_the_latent_format_is_the_releases_scalar():
+    from engine.vae.latent_formats import LATENT_FORMATS
+
+    fmt = LATENT_FORMATS["hunyuan_video"]
+    assert (fmt.channels, fmt.scale, fmt.downscale, fmt.time_factor) == (16, 0.476986, 8, 4)
+    z = torch.randn(1, 16, 2, 4, 4)
+    assert torch.allclose(fmt.to_vae(fmt.to_model(z)), z, atol=1e-6)
