@@ -74,7 +74,11 @@ K_VIDEO_FRAME["hunyuan_video"] = 6.0
 K_VIDEO_CHUNK["hunyuan_video"] = 8.0
 K_VIDEO_CACHE["hunyuan_video"] = 60.0
 K_VIDEO_ENCODE["hunyuan_video"] = 43.5  # no encoder is built: never read
-VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS, "hunyuan_video")
+# HunyuanVideo 1.5's (engine.vae.hunyuan_video15): RMS norms as Wan's, depth-to-space upsampling that holds
+# the conv's output and the unfolded input at once: Wan 2.2's figures, PROVISIONAL as HunyuanVideo's.
+for _k, _v in (K_VIDEO_FRAME, 4.8), (K_VIDEO_CHUNK, 8.0), (K_VIDEO_CACHE, 55.0), (K_VIDEO_ENCODE, 43.5):
+    _k["hunyuan_video15"] = _v
+VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS, "hunyuan_video", "hunyuan_video15")
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -282,7 +286,9 @@ VIDEO_SPECS = {
     "minimax_h3": VaeSpec("minimax_h3", 24, 9_720_000_000, 2048, 2048, 4, 16),
     # diffusers AutoencoderKLHunyuanVideo's defaults: widths (128, 256, 512, 512), z 16, 8x, 4x; the decoder's
     # 146 M parameters in fp16 (the encoder is not built)
-    "hunyuan_video": VaeSpec("hunyuan_video", 16, 293_000_000, 128, 512, 4, 8),
+    "hunyuan_video": VaeSpec("hunyuan_video", 16, 292_272_678, 128, 512, 4, 8),
+    # diffusers AutoencoderKLHunyuanVideo15's defaults: decoder widths (1024, 1024, 512, 256, 128), z 32, 16x, 4x
+    "hunyuan_video15": VaeSpec("hunyuan_video15", 32, 1_742_619_142, 128, 1024, 4, 16),  # 871 M in fp16
 }
 
 

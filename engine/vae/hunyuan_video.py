@@ -23,7 +23,7 @@ HunyuanVideo `hyvideo/vae`):
 Naming: the Tencent release's VAE file and diffusers' share their names (diffusers'
 `scripts/convert_hunyuan_video_to_diffusers.py` converts the VAE with an empty rename table), so this module
 uses them and there is nothing to rename. HunyuanVideo 1.5's VAE (z 32, 16x, RMS norms and
-`mid_block.attentions.0.norm.gamma`) is a different network, refused by name.
+`mid_block.attentions.0.norm.gamma`) is a different network: engine.vae.hunyuan_video15, which `build` hands it.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def _shape(sd: dict, key: str, path: str) -> tuple[int, ...]:
 
 
 def hv_config(sd: dict, path: str) -> HVConfig:
-    """The config from the weights' shapes; HunyuanVideo 1.5's VAE refused by name."""
+    """The config from the weights' shapes (HunyuanVideo 1.5's VAE is not this network: refused by name)."""
     if "decoder.mid_block.attentions.0.norm.gamma" in sd:
         raise UnsupportedModel(
             f"{path}: the HunyuanVideo 1.5 VAE (32 latent channels, 16x): Loadout decodes the HunyuanVideo "
@@ -297,6 +297,10 @@ def hv_config(sd: dict, path: str) -> HVConfig:
 def build(sd: dict, path: str, strict_load, made) -> HunyuanVideoVAE:
     """The decoder of a HunyuanVideo VAE file (the one naming its releases share), loaded strictly with
     engine.vae.loading's `strict_load`, built through its `made`."""
+    if "decoder.mid_block.attentions.0.norm.gamma" in sd:  # 1.5's RMS-norm network
+        from . import hunyuan_video15
+
+        return hunyuan_video15.build(sd, path, strict_load, made)
     cfg = hv_config(sd, path)
     with torch.device("meta"):
         model = made(path, lambda: HunyuanVideoVAE(cfg))

@@ -116,6 +116,8 @@ LATENT_FORMATS: dict[str, LatentFormat] = {
     # HunyuanVideo (also Kandinsky 5's and SkyReels-V1's VAE): one scalar, diffusers AutoencoderKLHunyuanVideo's
     # scaling_factor 0.476986 (its pipeline multiplies and divides by it alone)
     "hunyuan_video": LatentFormat("hunyuan_video", 16, 0.476986, 0.0, 8, time_factor=4),
+    # HunyuanVideo 1.5: diffusers AutoencoderKLHunyuanVideo15's scaling_factor 1.03682
+    "hunyuan_video15": LatentFormat("hunyuan_video15", 32, 1.03682, 0.0, 16, time_factor=4),
 }
 
 # The architecture a VAE most likely belongs to, from its latent channels alone (4-channel VAEs of SD1
