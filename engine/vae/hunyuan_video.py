@@ -106,8 +106,8 @@ class CausalAttention(nn.Module):
         past = stream.frames.get(id(self))
         if past is not None:
             k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
-        if stream.keep:
-            stream.frames[id(self)] = (k, v)
+        if stream.keep:  # one tensor, as the stream's other entries (video.Snapshots copies them)
+            stream.frames[id(self)] = torch.stack([k, v])
         else:
             stream.frames.pop(id(self), None)
         before = k.shape[1] - t * n  # tokens of earlier chunks

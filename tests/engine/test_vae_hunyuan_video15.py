@@ -61,7 +61,7 @@ def test_the_decode_equals_diffusers(hv15):
 def test_chunks_are_exact_and_tiles_close(hv15):
     _, path, _ = hv15
     vae = load_vae(path)
-    z = torch.randn(1, 4, 3, 6, 8, generator=torch.Generator().manual_seed(2))
+    z = torch.randn(1, 4, 3, 4, 6, generator=torch.Generator().manual_seed(2))
     cpu = torch.device("cpu")
     with torch.inference_mode():
         whole = decode_video(vae, z, Tiling("full", tile_frames=3), device=cpu, dtype=torch.float32)
@@ -71,6 +71,7 @@ def test_chunks_are_exact_and_tiles_close(hv15):
     info = RunInfo()
     tiled = decode(vae, z, tiled=True, tile=32, overlap=16, info=info) * 2 - 1
     assert info.mode == "tiled" and info.tiles > 1
+    print(f"tiled vs whole: {psnr(tiled, whole.clamp(-1, 1)):.1f} dB")
     assert psnr(tiled, whole.clamp(-1, 1)) >= 35
 
 
