@@ -380,7 +380,9 @@ VIDEO_VAES = (
     "wan22",
     "qwen_image21",
     "minimax_h3",
-)  # Wan-network VAEs (Qwen-Image 2.1's: one frame), ViTs
+    "hunyuan_video",
+    "hunyuan_video15",
+)  # Wan-network VAEs (Qwen-Image 2.1's: one frame), ViTs, the HunyuanVideo VAEs
 
 
 def _video_decode_step(pf, size, budget: int, device: str, architecture, path: str, prefix: str) -> dict:

@@ -79,6 +79,9 @@ K_VIDEO_ENCODE["hunyuan_video"] = 43.5  # no encoder is built: never read
 for _k, _v in (K_VIDEO_FRAME, 4.8), (K_VIDEO_CHUNK, 8.0), (K_VIDEO_CACHE, 55.0), (K_VIDEO_ENCODE, 43.5):
     _k["hunyuan_video15"] = _v
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS, "hunyuan_video", "hunyuan_video15")
+# A middle block whose attention is causal over frames keeps every earlier latent frame's keys and values
+# (2 x its width per latent pixel) in the head's stream until the clip's last chunk: the HunyuanVideo VAEs
+K_VIDEO_KV = {"hunyuan_video": 2.0, "hunyuan_video15": 2.0}
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -156,6 +159,7 @@ def video_bytes(
         return vit_video_bytes(spec, frame_pixels, latent_frames, esize, tile_area, result_in_ram)
     latent_px = frame_pixels // (spec.downscale**2)
     head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * tile_frames * latent_px * esize
+    head += K_VIDEO_KV.get(spec.kind, 0.0) * spec.mid * latent_frames * latent_px * esize
     area = frame_pixels if tile_px is None else min(frame_pixels, tile_area or tile_px * tile_px)
     chunk = video_chunk_bytes(spec, area, tile_frames, esize)
     if tile_frames < latent_frames:

@@ -114,8 +114,11 @@ class CausalAttention(nn.Module):
         out = torch.empty_like(q)
         for f in range(t):  # frame f's queries against every key up to its own frame's last
             end = before + (f + 1) * n
+            # attention() sizes its row blocks by the query count: scaled so one block's scores over
+            # `end` keys stay within 8 MiB
+            rows = q[:, f * n : (f + 1) * n]
             out[:, f * n : (f + 1) * n] = attention(
-                q[:, f * n : (f + 1) * n], k[:, :end], v[:, :end], 8 << 20
+                rows, k[:, :end], v[:, :end], max(1, (8 << 20) * n // end)
             )
         y = self.to_out[0](out).transpose(1, 2).reshape(b, c, t, h, w)
         y += x

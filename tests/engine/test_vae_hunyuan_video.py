@@ -185,3 +185,26 @@ def test_the_latent_format_is_the_releases_scalar():
     assert (fmt.channels, fmt.scale, fmt.downscale, fmt.time_factor) == (16, 0.476986, 8, 4)
     z = torch.randn(1, 16, 2, 4, 4)
     assert torch.allclose(fmt.to_vae(fmt.to_model(z)), z, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls, arch", [("AutoencoderKLHunyuanVideo", "hunyuan_video"),
+                                       ("AutoencoderKLHunyuanVideo15", "hunyuan_video15")])  # fmt: skip
+def test_plan_a_720p_decode_of_the_released_layouts(cls, arch, tmp_path, capsys, monkeypatch):
+    """`loadout plan --decode WxHxF` takes the HunyuanVideo VAEs (it refused all but Wan's and MiniMax-H3's),
+    counting the causal attention's keys and values of every latent frame in the head."""
+    from engine.cli import main
+    from engine.formats.safetensors import write_sparse
+    from engine.vae import estimate as est
+    from tests.engine.layouts_2026.common import meta_shapes
+
+    rows = [(k, "BF16", s) for k, s in meta_shapes(getattr(diffusers, cls)).items()]
+    path = write_sparse(tmp_path / f"{arch}_vae.safetensors", rows)
+    assert main(["plan", "--model", str(path), "--decode", "1280x720x129", "--vram", "24", "--json"]) == 0
+    (step,) = json.loads(capsys.readouterr().out)["steps"]
+    assert step["step"] == "decode" and step["detail"]["latent_frames"] == 33
+    kw = dict(kind=arch, latent_channels=16, dtype="bfloat16", latent_frames=33)
+    with_kv = est.estimate_decode_bytes(1280, 720, **kw)
+    monkeypatch.setitem(est.K_VIDEO_KV, arch, 0.0)
+    spec = est.video_spec(arch)
+    kv = 2 * spec.mid * 33 * (1280 * 720 // spec.downscale**2) * 2
+    assert with_kv - est.estimate_decode_bytes(1280, 720, **kw) == pytest.approx(kv, rel=0.01)
