@@ -22,7 +22,9 @@ HunyuanVideo `hyvideo/vae`):
 
 Naming: the Tencent release's VAE file and diffusers' share their names (diffusers'
 `scripts/convert_hunyuan_video_to_diffusers.py` converts the VAE with an empty rename table), so this module
-uses them and there is nothing to rename. HunyuanVideo 1.5's VAE (z 32, 16x, RMS norms and
+uses them. ComfyUI's repackaged `hunyuan_video_vae_bf16.safetensors` names them as LDM's AutoencoderKL
+(`decoder.mid.attn_1.q`, `decoder.up.0.block.0.nin_shortcut.conv`: the key lists users posted in
+kijai/ComfyUI-HunyuanVideoWrapper issues 186 and 307), renamed onto these by `ldm_to_diffusers`. HunyuanVideo 1.5's VAE (z 32, 16x, RMS norms and
 `mid_block.attentions.0.norm.gamma`) is a different network: engine.vae.hunyuan_video15, which `build` hands it.
 """
 
@@ -46,11 +48,50 @@ SLICE_FRAMES = 1  # input frames per 3x3x3 convolution call (CausalConv3d.sliced
 
 
 def is_hunyuan_video(sd) -> bool:
-    """The HunyuanVideo family's causal 3-D VAE (1.0 or 1.5, the latter refused at build)."""
+    """The HunyuanVideo family's causal 3-D VAE: 1.0 in either naming, or 1.5 (engine.vae.hunyuan_video15)."""
     return "decoder.conv_in.conv.weight" in sd and (
         "decoder.mid_block.attentions.0.group_norm.weight" in sd
         or "decoder.mid_block.attentions.0.norm.gamma" in sd
+        or _is_ldm(sd)
     )
+
+
+def _is_ldm(sd) -> bool:
+    """ComfyUI's repackaged file: LDM names (a plain GroupNorm `norm1`, which Kandinsky's KVAE lacks)."""
+    return "decoder.mid.attn_1.q.weight" in sd and "decoder.mid.block_1.norm1.weight" in sd
+
+
+# LDM attention names -> diffusers' (ComfyUI's repackaged hunyuan_video_vae_bf16.safetensors names the
+# decoder as LDM's AutoencoderKL: `mid.block_1`, `mid.attn_1.q`, `up.0` the full-resolution level)
+_LDM_ATTN = {"norm": "group_norm", "q": "to_q", "k": "to_k", "v": "to_v", "proj_out": "to_out.0"}
+
+
+def ldm_to_diffusers(sd: dict) -> dict:
+    """The decoder's LDM names renamed onto this module's (the encoder's are left: it is not built); the
+    attention's 1x1 convolution weights viewed as the linear layers' (C, C)."""
+    ups = {int(k.split(".")[2]) for k in sd if k.startswith("decoder.up.")}
+    out = {}
+    for k, v in sd.items():
+        new = k
+        if k.startswith("decoder."):
+            new = new.replace("decoder.norm_out.", "decoder.conv_norm_out.").replace(
+                ".nin_shortcut.", ".conv_shortcut."
+            )
+            parts = new.split(".")
+            if parts[1] == "mid" and parts[2].startswith("block_"):
+                new = ".".join(["decoder.mid_block.resnets", str(int(parts[2][6:]) - 1), *parts[3:]])
+            elif parts[1] == "mid" and parts[2] == "attn_1" and parts[3] in _LDM_ATTN:
+                new = ".".join(["decoder.mid_block.attentions.0", _LDM_ATTN[parts[3]], *parts[4:]])
+                if parts[3] != "norm" and parts[-1] == "weight" and v.dim() > 2:
+                    v = v.reshape(v.shape[0], -1)
+            elif parts[1] == "up" and ups:
+                level = max(ups) - int(parts[2])
+                if parts[3] == "block":
+                    new = ".".join(["decoder.up_blocks", str(level), "resnets", *parts[4:]])
+                elif parts[3] == "upsample":
+                    new = ".".join(["decoder.up_blocks", str(level), "upsamplers.0", *parts[4:]])
+        out[new] = v
+    return out
 
 
 class _Causal(nn.Module):
@@ -304,6 +345,8 @@ def build(sd: dict, path: str, strict_load, made) -> HunyuanVideoVAE:
         from . import hunyuan_video15
 
         return hunyuan_video15.build(sd, path, strict_load, made)
+    if _is_ldm(sd):
+        sd = ldm_to_diffusers(sd)
     cfg = hv_config(sd, path)
     with torch.device("meta"):
         model = made(path, lambda: HunyuanVideoVAE(cfg))

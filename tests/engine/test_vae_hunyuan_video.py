@@ -127,6 +127,29 @@ def test_chunked_and_tiled_decodes_come_close_to_the_whole(hv):
     assert 20 <= psnr(tiled, whole) < 60
 
 
+def test_comfyuis_ldm_naming_loads_and_decodes_the_same(hv, tmp_path):
+    """ComfyUI's repackaged file names the decoder as LDM's AutoencoderKL (`mid.attn_1.q` as 1x1 convs,
+    `up.0` the full-resolution level): written here by the engine's own diffusers-to-LDM renaming of the
+    image VAEs, it decodes bit for bit as the diffusers-named file; an unknown LDM key is named."""
+    from safetensors.torch import save_file
+
+    from engine.vae.loading import diffusers_to_ldm
+
+    ref, path, sd = hv
+    ldm = diffusers_to_ldm({k: v for k, v in sd.items() if k.startswith(("decoder.", "post_quant_conv."))})
+    assert "decoder.mid.attn_1.q.weight" in ldm and "decoder.up.1.block.0.nin_shortcut.conv.weight" in ldm
+    save_file(ldm, tmp_path / "hunyuan_video_vae_bf16.safetensors")
+    z = torch.randn(1, 4, 2, 4, 4, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        assert torch.equal(
+            load_vae(tmp_path / "hunyuan_video_vae_bf16.safetensors").decode(z), load_vae(path).decode(z)
+        )
+    ldm["decoder.mid.attn_1.extra.weight"] = torch.zeros(1)
+    save_file(ldm, tmp_path / "extra.safetensors")
+    with pytest.raises(FormatError, match=r"unexpected .*mid\.attn_1\.extra\.weight"):
+        load_vae(tmp_path / "extra.safetensors")
+
+
 def test_a_missing_or_misshapen_decoder_key_is_named_and_the_encoder_is_not_needed(hv, tmp_path):
     from safetensors.torch import save_file
 
