@@ -61,11 +61,14 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
             kw["widths"] = widths
             frames = video_frames(kind, t) if len(shape) == 5 else 0
     full = fn(width, height, **kw)
+    tile = req.tile
     if "latent_frames" in kw:  # a video tile computes its whole box: as the run plans it
         from .vae.choice import largest_box_px
-        from .vae.estimate import VIDEO_SPECS
+        from .vae.estimate import VIDEO_SPECS, VIT_KINDS, VIT_TILE
 
         overlap = VIDEO_SPECS[kind].context_px("decode") * 2
-        kw["tile_area"] = largest_box_px((h, w), f, req.tile, overlap) * batch
-    tiled = fn(width, height, tile=req.tile, **kw)
-    return DecodeEstimate(direction, width, height, full, tiled, req.tile, frames)
+        if kind in VIT_KINDS:  # its release's tiles are its output: the ones the run takes
+            tile, overlap = VIT_TILE
+        kw["tile_area"] = largest_box_px((h, w), f, tile, overlap) * batch
+    tiled = fn(width, height, tile=tile, **kw)
+    return DecodeEstimate(direction, width, height, full, tiled, tile, frames)

@@ -208,9 +208,10 @@ def _frame_area(t: Tiling) -> float:
 def _choose_video(job, budget, mode, tile, overlap, tile_frames, overlap_frames, snapshot) -> Tiling:
     if job.spec.kind in estimate.VIT_KINDS:  # its release decodes in its own tiles: they are its output
         if mode == "full":
-            return Tiling("full")
+            return Tiling("full", tile_frames=estimate.VIT_CHUNK)
         tile, overlap = tile or estimate.VIT_TILE[0], estimate.VIT_TILE[1] if overlap is None else overlap
-        return Tiling("tiled", tile, overlap, release_rects(job.lat_hw, job.downscale, tile, overlap))
+        rects = release_rects(job.lat_hw, job.downscale, tile, overlap)
+        return Tiling("tiled", tile, overlap, rects, tile_frames=estimate.VIT_CHUNK)
     full_fits = job.video_bytes(None, 1, snapshot=snapshot) <= budget
     if mode == "full" or (mode == "auto" and tile is None and full_fits):
         n = tile_frames or tile_frames_for(job, budget, None, snapshot=snapshot)

@@ -67,7 +67,8 @@ K_VIDEO_HEAD = 8.0
 VIT_KINDS = ("minimax_h3",)
 VIT_TILE = (256, 64)
 K_VIT_TOKEN = 16.0
-VIT_CHUNK_FRAMES = 7  # MiniMax-H3: chunks of 5 latent frames read 2 more (engine.vae.minimax_h3)
+VIT_CHUNK = 5  # MiniMax-H3: latent frames a chunk advances by (engine.vae.minimax_h3)
+VIT_CHUNK_FRAMES = 7  # and the latent frames it reads: 2 more
 # The HunyuanVideo VAE (engine.vae.hunyuan_video): GroupNorms, and its last up block doubles space at width
 # 2 ch (256 for the release's 128): PROVISIONAL figures, see the coefficients' entries below.
 K_VIDEO_FRAME["hunyuan_video"] = 6.0
