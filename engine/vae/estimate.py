@@ -70,8 +70,11 @@ K_VIT_TOKEN = 16.0
 VIT_CHUNK = 5  # MiniMax-H3: latent frames a chunk advances by (engine.vae.minimax_h3)
 VIT_CHUNK_FRAMES = 7  # and the latent frames it reads: 2 more
 # The HunyuanVideo VAE (engine.vae.hunyuan_video): GroupNorms, and its last up block doubles space at width
-# 2 ch (256 for the release's 128): PROVISIONAL figures, see the coefficients' entries below.
-K_VIDEO_FRAME["hunyuan_video"] = 6.0
+# 2 ch (256 for the release's 128). Measured as Wan's (`bench_vae_video.py`'s child, --family hunyuan_video,
+# dim 32, CPU float32, fresh processes, whole frames of 256x256): peak RSS above the process before the decode
+# 463 MB at 5 frames, 895 MB at 13, i.e. 6.4 per frame per unit of ch, carried 25 % over as Wan's; the chunk
+# and cache figures are not measured (Wan 2.2's).
+K_VIDEO_FRAME["hunyuan_video"] = 8.0
 K_VIDEO_CHUNK["hunyuan_video"] = 8.0
 K_VIDEO_CACHE["hunyuan_video"] = 60.0
 K_VIDEO_ENCODE["hunyuan_video"] = 43.5  # no encoder is built: never read
