@@ -151,8 +151,11 @@ def main() -> None:
     from _record import record
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--family", choices=("wan21", "wan22", "qwen_image21", "hunyuan_video", "hunyuan_video15"),
-                    default="wan21")
+    ap.add_argument(
+        "--family",
+        choices=("wan21", "wan22", "qwen_image21", "hunyuan_video", "hunyuan_video15"),
+        default="wan21",
+    )
     ap.add_argument("--dim", type=int, default=16, help="the encoder's base width (Wan 2.2: decoder 1.6x)")
     ap.add_argument("--size", default="832x480")
     ap.add_argument("--latent-frames", type=int, default=2)
