@@ -169,13 +169,21 @@ def test_a_missing_or_misshapen_decoder_key_is_named_and_the_encoder_is_not_need
         load_vae(tmp_path / "shape.safetensors")
 
 
-def test_the_released_layout_reads_its_config_from_a_header_faithful_file(tmp_path):
+@pytest.mark.parametrize("naming", ["diffusers", "comfy_ldm"])
+def test_the_released_layout_reads_its_config_from_a_header_faithful_file(naming, tmp_path):
+    """The release's layout (Tencent's = diffusers' names; ComfyUI's repackaged file in LDM names, as the
+    detection tests lay it out) as a sparse file: detected, built at the release's config, no data read."""
     from engine.detect import detect_file
     from engine.formats.safetensors import write_sparse
     from engine.vae.estimate import spec_of
+    from tests.engine.layouts_2026 import parts as P
     from tests.engine.layouts_2026.common import meta_shapes
 
-    rows = [(k, "BF16", s) for k, s in meta_shapes(diffusers.AutoencoderKLHunyuanVideo).items()]
+    shapes = meta_shapes(diffusers.AutoencoderKLHunyuanVideo)
+    if naming == "comfy_ldm":
+        shapes = P.hunyuan_vae_ldm(shapes)
+        assert "decoder.mid.attn_1.q.weight" in shapes
+    rows = [(k, "BF16", s) for k, s in shapes.items()]
     path = write_sparse(tmp_path / "hunyuan_video_vae_bf16.safetensors", rows)
     assert (detect_file(path).kind, detect_file(path).architecture) == ("vae", "hunyuan_video")
     vae = load_vae(path)
