@@ -50,6 +50,8 @@ def _vae(dim: int, family: str = "wan21"):
 
     if family == "mochi":
         return _mochi(dim)
+    if family.startswith("hunyuan_video"):
+        return _hunyuan(dim, family)
     with torch.device("meta"):
         if family == "ltxv":
             ref = AutoencoderKLLTXVideo(
@@ -101,6 +103,34 @@ def _mochi(dim: int):
         norm = ".norm" in n and n.endswith("weight")
         sd[n] = 1 + 0.1 * r if norm else r * (0.5 / math.sqrt(math.prod(p.shape[1:])))
     return build(sd, "bench")
+
+
+def _hunyuan(dim: int, family: str):
+    """The HunyuanVideo VAE (widths dim x (1, 2, 4, 4), 32 groups: dim a multiple of 32) or, `family`
+    hunyuan_video15, HunyuanVideo 1.5's (dim x (1, 2, 4, 8, 8)), deterministic random weights."""
+    import torch
+    from diffusers import AutoencoderKLHunyuanVideo, AutoencoderKLHunyuanVideo15
+
+    from engine.vae.loading import load_vae
+
+    with torch.device("meta"):
+        if family == "hunyuan_video15":
+            ref = AutoencoderKLHunyuanVideo15(block_out_channels=tuple(dim * m for m in (1, 2, 4, 8, 8)))
+        else:
+            ref = AutoencoderKLHunyuanVideo(block_out_channels=tuple(dim * m for m in (1, 2, 4, 4)))
+    g = torch.Generator().manual_seed(0)
+    sd = {}
+    for n, p in ref.state_dict().items():
+        if n.startswith("encoder."):
+            continue
+        r = torch.randn(p.shape, generator=g)
+        norm = n.endswith("gamma") or ("norm" in n and n.endswith("weight"))
+        sd[n] = 1 + 0.1 * r if norm else r * (0.5 / math.sqrt(max(1, math.prod(p.shape[1:]))))
+    path = Path(tempfile.mkdtemp()) / f"{family}.safetensors"
+    from safetensors.torch import save_file
+
+    save_file(sd, str(path))
+    return load_vae(path)
 
 
 def run_child(cfg: dict) -> dict:
@@ -162,7 +192,11 @@ def main() -> None:
     from _record import record
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--family", choices=("wan21", "wan22", "qwen_image21", "mochi", "ltxv"), default="wan21")
+    ap.add_argument(
+        "--family",
+        choices=("wan21", "wan22", "qwen_image21", "mochi", "ltxv", "hunyuan_video", "hunyuan_video15"),
+        default="wan21",
+    )
     ap.add_argument("--dim", type=int, default=16, help="the encoder's base width (Wan 2.2: decoder 1.6x)")
     ap.add_argument("--size", default="832x480")
     ap.add_argument("--latent-frames", type=int, default=2)

@@ -237,7 +237,7 @@ FPS["mochi"] = 30.0  # Mochi 1 (genmoai/mochi's and diffusers' MochiPipeline exa
 
 
 def video_fps(vae) -> float:
-    if getattr(vae, "fps", None):  # a VAE that says its family's rate (engine.vae.ltx)
+    if getattr(vae, "fps", None):  # a VAE that says its family's rate (engine.vae.ltx, hunyuan_video)
         return vae.fps
     own = getattr(vae, "spec_kind", None)
     if own in FPS:

@@ -380,6 +380,7 @@ VIDEO_VAES += ("minimax_h3",)  # MiniMax-H3's ViT decoder (engine.vae.minimax_h3
 VIDEO_VAES += ("ltxv", "ltx2")  # LTX-Video's and LTX-2's (engine.vae.ltx)
 VIDEO_VAES += ("mochi",)  # Mochi 1's (engine.vae.mochi)
 VIDEO_VAES += ("kandinsky6_sr",)  # Kandinsky 6 SR's K-VAE (engine.vae.kandinsky6_sr)
+VIDEO_VAES += ("hunyuan_video", "hunyuan_video15")  # the HunyuanVideo VAEs (engine.vae.hunyuan_video*)
 
 
 def _video_decode_step(pf, size, budget: int, device: str, architecture, path: str, prefix: str) -> dict:

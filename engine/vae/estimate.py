@@ -111,6 +111,24 @@ K_VIDEO_ENCODE["kandinsky6_sr"] = 0.0  # its encoder is not run
 K_VIDEO_FRAME["kandinsky6_sr"] = 48.0
 K_VIDEO_CHUNK["kandinsky6_sr"] = 150.0
 K_VIDEO_CACHE["kandinsky6_sr"] = 250.0
+# The HunyuanVideo VAE (engine.vae.hunyuan_video): GroupNorms, and its last up block doubles space at width
+# 2 ch (256 for the release's 128). Measured as Wan's (`bench_vae_video.py`'s child, --family hunyuan_video,
+# dim 32, CPU float32, fresh processes, whole frames of 256x256): peak RSS above the process before the decode
+# 463 MB at 5 frames, 895 MB at 13, i.e. 6.4 per frame per unit of ch, carried 25 % over as Wan's; the chunk
+# and cache figures are not measured (Wan 2.2's).
+K_VIDEO_FRAME["hunyuan_video"] = 8.0
+K_VIDEO_CHUNK["hunyuan_video"] = 8.0
+K_VIDEO_CACHE["hunyuan_video"] = 60.0
+K_VIDEO_ENCODE["hunyuan_video"] = 43.5  # no encoder is built: never read
+# HunyuanVideo 1.5's (engine.vae.hunyuan_video15): RMS norms as Wan's, depth-to-space upsampling that holds
+# the conv's output and the unfolded input at once. Measured the same way (--family hunyuan_video15, dim 32):
+# 443 MB at 5 frames, 735 MB at 13 = 4.4 per frame per unit of ch, 25 % over: 5.5; chunk and cache: Wan 2.2's.
+for _k, _v in (K_VIDEO_FRAME, 5.5), (K_VIDEO_CHUNK, 8.0), (K_VIDEO_CACHE, 55.0), (K_VIDEO_ENCODE, 43.5):
+    _k["hunyuan_video15"] = _v
+VIDEO_KINDS += ("hunyuan_video", "hunyuan_video15")
+# A middle block whose attention is causal over frames keeps every earlier latent frame's keys and values
+# (2 x its width per latent pixel) in the head's stream until the clip's last chunk: the HunyuanVideo VAEs
+K_VIDEO_KV = {"hunyuan_video": 2.0, "hunyuan_video15": 2.0}
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -197,6 +215,7 @@ def video_bytes(
     if spec.time_context:  # the head runs whole, a chunk with its context frames (engine.vae.video)
         tile_frames, head_frames = min(latent_frames, tile_frames + 2 * spec.time_context), latent_frames
     head = spec.mid * latent_frames * latent_px * esize + spec.k_head() * head_frames * latent_px * esize
+    head += K_VIDEO_KV.get(spec.kind, 0.0) * spec.mid * latent_frames * latent_px * esize
     area = frame_pixels if tile_px is None else min(frame_pixels, tile_area or tile_px * tile_px)
     chunk = video_chunk_bytes(spec, area, tile_frames, esize)
     if tile_frames < latent_frames:
@@ -332,6 +351,11 @@ VIDEO_SPECS = {
     # diffusers AutoencoderKLMiniMaxH3's defaults: a 36-block ViT decoder of width 2048 (the encoder left unread),
     # z 24, 16x, 4 frames a latent frame; its release is float32
     "minimax_h3": VaeSpec("minimax_h3", 24, 9_720_000_000, 2048, 2048, 4, 16),
+    # diffusers AutoencoderKLHunyuanVideo's defaults: widths (128, 256, 512, 512), z 16, 8x, 4x; the decoder's
+    # 146 M parameters in fp16 (the encoder is not built)
+    "hunyuan_video": VaeSpec("hunyuan_video", 16, 292_272_678, 128, 512, 4, 8),
+    # diffusers AutoencoderKLHunyuanVideo15's defaults: decoder widths (1024, 1024, 512, 256, 128), z 32, 16x, 4x
+    "hunyuan_video15": VaeSpec("hunyuan_video15", 32, 1_742_619_142, 128, 1024, 4, 16),  # 871 M in fp16
 }
 # LTX-Video 0.9.5+'s decoder (diffusers' config for Lightricks/LTX-Video-0.9.5: decoder widths 1024 -> 128,
 # z 128, 32x, 8x in time): ~ 0.43 G parameters in bf16 with its encoder; reach from LTXConfig.reach()

@@ -129,6 +129,11 @@ LATENT_FORMATS: dict[str, LatentFormat] = {
     "qwen_image21": LatentFormat("qwen_image21", 64, 1.0, 0.0, 16, QWEN21_MEAN, QWEN21_STD, 1),
     # diffusers Kandinsky6SRVAE: scaling_factor 0.910344004631042 (its pipeline divides by it before decoding)
     "kandinsky6_sr": LatentFormat("kandinsky6_sr", 64, 0.910344004631042, 0.0, 16, time_factor=4),
+    # HunyuanVideo (also Kandinsky 5's and SkyReels-V1's VAE): one scalar, diffusers AutoencoderKLHunyuanVideo's
+    # scaling_factor 0.476986 (its pipeline multiplies and divides by it alone)
+    "hunyuan_video": LatentFormat("hunyuan_video", 16, 0.476986, 0.0, 8, time_factor=4),
+    # HunyuanVideo 1.5: diffusers AutoencoderKLHunyuanVideo15's scaling_factor 1.03682
+    "hunyuan_video15": LatentFormat("hunyuan_video15", 32, 1.03682, 0.0, 16, time_factor=4),
 }
 # LTX-Video: 128 channels, 32x, 8x in time; its per-channel mean / std are in each file
 # (`per_channel_statistics.mean-of-means` / `std-of-means`, diffusers `latents_mean` / `latents_std`; the
