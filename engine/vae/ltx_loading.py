@@ -25,9 +25,11 @@ _STATS = ("per_channel_statistics.", "latents_mean", "latents_std")
 
 def is_ltx_vae(keys) -> bool:
     """LTX's decoder in either naming: a `conv_in.conv` (its convolutions wrap a `conv`) and residual
-    blocks under `res_blocks` (Lightricks) or a `mid_block.resnets` of the same kind (diffusers)."""
+    blocks under `res_blocks` (Lightricks) or a `mid_block.resnets` of the same kind (diffusers) -- and no
+    attention anywhere (the HunyuanVideo VAEs wrap their convolutions the same way and have a middle-block
+    attention: engine.vae.hunyuan_video)."""
     keys = set(keys)
-    if "decoder.conv_in.conv.weight" not in keys:
+    if "decoder.conv_in.conv.weight" not in keys or any(".attentions." in k or ".attn" in k for k in keys):
         return False
     return any(
         k.startswith(("decoder.up_blocks.0.res_blocks.", "decoder.mid_block.resnets.0.conv1.conv."))

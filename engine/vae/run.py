@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .. import ops
-from ..errors import FormatError, OutOfMemory
+from ..errors import FormatError, OutOfMemory, UnsupportedModel
 from ..events import Tiling
 from ..jobs import CancelToken, Progress, Report, TileDone, no_report
 from ..memory import release_memory, trim_heap
@@ -187,6 +187,10 @@ def encode(
     """Image (N, 3, H, W) in [0, 1] -> VAE-space latent (N, C, H/8, W/8); H and W are cropped to
     multiples of 8 (as ComfyUI does)."""
     if not hasattr(vae, "encoder"):
+        if getattr(vae, "video", False):  # engine.vae.ltx, mochi, hunyuan_video, kandinsky6_sr, minimax_h3
+            raise UnsupportedModel(
+                f"{getattr(vae, 'source', 'this VAE')}: Loadout decodes with this video VAE; its encoder is not run yet"
+            )
         raise FormatError("this VAE file holds no encoder (a TAESD decoder?): give the encoder file")
     if image.dim() != 4 or image.shape[1] != 3:
         raise FormatError(f"expected an RGB image batch (N, 3, H, W), got {tuple(image.shape)}")

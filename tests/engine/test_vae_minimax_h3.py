@@ -148,3 +148,12 @@ def test_the_command_line_decodes_frames_and_stops_cleanly(h3, tmp_path, capsys)
     with pytest.raises(Cancelled):
         decode(load_vae(h3[1]), z, token=token, report=report)
     assert len(seen) == 2  # stopped at the next op after the second tile
+
+
+def test_an_encode_with_a_decode_only_video_vae_says_so(h3):
+    from engine.errors import UnsupportedModel
+    from engine.vae import encode
+    from engine.vae.loading import load_vae
+
+    with pytest.raises(UnsupportedModel, match="its encoder is not run yet"):
+        encode(load_vae(h3[1]), torch.rand(1, 3, 64, 64))
