@@ -40,6 +40,23 @@ class Stream:
 PADS = ("zeros", "replicate", "replicate_time")
 
 
+class VideoShape:
+    """Mixin of the video VAEs: what the chunk driver (engine.vae.video) and the run read of one, from its
+    config's `z`, `downscale` and `time_factor`."""
+
+    @property
+    def latent_channels(self) -> int:
+        return self.cfg.z
+
+    @property
+    def downscale(self) -> int:
+        return self.cfg.downscale
+
+    @property
+    def time_factor(self) -> int:
+        return self.cfg.time_factor
+
+
 class CausalConv3d(ops.Conv3d):
     """A 3-D convolution, causal in time: `2 * padding[0]` frames of history (at the clip's start zeros, or
     copies of its first frame where `pad` replicates; the stream's cached frames after) instead of

@@ -39,7 +39,7 @@ from torch import nn
 from .. import ops
 from ..errors import FormatError, UnsupportedModel
 from .autoencoder_kl import attention
-from .causal_conv import CausalConv3d, Stream
+from .causal_conv import CausalConv3d, Stream, VideoShape
 
 GROUPS = 32  # norm_num_groups of the release (not in the weights' shapes)
 EPS = 1e-6
@@ -254,7 +254,7 @@ class Decoder(nn.Module):
         self.conv_out = _Causal(rev[-1], cfg.image_channels)
 
 
-class HunyuanVideoVAE(nn.Module):
+class HunyuanVideoVAE(VideoShape, nn.Module):
     """`decode` takes VAE-space latents (B, 16, T, h, w) and returns clips (B, 3, 1 + 4 (T - 1), 8h, 8w) in
     [-1, 1]. Decoder only (the file's encoder and `quant_conv` are not built)."""
 
@@ -268,18 +268,6 @@ class HunyuanVideoVAE(nn.Module):
         self.cfg = cfg
         self.post_quant_conv = ops.Conv3d(cfg.z, cfg.z, 1)
         self.decoder = Decoder(cfg)
-
-    @property
-    def latent_channels(self) -> int:
-        return self.cfg.z
-
-    @property
-    def downscale(self) -> int:
-        return self.cfg.downscale
-
-    @property
-    def time_factor(self) -> int:
-        return self.cfg.time_factor
 
     def vae_spec(self):
         """The estimate's view (engine.vae.estimate.spec_of): the last level's width per output pixel, the

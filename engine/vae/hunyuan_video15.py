@@ -30,7 +30,7 @@ from torch import nn
 from .. import ops
 from ..errors import FormatError
 from .autoencoder_kl import attention
-from .causal_conv import CausalConv3d, Stream
+from .causal_conv import CausalConv3d, Stream, VideoShape
 
 SLICE_FRAMES = 1
 
@@ -189,7 +189,7 @@ class Decoder(nn.Module):
         self.conv_out = _Causal(w[-1], cfg.image_channels)
 
 
-class HunyuanVideo15VAE(nn.Module):
+class HunyuanVideo15VAE(VideoShape, nn.Module):
     """`decode` takes VAE-space latents (B, 32, T, h, w) and returns clips (B, 3, 1 + 4 (T - 1), 16h, 16w) in
     [-1, 1]. Decoder only."""
 
@@ -202,18 +202,6 @@ class HunyuanVideo15VAE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.decoder = Decoder(cfg)
-
-    @property
-    def latent_channels(self) -> int:
-        return self.cfg.z
-
-    @property
-    def downscale(self) -> int:
-        return self.cfg.downscale
-
-    @property
-    def time_factor(self) -> int:
-        return self.cfg.time_factor
 
     def vae_spec(self):
         from .estimate import VaeSpec

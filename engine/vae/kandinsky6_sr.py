@@ -39,7 +39,7 @@ from torch import nn
 
 from .. import ops
 from ..errors import FormatError, UnsupportedModel
-from .causal_conv import CausalConv3d, Stream
+from .causal_conv import CausalConv3d, Stream, VideoShape
 
 SLICE_FRAMES = 1  # input frames per causal 3x3x3 convolution call (CausalConv3d.sliced)
 RELEASE_Z = 64
@@ -187,7 +187,7 @@ class Decoder(nn.Module):
         self.conv_out = _Causal(dims[0], cfg.image_channels, 3)
 
 
-class Kandinsky6SRVAE(nn.Module):
+class Kandinsky6SRVAE(VideoShape, nn.Module):
     """`decode` takes VAE-space latents (B, z, T, h, w) and returns clips (B, 3, 1 + 4 (T - 1), H, W) in [-1, 1]."""
 
     kind = "vae"
@@ -198,18 +198,6 @@ class Kandinsky6SRVAE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.decoder = Decoder(cfg)
-
-    @property
-    def latent_channels(self) -> int:
-        return self.cfg.z
-
-    @property
-    def downscale(self) -> int:
-        return self.cfg.downscale
-
-    @property
-    def time_factor(self) -> int:
-        return self.cfg.time_factor
 
     def vae_spec(self):
         """The estimate's view (engine.vae.estimate.spec_of): the full-resolution width as `ch`, the head's

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
-from .causal_conv import CausalConv3d, Stream
+from .causal_conv import CausalConv3d, Stream, VideoShape
 from .wan import unpatchify
 
 NORM_EPS = 1e-8  # the decoder's RMS norms (diffusers LTXVideoResnetBlock3d: RMSNorm(eps=1e-8))
@@ -257,7 +257,7 @@ class Decoder(nn.Module):
         self.first_up = next((i for i, b in enumerate(cfg.blocks) if b[0] == "up"), len(cfg.blocks))
 
 
-class LTXVideoVAE(nn.Module):
+class LTXVideoVAE(VideoShape, nn.Module):
     """`decode` takes VAE-space latents (B, 128, T, h, w) and returns clips (B, 3, 1 + 8 (T - 1), 32h, 32w)
     in [-1, 1]. `decode_timestep`: the timestep a conditioned decoder (0.9.1+) decodes at -- an input
     of the decode, not a weight (DECODE_TIMESTEP, the pipelines' value, unless the caller sets another);
@@ -275,18 +275,6 @@ class LTXVideoVAE(nn.Module):
         self.default_decode_timestep = self.decode_timestep = DECODE_TIMESTEP
         # engine.vae.video: each chunk decodes as a clip of its own with this many context frames a side
         self.time_context = cfg.reach()
-
-    @property
-    def latent_channels(self) -> int:
-        return self.cfg.z
-
-    @property
-    def downscale(self) -> int:
-        return self.cfg.downscale
-
-    @property
-    def time_factor(self) -> int:
-        return self.cfg.time_factor
 
     def _t(self, x: torch.Tensor) -> torch.Tensor | None:
         if not self.cfg.timestep:

@@ -37,7 +37,7 @@ from torch import nn
 
 from .. import ops
 from ..errors import FormatError, UnsupportedModel
-from .causal_conv import CausalConv3d, Stream
+from .causal_conv import CausalConv3d, Stream, VideoShape
 from .wan import _Indexed
 
 GROUPS = 32  # the release's GroupNorm groups (norm_fn: num_groups=32)
@@ -143,7 +143,7 @@ class Decoder(nn.Module):
         self.output_proj = ops.Linear(w[-1], cfg.image_channels)
 
 
-class MochiVAE(nn.Module):
+class MochiVAE(VideoShape, nn.Module):
     """`decode` takes VAE-space latents (B, 12, T, h, w) and returns clips (B, 3, 6T - 5, 8h, 8w) in
     [-1, 1]. Decoder only: a file's encoder tensors are left unused and `encode` is refused."""
 
@@ -163,18 +163,6 @@ class MochiVAE(nn.Module):
     def spec_widths(self) -> tuple[int, int]:
         """(ch, mid) for the memory estimate: the last block's width, the first block's."""
         return self.cfg.widths[-1], self.cfg.widths[0]
-
-    @property
-    def latent_channels(self) -> int:
-        return self.cfg.z
-
-    @property
-    def downscale(self) -> int:
-        return self.cfg.downscale
-
-    @property
-    def time_factor(self) -> int:
-        return self.cfg.time_factor
 
     # -- pieces the chunked runner composes (engine.vae.video) ----------------------------------
     def decode_head(self, z: torch.Tensor, stream: Stream) -> torch.Tensor:

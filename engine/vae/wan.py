@@ -35,7 +35,7 @@ from torch import nn
 from .. import ops
 from ..memory import trim_heap
 from .autoencoder_kl import attention
-from .causal_conv import CausalConv3d, Stream
+from .causal_conv import CausalConv3d, Stream, VideoShape
 
 # Free heap bytes above which a resample (a level boundary) hands the heap's free pages back first, on the
 # CPU. Under glibc's 32 MiB mmap ceiling a tile's lower levels live on the heap; freed, they stay
@@ -430,7 +430,7 @@ def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
     return x.reshape(b, c * p * p, t, h // p, w // p)
 
 
-class WanVAE(nn.Module):
+class WanVAE(VideoShape, nn.Module):
     """`decode` takes VAE-space latents (B, z, T, h, w) and returns clips (B, 3, 1 + 4 (T - 1), H, W) in
     [-1, 1]; `encode` the posterior mean of clips of 1 + 4k frames. `conv1` / `conv2` are the quant and
     post-quant 1x1x1 convolutions of the original file."""
@@ -448,18 +448,6 @@ class WanVAE(nn.Module):
         if cfg.has_decoder:
             self.conv2 = CausalConv3d(cfg.z, cfg.z, 1)
             self.decoder = Decoder3d(cfg)
-
-    @property
-    def latent_channels(self) -> int:
-        return self.cfg.z
-
-    @property
-    def downscale(self) -> int:
-        return self.cfg.downscale
-
-    @property
-    def time_factor(self) -> int:
-        return self.cfg.time_factor
 
     # -- pieces the chunked runner composes (engine.vae.video) ----------------------------------
     def decode_head(self, z: torch.Tensor, stream: Stream) -> torch.Tensor:
