@@ -144,7 +144,10 @@ def decode_video(
     if tiling.tiled:
         tile_l, overlap_l = max(1, tiling.tile_px // f), max(0, tiling.overlap_px // f)
         tiles = plan_tiles(h, w, tile_l, overlap_l)
-        blend = min(tiling.overlap_px // 2, 32)
+        # the band reaches half of itself past a core: never past the context its tiles compute (a tile of 2
+        # latent units with an overlap of 1 has none, and its ramp then read outside its output)
+        ctx = min(overlap_l, tile_l // 2) // 2  # plan_tiles' context per side
+        blend = min(tiling.overlap_px // 2, 32, 2 * ctx * f)
     else:
         tiles = [Tile((0, h, 0, w), (0, h, 0, w))]
         blend = 0
