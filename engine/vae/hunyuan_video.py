@@ -144,26 +144,34 @@ class CausalAttention(nn.Module):
         tokens = self.group_norm(x).flatten(2).transpose(1, 2)  # (B, T h w, C), frame-major
         q, k, v = self.to_q(tokens), self.to_k(tokens), self.to_v(tokens)
         del tokens
-        past = stream.frames.get(id(self))
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
-        if stream.keep:  # one tensor, as the stream's other entries (video.Snapshots copies them)
-            stream.frames[id(self)] = torch.stack([k, v])
-        else:
-            stream.frames.pop(id(self), None)
-        before = k.shape[1] - t * n  # tokens of earlier chunks
-        out = torch.empty_like(q)
-        for f in range(t):  # frame f's queries against every key up to its own frame's last
-            end = before + (f + 1) * n
-            # attention() sizes its row blocks by the query count: scaled so one block's scores over
-            # `end` keys stay within 8 MiB
-            rows = q[:, f * n : (f + 1) * n]
-            out[:, f * n : (f + 1) * n] = attention(
-                rows, k[:, :end], v[:, :end], max(1, (8 << 20) * n // end)
-            )
+        out = causal_frames(self, q, k, v, stream, t, n)
         y = self.to_out[0](out).transpose(1, 2).reshape(b, c, t, h, w)
         y += x
         return y
+
+
+def causal_frames(owner: nn.Module, q, k, v, stream: Stream, t: int, n: int) -> torch.Tensor:
+    """Single-head attention of a chunk's `t` frames of `n` tokens each (B, t n, C), frame-major: each
+    frame's queries see the keys of its own and earlier frames. The keys and values of the chunks before
+    are kept in `stream` under `owner` (as one stacked tensor, as the stream's other entries: video.Snapshots
+    copies them), so a clip decoded chunk by chunk attends as the whole one."""
+    past = stream.frames.get(id(owner))
+    if past is not None:
+        k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
+    if stream.keep:
+        stream.frames[id(owner)] = torch.stack([k, v])
+    else:
+        stream.frames.pop(id(owner), None)
+    before = k.shape[1] - t * n  # tokens of earlier chunks
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    for f in range(t):  # frame f's queries against every key up to its own frame's last
+        end = before + (f + 1) * n
+        # attention() sizes its row blocks by the query count: scaled so one block's scores over `end`
+        # keys stay within 8 MiB
+        rows = q[:, f * n : (f + 1) * n]
+        out[:, f * n : (f + 1) * n] = attention(rows, k[:, :end], v[:, :end], max(1, (8 << 20) * n // end))
+    return out
 
 
 class MidBlock(nn.Module):

@@ -29,8 +29,8 @@ from torch import nn
 
 from .. import ops
 from ..errors import FormatError
-from .autoencoder_kl import attention
 from .causal_conv import CausalConv3d, Stream, VideoShape
+from .hunyuan_video import causal_frames
 
 SLICE_FRAMES = 1
 
@@ -76,24 +76,7 @@ class CausalAttention(nn.Module):
         y = self.norm(x)
         q, k, v = (f(y).flatten(2).transpose(1, 2) for f in (self.to_q, self.to_k, self.to_v))
         del y
-        past = stream.frames.get(id(self))
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
-        if stream.keep:  # one tensor, as the stream's other entries (video.Snapshots copies them)
-            stream.frames[id(self)] = torch.stack([k, v])
-        else:
-            stream.frames.pop(id(self), None)
-        before = k.shape[1] - t * n
-        q = q.contiguous()
-        out = torch.empty_like(q)
-        for f in range(t):
-            end = before + (f + 1) * n
-            # attention() sizes its row blocks by the query count: scaled so one block's scores over
-            # `end` keys stay within 8 MiB
-            rows = q[:, f * n : (f + 1) * n]
-            out[:, f * n : (f + 1) * n] = attention(
-                rows, k[:, :end], v[:, :end], max(1, (8 << 20) * n // end)
-            )
+        out = causal_frames(self, q, k, v, stream, t, n)
         y = self.proj_out(out.transpose(1, 2).reshape(b, c, t, h, w))
         y += x
         return y
