@@ -16,7 +16,7 @@ from torch import nn
 from .. import ops
 from ..errors import FormatError, OutOfMemory, UnsupportedModel
 from ..events import Tiling
-from ..jobs import CancelToken, Progress, Report, TileDone, no_report
+from ..jobs import CancelToken, Progress, Report, no_report
 from ..memory import release_memory, trim_heap
 from . import choice, estimate
 from .choice import MIN_TILE_PX  # noqa: F401  (re-exported for callers of the run)
@@ -364,7 +364,9 @@ def _attempt(vae, x, direction, tiling, device, dtype, budget, disk_store, token
 
 def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, report, info, lat_hw):
     if getattr(vae, "video", False):
-        return _pass_video(vae, x, direction, tiling, device, dtype, budget, token, report, info)
+        from .video import pass_video
+
+        return pass_video(vae, x, direction, tiling, device, dtype, budget, token, report, info)
     f = vae.downscale
     stage = f"VAE {direction}"
     with _compute(vae, device, dtype, budget), ops.cancel_scope(token), torch.inference_mode():
@@ -418,66 +420,6 @@ def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, r
         del xin
         _guard(y, dtype)
         return _finish(vae, vae.encode_tail(y.to(dtype)), direction)
-
-
-def _pass_video(vae, x, direction, tiling, device, dtype, budget, token, report, info):
-    """A Wan-family VAE: chunked (and tiled) decode of 5-D latents, a 4-D latent as one frame; encode of
-    images as one-frame clips."""
-    from .video import Counters, decode_video
-
-    stage = f"VAE {direction}"
-    still = x.dim() == 4
-    with _compute(vae, device, dtype, budget), ops.cancel_scope(token), torch.inference_mode():
-        if direction == "encode":
-            report(Progress(stage, 0, 1))
-            xin = x.to(device=device, dtype=dtype)
-            lat = vae.encode(xin.unsqueeze(2) if still else xin)
-            report(Progress(stage, 1, 1))
-            info.mode, info.tiles = "full", 1
-            return _finish(vae, lat[:, :, 0] if still else lat, direction)
-        z = x.unsqueeze(2) if still else x
-        counters = Counters(notes=info.notes)
-        info.notes.extend(getattr(vae, "notes", ()))  # what the loader had to assume (engine.vae.ltx_loading)
-        info.mode = tiling.mode
-        info.tile_px, info.overlap_px = (tiling.tile_px, tiling.overlap_px) if tiling.tiled else (None, None)
-        info.tiles = max(1, len(tiling.rects))
-        info.tile_frames, info.overlap_frames = tiling.tile_frames, tiling.overlap_frames
-
-        if getattr(vae, "own_driver", False):
-            return _own_driver(vae, z, tiling, device, dtype, report, stage, still)
-
-        @contextlib.contextmanager
-        def on_cpu():
-            with _compute(vae, torch.device("cpu"), torch.float32, None):
-                yield
-
-        snapshot = choice.snapshot_for(job_of(vae, x, direction, device, dtype), tiling, budget)
-        clip = decode_video(vae, z, tiling, device=device, dtype=dtype, token=token, report=report,
-                            counters=counters, cpu_fallback=on_cpu if device.type == "cuda" else None,
-                            stage=stage, snapshot=snapshot)  # fmt: skip
-        info.snapshot = counters.snapshot
-        info.oom_retries += counters.oom_retries
-        info.cpu_fallback = counters.cpu_fallback
-        clip = ((clip + 1) / 2).clamp_(0, 1)
-        if clip.shape[2] > 3:  # Qwen-Image-Layered's RGBA VAE: the colour planes (alpha is its 4th)
-            info.notes.append(f"the VAE decodes {clip.shape[2]} channels: kept the first three (RGB)")
-            clip = clip[:, :, :3]
-        return clip[:, 0].contiguous() if still else clip
-
-
-def _own_driver(vae, z, tiling, device, dtype, report, stage, still):
-    """A VAE whose release defines its decode's chunks and tiles (engine.vae.minimax_h3): run as it is, a
-    progress line and a TileDone after each tile."""
-
-    def on_tile(chunk, chunks, index, count, rect):
-        report(Progress(stage, chunk * count + index + 1, chunks * count,
-                        f"chunk {chunk + 1}/{chunks}, tile {index + 1}/{count}",
-                        TileDone(chunk + 1, chunks, index, count, rect)))  # fmt: skip
-
-    tile = (tiling.tile_px, tiling.overlap_px) if tiling.tiled else None
-    clip = vae.decode_clips(z.to(device=device, dtype=dtype), tile, on_tile)  # (B, 3, F, H, W), frame-major
-    clip = clip.add_(1).div_(2).clamp_(0, 1).transpose(1, 2)
-    return clip[:, 0].contiguous() if still else clip.contiguous()
 
 
 def _guard(t, dtype):
