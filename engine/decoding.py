@@ -246,7 +246,8 @@ def video_fps(vae) -> float:
 
 
 def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
-    """Encode an image to a .latent file. The result shows the latent decoded back when the VAE has a
+    """Encode an image, or a clip with a video VAE (engine.vae.clips: a video file, an animated WebP / GIF, a
+    folder of frames), to a .latent file. The result shows the latent decoded back when the VAE has a
     decoder (a TAESD *_encoder file brings its *_decoder sibling): the round trip is what a model will
     really get from this image; without a decoder it shows the image that was encoded."""
     import numpy as np
@@ -255,18 +256,25 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
     from .formats.latent import write_latent
     from .vae import decode as vae_decode
     from .vae import encode as vae_encode
+    from .vae.clips import is_clip
     from .vae.images import read_rgb
     from .vae.run import RunInfo
 
-    im = read_rgb(req.image)
     comp = vae_for(parts, req.vae)
-    if not hasattr(comp.module, "encoder"):
+    video = getattr(comp.module, "video", False)
+    if not hasattr(comp.module, "encoder") and not video:  # a video VAE's refusal is engine.vae.run's
         raise FormatError(
             f"{os.path.basename(req.vae)} holds no encoder (a TAESD decoder?): choose an encoder."
         )
-    x = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1)[None]
-    device, dtype = _place(parts, comp, "encode", x.shape[2] * x.shape[3], token, report)
     info = RunInfo()
+    if is_clip(req.image):
+        x, size = _clip(comp.module, req, info.notes)  # (1, 3, F, H, W)
+    else:
+        im = read_rgb(req.image)
+        size = im.size
+        x = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1)[None]
+    frames = x.shape[2] if x.dim() == 5 else 1
+    device, dtype = _place(parts, comp, "encode", x.shape[-2] * x.shape[-1] * frames, token, report)
     t0 = time.perf_counter()
     tiling, budget = choose_tiling(comp.module, x, "encode", req, device, dtype)
     lat = vae_encode(comp.module, x, device=device, dtype=dtype, budget=budget, token=token, report=report,
@@ -279,9 +287,61 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
         x = vae_decode(comp.module, lat, device=device, dtype=dtype, budget=budget, token=token, report=report,
                        tiling=back)  # fmt: skip
         shown = "round trip"
-    w, h, rgb = _rgb(x)
+    elif x.dim() == 5:
+        x = x.transpose(1, 2)  # the clip encoded, frame-major as a decoded clip is: (1, F, 3, H, W)
+    clip = x.dim() == 5
+    w, h, rgb = _rgb(x[0] if clip else x)
     f = comp.module.downscale  # the encoder crops the image to whole latent pixels (as ComfyUI does)
     out = {**info.to_json(), "latent_shape": list(lat.shape), "out": req.out, "vae_component": comp.name,
            "shown": shown, "device": str(device),
-           "encoded_size": [lat.shape[-1] * f, lat.shape[-2] * f], "image_size": list(im.size)}  # fmt: skip
-    return DecodeResult(w, h, rgb, frozen(out), time.perf_counter() - t0, req.out)
+           "encoded_size": [lat.shape[-1] * f, lat.shape[-2] * f], "image_size": list(size)}  # fmt: skip
+    if frames > 1 or lat.dim() == 5:
+        out["frames"] = frames
+    shown_frames = tuple(_rgb(x[0], i)[2] for i in range(x.shape[1])) if clip else ()
+    fps = video_fps(comp.module) if shown_frames else 0.0
+    return DecodeResult(w, h, rgb, frozen(out), time.perf_counter() - t0, req.out, (), shown_frames, fps)
+
+
+def encodable_frames(vae, n: int) -> int:
+    """The most frames of `n` a video VAE's encoder takes: its own rule (`encode_frames`) where it has one,
+    else a causal VAE's 1 + k time_factor (the first frame on its own, then groups of time_factor)."""
+    if hasattr(vae, "encode_frames"):
+        return vae.encode_frames(n)
+    tf = vae.time_factor
+    return 1 + tf * ((n - 1) // tf) if n > 0 else 0
+
+
+def _clip(vae, req: Encode, notes: list[str]):
+    """The clip `req.image` as (1, 3, F, H, W) in [0, 1], F the most frames the VAE takes of the first
+    `req.frames` (all when None); a note says what was left out."""
+    import torch
+
+    from .vae.clips import clip_info, read_clip
+
+    name = os.path.basename(req.image.rstrip(os.sep))
+    if not getattr(vae, "video", False):
+        raise FormatError(f"{name} is a clip: encoding a clip needs a video VAE (Wan, HunyuanVideo, LTX-Video, "
+                          "...); this VAE encodes images", path=req.image)  # fmt: skip
+    head = clip_info(req.image)
+    want = req.frames
+    if want is None:  # all of it, unless the frames alone would take a quarter of the RAM: then ask
+        import psutil
+
+        one = head.width * head.height * 3 * 5  # uint8 read + float32 clip, per frame
+        room = max(1, psutil.virtual_memory().available // 4 // max(1, one))
+        if head.frames > room:
+            raise FormatError(f"{name}: {head.frames} frames of {head.width}x{head.height} would take "
+                              f"{head.frames * one / 2**30:.1f} GiB before encoding: choose how many with "
+                              f"--frames (e.g. --frames {encodable_frames(vae, min(room, 81))})",
+                              path=req.image)  # fmt: skip
+        want = head.frames or room  # a header without a count: read what fits
+    arr, _ = read_clip(req.image, max_frames=want)
+    n_in = len(arr)
+    n = encodable_frames(vae, n_in)
+    if n <= 0:
+        raise FormatError(f"{name}: {n_in} frame(s) is too few for this VAE's encoder", path=req.image)
+    if n < n_in:
+        rule = getattr(vae, "encode_frames_rule", f"1 + {vae.time_factor}k frames")
+        notes.append(f"encoded the first {n} of {n_in} frames: this VAE takes {rule}")
+    x = torch.from_numpy(arr[:n]).permute(3, 0, 1, 2)[None].float().div_(255)
+    return x, (head.width, head.height)

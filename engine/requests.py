@@ -218,6 +218,7 @@ class Encode:
     tile: int = 512
     overlap: int | None = None  # None: the VAE's own (its receptive field: 128 px for SD and TAESD encoders)
     round_trip: bool = True  # also decode the latent back for DecodeResult.rgb (the window shows it)
+    frames: int | None = None  # a clip (engine.vae.clips): encode at most its first N frames (None: all)
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,13 @@ from ._common import EXIT_OK, print_json
 from ._vae_common import StderrProgress, add_tile_arguments, engine_for, run_info, tiling
 
 NAME = "encode"
-HELP = "VAE encode an image to a .latent (full or tiled)"
+HELP = "VAE encode an image, or a clip with a video VAE, to a .latent (full or tiled)"
 DESCRIPTION = (
     "Encode an image with a VAE or TAESD-family encoder into a ComfyUI-compatible .latent (VAE space, with "
-    "the latent_format_version_0 marker). Width and height are cropped to multiples of 8, as ComfyUI does."
+    "the latent_format_version_0 marker). Width and height are cropped to multiples of 8, as ComfyUI does. "
+    "With a video VAE (Wan 2.1 / 2.2, ...) --image may also be a clip: a video file (MP4, MOV, MKV, WebM), "
+    "an animated WebP or GIF, or a folder of frames (PNG / JPEG, in name order); its first frames are "
+    "encoded, as many as the VAE takes (1 + 4k for Wan), to a 5-D latent."
 )
 
 
@@ -21,7 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vae", required=True, metavar="FILE", help="VAE, checkpoint with a VAE, or TAESD encoder"
     )
-    parser.add_argument("--image", required=True, metavar="IMG", help="PNG or JPEG")
+    parser.add_argument(
+        "--image", required=True, metavar="IMG",
+        help="PNG or JPEG; with a video VAE also CLIP.mp4, CLIP.webp, CLIP.gif or a folder of frames",
+    )  # fmt: skip
+    parser.add_argument(
+        "--frames", type=_positive, metavar="N",
+        help="a clip: encode at most its first N frames (default: all, rounded down to a count the VAE takes)",
+    )  # fmt: skip
     parser.add_argument(
         "--out", required=True, metavar="FILE.latent", help="the .latent to write (atomically)"
     )
@@ -33,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from ..requests import Encode
 
     engine, report = engine_for(args)
-    req = Encode(args.vae, args.image, args.out, round_trip=False, **tiling(args))
+    req = Encode(args.vae, args.image, args.out, round_trip=False, frames=args.frames, **tiling(args))
     try:
         res = engine.run(req, report=StderrProgress(args.quiet))  # writes the .latent atomically
     finally:
@@ -47,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         "output": args.out,
         "latent_shape": res.info["latent_shape"],
         "encoded_size": res.info["encoded_size"],  # [width, height] encoded: cropped to whole latent pixels
+        **({"frames": res.info["frames"]} if "frames" in res.info else {}),  # a clip: the frames encoded
         "device": device,
         "seconds": round(res.seconds, 3),
         **info,
@@ -56,8 +67,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         used = tuple(res.info["encoded_size"])  # whole latent pixels: the rest was cropped
         crop = f" (cropped to {used[0]}x{used[1]})" if used != (w, h) else ""
+        if "frames" in res.info:
+            crop += f", {res.info['frames']} frames"
+        for note in info.get("notes") or ():
+            print(f"  note: {note}")
         print(
             f"encoded {w}x{h}{crop} -> latent {tuple(res.info['latent_shape'])} on {device} "
             f"({info['dtype']}, {info['mode']}) in {res.seconds:.1f} s; wrote {args.out}"
         )
     return EXIT_OK
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n

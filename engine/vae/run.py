@@ -185,20 +185,22 @@ def encode(
     on_tiling: Callable[[Tiling, str], None] | None = None,
 ) -> torch.Tensor:
     """Image (N, 3, H, W) in [0, 1] -> VAE-space latent (N, C, H/8, W/8); H and W are cropped to
-    multiples of 8 (as ComfyUI does)."""
+    multiples of 8 (as ComfyUI does). A video VAE also takes a clip (N, 3, F, H, W), F a count its encoder
+    takes (engine.decoding.encodable_frames), and returns (N, C, T, h, w)."""
     if not hasattr(vae, "encoder"):
         if getattr(vae, "video", False):  # engine.vae.ltx, mochi, hunyuan_video, kandinsky6_sr, minimax_h3
             raise UnsupportedModel(
                 f"{getattr(vae, 'source', 'this VAE')}: Loadout decodes with this video VAE; its encoder is not run yet"
             )
         raise FormatError("this VAE file holds no encoder (a TAESD decoder?): give the encoder file")
-    if image.dim() != 4 or image.shape[1] != 3:
+    clip = image.dim() == 5 and getattr(vae, "video", False)
+    if (image.dim() != 4 and not clip) or image.shape[1] != 3:
         raise FormatError(f"expected an RGB image batch (N, 3, H, W), got {tuple(image.shape)}")
     f = vae.downscale
-    hh, ww = image.shape[2] // f * f, image.shape[3] // f * f
+    hh, ww = image.shape[-2] // f * f, image.shape[-1] // f * f
     if hh == 0 or ww == 0:
         raise FormatError(f"the image is smaller than {f}x{f} pixels")
-    image = image[:, :, :hh, :ww]
+    image = image[..., :hh, :ww]
     if getattr(getattr(vae, "cfg", None), "image_channels", 3) == 4:
         # an RGBA VAE (Qwen-Image 2.1's, Qwen-Image-Layered's): the image opaque, as its pipeline's
         # convert("RGBA") makes an RGB image (pipeline_qwenimage21.py)

@@ -369,8 +369,8 @@ def _release(device: torch.device) -> None:
 
 
 def pass_video(vae, x, direction, tiling, device, dtype, budget, token, report, info):
-    """engine.vae.run's pass for a video VAE: chunked (and tiled) decode of 5-D latents, a 4-D latent as one frame; encode of
-    images as one-frame clips."""
+    """engine.vae.run's pass for a video VAE: chunked (and tiled) decode of 5-D latents, a 4-D latent as one
+    frame; encode of clips (N, 3, F, H, W) by the VAE's own `encode`, an image as a one-frame clip."""
     from .run import _compute, _finish, job_of
 
     stage = f"VAE {direction}"
