@@ -43,7 +43,8 @@ from engine.devices import DeviceOptions
 log = logging.getLogger("loadout.app")
 # Icons live in the repository's top-level resources/ (a PyInstaller build puts them beside the code).
 RESOURCES = Path(getattr(sys, "_MEIPASS", Path(__file__).resolve().parents[1])) / "resources"
-DECODE_INPUTS = (".latent", ".png", ".jpg", ".jpeg", ".webp")  # dropped alone, these go to Decode
+# dropped alone, these go to Decode: latents, images, and clips to encode (a dropped folder is a model folder)
+DECODE_INPUTS = (".latent", ".png", ".jpg", ".jpeg", ".webp", ".mp4", ".mov", ".mkv", ".webm", ".gif")
 LAYOUT_VERSION = 1
 
 

@@ -97,7 +97,7 @@ def vae_for(parts: Parts, path: str):
     return comp
 
 
-def _place(parts: Parts, comp, direction: str, pixels: int, token, report):
+def _place(parts: Parts, comp, direction: str, pixels: int, token, report, frames: int = 1):
     """Load the VAE through the ledger, asking for the pass's own memory on top so other models are
     evicted first when the device is short (ComfyUI loads its VAE with the decode's estimate)."""
     import torch
@@ -108,7 +108,10 @@ def _place(parts: Parts, comp, direction: str, pixels: int, token, report):
     spec = estimate.spec_of(comp.module)
     dtype = _dtype(comp)
     esize = torch.empty((), dtype=dtype).element_size()
-    extra = estimate.activation_bytes(spec, direction, pixels, esize)
+    if frames > 1:  # a clip to encode
+        extra = estimate.encode_clip_bytes(spec, pixels, frames, esize, full=False)
+    else:
+        extra = estimate.activation_bytes(spec, direction, pixels, esize)
     if comp.device == res.device:
         extra = min(extra, max(0, res.probe() - res.policy.min_inference) // 2)  # tiles cover the rest
     res.load([comp], extra_memory=extra, token=token, report=report)
@@ -274,7 +277,7 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
         size = im.size
         x = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1)[None]
     frames = x.shape[2] if x.dim() == 5 else 1
-    device, dtype = _place(parts, comp, "encode", x.shape[-2] * x.shape[-1] * frames, token, report)
+    device, dtype = _place(parts, comp, "encode", x.shape[-2] * x.shape[-1], token, report, frames)
     t0 = time.perf_counter()
     tiling, budget = choose_tiling(comp.module, x, "encode", req, device, dtype)
     lat = vae_encode(comp.module, x, device=device, dtype=dtype, budget=budget, token=token, report=report,

@@ -4,10 +4,13 @@ engine.vae.estimate's formulas. Torch-free, so the window's bridge answers it in
 
 from __future__ import annotations
 
+import os
+
 from .errors import EngineError, FormatError
 from .requests import DecodeEstimate, EstimateDecode
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+CLIP_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".webp", ".gif")  # engine.vae.clips
 
 
 def _vae_facts(path: str) -> tuple[str, int | None, tuple[int, int] | None]:
@@ -30,9 +33,18 @@ def _vae_facts(path: str) -> tuple[str, int | None, tuple[int, int] | None]:
 def estimate(req: EstimateDecode) -> DecodeEstimate:
     """The estimate for `req`; a missing or unreadable input is a FormatError whose message says why."""
     from .vae import estimate_decode_bytes, estimate_encode_bytes
+    from .vae.estimate import VIDEO_SPECS, video_frames
 
     try:
-        if req.source.lower().endswith(IMAGE_SUFFIXES):
+        clip = None
+        if req.source.lower().endswith(CLIP_SUFFIXES) or os.path.isdir(req.source):
+            from .vae.clips import clip_info, is_clip
+
+            clip = clip_info(req.source) if is_clip(req.source) else None
+        if clip is not None:  # a clip to encode with a video VAE (engine.decoding.encode)
+            width, height = clip.width, clip.height
+            batch, channels, fn, direction = 1, 4, estimate_encode_bytes, "encode"
+        elif req.source.lower().endswith(IMAGE_SUFFIXES):
             from .vae.images import image_size
 
             width, height = image_size(req.source)
@@ -50,9 +62,14 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
     kind, weights, widths = _vae_facts(req.vae)
     kw = dict(kind=kind, latent_channels=channels, batch=batch, weight_bytes=weights)
     frames = 0
+    if clip is not None:
+        if kind not in VIDEO_SPECS:
+            raise FormatError(f"{os.path.basename(req.source.rstrip(os.sep))} is a clip: encoding a clip needs a "
+                              "video VAE (Wan, HunyuanVideo, LTX-Video, ...)", path=req.source)  # fmt: skip
+        tf = VIDEO_SPECS[kind].time_factor  # the frames a causal encoder takes: 1 + k time_factor
+        frames = 1 + tf * ((clip.frames - 1) // tf) if clip.frames else 1
+        kw["frames"] = frames
     if direction == "decode":
-        from .vae.estimate import VIDEO_SPECS, video_frames
-
         f = VIDEO_SPECS[kind].downscale if kind in VIDEO_SPECS else 8
         width, height = w * f, h * f
         if kind in VIDEO_SPECS:

@@ -40,11 +40,14 @@ from engine.requests import Decode, DecodeEstimate, Encode, EstimateDecode, Save
 
 LATENT_SUFFIXES = (".latent", ".safetensors")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+CLIP_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".gif")  # encoded with a video VAE
 
 
 def input_kind(path: str) -> str | None:
+    """'image' for pixels to encode (an image, or a clip: a video file, an animated GIF / WebP, a folder of
+    frames, engine.vae.clips), 'latent' for a latent to decode, None for anything else."""
     p = path.lower()
-    if p.endswith(IMAGE_SUFFIXES):
+    if p.endswith(IMAGE_SUFFIXES + CLIP_SUFFIXES) or os.path.isdir(path):
         return "image"
     if p.endswith(LATENT_SUFFIXES):
         return "latent"
@@ -221,7 +224,8 @@ class DecodePanel(QWidget):
         """A dropped or chosen file becomes the input if it is a latent or an image."""
         if input_kind(path) is None:
             self.message.emit(f"{os.path.basename(path)} is neither a latent (.latent, .safetensors) nor an "
-                              "image (.png, .jpg, .webp): Decode cannot use it.", "warning")  # fmt: skip
+                              "image (.png, .jpg, .webp) or a clip (.mp4, .webm, .gif, a folder of frames): Decode "
+                              "cannot use it.", "warning")  # fmt: skip
             return False
         self.input_edit.setText(os.path.abspath(path))
         self.pick_vae()
@@ -407,11 +411,16 @@ class DecodePanel(QWidget):
             wrote += f" · {w}×{h} cropped to {ew}×{eh} (whole latent pixels)"
         frames = getattr(result, "frames", ())
         if frames:
-            mode += f", {len(frames)} frames in chunks of {info.get('tile_frames')} latent frames"
+            chunks = info.get("tile_frames")  # a decode's; an encode's round trip says its frames only
+            mode += f", {len(frames)} frames" + (f" in chunks of {chunks} latent frames" if chunks else "")
             mode += ", retry snapshots in host RAM" if info.get("snapshot") == "host" else ""
         self.player.set_result(result)
         self.eta.setText(f"done in {result.seconds:.2f} s ({mode}){wrote}")
         self.eta.setToolTip(result.source)
+        if info.get(
+            "notes"
+        ):  # what the run had to decide for the user (frames left out, an fp32 re-run, ...)
+            self.message.emit("; ".join(info["notes"]), "info")
         self.progress.setRange(0, 1)
         self.progress.setValue(1)
         self.save_button.setEnabled(True)
@@ -443,7 +452,8 @@ class DecodePanel(QWidget):
     @Slot()
     def _on_browse_clicked(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "A latent or an image", os.path.dirname(self.input_edit.text()),
-                                              "Latents and images (*.latent *.safetensors *.png *.jpg *.jpeg *.webp)")  # fmt: skip
+                                              "Latents, images and clips (*.latent *.safetensors *.png *.jpg *.jpeg *.webp "
+                                              "*.mp4 *.mov *.mkv *.webm *.gif)")  # fmt: skip
         if path:
             self.set_input(path)
 

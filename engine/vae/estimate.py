@@ -304,6 +304,20 @@ def activation_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> 
     return int(spec.k_act(direction) * pixels * esize)
 
 
+# Frames a video encoder holds activations for at once: Wan's runs chunks of 4 frames (the first alone), its
+# causal state carried (engine.vae.wan); a kind not listed encodes its clip whole.
+ENCODE_AT_ONCE = {"wan21": 4, "wan22": 4, "qwen_image21": 1}
+
+
+def encode_clip_bytes(spec: VaeSpec, pixels: int, frames: int, esize: int, full: bool = True) -> int:
+    """A video VAE encoding `frames` frames of `pixels` each: its activations over the frames it holds at
+    once, plus the clip itself (float32 in RAM, scaled to the VAE's range, cast to the compute dtype);
+    `full`: the runtime and the weights included."""
+    at_once = min(frames, ENCODE_AT_ONCE.get(spec.kind, frames))
+    own = spec.k_act("encode") * pixels * at_once * esize + 3 * frames * pixels * (8 + esize)
+    return int(own + (RUNTIME_BYTES + spec.weight_bytes if full else 0))
+
+
 def full_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> int:
     """Predicted peak RSS (CPU) / device bytes of a full pass, runtime and weights included."""
     return int(RUNTIME_BYTES + spec.weight_bytes + spec.k_act(direction) * pixels * esize)
@@ -473,7 +487,12 @@ def estimate_encode_bytes(
     tile: int | None = None,
     batch: int = 1,
     weight_bytes: int | None = None,
+    frames: int = 1,
 ) -> int:
-    """As estimate_decode_bytes, for encoding a width x height image."""
+    """As estimate_decode_bytes, for encoding a width x height image, or a clip of `frames` frames with a
+    video VAE (encoded untiled: the same figure with or without `tile`)."""
+    spec = _spec(kind, latent_channels, weight_bytes)
+    if spec.video and frames > 1:
+        return encode_clip_bytes(spec, width * height * batch, frames, DTYPE_BYTES[dtype])
     return _estimate("encode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes,
                      batch=batch, hw=(height, width))  # fmt: skip

@@ -260,6 +260,8 @@ def _run(
     video = getattr(vae, "video", False) and direction == "decode"
     if video:
         info.estimate_bytes = job.video_bytes(None, 1)
+    elif x.dim() == 5:  # a clip to encode (engine.vae.video.pass_video: untiled)
+        info.estimate_bytes = estimate.encode_clip_bytes(job.spec, job.pixels, x.shape[2], job.esize)
     else:
         info.estimate_bytes = estimate.full_bytes(job.spec, direction, job.pixels, job.esize)
     if tiling is None:

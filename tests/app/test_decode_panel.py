@@ -260,3 +260,33 @@ def test_a_result_that_arrives_while_the_tab_is_hidden_fills_the_view_when_shown
     assert dec.view.zoom() == 1 and not dec.view.fitted
     dec.fit()
     assert dec.view.fitted
+
+
+def test_a_dropped_clip_encodes_with_the_video_vae_and_plays_the_round_trip(qtbot, window, tmp_path):
+    """An MP4 dropped on the panel with a Wan VAE in the library: the estimate counts its frames, Encode
+    writes a 5-D latent beside it, the round trip plays, and the frames left out are said."""
+    pytest.importorskip("diffusers")
+    import numpy as np
+
+    from engine.formats.video_out import write_mp4
+    from tests.support.wan_vae import write_wan_vae
+
+    vae = write_wan_vae(tmp_path / "wan_2.1_vae_small.safetensors")
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 255, (32, 48, 3), dtype=np.uint8).tobytes() for _ in range(6)]
+    write_mp4(str(tmp_path / "walk.mp4"), frames, 48, 32, 16)
+    w, dec = window, window.decode
+    _library(qtbot, w, [vae])
+    said = []
+    dec.message.connect(lambda text, level: said.append(text))
+    drop(w, [str(tmp_path / "walk.mp4")])
+    assert dec.vae_box.currentData() == vae and dec.run_button.text() == "Encode"
+    qtbot.waitUntil(lambda: "×5 frames encode" in dec.estimate.text(), timeout=10_000)
+    dec.run_button.click()
+    res = wait_job(qtbot, w, Encode)
+    assert list(res.info["latent_shape"]) == [1, 16, 2, 4, 6] and res.info["shown"] == "round trip"
+    assert len(res.frames) == 5 and dec.player.frame_slider.maximum() == 4
+    assert (
+        (tmp_path / "walk.latent").is_file() and "5 frames" in dec.eta.text() and "None" not in dec.eta.text()
+    )
+    assert any("first 5 of 6 frames" in s for s in said)

@@ -163,3 +163,33 @@ def test_a_clip_too_long_for_memory_asks_for_frames(files, tmp_path, monkeypatch
         _clip(vae, Encode(files["vae"], files["folder"], str(tmp_path / "x.latent")), [])
     x, size = _clip(vae, Encode(files["vae"], files["folder"], str(tmp_path / "x.latent"), frames=2), [])
     assert x.shape == (1, 3, 1, H, W) and size == (W, H)  # 2 asked, 1 taken (1 + 4k)
+
+
+def test_the_estimate_of_a_clip_is_an_encode_of_its_frames(files):
+    """The window's 'will it fit?' for a clip, from headers: an encode of 5 frames (7 cut to 1 + 4k), more
+    than one frame's; a clip with an image VAE is refused before anything runs."""
+    from engine.preflight import estimate
+    from engine.requests import EstimateDecode
+
+    clip = estimate(EstimateDecode(files["vae"], str(files["dir"] / "clip.mp4"), 512))
+    folder = estimate(EstimateDecode(files["vae"], files["folder"], 512))
+    assert clip.direction == "encode" and (clip.width, clip.height, clip.frames) == (W, H, 5)
+    assert folder.frames == 5 and folder.full_bytes == clip.full_bytes
+    one = files["dir"] / "one.png"
+    from PIL import Image
+
+    Image.fromarray(files["frames"][0]).save(one)
+    still = estimate(EstimateDecode(files["vae"], str(one), 512))
+    assert still.direction == "encode" and not still.frames and still.full_bytes < clip.full_bytes
+
+
+def test_a_clip_encode_reports_an_estimate_of_its_frames(files):
+    from engine.vae import encode, load_vae
+    from engine.vae.run import RunInfo
+
+    vae = load_vae(files["vae"])
+    x = torch.from_numpy(files["frames"][:5]).permute(3, 0, 1, 2)[None].float() / 255
+    one, five = RunInfo(), RunInfo()
+    encode(vae, x[:, :, 0], info=one)
+    encode(vae, x, info=five)
+    assert five.estimate_bytes > one.estimate_bytes  # the clip and its chunk's frames, not one frame's
