@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .widths import video_widths  # noqa: F401  (re-exported: the estimate's callers read widths here)
+
 # Activation "channels" alive at the peak, per output pixel, per unit of the base width `ch` (128 for
 # every SD/SDXL/SD3/FLUX VAE). Calibrated on CPU, float32, fresh processes: SD-layout decoder at
 # ch=128, 128^2 and 256^2 output: 62.6 MB and 275 MB over the loaded process -> 955 and 1049 channels
@@ -44,12 +46,13 @@ CONTEXT_PX = {("kl", "decode"): 32, ("kl", "encode"): 64, ("taesd", "decode"): 3
 # frame + 3.3, Wan 2.2 3.9 + 7 (its shortcuts read the level's input at the end); the figures below carry
 # ~25 % over that. The head (middle block) keeps ~8 tensors of its width per latent pixel of the chunk,
 # and its output for every latent frame waits for the tiles.
-# the encoder's, per pixel of its chunk's frames: not re-measured (the old decoder figures 19 / 29 x 1.5)
+# The encoder's, per pixel of one frame (a clip: ENCODE_CLIP_FACTOR): `bench_vae_encode.py` (dim 16, 512x512,
+# one frame, CPU float32, fresh processes): Wan 2.1 18.3 per unit of ch, Wan 2.2 16.4; ~25 % over.
 # Qwen-Image 2.1's VAE (engine.vae.qwen_image21) is Wan 2.2's residual network -- the same levels, shortcuts and
 # widths per level relative to `ch` -- on one frame, its convolutions 1x3x3 (no history frames in their
 # buffers): Wan 2.2's figures, an upper bound there. `bench_vae_video.py --family qwen_image21 --size 1024x1024
 # --latent-frames 1` (dim 16, CPU, 2 threads): estimate / measured peak 1.76 whole, 1.31 at 512-px tiles, 1.52 at 256.
-K_VIDEO_ENCODE = {"wan21": 28.5, "wan22": 43.5, "qwen_image21": 43.5}
+K_VIDEO_ENCODE = {"wan21": 23.0, "wan22": 20.5, "qwen_image21": 43.5}
 K_VIDEO_FRAME = {"wan21": 2.5, "wan22": 4.8, "qwen_image21": 4.8}
 K_VIDEO_CHUNK = {"wan21": 4.0, "wan22": 8.0, "qwen_image21": 8.0}
 # Between chunks every causal convolution keeps its last 2 input frames (engine.vae.causal_conv.Stream):
@@ -304,17 +307,20 @@ def activation_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> 
     return int(spec.k_act(direction) * pixels * esize)
 
 
-# Frames a video encoder holds activations for at once: Wan's runs chunks of 4 frames (the first alone), its
-# causal state carried (engine.vae.wan); a kind not listed encodes its clip whole.
-ENCODE_AT_ONCE = {"wan21": 4, "wan22": 4, "qwen_image21": 1}
+# A clip's encode against one frame's (K_VIDEO_ENCODE): Wan's encoder runs chunks of 4 frames (the first
+# alone), its causal state carried (engine.vae.wan), so a clip costs a chunk's activations and its cache
+# whatever its length. `bench_vae_encode.py` (dim 16, 512x512, CPU float32, fresh processes), peak RSS above
+# the process less the clip's copies: Wan 2.1 1.66x one frame's at 5 frames, 1.74x at 9; Wan 2.2 1.4x / 1.64x.
+# A kind not listed encodes its clip whole: its frames' count.
+ENCODE_CLIP_FACTOR = {"wan21": 1.75, "wan22": 1.75, "qwen_image21": 1.0}
 
 
 def encode_clip_bytes(spec: VaeSpec, pixels: int, frames: int, esize: int, full: bool = True) -> int:
     """A video VAE encoding `frames` frames of `pixels` each: its activations over the frames it holds at
     once, plus the clip itself (float32 in RAM, scaled to the VAE's range, cast to the compute dtype);
     `full`: the runtime and the weights included."""
-    at_once = min(frames, ENCODE_AT_ONCE.get(spec.kind, frames))
-    own = spec.k_act("encode") * pixels * at_once * esize + 3 * frames * pixels * (8 + esize)
+    factor = min(frames, ENCODE_CLIP_FACTOR.get(spec.kind, frames))
+    own = spec.k_act("encode") * pixels * factor * esize + 3 * frames * pixels * (8 + esize)
     return int(own + (RUNTIME_BYTES + spec.weight_bytes if full else 0))
 
 
@@ -398,39 +404,6 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
 # The decoder's last convolution (its input: the last level's width) and first one (its output: the
 # middle block's width), in the original naming and diffusers'
 # (LTX-Video's convolutions wrap a `conv`: the last key of each)
-_VIDEO_HEAD_KEYS = ("decoder.head.2.weight", "decoder.conv_out.weight", "decoder.conv_out.conv.weight")
-_VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight", "decoder.conv_in.conv.weight")
-# Mochi's: the output Linear (2-D) and the 1x1x1 input conv (the release's `blocks.0.0`; diffusers' conv_in)
-_VIDEO_HEAD_KEYS += ("decoder.output_proj.weight", "decoder.proj_out.weight")
-_VIDEO_MID_KEYS += ("decoder.blocks.0.0.weight",)
-
-
-def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | None:
-    """(ch, mid) of a Wan-family VAE file from its safetensors header (no tensor data read): the
-    activations scale with the widths the file really has -- a pruned or reduced VAE is smaller than the
-    published one. None where the header does not say (another format, other keys)."""
-    from ..formats.safetensors import read_header
-
-    try:
-        tensors = read_header(path).tensors
-    except Exception:  # noqa: BLE001 -- an unreadable header: the published widths stand
-        return None
-
-    def shape(keys, dims):
-        info = next((tensors[prefix + k] for k in keys if prefix + k in tensors), None)
-        return tuple(info.shape) if info is not None and len(info.shape) == dims else None
-
-    if kind in VIT_KINDS:  # a ViT decoder: its token width, from proj_in
-        info = tensors.get(prefix + "decoder.proj_in.weight")
-        return (info.shape[0], info.shape[0]) if info is not None and len(info.shape) == 2 else None
-    dims = 4 if kind == "qwen_image21" else 5  # its convolutions are 2-D
-    head, first = shape(_VIDEO_HEAD_KEYS, 2 if kind == "mochi" else dims), shape(_VIDEO_MID_KEYS, dims)
-    if head is None or first is None:
-        return None
-    patch = {"wan22": 2, "ltxv": 4, "ltx2": 4}.get(kind, 1)  # Wan 2.2 works on 2x2 patches, LTX-Video on 4x4
-    return max(1, head[1] // (patch * patch)), first[0]
-
-
 def _spec(kind: str, latent_channels: int, weight_bytes: int | None, widths=None) -> VaeSpec:
     if kind in VIDEO_SPECS:
         return video_spec(kind, weight_bytes, widths)
