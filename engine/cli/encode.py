@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
         crop = f" (cropped to {used[0]}x{used[1]})" if used != (w, h) else ""
         if "frames" in res.info:
             crop += f", {res.info['frames']} frames"
-        for note in info.get("notes") or ():
-            print(f"  note: {note}")
         print(
             f"encoded {w}x{h}{crop} -> latent {tuple(res.info['latent_shape'])} on {device} "
             f"({info['dtype']}, {info['mode']}) in {res.seconds:.1f} s; wrote {args.out}"
         )
+        for note in info.get("notes") or ():
+            print(f"  note: {note}")
     return EXIT_OK
 
 

@@ -382,6 +382,7 @@ def pass_video(vae, x, direction, tiling, device, dtype, budget, token, report, 
             lat = vae.encode(xin.unsqueeze(2) if still else xin)
             report(Progress(stage, 1, 1))
             info.mode, info.tiles = "full", 1
+            info.tiling_estimate_bytes = info.estimate_bytes  # what ran: the whole pass, never tiled
             return _finish(vae, lat[:, :, 0] if still else lat, direction)
         z = x.unsqueeze(2) if still else x
         counters = Counters(notes=info.notes)

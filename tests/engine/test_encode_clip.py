@@ -193,3 +193,13 @@ def test_a_clip_encode_reports_an_estimate_of_its_frames(files):
     encode(vae, x[:, :, 0], info=one)
     encode(vae, x, info=five)
     assert five.estimate_bytes > one.estimate_bytes  # the clip and its chunk's frames, not one frame's
+
+
+def test_the_plain_output_says_the_frames_and_the_note(files, tmp_path, capsys):
+    out = tmp_path / "p.latent"
+    assert (
+        main(["encode", "--quiet", "--vae", files["vae"], "--image", files["folder"], "--out", str(out)]) == 0
+    )
+    text = capsys.readouterr().out
+    assert f"encoded {W}x{H}, 5 frames -> latent (1, 16, 2, 4, 6)" in text
+    assert "note: encoded the first 5 of 7 frames" in text.splitlines()[-1]
