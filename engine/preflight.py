@@ -69,6 +69,8 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
         tf = VIDEO_SPECS[kind].time_factor  # the frames a causal encoder takes: 1 + k time_factor
         frames = 1 + tf * ((clip.frames - 1) // tf) if clip.frames else 1
         kw["frames"] = frames
+    if direction == "encode" and kind in VIDEO_SPECS:
+        kw["widths"] = widths  # the file's own widths: a reduced VAE needs less than the published one
     if direction == "decode":
         f = VIDEO_SPECS[kind].downscale if kind in VIDEO_SPECS else 8
         width, height = w * f, h * f

@@ -461,11 +461,13 @@ def estimate_encode_bytes(
     batch: int = 1,
     weight_bytes: int | None = None,
     frames: int = 1,
+    widths: tuple[int, int] | None = None,
 ) -> int:
     """As estimate_decode_bytes, for encoding a width x height image, or a clip of `frames` frames with a
-    video VAE (encoded untiled: the same figure with or without `tile`)."""
-    spec = _spec(kind, latent_channels, weight_bytes)
+    video VAE (encoded untiled: the same figure with or without `tile`); `widths` the file's (video_widths:
+    its decoder's, which the encoder's follow)."""
+    spec = _spec(kind, latent_channels, weight_bytes, widths)
     if spec.video and frames > 1:
         return encode_clip_bytes(spec, width * height * batch, frames, DTYPE_BYTES[dtype])
     return _estimate("encode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes,
-                     batch=batch, hw=(height, width))  # fmt: skip
+                     widths=widths, batch=batch, hw=(height, width))  # fmt: skip
