@@ -187,7 +187,12 @@ def encode(
     """Image (N, 3, H, W) in [0, 1] -> VAE-space latent (N, C, H/8, W/8); H and W are cropped to
     multiples of 8 (as ComfyUI does)."""
     if not hasattr(vae, "encoder"):
-        if getattr(vae, "video", False):  # engine.vae.ltx, mochi, hunyuan_video, kandinsky6_sr, minimax_h3
+        if getattr(vae, "encodes", False):  # a family Loadout encodes with, from a decoder-only file
+            raise FormatError(
+                f"{getattr(vae, 'source', 'this VAE')}: this file holds the decoder only: give the VAE file "
+                "with its encoder"
+            )
+        if getattr(vae, "video", False):  # engine.vae.ltx, mochi, kandinsky6_sr, minimax_h3
             raise UnsupportedModel(
                 f"{getattr(vae, 'source', 'this VAE')}: Loadout decodes with this video VAE; its encoder is not run yet"
             )
