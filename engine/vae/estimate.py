@@ -119,7 +119,12 @@ K_VIDEO_CACHE["kandinsky6_sr"] = 250.0
 K_VIDEO_FRAME["hunyuan_video"] = 8.0
 K_VIDEO_CHUNK["hunyuan_video"] = 8.0
 K_VIDEO_CACHE["hunyuan_video"] = 60.0
-K_VIDEO_ENCODE["hunyuan_video"] = 43.5  # no encoder is built: never read
+# Its encoder (engine.vae.hunyuan_video_encoder; clips whole, its GroupNorms spanning the frames): peak RSS
+# above the loaded process, fresh processes, CPU float32, 2 threads, widths 32 x (1, 2, 4, 4) at 512x512:
+# 267 MB for one frame = 8.3 per encoded pixel per unit of ch, carried 25 % over; a 9-frame clip 1588 MB
+# (5.2 more per pixel of each further frame: a clip is only encoded by engine.vae.hunyuan_video_encoder's
+# callers, never planned here).
+K_VIDEO_ENCODE["hunyuan_video"] = 10.5
 # HunyuanVideo 1.5's (engine.vae.hunyuan_video15): RMS norms as Wan's, depth-to-space upsampling that holds
 # the conv's output and the unfolded input at once. Measured the same way (--family hunyuan_video15, dim 32):
 # 443 MB at 5 frames, 735 MB at 13 = 4.4 per frame per unit of ch, 25 % over: 5.5; chunk and cache: Wan 2.2's.
@@ -352,7 +357,7 @@ VIDEO_SPECS = {
     # z 24, 16x, 4 frames a latent frame; its release is float32
     "minimax_h3": VaeSpec("minimax_h3", 24, 9_720_000_000, 2048, 2048, 4, 16),
     # diffusers AutoencoderKLHunyuanVideo's defaults: widths (128, 256, 512, 512), z 16, 8x, 4x; the decoder's
-    # 146 M parameters in fp16 (the encoder is not built)
+    # 146 M parameters in fp16 (a file's header counts its encoder's as well, built where it encodes)
     "hunyuan_video": VaeSpec("hunyuan_video", 16, 292_272_678, 128, 512, 4, 8),
     # diffusers AutoencoderKLHunyuanVideo15's defaults: decoder widths (1024, 1024, 512, 256, 128), z 32, 16x, 4x
     "hunyuan_video15": VaeSpec("hunyuan_video15", 32, 1_742_619_142, 128, 1024, 4, 16),  # 871 M in fp16
