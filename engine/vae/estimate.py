@@ -128,7 +128,10 @@ K_VIDEO_ENCODE["hunyuan_video"] = 10.5
 # HunyuanVideo 1.5's (engine.vae.hunyuan_video15): RMS norms as Wan's, depth-to-space upsampling that holds
 # the conv's output and the unfolded input at once. Measured the same way (--family hunyuan_video15, dim 32):
 # 443 MB at 5 frames, 735 MB at 13 = 4.4 per frame per unit of ch, 25 % over: 5.5; chunk and cache: Wan 2.2's.
-for _k, _v in (K_VIDEO_FRAME, 5.5), (K_VIDEO_CHUNK, 8.0), (K_VIDEO_CACHE, 55.0), (K_VIDEO_ENCODE, 43.5):
+# Its encoder (engine.vae.hunyuan_video15_encoder: chunks of 1, then 4 frames), measured as HunyuanVideo's
+# (widths 32 x (1, 2, 4, 8, 8), 512x512): 239 MB for one frame = 7.45 per pixel per unit of ch, 25 % over:
+# 9.5. A clip's peak is its 4-frame chunk's and the carried frames': 1223 MB at 5 frames, 1478 at 9, 1550 at 17.
+for _k, _v in (K_VIDEO_FRAME, 5.5), (K_VIDEO_CHUNK, 8.0), (K_VIDEO_CACHE, 55.0), (K_VIDEO_ENCODE, 9.5):
     _k["hunyuan_video15"] = _v
 VIDEO_KINDS += ("hunyuan_video", "hunyuan_video15")
 # A middle block whose attention is causal over frames keeps every earlier latent frame's keys and values
