@@ -261,9 +261,10 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
     im = read_rgb(req.image)
     comp = vae_for(parts, req.vae)
     if not hasattr(comp.module, "encoder"):
-        raise FormatError(
-            f"{os.path.basename(req.vae)} holds no encoder (a TAESD decoder?): choose an encoder."
-        )
+        name = os.path.basename(req.vae)
+        if getattr(comp.module, "encodes", False):  # a decoder-only file of a family that encodes
+            raise FormatError(f"{name} holds the decoder only: choose the VAE file with its encoder.")
+        raise FormatError(f"{name} holds no encoder (a TAESD decoder?): choose an encoder.")
     x = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1)[None]
     device, dtype = _place(parts, comp, "encode", x.shape[2] * x.shape[3], token, report)
     info = RunInfo()

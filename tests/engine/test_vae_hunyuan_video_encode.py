@@ -116,9 +116,12 @@ def test_a_missing_or_misshapen_encoder_key_is_named(hv, tmp_path):
             load_vae(tmp_path / "broken.safetensors")
 
 
-def test_a_decoder_only_file_decodes_and_refuses_to_encode(hv, tmp_path):
+def test_a_decoder_only_file_decodes_and_refuses_to_encode(hv, tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
     from safetensors.torch import save_file
 
+    from engine.cli import main
     from engine.vae import encode
 
     _, _, sd = hv
@@ -130,6 +133,10 @@ def test_a_decoder_only_file_decodes_and_refuses_to_encode(hv, tmp_path):
     assert not hasattr(vae, "encoder") and not hasattr(vae, "quant_conv")
     with pytest.raises(FormatError, match="holds the decoder only"):
         encode(vae, torch.rand(1, 3, 16, 16))
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(tmp_path / "in.png")
+    args = ["encode", "--vae", str(tmp_path / "d.safetensors"), "--image", str(tmp_path / "in.png")]
+    assert main([*args, "--out", str(tmp_path / "o.latent")]) != 0
+    assert "d.safetensors holds the decoder only" in "".join(capsys.readouterr())
 
 
 def test_the_encoders_weights_count_in_the_spec(hv, tmp_path):
