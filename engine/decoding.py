@@ -265,10 +265,12 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
 
     comp = vae_for(parts, req.vae)
     video = getattr(comp.module, "video", False)
-    if not hasattr(comp.module, "encoder") and not video:  # a video VAE's refusal is engine.vae.run's
-        raise FormatError(
-            f"{os.path.basename(req.vae)} holds no encoder (a TAESD decoder?): choose an encoder."
-        )
+    if not hasattr(comp.module, "encoder"):
+        name = os.path.basename(req.vae)
+        if getattr(comp.module, "encodes", False):  # a decoder-only file of a family that encodes
+            raise FormatError(f"{name} holds the decoder only: choose the VAE file with its encoder.")
+        if not video:  # a video VAE that does not encode: engine.vae.run says so
+            raise FormatError(f"{name} holds no encoder (a TAESD decoder?): choose an encoder.")
     info = RunInfo()
     if is_clip(req.image):
         x, size = _clip(comp.module, req, info.notes)  # (1, 3, F, H, W)

@@ -46,7 +46,7 @@ CONTEXT_PX = {("kl", "decode"): 32, ("kl", "encode"): 64, ("taesd", "decode"): 3
 # frame + 3.3, Wan 2.2 3.9 + 7 (its shortcuts read the level's input at the end); the figures below carry
 # ~25 % over that. The head (middle block) keeps ~8 tensors of its width per latent pixel of the chunk,
 # and its output for every latent frame waits for the tiles.
-# The encoder's, per pixel of one frame (a clip: ENCODE_CLIP_FACTOR): `bench_vae_encode.py` (dim 16, 512x512,
+# The encoder's, per pixel of one frame (a clip: ENCODE_CLIP_GROWTH): `bench_vae_encode.py` (dim 16, 512x512,
 # one frame, CPU float32, fresh processes): Wan 2.1 18.3 per unit of ch, Wan 2.2 16.4; ~25 % over.
 # Qwen-Image 2.1's VAE (engine.vae.qwen_image21) is Wan 2.2's residual network -- the same levels, shortcuts and
 # widths per level relative to `ch` -- on one frame, its convolutions 1x3x3 (no history frames in their
@@ -122,11 +122,17 @@ K_VIDEO_CACHE["kandinsky6_sr"] = 250.0
 K_VIDEO_FRAME["hunyuan_video"] = 8.0
 K_VIDEO_CHUNK["hunyuan_video"] = 8.0
 K_VIDEO_CACHE["hunyuan_video"] = 60.0
-K_VIDEO_ENCODE["hunyuan_video"] = 43.5  # no encoder is built: never read
+# Its encoder (engine.vae.hunyuan_video_encoder; clips whole, its GroupNorms spanning the frames): peak RSS
+# above the loaded process, fresh processes, CPU float32, 2 threads, widths 32 x (1, 2, 4, 4) at 512x512:
+# 267 MB for one frame = 8.3 per encoded pixel per unit of ch, carried 25 % over (a clip: ENCODE_CLIP_GROWTH).
+K_VIDEO_ENCODE["hunyuan_video"] = 10.5
 # HunyuanVideo 1.5's (engine.vae.hunyuan_video15): RMS norms as Wan's, depth-to-space upsampling that holds
 # the conv's output and the unfolded input at once. Measured the same way (--family hunyuan_video15, dim 32):
 # 443 MB at 5 frames, 735 MB at 13 = 4.4 per frame per unit of ch, 25 % over: 5.5; chunk and cache: Wan 2.2's.
-for _k, _v in (K_VIDEO_FRAME, 5.5), (K_VIDEO_CHUNK, 8.0), (K_VIDEO_CACHE, 55.0), (K_VIDEO_ENCODE, 43.5):
+# Its encoder (engine.vae.hunyuan_video15_encoder: chunks of 1, then 4 frames), measured as HunyuanVideo's
+# (widths 32 x (1, 2, 4, 8, 8), 512x512): 239 MB for one frame = 7.45 per pixel per unit of ch, 25 % over:
+# 9.5. A clip's peak is its 4-frame chunk's and the carried frames': 1223 MB at 5 frames, 1478 at 9, 1550 at 17.
+for _k, _v in (K_VIDEO_FRAME, 5.5), (K_VIDEO_CHUNK, 8.0), (K_VIDEO_CACHE, 55.0), (K_VIDEO_ENCODE, 9.5):
     _k["hunyuan_video15"] = _v
 VIDEO_KINDS += ("hunyuan_video", "hunyuan_video15")
 # A middle block whose attention is causal over frames keeps every earlier latent frame's keys and values
@@ -307,19 +313,25 @@ def activation_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> 
     return int(spec.k_act(direction) * pixels * esize)
 
 
-# A clip's encode against one frame's (K_VIDEO_ENCODE): Wan's encoder runs chunks of 4 frames (the first
-# alone), its causal state carried (engine.vae.wan), so a clip costs a chunk's activations and its cache
-# whatever its length. `bench_vae_encode.py` (dim 16, 512x512, CPU float32, fresh processes), peak RSS above
-# the process less the clip's copies: Wan 2.1 1.66x one frame's at 5 frames, 1.74x at 9; Wan 2.2 1.4x / 1.64x.
-# A kind not listed encodes its clip whole: its frames' count.
-ENCODE_CLIP_FACTOR = {"wan21": 1.75, "wan22": 1.75, "qwen_image21": 1.0}
+# A clip's encode against one frame's (K_VIDEO_ENCODE), as (growth per further frame, most): Wan's encoder runs
+# chunks of 4 frames (the first alone), its causal state carried (engine.vae.wan), so a clip costs a chunk's
+# activations and its cache whatever its length. `bench_vae_encode.py` (dim 16, 512x512, CPU float32, fresh
+# processes), peak RSS above the process less the clip's copies: Wan 2.1 1.66x one frame's at 5 frames, 1.74x at
+# 9; Wan 2.2 1.4x / 1.64x. HunyuanVideo's encodes up to 17 frames whole (its GroupNorms span them; longer clips
+# in diffusers' 17-frame tiles): +0.63 of one frame's for each further frame (widths 32, 512x512: 267 MB, 9
+# frames 1588 MB). HunyuanVideo 1.5's runs chunks of 4: 4.9x at 5 frames, 5.8x at 9 and at 17. A kind not
+# listed encodes its clip whole: one frame's more for each.
+ENCODE_CLIP_GROWTH = {"wan21": (0.2, 1.75), "wan22": (0.2, 1.75), "qwen_image21": (0.0, 1.0)}
+ENCODE_CLIP_GROWTH["hunyuan_video"] = (0.65, 1 + 0.65 * 16)
+ENCODE_CLIP_GROWTH["hunyuan_video15"] = (1.0, 6.0)
 
 
 def encode_clip_bytes(spec: VaeSpec, pixels: int, frames: int, esize: int, full: bool = True) -> int:
     """A video VAE encoding `frames` frames of `pixels` each: its activations over the frames it holds at
     once, plus the clip itself (float32 in RAM, scaled to the VAE's range, cast to the compute dtype);
     `full`: the runtime and the weights included."""
-    factor = min(frames, ENCODE_CLIP_FACTOR.get(spec.kind, frames))
+    growth, most = ENCODE_CLIP_GROWTH.get(spec.kind, (1.0, float(frames)))
+    factor = min(1 + growth * (frames - 1), most)
     own = spec.k_act("encode") * pixels * factor * esize + 3 * frames * pixels * (8 + esize)
     return int(own + (RUNTIME_BYTES + spec.weight_bytes if full else 0))
 
@@ -372,7 +384,7 @@ VIDEO_SPECS = {
     # z 24, 16x, 4 frames a latent frame; its release is float32
     "minimax_h3": VaeSpec("minimax_h3", 24, 9_720_000_000, 2048, 2048, 4, 16),
     # diffusers AutoencoderKLHunyuanVideo's defaults: widths (128, 256, 512, 512), z 16, 8x, 4x; the decoder's
-    # 146 M parameters in fp16 (the encoder is not built)
+    # 146 M parameters in fp16 (a file's header counts its encoder's as well, built where it encodes)
     "hunyuan_video": VaeSpec("hunyuan_video", 16, 292_272_678, 128, 512, 4, 8),
     # diffusers AutoencoderKLHunyuanVideo15's defaults: decoder widths (1024, 1024, 512, 256, 128), z 32, 16x, 4x
     "hunyuan_video15": VaeSpec("hunyuan_video15", 32, 1_742_619_142, 128, 1024, 4, 16),  # 871 M in fp16

@@ -67,21 +67,23 @@ _LDM_ATTN = {"norm": "group_norm", "q": "to_q", "k": "to_k", "v": "to_v", "proj_
 
 
 def ldm_to_diffusers(sd: dict) -> dict:
-    """The decoder's LDM names renamed onto this module's (the encoder's are left: it is not built); the
-    attention's 1x1 convolution weights viewed as the linear layers' (C, C)."""
+    """LDM names renamed onto this module's, the encoder's as the decoder's (`down.i` is down block i, in
+    diffusers' order as in LDM's; `up.0` the last up block); the attention's 1x1 convolution weights viewed
+    as the linear layers' (C, C)."""
     ups = {int(k.split(".")[2]) for k in sd if k.startswith("decoder.up.")}
     out = {}
     for k, v in sd.items():
         new = k
-        if k.startswith("decoder."):
-            new = new.replace("decoder.norm_out.", "decoder.conv_norm_out.").replace(
+        side = k.split(".")[0]
+        if side in ("encoder", "decoder"):
+            new = new.replace(f"{side}.norm_out.", f"{side}.conv_norm_out.").replace(
                 ".nin_shortcut.", ".conv_shortcut."
             )
             parts = new.split(".")
             if parts[1] == "mid" and parts[2].startswith("block_"):
-                new = ".".join(["decoder.mid_block.resnets", str(int(parts[2][6:]) - 1), *parts[3:]])
+                new = ".".join([f"{side}.mid_block.resnets", str(int(parts[2][6:]) - 1), *parts[3:]])
             elif parts[1] == "mid" and parts[2] == "attn_1" and parts[3] in _LDM_ATTN:
-                new = ".".join(["decoder.mid_block.attentions.0", _LDM_ATTN[parts[3]], *parts[4:]])
+                new = ".".join([f"{side}.mid_block.attentions.0", _LDM_ATTN[parts[3]], *parts[4:]])
                 if parts[3] != "norm" and parts[-1] == "weight" and v.dim() > 2:
                     v = v.reshape(v.shape[0], -1)
             elif parts[1] == "up" and ups:
@@ -90,6 +92,9 @@ def ldm_to_diffusers(sd: dict) -> dict:
                     new = ".".join(["decoder.up_blocks", str(level), "resnets", *parts[4:]])
                 elif parts[3] == "upsample":
                     new = ".".join(["decoder.up_blocks", str(level), "upsamplers.0", *parts[4:]])
+            elif parts[1] == "down" and parts[3] in ("block", "downsample"):
+                inner = "resnets" if parts[3] == "block" else "downsamplers.0"
+                new = ".".join(["encoder.down_blocks", parts[2], inner, *parts[4:]])
         out[new] = v
     return out
 
@@ -227,6 +232,7 @@ class HVConfig:
     widths: tuple[int, ...] = (128, 256, 512, 512)  # block_out_channels, the encoder's order
     layers: int = 3  # resnets per up block (layers_per_block + 1)
     image_channels: int = 3
+    enc_layers: int = 0  # resnets per down block (layers_per_block); 0: the file holds no encoder
 
     @property
     def blocks(self) -> int:
@@ -264,10 +270,12 @@ class Decoder(nn.Module):
 
 class HunyuanVideoVAE(VideoShape, nn.Module):
     """`decode` takes VAE-space latents (B, 16, T, h, w) and returns clips (B, 3, 1 + 4 (T - 1), 8h, 8w) in
-    [-1, 1]. Decoder only (the file's encoder and `quant_conv` are not built)."""
+    [-1, 1]; `encode` clips of 1 + 4k frames to the posterior mean, where the file holds the encoder (then
+    built with its `quant_conv`: engine.vae.hunyuan_video_encoder)."""
 
     kind = "vae"
     video = True
+    encodes = True  # a file of this family without the encoder is a decoder-only file (engine.vae.run)
     image_range = (-1.0, 1.0)
     fps = 24.0  # HunyuanVideo's frame rate (its pipelines export at 24 fps)
 
@@ -276,10 +284,15 @@ class HunyuanVideoVAE(VideoShape, nn.Module):
         self.cfg = cfg
         self.post_quant_conv = ops.Conv3d(cfg.z, cfg.z, 1)
         self.decoder = Decoder(cfg)
+        if cfg.enc_layers:
+            from .hunyuan_video_encoder import Encoder
+
+            self.encoder = Encoder(cfg, cfg.enc_layers)
+            self.quant_conv = ops.Conv3d(2 * cfg.z, 2 * cfg.z, 1)
 
     def vae_spec(self):
         """The estimate's view (engine.vae.estimate.spec_of): the last level's width per output pixel, the
-        middle block's width."""
+        middle block's width; the weights the encoder's too where it is built."""
         from .estimate import VaeSpec
 
         wbytes = sum(p.numel() * p.element_size() for p in self.parameters())
@@ -303,10 +316,20 @@ class HunyuanVideoVAE(VideoShape, nn.Module):
         """The whole clip in one pass (diffusers' decoder on the whole latent)."""
         return self.decode_up(self.decode_head(z, Stream()), Stream()).clamp_(-1, 1)
 
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Clip (B, 3, 1 + 4k, H, W) in [-1, 1] -> posterior mean (B, z, 1 + k, H/8, W/8)."""
+        from .hunyuan_video_encoder import encode
+
+        return encode(self, x)
+
 
 def decoder_keys(sd: dict) -> dict:
-    """The tensors the decoder reads (the encoder's and `quant_conv`'s are left to the file)."""
+    """The tensors the decoder reads (the encoder's and `quant_conv`'s left out)."""
     return {k: v for k, v in sd.items() if not k.startswith(("encoder.", "quant_conv."))}
+
+
+def has_encoder(sd: dict) -> bool:
+    return any(k.startswith("encoder.") for k in sd)
 
 
 def _shape(sd: dict, key: str, path: str) -> tuple[int, ...]:
@@ -331,12 +354,18 @@ def hv_config(sd: dict, path: str) -> HVConfig:
     rev = [_shape(sd, f"decoder.up_blocks.{i}.resnets.0.conv1.conv.weight", path)[0] for i in range(blocks)]
     layers = len({int(k.split(".")[4]) for k in sd if k.startswith("decoder.up_blocks.0.resnets.")})
     image = _shape(sd, "decoder.conv_out.conv.weight", path)[0]
-    return HVConfig(z=z, widths=tuple(rev[::-1]), layers=layers, image_channels=image)
+    # the encoder's widths are the decoder's (one block_out_channels): strict loading names a misfit
+    enc = len({int(k.split(".")[4]) for k in sd if k.startswith("encoder.down_blocks.0.resnets.")})
+    if has_encoder(sd) and not enc:
+        raise FormatError(
+            f"{path}: a HunyuanVideo VAE encoder without encoder.down_blocks.0.resnets.0", path=path
+        )
+    return HVConfig(z=z, widths=tuple(rev[::-1]), layers=layers, image_channels=image, enc_layers=enc)
 
 
 def build(sd: dict, path: str, strict_load, made) -> HunyuanVideoVAE:
-    """The decoder of a HunyuanVideo VAE file (the one naming its releases share), loaded strictly with
-    engine.vae.loading's `strict_load`, built through its `made`."""
+    """The decoder of a HunyuanVideo VAE file (either naming), and its encoder where the file holds one,
+    loaded strictly with engine.vae.loading's `strict_load`, built through its `made`."""
     if "decoder.mid_block.attentions.0.norm.gamma" in sd:  # 1.5's RMS-norm network
         from . import hunyuan_video15
 
@@ -346,6 +375,6 @@ def build(sd: dict, path: str, strict_load, made) -> HunyuanVideoVAE:
     cfg = hv_config(sd, path)
     with torch.device("meta"):
         model = made(path, lambda: HunyuanVideoVAE(cfg))
-    strict_load(model, decoder_keys(sd), path)
+    strict_load(model, sd if cfg.enc_layers else decoder_keys(sd), path)
     model.source = path
     return model

@@ -1,5 +1,5 @@
 """The HunyuanVideo 1.5 VAE's decoder, on castable ops and `CausalConv3d`, so `engine.vae.video` chunks and
-tiles it as it does Wan's.
+tiles it as it does Wan's (its encoder, built where the file holds one: engine.vae.hunyuan_video15_encoder).
 
 Architecture facts (diffusers `autoencoder_kl_hunyuanvideo15.py`, AutoencoderKLHunyuanVideo15):
   * causal 3-D convolutions wrapped as `<name>.conv`, padded by replication (history frames = copies of the
@@ -174,17 +174,23 @@ class Decoder(nn.Module):
 
 class HunyuanVideo15VAE(VideoShape, nn.Module):
     """`decode` takes VAE-space latents (B, 32, T, h, w) and returns clips (B, 3, 1 + 4 (T - 1), 16h, 16w) in
-    [-1, 1]. Decoder only."""
+    [-1, 1]; `encode` clips of 1 + 4k frames to the posterior mean, where the file holds the encoder
+    (engine.vae.hunyuan_video15_encoder, `encoder` built from `enc`: its layers and blocks)."""
 
     kind = "vae"
     video = True
+    encodes = True  # a file of this family without the encoder is a decoder-only file (engine.vae.run)
     image_range = (-1.0, 1.0)
     fps = 24.0  # HunyuanVideo 1.5's pipelines export at 24 fps
 
-    def __init__(self, cfg: HV15Config):
+    def __init__(self, cfg: HV15Config, enc=None):
         super().__init__()
         self.cfg = cfg
         self.decoder = Decoder(cfg)
+        if enc is not None:
+            from .hunyuan_video15_encoder import Encoder
+
+            self.encoder = Encoder(cfg.image_channels, cfg.z, *enc)
 
     def vae_spec(self):
         from .estimate import VaeSpec
@@ -211,6 +217,12 @@ class HunyuanVideo15VAE(VideoShape, nn.Module):
         head, up = Stream(), Stream()
         out = [self.decode_up(self.decode_head(z[:, :, i : i + 1], head), up) for i in range(z.shape[2])]
         return torch.cat(out, dim=2).clamp_(-1, 1)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Clip (B, 3, 1 + 4k, H, W) in [-1, 1] -> posterior mean (B, z, 1 + k, H/16, W/16), chunk by chunk."""
+        from .hunyuan_video15_encoder import encode
+
+        return encode(self, x)
 
 
 def hv15_config(sd: dict, path: str) -> HV15Config:
@@ -239,9 +251,17 @@ def hv15_config(sd: dict, path: str) -> HV15Config:
 
 
 def build(sd: dict, path: str, strict_load, made) -> HunyuanVideo15VAE:
+    """The decoder of a HunyuanVideo 1.5 VAE file, and its encoder where the file holds one, loaded strictly."""
     cfg = hv15_config(sd, path)
+    enc = None
+    if any(k.startswith("encoder.") for k in sd):
+        from .hunyuan_video15_encoder import encoder_blocks
+
+        enc = encoder_blocks(sd, path)
     with torch.device("meta"):
-        model = made(path, lambda: HunyuanVideo15VAE(cfg))
-    strict_load(model, {k: v for k, v in sd.items() if not k.startswith("encoder.")}, path)
+        model = made(path, lambda: HunyuanVideo15VAE(cfg, enc))
+    strict_load(
+        model, sd if enc is not None else {k: v for k, v in sd.items() if not k.startswith("encoder.")}, path
+    )
     model.source = path
     return model

@@ -188,7 +188,12 @@ def encode(
     multiples of 8 (as ComfyUI does). A video VAE also takes a clip (N, 3, F, H, W), F a count its encoder
     takes (engine.decoding.encodable_frames), and returns (N, C, T, h, w)."""
     if not hasattr(vae, "encoder"):
-        if getattr(vae, "video", False):  # engine.vae.ltx, mochi, hunyuan_video, kandinsky6_sr, minimax_h3
+        if getattr(vae, "encodes", False):  # a family Loadout encodes with, from a decoder-only file
+            raise FormatError(
+                f"{getattr(vae, 'source', 'this VAE')}: this file holds the decoder only: give the VAE file "
+                "with its encoder"
+            )
+        if getattr(vae, "video", False):  # engine.vae.ltx, mochi, kandinsky6_sr, minimax_h3
             raise UnsupportedModel(
                 f"{getattr(vae, 'source', 'this VAE')}: Loadout decodes with this video VAE; its encoder is not run yet"
             )
