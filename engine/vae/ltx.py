@@ -45,8 +45,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
+from ..errors import FormatError
 from .causal_conv import CausalConv3d, Stream, VideoShape
-from .wan import unpatchify
+from .wan import patchify, unpatchify
 
 NORM_EPS = 1e-8  # the decoder's RMS norms (diffusers LTXVideoResnetBlock3d: RMSNorm(eps=1e-8))
 LAYER_NORM_EPS = 1e-6  # the width-changing block's norm3 (resnet_norm_eps)
@@ -261,17 +262,23 @@ class LTXVideoVAE(VideoShape, nn.Module):
     """`decode` takes VAE-space latents (B, 128, T, h, w) and returns clips (B, 3, 1 + 8 (T - 1), 32h, 32w)
     in [-1, 1]. `decode_timestep`: the timestep a conditioned decoder (0.9.1+) decodes at -- an input
     of the decode, not a weight (DECODE_TIMESTEP, the pipelines' value, unless the caller sets another);
-    ignored by 0.9.0's. No encoder: a file's encoder tensors are left unused (engine.vae.ltx_loading)."""
+    ignored by 0.9.0's. `encode` (only where the file holds the encoder: engine.vae.ltx_encoder) takes clips
+    of 1 + 8k frames in [-1, 1] to the posterior mean in VAE space (B, 128, 1 + k, H/32, W/32)."""
 
     kind = "vae"
     video = True
     image_range = (-1.0, 1.0)
     fps = 24.0  # LTX-Video generates 24 frames a second (diffusers' LTX examples export at fps=24)
 
-    def __init__(self, cfg: LTXConfig):
+    def __init__(self, cfg: LTXConfig, enc=None):
         super().__init__()
         self.cfg = cfg
         self.decoder = Decoder(cfg)
+        if enc is not None:  # an EncoderConfig: the file holds the encoder too
+            from .ltx_encoder import Encoder
+
+            self.enc_cfg = enc
+            self.encoder = Encoder(enc)
         self.default_decode_timestep = self.decode_timestep = DECODE_TIMESTEP
         # engine.vae.video: each chunk decodes as a clip of its own with this many context frames a side
         self.time_context = cfg.reach()
@@ -311,3 +318,31 @@ class LTXVideoVAE(VideoShape, nn.Module):
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """The whole clip in one pass."""
         return self.decode_up(self.decode_head(z)).clamp_(-1, 1)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Clip (B, 3, 1 + 8k, H, W) in [-1, 1], H and W multiples of 32 -> the posterior mean (B, z, 1 + k,
+        H/32, W/32), raw VAE space (the latent statistics are the latent format's). A causal encoder runs
+        the first frame, then 8 frames at a time (one latent frame each), its state in a Stream: exact, and a
+        long clip's memory is a chunk's; a non-causal one sees the next frames, so the clip runs whole."""
+        e = self.enc_cfg
+        tf, f, t = e.time_factor, e.downscale, x.shape[2]
+        if (t - 1) % tf:
+            raise FormatError(
+                f"LTX-Video's encoder takes clips of 1 + {tf}k frames (1, {1 + tf}, {1 + 2 * tf}, ...): {t} frames "
+                "is not one of them"
+            )
+        if x.shape[3] % f or x.shape[4] % f:
+            raise FormatError(
+                f"LTX-Video's encoder takes frames whose sides are multiples of {f}: {x.shape[3]}x{x.shape[4]}"
+            )
+        x = patchify(x, e.patch)
+        z = self.cfg.z
+        if not e.causal:
+            return self.encoder.step(x, None)[:, :z]
+        stream = Stream()
+        bounds = [0, 1, *range(1 + tf, t + 1, tf)]
+        outs = [
+            self.encoder.step(x[:, :, a:b], stream)[:, :z]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        return torch.cat(outs, dim=2)
