@@ -91,8 +91,16 @@ VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
 # frame (time_factor per latent frame) and per unit of ch, nothing measurable per chunk; carried ~25 % over.
 LTX_K_FRAME, LTX_K_CHUNK = 10.5, 4.0
 # LTX-2's video VAE ("ltx2") is the same decoder, its borders mirrored: the same figures.
+# The encoder (engine.vae.ltx_encoder; built where the file holds it), per encoded pixel of one frame and per unit
+# of ch (the releases' encoders start at width 128 = 8 x 4x4, as their decoders end): measured on the CPU (float32,
+# 2 threads, fresh processes after a warm-up encode, glibc's mmap threshold fixed so that freed tensors leave the
+# RSS: peak RSS above the loaded process; quarter-width encoders, widths 32 ->, the releases' blocks) at 512x512:
+# 0.9.5's / LTX-2's 30.7 for an image (1 frame), 0.9.0's 9.6; carried ~25 % over 0.9.5's. A clip (not planned
+# here: `loadout encode` takes images) adds ~11 a frame -- a chunk of 8 frames runs at once, each convolution's
+# last 2 input frames carried to the next: 120.6 at 9 frames (0.9.0: 89.3).
+LTX_K_ENCODE = 38.5
 for _k in ("ltxv", "ltx2"):
-    K_VIDEO_ENCODE[_k] = 0.0  # no encoder
+    K_VIDEO_ENCODE[_k] = LTX_K_ENCODE
     K_VIDEO_FRAME[_k] = LTX_K_FRAME
     K_VIDEO_CHUNK[_k] = LTX_K_CHUNK
     K_VIDEO_CACHE[_k] = 0.0

@@ -335,16 +335,16 @@ class LTXVideoVAE(VideoShape, nn.Module):
             raise FormatError(
                 f"LTX-Video's encoder takes frames whose sides are multiples of {f}: {x.shape[3]}x{x.shape[4]}"
             )
-        x = patchify(x, e.patch)
         z = self.cfg.z
         if not e.causal:
-            return self.encoder.step(x, None)[:, :z]
+            return self.encoder.step(patchify(x, e.patch), None)[:, :z]
         stream = Stream()
         bounds = [0, 1, *range(1 + tf, t + 1, tf)]
         outs = []
         for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             # the last chunk carries nothing on: the frames every convolution would keep (2 of its input
-            # each, all levels together ~2/3 of a 512x512 image's encode peak) are not made for an image
+            # each, all levels together ~85 % of a 512x512 image's encode peak) are not made for an image.
+            # Each chunk is patchified on its own: a copy of the whole clip's would grow with its length.
             stream.keep = b < t
-            outs.append(self.encoder.step(x[:, :, a:b], stream)[:, :z])
+            outs.append(self.encoder.step(patchify(x[:, :, a:b], e.patch), stream)[:, :z])
         return torch.cat(outs, dim=2)

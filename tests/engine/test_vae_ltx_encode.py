@@ -233,6 +233,7 @@ def test_a_decoder_only_file_still_decodes_and_refuses_to_encode(tmp_path):
     both = load_vae(tmp_path / "both.safetensors")
     enc_bytes = sum(v.numel() * 4 for k, v in ref.state_dict().items() if k.startswith("encoder."))
     assert spec_of(both).weight_bytes - spec_of(vae).weight_bytes == enc_bytes > 0
+    assert spec_of(both).k_act("encode") > 0  # engine.vae.estimate.K_VIDEO_ENCODE: measured, not 0
     assert decode(vae, torch.randn(1, 16, 1, 2, 2)).shape == (1, 1, 3, 64, 64)
     with pytest.raises(UnsupportedModel, match="its encoder is not run yet"):
         encode(vae, torch.rand(1, 3, 64, 64))
