@@ -268,3 +268,49 @@ def test_loadout_encode_an_image_and_decode_it_back(tmp_path, capsys):
     assert main(args) == 0
     capsys.readouterr()
     assert Image.open(tmp_path / "back.png").size == (96, 64)
+
+
+@pytest.mark.parametrize("release", ["0.9.0", "0.9.5", "ltx2"])
+def test_the_released_encoders_are_read_from_header_faithful_files(release, tmp_path):
+    """The releases' encoders at full size in Lightricks' naming (sparse: the header, no data): 0.9.0's
+    (diffusers' defaults), 0.9.5's (Lightricks/LTX-Video-0.9.5's config) and LTX-2's (the class defaults):
+    widths from 128, 8x in time, 32x in space, the weights counted by the estimate."""
+    from engine.formats.safetensors import write_sparse
+    from tests.engine.layouts_2026.common import meta_shapes
+    from tests.engine.layouts_2026.parts import LTX2_STAGES, LTXV090_STAGES, ltx_vae_original
+
+    enc095 = dict(block_out_channels=(128, 256, 512, 1024, 2048), layers_per_block=(4, 6, 6, 2, 2),
+                  down_block_types=("LTXVideo095DownBlock3D",) * 4, spatio_temporal_scaling=(True,) * 4,
+                  downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+                  decoder_block_out_channels=(256, 512, 1024), decoder_layers_per_block=(5, 5, 5, 5),
+                  decoder_spatio_temporal_scaling=(True,) * 3, decoder_inject_noise=(False,) * 4,
+                  upsample_residual=(True,) * 3, upsample_factor=(2,) * 3, timestep_conditioning=True)  # fmt: skip
+    if release == "ltx2":
+        rows = ltx_vae_original(meta_shapes(diffusers.AutoencoderKLLTX2Video), LTX2_STAGES, ltx2=True)
+    elif release == "0.9.0":
+        rows = ltx_vae_original(meta_shapes(diffusers.AutoencoderKLLTXVideo), LTXV090_STAGES)
+    else:  # diffusers' names under `vae.` (as the decoder's test of this layout)
+        rows = {f"vae.{k}": s for k, s in meta_shapes(diffusers.AutoencoderKLLTXVideo, **enc095).items()}
+    meta = {
+        "config": json.dumps(
+            {"vae": {"decoder_spatial_padding_mode": "reflect" if release == "ltx2" else "zeros"}}
+        )
+    }
+    path = write_sparse(tmp_path / "vae.safetensors", [(k, "BF16", tuple(s)) for k, s in rows.items()], meta)
+    vae = load_vae(path)
+    e = vae.enc_cfg
+    assert (e.width, e.out, e.time_factor, e.downscale, e.causal) == (128, 129, 8, 32, True)
+    # 0.9.0: encoder.down_blocks.0-9 (diffusers' 0.9.0 table): res, conv, lone, ..., the middle
+    if release == "0.9.0":
+        kinds = ["res", "conv", "lone", "res", "conv", "lone", "res", "conv", "res", "res"]
+        assert [b[0] for b in e.blocks] == kinds
+    else:  # spatial, temporal, both, both
+        downs = [
+            ("down", 128, 256, 4),
+            ("down", 256, 512, 2),
+            ("down", 512, 1024, 8),
+            ("down", 1024, 2048, 8),
+        ]
+        assert [b for b in e.blocks if b[0] == "down"] == downs
+    enc = sum(math.prod(s) for k, s in rows.items() if k.startswith("vae.encoder."))
+    assert spec_of(vae).weight_bytes >= 2 * enc > 0  # bf16 on the meta device: every encoder weight counted
