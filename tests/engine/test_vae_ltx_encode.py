@@ -314,3 +314,24 @@ def test_the_released_encoders_are_read_from_header_faithful_files(release, tmp_
         assert [b for b in e.blocks if b[0] == "down"] == downs
     enc = sum(math.prod(s) for k, s in rows.items() if k.startswith("vae.encoder."))
     assert spec_of(vae).weight_bytes >= 2 * enc > 0  # bf16 on the meta device: every encoder weight counted
+
+
+def test_a_stop_interrupts_the_encode_between_its_ops():
+    """Every convolution of the encoder checks the job's token (engine.ops): a stop takes effect inside the
+    encode, not after it."""
+    from engine import ops
+    from engine.jobs import Cancelled, CancelToken
+
+    mine = _mine(_reference("0.9.5"), "0.9.5")
+    token, seen = CancelToken(), []
+
+    class Counting(CancelToken):
+        def raise_if_cancelled(self) -> None:
+            seen.append(1)
+            if len(seen) == 5:  # the 5th op of the first chunk
+                token.cancel("stop")
+            token.raise_if_cancelled()
+
+    with ops.cancel_scope(Counting()), pytest.raises(Cancelled):
+        mine.encode(_clip(9))
+    assert len(seen) == 5
