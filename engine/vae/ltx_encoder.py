@@ -16,10 +16,11 @@ Architecture facts (diffusers LTXVideoEncoder3d / LTX2VideoEncoder3d; names from
   * the head is a parameter-free RMS norm, SiLU and `conv_out` to z + 1 channels (z means and one log
     variance shared by all of them): the posterior's mean -- diffusers' `latent_dist.mode()` -- is the
     first z channels.
-The time downsampling is 8x: clips of 1 + 8k frames. Causal, the encoder runs in chunks of one latent frame
-(the first frame, then 8 frames at a time), each convolution's last input frames carried in a `Stream`: a
-chunk after the first always holds a whole number of every downsampler's time stride, so each strided
-output reads the same frames it reads in the whole clip, and the chunked encode equals the whole one.
+The time downsampling is 8x: clips of 1 + 8k frames. Causal, the encoder runs in chunks (the first 1 + 8
+frames, then 8 at a time: engine.vae.ltx.LTXVideoVAE.encode), each convolution's last input frames carried
+in a `Stream`: a chunk after the first always holds a whole number of every downsampler's time stride, so
+each strided output reads the same frames it reads in the whole clip, and the chunked encode equals the
+whole one.
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ class EncBlock(nn.Module):
             self.conv_shortcut = ops.Conv3d(cin, cout, 1)
 
     def step(self, x: torch.Tensor, stream: Stream | None) -> torch.Tensor:
-        h = self.conv1.step(F.silu(pixel_norm(x)), stream)
-        h = self.conv2.step(F.silu(pixel_norm(h)), stream)
+        h = self.conv1.step(F.silu(pixel_norm(x), inplace=True), stream)  # the norm's own output
+        h = self.conv2.step(F.silu(pixel_norm(h), inplace=True), stream)
         if hasattr(self, "conv_shortcut"):
             x = self.conv_shortcut(self.norm3.norm(x.movedim(1, -1)).movedim(-1, 1))
         return h.add_(x)
@@ -175,7 +176,7 @@ class Encoder(nn.Module):
         x = self.conv_in.step(x, stream)
         for m in self.down_blocks:
             x = m.step(x, stream)
-        return self.conv_out.step(F.silu(pixel_norm(x)), stream)
+        return self.conv_out.step(F.silu(pixel_norm(x), inplace=True), stream)
 
 
 def _shape(sd, key: str, path: str) -> tuple[int, ...]:

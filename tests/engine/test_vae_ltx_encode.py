@@ -91,7 +91,7 @@ def test_encode_matches_diffusers_for_an_image_and_a_clip(pair):
 
 
 def test_the_chunked_encode_equals_the_whole_clip(pair):
-    """One latent frame at a time (the first frame, then 8) through a Stream is the whole clip's pass: each
+    """A latent frame at a time (the first 9 frames, then 8) through a Stream is the whole clip's pass: each
     strided output reads the frames it reads in the whole clip."""
     _, _, mine = pair
     x = _clip(25, 32, 64, seed=3)
@@ -100,10 +100,10 @@ def test_the_chunked_encode_equals_the_whole_clip(pair):
         whole = mine.encoder.step(patchify(x, 4), None)[:, :16]
     assert chunked.shape == whole.shape == (1, 16, 4, 1, 2)
     assert float((chunked - whole).abs().max()) < 1e-5  # measured 0 - 3e-7: the convolutions' rounding
-    # the carried frames are what makes it so: chunks encoded as clips of their own differ
+    # the carried frames are what makes it so: frames 9-16 encoded after a fresh start at frame 8 differ
     with torch.inference_mode():
-        alone = torch.cat([mine.encode(x[:, :, :1]), mine.encode(x[:, :, 8:17])], dim=2)
-    assert float((alone[:, :, 1] - whole[:, :, 2]).abs().max()) > 1e-3
+        alone = mine.encode(x[:, :, 8:17])[:, :, 1]
+    assert float((alone - whole[:, :, 2]).abs().max()) > 1e-4  # measured 1e-3 (0.9.0) and more
 
 
 def test_a_non_causal_or_mirrored_encoder_config_is_followed(tmp_path):
