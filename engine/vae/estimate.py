@@ -94,10 +94,10 @@ LTX_K_FRAME, LTX_K_CHUNK = 10.5, 4.0
 # The encoder (engine.vae.ltx_encoder; built where the file holds it), per encoded pixel of one frame and per unit
 # of ch (the releases' encoders start at width 128 = 8 x 4x4, as their decoders end): measured on the CPU (float32,
 # 2 threads, fresh processes after a warm-up encode, glibc's mmap threshold fixed so that freed tensors leave the
-# RSS: peak RSS above the loaded process; quarter-width encoders, widths 32 ->, the releases' blocks) at 512x512:
-# 0.9.5's / LTX-2's 30.7 for an image (1 frame), 0.9.0's 9.6; carried ~25 % over 0.9.5's. A clip (not planned
-# here: `loadout encode` takes images) adds ~11 a frame -- a chunk of 8 frames runs at once, each convolution's
-# last 2 input frames carried to the next: 120.6 at 9 frames (0.9.0: 89.3).
+# RSS: peak RSS above the loaded process; quarter-width encoders, widths from 32, the releases' blocks) at 512x512:
+# an image 29.5 (0.9.5's / LTX-2's; 0.9.0's 8.3), carried ~30 % over. A clip (not planned here: `loadout encode`
+# takes images): 56.6 at 9 frames (one chunk, both layouts), then chunks of 8 frames with every convolution's last
+# 2 input frames carried: 107.9 at 17, 118.8 at 25 (diffusers' whole pass: 55, 63, 111 at 1, 9, 17 frames).
 LTX_K_ENCODE = 38.5
 for _k in ("ltxv", "ltx2"):
     K_VIDEO_ENCODE[_k] = LTX_K_ENCODE
