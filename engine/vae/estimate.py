@@ -98,6 +98,9 @@ LTX_K_FRAME, LTX_K_CHUNK = 10.5, 4.0
 # an image 29.5 (0.9.5's / LTX-2's; 0.9.0's 8.3), carried ~30 % over. A clip (not planned here: `loadout encode`
 # takes images): 56.6 at 9 frames (one chunk, both layouts), then chunks of 8 frames with every convolution's last
 # 2 input frames carried: 107.9 at 17, 118.8 at 25 (diffusers' whole pass: 55, 63, 111 at 1, 9, 17 frames).
+# Whatever the size, oneDNN reorders a float32 convolution's weight for each call: 2x its bytes held (a
+# 2048-wide 3x3x3 one, the released 0.9.5 / LTX-2 middle block's: 877 MB), counted once (spec_of: the file's).
+LTX_ENCODE_FIXED = 2 * 4 * 27 * 2048**2
 LTX_K_ENCODE = 38.5
 for _k in ("ltxv", "ltx2"):
     K_VIDEO_ENCODE[_k] = LTX_K_ENCODE
@@ -154,6 +157,7 @@ class VaeSpec:
     time_factor: int = 1  # output frames per latent frame after the first (4 for Wan)
     downscale: int = 8
     time_context: int = 0  # latent frames of context a chunk decodes with on each side (LTX-Video)
+    encode_fixed: int = 0  # what an encode holds whatever its size (LTX: LTX_ENCODE_FIXED)
 
     @property
     def video(self) -> bool:
@@ -292,8 +296,16 @@ def spec_of(vae) -> VaeSpec:
     if getattr(vae, "video", False) and hasattr(vae, "time_context"):  # LTX-Video (engine.vae.ltx)
         cfg = vae.cfg
         wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
+        enc = getattr(
+            vae, "encoder", None
+        )  # LTX_ENCODE_FIXED: its widest convolution's weight, twice, float32
+        fixed = (
+            8 * max((p.numel() for p in enc.parameters() if p.dim() == 5), default=0)
+            if enc is not None
+            else 0
+        )
         return VaeSpec(cfg.generation, cfg.z, wbytes, max(1, cfg.last_width // cfg.patch**2), cfg.width, cfg.time_factor,
-                       cfg.downscale, vae.time_context)  # fmt: skip
+                       cfg.downscale, vae.time_context, fixed)  # fmt: skip
     if getattr(vae, "video", False):
         cfg = vae.cfg
         wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
@@ -309,12 +321,12 @@ def spec_of(vae) -> VaeSpec:
 
 def activation_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> int:
     """What a full pass adds on top of a process that already holds the runtime and the weights."""
-    return int(spec.k_act(direction) * pixels * esize)
+    return int(spec.k_act(direction) * pixels * esize + (spec.encode_fixed if direction == "encode" else 0))
 
 
 def full_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> int:
     """Predicted peak RSS (CPU) / device bytes of a full pass, runtime and weights included."""
-    return int(RUNTIME_BYTES + spec.weight_bytes + spec.k_act(direction) * pixels * esize)
+    return int(RUNTIME_BYTES + spec.weight_bytes + activation_bytes(spec, direction, pixels, esize))
 
 
 def tile_bytes(spec: VaeSpec, tile_px: int, esize: int, direction: str = "decode") -> int:
@@ -367,10 +379,10 @@ VIDEO_SPECS = {
 }
 # LTX-Video 0.9.5+'s decoder (diffusers' config for Lightricks/LTX-Video-0.9.5: decoder widths 1024 -> 128,
 # z 128, 32x, 8x in time): ~ 0.43 G parameters in bf16 with its encoder; reach from LTXConfig.reach()
-VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 12)
+VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 12, LTX_ENCODE_FIXED)
 # LTX-2's (diffusers AutoencoderKLLTX2Video defaults: the same decoder, non-causal per its metadata config):
 # the decoder's figures; its own weight bytes come from the file's header where known
-VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 12)
+VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 12, LTX_ENCODE_FIXED)
 # Mochi 1 (engine.vae.mochi; diffusers AutoencoderKLMochi's defaults): decoder widths 768 .. 128, z 12, 6x time
 VIDEO_SPECS["mochi"] = VaeSpec("mochi", 12, 725_053_190, 128, 768, 6, 8)  # the decoder's 362.5 M in bf16
 # diffusers Kandinsky6SRVAE's defaults: decoder (16, 256, 512, 1024, 2048), z 64, 16x, 4x in time; its 1.46 B
@@ -386,7 +398,7 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
     ch, mid = widths if widths is not None else (spec.ch, spec.mid)
     wb = spec.weight_bytes if weight_bytes is None else weight_bytes
     return VaeSpec(spec.kind, spec.latent_channels, wb, ch, mid, spec.time_factor, spec.downscale,
-                   spec.time_context)  # fmt: skip
+                   spec.time_context, spec.encode_fixed)  # fmt: skip
 
 
 # The decoder's last convolution (its input: the last level's width) and first one (its output: the
