@@ -1,6 +1,7 @@
 """The LTX-Video VAE's decoder (Lightricks' 0.9.x releases; LTX-2's video VAE, the same network), built from castable ops under the names of
 Lightricks' own single-file release (`ltx-video-2b-v0.9*.safetensors`, VAE keys under `vae.`), so those
-files load as they are; diffusers-named files are renamed onto them (engine.vae.ltx_loading).
+files load as they are; diffusers-named files are renamed onto them (engine.vae.ltx_loading). Its encoder,
+built where the file holds it, is engine.vae.ltx_encoder; `LTXVideoVAE.encode` runs it.
 
 Architecture facts (Lightricks/LTX-Video `causal_video_autoencoder.py`, as diffusers' AutoencoderKLLTXVideo
 re-implements it; its `convert_ltx_vae_checkpoint_to_diffusers` gives the name map):
