@@ -33,7 +33,10 @@ def run_child(cfg: dict) -> dict:
     import torch
 
     torch.set_num_threads(cfg.get("threads", 2))
+    import bench_vae_video
     from bench_vae_video import _vae
+
+    bench_vae_video.WITH_ENCODER = True
 
     from engine.vae import encode
     from engine.vae.estimate import RUNTIME_BYTES

@@ -105,6 +105,9 @@ def _mochi(dim: int):
     return build(sd, "bench")
 
 
+WITH_ENCODER = False  # bench_vae_encode.py sets it: the HunyuanVideo VAEs are built with their encoders
+
+
 def _hunyuan(dim: int, family: str):
     """The HunyuanVideo VAE (widths dim x (1, 2, 4, 4), 32 groups: dim a multiple of 32) or, `family`
     hunyuan_video15, HunyuanVideo 1.5's (dim x (1, 2, 4, 8, 8)), deterministic random weights."""
@@ -121,7 +124,7 @@ def _hunyuan(dim: int, family: str):
     g = torch.Generator().manual_seed(0)
     sd = {}
     for n, p in ref.state_dict().items():
-        if n.startswith("encoder."):
+        if n.startswith("encoder.") and not WITH_ENCODER:
             continue
         r = torch.randn(p.shape, generator=g)
         norm = n.endswith("gamma") or ("norm" in n and n.endswith("weight"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .frames import latent_frames_for, video_frames, vit_frames  # noqa: F401  (re-exported, as widths)
 from .widths import video_widths  # noqa: F401  (re-exported: the estimate's callers read widths here)
 
 # Activation "channels" alive at the peak, per output pixel, per unit of the base width `ch` (128 for
@@ -94,8 +95,18 @@ VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
 # frame (time_factor per latent frame) and per unit of ch, nothing measurable per chunk; carried ~25 % over.
 LTX_K_FRAME, LTX_K_CHUNK = 10.5, 4.0
 # LTX-2's video VAE ("ltx2") is the same decoder, its borders mirrored: the same figures.
+# The encoder (engine.vae.ltx_encoder; built where the file holds it), per encoded pixel of one frame and per unit
+# of ch (the releases' encoders start at width 128 = 8 x 4x4, as their decoders end): measured on the CPU (float32,
+# 2 threads, fresh processes after a warm-up encode, glibc's mmap threshold fixed so that freed tensors leave the
+# RSS: peak RSS above the loaded process; quarter-width encoders, widths from 32, the releases' blocks) at 512x512:
+# an image 29.5 (0.9.5's / LTX-2's; 0.9.0's 8.3), carried ~30 % over (a clip: ENCODE_CLIP_GROWTH; diffusers'
+# whole pass: 55, 63, 111 at 1, 9, 17 frames).
+# Whatever the size, oneDNN reorders a float32 convolution's weight for each call: 2x its bytes held (a
+# 2048-wide 3x3x3 one, the released 0.9.5 / LTX-2 middle block's: 877 MB), counted once (spec_of: the file's).
+LTX_ENCODE_FIXED = 2 * 4 * 27 * 2048**2
+LTX_K_ENCODE = 38.5
 for _k in ("ltxv", "ltx2"):
-    K_VIDEO_ENCODE[_k] = 0.0  # no encoder
+    K_VIDEO_ENCODE[_k] = LTX_K_ENCODE
     K_VIDEO_FRAME[_k] = LTX_K_FRAME
     K_VIDEO_CHUNK[_k] = LTX_K_CHUNK
     K_VIDEO_CACHE[_k] = 0.0
@@ -155,6 +166,7 @@ class VaeSpec:
     time_factor: int = 1  # output frames per latent frame after the first (4 for Wan)
     downscale: int = 8
     time_context: int = 0  # latent frames of context a chunk decodes with on each side (LTX-Video)
+    encode_fixed: int = 0  # what an encode holds whatever its size (LTX: LTX_ENCODE_FIXED)
 
     @property
     def video(self) -> bool:
@@ -252,40 +264,6 @@ def vit_video_bytes(spec: VaeSpec, frame_pixels: int, latent_frames: int, esize:
     return int(RUNTIME_BYTES + spec.weight_bytes + act + tiles + result)
 
 
-def vit_frames(latent_frames: int, clip_length: int = 17, token_drop: int = 3, time_factor: int = 4) -> int:
-    """Frames MiniMax-H3's VAE decodes from `latent_frames` (engine.vae.minimax_h3: chunks of ceil(17 / 4) = 5
-    latent frames reading 2 more, 17 frames kept of each, 5 cross-faded into the next; the frames that copies of
-    the last latent frame made, cut): 5n + 2 latent frames give 17n + 5; 0 where they make no chunk."""
-    chunk = -(-clip_length // time_factor)
-    pre, overlap = (-clip_length) % time_factor, (-token_drop) % chunk
-    tokens = latent_frames + token_drop
-    pad = (-tokens) % chunk
-    n = (tokens + pad) // chunk - int(token_drop > 0)
-    if n <= 0:
-        return 0
-    span = chunk * time_factor
-    carry = max(0, min(2 * span, (chunk + overlap) * time_factor) - span - pre) if token_drop > 0 else 0
-    tail = clip_length % time_factor
-    cut = sum(tail if tail and (latent_frames + k) % chunk == 0 else time_factor for k in range(pad))
-    return max(0, n * (span - pre) + carry - cut)
-
-
-def video_frames(kind: str, latent_frames: int) -> int:
-    """Frames a video VAE of `kind` decodes from `latent_frames`."""
-    if kind in VIT_KINDS:
-        return vit_frames(latent_frames)
-    tf = VIDEO_SPECS[kind].time_factor if kind in VIDEO_SPECS else 4
-    return 1 + tf * (latent_frames - 1) if latent_frames > 0 else 0
-
-
-def latent_frames_for(kind: str, frames: int) -> int:
-    """The fewest latent frames that decode to at least `frames` frames."""
-    t = 1
-    while video_frames(kind, t) < frames and t < 100_000:
-        t += 1
-    return t
-
-
 def spec_of(vae) -> VaeSpec:
     """The estimate's view of a loaded model."""
     if hasattr(vae, "vae_spec"):  # a VAE that describes itself (engine.vae.minimax_h3)
@@ -293,8 +271,16 @@ def spec_of(vae) -> VaeSpec:
     if getattr(vae, "video", False) and hasattr(vae, "time_context"):  # LTX-Video (engine.vae.ltx)
         cfg = vae.cfg
         wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
+        enc = getattr(
+            vae, "encoder", None
+        )  # LTX_ENCODE_FIXED: its widest convolution's weight, twice, float32
+        fixed = (
+            8 * max((p.numel() for p in enc.parameters() if p.dim() == 5), default=0)
+            if enc is not None
+            else 0
+        )
         return VaeSpec(cfg.generation, cfg.z, wbytes, max(1, cfg.last_width // cfg.patch**2), cfg.width, cfg.time_factor,
-                       cfg.downscale, vae.time_context)  # fmt: skip
+                       cfg.downscale, vae.time_context, fixed)  # fmt: skip
     if getattr(vae, "video", False):
         cfg = vae.cfg
         wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
@@ -310,7 +296,7 @@ def spec_of(vae) -> VaeSpec:
 
 def activation_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> int:
     """What a full pass adds on top of a process that already holds the runtime and the weights."""
-    return int(spec.k_act(direction) * pixels * esize)
+    return int(spec.k_act(direction) * pixels * esize + (spec.encode_fixed if direction == "encode" else 0))
 
 
 # A clip's encode against one frame's (K_VIDEO_ENCODE), as (growth per further frame, most): Wan's encoder runs
@@ -324,6 +310,9 @@ def activation_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> 
 ENCODE_CLIP_GROWTH = {"wan21": (0.2, 1.75), "wan22": (0.2, 1.75), "qwen_image21": (0.0, 1.0)}
 ENCODE_CLIP_GROWTH["hunyuan_video"] = (0.65, 1 + 0.65 * 16)
 ENCODE_CLIP_GROWTH["hunyuan_video15"] = (1.0, 6.0)
+# LTX's runs a first chunk of 9 frames, then 8 at a time with every causal convolution's last 2 input frames
+# carried (engine.vae.ltx_encoder): 1.9x one frame's at 9 frames, 3.7x at 17, 4.0x at 25 and after.
+ENCODE_CLIP_GROWTH["ltxv"] = ENCODE_CLIP_GROWTH["ltx2"] = (0.35, 4.1)
 
 
 def encode_clip_bytes(spec: VaeSpec, pixels: int, frames: int, esize: int, full: bool = True) -> int:
@@ -332,13 +321,15 @@ def encode_clip_bytes(spec: VaeSpec, pixels: int, frames: int, esize: int, full:
     `full`: the runtime and the weights included."""
     growth, most = ENCODE_CLIP_GROWTH.get(spec.kind, (1.0, float(frames)))
     factor = min(1 + growth * (frames - 1), most)
-    own = spec.k_act("encode") * pixels * factor * esize + 3 * frames * pixels * (8 + esize)
+    own = (
+        spec.k_act("encode") * pixels * factor * esize + 3 * frames * pixels * (8 + esize) + spec.encode_fixed
+    )
     return int(own + (RUNTIME_BYTES + spec.weight_bytes if full else 0))
 
 
 def full_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> int:
     """Predicted peak RSS (CPU) / device bytes of a full pass, runtime and weights included."""
-    return int(RUNTIME_BYTES + spec.weight_bytes + spec.k_act(direction) * pixels * esize)
+    return int(RUNTIME_BYTES + spec.weight_bytes + activation_bytes(spec, direction, pixels, esize))
 
 
 def tile_bytes(spec: VaeSpec, tile_px: int, esize: int, direction: str = "decode") -> int:
@@ -391,10 +382,10 @@ VIDEO_SPECS = {
 }
 # LTX-Video 0.9.5+'s decoder (diffusers' config for Lightricks/LTX-Video-0.9.5: decoder widths 1024 -> 128,
 # z 128, 32x, 8x in time): ~ 0.43 G parameters in bf16 with its encoder; reach from LTXConfig.reach()
-VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 12)
+VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 12, LTX_ENCODE_FIXED)
 # LTX-2's (diffusers AutoencoderKLLTX2Video defaults: the same decoder, non-causal per its metadata config):
 # the decoder's figures; its own weight bytes come from the file's header where known
-VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 12)
+VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 12, LTX_ENCODE_FIXED)
 # Mochi 1 (engine.vae.mochi; diffusers AutoencoderKLMochi's defaults): decoder widths 768 .. 128, z 12, 6x time
 VIDEO_SPECS["mochi"] = VaeSpec("mochi", 12, 725_053_190, 128, 768, 6, 8)  # the decoder's 362.5 M in bf16
 # diffusers Kandinsky6SRVAE's defaults: decoder (16, 256, 512, 1024, 2048), z 64, 16x, 4x in time; its 1.46 B
@@ -410,7 +401,7 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
     ch, mid = widths if widths is not None else (spec.ch, spec.mid)
     wb = spec.weight_bytes if weight_bytes is None else weight_bytes
     return VaeSpec(spec.kind, spec.latent_channels, wb, ch, mid, spec.time_factor, spec.downscale,
-                   spec.time_context)  # fmt: skip
+                   spec.time_context, spec.encode_fixed)  # fmt: skip
 
 
 # The decoder's last convolution (its input: the last level's width) and first one (its output: the

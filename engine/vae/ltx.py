@@ -1,6 +1,7 @@
 """The LTX-Video VAE's decoder (Lightricks' 0.9.x releases; LTX-2's video VAE, the same network), built from castable ops under the names of
 Lightricks' own single-file release (`ltx-video-2b-v0.9*.safetensors`, VAE keys under `vae.`), so those
-files load as they are; diffusers-named files are renamed onto them (engine.vae.ltx_loading).
+files load as they are; diffusers-named files are renamed onto them (engine.vae.ltx_loading). Its encoder,
+built where the file holds it, is engine.vae.ltx_encoder; `LTXVideoVAE.encode` runs it.
 
 Architecture facts (Lightricks/LTX-Video `causal_video_autoencoder.py`, as diffusers' AutoencoderKLLTXVideo
 re-implements it; its `convert_ltx_vae_checkpoint_to_diffusers` gives the name map):
@@ -45,8 +46,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
+from ..errors import FormatError
 from .causal_conv import CausalConv3d, Stream, VideoShape
-from .wan import unpatchify
+from .wan import patchify, unpatchify
 
 NORM_EPS = 1e-8  # the decoder's RMS norms (diffusers LTXVideoResnetBlock3d: RMSNorm(eps=1e-8))
 LAYER_NORM_EPS = 1e-6  # the width-changing block's norm3 (resnet_norm_eps)
@@ -261,17 +263,24 @@ class LTXVideoVAE(VideoShape, nn.Module):
     """`decode` takes VAE-space latents (B, 128, T, h, w) and returns clips (B, 3, 1 + 8 (T - 1), 32h, 32w)
     in [-1, 1]. `decode_timestep`: the timestep a conditioned decoder (0.9.1+) decodes at -- an input
     of the decode, not a weight (DECODE_TIMESTEP, the pipelines' value, unless the caller sets another);
-    ignored by 0.9.0's. No encoder: a file's encoder tensors are left unused (engine.vae.ltx_loading)."""
+    ignored by 0.9.0's. `encode` (only where the file holds the encoder: engine.vae.ltx_encoder) takes clips
+    of 1 + 8k frames in [-1, 1] to the posterior mean in VAE space (B, 128, 1 + k, H/32, W/32)."""
 
     kind = "vae"
     video = True
+    encodes = True  # a file of this family without the encoder is a decoder-only file (engine.vae.run)
     image_range = (-1.0, 1.0)
     fps = 24.0  # LTX-Video generates 24 frames a second (diffusers' LTX examples export at fps=24)
 
-    def __init__(self, cfg: LTXConfig):
+    def __init__(self, cfg: LTXConfig, enc=None):
         super().__init__()
         self.cfg = cfg
         self.decoder = Decoder(cfg)
+        if enc is not None:  # an EncoderConfig: the file holds the encoder too
+            from .ltx_encoder import Encoder
+
+            self.enc_cfg = enc
+            self.encoder = Encoder(enc)
         self.default_decode_timestep = self.decode_timestep = DECODE_TIMESTEP
         # engine.vae.video: each chunk decodes as a clip of its own with this many context frames a side
         self.time_context = cfg.reach()
@@ -311,3 +320,37 @@ class LTXVideoVAE(VideoShape, nn.Module):
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """The whole clip in one pass."""
         return self.decode_up(self.decode_head(z)).clamp_(-1, 1)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Clip (B, 3, 1 + 8k, H, W) in [-1, 1], H and W multiples of 32 -> the posterior mean (B, z, 1 + k,
+        H/32, W/32), raw VAE space (the latent statistics are the latent format's). A causal encoder runs
+        the first 9 frames (two latent frames), then 8 at a time (one each), its state in a Stream: exact,
+        and a long clip's memory is a chunk's; a non-causal one sees the next frames, so the clip runs whole.
+        The first chunk takes 1 + 8 frames, not 1: what a chunk carries on (2 input frames of every
+        convolution) outweighs 8 frames of activations (quarter-width 0.9.5 encoder, 512x512: 9 frames in
+        chunks of 1 and 8 peaked at 214 MB, diffusers' whole pass at 126 MB), and an image or a 9-frame clip
+        then carries nothing."""
+        e = self.enc_cfg
+        tf, f, t = e.time_factor, e.downscale, x.shape[2]
+        if (t - 1) % tf:
+            raise FormatError(
+                f"LTX-Video's encoder takes clips of 1 + {tf}k frames (1, {1 + tf}, {1 + 2 * tf}, ...): {t} frames "
+                "is not one of them"
+            )
+        if x.shape[3] % f or x.shape[4] % f:
+            raise FormatError(
+                f"LTX-Video's encoder takes frames whose sides are multiples of {f}: {x.shape[3]}x{x.shape[4]}"
+            )
+        z = self.cfg.z
+        if not e.causal:
+            return self.encoder.step(patchify(x, e.patch), None)[:, :z]
+        stream = Stream()
+        bounds = [0, *range(1 + tf, t + 1, tf)] if t > 1 else [0, 1]
+        outs = []
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            # the last chunk carries nothing on: the frames every convolution would keep (2 of its input
+            # each, all levels together ~85 % of a 512x512 image's encode peak) are not made for it.
+            # Each chunk is patchified on its own: a copy of the whole clip's would grow with its length.
+            stream.keep = b < t
+            outs.append(self.encoder.step(patchify(x[:, :, a:b], e.patch), stream)[:, :z])
+        return torch.cat(outs, dim=2)

@@ -6,8 +6,11 @@ Name facts (diffusers `convert_ltx_vae_checkpoint_to_diffusers`, inverted): Ligh
 `up_blocks` sequence -- block 0 the middle (`mid_block`), then per diffusers up block its width-changing
 `conv_in` (0.9.0), its `upsamplers.0`, its `resnets` (+ `time_embedder`) as `res_blocks`; a residual
 block's `conv_shortcut.conv` is `conv_shortcut`, its LayerNorm `norm3` is `norm3.norm`; the decoder's
-own `time_embedder` / `scale_shift_table` are `last_time_embedder` / `last_scale_shift_table`. The latent
-statistics are `per_channel_statistics.*` (diffusers: `latents_mean` / `latents_std`): recorded, not run.
+own `time_embedder` / `scale_shift_table` are `last_time_embedder` / `last_scale_shift_table`. The encoder
+is the mirror image: one flat `down_blocks` sequence -- per diffusers down block its `resnets` as
+`res_blocks`, its `downsamplers.0`, its width-changing `conv_out` (0.9.0) -- then `mid_block` last
+(engine.vae.ltx_encoder). The latent statistics are `per_channel_statistics.*` (diffusers: `latents_mean` /
+`latents_std`): recorded, not run (the latent format's, not the encoder's).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 from ..errors import FormatError, UnsupportedModel
 from .ltx import LTXConfig, LTXVideoVAE, Pads
+from .ltx_encoder import encoder_config
 
 _STATS = ("per_channel_statistics.", "latents_mean", "latents_std")
 
@@ -49,9 +53,37 @@ def _resnet(rest: str) -> str:
     return rest
 
 
+def _encoder_to_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' encoder keys in Lightricks' flat `down_blocks` (each down block's resnets, downsampler and
+    width-changing conv_out in that order, the middle block last); other keys as they are."""
+    parts: dict[int, set[str]] = {}
+    for k in sd:
+        if m := re.match(r"encoder\.down_blocks\.(\d+)\.(resnets|downsamplers|conv_out)\.", k):
+            parts.setdefault(int(m[1]), set()).add(m[2])
+    flat: dict[tuple[int, str], int] = {}
+    for i in sorted(parts):
+        for what in ("resnets", "downsamplers", "conv_out"):
+            if what in parts[i]:
+                flat[(i, what)] = len(flat)
+    out: dict[str, torch.Tensor] = {}
+    for k, v in sd.items():
+        new = k
+        if m := re.match(r"encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$", k):
+            new = f"encoder.down_blocks.{flat[(int(m[1]), 'resnets')]}.res_blocks.{m[2]}.{_resnet(m[3])}"
+        elif m := re.match(r"encoder\.down_blocks\.(\d+)\.downsamplers\.0\.(.*)$", k):
+            new = f"encoder.down_blocks.{flat[(int(m[1]), 'downsamplers')]}.{m[2]}"
+        elif m := re.match(r"encoder\.down_blocks\.(\d+)\.conv_out\.(.*)$", k):
+            new = f"encoder.down_blocks.{flat[(int(m[1]), 'conv_out')]}.{_resnet(m[2])}"
+        elif m := re.match(r"encoder\.mid_block\.resnets\.(\d+)\.(.*)$", k):
+            new = f"encoder.down_blocks.{len(flat)}.res_blocks.{m[1]}.{_resnet(m[2])}"
+        out[new] = v
+    return out
+
+
 def diffusers_to_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename diffusers' decoder keys to Lightricks' flat layout; keys no rule knows stay as they are (the
-    strict load names them)."""
+    """Rename diffusers' decoder and encoder keys to Lightricks' flat layout; keys no rule knows stay as
+    they are (the strict load names them)."""
+    sd = _encoder_to_original(sd)
     parts: dict[int, set[str]] = {}
     for k in sd:
         if m := re.match(r"decoder\.up_blocks\.(\d+)\.(conv_in|upsamplers|resnets|time_embedder)\.", k):
@@ -228,22 +260,32 @@ def _generation(cfg: LTXConfig, path: str) -> tuple[str, Pads]:
     return "ltxv", Pads(), None
 
 
+def _encoder_padding(path: str) -> tuple[bool, bool]:
+    """(causal, mirrored borders) of the encoder, from the release's config: diffusers' config.json
+    (`encoder_causal`, `encoder_spatial_padding_mode`) or Lightricks' metadata (its encoder is causal;
+    `encoder_spatial_padding_mode`); by default causal with zero borders, both classes' defaults."""
+    cfg = _diffusers_config(path) or _file_config(path) or {}
+    return bool(cfg.get("encoder_causal", True)), cfg.get("encoder_spatial_padding_mode") == "reflect"
+
+
 def build(sd: dict[str, torch.Tensor], path: str, strict_load, made, pads: Pads | None = None) -> LTXVideoVAE:
-    """The decoder in either naming, loaded strictly; the encoder's tensors left unused (Loadout does
-    not encode with this VAE), the latent statistics kept as `latent_stats`."""
+    """The decoder in either naming, and the encoder where the file holds its tensors, loaded strictly;
+    the latent statistics kept as `latent_stats`."""
     if is_diffusers(sd):
         sd = diffusers_to_original(sd)
     stats = {k: v for k, v in sd.items() if k.startswith(_STATS)}
     dec = {k: v for k, v in sd.items() if not k.startswith(("encoder.", *_STATS))}
+    enc = {k: v for k, v in sd.items() if k.startswith("encoder.")}
     cfg = ltx_config(dec, path)
     # `pads`: a caller that knows the generation (a test, a benchmark) says so; else the release's config
     generation, pads, note = (
         ("ltx2" if pads.reflect else "ltxv", pads, None) if pads is not None else _generation(cfg, path)
     )
     cfg = dataclasses.replace(cfg, pads=pads, generation=generation)
+    enc_cfg = encoder_config(enc, cfg.z, path, *_encoder_padding(path)) if enc else None
     with torch.device("meta"):
-        model = made(path, lambda: LTXVideoVAE(cfg))
-    strict_load(model, dec, path)
+        model = made(path, lambda: LTXVideoVAE(cfg, enc_cfg))
+    strict_load(model, {**dec, **enc}, path)
     model.latent_stats = stats
     model.notes = [note] if note else []  # engine.vae.run adds them to the decode's notes
     model.source = path
