@@ -43,6 +43,9 @@ def run_child(cfg: dict) -> dict:
     from engine.vae.run import RunInfo
 
     vae = _vae(cfg["dim"], cfg["family"])
+    with torch.inference_mode():  # page a file's mmapped weights in: the estimate counts them apart
+        for p in vae.parameters():
+            p.sum()
     base = psutil.Process().memory_info().rss
     g = torch.Generator().manual_seed(1)
     n, h, w = cfg["frames"], cfg["height"], cfg["width"]

@@ -133,17 +133,17 @@ K_VIDEO_CACHE["kandinsky6_sr"] = 250.0
 K_VIDEO_FRAME["hunyuan_video"] = 8.0
 K_VIDEO_CHUNK["hunyuan_video"] = 8.0
 K_VIDEO_CACHE["hunyuan_video"] = 60.0
-# Its encoder (engine.vae.hunyuan_video_encoder; clips whole, its GroupNorms spanning the frames): peak RSS
-# above the loaded process, fresh processes, CPU float32, 2 threads, widths 32 x (1, 2, 4, 4) at 512x512:
-# 267 MB for one frame = 8.3 per encoded pixel per unit of ch, carried 25 % over (a clip: ENCODE_CLIP_GROWTH).
-K_VIDEO_ENCODE["hunyuan_video"] = 10.5
+# Its encoder (engine.vae.hunyuan_video_encoder; clips whole, its GroupNorms spanning the frames):
+# `bench_vae_encode.py --family hunyuan_video --dim 32` (widths 32 x (1, 2, 4, 4), 512x512, CPU float32, fresh
+# processes, the weights paged in before): 211-245 MB for one frame = 6.3-7.3 per encoded pixel per unit of ch,
+# carried ~20 % over the higher (a clip: ENCODE_CLIP_GROWTH).
+K_VIDEO_ENCODE["hunyuan_video"] = 8.5
 # HunyuanVideo 1.5's (engine.vae.hunyuan_video15): RMS norms as Wan's, depth-to-space upsampling that holds
 # the conv's output and the unfolded input at once. Measured the same way (--family hunyuan_video15, dim 32):
 # 443 MB at 5 frames, 735 MB at 13 = 4.4 per frame per unit of ch, 25 % over: 5.5; chunk and cache: Wan 2.2's.
 # Its encoder (engine.vae.hunyuan_video15_encoder: chunks of 1, then 4 frames), measured as HunyuanVideo's
-# (widths 32 x (1, 2, 4, 8, 8), 512x512): 239 MB for one frame = 7.45 per pixel per unit of ch, 25 % over:
-# 9.5. A clip's peak is its 4-frame chunk's and the carried frames': 1223 MB at 5 frames, 1478 at 9, 1550 at 17.
-for _k, _v in (K_VIDEO_FRAME, 5.5), (K_VIDEO_CHUNK, 8.0), (K_VIDEO_CACHE, 55.0), (K_VIDEO_ENCODE, 9.5):
+# (widths 32 x (1, 2, 4, 8, 8), 512x512): 112 MB for one frame = 3.3 per pixel per unit of ch, 25 % over: 4.2.
+for _k, _v in (K_VIDEO_FRAME, 5.5), (K_VIDEO_CHUNK, 8.0), (K_VIDEO_CACHE, 55.0), (K_VIDEO_ENCODE, 4.2):
     _k["hunyuan_video15"] = _v
 VIDEO_KINDS += ("hunyuan_video", "hunyuan_video15")
 # A middle block whose attention is causal over frames keeps every earlier latent frame's keys and values
@@ -304,12 +304,12 @@ def activation_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> 
 # activations and its cache whatever its length. `bench_vae_encode.py` (dim 16, 512x512, CPU float32, fresh
 # processes), peak RSS above the process less the clip's copies: Wan 2.1 1.66x one frame's at 5 frames, 1.74x at
 # 9; Wan 2.2 1.4x / 1.64x. HunyuanVideo's encodes up to 17 frames whole (its GroupNorms span them; longer clips
-# in diffusers' 17-frame tiles): +0.63 of one frame's for each further frame (widths 32, 512x512: 267 MB, 9
-# frames 1588 MB). HunyuanVideo 1.5's runs chunks of 4: 4.9x at 5 frames, 5.8x at 9 and at 17. A kind not
-# listed encodes its clip whole: one frame's more for each.
+# in diffusers' 17-frame tiles): 4.4x at 5 frames, 7.7x at 9 (widths 32, 512x512, the weights paged in first).
+# HunyuanVideo 1.5's runs a first frame alone, then chunks of 4, which cost far more: 8.7x at 5 frames, 12.4x at
+# 9, no more at 17. A kind not listed encodes its clip whole: one frame's more for each.
 ENCODE_CLIP_GROWTH = {"wan21": (0.2, 1.75), "wan22": (0.2, 1.75), "qwen_image21": (0.0, 1.0)}
-ENCODE_CLIP_GROWTH["hunyuan_video"] = (0.65, 1 + 0.65 * 16)
-ENCODE_CLIP_GROWTH["hunyuan_video15"] = (1.0, 6.0)
+ENCODE_CLIP_GROWTH["hunyuan_video"] = (0.85, 1 + 0.85 * 16)
+ENCODE_CLIP_GROWTH["hunyuan_video15"] = (2.0, 13.0)
 # LTX's runs a first chunk of 9 frames, then 8 at a time with every causal convolution's last 2 input frames
 # carried (engine.vae.ltx_encoder): 1.9x one frame's at 9 frames, 3.7x at 17, 4.0x at 25 and after.
 ENCODE_CLIP_GROWTH["ltxv"] = ENCODE_CLIP_GROWTH["ltx2"] = (0.35, 4.1)
