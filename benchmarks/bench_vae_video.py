@@ -146,6 +146,9 @@ def run_child(cfg: dict) -> dict:
     from engine.vae.run import RunInfo
 
     vae = _vae(cfg["dim"], cfg.get("family", "wan21"))
+    with torch.inference_mode():  # page a file's mmapped weights in (HunyuanVideo, Mochi): counted apart
+        for p in vae.parameters():
+            p.sum()
     w, h, f = cfg["width"], cfg["height"], vae.downscale
     z = torch.randn(1, vae.latent_channels, cfg["latent_frames"], h // f, w // f,
                     generator=torch.Generator().manual_seed(1))  # fmt: skip

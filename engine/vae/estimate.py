@@ -140,10 +140,13 @@ K_VIDEO_CACHE["hunyuan_video"] = 60.0
 K_VIDEO_ENCODE["hunyuan_video"] = 8.5
 # HunyuanVideo 1.5's (engine.vae.hunyuan_video15): RMS norms as Wan's, depth-to-space upsampling that holds
 # the conv's output and the unfolded input at once. Measured the same way (--family hunyuan_video15, dim 32):
-# 443 MB at 5 frames, 735 MB at 13 = 4.4 per frame per unit of ch, 25 % over: 5.5; chunk and cache: Wan 2.2's.
+# 443 MB at 5 frames, 735 MB at 13 = 4.4 per frame per unit of ch, 25 % over: 5.5. Chunk and cache, with the
+# weights paged in before the count (two runs each, 256x256): 13 frames whole 522-631 MB, in chunks of one latent
+# frame 311-362 MB, 9 frames in chunks of one 294-391 MB -- ~15-20 per unit of ch for a chunk and the history
+# it carries (Wan 2.2's 8 + 55 had been assumed); 6 + 24 keeps the estimate 1.1-1.5x over those.
 # Its encoder (engine.vae.hunyuan_video15_encoder: chunks of 1, then 4 frames), measured as HunyuanVideo's
 # (widths 32 x (1, 2, 4, 8, 8), 512x512): 112 MB for one frame = 3.3 per pixel per unit of ch, 25 % over: 4.2.
-for _k, _v in (K_VIDEO_FRAME, 5.5), (K_VIDEO_CHUNK, 8.0), (K_VIDEO_CACHE, 55.0), (K_VIDEO_ENCODE, 4.2):
+for _k, _v in (K_VIDEO_FRAME, 5.5), (K_VIDEO_CHUNK, 6.0), (K_VIDEO_CACHE, 24.0), (K_VIDEO_ENCODE, 4.2):
     _k["hunyuan_video15"] = _v
 VIDEO_KINDS += ("hunyuan_video", "hunyuan_video15")
 # A middle block whose attention is causal over frames keeps every earlier latent frame's keys and values
