@@ -107,7 +107,13 @@ VIDEO_KINDS += ("mochi",)
 # of one 484 (the carried history: +207), 3 in chunks of two 578; at 512x256 486-488. Fitted (4 frames counted a
 # latent frame, as video_chunk_bytes counts them): 39 a frame, 122 a chunk, 207 the cache, carried ~25 % over.
 VIDEO_KINDS += ("kandinsky6_sr",)
-K_VIDEO_ENCODE["kandinsky6_sr"] = 0.0  # its encoder is not run
+# Its encoder (an image is one frame; a clip runs its first frame alone, then 4 at a time, the causal history in
+# a Stream): fresh processes, CPU float32, 2 threads, a quarter-width model (encoder widths (4, 32, 64, 128, 256)),
+# peak RSS above the loaded process once its weights were paged in (a 16x16 encode first): one frame 27.6 per unit
+# of ch per pixel at 512x512, 15.5 at 1024x1024 (~65 MB of it a constant); the eighth-width model the same per ch.
+# A 9-frame clip at 512x512 112 (a chunk of 4 frames and the carried history), 5 frames 83, 13 frames 118: after
+# the second chunk a frame adds only its latent. Carried ~25 % over the image's figure.
+K_VIDEO_ENCODE["kandinsky6_sr"] = 35.0
 K_VIDEO_FRAME["kandinsky6_sr"] = 48.0
 K_VIDEO_CHUNK["kandinsky6_sr"] = 150.0
 K_VIDEO_CACHE["kandinsky6_sr"] = 250.0
@@ -365,10 +371,11 @@ VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 12)
 VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 12)
 # Mochi 1 (engine.vae.mochi; diffusers AutoencoderKLMochi's defaults): decoder widths 768 .. 128, z 12, 6x time
 VIDEO_SPECS["mochi"] = VaeSpec("mochi", 12, 725_053_190, 128, 768, 6, 8)  # the decoder's 362.5 M in bf16
-# diffusers Kandinsky6SRVAE's defaults: decoder (16, 256, 512, 1024, 2048), z 64, 16x, 4x in time; its 1.46 B
-# decoder parameters counted in float32 (a file's header gives its own bytes); the head's output is the middle
-# block's 2048 channels and the latent's 64
-VIDEO_SPECS["kandinsky6_sr"] = VaeSpec("kandinsky6_sr", 64, 5_852_283_532, 16, 2048 + 64, 4, 16)
+# diffusers Kandinsky6SRVAE's defaults: decoder (16, 256, 512, 1024, 2048), encoder (16, 128, 256, 512, 1024), z 64,
+# 16x, 4x in time; its 1.46 B decoder and 0.28 B encoder parameters (both load where the file has both) counted in
+# float32 (a file's header gives its own bytes); the head's output is the middle block's 2048 channels and the
+# latent's 64
+VIDEO_SPECS["kandinsky6_sr"] = VaeSpec("kandinsky6_sr", 64, 6_955_512_972, 16, 2048 + 64, 4, 16)
 
 
 def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:

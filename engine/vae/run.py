@@ -187,7 +187,14 @@ def encode(
     """Image (N, 3, H, W) in [0, 1] -> VAE-space latent (N, C, H/8, W/8); H and W are cropped to
     multiples of 8 (as ComfyUI does)."""
     if not hasattr(vae, "encoder"):
-        if getattr(vae, "video", False):  # engine.vae.ltx, mochi, hunyuan_video, kandinsky6_sr, minimax_h3
+        if getattr(
+            vae, "encoder_in_file", False
+        ):  # a video VAE Loadout encodes with, from a decoder-only file
+            raise UnsupportedModel(
+                f"{getattr(vae, 'source', 'this VAE')}: the file holds this video VAE's decoder only: give the file "
+                "with its encoder too"
+            )
+        if getattr(vae, "video", False):  # engine.vae.ltx, hunyuan_video, minimax_h3
             raise UnsupportedModel(
                 f"{getattr(vae, 'source', 'this VAE')}: Loadout decodes with this video VAE; its encoder is not run yet"
             )
