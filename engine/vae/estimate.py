@@ -63,13 +63,9 @@ K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0, "qwen_image21": 0.0}  # one frame
 # release's blocks), 832x480, whole frames, one chunk, CPU float32, 2 threads, fresh processes: peak RSS above
 # the process 430 MB at 1 latent frame (1 output frame), 1529 MB at 2 (7 frames) -- 3.6 units of ch per output
 # frame, ~4.8 once; carried ~25 % over. The cache is counted, not measured: 2 frames per causal convolution,
-# summed over the blocks at their widths and resolutions (12 + 6 + 4 + 2.25 units), ~25 % over. No encoder.
-K_VIDEO_FRAME["mochi"], K_VIDEO_CHUNK["mochi"], K_VIDEO_CACHE["mochi"], K_VIDEO_ENCODE["mochi"] = (
-    4.5,
-    6.0,
-    30.0,
-    0.0,
-)
+# summed over the blocks at their widths and resolutions (12 + 6 + 4 + 2.25 units), ~25 % over.
+K_VIDEO_FRAME["mochi"], K_VIDEO_CHUNK["mochi"], K_VIDEO_CACHE["mochi"] = 4.5, 6.0, 30.0
+K_VIDEO_ENCODE["mochi"] = 30.0  # provisional, replaced below once measured
 K_VIDEO_HEAD = 8.0
 # ViT decoders (MiniMax-H3's, engine.vae.minimax_h3): the release's own tiles (256 px, overlaps of at least 64)
 # and chunks of latent frames define the output, so the estimate only says what they take. Per token of a
@@ -370,7 +366,8 @@ VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 12)
 # the decoder's figures; its own weight bytes come from the file's header where known
 VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 12)
 # Mochi 1 (engine.vae.mochi; diffusers AutoencoderKLMochi's defaults): decoder widths 768 .. 128, z 12, 6x time
-VIDEO_SPECS["mochi"] = VaeSpec("mochi", 12, 725_053_190, 128, 768, 6, 8)  # the decoder's 362.5 M in bf16
+# (the decoder's 362.5 M parameters and the encoder's 97.2 M, in bf16: both load where the file has both)
+VIDEO_SPECS["mochi"] = VaeSpec("mochi", 12, 919_497_222, 128, 768, 6, 8)
 # diffusers Kandinsky6SRVAE's defaults: decoder (16, 256, 512, 1024, 2048), encoder (16, 128, 256, 512, 1024), z 64,
 # 16x, 4x in time; its 1.46 B decoder and 0.28 B encoder parameters (both load where the file has both) counted in
 # float32 (a file's header gives its own bytes); the head's output is the middle block's 2048 channels and the
