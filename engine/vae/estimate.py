@@ -65,7 +65,12 @@ K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0, "qwen_image21": 0.0}  # one frame
 # frame, ~4.8 once; carried ~25 % over. The cache is counted, not measured: 2 frames per causal convolution,
 # summed over the blocks at their widths and resolutions (12 + 6 + 4 + 2.25 units), ~25 % over.
 K_VIDEO_FRAME["mochi"], K_VIDEO_CHUNK["mochi"], K_VIDEO_CACHE["mochi"] = 4.5, 6.0, 30.0
-K_VIDEO_ENCODE["mochi"] = 30.0  # provisional, replaced below once measured
+# Its encoder (engine.vae.mochi_encoder; the first frame alone, then 6 at a time): fresh processes, CPU float32, 2
+# threads, a half-width model (encoder widths 32/64/128/192, the release's blocks and attention; ch 64), peak RSS
+# above the loaded process once its weights were paged in: one frame 4.1 per unit of ch per pixel at 512x512 (5.3 at
+# 256x256), carried ~25 % over. A clip holds a chunk of 6 frames (7 frames at 256x256: 34) and, growing with the
+# clip, every earlier frame's attention keys and values (13 frames: 52; ~2.6 per frame of the clip).
+K_VIDEO_ENCODE["mochi"] = 5.5
 K_VIDEO_HEAD = 8.0
 # ViT decoders (MiniMax-H3's, engine.vae.minimax_h3): the release's own tiles (256 px, overlaps of at least 64)
 # and chunks of latent frames define the output, so the estimate only says what they take. Per token of a
