@@ -24,7 +24,8 @@ per block 3/6/4/3/3 from the top, time x3, x2, x1 and space x2 per up block, no 
 The encoder (engine.vae.mochi_encoder) is built where the file holds its tensors: a combined file with the
 release's names under `encoder.` (ComfyUI's repackaged file) or diffusers' (`encoder.proj_in`, `block_in`,
 `down_blocks.N`, `block_out`, `proj_out`, renamed onto the release's here). Genmo's own `encoder.safetensors`
-is a file of its own, without the prefix: it holds no decoder, and is not read yet.
+is a file of its own, without the prefix, beside its `decoder.safetensors`: loading the decoder file reads it too
+(`with_sibling_encoder`); the encoder's file alone holds no decoder and is not loaded.
 
 Everything is causal or per frame, so a clip decoded chunk by chunk equals the whole pass; the frames
 dropped at the clip's start are dropped once per `Stream` (per clip or tile), never per chunk. A spatial
@@ -297,6 +298,25 @@ def model_part(sd: dict[str, torch.Tensor], path: str) -> dict[str, torch.Tensor
     if not any(k.startswith("decoder.") for k in sd):
         sd = {"decoder." + k: v for k, v in sd.items()}
     return {k: v for k, v in sd.items() if k.startswith(("decoder.", "encoder."))}
+
+
+def with_sibling_encoder(sd: dict[str, torch.Tensor], path: str, read) -> dict[str, torch.Tensor]:
+    """Genmo's release: a decoder file without the `decoder.` prefix and the encoder in a file of its own beside
+    it, its name the decoder's with "encoder" for "decoder" (`decoder.safetensors` / `encoder.safetensors`). With
+    that file there, the two as one state dict under `decoder.` and `encoder.`; else `sd` as it is. `read` reads
+    a state dict (engine.vae.loading.read_state_dict)."""
+    from pathlib import Path
+
+    name = Path(path).name
+    if "decoder" not in name or any(k.startswith(("decoder.", "encoder.")) for k in sd):
+        return sd
+    sib = Path(path).with_name(name.replace("decoder", "encoder"))
+    if not sib.is_file():
+        return sd
+    enc = read(str(sib))
+    if "layers.0.weight" not in enc or "output_proj.weight" not in enc:  # not the release's encoder
+        return sd
+    return {**{"decoder." + k: v for k, v in sd.items()}, **{"encoder." + k: v for k, v in enc.items()}}
 
 
 def _blocks(sd, pattern: str) -> int:

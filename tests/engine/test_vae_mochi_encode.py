@@ -100,6 +100,21 @@ def test_both_namings_load_the_encoder_strictly(ref, path, naming, tmp_path):
         load_vae(tmp_path / "shape.safetensors")
 
 
+def test_genmos_decoder_file_brings_its_encoder_file(ref, path, tmp_path):
+    """Genmo's release: decoder.safetensors and encoder.safetensors side by side, neither prefixed."""
+    from safetensors.torch import save_file
+
+    sd = _sd(ref)
+    save_file(_release_names(sd, prefix=""), str(tmp_path / "decoder.safetensors"))
+    enc = {k.removeprefix("encoder."): v for k, v in _release_encoder_names(sd).items()}
+    save_file(enc, str(tmp_path / "encoder.safetensors"))
+    x = _x(7)
+    with torch.inference_mode():
+        got = load_vae(tmp_path / "decoder.safetensors").encode(x)
+        assert (got - load_vae(path).encode(x)).abs().max() < 1e-5
+    assert not hasattr(load_vae(tmp_path / "decoder.safetensors", pair=False), "encoder")
+
+
 def test_a_decoder_only_file_refuses_to_encode_and_the_weights_count(ref, path, tmp_path):
     from safetensors.torch import save_file
 
