@@ -271,7 +271,9 @@ class Kandinsky6SRVAE(VideoShape, nn.Module):
         """Clip (B, 3, 1 + 4k, H, W) in [-1, 1], H and W multiples of 16 -> latent mean (B, z, 1 + k, H/16, W/16).
         The first frame runs alone, then `chunk_frames` (a multiple of the time factor) at a time: the network is
         causal, its history carried in a Stream, so any such chunking gives the whole clip's result (diffusers
-        runs 17 frames, then 16) and a long clip holds one chunk's activations."""
+        runs 17 frames, then 16) and a long clip holds one chunk's activations. The mean is raw VAE space, as the
+        decode takes it: the SR pipeline (pipeline_kandinsky6_sr.py) maps its clip to (x + 1) 127.5 / 128 - 1
+        before encoding and multiplies the mean by scaling_factor -- its own steps, not the VAE's."""
         if not hasattr(self, "encoder"):
             raise UnsupportedModel(f"{getattr(self, 'source', 'this VAE')}: the file holds no encoder")
         tf, f = self.cfg.time_factor, self.cfg.downscale
