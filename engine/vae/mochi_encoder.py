@@ -41,7 +41,9 @@ from .wan import _Indexed
 
 HEAD_DIM = 32  # channels per attention head (the release's head_dim)
 FOURIER = (6, 7)  # the release's frequencies: 2^6 and 2^7 cycles per unit
-ROWS = 1 << 15  # pixels per attention call: larger batches break CUDA's launch configuration (the release's)
+# pixels per attention call (projections included): larger batches break CUDA's launch configuration (the
+# release's chunk), and smaller ones bound the projections' transient tensors
+ROWS = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -75,33 +77,39 @@ class _Attention(nn.Module):
 
     def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
         """x (B, C, t, H, W) normalised -> the attention's output over time at each pixel, the earlier chunks'
-        keys and values (kept in `stream`) included."""
+        keys and values (kept in `stream` as one tensor (2, pixels, heads, frames, 32)) included. ROWS pixels at
+        a time from projection to output, so only the keys and values are ever whole-chunk tensors."""
         b, c, t, h, w = x.shape
-        qkv = self.qkv(x.permute(0, 3, 4, 2, 1).reshape(b * h * w, t, c))  # (pixels, t, 3C)
-        q, k, v = qkv.unflatten(2, (3, self.heads, HEAD_DIM)).permute(2, 0, 3, 1, 4)  # (pixels, heads, t, 32)
-        del qkv
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        past = stream.frames.get(id(self))
+        n = b * h * w
+        rows = x.permute(0, 3, 4, 2, 1).reshape(n, t, c)  # (pixels, t, C)
+        past = stream.frames.pop(id(self), None)
+        before = 0 if past is None else past.shape[3]
+        kv = x.new_empty(2, n, self.heads, before + t, HEAD_DIM)
         if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        if stream.keep:
-            stream.frames[id(self)] = torch.stack([k, v])
-        else:
-            stream.frames.pop(id(self), None)
-        before = k.shape[2] - t
+            kv[:, :, :, :before] = past
+            del past
         # frame i of the chunk sees the keys of every earlier chunk and of its own frames up to i
-        mask = (
-            torch.arange(k.shape[2], device=x.device)[None]
-            <= before + torch.arange(t, device=x.device)[:, None]
-        )
-        out = torch.empty_like(q)
-        for a in range(0, q.shape[0], ROWS):
-            ops.check_cancelled()
-            out[a : a + ROWS] = F.scaled_dot_product_attention(
-                q[a : a + ROWS], k[a : a + ROWS], v[a : a + ROWS], attn_mask=mask
+        keys = torch.arange(before + t, device=x.device)
+        mask = keys[None] <= before + torch.arange(t, device=x.device)[:, None]
+        out = torch.empty_like(rows)
+        for a in range(0, n, ROWS):
+            q, k, v = (
+                self.qkv(rows[a : a + ROWS]).unflatten(2, (3, self.heads, HEAD_DIM)).permute(2, 0, 3, 1, 4)
             )
-        del q, k, v
-        out = self.out(out.transpose(1, 2).reshape(b * h * w, t, c))
+            kv[0, a : a + ROWS, :, before:] = F.normalize(k, dim=-1)
+            kv[1, a : a + ROWS, :, before:] = v
+            del k, v
+            if before + t == 1:  # one key: its softmax weight is exactly 1, the output its value
+                y = kv[1, a : a + ROWS]
+            else:  # (CPU: batched matmuls of a few frames each, the attention's main cost)
+                y = F.scaled_dot_product_attention(F.normalize(q, dim=-1), kv[0, a : a + ROWS], kv[1, a : a + ROWS],
+                                                   attn_mask=mask)  # fmt: skip
+            del q
+            out[a : a + ROWS] = self.out(y.transpose(1, 2).reshape(-1, t, c))
+            del y
+        if stream.keep:
+            stream.frames[id(self)] = kv
+        del kv, rows
         return out.reshape(b, h, w, t, c).permute(0, 4, 3, 1, 2)
 
 
