@@ -102,7 +102,7 @@ class _Attention(nn.Module):
             if before + t == 1:  # one key: its softmax weight is exactly 1, the output its value
                 y = kv[1, a : a + ROWS]
             else:  # (CPU: batched matmuls of a few frames each, the attention's main cost)
-                y = F.scaled_dot_product_attention(F.normalize(q, dim=-1), kv[0, a : a + ROWS], kv[1, a : a + ROWS],
+                y = F.scaled_dot_product_attention(F.normalize(q, dim=-1).contiguous(), kv[0, a : a + ROWS], kv[1, a : a + ROWS],
                                                    attn_mask=mask)  # fmt: skip
             del q
             out[a : a + ROWS] = self.out(y.transpose(1, 2).reshape(-1, t, c))
