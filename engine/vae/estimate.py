@@ -67,13 +67,14 @@ K_VIDEO_CACHE = {"wan21": 36.0, "wan22": 55.0, "qwen_image21": 0.0}  # one frame
 # release's blocks), 832x480, whole frames, one chunk, CPU float32, 2 threads, fresh processes: peak RSS above
 # the process 430 MB at 1 latent frame (1 output frame), 1529 MB at 2 (7 frames) -- 3.6 units of ch per output
 # frame, ~4.8 once; carried ~25 % over. The cache is counted, not measured: 2 frames per causal convolution,
-# summed over the blocks at their widths and resolutions (12 + 6 + 4 + 2.25 units), ~25 % over. No encoder.
-K_VIDEO_FRAME["mochi"], K_VIDEO_CHUNK["mochi"], K_VIDEO_CACHE["mochi"], K_VIDEO_ENCODE["mochi"] = (
-    4.5,
-    6.0,
-    30.0,
-    0.0,
-)
+# summed over the blocks at their widths and resolutions (12 + 6 + 4 + 2.25 units), ~25 % over.
+K_VIDEO_FRAME["mochi"], K_VIDEO_CHUNK["mochi"], K_VIDEO_CACHE["mochi"] = 4.5, 6.0, 30.0
+# Its encoder (engine.vae.mochi_encoder; the first frame alone, then 6 at a time): fresh processes, CPU float32, 2
+# threads, a half-width model (encoder widths 32/64/128/192, the release's blocks and attention; ch 64), peak RSS
+# above the loaded process once its weights were paged in: one frame 4.1 per unit of ch per pixel at 512x512 (5.3 at
+# 256x256), carried ~25 % over. A clip holds a chunk of 6 frames (7 frames at 256x256: 34) and, growing with the
+# clip, every earlier frame's attention keys and values (13 frames: 52; ~2.6 per frame of the clip).
+K_VIDEO_ENCODE["mochi"] = 5.5
 K_VIDEO_HEAD = 8.0
 # ViT decoders (MiniMax-H3's, engine.vae.minimax_h3): the release's own tiles (256 px, overlaps of at least 64)
 # and chunks of latent frames define the output, so the estimate only says what they take. Per token of a
@@ -121,7 +122,13 @@ VIDEO_KINDS += ("mochi",)
 # of one 484 (the carried history: +207), 3 in chunks of two 578; at 512x256 486-488. Fitted (4 frames counted a
 # latent frame, as video_chunk_bytes counts them): 39 a frame, 122 a chunk, 207 the cache, carried ~25 % over.
 VIDEO_KINDS += ("kandinsky6_sr",)
-K_VIDEO_ENCODE["kandinsky6_sr"] = 0.0  # its encoder is not run
+# Its encoder (an image is one frame; a clip runs its first frame alone, then 4 at a time, the causal history in
+# a Stream): fresh processes, CPU float32, 2 threads, a quarter-width model (encoder widths (4, 32, 64, 128, 256)),
+# peak RSS above the loaded process once its weights were paged in (a 16x16 encode first): one frame 27.6 per unit
+# of ch per pixel at 512x512, 15.5 at 1024x1024 (~65 MB of it a constant); the eighth-width model the same per ch.
+# A 9-frame clip at 512x512 112 (a chunk of 4 frames and the carried history), 5 frames 83, 13 frames 118: after
+# the second chunk a frame adds only its latent. Carried ~25 % over the image's figure.
+K_VIDEO_ENCODE["kandinsky6_sr"] = 35.0
 K_VIDEO_FRAME["kandinsky6_sr"] = 48.0
 K_VIDEO_CHUNK["kandinsky6_sr"] = 150.0
 K_VIDEO_CACHE["kandinsky6_sr"] = 250.0
@@ -316,6 +323,11 @@ ENCODE_CLIP_GROWTH["hunyuan_video15"] = (2.0, 13.0)
 # LTX's runs a first chunk of 9 frames, then 8 at a time with every causal convolution's last 2 input frames
 # carried (engine.vae.ltx_encoder): 1.9x one frame's at 9 frames, 3.7x at 17, 4.0x at 25 and after.
 ENCODE_CLIP_GROWTH["ltxv"] = ENCODE_CLIP_GROWTH["ltx2"] = (0.35, 4.1)
+# Kandinsky 6 SR's (the first frame alone, then 4 at a time, the history carried): 3.0x one frame's at 5 frames,
+# 4.1x at 9, 4.3x at 13. Mochi's carries every earlier frame's attention keys and values, so a clip never stops
+# growing: 6.4x at 7 frames (256x256), 9.8x at 13 (engine.vae.mochi_encoder).
+ENCODE_CLIP_GROWTH["kandinsky6_sr"] = (0.5, 4.5)
+ENCODE_CLIP_GROWTH["mochi"] = (0.9, float("inf"))
 
 
 def encode_clip_bytes(spec: VaeSpec, pixels: int, frames: int, esize: int, full: bool = True) -> int:
@@ -390,11 +402,13 @@ VIDEO_SPECS["ltxv"] = VaeSpec("ltxv", 128, 838_000_000, 8, 1024, 8, 32, 12, LTX_
 # the decoder's figures; its own weight bytes come from the file's header where known
 VIDEO_SPECS["ltx2"] = VaeSpec("ltx2", 128, 838_000_000, 8, 1024, 8, 32, 12, LTX_ENCODE_FIXED)
 # Mochi 1 (engine.vae.mochi; diffusers AutoencoderKLMochi's defaults): decoder widths 768 .. 128, z 12, 6x time
-VIDEO_SPECS["mochi"] = VaeSpec("mochi", 12, 725_053_190, 128, 768, 6, 8)  # the decoder's 362.5 M in bf16
-# diffusers Kandinsky6SRVAE's defaults: decoder (16, 256, 512, 1024, 2048), z 64, 16x, 4x in time; its 1.46 B
-# decoder parameters counted in float32 (a file's header gives its own bytes); the head's output is the middle
-# block's 2048 channels and the latent's 64
-VIDEO_SPECS["kandinsky6_sr"] = VaeSpec("kandinsky6_sr", 64, 5_852_283_532, 16, 2048 + 64, 4, 16)
+# (the decoder's 362.5 M parameters and the encoder's 97.2 M, in bf16: both load where the file has both)
+VIDEO_SPECS["mochi"] = VaeSpec("mochi", 12, 919_497_222, 128, 768, 6, 8)
+# diffusers Kandinsky6SRVAE's defaults: decoder (16, 256, 512, 1024, 2048), encoder (16, 128, 256, 512, 1024), z 64,
+# 16x, 4x in time; its 1.46 B decoder and 0.28 B encoder parameters (both load where the file has both) counted in
+# float32 (a file's header gives its own bytes); the head's output is the middle block's 2048 channels and the
+# latent's 64
+VIDEO_SPECS["kandinsky6_sr"] = VaeSpec("kandinsky6_sr", 64, 6_955_512_972, 16, 2048 + 64, 4, 16)
 
 
 def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:

@@ -20,8 +20,22 @@ Facts (diffusers `autoencoder_kandinsky6_sr.py`, Kandinsky6SRVAE; learned, not c
 * Release defaults: latent_channels 64, decoder_block_out_channels (16, 256, 512, 1024, 2048), layers_per_block
   2, temporal_compression_ratio 4, start level 1 -> 16x spatial, 4x temporal (T latent frames give 1 + 4 (T - 1)),
   scaling_factor 0.910344 (the pipeline divides by it before decode: the latent goes in as is).
-The encoder is not built: a file's `encoder.*` tensors are left unread. Diffusers' naming is the only one known
-(the release's own is not stated anywhere we found), and the modules here bear it, so keys map 1:1.
+* Encoder (`Kandinsky6SREncoder3D`): `conv_in` (3x3x3, RGB -> level 0's width), the levels from the first
+  (`down.I.block.J`, layers_per_block resnets with plain RMS norms `norm1.gamma` / `norm2.gamma`;
+  `down.I.downsample` on every level but the last), `mid.block_1` / `mid.block_2`, `norm_out`, SiLU, `conv_out`
+  (3x3x3 -> 2 z: the posterior's mean, then its log-variance). A level's first resnet takes twice the previous
+  level's width (the downsample doubles it); the release's widths are (16, 128, 256, 512, 1024).
+* Downsample (width c -> 2c): a (1, 3, 3) convolution of stride 2 in space, plus the parameter-free average of
+  each 2x2 patch's horizontal pairs (pixel-unshuffle's channel order: output channel 2k + row is input channel k's
+  row of the patch, its two columns averaged); then a 1x1x1 `linear`. Where the level is temporal, before the
+  linear: two causal (2, 1, 1) convolutions (`temporal_conv.0` stride 1, `temporal_conv.1` stride 2 in time), plus
+  the average of frame pairs -- at the clip's start the first frame alone, as its history is a copy of itself.
+  Temporal levels: `log2(temporal_compression_ratio)` from `temporal_compression_start_level`: the weights say
+  which (`downsample.temporal_conv`). 1 + 4k frames encode to 1 + k latent frames (diffusers' SR pipeline
+  refuses other counts; so does `encode`).
+The encoder is built only where the file holds its tensors (a decoder-only file still decodes). Diffusers' naming
+is the only one known (the release's own is not stated anywhere we found), and the modules here bear it, so keys
+map 1:1.
 
 Tiling: nothing in the decoder spans a frame (no attention), so `decode_head` runs conv_in and the middle blocks
 at latent resolution and hands on their output with the latent itself appended (the norms of every tile need the
@@ -42,6 +56,7 @@ from ..errors import FormatError, UnsupportedModel
 from .causal_conv import CausalConv3d, Stream, VideoShape
 
 SLICE_FRAMES = 1  # input frames per causal 3x3x3 convolution call (CausalConv3d.sliced)
+ENCODE_CHUNK = 4  # frames the encoder takes at a time after the clip's first
 RELEASE_Z = 64
 
 
@@ -59,6 +74,9 @@ class K6Config:
     temporal: tuple[bool, ...] = (False, False, True, True, False)  # per level: its upsample doubles time
     layers_per_block: int = 2
     image_channels: int = 3
+    enc_dims: tuple[int, ...] = ()  # the encoder's resnet widths per level, level 0 first (() without one)
+    enc_temporal: tuple[bool, ...] = ()  # per encoder level: its downsample halves time
+    enc_layers: int = 2  # resnets per encoder level
 
     @property
     def downscale(self) -> int:
@@ -188,15 +206,21 @@ class Decoder(nn.Module):
 
 
 class Kandinsky6SRVAE(VideoShape, nn.Module):
-    """`decode` takes VAE-space latents (B, z, T, h, w) and returns clips (B, 3, 1 + 4 (T - 1), H, W) in [-1, 1]."""
+    """`decode` takes VAE-space latents (B, z, T, h, w) and returns clips (B, 3, 1 + 4 (T - 1), H, W) in [-1, 1];
+    `encode` (where the file holds the encoder) the posterior mean of clips of 1 + 4k frames."""
 
     kind = "vae"
     video = True
     image_range = (-1.0, 1.0)
+    encodes = True  # a file of this family without the encoder is a decoder-only file (engine.vae.run)
 
     def __init__(self, cfg: K6Config):
         super().__init__()
         self.cfg = cfg
+        if cfg.enc_dims:
+            from .kandinsky6_sr_encoder import Encoder  # that module builds on this one's pieces
+
+            self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
 
     def vae_spec(self):
@@ -243,14 +267,54 @@ class Kandinsky6SRVAE(VideoShape, nn.Module):
         out = [self.decode_up(self.decode_head(z[:, :, i : i + 1], head), up) for i in range(z.shape[2])]
         return torch.cat(out, dim=2).clamp_(-1, 1)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        raise UnsupportedModel("Kandinsky 6 SR's VAE: Loadout runs its decoder only, not the encoder")
+    def encode(self, x: torch.Tensor, chunk_frames: int = ENCODE_CHUNK) -> torch.Tensor:
+        """Clip (B, 3, 1 + 4k, H, W) in [-1, 1], H and W multiples of 16 -> latent mean (B, z, 1 + k, H/16, W/16).
+        The first frame runs alone, then `chunk_frames` (a multiple of the time factor) at a time: the network is
+        causal, its history carried in a Stream, so any such chunking gives the whole clip's result (diffusers
+        runs 17 frames, then 16) and a long clip holds one chunk's activations. The mean is raw VAE space, as the
+        decode takes it: the SR pipeline (pipeline_kandinsky6_sr.py) maps its clip to (x + 1) 127.5 / 128 - 1
+        before encoding and multiplies the mean by scaling_factor -- its own steps, not the VAE's."""
+        if not hasattr(self, "encoder"):
+            raise UnsupportedModel(f"{getattr(self, 'source', 'this VAE')}: the file holds no encoder")
+        tf, f = self.cfg.time_factor, self.cfg.downscale
+        t, hh, ww = x.shape[2:]
+        if (t - 1) % tf or chunk_frames % tf or chunk_frames <= 0:
+            raise FormatError(
+                f"Kandinsky 6 SR's VAE encodes clips of 1 + {tf}k frames (in chunks of {tf}k), not {t} "
+                f"(chunks of {chunk_frames})"
+            )
+        if hh % f or ww % f:
+            raise FormatError(
+                f"Kandinsky 6 SR's VAE encodes frames whose sides are multiples of {f}, not {ww}x{hh}"
+            )
+        stream, enc = Stream(), self.encoder
+        bounds = [0, 1, *range(1 + chunk_frames, t, chunk_frames), t] if t > 1 else [0, 1]
+        outs = []
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            stream.keep = b < t  # the last chunk's convolutions keep no history (an image: none at all)
+            outs.append(enc.step(x[:, :, a:b], stream, a == 0))
+        return torch.cat(outs, dim=2)[:, : self.cfg.z]
 
 
 # -- from the file's tensors ----------------------------------------------------------------------
-def decoder_keys(sd: dict) -> dict:
-    """The decoder's tensors (the encoder's are left unread)."""
-    return {k: v for k, v in sd.items() if k.startswith("decoder.")}
+def model_keys(sd: dict) -> dict:
+    """The tensors the model loads: the decoder's, and the encoder's where the file has them."""
+    return {k: v for k, v in sd.items() if k.startswith(("decoder.", "encoder."))}
+
+
+def _encoder_config(sd: dict, path: str) -> dict:
+    """The encoder's part of K6Config, from its shapes ({} for a decoder-only file)."""
+    levels = sorted({int(m[1]) for k in sd if (m := re.match(r"encoder\.down\.(\d+)\.", k))})
+    if not any(k.startswith("encoder.") for k in sd):
+        return {}
+    if not levels or levels != list(range(len(levels))):
+        raise FormatError(
+            f"{path}: a Kandinsky 6 SR VAE encoder without its levels (encoder.down.N)", path=path
+        )
+    dims = tuple(_shape(sd, f"encoder.down.{i}.block.0.conv2.conv.weight", path, 5)[0] for i in levels)
+    blocks = {int(m[1]) for k in sd if (m := re.match(r"encoder\.down\.0\.block\.(\d+)\.", k))}
+    temporal = tuple(f"encoder.down.{i}.downsample.temporal_conv.0.conv.weight" in sd for i in levels)
+    return dict(enc_dims=dims, enc_temporal=temporal, enc_layers=len(blocks))
 
 
 def _shape(sd: dict, key: str, path: str, dims: int) -> tuple[int, ...]:
@@ -281,15 +345,16 @@ def k6_config(sd: dict, path: str) -> K6Config:
             f"{path}: a Kandinsky 6 SR-style VAE decoding {image} image channels: Loadout runs the RGB release only",
             path=path,
         )
-    return K6Config(z=z, dims=dims, temporal=temporal, layers_per_block=len(blocks) - 1, image_channels=image)
+    return K6Config(z=z, dims=dims, temporal=temporal, layers_per_block=len(blocks) - 1, image_channels=image,
+                    **_encoder_config(sd, path))  # fmt: skip
 
 
 def build(sd: dict, path: str, strict_load, made) -> Kandinsky6SRVAE:
-    """The decoder, loaded strictly (engine.vae.loading's strict_load and _made, passed in: that module imports
-    this one)."""
+    """The decoder and, where the file has it, the encoder, loaded strictly (engine.vae.loading's strict_load and
+    _made, passed in: that module imports this one)."""
     cfg = k6_config(sd, path)
     with torch.device("meta"):
         model = made(path, lambda: Kandinsky6SRVAE(cfg))
-    strict_load(model, decoder_keys(sd), path)
+    strict_load(model, model_keys(sd), path)
     model.source = path
     return model

@@ -283,8 +283,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
                 for which, part in (_taesd_part(read_state_dict(sib)) or {}).items():
                     taesd.setdefault(which, part)
         return _build_taesd(taesd, p)
-    if mochi.is_mochi_vae(sd):
-        return mochi.build(sd, p)
+    if mochi.is_mochi_vae(sd):  # Genmo's decoder file brings its encoder's file beside it (`pair`)
+        return mochi.build(mochi.with_sibling_encoder(sd, p, read_state_dict) if pair else sd, p)
     if wan_loading.is_wan_vae(sd):
         model = _build_wan(sd, p)
         _hold_quantized(model, quantized)

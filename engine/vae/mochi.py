@@ -21,6 +21,12 @@ per block 3/6/4/3/3 from the top, time x3, x2, x1 and space x2 per up block, no 
     instead (`drop_last_temporal_frames`; `drop="end"`, the default here: the decode Loadout checks itself
     against, as for every other VAE). The two differ in the clip's first frames.
 
+The encoder (engine.vae.mochi_encoder) is built where the file holds its tensors: a combined file with the
+release's names under `encoder.` (ComfyUI's repackaged file) or diffusers' (`encoder.proj_in`, `block_in`,
+`down_blocks.N`, `block_out`, `proj_out`, renamed onto the release's here). Genmo's own `encoder.safetensors`
+is a file of its own, without the prefix, beside its `decoder.safetensors`: loading the decoder file reads it too
+(`with_sibling_encoder`); the encoder's file alone holds no decoder and is not loaded.
+
 Everything is causal or per frame, so a clip decoded chunk by chunk equals the whole pass; the frames
 dropped at the clip's start are dropped once per `Stream` (per clip or tile), never per chunk. A spatial
 tile normalises with its own frame statistics, so tiled output is close to, not equal to, the full pass.
@@ -28,8 +34,10 @@ tile normalises with its own frame statistics, so tiled output is close to, not 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +47,9 @@ from .. import ops
 from ..errors import FormatError, UnsupportedModel
 from .causal_conv import CausalConv3d, Stream, VideoShape
 from .wan import _Indexed
+
+if TYPE_CHECKING:
+    from .mochi_encoder import EncoderConfig
 
 GROUPS = 32  # the release's GroupNorm groups (norm_fn: num_groups=32)
 SPACE = 2  # spatial expansion of every up block (the release's spatial_expansions (2, 2, 2))
@@ -58,6 +69,7 @@ class MochiConfig:
     time: tuple[int, ...]  # per up block
     drop: str = "end"
     image_channels: int = 3
+    encoder: EncoderConfig | None = None  # where the file holds the encoder
 
     @property
     def downscale(self) -> int:
@@ -145,12 +157,13 @@ class Decoder(nn.Module):
 
 class MochiVAE(VideoShape, nn.Module):
     """`decode` takes VAE-space latents (B, 12, T, h, w) and returns clips (B, 3, 6T - 5, 8h, 8w) in
-    [-1, 1]. Decoder only: a file's encoder tensors are left unused and `encode` is refused."""
+    [-1, 1]; `encode` (where the file holds the encoder) the posterior mean of clips of 1 + 6k frames."""
 
     kind = "vae"
     video = True
     image_range = (-1.0, 1.0)
     spec_kind = "mochi"  # engine.vae.estimate's kind
+    encodes = True  # a file of this family without the encoder is a decoder-only file (engine.vae.run)
 
     def __init__(self, cfg: MochiConfig):
         super().__init__()
@@ -158,6 +171,10 @@ class MochiVAE(VideoShape, nn.Module):
             raise ValueError(f"drop {cfg.drop!r}: one of {DROPS}")
         self.cfg = cfg
         self.decoder = Decoder(cfg)
+        if cfg.encoder is not None:
+            from .mochi_encoder import Encoder  # that module builds on this one's residual block
+
+            self.encoder = Encoder(cfg.encoder, cfg.z)
 
     @property
     def spec_widths(self) -> tuple[int, int]:
@@ -197,8 +214,30 @@ class MochiVAE(VideoShape, nn.Module):
         out = [self.decode_up(self.decode_head(z[:, :, i : i + 1], head), up) for i in range(z.shape[2])]
         return torch.cat(out, dim=2).clamp_(-1, 1)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        raise UnsupportedModel("Loadout runs the Mochi VAE's decoder only, not its encoder yet")
+    def encode(self, x: torch.Tensor, chunk_frames: int = 6) -> torch.Tensor:
+        """Clip (B, 3, 1 + 6k, H, W) in [-1, 1], H and W multiples of 8 -> latent mean (B, 12, 1 + k, H/8, W/8).
+        The first frame runs alone, then `chunk_frames` (a multiple of 6) at a time over one Stream: causal
+        throughout, so any such chunking gives the whole clip's result and a chunk's activations are the peak."""
+        if not hasattr(self, "encoder"):
+            raise FormatError(
+                f"{getattr(self, 'source', 'this VAE')}: this file holds the decoder only: give the VAE file with its "
+                "encoder"
+            )
+        tf, f = self.time_factor, self.downscale
+        t, hh, ww = x.shape[2:]
+        if (t - 1) % tf or chunk_frames % tf or chunk_frames <= 0:
+            raise FormatError(
+                f"Mochi's VAE encodes clips of 1 + {tf}k frames (in chunks of {tf}k), not {t} (chunks of {chunk_frames})"
+            )
+        if hh % f or ww % f:
+            raise FormatError(f"Mochi's VAE encodes frames whose sides are multiples of {f}, not {ww}x{hh}")
+        stream = Stream()
+        bounds = [0, 1, *range(1 + chunk_frames, t, chunk_frames), t] if t > 1 else [0, 1]
+        outs = []
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            stream.keep = b < t  # the last chunk keeps no history (an image: none at all)
+            outs.append(self.encoder.step(x[:, :, a:b], stream))
+        return torch.cat(outs, dim=2)[:, : self.cfg.z]
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -248,14 +287,37 @@ def diffusers_to_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
-def decoder_part(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The decoder's tensors under `decoder.`, in the release's names: the release's own decoder file has
-    no prefix; encoder tensors (not run) are left out."""
+def model_part(sd: dict[str, torch.Tensor], path: str) -> dict[str, torch.Tensor]:
+    """The decoder's tensors under `decoder.` and the encoder's under `encoder.` (where the file has them), in
+    the release's names: the release's own decoder file has no prefix."""
     if any(k.startswith("decoder.block_in.") for k in sd):
         sd = diffusers_to_original(sd)
+    if any(k.startswith(("encoder.proj_in.", "encoder.block_in.")) for k in sd):
+        from .mochi_encoder import diffusers_to_original as encoder_to_original
+
+        sd = encoder_to_original(sd, path)
     if not any(k.startswith("decoder.") for k in sd):
         sd = {"decoder." + k: v for k, v in sd.items()}
-    return {k: v for k, v in sd.items() if k.startswith("decoder.")}
+    return {k: v for k, v in sd.items() if k.startswith(("decoder.", "encoder."))}
+
+
+def with_sibling_encoder(sd: dict[str, torch.Tensor], path: str, read) -> dict[str, torch.Tensor]:
+    """Genmo's release: a decoder file without the `decoder.` prefix and the encoder in a file of its own beside
+    it, its name the decoder's with "encoder" for "decoder" (`decoder.safetensors` / `encoder.safetensors`). With
+    that file there, the two as one state dict under `decoder.` and `encoder.`; else `sd` as it is. `read` reads
+    a state dict (engine.vae.loading.read_state_dict)."""
+    from pathlib import Path
+
+    name = Path(path).name
+    if "decoder" not in name or any(k.startswith(("decoder.", "encoder.")) for k in sd):
+        return sd
+    sib = Path(path).with_name(name.replace("decoder", "encoder"))
+    if not sib.is_file():
+        return sd
+    enc = read(str(sib))
+    if "layers.0.weight" not in enc or "output_proj.weight" not in enc:  # not the release's encoder
+        return sd
+    return {**{"decoder." + k: v for k, v in sd.items()}, **{"encoder." + k: v for k, v in enc.items()}}
 
 
 def _blocks(sd, pattern: str) -> int:
@@ -297,11 +359,19 @@ def mochi_config(sd: dict[str, torch.Tensor], path: str, drop: str = "end") -> M
 
 
 def build(sd: dict[str, torch.Tensor], path: str, drop: str = "end") -> MochiVAE:
-    """A Mochi VAE decoder in either naming, loaded strictly (engine.vae.loading.strict_load)."""
+    """A Mochi VAE decoder in either naming, and its encoder where the file holds it, loaded strictly
+    (engine.vae.loading.strict_load)."""
     from .loading import _made, strict_load
+    from .mochi_encoder import HEAD_DIM, encoder_config
 
-    sd = decoder_part(sd)
+    sd = model_part(sd, path)
     cfg = mochi_config(sd, path, drop)
+    enc = encoder_config(sd, path)
+    if enc is not None:
+        if any(c % GROUPS for c in enc.widths) or any(c % HEAD_DIM for c in enc.widths):
+            raise UnsupportedModel(f"{path}: a Mochi VAE encoder with widths {enc.widths}: its GroupNorms take "
+                                   f"{GROUPS} groups, its attention heads {HEAD_DIM} channels", path=path)  # fmt: skip
+        cfg = dataclasses.replace(cfg, encoder=enc)
     if any(c % GROUPS for c in cfg.widths):
         raise UnsupportedModel(f"{path}: a Mochi VAE with widths {cfg.widths}: its GroupNorms take "
                                f"{GROUPS} groups", path=path)  # fmt: skip

@@ -36,6 +36,10 @@ def psnr(a: torch.Tensor, b: torch.Tensor, peak: float = 2.0) -> float:
 
 @pytest.fixture(scope="module")
 def k6(tmp_path_factory):
+    return reduced_k6(tmp_path_factory)
+
+
+def reduced_k6(tmp_path_factory):
     """A reduced Kandinsky 6 SR VAE (five levels as released, narrow, one resnet a level) with random gammas and
     biases, in diffusers' naming (the only one known), and diffusers' model on the same weights."""
     from safetensors.torch import save_file
@@ -91,6 +95,7 @@ def test_chunks_are_exact_and_tiles_are_seamless(k6):
 
 
 def test_a_missing_or_misshapen_key_is_named_and_the_encoder_is_not_needed(k6, tmp_path):
+    """(The encoder's keys: test_vae_kandinsky6_sr_encode.py.)"""
     from safetensors.torch import save_file
 
     _, path, sd = k6
@@ -145,9 +150,13 @@ def test_the_released_layout_is_detected_and_read_from_a_header_faithful_file(tm
     c = vae.cfg
     assert (c.z, c.dims, c.temporal, c.layers_per_block) == (64, (16, 256, 512, 1024, 2048),
                                                              (False, False, True, True, False), 2)  # fmt: skip
+    assert (c.enc_dims, c.enc_temporal, c.enc_layers) == ((16, 128, 256, 512, 1024),
+                                                          (False, True, True, False, False), 2)  # fmt: skip
     assert (vae.downscale, vae.time_factor) == (16, 4)
     spec = est.spec_of(vae)
-    assert spec.kind == "kandinsky6_sr" and spec.video and 2.9e9 < spec.weight_bytes < 3.0e9  # bf16 decoder
+    # the bf16 decoder (2.93 GB) and encoder (0.55 GB): the file holds both, so both load
+    assert spec.kind == "kandinsky6_sr" and spec.video and 3.4e9 < spec.weight_bytes < 3.5e9
+    assert spec.weight_bytes * 2 == est.VIDEO_SPECS["kandinsky6_sr"].weight_bytes  # its float32 default
     assert est.video_widths(str(path), "kandinsky6_sr") == (16, 2048)
     assert [est.video_frames("kandinsky6_sr", t) for t in (1, 2, 21)] == [1, 5, 81]
 

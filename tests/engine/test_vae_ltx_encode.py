@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from engine.errors import FormatError, UnsupportedModel
+from engine.errors import FormatError
 from engine.vae import decode, encode
 from engine.vae import estimate as est
 from engine.vae.estimate import spec_of

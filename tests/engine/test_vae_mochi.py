@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from engine.errors import FormatError, UnsupportedModel
+from engine.errors import FormatError
 from engine.events import Tiling
 from engine.vae import decode
 from engine.vae.causal_conv import Stream
@@ -79,6 +79,47 @@ def _release_names(sd: dict[str, torch.Tensor], prefix: str = "decoder.") -> dic
     return out
 
 
+def _release_encoder_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """diffusers' encoder keys as the release names them (models.py's Encoder: `layers.0` the input 1x1x1 conv,
+    then `block_in`'s residual blocks, the down blocks (`layers.0` their conv, then their residual blocks), then
+    `block_out`'s; attention as `attn_block.norm` / `attn_block.attn.qkv` (q, k, v stacked) / `.out`;
+    `output_norm`, `output_proj`), written out per module here, independently of the loader."""
+    res = {"norm1.norm_layer.": "stack.0.", "conv1.conv.": "stack.2.", "norm2.norm_layer.": "stack.3.",
+           "conv2.conv.": "stack.5."}  # fmt: skip
+    enc = {k.removeprefix("encoder."): v for k, v in sd.items() if k.startswith("encoder.")}
+    n_in = len({k.split(".")[2] for k in enc if k.startswith("block_in.resnets.")})
+    n_down = len({k.split(".")[1] for k in enc if k.startswith("down_blocks.")})
+    stages = [("block_in.", "layers.{j}", 1)]
+    stages += [(f"down_blocks.{i}.", f"layers.{1 + n_in + i}.layers.{{j}}", 1) for i in range(n_down)]
+    stages += [("block_out.", "layers.{j}", 1 + n_in + n_down)]
+    out = {"encoder.layers.0.weight": enc["proj_in.weight"][:, :, None, None, None],
+           "encoder.layers.0.bias": enc["proj_in.bias"], "encoder.output_proj.weight": enc["proj_out.weight"],
+           "encoder.output_norm.weight": enc["norm_out.norm_layer.weight"],
+           "encoder.output_norm.bias": enc["norm_out.norm_layer.bias"]}  # fmt: skip
+    for i in range(n_down):
+        for x in ("weight", "bias"):
+            out[f"encoder.layers.{1 + n_in + i}.layers.0.{x}"] = enc[f"down_blocks.{i}.conv_in.conv.{x}"]
+    for src, dst, first in stages:
+        n = len(
+            {k.removeprefix(src + "resnets.").split(".")[0] for k in enc if k.startswith(src + "resnets.")}
+        )
+        for j in range(n):
+            base = "encoder." + dst.format(j=first + j)
+            for a, b in res.items():
+                for x in ("weight", "bias"):
+                    out[f"{base}.{b}{x}"] = enc[f"{src}resnets.{j}.{a}{x}"]
+            if f"{src}attentions.{j}.to_q.weight" in enc:
+                a = f"{src}attentions.{j}."
+                out[f"{base}.attn_block.attn.qkv.weight"] = torch.cat(
+                    [enc[a + f"to_{c}.weight"] for c in "qkv"]
+                )
+                out[f"{base}.attn_block.attn.out.weight"] = enc[a + "to_out.0.weight"]
+                out[f"{base}.attn_block.attn.out.bias"] = enc[a + "to_out.0.bias"]
+                out[f"{base}.attn_block.norm.weight"] = enc[f"{src}norms.{j}.norm_layer.weight"]
+                out[f"{base}.attn_block.norm.bias"] = enc[f"{src}norms.{j}.norm_layer.bias"]
+    return out
+
+
 def _levels_reference(ref, z: torch.Tensor) -> torch.Tensor:
     """The release's decoder (models.py's DepthToSpaceTime drops st - 1 frames after each up block that
     expands time) assembled from diffusers' own modules."""
@@ -143,9 +184,9 @@ def test_tiles_are_close_to_the_whole_frame(ref):
 def test_both_namings_load_and_decode_the_same(ref, naming, tmp_path):
     from safetensors.torch import save_file
 
-    sd = _sd(ref)  # diffusers' file has the encoder too: not run, not refused
-    if naming == "release":  # ComfyUI's repackaged file: the release's encoder beside it, not run
-        sd = _release_names(sd) | {"encoder.layers.0.weight": torch.zeros(64, 15, 1, 1, 1)}
+    sd = _sd(ref)  # diffusers' file has the encoder too (test_vae_mochi_encode.py encodes with it)
+    if naming == "release":  # ComfyUI's repackaged file: the release's encoder beside it
+        sd = _release_names(sd) | _release_encoder_names(sd)
     elif naming == "release_decoder_file":  # Genmo's decoder.safetensors: no `decoder.` prefix
         sd = _release_names(sd, prefix="")
     save_file(sd, tmp_path / "vae.safetensors")
@@ -156,8 +197,11 @@ def test_both_namings_load_and_decode_the_same(ref, naming, tmp_path):
         got = mine.decode(z)
         want = ref.decode(z).sample.clamp(-1, 1)  # the default drop is diffusers'
     assert (got - want).abs().max() < 1e-4
-    with pytest.raises(UnsupportedModel, match="decoder only"):
-        mine.encode(torch.zeros(1, 3, 7, 16, 16))
+    if naming == "release_decoder_file":
+        with pytest.raises(FormatError, match="holds the decoder only"):
+            mine.encode(torch.zeros(1, 3, 7, 16, 16))
+    else:
+        assert mine.cfg.encoder.widths == (32, 32, 32, 32)
 
 
 def test_a_missing_or_misshapen_key_is_named(ref, tmp_path):
@@ -191,7 +235,7 @@ def test_the_release_layout_loads_from_a_header_faithful_file(naming, tmp_path, 
         full = diffusers.AutoencoderKLMochi()
     sd = dict(full.state_dict())
     if naming == "release":
-        sd = _release_names(sd)
+        sd = _release_names(sd) | _release_encoder_names(sd)
     path = tmp_path / "mochi_vae.safetensors"
     write_sparse(path, [(k, "BF16", tuple(v.shape)) for k, v in sd.items()])
     mine = load_vae(path)
