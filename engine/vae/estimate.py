@@ -81,6 +81,10 @@ VIT_TILE = (256, 64)
 K_VIT_TOKEN = 16.0
 VIT_CHUNK = 5  # MiniMax-H3: latent frames a chunk advances by (engine.vae.minimax_h3)
 VIT_CHUNK_FRAMES = 7  # and the latent frames it reads: 2 more
+# MiniMax-H3's encoder (engine.vae.minimax_h3_encoder, a causal CNN): per pixel of the encoded frame, per unit of
+# its first width (`enc_ch`; the release's 128 where a header gives no width). MEASURED BELOW.
+VIT_ENC_CH = 128
+K_VIDEO_ENCODE["minimax_h3"] = 0.0
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
 # LTX-Video (engine.vae.ltx, kind "ltxv"): `ch` is the last level's width per output pixel (128 / 4x4 = 8
 # for the releases), time_factor 8, 32x. Its blocks run whole chunks (no rolling buffer), nothing is
@@ -146,12 +150,15 @@ class VaeSpec:
     time_factor: int = 1  # output frames per latent frame after the first (4 for Wan)
     downscale: int = 8
     time_context: int = 0  # latent frames of context a chunk decodes with on each side (LTX-Video)
+    enc_ch: int = 0  # MiniMax-H3: its encoder's first width (the unit of its encode's activations), 0 if none
 
     @property
     def video(self) -> bool:
         return self.kind in VIDEO_KINDS
 
     def k_act(self, direction: str) -> float:
+        if self.kind in VIT_KINDS and direction == "encode":  # a CNN encoder beside the ViT decoder
+            return K_VIDEO_ENCODE[self.kind] * (self.enc_ch or VIT_ENC_CH)
         if (
             self.kind in VIT_KINDS
         ):  # per output pixel of 4 frames (a latent frame's): a chunk's 7 frames of tokens
@@ -348,9 +355,9 @@ VIDEO_SPECS = {
     "wan22": VaeSpec("wan22", 48, 1_409_400_000, 64, 1024, 4, 16),  # 705 M parameters in fp16
     # diffusers AutoencoderKLQwenImage21's defaults: z 64, decoder 144 x [8, 8, 4, 2, 1], 16x, one frame
     "qwen_image21": VaeSpec("qwen_image21", 64, 675_480_808, 144, 1152, 1, 16),  # 338 M parameters in fp16
-    # diffusers AutoencoderKLMiniMaxH3's defaults: a 36-block ViT decoder of width 2048 (the encoder left unread),
-    # z 24, 16x, 4 frames a latent frame; its release is float32
-    "minimax_h3": VaeSpec("minimax_h3", 24, 9_720_000_000, 2048, 2048, 4, 16),
+    # diffusers AutoencoderKLMiniMaxH3's defaults: a 36-block ViT decoder of width 2048 and the CNN encoder (128 ..
+    # 1024), 2.60 B parameters, 0.18 B of them the encoder's; z 24, 16x, 4 frames a latent frame; its release is float32
+    "minimax_h3": VaeSpec("minimax_h3", 24, 10_415_475_936, 2048, 2048, 4, 16, enc_ch=128),
     # diffusers AutoencoderKLHunyuanVideo's defaults: widths (128, 256, 512, 512), z 16, 8x, 4x; the decoder's
     # 146 M parameters in fp16 (the encoder is not built)
     "hunyuan_video": VaeSpec("hunyuan_video", 16, 292_272_678, 128, 512, 4, 8),
@@ -378,7 +385,7 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
     ch, mid = widths if widths is not None else (spec.ch, spec.mid)
     wb = spec.weight_bytes if weight_bytes is None else weight_bytes
     return VaeSpec(spec.kind, spec.latent_channels, wb, ch, mid, spec.time_factor, spec.downscale,
-                   spec.time_context)  # fmt: skip
+                   spec.time_context, spec.enc_ch)  # fmt: skip
 
 
 # The decoder's last convolution (its input: the last level's width) and first one (its output: the
