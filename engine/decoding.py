@@ -274,7 +274,10 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
     token.raise_if_cancelled()
     write_latent(req.out, lat)
     shown = "image"
-    if req.round_trip and hasattr(comp.module, "decoder"):
+    # MiniMax-H3's VAE decodes no frame from one latent frame (the release's chunks of 5, 3 of them dropped by its
+    # encoder): the encoded image is shown
+    still = getattr(comp.module, "frames_out", lambda t: 1)(1) > 0
+    if req.round_trip and hasattr(comp.module, "decoder") and still:
         back, budget = choose_tiling(comp.module, lat, "decode", req, device, dtype)
         x = vae_decode(comp.module, lat, device=device, dtype=dtype, budget=budget, token=token, report=report,
                        tiling=back)  # fmt: skip

@@ -71,7 +71,7 @@ def encoder_config(sd: dict, z: int, patch: int, patch_t: int, path: str) -> Enc
         raise FormatError(f"{path}: a MiniMax-H3 VAE encoder without {key} (or misshapen)", path=path)
     widths = tuple(sd[f"{pre}{i}.resnets.0.conv1.weight"].shape[0] for i in range(levels))
     layers = 1 + max(int(k.split(".")[4]) for k in sd if k.startswith(f"{pre}0.resnets."))
-    down = [i for i in range(levels) if f"{pre}{i}.downsamplers.0.conv.weight" in sd]
+    down = [i for i in range(levels) if any(k.startswith(f"{pre}{i}.downsamplers.") for k in sd)]
     if 2 ** len(down) != patch or patch_t != 2 ** len(TIME_LEVELS) or len(down) <= max(TIME_LEVELS):
         raise UnsupportedModel(
             f"{path}: a MiniMax-H3 VAE encoder downsampling at levels {down}: the strides are not in the weights, "

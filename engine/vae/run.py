@@ -187,7 +187,9 @@ def encode(
     """Image (N, 3, H, W) in [0, 1] -> VAE-space latent (N, C, H/8, W/8); H and W are cropped to
     multiples of 8 (as ComfyUI does)."""
     if not hasattr(vae, "encoder"):
-        if getattr(vae, "video", False):  # engine.vae.ltx, mochi, hunyuan_video, kandinsky6_sr, minimax_h3
+        if getattr(
+            vae, "video", False
+        ):  # ltx, mochi, hunyuan_video, kandinsky6_sr; minimax_h3 without its encoder
             raise UnsupportedModel(
                 f"{getattr(vae, 'source', 'this VAE')}: Loadout decodes with this video VAE; its encoder is not run yet"
             )
