@@ -176,3 +176,21 @@ def test_the_command_line_encodes_an_image_and_a_clip_latent_decodes_back(h3, tm
     write_latent(tmp_path / "clip.latent", clip)
     assert main([*dec, "--latent", str(tmp_path / "clip.latent"), "--out", f"{tmp_path}/frames/"]) == 0
     assert json.loads(capsys.readouterr().out)["frames"] == 22
+
+
+def test_the_encode_panel_shows_the_image_where_one_latent_frame_decodes_to_none(h3, tmp_path):
+    """The window's Encode (round trip on): the latent is written, and the image is shown, not a failed decode."""
+    from PIL import Image
+
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.requests import DetectDevices, Encode
+
+    Image.new("RGB", (48, 32), (200, 30, 90)).save(tmp_path / "in.png")
+    e = Engine(on_event=lambda ev: None)
+    try:
+        e.run(DetectDevices(DeviceOptions(cpu=True)))
+        res = e.run(Encode(h3[1], str(tmp_path / "in.png"), str(tmp_path / "o.latent")))
+    finally:
+        e.close()
+    assert res.info["shown"] == "image" and tuple(res.info["latent_shape"]) == (1, 24, 2, 3)
