@@ -89,7 +89,7 @@ def encoder_config(sd: dict, z: int, patch: int, patch_t: int, path: str) -> Enc
 
 class _Conv(ops.Conv3d):
     """A causal convolution: kt - 1 zero frames before the clip (the stream's frames after), `space` = (left,
-    right, top, bottom) rows and columns mirrored onto the frame."""
+    right, top, bottom) rows and columns (0 or 1) mirrored onto the frame."""
 
     def __init__(self, cin: int, cout: int, stride=(1, 1, 1), space=(1, 1, 1, 1)):
         super().__init__(cin, cout, 3, stride=stride)
@@ -97,25 +97,49 @@ class _Conv(ops.Conv3d):
 
     def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
         kt, st = self.kernel_size[0], self.stride[0]
+        left, right, top, bottom = self.space[:4]
         prev = stream.frames.get(id(self))
+        hist = kt - 1 if prev is None else prev.shape[2]
+        (b, c, t, h, w), total = x.shape, hist + x.shape[2]
+        n = (total - kt) // st + 1  # output frames: each chunk makes at least one (1, then multiples of 4)
+        used = (n - 1) * st + kt
+        # history, frames and mirrored borders in one buffer (a cat, then a pad, held two copies of the chunk)
+        buf = x.new_empty(b, c, used, top + h + bottom, left + w + right)
+        inner = buf[:, :, :, top : top + h, left : left + w]
         if prev is None:
-            prev = x.new_zeros(*x.shape[:2], kt - 1, *x.shape[3:])
-        x = torch.cat([prev, x], dim=2)
-        n = (
-            x.shape[2] - kt
-        ) // st + 1  # output frames: each chunk makes at least one (1, then multiples of 4)
-        stream.frames[id(self)] = x[:, :, n * st :].clone()  # the frames the next output reads first
-        x = x[:, :, : (n - 1) * st + kt]
-        return self(F.pad(x, self.space, mode="reflect") if any(self.space) else x)
+            inner[:, :, :hist].zero_()
+        else:
+            inner[:, :, :hist] = prev
+        inner[:, :, hist:] = x[:, :, : used - hist]
+        keep = total - n * st  # the frames the next output reads first
+        if keep > t:
+            tail = inner[:, :, hist - (keep - t) : hist] if prev is None else prev[:, :, hist - (keep - t) :]
+            stream.frames[id(self)] = torch.cat([tail, x], dim=2)
+        else:
+            stream.frames[id(self)] = x[:, :, t - keep :].clone()
+        if (
+            top
+        ):  # "reflect" by one: the row / column inside the edge one (the corners: the rows' mirrored columns)
+            buf[:, :, :, 0, left : left + w] = buf[:, :, :, top + 1, left : left + w]
+        if bottom:
+            buf[:, :, :, top + h, left : left + w] = buf[:, :, :, top + h - 2, left : left + w]
+        if left:
+            buf[..., 0] = buf[..., left + 1]
+        if right:
+            buf[..., left + w] = buf[..., left + w - 2]
+        return self(buf)
 
 
 class _FrameNorm(ops.GroupNorm):
     """GroupNorm over each frame alone, then SiLU."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, t, h, w = x.shape
-        y = super().forward(x.transpose(1, 2).reshape(b * t, c, h, w))
-        return F.silu(y.reshape(b, t, c, h, w).transpose(1, 2))
+        """Frame by frame into one output, SiLU in place (the frames folded into the batch were two more copies)."""
+        w, b = self.cast_params(x)
+        out = torch.empty_like(x)
+        for i in range(x.shape[2]):
+            out[:, :, i] = ops.group_norm(x[:, :, i], self.num_groups, w, b, self.eps)
+        return F.silu(out, inplace=True)
 
 
 class _Resnet(nn.Module):
