@@ -37,7 +37,7 @@ from torch import nn
 
 from .. import ops
 from ..errors import FormatError, UnsupportedModel
-from .causal_conv import Stream
+from .causal_conv import Stream, _conv_layout
 from .choice import release_tiles
 
 GROUPS, EPS = 32, 1e-6
@@ -104,7 +104,8 @@ class _Conv(ops.Conv3d):
         n = (total - kt) // st + 1  # output frames: each chunk makes at least one (1, then multiples of 4)
         used = (n - 1) * st + kt
         # history, frames and mirrored borders in one buffer (a cat, then a pad, held two copies of the chunk)
-        buf = x.new_empty(b, c, used, top + h + bottom, left + w + right)
+        buf = torch.empty(b, c, used, top + h + bottom, left + w + right, dtype=x.dtype, device=x.device,
+                          memory_format=_conv_layout(x))  # fmt: skip
         inner = buf[:, :, :, top : top + h, left : left + w]
         if prev is None:
             inner[:, :, :hist].zero_()
