@@ -37,7 +37,7 @@ from torch import nn
 
 from .. import ops
 from ..errors import FormatError, UnsupportedModel
-from .causal_conv import Stream, _conv_layout
+from .causal_conv import Stream, _conv_layout, _onednn
 from .choice import release_tiles
 
 GROUPS, EPS = 32, 1e-6
@@ -94,6 +94,11 @@ class _Conv(ops.Conv3d):
     def __init__(self, cin: int, cout: int, stride=(1, 1, 1), space=(1, 1, 1, 1)):
         super().__init__(cin, cout, 3, stride=stride)
         self.space = (*space, 0, 0)
+
+    def _conv_forward(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        if _onednn(x):  # conv_in's 3 channels: torch's native path would unfold 27 copies of the frames
+            return torch.mkldnn_convolution(x, w, b, self.padding, self.stride, self.dilation, self.groups)
+        return super()._conv_forward(x, w, b)
 
     def step(self, x: torch.Tensor, stream: Stream) -> torch.Tensor:
         kt, st = self.kernel_size[0], self.stride[0]
