@@ -84,13 +84,13 @@ VIT_CHUNK_FRAMES = 7  # and the latent frames it reads: 2 more
 # MiniMax-H3's encoder (engine.vae.minimax_h3_encoder, a causal CNN beside the ViT decoder): per pixel of the encoded
 # frame, per unit of its first width (`enc_ch`: the decoder's width says nothing of it; the release's 128 where a
 # header gives none). Measured on the CPU (float32, 2 threads, fresh processes, peak RSS above the loaded process;
-# a quarter-width encoder, widths 32 .. 256): one frame at 256x256 (one tile) 246 MB = 31 per pixel per unit, at
-# 512x512 620 MB whole (19) and 384 MB in the release's 256-px tiles (12); 9 frames (a padded clip of 17, chunks of
-# 4 frames) at 512x512 1582 MB whole (49; in tiles 665 MB, 21, before the chunk's copies were cut). The run encodes
-# images in the release's tiles, so a tile's peak bounds it: the one-tile frame's 31, 25 % over -- an upper bound
-# for larger frames (3.4x the measured peak at 512x512 in tiles).
+# a quarter-width encoder, widths 32 .. 256): one frame at 256x256 (one tile) 220 MB = 27.5 per pixel per unit, at
+# 512x512 608 MB whole (19) and 294 MB in the release's 256-px tiles (9.2); 9 frames (a padded clip of 17, chunks of
+# 4 frames) at 512x512 1536 MB whole (48: a chunk's 4 frames against 1). diffusers' encode there: 232 MB in tiles,
+# 336 whole, 3486 at 9 frames whole. The run encodes images in the release's tiles, so a tile's peak bounds it: the
+# one-tile frame's 27.5, 25 % over -- an upper bound for larger frames (3.7x the measured peak at 512x512 in tiles).
 VIT_ENC_CH = 128
-K_VIDEO_ENCODE["minimax_h3"] = 39.0
+K_VIDEO_ENCODE["minimax_h3"] = 34.0
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
 # LTX-Video (engine.vae.ltx, kind "ltxv"): `ch` is the last level's width per output pixel (128 / 4x4 = 8
 # for the releases), time_factor 8, 32x. Its blocks run whole chunks (no rolling buffer), nothing is

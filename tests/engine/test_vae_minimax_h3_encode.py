@@ -66,11 +66,12 @@ def test_encode_equals_diffusers(h3, frames, hw, latent_frames):
         got = vae.encode(x)
     want = _reference(ref, x)
     assert got.shape == want.shape == (1, 24, latent_frames, hw[0] // 16, hw[1] // 16)
-    assert (got - want).abs().max() < 1e-5
+    # float32 rounding: oneDNN convolves conv_in where torch's native path convolves diffusers' (0 to 1.1e-5 here)
+    assert (got - want).abs().max() < 2e-5
     if hw[0] > 256:  # the tiles are the release's: not the whole frame's encode
         with torch.inference_mode():
             whole = vae.encode(x, None)
-        assert (whole - _reference(ref, x, tiled=False)).abs().max() < 1e-5
+        assert (whole - _reference(ref, x, tiled=False)).abs().max() < 2e-5
         assert (whole - got).abs().max() > 1e-3
 
 
