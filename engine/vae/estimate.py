@@ -81,16 +81,12 @@ VIT_TILE = (256, 64)
 K_VIT_TOKEN = 16.0
 VIT_CHUNK = 5  # MiniMax-H3: latent frames a chunk advances by (engine.vae.minimax_h3)
 VIT_CHUNK_FRAMES = 7  # and the latent frames it reads: 2 more
-# MiniMax-H3's encoder (engine.vae.minimax_h3_encoder, a causal CNN beside the ViT decoder): per pixel of the encoded
-# frame, per unit of its first width (`enc_ch`: the decoder's width says nothing of it; the release's 128 where a
-# header gives none). Measured on the CPU (float32, 2 threads, fresh processes, peak RSS above the loaded process;
-# a quarter-width encoder, widths 32 .. 256): one frame at 256x256 (one tile) 220 MB = 27.5 per pixel per unit, at
-# 512x512 608 MB whole (19) and 294 MB in the release's 256-px tiles (9.2); 9 frames (a padded clip of 17, chunks of
-# 4 frames) at 512x512 1536 MB whole (48: a chunk's 4 frames against 1). diffusers' encode there: 232 MB in tiles,
-# 336 whole, 3486 at 9 frames whole. The run encodes images in the release's tiles, so a tile's peak bounds it: the
-# one-tile frame's 27.5, 25 % over -- an upper bound for larger frames (3.7x the measured peak at 512x512 in tiles).
-VIT_ENC_CH = 128
-K_VIDEO_ENCODE["minimax_h3"] = 34.0
+# MiniMax-H3's encoder (engine.vae.minimax_h3_encoder): per pixel, per unit of its first width (`enc_ch`; the release's
+# 128 where a header gives none). CPU, float32, 2 threads, fresh processes, peak RSS above the loaded process, widths
+# 32 .. 256: one frame at 256x256 220 MB (27.5), at 512x512 608 MB whole (19), 294 MB in the release's tiles (35 per
+# pixel of one tile: they run one at a time, `act_pixels`); 9 frames at 512x512 whole 1536 MB (48 per frame pixel).
+# diffusers' there: 232 MB tiled, 336 whole, 3486 at 9 frames. The tiled figure, 25 % over:
+VIT_ENC_CH, K_VIDEO_ENCODE["minimax_h3"] = 128, 44.0
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
 # LTX-Video (engine.vae.ltx, kind "ltxv"): `ch` is the last level's width per output pixel (128 / 4x4 = 8
 # for the releases), time_factor 8, 32x. Its blocks run whole chunks (no rolling buffer), nothing is
@@ -312,14 +308,21 @@ def spec_of(vae) -> VaeSpec:
     return VaeSpec(kind, vae.latent_channels, wbytes, vae.cfg.ch if kind == "kl" else 64)
 
 
+def act_pixels(spec: VaeSpec, direction: str, pixels: int) -> int:
+    """Pixels whose activations live at once: MiniMax-H3's encode runs the release's 256-px tiles one at a time."""
+    if spec.kind in VIT_KINDS and direction == "encode":
+        return min(pixels, VIT_TILE[0] ** 2)
+    return pixels
+
+
 def activation_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> int:
     """What a full pass adds on top of a process that already holds the runtime and the weights."""
-    return int(spec.k_act(direction) * pixels * esize)
+    return int(spec.k_act(direction) * act_pixels(spec, direction, pixels) * esize)
 
 
 def full_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> int:
     """Predicted peak RSS (CPU) / device bytes of a full pass, runtime and weights included."""
-    return int(RUNTIME_BYTES + spec.weight_bytes + spec.k_act(direction) * pixels * esize)
+    return int(RUNTIME_BYTES + spec.weight_bytes + activation_bytes(spec, direction, pixels, esize))
 
 
 def tile_bytes(spec: VaeSpec, tile_px: int, esize: int, direction: str = "decode") -> int:
@@ -348,7 +351,7 @@ def tiled_bytes(
     tile of a batched run read 0.93 of the measured peak."""
     latent_px = pixels // (spec.downscale**2)
     total = RUNTIME_BYTES + spec.weight_bytes + spec.k_head() * latent_px * esize
-    total += spec.k_act(direction) * max(tile_px * tile_px, computed_px) * esize
+    total += spec.k_act(direction) * act_pixels(spec, direction, max(tile_px * tile_px, computed_px)) * esize
     total += 16 * pixels
     if ram_store:
         total += store_bytes(spec, direction, pixels, esize)

@@ -123,7 +123,7 @@ def test_a_decoder_only_file_decodes_and_refuses_to_encode(h3, tmp_path):
 
     from engine.errors import UnsupportedModel
     from engine.vae import encode
-    from engine.vae.estimate import spec_of
+    from engine.vae.estimate import full_bytes, spec_of
     from engine.vae.loading import load_vae
 
     _, path, sd, _ = h3
@@ -142,7 +142,11 @@ def test_a_decoder_only_file_decodes_and_refuses_to_encode(h3, tmp_path):
         p.numel() * 4 for n, p in full.named_parameters() if n.startswith(("encoder.", "quant_conv."))
     )
     assert spec_of(full).weight_bytes == spec_of(dec).weight_bytes + enc_bytes
-    assert spec_of(full).enc_ch == 32 and spec_of(full).k_act("encode") != spec_of(full).k_act("decode")
+    spec = spec_of(full)
+    assert spec.enc_ch == 32 and spec.k_act("encode") != spec.k_act("decode")
+    # its encode runs the release's 256-px tiles one at a time: a larger frame's activations are one tile's
+    assert full_bytes(spec, "encode", 1024 * 1024, 4) == full_bytes(spec, "encode", 256 * 256, 4)
+    assert full_bytes(spec, "encode", 128 * 128, 4) < full_bytes(spec, "encode", 256 * 256, 4)
 
 
 def test_the_command_line_encodes_an_image_and_a_clip_latent_decodes_back(h3, tmp_path, capsys):
