@@ -199,3 +199,17 @@ def test_the_encode_panel_shows_the_image_where_one_latent_frame_decodes_to_none
     finally:
         e.close()
     assert res.info["shown"] == "image" and tuple(res.info["latent_shape"]) == (1, 24, 2, 3)
+
+
+def test_a_cancelled_encode_stops_at_the_next_op(h3):
+    from engine import ops
+    from engine.errors import Cancelled
+    from engine.jobs import CancelToken
+    from engine.vae.loading import load_vae
+
+    vae, token, seen = load_vae(h3[1]), CancelToken(), []
+    conv = vae.encoder.down_blocks[1].resnets[0].conv1
+    conv.register_forward_hook(lambda *a: (seen.append(1), token.cancel()))
+    with pytest.raises(Cancelled), ops.cancel_scope(token), torch.inference_mode():
+        vae.encode(_clip(17, 32, 32))
+    assert len(seen) == 1  # the first chunk's next op did not run
