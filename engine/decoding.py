@@ -287,7 +287,10 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
     token.raise_if_cancelled()
     write_latent(req.out, lat)
     shown = "image"
-    if req.round_trip and hasattr(comp.module, "decoder"):
+    # MiniMax-H3's VAE decodes no frame from fewer than 2 latent frames (the release's chunks of 5, 3 of them
+    # dropped by its encoder): then the encoded image or clip is shown
+    decodable = getattr(comp.module, "frames_out", lambda t: 1)(lat.shape[2] if lat.dim() == 5 else 1) > 0
+    if req.round_trip and hasattr(comp.module, "decoder") and decodable:
         back, budget = choose_tiling(comp.module, lat, "decode", req, device, dtype)
         x = vae_decode(comp.module, lat, device=device, dtype=dtype, budget=budget, token=token, report=report,
                        tiling=back)  # fmt: skip

@@ -86,6 +86,12 @@ VIT_TILE = (256, 64)
 K_VIT_TOKEN = 16.0
 VIT_CHUNK = 5  # MiniMax-H3: latent frames a chunk advances by (engine.vae.minimax_h3)
 VIT_CHUNK_FRAMES = 7  # and the latent frames it reads: 2 more
+# MiniMax-H3's encoder (engine.vae.minimax_h3_encoder): per pixel, per unit of its first width (`enc_ch`; the release's
+# 128 where a header gives none). CPU, float32, 2 threads, fresh processes, peak RSS above the loaded process, widths
+# 32 .. 256: one frame at 256x256 220 MB (27.5), at 512x512 608 MB whole (19), 294 MB in the release's tiles (35 per
+# pixel of one tile: they run one at a time, `act_pixels`); 9 frames at 512x512 whole 1536 MB (48 per frame pixel).
+# diffusers' there: 232 MB tiled, 336 whole, 3486 at 9 frames. The tiled figure, 25 % over:
+VIT_ENC_CH, K_VIDEO_ENCODE["minimax_h3"] = 128, 44.0
 VIDEO_KINDS = ("wan21", "wan22", "qwen_image21", *VIT_KINDS)
 # LTX-Video (engine.vae.ltx, kind "ltxv"): `ch` is the last level's width per output pixel (128 / 4x4 = 8
 # for the releases), time_factor 8, 32x. Its blocks run whole chunks (no rolling buffer), nothing is
@@ -177,12 +183,15 @@ class VaeSpec:
     downscale: int = 8
     time_context: int = 0  # latent frames of context a chunk decodes with on each side (LTX-Video)
     encode_fixed: int = 0  # what an encode holds whatever its size (LTX: LTX_ENCODE_FIXED)
+    enc_ch: int = 0  # MiniMax-H3: its encoder's first width (the unit of its encode's activations), 0 if none
 
     @property
     def video(self) -> bool:
         return self.kind in VIDEO_KINDS
 
     def k_act(self, direction: str) -> float:
+        if self.kind in VIT_KINDS and direction == "encode":  # a CNN encoder beside the ViT decoder
+            return K_VIDEO_ENCODE[self.kind] * (self.enc_ch or VIT_ENC_CH)
         if (
             self.kind in VIT_KINDS
         ):  # per output pixel of 4 frames (a latent frame's): a chunk's 7 frames of tokens
@@ -304,9 +313,17 @@ def spec_of(vae) -> VaeSpec:
     return VaeSpec(kind, vae.latent_channels, wbytes, vae.cfg.ch if kind == "kl" else 64)
 
 
+def act_pixels(spec: VaeSpec, direction: str, pixels: int) -> int:
+    """Pixels whose activations live at once: MiniMax-H3's encode runs the release's 256-px tiles one at a time."""
+    if spec.kind in VIT_KINDS and direction == "encode":
+        return min(pixels, VIT_TILE[0] ** 2)
+    return pixels
+
+
 def activation_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> int:
     """What a full pass adds on top of a process that already holds the runtime and the weights."""
-    return int(spec.k_act(direction) * pixels * esize + (spec.encode_fixed if direction == "encode" else 0))
+    fixed = spec.encode_fixed if direction == "encode" else 0
+    return int(spec.k_act(direction) * act_pixels(spec, direction, pixels) * esize + fixed)
 
 
 # A clip's encode against one frame's (K_VIDEO_ENCODE), as (growth per further frame, most): Wan's encoder runs
@@ -328,6 +345,9 @@ ENCODE_CLIP_GROWTH["ltxv"] = ENCODE_CLIP_GROWTH["ltx2"] = (0.35, 4.1)
 # growing: 6.4x at 7 frames (256x256), 9.8x at 13 (engine.vae.mochi_encoder).
 ENCODE_CLIP_GROWTH["kandinsky6_sr"] = (0.5, 4.5)
 ENCODE_CLIP_GROWTH["mochi"] = (0.9, float("inf"))
+# MiniMax-H3's (engine.vae.minimax_h3_encoder: 17-frame clips in chunks of 1 + 4 + 4 + 4 + 4 frames): 2.5x one
+# frame's at 9 frames, whole (512x512); no more after a chunk.
+ENCODE_CLIP_GROWTH["minimax_h3"] = (0.4, 3.0)
 
 
 def encode_clip_bytes(spec: VaeSpec, pixels: int, frames: int, esize: int, full: bool = True) -> int:
@@ -337,7 +357,9 @@ def encode_clip_bytes(spec: VaeSpec, pixels: int, frames: int, esize: int, full:
     growth, most = ENCODE_CLIP_GROWTH.get(spec.kind, (1.0, float(frames)))
     factor = min(1 + growth * (frames - 1), most)
     own = (
-        spec.k_act("encode") * pixels * factor * esize + 3 * frames * pixels * (8 + esize) + spec.encode_fixed
+        spec.k_act("encode") * act_pixels(spec, "encode", pixels) * factor * esize
+        + 3 * frames * pixels * (8 + esize)
+        + spec.encode_fixed
     )
     return int(own + (RUNTIME_BYTES + spec.weight_bytes if full else 0))
 
@@ -373,7 +395,7 @@ def tiled_bytes(
     tile of a batched run read 0.93 of the measured peak."""
     latent_px = pixels // (spec.downscale**2)
     total = RUNTIME_BYTES + spec.weight_bytes + spec.k_head() * latent_px * esize
-    total += spec.k_act(direction) * max(tile_px * tile_px, computed_px) * esize
+    total += spec.k_act(direction) * act_pixels(spec, direction, max(tile_px * tile_px, computed_px)) * esize
     total += 16 * pixels
     if ram_store:
         total += store_bytes(spec, direction, pixels, esize)
@@ -386,9 +408,9 @@ VIDEO_SPECS = {
     "wan22": VaeSpec("wan22", 48, 1_409_400_000, 64, 1024, 4, 16),  # 705 M parameters in fp16
     # diffusers AutoencoderKLQwenImage21's defaults: z 64, decoder 144 x [8, 8, 4, 2, 1], 16x, one frame
     "qwen_image21": VaeSpec("qwen_image21", 64, 675_480_808, 144, 1152, 1, 16),  # 338 M parameters in fp16
-    # diffusers AutoencoderKLMiniMaxH3's defaults: a 36-block ViT decoder of width 2048 (the encoder left unread),
-    # z 24, 16x, 4 frames a latent frame; its release is float32
-    "minimax_h3": VaeSpec("minimax_h3", 24, 9_720_000_000, 2048, 2048, 4, 16),
+    # diffusers AutoencoderKLMiniMaxH3's defaults: a 36-block ViT decoder of width 2048 and the CNN encoder (128 ..
+    # 1024), 2.60 B parameters, 0.18 B of them the encoder's; z 24, 16x, 4 frames a latent frame; its release is float32
+    "minimax_h3": VaeSpec("minimax_h3", 24, 10_415_475_936, 2048, 2048, 4, 16, enc_ch=128),
     # diffusers AutoencoderKLHunyuanVideo's defaults: widths (128, 256, 512, 512), z 16, 8x, 4x; the decoder's
     # 146 M parameters in fp16 (a file's header counts its encoder's as well, built where it encodes)
     "hunyuan_video": VaeSpec("hunyuan_video", 16, 292_272_678, 128, 512, 4, 8),
@@ -418,7 +440,7 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
     ch, mid = widths if widths is not None else (spec.ch, spec.mid)
     wb = spec.weight_bytes if weight_bytes is None else weight_bytes
     return VaeSpec(spec.kind, spec.latent_channels, wb, ch, mid, spec.time_factor, spec.downscale,
-                   spec.time_context, spec.encode_fixed)  # fmt: skip
+                   spec.time_context, spec.enc_ch, spec.encode_fixed)  # fmt: skip
 
 
 # The decoder's last convolution (its input: the last level's width) and first one (its output: the

@@ -327,11 +327,15 @@ def _build_wan(sd: dict[str, torch.Tensor], path: str) -> WanVAE:
 
 
 def _build_minimax_h3(sd: dict[str, torch.Tensor], path: str) -> minimax_h3.MiniMaxH3VAE:
-    """MiniMax-H3's video VAE (diffusers naming, its only one): the decoder, loaded strictly."""
+    """MiniMax-H3's video VAE (diffusers naming, its only one): the decoder, and the encoder where the file holds
+    one, loaded strictly (an encoder whose widths cannot take the release's 32 groups is left unread)."""
+    from . import minimax_h3_encoder as h3_enc
+
     cfg = minimax_h3.h3_config(sd, path)
+    enc = h3_enc.encoder_config(sd, cfg.z, cfg.patch, cfg.patch_t, path) if h3_enc.has_encoder(sd) else None
     with torch.device("meta"):
-        model = _made(path, lambda: minimax_h3.MiniMaxH3VAE(cfg))
-    strict_load(model, minimax_h3.decoder_keys(sd), path)
+        model = _made(path, lambda: minimax_h3.MiniMaxH3VAE(cfg, enc))
+    strict_load(model, sd if enc is not None else minimax_h3.decoder_keys(sd), path)
     model.source = path
     return model
 

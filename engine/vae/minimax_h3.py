@@ -1,5 +1,5 @@
-"""MiniMax-H3's video VAE decoder: a ViT over latent voxels, decoded clip by clip and tile by tile as the release
-defines its output.
+"""MiniMax-H3's video VAE: its decoder, a ViT over latent voxels, decoded clip by clip and tile by tile as the release
+defines its output (its encoder, a causal 3-D CNN, is engine.vae.minimax_h3_encoder).
 
 Facts (diffusers `autoencoder_kl_minimax_h3.py`, AutoencoderKLMiniMaxH3; learned, not copied):
 * Decode: `post_quant_conv` (a 1x1x1 Conv3d over the z = 24 latent channels), then `decoder`: every latent voxel a
@@ -29,7 +29,8 @@ Facts (diffusers `autoencoder_kl_minimax_h3.py`, AutoencoderKLMiniMaxH3; learned
   decodes each chunk whole (diffusers' `disable_tiling`).
 * Pixels: ImageNet-normalised RGB (mean 0.485 0.456 0.406, std 0.229 0.224 0.225): mapped here to [-1, 1]
   (2 (x std + mean) - 1), Loadout's convention.
-The encoder (a causal 3-D CNN) is not run here: a file's `encoder.*` / `quant_conv.*` tensors are left unread.
+The encoder is built beside the decoder where the file holds it (`encoder.*`, `quant_conv.*`): see
+engine.vae.minimax_h3_encoder.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def h3_config(sd: dict, path: str) -> H3Config:
 
 
 def decoder_keys(sd: dict) -> dict:
-    """The tensors the decoder reads (the encoder's and `quant_conv`'s are left to the file)."""
+    """The tensors the decoder reads (the encoder's and `quant_conv`'s: those of an encoder that is not built)."""
     return {k: v for k, v in sd.items() if not k.startswith(("encoder.", "quant_conv."))}
 
 
@@ -229,16 +230,22 @@ def _rope(sizes, extra: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class MiniMaxH3VAE(nn.Module):
-    """The decode half of MiniMax-H3's video VAE, under diffusers' module names."""
+    """MiniMax-H3's video VAE under diffusers' module names: the decoder, and the encoder where `enc` is given (a
+    file without one only decodes: no `encoder` attribute, which engine.vae.run reads as decode-only)."""
 
     video = True
     own_driver = True  # engine.vae.run hands it the whole latent (decode_clips), not decode_head / decode_up
     image_range = (-1.0, 1.0)
 
-    def __init__(self, cfg: H3Config):
+    def __init__(self, cfg: H3Config, enc=None):
         super().__init__()
         self.cfg = cfg
         self.latent_channels, self.downscale, self.time_factor = cfg.z, cfg.patch, cfg.patch_t
+        if enc is not None:  # a minimax_h3_encoder.EncoderConfig
+            from .minimax_h3_encoder import Encoder
+
+            self.encoder = Encoder(enc)
+            self.quant_conv = ops.Conv3d(2 * cfg.z, 2 * cfg.z, 1)
         self.post_quant_conv = ops.Conv3d(cfg.z, cfg.z, 1)
         self.decoder = _Decoder(cfg)
 
@@ -246,14 +253,23 @@ class MiniMaxH3VAE(nn.Module):
         """The memory estimate's view of it (engine.vae.estimate.vit_video_bytes)."""
         from .estimate import VaeSpec
 
-        wbytes = sum(p.numel() * p.element_size() for p in self.parameters())
-        return VaeSpec(
-            "minimax_h3", self.cfg.z, wbytes, self.cfg.dim, self.cfg.dim, self.cfg.patch_t, self.cfg.patch
-        )
+        wbytes = sum(
+            p.numel() * p.element_size() for p in self.parameters()
+        )  # the encoder's too, where built
+        enc = self.encoder.conv_in.out_channels if hasattr(self, "encoder") else 0
+        c = self.cfg
+        return VaeSpec("minimax_h3", c.z, wbytes, c.dim, c.dim, c.patch_t, c.patch, enc_ch=enc)
 
     def frames_out(self, latent_frames: int) -> int:
         cfg = self.cfg
         return vit_frames(latent_frames, cfg.clip_length, cfg.token_drop, cfg.patch_t)
+
+    # engine.decoding.encodable_frames: every frame of a clip is encoded (the release pads the last clip of 17
+    # with copies of its last frame), no count is cut
+    encode_frames_rule = "any number of frames"
+
+    def encode_frames(self, n: int) -> int:
+        return n
 
     def decode(
         self, z: torch.Tensor, tile: tuple[int, int] | None = (TILE_PX, TILE_OVERLAP_PX)
@@ -261,10 +277,18 @@ class MiniMaxH3VAE(nn.Module):
         """(B, z, T, h, w) -> (B, 3, F, H, W) in [-1, 1] (not clamped), as the release decodes it."""
         return self.decode_clips(z, tile)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        raise UnsupportedModel(
-            "MiniMax-H3's VAE: Loadout decodes with it; its encoder (a causal 3-D CNN) is not run"
-        )
+    def encode(
+        self, x: torch.Tensor, tile: tuple[int, int] | None = (TILE_PX, TILE_OVERLAP_PX)
+    ) -> torch.Tensor:
+        """(B, 3, F, H, W) in [-1, 1] -> the posterior's mean (B, z, T, H/16, W/16), as the release encodes it
+        (engine.vae.minimax_h3_encoder): T = 1 for one frame, 5 ceil(F / 17) - 3 for F > 1."""
+        if not hasattr(self, "encoder"):
+            raise UnsupportedModel(
+                "this MiniMax-H3 VAE file holds no encoder (or one of unknown GroupNorm groups)"
+            )
+        from .minimax_h3_encoder import encode
+
+        return encode(self, x, tile)
 
     def decode_clips(self, z: torch.Tensor, tile=(TILE_PX, TILE_OVERLAP_PX), on_tile=None) -> torch.Tensor:
         """The release's decode: chunks of latent frames, each whole or in `tile` (px, min overlap px) tiles,

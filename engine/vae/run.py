@@ -193,7 +193,7 @@ def encode(
                 f"{getattr(vae, 'source', 'this VAE')}: this file holds the decoder only: give the VAE file "
                 "with its encoder"
             )
-        if getattr(vae, "video", False):  # engine.vae.minimax_h3 (until its encoder lands)
+        if getattr(vae, "video", False):  # engine.vae.minimax_h3 whose encoder is not built (its GroupNorms)
             raise UnsupportedModel(
                 f"{getattr(vae, 'source', 'this VAE')}: Loadout decodes with this video VAE; its encoder is not run yet"
             )
