@@ -1,6 +1,6 @@
 """Video VAE encode (engine.vae.run.encode of an image and of clips): time and peak memory above the process
 before the encode (a fresh process each), against the estimate the run and the window give for it
-(estimate.encode_clip_bytes / full_bytes, less the runtime constant), and the time per frame of a clip against
+(clip_estimate.encode_clip_bytes / estimate.full_bytes, less the runtime constant), and the time per frame of a clip against
 the one-frame encode's.
 
     python benchmarks/bench_vae_encode.py [--family wan21|wan22|...] [--dim 16] [--size 512x512]

@@ -103,13 +103,14 @@ def _place(parts: Parts, comp, direction: str, pixels: int, token, report, frame
     import torch
 
     from .vae import estimate
+    from .vae.clip_estimate import encode_clip_bytes
 
     res = parts.residency
     spec = estimate.spec_of(comp.module)
     dtype = _dtype(comp)
     esize = torch.empty((), dtype=dtype).element_size()
     if frames > 1:  # a clip to encode
-        extra = estimate.encode_clip_bytes(spec, pixels, frames, esize, full=False)
+        extra = encode_clip_bytes(spec, pixels, frames, esize, full=False)
     else:
         extra = estimate.activation_bytes(spec, direction, pixels, esize)
     if comp.device == res.device:

@@ -47,8 +47,8 @@ CONTEXT_PX = {("kl", "decode"): 32, ("kl", "encode"): 64, ("taesd", "decode"): 3
 # frame + 3.3, Wan 2.2 3.9 + 7 (its shortcuts read the level's input at the end); the figures below carry
 # ~25 % over that. The head (middle block) keeps ~8 tensors of its width per latent pixel of the chunk,
 # and its output for every latent frame waits for the tiles.
-# The encoder's, per pixel of one frame (a clip: ENCODE_CLIP_GROWTH): `bench_vae_encode.py` (dim 16, 512x512,
-# one frame, CPU float32, fresh processes): Wan 2.1 18.3 per unit of ch, Wan 2.2 16.4; ~25 % over.
+# The encoder's, per pixel of one frame (a clip: clip_estimate.ENCODE_CLIP_GROWTH): `bench_vae_encode.py` (dim
+# 16, 512x512, one frame, CPU float32, fresh processes): Wan 2.1 18.3 per unit of ch, Wan 2.2 16.4; ~25 % over.
 # Qwen-Image 2.1's VAE (engine.vae.qwen_image21) is Wan 2.2's residual network -- the same levels, shortcuts and
 # widths per level relative to `ch` -- on one frame, its convolutions 1x3x3 (no history frames in their
 # buffers): Wan 2.2's figures, an upper bound there. `bench_vae_video.py --family qwen_image21 --size 1024x1024
@@ -106,7 +106,7 @@ LTX_K_FRAME, LTX_K_CHUNK = 10.5, 4.0
 # of ch (the releases' encoders start at width 128 = 8 x 4x4, as their decoders end): measured on the CPU (float32,
 # 2 threads, fresh processes after a warm-up encode, glibc's mmap threshold fixed so that freed tensors leave the
 # RSS: peak RSS above the loaded process; quarter-width encoders, widths from 32, the releases' blocks) at 512x512:
-# an image 29.5 (0.9.5's / LTX-2's; 0.9.0's 8.3), carried ~30 % over (a clip: ENCODE_CLIP_GROWTH; diffusers'
+# an image 29.5 (0.9.5's / LTX-2's; 0.9.0's 8.3), carried ~30 % over (a clip: clip_estimate's growth; diffusers'
 # whole pass: 55, 63, 111 at 1, 9, 17 frames).
 # Whatever the size, oneDNN reorders a float32 convolution's weight for each call: 2x its bytes held (a
 # 2048-wide 3x3x3 one, the released 0.9.5 / LTX-2 middle block's: 877 MB), counted once (spec_of: the file's).
@@ -149,7 +149,7 @@ K_VIDEO_CACHE["hunyuan_video"] = 60.0
 # Its encoder (engine.vae.hunyuan_video_encoder; clips whole, its GroupNorms spanning the frames):
 # `bench_vae_encode.py --family hunyuan_video --dim 32` (widths 32 x (1, 2, 4, 4), 512x512, CPU float32, fresh
 # processes, the weights paged in before): 211-245 MB for one frame = 6.3-7.3 per encoded pixel per unit of ch,
-# carried ~20 % over the higher (a clip: ENCODE_CLIP_GROWTH).
+# carried ~20 % over the higher (a clip: clip_estimate.ENCODE_CLIP_GROWTH).
 K_VIDEO_ENCODE["hunyuan_video"] = 8.5
 # HunyuanVideo 1.5's (engine.vae.hunyuan_video15): RMS norms as Wan's, depth-to-space upsampling that holds
 # the conv's output and the unfolded input at once. Measured the same way (--family hunyuan_video15, dim 32):
@@ -326,44 +326,6 @@ def activation_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> 
     return int(spec.k_act(direction) * act_pixels(spec, direction, pixels) * esize + fixed)
 
 
-# A clip's encode against one frame's (K_VIDEO_ENCODE), as (growth per further frame, most): Wan's encoder runs
-# chunks of 4 frames (the first alone), its causal state carried (engine.vae.wan), so a clip costs a chunk's
-# activations and its cache whatever its length. `bench_vae_encode.py` (dim 16, 512x512, CPU float32, fresh
-# processes), peak RSS above the process less the clip's copies: Wan 2.1 1.66x one frame's at 5 frames, 1.74x at
-# 9; Wan 2.2 1.4x / 1.64x. HunyuanVideo's encodes up to 17 frames whole (its GroupNorms span them; longer clips
-# in diffusers' 17-frame tiles): 4.4x at 5 frames, 7.7x at 9 (widths 32, 512x512, the weights paged in first).
-# HunyuanVideo 1.5's runs a first frame alone, then chunks of 4, which cost far more: 8.7x at 5 frames, 12.4x at
-# 9, no more at 17. A kind not listed encodes its clip whole: one frame's more for each.
-ENCODE_CLIP_GROWTH = {"wan21": (0.2, 1.75), "wan22": (0.2, 1.75), "qwen_image21": (0.0, 1.0)}
-ENCODE_CLIP_GROWTH["hunyuan_video"] = (0.85, 1 + 0.85 * 16)
-ENCODE_CLIP_GROWTH["hunyuan_video15"] = (2.0, 13.0)
-# LTX's runs a first chunk of 9 frames, then 8 at a time with every causal convolution's last 2 input frames
-# carried (engine.vae.ltx_encoder): 1.9x one frame's at 9 frames, 3.7x at 17, 4.0x at 25 and after.
-ENCODE_CLIP_GROWTH["ltxv"] = ENCODE_CLIP_GROWTH["ltx2"] = (0.35, 4.1)
-# Kandinsky 6 SR's (the first frame alone, then 4 at a time, the history carried): 3.0x one frame's at 5 frames,
-# 4.1x at 9, 4.3x at 13. Mochi's carries every earlier frame's attention keys and values, so a clip never stops
-# growing: 6.4x at 7 frames (256x256), 9.8x at 13 (engine.vae.mochi_encoder).
-ENCODE_CLIP_GROWTH["kandinsky6_sr"] = (0.5, 4.5)
-ENCODE_CLIP_GROWTH["mochi"] = (0.9, float("inf"))
-# MiniMax-H3's (engine.vae.minimax_h3_encoder: 17-frame clips in chunks of 1 + 4 + 4 + 4 + 4 frames): 2.5x one
-# frame's at 9 frames, whole (512x512); no more after a chunk.
-ENCODE_CLIP_GROWTH["minimax_h3"] = (0.4, 3.0)
-
-
-def encode_clip_bytes(spec: VaeSpec, pixels: int, frames: int, esize: int, full: bool = True) -> int:
-    """A video VAE encoding `frames` frames of `pixels` each: its activations over the frames it holds at
-    once, plus the clip itself (float32 in RAM, scaled to the VAE's range, cast to the compute dtype);
-    `full`: the runtime and the weights included."""
-    growth, most = ENCODE_CLIP_GROWTH.get(spec.kind, (1.0, float(frames)))
-    factor = min(1 + growth * (frames - 1), most)
-    own = (
-        spec.k_act("encode") * act_pixels(spec, "encode", pixels) * factor * esize
-        + 3 * frames * pixels * (8 + esize)
-        + spec.encode_fixed
-    )
-    return int(own + (RUNTIME_BYTES + spec.weight_bytes if full else 0))
-
-
 def full_bytes(spec: VaeSpec, direction: str, pixels: int, esize: int) -> int:
     """Predicted peak RSS (CPU) / device bytes of a full pass, runtime and weights included."""
     return int(RUNTIME_BYTES + spec.weight_bytes + activation_bytes(spec, direction, pixels, esize))
@@ -510,6 +472,8 @@ def estimate_encode_bytes(
     its decoder's, which the encoder's follow)."""
     spec = _spec(kind, latent_channels, weight_bytes, widths)
     if spec.video and frames > 1:
+        from .clip_estimate import encode_clip_bytes
+
         return encode_clip_bytes(spec, width * height * batch, frames, DTYPE_BYTES[dtype])
     return _estimate("encode", width * height * batch, kind, latent_channels, dtype, tile, weight_bytes,
                      widths=widths, batch=batch, hw=(height, width))  # fmt: skip

@@ -20,6 +20,7 @@ from ..jobs import CancelToken, Progress, Report, no_report
 from ..memory import release_memory, trim_heap
 from . import choice, estimate
 from .choice import MIN_TILE_PX  # noqa: F401  (re-exported for callers of the run)
+from .clip_estimate import encode_clip_bytes
 from .tiling import DiskStore, NonFinite, TileStore, batch_tiles, box_px, plan_tiles, run_tiled
 
 
@@ -266,7 +267,7 @@ def _run(
     if video:
         info.estimate_bytes = job.video_bytes(None, 1)
     elif x.dim() == 5:  # a clip to encode (engine.vae.video.pass_video: untiled)
-        info.estimate_bytes = estimate.encode_clip_bytes(job.spec, job.pixels, x.shape[2], job.esize)
+        info.estimate_bytes = encode_clip_bytes(job.spec, job.pixels, x.shape[2], job.esize)
     else:
         info.estimate_bytes = estimate.full_bytes(job.spec, direction, job.pixels, job.esize)
     if tiling is None:
