@@ -402,7 +402,7 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
     ch, mid = widths if widths is not None else (spec.ch, spec.mid)
     wb = spec.weight_bytes if weight_bytes is None else weight_bytes
     return VaeSpec(spec.kind, spec.latent_channels, wb, ch, mid, spec.time_factor, spec.downscale,
-                   spec.time_context, spec.enc_ch, spec.encode_fixed)  # fmt: skip
+                   spec.time_context, encode_fixed=spec.encode_fixed, enc_ch=spec.enc_ch)  # fmt: skip
 
 
 # The decoder's last convolution (its input: the last level's width) and first one (its output: the
