@@ -179,6 +179,38 @@ class Encoder(nn.Module):
         return self.conv_out.step(F.silu(pixel_norm(x), inplace=True), stream)
 
 
+def read_blocks(sd, path: str, half: str, shape) -> list[tuple]:
+    """The blocks of the `half`'s (encoder / decoder) down_blocks / up_blocks in order, from their keys (in
+    Lightricks' names): ("res", width, residual blocks), ("lone", in, out) for a conv-only block, ("down" / "up",
+    in, out) for a resampler's convolution, ("conv", in, out) for the encoder's plain strided one (0.9.0);
+    `shape(sd, key, path)` reads (and checks) a tensor's shape."""
+    group, sampler = ("down_blocks", "down") if half == "encoder" else ("up_blocks", "up")
+    idx = sorted({int(m[1]) for k in sd if (m := re.match(rf"{half}\.{group}\.(\d+)\.", k))})
+    if not idx or idx != list(range(len(idx))):
+        raise FormatError(f"{path}: LTX-Video {half} blocks {idx}: not a sequence from 0", path=path)
+    raw: list[tuple] = []
+    for i in idx:
+        p = f"{half}.{group}.{i}."
+        if f"{p}res_blocks.0.conv1.conv.weight" in sd:
+            n = len({int(m[1]) for k in sd if (m := re.match(rf"{re.escape(p)}res_blocks\.(\d+)\.", k))})
+            raw.append(("res", shape(sd, f"{p}res_blocks.0.conv1.conv.weight", path)[0], n))
+        elif f"{p}conv1.conv.weight" in sd:
+            s = shape(sd, f"{p}conv1.conv.weight", path)
+            raw.append(("lone", s[1], s[0]))
+        elif f"{p}conv.conv.weight" in sd:
+            s = shape(sd, f"{p}conv.conv.weight", path)
+            raw.append((sampler, s[1], s[0]))
+        elif half == "encoder" and f"{p}conv.weight" in sd:
+            s = shape(sd, f"{p}conv.weight", path)
+            raw.append(("conv", s[1], s[0]))
+        else:
+            what = "a downsampler" if half == "encoder" else "an upsampler"
+            raise FormatError(
+                f"{path}: LTX-Video {half} block {i} is neither residual blocks nor {what}", path=path
+            )
+    return raw
+
+
 def _shape(sd, key: str, path: str) -> tuple[int, ...]:
     t = sd.get(key)
     if t is None:
@@ -196,27 +228,7 @@ def encoder_config(sd: dict[str, torch.Tensor], z: int, path: str, causal: bool 
     if cin[1] % 16:
         raise FormatError(f"{path}: encoder.conv_in takes {cin[1]} channels, not 4x4 pixels of a colour",
                           path=path)  # fmt: skip
-    idx = sorted({int(m[1]) for k in sd if (m := re.match(r"encoder\.down_blocks\.(\d+)\.", k))})
-    if not idx or idx != list(range(len(idx))):
-        raise FormatError(f"{path}: LTX-Video encoder blocks {idx}: not a sequence from 0", path=path)
-    raw: list[tuple] = []
-    for i in idx:
-        p = f"encoder.down_blocks.{i}."
-        if f"{p}res_blocks.0.conv1.conv.weight" in sd:
-            n = len({int(m[1]) for k in sd if (m := re.match(rf"{re.escape(p)}res_blocks\.(\d+)\.", k))})
-            raw.append(("res", _shape(sd, f"{p}res_blocks.0.conv1.conv.weight", path)[0], n))
-        elif f"{p}conv1.conv.weight" in sd:
-            s = _shape(sd, f"{p}conv1.conv.weight", path)
-            raw.append(("lone", s[1], s[0]))
-        elif f"{p}conv.conv.weight" in sd:
-            s = _shape(sd, f"{p}conv.conv.weight", path)
-            raw.append(("down", s[1], s[0]))
-        elif f"{p}conv.weight" in sd:
-            s = _shape(sd, f"{p}conv.weight", path)
-            raw.append(("conv", s[1], s[0]))
-        else:
-            raise FormatError(f"{path}: LTX-Video encoder block {i} is neither residual blocks nor a downsampler",
-                              path=path)  # fmt: skip
+    raw = read_blocks(sd, path, "encoder", _shape)
     out = _shape(sd, "encoder.conv_out.conv.weight", path)
     blocks: list[tuple] = []
     for j, b in enumerate(raw):

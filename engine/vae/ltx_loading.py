@@ -22,7 +22,7 @@ import torch
 
 from ..errors import FormatError, UnsupportedModel
 from .ltx import LTXConfig, LTXVideoVAE, Pads
-from .ltx_encoder import encoder_config
+from .ltx_encoder import encoder_config, read_blocks
 
 _STATS = ("per_channel_statistics.", "latents_mean", "latents_std")
 
@@ -145,24 +145,7 @@ def ltx_config(sd: dict[str, torch.Tensor], path: str) -> LTXConfig:
         )
     z = _shape(sd, "decoder.conv_in.conv.weight", path)[1]
     width = _shape(sd, "decoder.conv_in.conv.weight", path)[0]
-    idx = sorted({int(m[1]) for k in sd if (m := re.match(r"decoder\.up_blocks\.(\d+)\.", k))})
-    if idx != list(range(len(idx))) or not idx:
-        raise FormatError(f"{path}: LTX-Video decoder blocks {idx}: not a sequence from 0", path=path)
-    raw: list[tuple] = []
-    for i in idx:
-        p = f"decoder.up_blocks.{i}."
-        if f"{p}res_blocks.0.conv1.conv.weight" in sd:
-            n = len({int(m[1]) for k in sd if (m := re.match(rf"{re.escape(p)}res_blocks\.(\d+)\.", k))})
-            raw.append(("res", _shape(sd, f"{p}res_blocks.0.conv1.conv.weight", path)[0], n))
-        elif f"{p}conv1.conv.weight" in sd:
-            s = _shape(sd, f"{p}conv1.conv.weight", path)
-            raw.append(("lone", s[1], s[0]))
-        elif f"{p}conv.conv.weight" in sd:
-            s = _shape(sd, f"{p}conv.conv.weight", path)
-            raw.append(("up", s[1], s[0]))
-        else:
-            raise FormatError(f"{path}: LTX-Video decoder block {i} is neither residual blocks nor an upsampler",
-                              path=path)  # fmt: skip
+    raw = read_blocks(sd, path, "decoder", _shape)
     out_w = _shape(sd, "decoder.conv_out.conv.weight", path)[1]
     blocks: list[tuple[str, int, int]] = []
     for j, b in enumerate(raw):
