@@ -31,7 +31,7 @@ from app.device_status import DeviceStatus
 from app.excepthooks import CrashReporter, ErrorInfo
 from app.first_run import FirstRun
 from app.job_status import JobStatus
-from app.widgets.decode import DecodePanel
+from app.widgets.decode import CLIP_SUFFIXES, IMAGE_SUFFIXES, DecodePanel
 from app.widgets.inspector import InspectorPanel
 from app.widgets.library import LibraryPanel
 from app.widgets.loaded import LoadedPanel
@@ -44,7 +44,7 @@ log = logging.getLogger("loadout.app")
 # Icons live in the repository's top-level resources/ (a PyInstaller build puts them beside the code).
 RESOURCES = Path(getattr(sys, "_MEIPASS", Path(__file__).resolve().parents[1])) / "resources"
 # dropped alone, these go to Decode: latents, images, and clips to encode (a dropped folder is a model folder)
-DECODE_INPUTS = (".latent", ".png", ".jpg", ".jpeg", ".webp", ".mp4", ".mov", ".mkv", ".webm", ".gif")
+DECODE_INPUTS = (".latent", *IMAGE_SUFFIXES, *CLIP_SUFFIXES)
 LAYOUT_VERSION = 1
 
 

@@ -312,12 +312,11 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
 
 
 def encodable_frames(vae, n: int) -> int:
-    """The most frames of `n` a video VAE's encoder takes: its own rule (`encode_frames`) where it has one,
-    else a causal VAE's 1 + k time_factor (the first frame on its own, then groups of time_factor)."""
-    if hasattr(vae, "encode_frames"):
-        return vae.encode_frames(n)
-    tf = vae.time_factor
-    return 1 + tf * ((n - 1) // tf) if n > 0 else 0
+    """The most of `n` frames the loaded video VAE's encoder takes (engine.vae.frames.encodable_frames)."""
+    from .vae.estimate import spec_of
+    from .vae.frames import encodable_frames as rule
+
+    return rule(spec_of(vae).kind, n, vae.time_factor)
 
 
 def _clip(vae, req: Encode, notes: list[str]):
@@ -350,7 +349,6 @@ def _clip(vae, req: Encode, notes: list[str]):
     if n <= 0:
         raise FormatError(f"{name}: {n_in} frame(s) is too few for this VAE's encoder", path=req.image)
     if n < n_in:
-        rule = getattr(vae, "encode_frames_rule", f"1 + {vae.time_factor}k frames")
-        notes.append(f"encoded the first {n} of {n_in} frames: this VAE takes {rule}")
+        notes.append(f"encoded the first {n} of {n_in} frames: this VAE takes 1 + {vae.time_factor}k frames")
     x = torch.from_numpy(arr[:n]).permute(3, 0, 1, 2)[None].float().div_(255)
     return x, (head.width, head.height)

@@ -10,7 +10,6 @@ from .errors import EngineError, FormatError
 from .requests import DecodeEstimate, EstimateDecode
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
-CLIP_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".webp", ".gif")  # engine.vae.clips
 
 
 def _vae_facts(path: str) -> tuple[str, int | None, tuple[int, int] | None]:
@@ -34,13 +33,12 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
     """The estimate for `req`; a missing or unreadable input is a FormatError whose message says why."""
     from .vae import estimate_decode_bytes, estimate_encode_bytes
     from .vae.estimate import VIDEO_SPECS, video_frames
+    from .vae.frames import encodable_frames
 
     try:
-        clip = None
-        if req.source.lower().endswith(CLIP_SUFFIXES) or os.path.isdir(req.source):
-            from .vae.clips import clip_info, is_clip
+        from .vae.clips import clip_info, is_clip
 
-            clip = clip_info(req.source) if is_clip(req.source) else None
+        clip = clip_info(req.source) if is_clip(req.source) else None
         if clip is not None:  # a clip to encode with a video VAE (engine.decoding.encode)
             width, height = clip.width, clip.height
             batch, channels, fn, direction = 1, 4, estimate_encode_bytes, "encode"
@@ -66,8 +64,7 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
         if kind not in VIDEO_SPECS:
             raise FormatError(f"{os.path.basename(req.source.rstrip(os.sep))} is a clip: encoding a clip needs a "
                               "video VAE (Wan, HunyuanVideo, LTX-Video, ...)", path=req.source)  # fmt: skip
-        tf = VIDEO_SPECS[kind].time_factor  # the frames a causal encoder takes: 1 + k time_factor
-        frames = 1 + tf * ((clip.frames - 1) // tf) if clip.frames else 1
+        frames = encodable_frames(kind, clip.frames) or 1  # the frames its encoder will take (0: unknown)
         kw["frames"] = frames
     if direction == "encode" and kind in VIDEO_SPECS:
         kw["widths"] = widths  # the file's own widths: a reduced VAE needs less than the published one

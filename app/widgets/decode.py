@@ -37,10 +37,13 @@ from app.widgets.zoom_view import ZoomView
 from engine.events import EventKind
 from engine.formatting import human_bytes, tiles_text
 from engine.requests import Decode, DecodeEstimate, Encode, EstimateDecode, SaveClip
+from engine.vae.clips import VIDEO_FILE_SUFFIXES
 
 LATENT_SUFFIXES = (".latent", ".safetensors")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
-CLIP_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".gif")  # encoded with a video VAE
+CLIP_SUFFIXES = VIDEO_FILE_SUFFIXES + (
+    ".gif",
+)  # encoded with a video VAE (an animated WebP is an image suffix)
 
 
 def input_kind(path: str) -> str | None:

@@ -32,6 +32,18 @@ def video_frames(kind: str, latent_frames: int) -> int:
     return 1 + tf * (latent_frames - 1) if latent_frames > 0 else 0
 
 
+def encodable_frames(kind: str, n: int, time_factor: int | None = None) -> int:
+    """The most of a clip's first `n` frames a video VAE of `kind` encodes: MiniMax-H3's takes every frame (its
+    release pads the last 17-frame clip with copies of the last frame), a causal encoder 1 + k `time_factor` (the
+    first frame alone, then groups of time_factor; the loaded model's own where given, else the family's)."""
+    from .estimate import VIDEO_SPECS, VIT_KINDS
+
+    if n <= 0 or kind in VIT_KINDS:
+        return max(0, n)
+    tf = time_factor or (VIDEO_SPECS[kind].time_factor if kind in VIDEO_SPECS else 4)
+    return 1 + tf * ((n - 1) // tf)
+
+
 def latent_frames_for(kind: str, frames: int) -> int:
     """The fewest latent frames that decode to at least `frames` frames."""
     t = 1

@@ -264,13 +264,6 @@ class MiniMaxH3VAE(nn.Module):
         cfg = self.cfg
         return vit_frames(latent_frames, cfg.clip_length, cfg.token_drop, cfg.patch_t)
 
-    # engine.decoding.encodable_frames: every frame of a clip is encoded (the release pads the last clip of 17
-    # with copies of its last frame), no count is cut
-    encode_frames_rule = "any number of frames"
-
-    def encode_frames(self, n: int) -> int:
-        return n
-
     def decode(
         self, z: torch.Tensor, tile: tuple[int, int] | None = (TILE_PX, TILE_OVERLAP_PX)
     ) -> torch.Tensor:
