@@ -196,16 +196,84 @@ def _kandinsky6_sr(ix: KeyIndex, p: str, z: int, key: str) -> Part:
     return _part(ix, p, "kandinsky6_sr", z, key, f"{what} → Kandinsky 6 SR's video VAE")
 
 
+def _ltx_volumes(ix: KeyIndex, p: str, blocks: int, original: bool) -> list[int]:
+    """Each decoder upsampler's volume in order: its convolution's outputs over the width of what it feeds
+    (8 for 2x2x2, 2 in time only, 4 in space only; engine.vae.ltx.Upsample)."""
+    d = p + "decoder."
+    out = []
+    for i in range(blocks):
+        if original:
+            conv, nxt = f"{d}up_blocks.{i}.conv.conv.weight", f"{d}up_blocks.{i + 1}."
+            after = ix.dim(nxt + "res_blocks.0.conv1.conv.weight", 1) or ix.dim(nxt + "conv1.conv.weight", 1)
+        else:
+            conv = f"{d}up_blocks.{i}.upsamplers.0.conv.conv.weight"
+            after = ix.dim(f"{d}up_blocks.{i}.resnets.0.conv1.conv.weight", 1)
+        after = after or ix.dim(d + "conv_out.conv.weight", 1)
+        cout = ix.dim(conv, 0)
+        if cout and after and not cout % after:
+            out.append(cout // after)
+    return out
+
+
+def _ltx_metadata(ix: KeyIndex) -> str | None:
+    """The generation Lightricks' metadata config says ("ltx2" / "ltxv"), or None: LTX-2's code (ltx-core)
+    writes the audio VAE's config beside the video one and mirrors the decoder's borders by default, LTX-Video's
+    pads them with zeros."""
+    import json
+
+    try:
+        cfg = json.loads(ix.metadata.get("config", "null"))
+    except ValueError:
+        return None
+    vae = cfg.get("vae") if isinstance(cfg, dict) else None
+    if not isinstance(vae, dict):
+        return None
+    if "audio_vae" in cfg:
+        return "ltx2"
+    mode = vae.get("decoder_spatial_padding_mode", vae.get("spatial_padding_mode"))
+    return "ltx2" if mode == "reflect" else "ltxv"
+
+
 def _ltx(ix: KeyIndex, p: str, z: int, key: str, original: bool) -> Part:
+    """The generation from the decoder's sequence of blocks and its upsamplers' strides: LTX-Video 0.9.0's
+    10 (Lightricks) / 4 (diffusers) blocks widen in lone blocks; 0.9.1 adds noise (`per_channel_scale1`);
+    0.9.5+ and LTX-2.0 share 7 / 3 blocks of 2x2x2 upsamplers (their metadata tells them: `_ltx_metadata`; without
+    it LTX-2.0, as the loader decodes it); LTX-2.3's 9 / 4 blocks upsample once in time only and once in space
+    only (diffusers convert_ltx2_to_diffusers, version "2.3": upsample_type spatiotemporal, spatiotemporal,
+    temporal, spatial)."""
     blocks = ix.count_blocks(p + "decoder.up_blocks.")
-    if original:
-        arch = "ltx2" if blocks == 7 else "ltxv" if blocks in (9, 10) else None
-        what = f"decoder up_blocks 0-{blocks - 1} (LTX's own naming)"
+    volumes = _ltx_volumes(ix, p, blocks, original)
+    what = (
+        f"decoder up_blocks 0-{blocks - 1} (LTX's own naming)"
+        if original
+        else f"{blocks} decoder up blocks (diffusers naming)"
+    )
+    said = None
+    if volumes and any(v in (2, 4) for v in volumes):
+        arch, name = "ltx2", "the LTX-2.3 VAE (upsamplers in time only and in space only)"
+    elif blocks == (10 if original else 4) and volumes and all(v == 8 for v in volumes):
+        arch, name = "ltxv", "the LTX-Video 0.9.0 VAE"
+    elif blocks == (7 if original else 3):
+        noise = ix.has_prefix(p + "decoder.") and any(
+            "per_channel_scale" in k for k in ix.with_prefix(p + "decoder.up_blocks.")
+        )
+        said = None if noise else _ltx_metadata(ix)
+        arch = "ltxv" if noise or said == "ltxv" else "ltx2"
+        name = (
+            "the LTX-Video 0.9.1 VAE (noise in the decoder)"
+            if noise
+            else "the LTX-Video 0.9.5+ VAE"
+            if arch == "ltxv"
+            else "the LTX-2 VAE"
+        )
     else:
-        arch = "ltx2" if blocks == 3 else "ltxv" if blocks == 4 else None
-        what = f"{blocks} decoder up blocks (diffusers naming)"
-    name = {"ltx2": "the LTX-2 VAE", "ltxv": "the LTX-Video VAE", None: "no known LTX release"}[arch]
-    return _part(ix, p, arch, z, key, f"a causal 3-D VAE decoding {z} latent channels, {what} → {name}")
+        arch, name = None, "no known LTX release"
+    part = _part(ix, p, arch, z, key, f"a causal 3-D VAE decoding {z} latent channels, {what} → {name}")
+    if said is not None:
+        part.evidence.append(
+            Evidence("__metadata__.config", None, f"Lightricks' config in the metadata: {name}")
+        )
+    return part
 
 
 def _mochi(ix: KeyIndex) -> list[Part]:

@@ -1,4 +1,4 @@
-"""The LTX-Video VAE's decoder (Lightricks' 0.9.x releases; LTX-2's video VAE, the same network), built from castable ops under the names of
+"""The LTX-Video VAE's decoder (Lightricks' 0.9.x releases; LTX-2's and LTX-2.3's video VAEs), built from castable ops under the names of
 Lightricks' own single-file release (`ltx-video-2b-v0.9*.safetensors`, VAE keys under `vae.`), so those
 files load as they are; diffusers-named files are renamed onto them (engine.vae.ltx_loading). Its encoder,
 built where the file holds it, is engine.vae.ltx_encoder; `LTXVideoVAE.encode` runs it.
@@ -24,6 +24,10 @@ re-implements it; its `convert_ltx_vae_checkpoint_to_diffusers` gives the name m
 LTX-2's video VAE (Lightricks/LTX-2; diffusers AutoencoderKLLTX2Video) has the same decoder -- the residual
 layout of 0.9.5, timestep-conditioned -- with its spatial borders mirrored (`decoder_spatial_padding_mode`
 "reflect") and, where its config says so, causal time padding (two copies of the first frame): `Pads`.
+LTX-2.3's (Lightricks/LTX-2.3; diffusers convert_ltx2_to_diffusers, version "2.3") has four levels whose
+upsamplers are 2x2x2 (factor 2), 2x2x2 (factor 1), in time only (2, 1, 1) and in space only (1, 2, 2), none
+adding its input back, zero borders and no timestep: each upsampler's stride is read from its shapes (its
+convolution gives volume x the next block's width), its residual from the release's config.
 
 Chunked decoding: the decoder sees frames after the one it outputs, so a causal cache cannot make chunks
 exact. The head (conv_in and the blocks before the first upsampler, at latent resolution) runs over the
@@ -169,70 +173,81 @@ class Lone(ResBlock):
         return super().forward(x, None)
 
 
-def depth_to_space(x: torch.Tensor) -> torch.Tensor:
-    """(B, 8C, T, H, W) -> (B, C, 2T - 1, 2H, 2W): channel c*8 + 4i + 2j + k is frame 2t + i, row 2y + j,
-    column 2x + k; the first frame dropped."""
-    b, c8, t, h, w = x.shape
-    x = x.reshape(b, c8 // 8, 2, 2, 2, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
-    return x.reshape(b, c8 // 8, 2 * t, 2 * h, 2 * w)[:, :, 1:]
+def depth_to_space(x: torch.Tensor, stride: tuple[int, int, int] = (2, 2, 2)) -> torch.Tensor:
+    """(B, C st sh sw, T, H, W) -> (B, C, st T - (st - 1), sh H, sw W): channel c st sh sw + (i sh + j) sw + k is
+    frame st t + i, row sh y + j, column sw x + k; a time stride of 2 drops the first frame."""
+    b, cv, t, h, w = x.shape
+    st, sh, sw = stride
+    c = cv // (st * sh * sw)
+    x = x.reshape(b, c, st, sh, sw, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
+    return x.reshape(b, c, st * t, sh * h, sw * w)[:, :, st - 1 :]
 
 
 class Upsample(nn.Module):
-    def __init__(self, cin: int, factor: int, pads: Pads = Pads()):
+    """A depth-to-space upsampler: `stride` (time, rows, columns) from diffusers' upsample_type
+    ("spatiotemporal" (2, 2, 2), "temporal" (2, 1, 1), "spatial" (1, 2, 2)); the convolution gives the volume /
+    `factor` times its input's channels; with `residual` the input, unfolded alike and its channels repeated to
+    the output's width, is added (0.9.1 - LTX-2.0's upsamplers; neither 0.9.0's nor LTX-2.3's)."""
+
+    def __init__(
+        self, cin: int, factor: int, pads: Pads = Pads(), stride=(2, 2, 2), residual: bool | None = None
+    ):
         super().__init__()
-        self.factor = factor
-        self.conv = Conv(cin, cin * 8 // factor, 3, pads)
+        self.factor, self.stride = factor, tuple(stride)
+        self.residual = factor > 1 if residual is None else residual
+        self.conv = Conv(cin, cin * math.prod(stride) // factor, 3, pads)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor | None = None) -> torch.Tensor:
-        y = depth_to_space(self.conv(x))
-        if self.factor > 1:  # the residual: the input unfolded alike, its channels repeated to y's width
-            y += depth_to_space(x).repeat(1, 8 // self.factor, 1, 1, 1)
+        y = depth_to_space(self.conv(x), self.stride)
+        if self.residual:  # the input unfolded alike, its channels repeated to y's width
+            y += depth_to_space(x, self.stride).repeat(1, math.prod(self.stride) // self.factor, 1, 1, 1)
         return y
 
 
 @dataclass(frozen=True)
 class LTXConfig:
     """What the weights say: `blocks` is decoder.up_blocks in order, each ("res", width, layers),
-    ("lone", cin, cout) or ("up", cin, factor); `width` conv_in's output."""
+    ("lone", cin, cout) or ("up", cin, factor, stride, residual) (engine.vae.ltx.Upsample); `width` conv_in's
+    output."""
 
     z: int
     width: int
-    blocks: tuple[tuple[str, int, int], ...]
+    blocks: tuple[tuple, ...]
     timestep: bool
     patch: int = 4
     image_channels: int = 3
     pads: Pads = Pads()  # LTX-2's decoder: Pads(reflect=True)
     generation: str = "ltxv"  # or "ltx2"
 
-    @property
-    def ups(self) -> int:
-        return sum(b[0] == "up" for b in self.blocks)
+    def _ups(self, axis: int) -> int:
+        return sum(b[0] == "up" and b[3][axis] == 2 for b in self.blocks)
 
     @property
     def downscale(self) -> int:
-        return self.patch * 2**self.ups
+        return self.patch * 2 ** self._ups(1)
 
     @property
     def time_factor(self) -> int:
-        return 2**self.ups
+        return 2 ** self._ups(0)
 
     @property
     def last_width(self) -> int:
-        kind, a, b = self.blocks[-1]
+        kind, a, b = self.blocks[-1][:3]
         return b if kind == "lone" else a // b if kind == "up" else a
 
     def reach(self) -> int:
         """Latent frames on each side an output frame depends on through the up path (from the first
         upsampler on; the head runs whole): each 3-tap convolution reaches one frame at its own rate
-        (1 / 2^k latent frames after k upsamplers; two back where it is causal), plus one for the
+        (1 / 2^k latent frames after k upsamplers in time; two back where it is causal), plus one for the
         upsamplers' half-frame shifts, rounded up."""
         per = 2 if self.pads.causal else 1
         r, rate = 0.0, 1
         first = next((i for i, b in enumerate(self.blocks) if b[0] == "up"), len(self.blocks))
-        for kind, _, n in self.blocks[first:]:
+        for b in self.blocks[first:]:
+            kind, n = b[0], b[2]
             r += per * {"res": 2 * n, "lone": 2, "up": 1}[kind] / rate
             if kind == "up":
-                rate *= 2
+                rate *= b[3][0]
         return math.ceil(r + per / rate) + 1  # conv_out
 
 
@@ -242,13 +257,13 @@ class Decoder(nn.Module):
         t, pads = cfg.timestep, cfg.pads
         self.conv_in = Conv(cfg.z, cfg.width, 3, pads)
         items: list[nn.Module] = []
-        for kind, a, b in cfg.blocks:
+        for kind, a, b, *up in cfg.blocks:
             if kind == "res":
                 items.append(ResGroup(a, b, t, pads))
             elif kind == "lone":
                 items.append(Lone(a, b, False, pads))
             else:
-                items.append(Upsample(a, b, pads))
+                items.append(Upsample(a, b, pads, *up))
         self.up_blocks = nn.ModuleList(items)
         c = cfg.last_width
         self.conv_out = Conv(c, cfg.image_channels * cfg.patch**2, 3, pads)

@@ -22,7 +22,7 @@ import torch
 
 from ..errors import FormatError, UnsupportedModel
 from .ltx import LTXConfig, LTXVideoVAE, Pads
-from .ltx_encoder import encoder_config, read_blocks
+from .ltx_encoder import STRIDES, encoder_config, read_blocks
 
 _STATS = ("per_channel_statistics.", "latents_mean", "latents_std")
 
@@ -134,8 +134,13 @@ def _shape(sd, key: str, path: str, dims: int = 5) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
-def ltx_config(sd: dict[str, torch.Tensor], path: str) -> LTXConfig:
-    """The decoder the (Lightricks-named) tensors describe; what Loadout does not run is refused by name."""
+def ltx_config(sd: dict[str, torch.Tensor], path: str, residual: list[bool] | None = None) -> LTXConfig:
+    """The decoder the (Lightricks-named) tensors describe; what Loadout does not run is refused by name.
+    An upsampler's stride and factor are in its shapes: its convolution gives volume x (what the next block
+    takes in) channels from factor x that many. Whether it adds its input back (`residual`, per upsampler in
+    order) is not: the release's config says (engine.vae.ltx_loading.build); without one, the layouts'
+    releases decide -- 0.9.1 - LTX-2.0's 2x2x2 upsamplers of factor 2 all do, 0.9.0's (factor 1) and LTX-2.3's
+    (one in time only, one in space only) none."""
     noise = next((k for k in sd if "per_channel_scale" in k), None)
     if noise is not None:
         raise UnsupportedModel(
@@ -147,21 +152,26 @@ def ltx_config(sd: dict[str, torch.Tensor], path: str) -> LTXConfig:
     width = _shape(sd, "decoder.conv_in.conv.weight", path)[0]
     raw = read_blocks(sd, path, "decoder", _shape)
     out_w = _shape(sd, "decoder.conv_out.conv.weight", path)[1]
-    blocks: list[tuple[str, int, int]] = []
+    ups: list[tuple[int, int, int, tuple[int, int, int]]] = []  # (index, cin, factor, stride)
     for j, b in enumerate(raw):
         if b[0] != "up":
-            blocks.append(b)
             continue
         nxt = raw[j + 1] if j + 1 < len(raw) else None
         after = out_w if nxt is None else nxt[1]  # what the next block takes in: a width
         cin, cout = b[1], b[2]
-        if cout != 8 * after or (8 * cin) % cout:
+        if cout % after or cout // after not in STRIDES or cin % after:
             raise UnsupportedModel(
                 f"{path}: LTX-Video decoder block {j} upsamples {cin} -> {cout} channels before a block of "
-                f"{after}: not a 2x2x2 depth-to-space upsampler (Loadout runs those only)",
+                f"{after}: not a 2x depth-to-space upsampler in time, space or both (Loadout runs those only)",
                 path=path,
             )
-        blocks.append(("up", cin, 8 * cin // cout))
+        ups.append((j, cin, cin // after, STRIDES[cout // after]))
+    if residual is None or len(residual) != len(ups):
+        whole = all(u[3] == (2, 2, 2) for u in ups)
+        residual = [whole and u[2] > 1 for u in ups]
+    blocks = list(raw)
+    for (j, cin, factor, stride), res in zip(ups, residual, strict=True):
+        blocks[j] = ("up", cin, factor, stride, bool(res))
     head = _shape(sd, "decoder.conv_out.conv.weight", path)[0]
     if head % 16:
         raise FormatError(
@@ -170,9 +180,9 @@ def ltx_config(sd: dict[str, torch.Tensor], path: str) -> LTXConfig:
     return LTXConfig(z, width, tuple(blocks), "decoder.timestep_scale_multiplier" in sd, 4, head // 16)
 
 
-def _file_config(path: str) -> dict | None:
-    """The `vae` part of the JSON config Lightricks' single files store in their metadata (`config`), or
-    None (another format, no such entry)."""
+def _file_meta(path: str) -> dict | None:
+    """The JSON config Lightricks' single files store in their metadata (`config`: "vae", and in LTX-2's
+    "transformer", "audio_vae", ...), or None (another format, no such entry)."""
     import json
 
     from ..formats.safetensors import read_header
@@ -181,11 +191,19 @@ def _file_config(path: str) -> dict | None:
         cfg = json.loads(read_header(path).metadata.get("config", "null"))
     except Exception:  # noqa: BLE001 -- no readable metadata: the weights decide
         return None
-    return cfg.get("vae") if isinstance(cfg, dict) and isinstance(cfg.get("vae"), dict) else None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def _file_config(path: str) -> dict | None:
+    """The `vae` part of the file's metadata config, or None."""
+    cfg = _file_meta(path)
+    return cfg.get("vae") if cfg is not None and isinstance(cfg.get("vae"), dict) else None
 
 
 # LTX-2's decoder (Lightricks' metadata config: decoder_spatial_padding_mode "reflect", causal_decoder false)
 LTX2_PADS = Pads(causal=False, reflect=True)
+# Lightricks' ltx-core (LTX-2) names the upsamplers of its metadata's `decoder_blocks` by their stride
+_LTX2_ONLY_BLOCKS = ("compress_time", "compress_space")
 
 
 def _diffusers_config(path: str) -> dict | None:
@@ -206,21 +224,52 @@ def _diffusers_config(path: str) -> dict | None:
     )
 
 
-def _generation(cfg: LTXConfig, path: str) -> tuple[str, Pads]:
-    """LTX-Video or LTX-2, and how the decoder pads. LTX-2's VAE has the tensors of LTX-Video 0.9.5's
-    (diffusers' two classes give the same shapes), so what tells them is the config the release ships:
-    Lightricks' metadata (`decoder_spatial_padding_mode`, `causal_decoder`) or diffusers' config.json
-    (`_class_name`, `decoder_spatial_padding_mode`, `decoder_causal`). 0.9.0's layout is LTX-Video's
-    alone; a residual decoder with neither config (a VAE file stripped of its metadata) decodes as LTX-2's,
-    the generation its detection names, and the decode says so: a 0.9.5+ VAE so decoded differs only at
-    the frame's borders (mirrored there, zeros in LTX-Video's), where a refusal would lose the whole decode.
-    Returns the generation, the padding and that note (None where a config decided)."""
-    meta = _file_config(path)
-    if meta is not None:
-        pads = Pads(
-            bool(meta.get("causal_decoder", False)), meta.get("decoder_spatial_padding_mode") == "reflect"
-        )
-        return ("ltx2" if pads.reflect else "ltxv"), pads, None
+def _meta_residual(vae: dict) -> list[bool] | None:
+    """Each upsampler's residual, in the decoder's order, from the metadata's `decoder_blocks`: listed in the
+    encoder's order (the decoder runs them reversed), an upsampler `compress_*` with {"residual": ...},
+    False where not said (Lightricks' DepthToSpaceUpsample default)."""
+    blocks = vae.get("decoder_blocks")
+    if not isinstance(blocks, list):
+        return None
+    out = []
+    for b in reversed(blocks):
+        if isinstance(b, list | tuple) and b and str(b[0]).startswith("compress"):
+            params = b[1] if len(b) > 1 and isinstance(b[1], dict) else {}
+            out.append(bool(params.get("residual", False)))
+    return out
+
+
+def _is_ltx2_meta(meta: dict, vae: dict) -> bool:
+    """A config of Lightricks' LTX-2 code (ltx-core): the audio VAE beside the video one, or upsamplers in
+    time or space only (LTX-2.3's)."""
+    blocks = vae.get("decoder_blocks") if isinstance(vae.get("decoder_blocks"), list) else []
+    return "audio_vae" in meta or any(
+        isinstance(b, list | tuple) and b and b[0] in _LTX2_ONLY_BLOCKS for b in blocks
+    )
+
+
+def _generation(cfg: LTXConfig, path: str) -> tuple[str, Pads, list[bool] | None, str | None]:
+    """LTX-Video or LTX-2, how the decoder pads, whether each upsampler adds its input back, and a note
+    where the weights alone decided. LTX-2.0's VAE has the tensors of LTX-Video 0.9.5's (diffusers' two classes
+    give the same shapes), so what tells them is the config the release ships: Lightricks' metadata
+    (`decoder_spatial_padding_mode`, `causal_decoder`, `decoder_blocks`; where the padding is not said, the
+    code that wrote the file decides: LTX-2's ltx-core mirrors, LTX-Video's CausalVideoAutoencoder pads
+    zeros) or diffusers' config.json (`_class_name`, `decoder_spatial_padding_mode`, `decoder_causal`,
+    `upsample_residual`, listed from the output end: reversed here). Without either:
+      * 0.9.0's layout is LTX-Video's alone;
+      * LTX-2.3's layout (upsamplers in time only and space only: the only release with them) is LTX-2's,
+        with zero borders and no residual (diffusers' convert_ltx2_to_diffusers, version "2.3");
+      * a residual 2x2x2 decoder (a VAE file stripped of its metadata) decodes as LTX-2.0's, the generation
+        its detection names, and the decode says so: a 0.9.5+ VAE so decoded differs only at the frame's
+        borders (mirrored there, zeros in LTX-Video's), where a refusal would lose the whole decode."""
+    meta = _file_meta(path)
+    vae = meta.get("vae") if meta is not None and isinstance(meta.get("vae"), dict) else None
+    if vae is not None:
+        two = _is_ltx2_meta(meta, vae)
+        mode = vae.get("decoder_spatial_padding_mode", vae.get("spatial_padding_mode"))
+        reflect = mode == "reflect" if mode is not None else two
+        pads = Pads(bool(vae.get("causal_decoder", False)), reflect)
+        return ("ltx2" if two or reflect else "ltxv"), pads, _meta_residual(vae), None
     dc = _diffusers_config(path)
     if dc is not None:
         two = dc["_class_name"] == "AutoencoderKLLTX2Video"
@@ -229,18 +278,27 @@ def _generation(cfg: LTXConfig, path: str) -> tuple[str, Pads]:
         pads = Pads(
             causal, dc.get("decoder_spatial_padding_mode", "reflect" if two else "zeros") == "reflect"
         )
-        return ("ltx2" if two else "ltxv"), pads, None
-    if any(b[0] == "up" and b[2] > 1 for b in cfg.blocks):
+        res, scaled = dc.get("upsample_residual"), dc.get("decoder_spatio_temporal_scaling")
+        residual = None
+        if isinstance(res, list | tuple):  # one per up block; those without an upsampler are passed over
+            scaled = list(reversed(scaled)) if isinstance(scaled, list | tuple) else [True] * len(res)
+            residual = [bool(r) for r, s in zip(reversed(res), scaled, strict=False) if s]
+        return ("ltx2" if two else "ltxv"), pads, residual, None
+    ups = [b for b in cfg.blocks if b[0] == "up"]
+    if any(b[3] != (2, 2, 2) for b in ups):
+        return "ltx2", Pads(), None, None
+    if any(b[2] > 1 for b in ups):
         return (
             "ltx2",
             LTX2_PADS,
+            None,
             (
                 "an LTX VAE without its config (no `config` in the file's metadata, no diffusers config.json beside "
                 "it): decoded as LTX-2's (mirrored borders). LTX-Video 0.9.5+'s has the same tensors and pads with "
                 "zeros: its borders would differ -- load the release's own file to be sure"
             ),
         )
-    return "ltxv", Pads(), None
+    return "ltxv", Pads(), None, None
 
 
 def _encoder_padding(path: str) -> tuple[bool, bool]:
@@ -261,9 +319,11 @@ def build(sd: dict[str, torch.Tensor], path: str, strict_load, made, pads: Pads 
     enc = {k: v for k, v in sd.items() if k.startswith("encoder.")}
     cfg = ltx_config(dec, path)
     # `pads`: a caller that knows the generation (a test, a benchmark) says so; else the release's config
-    generation, pads, note = (
-        ("ltx2" if pads.reflect else "ltxv", pads, None) if pads is not None else _generation(cfg, path)
+    generation, pads, residual, note = (
+        ("ltx2" if pads.reflect else "ltxv", pads, None, None) if pads is not None else _generation(cfg, path)
     )
+    if residual is not None:  # the config says which upsamplers add their input back
+        cfg = ltx_config(dec, path, residual)
     cfg = dataclasses.replace(cfg, pads=pads, generation=generation)
     enc_cfg = encoder_config(enc, cfg.z, path, *_encoder_padding(path)) if enc else None
     with torch.device("meta"):

@@ -261,18 +261,20 @@ def test_the_released_layouts_config_is_read_from_a_header_faithful_file(release
         assert cfg.blocks == (
             ("res", 512, 4),
             ("res", 512, 3),
-            ("up", 512, 1),
+            ("up", 512, 1, (2, 2, 2), False),
             ("res", 512, 3),
             ("lone", 512, 256),
-            ("up", 256, 1),
+            ("up", 256, 1, (2, 2, 2), False),
             ("res", 256, 3),
             ("lone", 256, 128),
-            ("up", 128, 1),
+            ("up", 128, 1, (2, 2, 2), False),
             ("res", 128, 4),
         )
     else:
         assert cfg.timestep and cfg.width == 1024 and cfg.last_width == 128
-        assert [b for b in cfg.blocks if b[0] == "up"] == [("up", 1024, 2), ("up", 512, 2), ("up", 256, 2)]
+        assert [b for b in cfg.blocks if b[0] == "up"] == [
+            ("up", w, 2, (2, 2, 2), True) for w in (1024, 512, 256)
+        ]
     spec = est.spec_of(vae)
     assert (spec.kind, spec.ch, spec.mid) == ("ltxv", 8, cfg.width)
     assert est.video_widths(str(path), "ltxv", "vae.") == (8, cfg.width)

@@ -203,6 +203,26 @@ LTX2_STAGES = {
 }  # fmt: skip
 
 
+# LTX-2.3's video VAE (diffusers convert_ltx2_to_diffusers.py, LTX_2_3_VIDEO_VAE_RENAME_DICT): LTX-2's table plus a
+# fourth decoder level, up_blocks.7 (its upsampler) and up_blocks.8
+LTX23_STAGES = {
+    "decoder": [
+        *((f"up_blocks.{i}.upsamplers.0", f"up_blocks.{2 * i + 1}") for i in range(4)),
+        ("mid_block", "up_blocks.0"),
+        *((f"up_blocks.{i}", f"up_blocks.{2 * i + 2}") for i in range(4)),
+    ],
+    "encoder": LTX2_STAGES["encoder"],
+}
+# its released configuration (the same script's get_ltx2_video_vae_config, version "2.3")
+LTX23_RELEASE = dict(
+    block_out_channels=(256, 512, 1024, 1024), decoder_block_out_channels=(256, 512, 512, 1024),
+    layers_per_block=(4, 6, 4, 2, 2), decoder_layers_per_block=(4, 6, 4, 2, 2),
+    decoder_spatio_temporal_scaling=(True,) * 4, decoder_inject_noise=(False,) * 5,
+    upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"), upsample_residual=(False,) * 4,
+    upsample_factor=(2, 2, 1, 2), timestep_conditioning=False, decoder_spatial_padding_mode="zeros",
+)  # fmt: skip
+
+
 def ltx_vae_original(diffusers_shapes: dict[str, tuple[int, ...]], stages: dict, ltx2: bool = False) -> Rows:
     r = Rows()
     stats = {
