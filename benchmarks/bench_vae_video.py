@@ -42,7 +42,8 @@ def _vae(dim: int, family: str = "wan21"):
     in the real one) and works on 2x2 patches; `family` qwen_image21: Qwen-Image 2.1's image VAE (Wan 2.2's
     network with 2-D convolutions, z 64, RGBA; decoder 1.5x its encoder's width: 144 / 96), one frame;
     `family` ltxv: LTX-Video 0.9.5's decoder layout (engine.vae.ltx; widths 8 dim -> dim, the releases'
-    1024 -> 128 at dim 128; 2 residual blocks a level, the releases have 5; 32x, 8x in time)."""
+    1024 -> 128 at dim 128; 2 residual blocks a level, the releases have 5; 32x, 8x in time); `family` ltx23:
+    LTX-2.3's (widths 8, 4, 4, 2 dim; 2 blocks a level, the release 2 - 6)."""
     import torch
     from diffusers import AutoencoderKLLTXVideo, AutoencoderKLQwenImage21, AutoencoderKLWan
 
@@ -53,7 +54,17 @@ def _vae(dim: int, family: str = "wan21"):
     if family.startswith("hunyuan_video"):
         return _hunyuan(dim, family)
     with torch.device("meta"):
-        if family == "ltxv":
+        if family == "ltx23":  # LTX-2.3's: 2x2x2 (factor 2), 2x2x2 (factor 1), time only, space only
+            from diffusers import AutoencoderKLLTX2Video
+
+            ref = AutoencoderKLLTX2Video(
+                block_out_channels=(8,) * 4, layers_per_block=(1,) * 5,
+                decoder_block_out_channels=(2 * dim, 4 * dim, 4 * dim, 8 * dim), decoder_layers_per_block=(2,) * 5,
+                decoder_spatio_temporal_scaling=(True,) * 4, decoder_inject_noise=(False,) * 5,
+                upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"),
+                upsample_residual=(False,) * 4, upsample_factor=(2, 2, 1, 2), timestep_conditioning=False,
+            )  # fmt: skip
+        elif family == "ltxv":
             ref = AutoencoderKLLTXVideo(
                 block_out_channels=(8,) * 4, layers_per_block=(1,) * 5, decoder_block_out_channels=(2 * dim, 4 * dim, 8 * dim),
                 decoder_layers_per_block=(2,) * 4, decoder_spatio_temporal_scaling=(True,) * 3,
@@ -72,13 +83,16 @@ def _vae(dim: int, family: str = "wan21"):
     for n, p in ref.state_dict().items():
         r = torch.randn(p.shape, generator=g)
         sd[n] = 1 + 0.1 * r if n.endswith("gamma") else r * (0.5 / math.sqrt(math.prod(p.shape[1:])))
-    if family == "ltxv":
+    if family in ("ltxv", "ltx23"):
         from engine.vae.loading import _made, strict_load
         from engine.vae.ltx import Pads
         from engine.vae.ltx_loading import build
 
-        sd["decoder.timestep_scale_multiplier"] = torch.tensor(1000.0)
-        return build(sd, "bench", strict_load, _made, Pads())  # LTX-Video's padding
+        if family == "ltxv":
+            sd["decoder.timestep_scale_multiplier"] = torch.tensor(1000.0)
+        else:  # the decode alone
+            sd = {k: v for k, v in sd.items() if not k.startswith("encoder.")}
+        return build(sd, "bench", strict_load, _made, Pads())  # zero borders: LTX-Video's, LTX-2.3's
     return _build_wan(sd, "bench")
 
 
@@ -200,7 +214,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--family",
-        choices=("wan21", "wan22", "qwen_image21", "mochi", "ltxv", "hunyuan_video", "hunyuan_video15"),
+        choices=("wan21", "wan22", "qwen_image21", "mochi", "ltxv", "ltx23", "hunyuan_video", "hunyuan_video15"),
         default="wan21",
     )
     ap.add_argument("--dim", type=int, default=16, help="the encoder's base width (Wan 2.2: decoder 1.6x)")
