@@ -210,11 +210,23 @@ def find_vaes(ix: KeyIndex) -> list[Part]:
             continue
         other = not_kl_decoder(ix.with_prefix(p + "decoder."))
         if other is not None and other[1] == _DC_AE and not p.startswith(("model_ema.", "conditioner.")):
-            z = ix.dim(p + "decoder.conv_in.weight", 1)
-            part = Part(p, "vae", "DC-AE", channels=z)
-            part.evidence.append(_ev(ix, other[0], f"{_DC_AE}, decoding {z} latent channels"))
-            parts.append(part)
+            parts.append(_dc_ae(ix, p, other[0]))
     return parts
+
+
+def _dc_ae(ix: KeyIndex, p: str, key: str) -> Part:
+    """A DC-AE's decoder: its latent channels (conv_in's inputs) and its compression (2 per up block, the
+    stages of `up_blocks` less the deepest) name the family. Sana (1.0 / 1.5 / Sprint) and PRX decode with
+    the f32c32 releases (dc-ae-f32c32-sana-1.0 / 1.1: 32 channels, 6 stages, 32x)."""
+    z = ix.dim(p + "decoder.conv_in.weight", 1)
+    f = 2 ** (ix.count_blocks(p + "decoder.up_blocks.") - 1)
+    part = Part(p, "vae", "DC-AE", channels=z)
+    why = f"{_DC_AE}, decoding {z} latent channels at {f}x"
+    if z == 32 and f == 32:
+        part.architecture, part.also = "sana", ("prx",)
+        why += " → the f32c32 DC-AE Sana's and PRX's pipelines decode with"
+    part.evidence.append(_ev(ix, key, why))
+    return part
 
 
 def _numbered_convs(ix: KeyIndex, p: str) -> list[tuple[int, str]]:

@@ -29,13 +29,20 @@ K_ACT_TAESD = {"decode": 6 * 64, "encode": 6 * 64}  # TAESD: fixed width 64, ~6 
 K_HEAD = {"kl": 16.0, "taesd": 4 * 64}
 # channels of a tile state waiting in the store (activation plus pending residual) per unit of ch
 K_STORE = {("kl", "decode"): 3.0, ("kl", "encode"): 2.0}
+# The DC-AE (engine.vae.dc_ae), per unit of its first decoder width (`ch`: 128 in the f32c32 releases):
+# a full pass's activations per output pixel, its head's output per latent pixel (the attention stages,
+# run whole: head_scale^2 pixels of their last width), a tiled pass's stored states per output pixel.
+K_ACT_DC = {"decode": 8.6, "encode": 6.0}
+K_HEAD_DC = 16.0
+K_STORE_DC = 3.0
 # TAESD: its tiled part is cut into passes too (engine.vae.halo); a state is one 64-channel activation
 # (its Blocks run whole inside a pass, so nothing is pending), at full resolution in the last passes
 K_STORE_TAESD = 64.0
 # context each tile needs on each side (output pixels) for its core to match the full pass: 32 px
 # gives 53 dB and 64 px 94 dB tiled-vs-full on a random-weight SD-layout decoder (see tests/bench);
 # the encoder's receptive field is wider (its deepest convs see 8 px per tap)
-CONTEXT_PX = {("kl", "decode"): 32, ("kl", "encode"): 64, ("taesd", "decode"): 32, ("taesd", "encode"): 64}
+CONTEXT_PX = {("kl", "decode"): 32, ("kl", "encode"): 64, ("taesd", "decode"): 32, ("taesd", "encode"): 64,
+              ("dc_ae", "decode"): 32, ("dc_ae", "encode"): 64}  # fmt: skip
 # Wan-family video VAEs (engine.vae.wan): channels alive per output pixel, per unit of the last level's
 # width per output pixel (`ch`: 96 for Wan 2.1 / Qwen-Image, 256 / 2x2 = 64 for Wan 2.2). The encoder's
 # (k_act): per pixel of its chunk's frames. The decoder's chunk: K_VIDEO_FRAME per output frame plus
@@ -200,6 +207,8 @@ class VaeSpec:
             return (K_VIDEO_FRAME if direction == "decode" else K_VIDEO_ENCODE)[self.kind] * self.ch
         if self.kind == "taesd":
             return K_ACT_TAESD[direction]
+        if self.kind == "dc_ae":
+            return K_ACT_DC[direction] * self.ch
         return K_ACT[("kl", direction)] * self.ch
 
     def k_head(self) -> float:
@@ -207,11 +216,15 @@ class VaeSpec:
             return 0.0
         if self.video:
             return K_VIDEO_HEAD * self.mid
+        if self.kind == "dc_ae":  # `mid`: the head output's channels per latent pixel
+            return K_HEAD_DC * self.mid
         return K_HEAD["kl"] * self.ch if self.kind == "kl" else K_HEAD["taesd"]
 
     def k_store(self, direction: str) -> float:
         if self.kind == "taesd":
             return K_STORE_TAESD
+        if self.kind == "dc_ae":
+            return K_STORE_DC * self.ch
         return K_STORE[("kl", direction)] * self.ch if self.kind == "kl" else 0.0
 
     def context_px(self, direction: str) -> int:
@@ -308,6 +321,11 @@ def spec_of(vae) -> VaeSpec:
         kind = "qwen_image21" if cfg.frame else "wan22" if cfg.residual else "wan21"
         return VaeSpec(kind, cfg.z, wbytes, cfg.dec_dims[-1] // cfg.patch**2, cfg.dec_dims[0], cfg.time_factor,
                        cfg.downscale)  # fmt: skip
+    if getattr(vae, "family", None) == "dc_ae":  # engine.vae.dc_ae: its first width, its head's output
+        wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
+        return VaeSpec(
+            "dc_ae", vae.latent_channels, wbytes, vae.spec_width, vae.head_px, downscale=vae.downscale
+        )
     kind = "kl" if hasattr(vae, "cfg") else "taesd"
     wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
     return VaeSpec(kind, vae.latent_channels, wbytes, vae.cfg.ch if kind == "kl" else 64)

@@ -1,7 +1,7 @@
 """Load a VAE from a file: an SD checkpoint (`first_stage_model.` prefix), an all-in-one file (`vae.`),
 a standalone VAE in LDM or diffusers naming, a Wan-family video VAE (Wan 2.1 / 2.2, Qwen-Image; original
 or diffusers naming), LTX-Video's or LTX-2's video VAE (its decoder: engine.vae.ltx_loading), the Mochi 1
-VAE's decoder (engine.vae.mochi), or a TAESD-family encoder/decoder (.pth or .safetensors).
+VAE's decoder (engine.vae.mochi), a DC-AE (Sana's, PRX's: engine.vae.dc_ae_loading), or a TAESD-family encoder/decoder (.pth or .safetensors).
 
 Loading is strict: every tensor of the VAE component is used, none is missing, every shape matches —
 anything else is a FormatError naming the keys, never a silently half-initialised model. Weights stay
@@ -19,7 +19,7 @@ from torch import nn
 
 from ..detect.parts import not_kl_decoder
 from ..errors import FormatError, UnsupportedModel
-from . import hunyuan_video, kandinsky6_sr, ltx_loading, minimax_h3, mochi, wan_loading
+from . import dc_ae_loading, hunyuan_video, kandinsky6_sr, ltx_loading, minimax_h3, mochi, wan_loading
 from .autoencoder_kl import AutoencoderKL, KLConfig
 from .taesd import TAESD
 from .wan import WanVAE
@@ -269,6 +269,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
         return kandinsky6_sr.build(_dequantize_all(sd) if quantized else sd, p, strict_load, _made)
     if hunyuan_video.is_hunyuan_video(sd):
         return hunyuan_video.build(_dequantize_all(sd) if quantized else sd, p, strict_load, _made)
+    if dc_ae_loading.is_dc_ae(sd):  # Sana's and PRX's deep-compression autoencoder
+        return dc_ae_loading.build(_dequantize_all(sd) if quantized else sd, p, strict_load, _made)
     if quantized:
         if (_taesd_part(sd) is not None or is_diffusers(sd) or mochi.is_mochi_vae(sd)
                 or any(k.startswith("bn.") for k in quantized)):  # fmt: skip
@@ -293,7 +295,7 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
     if foreign is not None:
         raise UnsupportedModel(
             f"{p}: {foreign[1]} ({foreign[0]}): not an AutoencoderKL. Loadout decodes the SD, SD3, FLUX and "
-            "Wan-family and LTX video VAEs and TAESD, not this one yet",
+            "Wan-family and LTX video VAEs, the DC-AE and TAESD, not this one yet",
             path=p,
         )
     latent_norm = {k: sd.pop(k) for k in [k for k in sd if k.startswith("bn.")]}

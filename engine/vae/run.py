@@ -381,7 +381,10 @@ def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, r
     stage = f"VAE {direction}"
     with _compute(vae, device, dtype, budget), ops.cancel_scope(token), torch.inference_mode():
         xin = x.to(device=device, dtype=dtype)
-        if not tiling.tiled:
+        whole = direction == "encode" and not hasattr(vae, "encode_steps")  # the DC-AE encodes whole
+        if whole and tiling.tiled:
+            info.notes.append("this VAE encodes the whole image at once (no tiled encode)")
+        if not tiling.tiled or whole:
             info.mode, info.tiles = "full", 1
             report(Progress(stage, 0, 1))
             out = vae.decode(xin) if direction == "decode" else vae.encode(xin)
@@ -422,7 +425,9 @@ def _pass(vae, x, direction, tiling, device, dtype, budget, disk_store, token, r
             h = vae.decode_head(xin)
             _guard(h, dtype)
             del xin
-            y = run_tiled(h, vae.decode_steps(), in_scale=1, out_scale=f, out_channels=3, **common)
+            # a head that upsamples (the DC-AE's attention stages) hands the tiles `head_scale` px a latent px
+            y = run_tiled(h, vae.decode_steps(), in_scale=getattr(vae, "head_scale", 1), out_scale=f,
+                          out_channels=3, **common)  # fmt: skip
             del h
             return _finish(vae, vae.decode_tail(y), direction)
         y = run_tiled(xin, vae.encode_steps(), in_scale=f, out_scale=1, out_channels=_encode_channels(vae),
