@@ -32,7 +32,10 @@ K_STORE = {("kl", "decode"): 3.0, ("kl", "encode"): 2.0}
 # The DC-AE (engine.vae.dc_ae), per unit of its first decoder width (`ch`: 128 in the f32c32 releases):
 # a full pass's activations per output pixel, its head's output per latent pixel (the attention stages,
 # run whole: head_scale^2 pixels of their last width), a tiled pass's stored states per output pixel.
-K_ACT_DC = {"decode": 8.6, "encode": 6.0}
+# Measured (benchmarks/bench_vae_dc_ae.py, ch 32, CPU fp32, fresh processes): a full decode's peak above the
+# process 235 / 518 / 726 MiB at 512 / 768 / 1024 px, estimated 1.06x / 1.08x / 1.38x. The encode's and the
+# head's / store's coefficients are the AutoencoderKL's, not yet measured for the DC-AE.
+K_ACT_DC = {"decode": 7.8, "encode": 6.0}
 K_HEAD_DC = 16.0
 K_STORE_DC = 3.0
 # TAESD: its tiled part is cut into passes too (engine.vae.halo); a state is one 64-channel activation
