@@ -324,26 +324,20 @@ def is_hunyuan_image_vae(keys) -> bool:
 
 def is_original(sd: dict) -> bool:
     """Tencent's own names (LDM-like), told from an AutoencoderKL's by a resampler conv that is not square."""
-    for k, v in sd.items():
-        if (
-            re.fullmatch(r"(encoder\.down|decoder\.up)\.\d+\.(downsample|upsample)\.conv\.weight", k)
-            and len(v.shape) >= 4
-        ):
-            if v.shape[0] != v.shape[1]:
-                return True
-    return False
+    pat = re.compile(r"(encoder\.down|decoder\.up)\.\d+\.(downsample|upsample)\.conv\.weight")
+    return any(pat.fullmatch(k) and len(v.shape) >= 4 and v.shape[0] != v.shape[1] for k, v in sd.items())
 
 
 def rename_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Tencent's names onto diffusers' (the mapping of diffusers' converter), 5-D one-frame convs as 2-D."""
 
-    def flat(prefix: str, res: str, resample: str) -> dict[tuple[int, int], int]:
+    def flat(prefix: str, resample: str) -> dict[tuple[int, int], int]:
         pat = rf"{prefix}\.(\d+)\.(?:block\.(\d+)|{resample})\."
         found = {(int(m.group(1)), int(m.group(2)) if m.group(2) is not None else 1 << 20)
                  for k in sd if (m := re.match(pat, k))}  # fmt: skip
         return {key: i for i, key in enumerate(sorted(found))}
 
-    enc, dec = flat("encoder.down", "block", "downsample"), flat("decoder.up", "block", "upsample")
+    enc, dec = flat("encoder.down", "downsample"), flat("decoder.up", "upsample")
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         new = re.sub(r"\.mid\.block_(\d)\.", lambda m: f".mid_block.resnets.{int(m.group(1)) - 1}.", k)
