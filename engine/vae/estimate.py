@@ -165,6 +165,19 @@ VIDEO_KINDS += ("hunyuan_video", "hunyuan_video15")
 # A middle block whose attention is causal over frames keeps every earlier latent frame's keys and values
 # (2 x its width per latent pixel) in the head's stream until the clip's last chunk: the HunyuanVideo VAEs
 K_VIDEO_KV = {"hunyuan_video": 2.0, "hunyuan_video15": 2.0}
+# HunyuanImage 2.1's VAE (engine.vae.hunyuan_image; `ch` its full-resolution width, the release's 128): `bench_vae.py
+# --family hunyuan_image21` (ch 32: widths 32 x (1, 2, 4, 4, 8, 8), the release's blocks; CPU float32, 2 threads,
+# fresh processes): peak RSS above the process before the pass, decode 57 / 199 / 466 / 684 MiB at 256^2 / 512^2 / 768^2
+# / 1024^2 (7.1 / 6.2 / 6.5 / 5.3 per output pixel per unit of ch), encode 50 / 172 / 376 MiB (6.2 / 5.4 / 5.2); carried
+# 13-50 % over. Tiled at 1024^2 in 512-px tiles, 361 MiB: the tiled estimate is ~2x over there.
+# Its head: the mid block at 8 ch.
+K_ACT[("hunyuan_image21", "decode")], K_ACT[("hunyuan_image21", "encode")] = 8.0, 7.0
+K_HEAD["hunyuan_image21"], K_STORE[("hunyuan_image21", "decode")], K_STORE[("hunyuan_image21", "encode")] = (
+    64.0,
+    3.0,
+    2.0,
+)
+CONTEXT_PX[("hunyuan_image21", "decode")] = CONTEXT_PX[("hunyuan_image21", "encode")] = 64  # 2 latent px
 RUNTIME_BYTES = 280 << 20  # the torch runtime of a CPU process (measured RSS before any weights)
 # RAM a CPU decode leaves to the rest of the machine (engine.vae.run.memory_budget, loadout plan)
 CPU_RESERVE_BYTES = 1 << 30
@@ -200,19 +213,19 @@ class VaeSpec:
             return (K_VIDEO_FRAME if direction == "decode" else K_VIDEO_ENCODE)[self.kind] * self.ch
         if self.kind == "taesd":
             return K_ACT_TAESD[direction]
-        return K_ACT[("kl", direction)] * self.ch
+        return K_ACT.get((self.kind, direction), K_ACT[("kl", direction)]) * self.ch
 
     def k_head(self) -> float:
         if self.kind in VIT_KINDS:  # nothing runs whole before the tiles
             return 0.0
         if self.video:
             return K_VIDEO_HEAD * self.mid
-        return K_HEAD["kl"] * self.ch if self.kind == "kl" else K_HEAD["taesd"]
+        return K_HEAD[self.kind] * self.ch if self.kind in ("kl", "hunyuan_image21") else K_HEAD["taesd"]
 
     def k_store(self, direction: str) -> float:
         if self.kind == "taesd":
             return K_STORE_TAESD
-        return K_STORE[("kl", direction)] * self.ch if self.kind == "kl" else 0.0
+        return K_STORE[(self.kind, direction)] * self.ch if (self.kind, direction) in K_STORE else 0.0
 
     def context_px(self, direction: str) -> int:
         if self.kind in (

@@ -33,6 +33,7 @@ and `decoder.up.{i}.upsample.conv` with `up.{i}` in the order they run, under a 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -60,6 +61,21 @@ class HYIConfig:
     dec: tuple[tuple[str, int], ...] | None = None
     enc_in: int = 128  # encoder conv_in's width
     dec_in: int = 1024  # decoder conv_in's width (its mid block's)
+
+    @classmethod
+    def of(cls, widths: tuple[int, ...], layers: int, z: int = 64, ratio: int = 32) -> HYIConfig:
+        """The layout diffusers' AutoencoderKLHunyuanImage builds from its config (`block_out_channels`,
+        `layers_per_block`, `latent_channels`, `spatial_compression_ratio`; matched resampler channels)."""
+        n = len(widths)
+        resample = [i < math.log2(ratio) and i != n - 1 for i in range(n)]
+        enc: list[tuple[str, int]] = []
+        for i, w in enumerate(widths):
+            enc += [("res", w)] * layers + ([("down", widths[i + 1])] if resample[i] else [])
+        back = widths[::-1]
+        dec: list[tuple[str, int]] = []
+        for i, w in enumerate(back):
+            dec += [("res", w)] * (layers + 1) + ([("up", back[i + 1])] if resample[i] else [])
+        return cls(z, 3, 3, tuple(enc), tuple(dec), widths[0], back[0])
 
     @property
     def downscale(self) -> int:
@@ -282,6 +298,13 @@ class HunyuanImageVAE(nn.Module):
     def ch(self) -> int:
         """The full-resolution width: the estimate's unit."""
         return (self.config.dec or self.config.enc)[-1 if self.config.dec else 0][1]
+
+    def vae_spec(self):
+        """The memory estimate's view (engine.vae.estimate: kind "hunyuan_image21", per unit of `ch`)."""
+        from .estimate import VaeSpec
+
+        wbytes = sum(p.numel() * p.element_size() for p in self.parameters())
+        return VaeSpec("hunyuan_image21", self.config.z, wbytes, self.ch, downscale=self.downscale)
 
     def decode_head(self, z: torch.Tensor) -> torch.Tensor:
         return self.decoder.head(z)

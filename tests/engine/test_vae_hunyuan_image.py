@@ -187,3 +187,20 @@ def test_the_command_line_decodes_a_png(hyi, tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["size"] == [96, 64]
     assert Image.open(out).size == (96, 64)
+
+
+def test_its_memory_estimate_is_its_own_kind(hyi):
+    from engine.vae import estimate as est
+
+    _, path, _ = hyi
+    spec = est.spec_of(load_vae(path))
+    assert (spec.kind, spec.latent_channels, spec.ch, spec.downscale, spec.video) == (
+        "hunyuan_image21",
+        64,
+        32,
+        32,
+        False,
+    )
+    act = est.activation_bytes(spec, "decode", 512 * 512, 4)
+    assert act == int(est.K_ACT[("hunyuan_image21", "decode")] * 32 * 512 * 512 * 4)
+    assert spec.k_head() == est.K_HEAD["hunyuan_image21"] * 32 and spec.context_px("decode") == 64
