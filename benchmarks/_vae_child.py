@@ -23,16 +23,30 @@ def main() -> None:
 
     from engine.vae import run
 
-    vae = small_kl(ch=cfg.get("ch", 128), seed=0)
-    h, w = cfg["height"] // 8, cfg["width"] // 8
-    z = torch.randn(1, 4, h, w, generator=torch.Generator().manual_seed(1))
+    if cfg.get("family") == "hunyuan_image21":  # the release's blocks, widths ch x (1, 2, 4, 4, 8, 8)
+        from engine.vae.hunyuan_image import HunyuanImageVAE, HYIConfig
+
+        torch.manual_seed(0)
+        ch = cfg.get("ch", 128)
+        vae = (
+            HunyuanImageVAE(HYIConfig.of(tuple(ch * m for m in (1, 2, 4, 4, 8, 8)), 2))
+            .eval()
+            .requires_grad_(False)
+        )
+        f, zc = 32, 64
+    else:
+        vae, f, zc = small_kl(ch=cfg.get("ch", 128), seed=0), 8, 4
+    h, w = cfg["height"] // f, cfg["width"] // f
+    z = torch.randn(1, zc, h, w, generator=torch.Generator().manual_seed(1))
+    if cfg.get("direction") == "encode":
+        z = torch.rand(1, 3, h * f, w * f, generator=torch.Generator().manual_seed(1)) * 2 - 1
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     info = run.RunInfo()
     counter = _counter(cfg) if cfg.get("count_ops") else contextlib.nullcontext()
     t0 = time.perf_counter()
     tiled = cfg["mode"] == "tiled"
     with counter:
-        img = run.decode(
+        img = (run.encode if cfg.get("direction") == "encode" else run.decode)(
             vae,
             z,
             tiled=tiled,

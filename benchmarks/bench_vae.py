@@ -9,6 +9,7 @@ on a shared CPU — activations scale with ch, FLOPs with ch^2). Threads: 2.
 
     python benchmarks/bench_vae.py [--ch 32] [--size 1024] [--big 2048] [--tile 512] [--overlap 64]
                                    [--repeat N] [--skip-taef2] [--skip-kl] [--skip-small-tiles]
+    python benchmarks/bench_vae.py --family hunyuan_image21 [--ch 32] [--sizes 256,512]
 """
 
 from __future__ import annotations
@@ -251,6 +252,33 @@ def small_tiles_bench(reps: int = 2) -> None:
         )
 
 
+def family_bench(family: str, ch: int, sizes: list[int]) -> None:
+    """A family's estimate against its measured peak, full decode and encode at each size (fresh processes): the
+    activations' coefficients (engine.vae.estimate) are calibrated from the peak above the process before the pass."""
+    for size in sizes:
+        for direction in ("decode", "encode"):
+            cfg = {
+                "height": size,
+                "width": size,
+                "mode": "full",
+                "ch": ch,
+                "family": family,
+                "direction": direction,
+            }
+            r = child(cfg)
+            record(
+                f"vae_{family}_{direction}_{size}_ch{ch}_estimate_vs_measured",
+                r["estimate"],
+                "B",
+                baseline="measured peak RSS",
+                baseline_value=r["peak_rss"],
+                better="higher",
+                above_process_bytes=r["peak_rss"] - r["base_rss"],
+                seconds=r["seconds"],
+                ch=ch,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ch", type=int, default=32)
@@ -267,7 +295,16 @@ def main() -> None:
         default=None,
         help="best of N: fresh processes per KL decode kind (default 1), small-tile decodes (default 2)",
     )
+    ap.add_argument(
+        "--family", default=None, help="hunyuan_image21: that VAE's estimate vs measured, then stop"
+    )
+    ap.add_argument(
+        "--sizes", default="256,512", help="with --family: output sizes (square), comma-separated"
+    )
     a = ap.parse_args()
+    if a.family:
+        family_bench(a.family, a.ch, [int(s) for s in a.sizes.split(",")])
+        return
     if not a.skip_kl:
         kl_bench(a.ch, a.size, a.big, a.tile, a.overlap, a.repeat or 1)
     if not a.skip_taef2:

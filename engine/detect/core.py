@@ -11,6 +11,7 @@ from itertools import repeat
 from ..errors import UnsupportedModel
 from . import kinds
 from .diffusion import Backbone, find_backbone
+from .image_vaes import find_hunyuan_image_vaes
 from .keys import KeyIndex, as_key_index
 from .meta import metadata_architecture, metadata_prediction, summarize
 from .parts import Part, container_of, find_clip_vision, find_taesd, find_text_encoders, find_vaes
@@ -297,7 +298,9 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
 
     backbone = find_backbone(ix)
     encoders = find_encoders(ix)
-    video = find_video_vaes(ix)
+    video = find_video_vaes(ix) + find_hunyuan_image_vaes(
+        ix
+    )  # both before an AutoencoderKL rule claims theirs
     vaes = video + [v for v in find_vaes(ix) if v.prefix not in {p.prefix for p in video}]
     vaes = [v for v in vaes if backbone is None or v.prefix != backbone.prefix]
     if backbone is not None:

@@ -58,6 +58,8 @@ def _module_halo(m: nn.Module, need: int) -> int:
 
 
 def stride(s: tuple) -> int:
+    if s[0] == "s2d":  # space-to-depth: a 2x2 cell becomes a pixel, as under a stride-2 convolution
+        return 2
     return s[1].stride[0] if s[0] == "module" and isinstance(s[1], nn.Conv2d) else 1
 
 
@@ -72,9 +74,12 @@ def need(steps: list[tuple]) -> int:
             need = _module_halo(s[1], need)
             st = stride(s)
             popped = [v * st for v in popped]
-        elif op == "up2":
+        elif op in ("up2", "d2s"):  # an upsample, or a depth-to-space (a 2x2 cell from one pixel)
             need = -(-need // 2)
             popped = [-(-v // 2) for v in popped]
+        elif op == "s2d":  # a 2x2 cell into one pixel: twice the halo before it
+            need *= 2
+            popped = [v * 2 for v in popped]
         elif op == "pop_add":
             popped.append(need if s[1] is None else _module_halo(s[1], need))
         elif op == "push":
@@ -128,8 +133,10 @@ class Plan:
             sc = scale
             for s in seg:
                 op = s[0]
-                if op == "up2":
+                if op in ("up2", "d2s"):
                     sc *= 2
+                elif op == "s2d":
+                    sc /= 2
                 elif op == "scale":
                     sc *= s[1]
                 elif op == "push":

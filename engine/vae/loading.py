@@ -19,7 +19,16 @@ from torch import nn
 
 from ..detect.parts import not_kl_decoder
 from ..errors import FormatError, UnsupportedModel
-from . import dc_ae_loading, hunyuan_video, kandinsky6_sr, ltx_loading, minimax_h3, mochi, wan_loading
+from . import (
+    dc_ae_loading,
+    hunyuan_image,
+    hunyuan_video,
+    kandinsky6_sr,
+    ltx_loading,
+    minimax_h3,
+    mochi,
+    wan_loading,
+)
 from .autoencoder_kl import AutoencoderKL, KLConfig
 from .taesd import TAESD
 from .wan import WanVAE
@@ -267,6 +276,10 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
         return _build_minimax_h3(_dequantize_all(sd) if quantized else sd, p)
     if kandinsky6_sr.is_kandinsky6_sr(sd):
         return kandinsky6_sr.build(_dequantize_all(sd) if quantized else sd, p, strict_load, _made)
+    if hunyuan_image.is_hunyuan_image_vae(sd) or hunyuan_image.is_original(
+        sd
+    ):  # before AutoencoderKL's names
+        return hunyuan_image.build(_dequantize_all(sd) if quantized else sd, p, strict_load, _made)
     if hunyuan_video.is_hunyuan_video(sd):
         return hunyuan_video.build(_dequantize_all(sd) if quantized else sd, p, strict_load, _made)
     if dc_ae_loading.is_dc_ae(sd):  # Sana's and PRX's deep-compression autoencoder

@@ -443,6 +443,8 @@ def _guard(t, dtype):
 
 
 def _encode_channels(vae) -> int:
+    if hasattr(vae, "encode_channels"):  # a VAE that says what its tiled encoder ends with
+        return vae.encode_channels
     if hasattr(vae, "cfg"):
         return vae.cfg.ch * vae.cfg.ch_mult[-1]
     return 64

@@ -278,6 +278,12 @@ def _run_steps(steps, held, stack, scale, stats, own=False):
                 x = F.interpolate(x, scale_factor=2.0, mode="nearest")
                 own = True
             scale *= 2
+        elif op in ("d2s", "s2d"):
+            # a VAE's own depth-to-space (or space-to-depth): a rearrangement within 2x2 cells, to twice
+            # (half) the resolution; a copy, so the next in-place step may overwrite it
+            x = s[1](x)
+            own = True
+            scale = scale * 2 if op == "d2s" else scale / 2
         elif op == "pad_br":
             x = F.pad(x, (0, 1, 0, 1))
             own = True
