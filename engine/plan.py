@@ -241,11 +241,15 @@ def make_plan(
 
 
 def _vae_architecture(det) -> str | None:
-    """wan21 / wan22 for a Wan-family video VAE (the file's own, or the checkpoint's VAE part)."""
-    if det.architecture in VIDEO_VAES and det.kind == "vae":
+    """The family of a video VAE (wan21, ltx2, ...) or of an image VAE that is not an AutoencoderKL (the DC-AE's
+    sana, hunyuan_image21): the file's own, or the checkpoint's VAE part's."""
+    from .vae.estimate import IMAGE_SPECS
+
+    named = (*VIDEO_VAES, *IMAGE_SPECS)
+    if det.architecture in named and det.kind == "vae":
         return det.architecture
     for part in getattr(det, "parts", ()) or ():
-        if getattr(part, "architecture", None) in VIDEO_VAES:
+        if getattr(part, "component", "vae") == "vae" and getattr(part, "architecture", None) in named:
             return part.architecture
     return None
 
@@ -288,7 +292,7 @@ def _decode_step(pf, size, budget: int, device: str, path: str, prefix: str, arc
     weights = sum(f.unit_sizes)
     dtype = p.compute_dtype if p.compute_dtype in ("float32", "float16", "bfloat16") else "float32"
     esize = estimate.DTYPE_BYTES[dtype]
-    spec = estimate.VaeSpec("kl", _latent_channels(path, prefix), weights)
+    spec = estimate.image_spec(architecture, _latent_channels(path, prefix), weights)
     job = Job(spec, "decode", (max(1, h // spec.downscale), max(1, w // spec.downscale)), 1, spec.downscale,
               esize, p.device != "cpu")  # fmt: skip
     whole = estimate.full_bytes(spec, "decode", job.pixels, esize)

@@ -14,7 +14,7 @@ normalised copy and the shortcut are alive together with 128-channel conv output
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .frames import latent_frames_for, video_frames, vit_frames  # noqa: F401  (re-exported, as widths)
 from .video_coeffs import (  # noqa: F401  (re-exported: callers read the coefficients here)
@@ -317,6 +317,25 @@ VIDEO_SPECS["mochi"] = VaeSpec("mochi", 12, 919_497_222, 128, 768, 6, 8)
 # float32 (a file's header gives its own bytes); the head's output is the middle block's 2048 channels and the
 # latent's 64
 VIDEO_SPECS["kandinsky6_sr"] = VaeSpec("kandinsky6_sr", 64, 6_955_512_972, 16, 2048 + 64, 4, 16)
+
+
+# The image VAEs whose layout is not an AutoencoderKL's, by the architecture detection names (what `loadout plan`
+# estimates a file with; spec_of reads a loaded model's own): the f32c32 DC-AE (its head's output 8192 channels a
+# latent pixel: 4x4 pixels of the 512-wide third stage) and HunyuanImage 2.1's, their released widths (spec_of of the
+# release layouts, tests/engine/test_vae_dc_ae / test_vae_hunyuan_image RELEASE)
+IMAGE_SPECS = {
+    "sana": VaeSpec("dc_ae", 32, 1_249_001_100, 128, 8192, downscale=32),
+    "hunyuan_image21": VaeSpec("hunyuan_image21", 64, 1_622_301_964, 128, downscale=32),
+}
+
+
+def image_spec(architecture: str | None, latent_channels: int, weight_bytes: int) -> VaeSpec:
+    """An image VAE's estimate by its detected architecture: its release's widths and compression, this file's
+    weights; an AutoencoderKL's otherwise."""
+    spec = IMAGE_SPECS.get(architecture or "")
+    if spec is None:
+        return VaeSpec("kl", latent_channels, weight_bytes)
+    return replace(spec, weight_bytes=weight_bytes)
 
 
 def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, int] | None = None) -> VaeSpec:
