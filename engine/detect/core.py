@@ -298,9 +298,8 @@ def _classify(ix: KeyIndex, base: dict) -> Detection:
 
     backbone = find_backbone(ix)
     encoders = find_encoders(ix)
-    video = find_video_vaes(ix) + find_hunyuan_image_vaes(
-        ix
-    )  # both before an AutoencoderKL rule claims theirs
+    # both before an AutoencoderKL rule claims theirs
+    video = find_video_vaes(ix) + find_hunyuan_image_vaes(ix)
     vaes = video + [v for v in find_vaes(ix) if v.prefix not in {p.prefix for p in video}]
     vaes = [v for v in vaes if backbone is None or v.prefix != backbone.prefix]
     if backbone is not None:
