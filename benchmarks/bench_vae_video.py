@@ -214,7 +214,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--family",
-        choices=("wan21", "wan22", "qwen_image21", "mochi", "ltxv", "ltx23", "hunyuan_video", "hunyuan_video15"),
+        choices=(
+            "wan21",
+            "wan22",
+            "qwen_image21",
+            "mochi",
+            "ltxv",
+            "ltx23",
+            "hunyuan_video",
+            "hunyuan_video15",
+        ),
         default="wan21",
     )
     ap.add_argument("--dim", type=int, default=16, help="the encoder's base width (Wan 2.2: decoder 1.6x)")

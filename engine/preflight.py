@@ -13,14 +13,18 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
 def _vae_facts(path: str) -> tuple[str, int | None, tuple[int, int] | None]:
-    """('taesd' | 'kl' | a video kind (estimate.VIDEO_KINDS), weight bytes or None, a video VAE's widths or
+    """('taesd' | 'kl' | a video kind (estimate.VIDEO_KINDS) | an image VAE's architecture (estimate.IMAGE_SPECS), weight bytes or None, a video VAE's widths or
     None) as the VAE's header says; an unreadable VAE counts as a full KL VAE of the usual size (the
     estimate's defaults)."""
     from .detect import detect_file
-    from .vae.estimate import VIDEO_KINDS, video_widths
+    from .vae.estimate import IMAGE_SPECS, VIDEO_KINDS, video_widths
 
     det = detect_file(path)
     kind = "taesd" if det.kind == "vae_approx" else "kl"
+    if (
+        det.kind == "vae" and det.architecture in IMAGE_SPECS
+    ):  # a 32x image VAE: the DC-AE, HunyuanImage 2.1's
+        kind = det.architecture
     widths = None
     if det.kind == "vae" and det.architecture in VIDEO_KINDS:
         kind = det.architecture
@@ -32,7 +36,7 @@ def _vae_facts(path: str) -> tuple[str, int | None, tuple[int, int] | None]:
 def estimate(req: EstimateDecode) -> DecodeEstimate:
     """The estimate for `req`; a missing or unreadable input is a FormatError whose message says why."""
     from .vae import estimate_decode_bytes, estimate_encode_bytes
-    from .vae.estimate import VIDEO_SPECS, video_frames
+    from .vae.estimate import IMAGE_SPECS, VIDEO_SPECS, video_frames
     from .vae.frames import encodable_frames
 
     try:
@@ -69,7 +73,13 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
     if direction == "encode" and kind in VIDEO_SPECS:
         kw["widths"] = widths  # the file's own widths: a reduced VAE needs less than the published one
     if direction == "decode":
-        f = VIDEO_SPECS[kind].downscale if kind in VIDEO_SPECS else 8
+        f = (
+            VIDEO_SPECS[kind].downscale
+            if kind in VIDEO_SPECS
+            else IMAGE_SPECS[kind].downscale
+            if kind in IMAGE_SPECS
+            else 8
+        )
         width, height = w * f, h * f
         if kind in VIDEO_SPECS:
             t = shape[2] if len(shape) == 5 else 1

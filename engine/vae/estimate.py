@@ -354,6 +354,10 @@ def video_spec(kind: str, weight_bytes: int | None = None, widths: tuple[int, in
 def _spec(kind: str, latent_channels: int, weight_bytes: int | None, widths=None) -> VaeSpec:
     if kind in VIDEO_SPECS:
         return video_spec(kind, weight_bytes, widths)
+    if kind in IMAGE_SPECS:  # by the detected architecture (sana's DC-AE, hunyuan_image21)
+        return image_spec(
+            kind, latent_channels, IMAGE_SPECS[kind].weight_bytes if weight_bytes is None else weight_bytes
+        )
     k = "taesd" if kind in ("taesd", "vae_approx") else "kl"
     wb = weight_bytes if weight_bytes is not None else (SD_VAE_WEIGHTS if k == "kl" else 5_000_000)
     return VaeSpec(k, latent_channels, wb)  # SD-family width 128
