@@ -337,6 +337,16 @@ class AutoencoderDC(nn.Module):
     def latent_channels(self) -> int:
         return self.cfg.latent
 
+    def vae_spec(self):
+        """The memory estimate's view (engine.vae.estimate: kind "dc_ae", per unit of its first width; `mid` the
+        head output's channels per latent pixel), through spec_of's hook as the other VAEs that describe themselves."""
+        from .estimate import VaeSpec
+
+        wbytes = sum(p.numel() * p.element_size() for p in self.parameters())
+        return VaeSpec(
+            "dc_ae", self.latent_channels, wbytes, self.spec_width, self.head_px, downscale=self.downscale
+        )
+
     def decode_head(self, z: torch.Tensor) -> torch.Tensor:
         return self.decoder.head(z)
 

@@ -204,7 +204,7 @@ def vit_video_bytes(spec: VaeSpec, frame_pixels: int, latent_frames: int, esize:
 
 def spec_of(vae) -> VaeSpec:
     """The estimate's view of a loaded model."""
-    if hasattr(vae, "vae_spec"):  # a VAE that describes itself (engine.vae.minimax_h3)
+    if hasattr(vae, "vae_spec"):  # a VAE that describes itself (minimax_h3, dc_ae, hunyuan_image)
         return vae.vae_spec()
     if getattr(vae, "video", False) and hasattr(vae, "time_context"):  # LTX-Video (engine.vae.ltx)
         cfg = vae.cfg
@@ -227,11 +227,6 @@ def spec_of(vae) -> VaeSpec:
         kind = "qwen_image21" if cfg.frame else "wan22" if cfg.residual else "wan21"
         return VaeSpec(kind, cfg.z, wbytes, cfg.dec_dims[-1] // cfg.patch**2, cfg.dec_dims[0], cfg.time_factor,
                        cfg.downscale)  # fmt: skip
-    if getattr(vae, "family", None) == "dc_ae":  # engine.vae.dc_ae: its first width, its head's output
-        wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
-        return VaeSpec(
-            "dc_ae", vae.latent_channels, wbytes, vae.spec_width, vae.head_px, downscale=vae.downscale
-        )
     kind = "kl" if hasattr(vae, "cfg") else "taesd"
     wbytes = sum(p.numel() * p.element_size() for p in vae.parameters())
     return VaeSpec(kind, vae.latent_channels, wbytes, vae.cfg.ch if kind == "kl" else 64)
