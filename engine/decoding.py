@@ -192,7 +192,7 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     if latent.dim() == 5 and not video:
         raise FormatError(
             f"{os.path.basename(req.latent)} is a video latent {tuple(latent.shape)}: decode it with a video VAE "
-            f"(Wan 2.1 / 2.2, Qwen-Image, Mochi, LTX-Video); {os.path.basename(req.vae)} decodes images"
+            f"(Wan 2.1 / 2.2, Qwen-Image, Mochi, LTX-Video, Cosmos 1.0); {os.path.basename(req.vae)} decodes images"
         )
     latent = _decode_inputs(vae, latent, req)
     f = vae.downscale

@@ -1,7 +1,7 @@
 """Load a VAE from a file: an SD checkpoint (`first_stage_model.` prefix), an all-in-one file (`vae.`),
 a standalone VAE in LDM or diffusers naming, a Wan-family video VAE (Wan 2.1 / 2.2, Qwen-Image; original
 or diffusers naming), LTX-Video's or LTX-2's video VAE (its decoder: engine.vae.ltx_loading), the Mochi 1
-VAE's decoder (engine.vae.mochi), a DC-AE (Sana's, PRX's: engine.vae.dc_ae_loading), or a TAESD-family encoder/decoder (.pth or .safetensors).
+VAE's decoder (engine.vae.mochi), Cosmos 1.0's tokenizer (engine.vae.cosmos_loading), a DC-AE (Sana's, PRX's: engine.vae.dc_ae_loading), or a TAESD-family encoder/decoder (.pth or .safetensors).
 
 Loading is strict: every tensor of the VAE component is used, none is missing, every shape matches —
 anything else is a FormatError naming the keys, never a silently half-initialised model. Weights stay
@@ -20,6 +20,7 @@ from torch import nn
 from ..detect.parts import not_kl_decoder
 from ..errors import FormatError, UnsupportedModel
 from . import (
+    cosmos_loading,
     dc_ae_loading,
     hunyuan_image,
     hunyuan_video,
@@ -280,6 +281,8 @@ def load_vae(path: str | os.PathLike, *, pair: bool = True, header=None) -> nn.M
         sd
     ):  # before AutoencoderKL's names
         return hunyuan_image.build(_dequantize_all(sd) if quantized else sd, p, strict_load, _made)
+    if cosmos_loading.is_cosmos(sd):  # Cosmos 1.0's tokenizer (engine.vae.cosmos)
+        return cosmos_loading.build(_dequantize_all(sd) if quantized else sd, p, strict_load, _made)
     if hunyuan_video.is_hunyuan_video(sd):
         return hunyuan_video.build(_dequantize_all(sd) if quantized else sd, p, strict_load, _made)
     if dc_ae_loading.is_dc_ae(sd):  # Sana's and PRX's deep-compression autoencoder

@@ -224,7 +224,7 @@ def _check_latent(vae, latent):
     if latent.dim() != 4 and not (video and latent.dim() == 5):
         if latent.dim() == 5:
             raise FormatError(
-                f"a video latent {tuple(latent.shape)} needs a video VAE (Wan 2.1 / 2.2, Qwen-Image, Mochi): this "
+                f"a video latent {tuple(latent.shape)} needs a video VAE (Wan 2.1 / 2.2, Qwen-Image, Mochi, Cosmos 1.0): this "
                 "VAE decodes images"
             )
         raise FormatError(f"expected a latent batch (N, C, h, w), got shape {tuple(latent.shape)}")
