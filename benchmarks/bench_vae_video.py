@@ -6,7 +6,8 @@ The decoder has the Wan 2.1 layout (dim_mult 1,2,4,4; 2 res blocks; temporal ups
 deepest levels) with random deterministic weights at base width `--dim` (96 = the real VAE; the default
 16 keeps a CPU run near a minute: activations scale with the width, FLOPs with its square). Threads: 2.
 
-    python benchmarks/bench_vae_video.py [--family wan21|wan22|qwen_image21|mochi|ltxv] [--dim 16] [--size 832x480]
+    python benchmarks/bench_vae_video.py [--family wan21|wan22|qwen_image21|mochi|ltxv|ltx23|
+                                         hunyuan_video|hunyuan_video15|cosmos_predict1] [--dim 16] [--size 832x480]
                                          [--latent-frames 2] [--tile 256] [--overlap 32]
                                          [--repeat N] [--long]
 
@@ -53,6 +54,8 @@ def _vae(dim: int, family: str = "wan21"):
         return _mochi(dim)
     if family.startswith("hunyuan_video"):
         return _hunyuan(dim, family)
+    if family == "cosmos_predict1":
+        return _cosmos(dim)
     with torch.device("meta"):
         if family == "ltx23":  # LTX-2.3's: 2x2x2 (factor 2), 2x2x2 (factor 1), time only, space only
             from diffusers import AutoencoderKLLTX2Video
@@ -150,6 +153,29 @@ def _hunyuan(dim: int, family: str):
     return load_vae(path)
 
 
+def _cosmos(dim: int):
+    """Cosmos 1.0's tokenizer (engine.vae.cosmos) at encoder widths dim x (1, 2, 4, 4) and decoder widths 2 dim x
+    (1, 2, 2, 2) (the release: dim 128), its blocks, attention and 8x8x8 compression; random deterministic weights."""
+    import torch
+    from diffusers import AutoencoderKLCosmos
+
+    from engine.vae.cosmos_loading import build
+    from engine.vae.loading import _made, strict_load
+
+    with torch.device("meta"):
+        ref = AutoencoderKLCosmos(encoder_block_out_channels=tuple(dim * m for m in (1, 2, 4, 4)),
+                                  decode_block_out_channels=tuple(2 * dim * m for m in (1, 2, 2, 2)))  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    sd = {}
+    for n, p in ref.state_dict().items():
+        if n.startswith(("encoder.", "quant_conv.")) and not WITH_ENCODER:
+            continue
+        r = torch.randn(p.shape, generator=g)
+        norm = ".norm" in n and n.endswith("weight")
+        sd[n] = 1 + 0.1 * r if norm else r * (0.5 / math.sqrt(max(1, math.prod(p.shape[1:]))))
+    return build(sd, "bench", strict_load, _made)
+
+
 def run_child(cfg: dict) -> dict:
     """One decode in this (fresh) process: peak RSS above the process before the decode."""
     import psutil
@@ -223,6 +249,7 @@ def main() -> None:
             "ltx23",
             "hunyuan_video",
             "hunyuan_video15",
+            "cosmos_predict1",
         ),
         default="wan21",
     )

@@ -385,6 +385,7 @@ VIDEO_VAES += ("ltxv", "ltx2")  # LTX-Video's and LTX-2's (engine.vae.ltx)
 VIDEO_VAES += ("mochi",)  # Mochi 1's (engine.vae.mochi)
 VIDEO_VAES += ("kandinsky6_sr",)  # Kandinsky 6 SR's K-VAE (engine.vae.kandinsky6_sr)
 VIDEO_VAES += ("hunyuan_video", "hunyuan_video15")  # the HunyuanVideo VAEs (engine.vae.hunyuan_video*)
+VIDEO_VAES += ("cosmos_predict1",)  # Cosmos 1.0's tokenizer (engine.vae.cosmos)
 
 
 def _video_decode_step(pf, size, budget: int, device: str, architecture, path: str, prefix: str) -> dict:
@@ -397,7 +398,7 @@ def _video_decode_step(pf, size, budget: int, device: str, architecture, path: s
 
     if architecture not in VIDEO_VAES:
         raise UnsupportedModel(
-            "a video decode (WxHxF) needs a video VAE (Wan 2.1 / 2.2, Qwen-Image, Mochi, LTX); this file's VAE decodes images"
+            "a video decode (WxHxF) needs a video VAE (Wan 2.1 / 2.2, Qwen-Image, Mochi, LTX, Cosmos 1.0); this file's VAE decodes images"
         )
     p, f = pf
     w, h, frames = size if len(size) == 3 else (*size, 1)

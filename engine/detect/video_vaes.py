@@ -1,5 +1,5 @@
 """Video VAEs (3-D causal convolutions): Wan 2.1 (also Qwen-Image's), Wan 2.2, HunyuanVideo (and 1.5),
-LTX-Video, LTX-2, Mochi and Kandinsky 6 SR's, in original and diffusers naming. A VAE's architecture is the family that
+LTX-Video, LTX-2, Mochi, Kandinsky 6 SR's and Cosmos 1.0's tokenizer, in original and diffusers naming. A VAE's architecture is the family that
 introduced its layout; `also` names the other families whose pipelines use a VAE of that very layout.
 
 Facts (cited, not copied):
@@ -39,6 +39,11 @@ Facts (cited, not copied):
   `dec_in_proj` from z 32 into a BigVGAN waveform decoder (`decoder.conv_pre`, `decoder.ups`). Diffusers naming
   only (its single-file converter has no VAE entry); the video VAE decodes (engine.vae.minimax_h3), the audio
   VAE is detected only.
+* Cosmos-Tokenize1 (diffusers AutoencoderKLCosmos, `autoencoder_kl_cosmos.py`; NVIDIA's names in diffusers'
+  `convert_cosmos_to_diffusers.py` VAE_KEYS_RENAME_DICT): factorized convolutions (`conv_in.conv_s` 1x3x3 then
+  `conv_in.conv_t` 3x1x1; NVIDIA's `conv_in.0.conv3d` / `.1.conv3d`), a middle block with an attention over pixels and
+  one over frames (`mid_block.temp_attentions.0`, NVIDIA's `mid.attn_1.1`), wavelet patching: CV8x8x8-1.0, z 16, is
+  Cosmos 1.0's (Predict1) VAE, `cosmos_predict1`.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ def _part(
 
 
 def find_video_vaes(ix: KeyIndex) -> list[Part]:
-    parts = _wan(ix) + _conv_wrapped(ix) + _mochi(ix) + _minimax_h3(ix)
+    parts = _wan(ix) + _conv_wrapped(ix) + _mochi(ix) + _minimax_h3(ix) + _cosmos(ix)
     seen: set[str] = set()
     return [p for p in parts if not (p.prefix in seen or seen.add(p.prefix))]
 
@@ -322,6 +327,59 @@ def _minimax_h3(ix: KeyIndex) -> list[Part]:
             z = ix.dim(key, 1)
             why = f"{z} latent channels into a BigVGAN waveform decoder → MiniMax-H3's audio VAE"
             out.append(_part(ix, p, "minimax_h3", z, key, why, what="audio VAE"))
+    return out
+
+
+def _cosmos(ix: KeyIndex) -> list[Part]:
+    """Cosmos-Tokenize1's continuous video tokenizer: a factorized input conv (`conv_in.conv_s` / NVIDIA's
+    `conv_in.0.conv3d`) and a middle block whose second attention runs over frames. Its compression is read from the
+    headers: the patch p from the output conv (3 p^3 channels), one more 2x in time or space per upsampler that has its
+    temporal (`conv1`) or spatial (`conv2`) conv."""
+    out = []
+    for suffix, original in (
+        ("decoder.conv_in.conv_s.weight", False),
+        ("decoder.conv_in.0.conv3d.weight", True),
+    ):
+        for p in ix.prefixes_for(suffix):
+            attn = (
+                "decoder.mid.attn_1.1.q.conv3d.weight"
+                if original
+                else "decoder.mid_block.temp_attentions.0.to_q.weight"
+            )
+            if not ix.has(p + attn):
+                continue
+            key = p + suffix
+            z = ix.dim(key, 1)
+            conv_out = p + (
+                "decoder.conv_out.1.conv3d.weight" if original else "decoder.conv_out.conv_t.weight"
+            )
+            cube = (ix.dim(conv_out, 0) or 0) // 3
+            patch = round(cube ** (1 / 3)) if cube > 0 else 0
+            ups = ix.with_prefix(p + ("decoder.up." if original else "decoder.up_blocks."))
+            tail = "upsample.conv{}.conv3d.weight" if original else "upsamplers.0.conv{}.weight"
+            time = sum(k.endswith(tail.format(1)) for k in ups)
+            space = sum(k.endswith(tail.format(2)) for k in ups)
+            if patch < 1 or patch**3 != cube:
+                why = f"{attn.rsplit('.', 4)[0]}: a factorized causal video tokenizer (Cosmos's) with no 3 p^3 output conv"
+                out.append(_part(ix, p, None, z, key, why))
+                continue
+            t, s = patch * 2**time, patch * 2**space
+            what = f"a factorized causal video tokenizer, {z} latent channels at {t}x{s}x{s} (time x space)"
+            if z == 16 and (t, s) == (8, 8):
+                out.append(
+                    _part(
+                        ix,
+                        p,
+                        "cosmos_predict1",
+                        z,
+                        key,
+                        f"{what} → Cosmos-Tokenize1 CV8x8x8, Cosmos 1.0's VAE",
+                    )
+                )
+            else:
+                out.append(
+                    _part(ix, p, None, z, key, f"{what}: a Cosmos tokenizer no released model decodes with")
+                )
     return out
 
 

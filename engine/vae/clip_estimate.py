@@ -27,6 +27,9 @@ ENCODE_CLIP_GROWTH["mochi"] = (0.9, float("inf"))
 # MiniMax-H3's (engine.vae.minimax_h3_encoder: 17-frame clips in chunks of 1 + 4 + 4 + 4 + 4 frames): 2.5x one
 # frame's at 9 frames, whole (512x512); no more after a chunk.
 ENCODE_CLIP_GROWTH["minimax_h3"] = (0.4, 3.0)
+# Cosmos 1.0's tokenizer (engine.vae.cosmos_encoder: the first frame alone, then 8 at a time, the middle block's keys
+# and values carried): 3.9x one frame's at 9 frames, 4.8x at 17 (the release's widths, 512x512).
+ENCODE_CLIP_GROWTH["cosmos_predict1"] = (0.4, 6.0)
 
 
 def encode_clip_bytes(spec: VaeSpec, pixels: int, frames: int, esize: int, full: bool = True) -> int:

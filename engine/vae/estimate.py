@@ -297,6 +297,9 @@ VIDEO_SPECS = {
     "hunyuan_video": VaeSpec("hunyuan_video", 16, 292_272_678, 128, 512, 4, 8),
     # diffusers AutoencoderKLHunyuanVideo15's defaults: decoder widths (1024, 1024, 512, 256, 128), z 32, 16x, 4x
     "hunyuan_video15": VaeSpec("hunyuan_video15", 32, 1_742_619_142, 128, 1024, 4, 16),  # 871 M in fp16
+    # diffusers AutoencoderKLCosmos's defaults (CV8x8x8-1.0): decoder widths 512 .. 256 (its last block at 1/4 size:
+    # 16 a pixel), z 16, 8x, 8x in time; the decoder's 62.7 M parameters in bf16 (the encoder's 42.9 M beside them)
+    "cosmos_predict1": VaeSpec("cosmos_predict1", 16, 125_477_664, 16, 512, 8, 8),
 }
 # LTX-Video 0.9.5+'s decoder (diffusers' config for Lightricks/LTX-Video-0.9.5: decoder widths 1024 -> 128,
 # z 128, 32x, 8x in time): ~ 0.43 G parameters in bf16 with its encoder; reach from LTXConfig.reach()

@@ -132,3 +132,22 @@ VIDEO_KINDS += ("hunyuan_video", "hunyuan_video15")
 # A middle block whose attention is causal over frames keeps every earlier latent frame's keys and values
 # (2 x its width per latent pixel) in the head's stream until the clip's last chunk: the HunyuanVideo VAEs
 K_VIDEO_KV = {"hunyuan_video": 2.0, "hunyuan_video15": 2.0}
+# Cosmos 1.0's tokenizer (engine.vae.cosmos): per-frame GroupNorms (one group) and factorized convolutions; its last up
+# block runs at 1/4 of the output's size and frames (`ch` = that block's width / 16, as LTX's: 16 in the release), the
+# unpatching writes the output. Measured at the release's widths (`bench_vae_video.py --family cosmos_predict1 --dim
+# 128`: decoder 512 .. 256, CPU float32, 2 threads, fresh processes, peak RSS above the process with its weights paged
+# in) at 512x512: 1 latent frame whole 241 MB, 3 whole 827 MB, 3 in chunks of one 921 MB (every temporal conv's two
+# carried frames: ~32 units, the sum of the blocks' widths at their sizes), 256-px tiles 267-305 MB -- 1.6-1.7 per
+# counted output frame per unit of ch. The figures below put the estimate 1.25-1.7x over those. A reduced-width file
+# reads low: fixed costs (the middle block's attention blocks) weigh more there.
+# Its middle block's attention over frames keeps every earlier latent frame's keys and values.
+VIDEO_KINDS += ("cosmos_predict1",)
+K_VIDEO_FRAME["cosmos_predict1"] = 2.2
+K_VIDEO_CHUNK["cosmos_predict1"] = 2.0
+K_VIDEO_CACHE["cosmos_predict1"] = 40.0
+# Its encoder (engine.vae.cosmos_encoder: the first frame alone, then 8 at a time): `bench_vae_encode.py --family
+# cosmos_predict1 --dim 128` (the release's widths, 512x512, CPU float32, fresh processes, the weights paged in first):
+# one frame 167-183 MB = 10-11 per unit of ch per pixel, carried ~25 % over; a clip clip_estimate's growth (the
+# estimate then 1.2x / 1.35x / 1.5x the measure at 1 / 9 / 17 frames).
+K_VIDEO_ENCODE["cosmos_predict1"] = 13.5
+K_VIDEO_KV["cosmos_predict1"] = 2.0

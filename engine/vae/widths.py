@@ -9,6 +9,9 @@ _VIDEO_MID_KEYS = ("decoder.conv1.weight", "decoder.conv_in.weight", "decoder.co
 # Mochi's: the output Linear (2-D) and the 1x1x1 input conv (the release's `blocks.0.0`; diffusers' conv_in)
 _VIDEO_HEAD_KEYS += ("decoder.output_proj.weight", "decoder.proj_out.weight")
 _VIDEO_MID_KEYS += ("decoder.blocks.0.0.weight",)
+# Cosmos 1.0's tokenizer: the factorized output and input convs' spatial halves (diffusers' names, NVIDIA's)
+_VIDEO_HEAD_KEYS += ("decoder.conv_out.conv_s.weight", "decoder.conv_out.0.conv3d.weight")
+_VIDEO_MID_KEYS += ("decoder.conv_in.conv_s.weight", "decoder.conv_in.0.conv3d.weight")
 
 
 def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | None:
@@ -34,5 +37,6 @@ def video_widths(path: str, kind: str, prefix: str = "") -> tuple[int, int] | No
     head, first = shape(_VIDEO_HEAD_KEYS, 2 if kind == "mochi" else dims), shape(_VIDEO_MID_KEYS, dims)
     if head is None or first is None:
         return None
-    patch = {"wan22": 2, "ltxv": 4, "ltx2": 4}.get(kind, 1)  # Wan 2.2 works on 2x2 patches, LTX-Video on 4x4
+    # Wan 2.2 works on 2x2 patches, LTX-Video on 4x4, Cosmos's tokenizer on 4x4x4 (its last level at 1/4 the size)
+    patch = {"wan22": 2, "ltxv": 4, "ltx2": 4, "cosmos_predict1": 4}.get(kind, 1)
     return max(1, head[1] // (patch * patch)), first[0]
