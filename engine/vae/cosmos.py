@@ -47,6 +47,9 @@ EPS = 1e-6
 SLICE_FRAMES = 1  # input frames per temporal convolution call (CausalConv3d.sliced)
 METHODS = ("haar", "rearrange")
 KIND = "cosmos_predict1"  # the estimate's kind and the detected architecture: the family that introduced the layout
+SIGMA_DATA = (
+    0.5  # Cosmos 1.0's EDM sigma_data: the scale of the normalised latents (its pipelines and ComfyUI's VAE)
+)
 
 
 @dataclass(frozen=True)
@@ -304,6 +307,9 @@ class CosmosVAE(VideoShape, nn.Module):
         if cfg.method not in METHODS:
             raise ValueError(f"method {cfg.method!r}: one of {METHODS}")
         self.cfg = cfg
+        # (mean, std), each (z, frames), where the file holds its latent statistics (ComfyUI's repackaged file:
+        # `latent_mean` / `latent_std`, 16 frames): its latents are then the normalised ones (see `normalise`)
+        self.latent_stats: tuple[torch.Tensor, torch.Tensor] | None = None
         self.post_quant_conv = ops.Conv3d(cfg.z, cfg.z, 1)
         self.decoder = Decoder(cfg)
         if cfg.encoder is not None:
@@ -324,9 +330,24 @@ class CosmosVAE(VideoShape, nn.Module):
         )
 
     # -- pieces the chunked runner composes (engine.vae.video) ----------------------------------
+    def normalise(self, z: torch.Tensor, stream: Stream, inverse: bool) -> torch.Tensor:
+        """The latent statistics a file holds, applied as ComfyUI's VAE applies them with that file (comfy/ldm/cosmos
+        vae.py): encode gives (z - mean) / std * sigma_data, decode takes that back, latent frame i reading the
+        statistics' frame i mod their count. The stream counts the chunk's first frame, so chunks see the clip's."""
+        if self.latent_stats is None:
+            return z
+        key = id(self.latent_stats)
+        t0 = int(stream.frames[key]) if key in stream.frames else 0
+        stream.frames[key] = torch.tensor(t0 + z.shape[2])
+        mean, std = self.latent_stats
+        idx = torch.arange(t0, t0 + z.shape[2]) % mean.shape[1]
+        mean, std = (s[:, idx].to(z)[None, :, :, None, None] for s in (mean, std))
+        return (z / SIGMA_DATA) * std + mean if inverse else (z - mean) / std * SIGMA_DATA
+
     def decode_head(self, z: torch.Tensor, stream: Stream) -> torch.Tensor:
         d = self.decoder
-        return d.mid_block.step(d.conv_in.step(self.post_quant_conv(z), stream), stream)
+        x = self.post_quant_conv(self.normalise(z, stream, inverse=True))
+        return d.mid_block.step(d.conv_in.step(x, stream), stream)
 
     def decode_up(self, h: torch.Tensor, stream: Stream, frames_at_once: int | None = None) -> torch.Tensor:
         """The up blocks, the output conv and the unpatching (`frames_at_once`: unused, the chunks are the unit)."""

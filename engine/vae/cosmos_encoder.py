@@ -205,5 +205,7 @@ def encode(vae, x: torch.Tensor, chunk_frames: int = CHUNK_FRAMES) -> torch.Tens
     outs = []
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         stream.keep = b < t  # the last chunk keeps no history (an image: none at all)
-        outs.append(vae.quant_conv(vae.encoder.step(x[:, :, a:b], stream)))
+        outs.append(
+            vae.normalise(vae.quant_conv(vae.encoder.step(x[:, :, a:b], stream)), stream, inverse=False)
+        )
     return torch.cat(outs, dim=2)

@@ -9,6 +9,9 @@ over pixels and the one over frames; `q.conv3d`, `k`, `v`, `proj_out`, `norm.nor
 `upsample.convK.conv3d`, `mid.block_1` / `attn_1.0` / `attn_1.1` / `block_2`, `norm_out.norm`, `quant_conv.conv3d`,
 `post_quant_conv.conv3d`; buffers `patcher3d.wavelets` / `unpatcher3d.wavelets` (the patching's filter: haar's
 1/sqrt(2) taps or rearrange's ones), `_arange`, `patch_size_buffer`, which no computation here reads as weights.
+ComfyUI's file adds `latent_mean` / `latent_std` (16 channels x 16 latent frames), which its VAE applies around the
+network (comfy/ldm/cosmos/vae.py; tdrussell's diffusion-pipe loads that file into a model with the same two
+parameters): kept as the model's `latent_stats`, applied as ComfyUI applies them (engine.vae.cosmos `normalise`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ..errors import FormatError, UnsupportedModel
 from .cosmos import GROUPS, METHODS, CosmosConfig, CosmosVAE
 
 BUFFERS = ("wavelets", "_arange", "patch_size_buffer")
+STATS = ("latent_mean", "latent_std")  # ComfyUI's repackaged file: 16 channels x 16 latent frames each
 _ATTN = {"q": "to_q", "k": "to_k", "v": "to_v", "proj_out": "to_out.0", "norm": "norm"}
 
 
@@ -177,7 +181,8 @@ def build(sd: dict, path: str, strict_load, made) -> CosmosVAE:
     """The tokenizer in either naming -- its decoder, and its encoder where the file holds one -- loaded strictly with
     engine.vae.loading's `strict_load`, built through its `made`."""
     buffers = {k: sd[k] for k in sd if k.rsplit(".", 1)[-1] in BUFFERS}
-    sd = {k: v for k, v in sd.items() if k not in buffers}
+    stats = {k: sd[k] for k in STATS if k in sd}
+    sd = {k: v for k, v in sd.items() if k not in buffers and k not in stats}
     if is_original(sd):
         sd = original_to_diffusers(sd)
     cfg = cosmos_config(sd, path, method_of(buffers, path))
@@ -187,4 +192,21 @@ def build(sd: dict, path: str, strict_load, made) -> CosmosVAE:
         model = made(path, lambda: CosmosVAE(cfg))
     strict_load(model, sd, path)
     model.source = path
+    model.notes = []  # engine.vae.run adds them to the decode's notes
+    if stats:
+        model.latent_stats = _stats(stats, cfg.z, path)
+        model.notes.append(
+            "the file holds its latent statistics (ComfyUI's Cosmos VAE): latents are read and written normalised, "
+            "(z - mean) / std * 0.5 per channel and latent frame, as ComfyUI's VAE does with this file"
+        )
     return model
+
+
+def _stats(stats: dict, z: int, path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if len(stats) != 2:
+        raise FormatError(f"{path}: {next(iter(stats))} without its pair ({' and '.join(STATS)})", path=path)
+    mean, std = (stats[k].float().reshape(-1) for k in STATS)
+    if mean.numel() != std.numel() or mean.numel() % z or not mean.numel():
+        raise FormatError(f"{path}: latent_mean / latent_std of {mean.numel()} / {std.numel()} values: not {z} channels "
+                          "x a number of latent frames each", path=path)  # fmt: skip
+    return mean.view(z, -1).clone(), std.view(z, -1).clone()

@@ -279,3 +279,32 @@ def test_the_release_layout_from_a_header_faithful_file(naming, tmp_path, capsys
     assert main(["plan", "--model", str(path), "--decode", "1280x704x121", "--vram", "24", "--json"]) == 0
     (step,) = json.loads(capsys.readouterr().out)["steps"]
     assert step["step"] == "decode" and step["detail"]["latent_frames"] == 16
+
+
+def test_comfyui_s_file_with_its_latent_statistics_reads_normalised_latents(ref, tmp_path):
+    """ComfyUI's repackaged file holds `latent_mean` / `latent_std` (16 channels x 16 latent frames) and its VAE decodes
+    z / 0.5 * std + mean, latent frame i reading the statistics' frame i mod 16 (comfy/ldm/cosmos/vae.py), encodes the
+    inverse: so a ComfyUI latent decodes here as there. Three frames of statistics here, so a short clip wraps, across
+    chunks of two latent frames."""
+    g = torch.Generator().manual_seed(7)
+    mean, std = torch.randn(16, 3, generator=g) * 0.1, torch.rand(16, 3, generator=g) + 0.5
+    sd = _nvidia_names(_sd(ref)) | {"latent_mean": mean.reshape(-1), "latent_std": std.reshape(-1)}
+    mine = load_vae(_save(sd, tmp_path / "cosmos_cv8x8x8_1.0.safetensors"))
+    idx = torch.arange(5) % 3
+    m, s = mean[:, idx][None, :, :, None, None], std[:, idx][None, :, :, None, None]
+    z = _z(5)  # normalised, as ComfyUI's sampler leaves it
+    x = _clip(33)
+    with torch.inference_mode():
+        want = ref.decode(z / 0.5 * s + m).sample.clamp(-1, 1)
+        got = decode_video(mine, z, Tiling("full", tile_frames=2), device=CPU, dtype=torch.float32).transpose(
+            1, 2
+        )
+        want_lat = (ref.encode(x).latent_dist.mode() - m) / s * 0.5
+        got_lat = mine.encode(x)
+    assert (got - want).abs().max() < 1e-4 and (got_lat - want_lat).abs().max() < 1e-5
+    info = RunInfo()
+    decode(mine, z[:, :, :2], info=info)
+    assert any("latent statistics" in n for n in info.notes)
+    sd.pop("latent_std")
+    with pytest.raises(FormatError, match="without its pair"):
+        load_vae(_save(sd, tmp_path / "half.safetensors"))
