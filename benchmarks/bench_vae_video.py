@@ -153,18 +153,16 @@ def _hunyuan(dim: int, family: str):
     return load_vae(path)
 
 
-def _cosmos(dim: int):
-    """Cosmos 1.0's tokenizer (engine.vae.cosmos) at encoder widths dim x (1, 2, 4, 4) and decoder widths 2 dim x
-    (1, 2, 2, 2) (the release: dim 128), its blocks, attention and 8x8x8 compression; random deterministic weights."""
+def _cosmos_sd(dim: int):
+    """diffusers' AutoencoderKLCosmos config at encoder widths dim x (1, 2, 4, 4) and decoder widths 2 dim x (1, 2, 2, 2)
+    (the release: dim 128), its blocks, attention and 8x8x8 compression; and its random deterministic weights."""
     import torch
     from diffusers import AutoencoderKLCosmos
 
-    from engine.vae.cosmos_loading import build
-    from engine.vae.loading import _made, strict_load
-
+    kw = dict(encoder_block_out_channels=tuple(dim * m for m in (1, 2, 4, 4)),
+              decode_block_out_channels=tuple(2 * dim * m for m in (1, 2, 2, 2)))  # fmt: skip
     with torch.device("meta"):
-        ref = AutoencoderKLCosmos(encoder_block_out_channels=tuple(dim * m for m in (1, 2, 4, 4)),
-                                  decode_block_out_channels=tuple(2 * dim * m for m in (1, 2, 2, 2)))  # fmt: skip
+        ref = AutoencoderKLCosmos(**kw)
     g = torch.Generator().manual_seed(0)
     sd = {}
     for n, p in ref.state_dict().items():
@@ -173,7 +171,41 @@ def _cosmos(dim: int):
         r = torch.randn(p.shape, generator=g)
         norm = ".norm" in n and n.endswith("weight")
         sd[n] = 1 + 0.1 * r if norm else r * (0.5 / math.sqrt(max(1, math.prod(p.shape[1:]))))
-    return build(sd, "bench", strict_load, _made)
+    return kw, sd
+
+
+def _cosmos(dim: int):
+    """Cosmos 1.0's tokenizer (engine.vae.cosmos) with _cosmos_sd's weights."""
+    from engine.vae.cosmos_loading import build
+    from engine.vae.loading import _made, strict_load
+
+    return build(_cosmos_sd(dim)[1], "bench", strict_load, _made)
+
+
+def _diffusers_cosmos_decode(cfg: dict) -> dict:
+    """The baseline: diffusers' own AutoencoderKLCosmos.decode on the same weights and latent, whole, in this (fresh)
+    process -- peak RSS above the process before the decode, as run_child measures ours."""
+    import psutil
+    import torch
+    from diffusers import AutoencoderKLCosmos
+
+    torch.set_num_threads(cfg.get("threads", 2))
+    kw, sd = _cosmos_sd(cfg["dim"])
+    ref = AutoencoderKLCosmos(**kw).eval()
+    ref.load_state_dict(sd, strict=False)  # the decoder's tensors (the encoder's stay random: not run)
+    ref.encoder = None
+    f = 8
+    z = torch.randn(1, 16, cfg["latent_frames"], cfg["height"] // f, cfg["width"] // f,
+                    generator=torch.Generator().manual_seed(1))  # fmt: skip
+    base = psutil.Process().memory_info().rss
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = ref.decode(z).sample.clamp(-1, 1)
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if cfg.get("save"):
+        torch.save(out.transpose(1, 2).add(1).div(2), cfg["save"])
+    return {"seconds": seconds, "peak_rss": peak, "base_rss": base, "frames": out.shape[2]}
 
 
 def run_child(cfg: dict) -> dict:
@@ -185,6 +217,8 @@ def run_child(cfg: dict) -> dict:
     from engine.vae import decode
     from engine.vae.run import RunInfo
 
+    if cfg["mode"] == "diffusers":
+        return _diffusers_cosmos_decode(cfg)
     vae = _vae(cfg["dim"], cfg.get("family", "wan21"))
     with torch.inference_mode():  # page a file's mmapped weights in (HunyuanVideo, Mochi): counted apart
         for p in vae.parameters():
@@ -277,6 +311,14 @@ def main() -> None:
                 tileds[(t, o)].append(child({**base, "mode": "tiled", "tile": t, "overlap": o, **extra}))
         full = _best(fulls)
         x = torch.load(f"{d}/full.pt")
+        ref = ref_psnr = None
+        if (
+            a.family == "cosmos_predict1"
+        ):  # diffusers' AutoencoderKLCosmos on the same weights: time, peak, agreement
+            ref = _best([child({**base, "mode": "diffusers", **({"save": f"{d}/ref.pt"} if i == 0 else {})})
+                         for i in range(a.repeat)])  # fmt: skip
+            mse = float(((x - torch.load(f"{d}/ref.pt")) ** 2).mean())
+            ref_psnr = math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
         psnrs = {}
         for t, o in tilings:
             mse = float(((x - torch.load(f"{d}/tiled{t}.pt")) ** 2).mean())
@@ -301,6 +343,14 @@ def main() -> None:
                baseline="measured peak RSS above the process before decoding (the estimate less its runtime)",
                baseline_value=tiled["peak_rss"] - tiled["base_rss"], better="higher", seconds=tiled["seconds"],
                tile_px=tiled["tile_px"], overlap_px=o)  # fmt: skip
+    if ref is not None:  # the same decode by diffusers' own model, whole
+        record(f"{name}_full_vs_diffusers_time", full["seconds"], "s",
+               baseline="diffusers AutoencoderKLCosmos.decode, same weights and latent", baseline_value=ref["seconds"])  # fmt: skip
+        record(f"{name}_full_vs_diffusers_peak", full["peak_rss"] - full["base_rss"], "B",
+               baseline="diffusers AutoencoderKLCosmos.decode, peak RSS above the process before decoding",
+               baseline_value=ref["peak_rss"] - ref["base_rss"])  # fmt: skip
+        record(f"{name}_full_vs_diffusers_psnr", round(ref_psnr, 2), "dB", baseline="diffusers AutoencoderKLCosmos.decode",
+               judged="value", better="higher")  # fmt: skip
     record(f"{name}_full_estimate_vs_measured", full["estimate"], "B",
            baseline="measured peak RSS above the process before decoding (the estimate less its runtime)",
            baseline_value=full["peak_rss"] - full["base_rss"], better="higher", seconds=full["seconds"])  # fmt: skip
