@@ -30,7 +30,10 @@ msgspec, platformdirs, gguf, diffusers and importlib_metadata travel as wheels i
    kernels), and the full run is repeated after the partial ones (a first-run effect shows as a change);
    the card is kept busy for half a second before each timed configuration (warm_gpu).
 
-`--sections tests,video,kl,gn,step` picks checks (gn: torch's GroupNorm against ops.group_norm); the whole run takes about 3 minutes on an H200.
+5. Cosmos 1.0's tokenizer at the release's widths (bfloat16) decoding 1280x704x33: whole frames, chunks of one latent
+   frame, 512-px tiles (seconds, peak, estimate), and diffusers' AutoencoderKLCosmos on the same weights.
+
+`--sections tests,video,cosmos,kl,gn,step` picks checks (gn: torch's GroupNorm against ops.group_norm); the whole run takes about 3 minutes on an H200.
 
 Each figure is one JSON line on stdout. `--device cpu --dim 16` runs the same code here (peaks are then
 not measured) to check the script before a GPU session spends its minutes on it.
@@ -198,6 +201,72 @@ def video_vae(device: str, dim: int) -> None:
              snapshot=info.snapshot,
              seconds=round(seconds, 2), peak_bytes=peak, predicted_bytes=predicted,
              predicted_over_peak=round(predicted / peak, 3) if peak else None)  # fmt: skip
+
+
+def cosmos_vae(device: str, dim: int) -> None:
+    """Cosmos 1.0's tokenizer (engine.vae.cosmos) at decoder widths 2 dim x (1, 2, 2, 2) (dim 128: the release's;
+    random weights, bfloat16 on CUDA: its VAE never runs fp16) decoding 1280x704 x 33 frames (5 latent frames): whole
+    frames, chunks of one latent frame, 512-px tiles -- seconds, peak, the estimate -- and diffusers'
+    AutoencoderKLCosmos.decode on the same weights and latent: seconds, peak and PSNR against ours."""
+    import math
+
+    import torch
+    from bench_vae_video import _cosmos_sd
+    from diffusers import AutoencoderKLCosmos
+
+    from engine.vae.cosmos_loading import build
+    from engine.vae.estimate import RUNTIME_BYTES
+    from engine.vae.loading import _made, strict_load
+    from engine.vae.run import job_of
+
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    kw, sd = _cosmos_sd(dim)
+    vae = build(dict(sd), "gpu-check", strict_load, _made).to(device=device, dtype=dtype)
+    z = torch.randn(1, 16, 5, 88, 160, generator=torch.Generator().manual_seed(1))
+    job = job_of(vae, z, "decode", torch.device(device), dtype)
+    weights = sum(p.numel() * p.element_size() for p in vae.parameters())
+    runs = (("full, one chunk", dict(tiled=False, tile_frames=5)), ("full, chunks of 1", dict(tiled=False, tile_frames=1)),
+            ("512-px tiles, chunks of 1", dict(tiled=True, tile=512, overlap=64, tile_frames=1)))  # fmt: skip
+    ours = None
+    for name, kw_run in runs:
+        out, seconds, peak, info = timed_decode(vae, z, device, dtype, **kw_run)
+        ours = out if ours is None else ours
+        tiled = info.mode == "tiled"
+        predicted = job.video_bytes(info.tile_px if tiled else None, info.tile_frames, info.overlap_px if tiled else None,
+                                    info.snapshot or "device") - RUNTIME_BYTES - weights  # fmt: skip
+        emit(check=f"cosmos_predict1 dim{dim} 1280x704x33 {name}", device=device, dtype=str(dtype).removeprefix("torch."),
+             mode=info.mode, tile_px=info.tile_px, tile_frames=info.tile_frames, seconds=round(seconds, 2),
+             peak_bytes=peak, predicted_bytes=predicted, predicted_over_peak=round(predicted / peak, 3) if peak else None,
+             psnr_vs_first=round(_psnr01(out, ours), 2))  # fmt: skip
+    del vae
+    ref = AutoencoderKLCosmos(**kw).eval()
+    ref.load_state_dict(sd, strict=False)
+    ref.encoder = None
+    ref = ref.to(device=device, dtype=dtype)
+    for _ in range(2):  # the first pays for kernel selection
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() if cuda else 0
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            got = ref.decode(z.to(device=device, dtype=dtype)).sample.float().clamp(-1, 1)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() - base if cuda else None
+    theirs = got.cpu().transpose(1, 2).add(1).div(2)
+    emit(check=f"cosmos_predict1 dim{dim} 1280x704x33 diffusers AutoencoderKLCosmos.decode", device=device,
+         dtype=str(dtype).removeprefix("torch."), seconds=round(seconds, 2), peak_bytes=peak,
+         psnr_vs_ours=round(_psnr01(theirs, ours), 2) if math.isfinite(_psnr01(theirs, ours)) else None)  # fmt: skip
+
+
+def _psnr01(a, b) -> float:
+    import math
+
+    mse = float(((a.float() - b.float()) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
 def kl_vae(device: str, ch: int, sizes: list[int]) -> None:
@@ -435,7 +504,10 @@ def main() -> None:
         default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,stable_cascade_c,minimax_h3,ernie_image,kandinsky5,longcat_image,ovis_image,prx,joyimage,glm_image,ideogram4,bria,bria_fibo,motif_video",
         help="denoisers to step (bench_step's families)",
     )
-    ap.add_argument("--sections", default="tests,video,kl,gn,step", help="which checks run")
+    ap.add_argument("--sections", default="tests,video,cosmos,kl,gn,step", help="which checks run")
+    ap.add_argument(
+        "--cosmos-dim", type=int, default=128, help="Cosmos tokenizer's width (128: the release's)"
+    )
     ap.add_argument("--kl-ch", type=int, default=128, help="the KL VAE's base width (128: the real SD VAE)")
     ap.add_argument("--kl-sizes", default="1024,2048", help="output sizes of the KL VAE decodes")
     a = ap.parse_args()
@@ -448,6 +520,8 @@ def main() -> None:
         cuda_tests()
     if "video" in sections:
         video_vae(a.device, a.dim)
+    if "cosmos" in sections:
+        cosmos_vae(a.device, a.cosmos_dim)
     if "kl" in sections:
         kl_vae(a.device, a.kl_ch, [int(v) for v in a.kl_sizes.split(",")])
     if "gn" in sections:
