@@ -278,17 +278,21 @@ def unpatch(x: torch.Tensor, p: int, method: str) -> torch.Tensor:
     return x
 
 
+def haar_signs() -> torch.Tensor:
+    """(8, 8): (-1)^popcount(b & d) for sub-band b and offset d (both 4 t + 2 h + w): the 3-D Haar transform's signs
+    (with the tokenizer's rescales the transform is this matrix over 8, its inverse the matrix itself)."""
+    bits = torch.arange(8)
+    odd = ((bits[:, None] & bits[None, :]).view(8, 8, 1) >> torch.arange(3)) & 1
+    return 1.0 - 2.0 * odd.sum(-1).remainder(2)
+
+
 def _inverse_haar(x: torch.Tensor) -> torch.Tensor:
     """One level of the inverse 3-D Haar transform with the tokenizer's rescale: 8 sub-bands (band b = 4 bt + 2 bh +
     bw, of g channels each) to a clip of 2x the frames, rows and columns; output offset d = 4 dt + 2 dh + dw gets the
     sum over bands of (-1)^popcount(b & d) times the band."""
     b, c8, t, h, w = x.shape
     g = c8 // 8
-    bits = torch.arange(8)
-    signs = 1.0 - 2.0 * (((bits[:, None] & bits[None, :]).view(8, 8, 1) >> torch.arange(3)) & 1).sum(
-        -1
-    ).remainder(2)
-    y = torch.einsum("db,nbgthw->ndgthw", signs.to(x), x.reshape(b, 8, g, t, h, w))
+    y = torch.einsum("db,nbgthw->ndgthw", haar_signs().to(x), x.reshape(b, 8, g, t, h, w))
     y = y.reshape(b, 2, 2, 2, g, t, h, w).permute(0, 4, 5, 1, 6, 2, 7, 3)
     return y.reshape(b, g, 2 * t, 2 * h, 2 * w)
 

@@ -29,7 +29,7 @@ from torch import nn
 from .. import ops
 from ..errors import FormatError
 from .causal_conv import Stream
-from .cosmos import Attention, MidBlock, Norm, Projection, Resnet
+from .cosmos import Attention, MidBlock, Norm, Projection, Resnet, haar_signs
 
 CHUNK_FRAMES = 8  # clip frames a chunk takes after the first (the release's 8x in time: one latent frame)
 
@@ -44,21 +44,14 @@ class EncoderConfig:
 
 
 def encoder_config(sd: dict, path: str, patch: int) -> EncoderConfig:
-    from .cosmos_loading import _count, _shape, patch_of
+    from .cosmos_loading import _shape, patch_of, read_blocks
 
     first = _shape(sd, "encoder.conv_in.conv_s.weight", path)
     if patch_of(sd, "encoder", first[1], path) != patch:
         raise FormatError(f"{path}: the encoder patches {first[1] // 3} values a pixel, the decoder {patch**3}",
                           path=path)  # fmt: skip
-    n = _count(sd, r"encoder\.down_blocks\.(\d+)\.")
-    widths, layers, space, time, attn = [first[0]], [], [], [], []
-    for i in range(n):
-        base = f"encoder.down_blocks.{i}."
-        widths.append(_shape(sd, base + "resnets.0.conv1.conv_s.weight", path)[0])
-        layers.append(_count(sd, rf"encoder\.down_blocks\.{i}\.resnets\.(\d+)\."))
-        space.append(base + "downsamplers.0.conv1.weight" in sd)
-        time.append(base + "downsamplers.0.conv2.weight" in sd)
-        attn.append(base + "attentions.0.to_q.weight" in sd)
+    widths, layers, space, time, attn = read_blocks(sd, "encoder.down_blocks", "downsamplers", path)
+    widths = [first[0], *widths]
     return EncoderConfig(tuple(widths), tuple(layers), tuple(space), tuple(time), tuple(attn))
 
 
@@ -164,13 +157,9 @@ def _haar(x: torch.Tensor) -> torch.Tensor:
     """One level of the 3-D Haar transform with the tokenizer's rescale: band b = 4 bt + 2 bh + bw of g = C channels is
     1/8 of the sum over the 2x2x2 offsets d of (-1)^popcount(b & d) times the pixel at d."""
     b, g, t, h, w = x.shape
-    bits = torch.arange(8)
-    signs = 1.0 - 2.0 * (((bits[:, None] & bits[None, :]).view(8, 8, 1) >> torch.arange(3)) & 1).sum(
-        -1
-    ).remainder(2)
     y = x.reshape(b, g, t // 2, 2, h // 2, 2, w // 2, 2).permute(0, 3, 5, 7, 1, 2, 4, 6).reshape(b, 8, g, t // 2,
                                                                                               h // 2, w // 2)  # fmt: skip
-    y = torch.einsum("bd,ndgthw->nbgthw", signs.to(x) / 8, y)
+    y = torch.einsum("bd,ndgthw->nbgthw", haar_signs().to(x) / 8, y)
     return y.reshape(b, 8 * g, t // 2, h // 2, w // 2)
 
 

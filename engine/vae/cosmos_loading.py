@@ -146,23 +146,27 @@ def _diffusers_config(path: str) -> dict | None:
     return out if isinstance(out, dict) and out.get("_class_name") == "AutoencoderKLCosmos" else None
 
 
+def read_blocks(sd: dict, blocks: str, resampler: str, path: str) -> tuple[list, list, list, list, list]:
+    """Per block of `blocks` (`decoder.up_blocks`, `encoder.down_blocks`): its output width, its resnets, whether its
+    resampler has `conv1` and `conv2` (the decoder's time and space ups; the encoder's space and time downs), and
+    whether it attends."""
+    widths, layers, conv1, conv2, attn = [], [], [], [], []
+    for i in range(_count(sd, re.escape(blocks) + r"\.(\d+)\.")):
+        base = f"{blocks}.{i}."
+        widths.append(_shape(sd, base + "resnets.0.conv1.conv_s.weight", path)[0])
+        layers.append(_count(sd, re.escape(base) + r"resnets\.(\d+)\."))
+        conv1.append(f"{base}{resampler}.0.conv1.weight" in sd)
+        conv2.append(f"{base}{resampler}.0.conv2.weight" in sd)
+        attn.append(base + "attentions.0.to_q.weight" in sd)
+    return widths, layers, conv1, conv2, attn
+
+
 def cosmos_config(sd: dict, path: str, method: str = "haar") -> CosmosConfig:
     """The decoder's config from its (diffusers-named) shapes; the encoder's where the file holds it."""
-    z, mid = (
-        _shape(sd, "decoder.conv_in.conv_s.weight", path)[1],
-        _shape(sd, "decoder.conv_in.conv_s.weight", path)[0],
-    )
-    n = _count(sd, r"decoder\.up_blocks\.(\d+)\.")
-    if n < 1:
+    mid, z = _shape(sd, "decoder.conv_in.conv_s.weight", path)[:2]
+    widths, layers, time, space, attn = read_blocks(sd, "decoder.up_blocks", "upsamplers", path)
+    if not widths:
         raise FormatError(f"{path}: a Cosmos tokenizer decoder without up blocks", path=path)
-    widths, layers, time, space, attn = [], [], [], [], []
-    for i in range(n):
-        base = f"decoder.up_blocks.{i}."
-        widths.append(_shape(sd, base + "resnets.0.conv1.conv_s.weight", path)[0])
-        layers.append(_count(sd, rf"decoder\.up_blocks\.{i}\.resnets\.(\d+)\."))
-        time.append(base + "upsamplers.0.conv1.weight" in sd)
-        space.append(base + "upsamplers.0.conv2.weight" in sd)
-        attn.append(base + "attentions.0.to_q.weight" in sd)
     out = _shape(sd, "decoder.conv_out.conv_t.weight", path)[0]
     p = patch_of(sd, "decoder", out, path)
     bad = [c for c in (mid, *widths) if c % GROUPS]
