@@ -73,13 +73,8 @@ def estimate(req: EstimateDecode) -> DecodeEstimate:
     if direction == "encode" and kind in VIDEO_SPECS:
         kw["widths"] = widths  # the file's own widths: a reduced VAE needs less than the published one
     if direction == "decode":
-        f = (
-            VIDEO_SPECS[kind].downscale
-            if kind in VIDEO_SPECS
-            else IMAGE_SPECS[kind].downscale
-            if kind in IMAGE_SPECS
-            else 8
-        )
+        spec = VIDEO_SPECS.get(kind) or IMAGE_SPECS.get(kind)
+        f = spec.downscale if spec is not None else 8
         width, height = w * f, h * f
         if kind in VIDEO_SPECS:
             t = shape[2] if len(shape) == 5 else 1
