@@ -352,3 +352,74 @@ def _clip(vae, req: Encode, notes: list[str]):
         notes.append(f"encoded the first {n} of {n_in} frames: this VAE takes 1 + {vae.time_factor}k frames")
     x = torch.from_numpy(arr[:n]).permute(3, 0, 1, 2)[None].float().div_(255)
     return x, (head.width, head.height)
+
+
+def audio_component(parts: Parts, req):
+    """LTX-2's audio decoder and vocoder (engine.vae.audio_loading) as the ledger's `audio_vae` component of the
+    file: the one an earlier decode built when it read the same vocoder, else a new one in its place."""
+    from .formats.dtypes import dominant_float_dtype, dtype_name
+    from .model.dtypes import overrides_from_options, place
+    from .model.wrapped import ModuleComponent
+    from .vae.audio_loading import load_audio
+
+    path = os.path.abspath(req.vae)
+    old = parts.loaded.of_file(path).get("audio_vae")
+    if old is not None and getattr(old.module, "vocoder_source", None) == req.vocoder:
+        return old
+    model = load_audio(path, req.vocoder)
+    model.vocoder_source = req.vocoder
+    params = list(model.parameters())
+    file_dtype = dominant_float_dtype(dtype_name(p.dtype) for p in params if p.is_floating_point())
+    size = sum(p.numel() * p.element_size() for p in params)
+    device, kw, report = "cpu", {}, parts.device_report
+    if report is not None:
+        device = report.selected.torch_device
+        kw = dict(overrides_from_options("vae", report.options))
+        kw.setdefault("vram_state", report.vram_state.value)
+        kw.setdefault("info", report.selected)
+        if report.vae_device:
+            kw.setdefault("force_device", report.vae_device)
+    p = place("vae", file_dtype, device, size_bytes=size, **kw)
+    # float32 on every device (engine.vae.audio_loading sets its ops so)
+    comp = ModuleComponent("audio_vae", path, model, device=p.device, storage_dtype=p.storage_dtype,
+                           compute_dtype="float32")  # fmt: skip
+    if old is not None:
+        parts.loaded.remove(path, "audio_vae")
+        parts.residency.unload(old)
+    parts.loaded.add(path, "audio_vae", comp)
+    return comp
+
+
+def decode_audio(parts: Parts, req, token, report):
+    """An audio latent to a waveform: the audio VAE's decoder, then the vocoder, in float32 on the component's device."""
+    import torch
+
+    from . import ops
+    from .formats.latent import read_audio_latent
+    from .jobs import Progress
+    from .requests import AudioResult
+    from .vae.vocoder import activation_bytes
+
+    latent = read_audio_latent(req.latent)  # before loading anything: a bad latent costs nothing
+    comp = audio_component(parts, req)
+    model = comp.module
+    z = model.latent(latent, raw=req.raw)
+    extra = activation_bytes(model, z.shape[0], z.shape[2])
+    parts.residency.load([comp], extra_memory=extra, token=token, report=report)
+    device = torch.device(comp.device)
+    t0 = time.perf_counter()
+    report(Progress("audio decode", 0, 1))
+    with ops.cancel_scope(token), torch.inference_mode():
+        wave = model(z.to(device))
+    token.raise_if_cancelled()
+    notes = list(model.notes)
+    if wave.shape[0] > 1:
+        notes.append(f"the latent holds {wave.shape[0]} clips: the result is the first")
+    samples = wave[0].float().T.contiguous().cpu().numpy().astype("<f4").tobytes()
+    dt = time.perf_counter() - t0
+    report(Progress("audio decode", 1, 1))
+    info = {"device": str(device), "latent_shape": list(latent.shape), "audio_seconds": wave.shape[-1] / model.sample_rate,
+            "vocoder": "bwe" if hasattr(model.vocoder, "bwe_generator") else "hifigan" if model.vocoder.cfg.block != "AMP1" else "bigvgan",
+            "normalised": req.raw is False and model.latent_stats is not None, "notes": notes,
+            "component": comp.name, "estimate_bytes": extra}  # fmt: skip
+    return AudioResult(samples, wave.shape[1], model.sample_rate, frozen(info), dt, req.latent)

@@ -210,6 +210,29 @@ class Decode:
 
 
 @dataclass(frozen=True)
+class DecodeAudio:
+    """An audio latent (LTX-2's: the denoiser's [B, T, 128] tokens or the VAE's [B, 8, T, 16]) through the audio VAE's
+    decoder and the vocoder to a waveform (engine.vae.audio_loading)."""
+
+    vae: str  # the release's checkpoint (audio_vae.* and vocoder.*), or diffusers' audio_vae/ weights
+    latent: str
+    vocoder: str | None = None  # where `vae` holds none (diffusers' vocoder/ is found beside audio_vae/)
+    raw: bool = (
+        False  # the latent is already in the VAE's space (diffusers' output_type="latent"): no un-normalising
+    )
+
+
+@dataclass(frozen=True)
+class AudioResult:
+    samples: bytes  # float32 little-endian, interleaved by channel (frame-major)
+    channels: int
+    sample_rate: int
+    info: MappingProxyType  # device, latent_shape, seconds of audio, notes
+    seconds: float  # the decode's time
+    source: str
+
+
+@dataclass(frozen=True)
 class Encode:
     vae: str
     image: str

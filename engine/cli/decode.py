@@ -20,7 +20,9 @@ DESCRIPTION = (
     "A 5-D video latent (Wan 2.1 / 2.2 VAE) decodes in temporal chunks that carry the causal cache and "
     "writes --out clip.mp4 (H.264), clip.webp (animated), or DIR/ (000000.png, 000001.png, ...); "
     "T latent frames give 1 + 4 (T - 1) frames. LTX-Video's VAE (1 + 8 (T - 1) frames, 32x) decodes each chunk "
-    "with context frames on both sides, its decoder not being causal."
+    "with context frames on both sides, its decoder not being causal. "
+    "An audio latent (LTX-2's) decodes with --out SOUND.wav through the audio VAE and the vocoder of --vae "
+    "(the release's checkpoint holds both)."
 )
 
 
@@ -45,6 +47,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="LTX-Video: mix S of seeded noise into the latent first, as its pipelines do (default 0: none)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="the noise's seed (--decode-noise-scale)")
+    parser.add_argument(
+        "--vocoder", metavar="FILE",
+        help="audio: the vocoder's file, where --vae holds none (diffusers' vocoder/ is found beside audio_vae/)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--audio-latent", metavar="FILE",
+        help="LTX-2: the clip's audio latent, decoded and muxed into the --out .mp4 as AAC",
+    )  # fmt: skip
+    parser.add_argument(
+        "--audio-vae", metavar="FILE",
+        help="the audio VAE of --audio-latent (default --vae: the release's checkpoint holds both)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--raw-latent", action="store_true",
+        help="audio: the latent is already in the VAE's space (diffusers' output_type='latent'), not the denoiser's",
+    )  # fmt: skip
     add_tile_arguments(parser, no_tile=True)
     add_device_arguments(parser)
 
@@ -54,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     from ..formats.video_out import kind_of, write_clip
     from ..requests import Decode
 
+    if kind_of(args.out) == "wav":
+        return _audio(args)
     try:
         shape = latent_info(args.latent).shape  # header only: a bad latent is refused before torch loads
     except FormatError as e:
@@ -62,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     kind = kind_of(args.out)  # a wrong suffix is refused before the decode, not after
     if len(shape) == 4 and kind in ("mp4", "webp"):
         raise EngineError(f"{args.latent} is an image latent {list(shape)}: write a .png or a folder/")
+    if args.audio_latent and kind != "mp4":
+        raise EngineError(f"{args.out}: a clip with sound (--audio-latent) goes to a .mp4")
     engine, _ = engine_for(args)
     try:
         extra = dict(
@@ -71,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
             Decode(args.vae, args.latent, **tiling(args), **extra), report=StderrProgress(args.quiet)
         )
         fps = args.fps or res.fps or 16.0
+        sound = _sound(engine, args) if args.audio_latent else None
         if res.frames:
-            paths = write_clip(args.out, res.frames, res.width, res.height, fps)
+            audio = (sound.samples, sound.channels, sound.sample_rate) if sound is not None else None
+            paths = write_clip(args.out, res.frames, res.width, res.height, fps, audio=audio)
         elif kind == "frames":
             paths = write_clip(args.out, (res.rgb,), res.width, res.height, fps)
         else:
@@ -87,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
         "outputs": paths,
         "size": [res.width, res.height],
         **({"frames": len(res.frames), "fps": fps} if res.frames else {}),
+        **(
+            {"audio_seconds": round(sound.info["audio_seconds"], 3), "sample_rate": sound.sample_rate}
+            if sound
+            else {}
+        ),
         "device": device,
         "seconds": round(res.seconds, 3),
         **info,
@@ -111,8 +140,51 @@ def run(args: argparse.Namespace) -> int:
         )
         for n in info["notes"]:
             print(f"  note: {n}")
+        if sound is not None:
+            print(f"  with {sound.info['audio_seconds']:.2f} s of sound at {sound.sample_rate} Hz (AAC)")
         for p in paths:
             print(f"  wrote {p}")
+    return EXIT_OK
+
+
+def _sound(engine, args: argparse.Namespace):
+    """The clip's sound (--audio-latent) through the audio VAE of --audio-vae or --vae."""
+    from ..requests import DecodeAudio
+
+    req = DecodeAudio(
+        args.audio_vae or args.vae, args.audio_latent, vocoder=args.vocoder, raw=args.raw_latent
+    )
+    return engine.run(req, report=StderrProgress(args.quiet))
+
+
+def _audio(args: argparse.Namespace) -> int:
+    """An audio latent to a WAV file (16-bit PCM at the vocoder's rate)."""
+    from ..formats.audio_out import write_wav
+    from ..requests import DecodeAudio
+
+    engine, _ = engine_for(args)
+    try:
+        req = DecodeAudio(args.audio_vae or args.vae, args.latent, vocoder=args.vocoder, raw=args.raw_latent)
+        res = engine.run(req, report=StderrProgress(args.quiet))
+        write_wav(args.out, res.samples, res.channels, res.sample_rate)
+    finally:
+        engine.close()
+    info = dict(res.info)
+    secs = info["audio_seconds"]
+    result = {"vae": args.vae, "latent": args.latent, "outputs": [args.out], "channels": res.channels,
+              "sample_rate": res.sample_rate, "audio_seconds": round(secs, 3), "device": info["device"],
+              "seconds": round(res.seconds, 3), "latent_shape": info["latent_shape"], "vocoder": info["vocoder"],
+              "normalised": info["normalised"], "estimate_bytes": info["estimate_bytes"], "notes": list(info["notes"])}  # fmt: skip
+    if args.json:
+        print_json(result)
+        return EXIT_OK
+    chans = {1: "mono", 2: "stereo"}.get(res.channels, f"{res.channels} channels")
+    print(f"decoded {tuple(info['latent_shape'])} -> {secs:.2f} s of {chans} at {res.sample_rate} Hz on "
+          f"{info['device']} (float32, {info['vocoder']} vocoder) in {res.seconds:.1f} s; "
+          f"estimate {human_bytes(info['estimate_bytes'])} of working memory")  # fmt: skip
+    for n in info["notes"]:
+        print(f"  note: {n}")
+    print(f"  wrote {args.out}")
     return EXIT_OK
 
 

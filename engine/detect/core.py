@@ -10,6 +10,7 @@ from itertools import repeat
 
 from ..errors import UnsupportedModel
 from . import kinds
+from .audio_vaes import AUDIO_WHAT
 from .diffusion import Backbone, find_backbone
 from .image_vaes import find_hunyuan_image_vaes
 from .keys import KeyIndex, as_key_index
@@ -402,7 +403,9 @@ def _diffusion(ix: KeyIndex, base: dict, b: Backbone, encoders: list[Part], vaes
     claims = [(b.prefix, b.component)]
     for part in encoders + vaes:
         if part.prefix != b.prefix:
-            claims += [(part.prefix, part.component), (container_of(part.prefix), part.component)]
+            # beside a denoiser the checkpoint's "vae" is the picture's: its sound decoders' bytes are "other"
+            comp = "other" if part.what in AUDIO_WHAT else part.component
+            claims += [(part.prefix, comp), (container_of(part.prefix), comp)]
     evidence = list(b.evidence)
     for part in encoders + vaes:
         evidence.extend(part.evidence)

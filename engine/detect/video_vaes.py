@@ -48,6 +48,7 @@ Facts (cited, not copied):
 
 from __future__ import annotations
 
+from .audio_vaes import find_audio_vaes
 from .keys import KeyIndex
 from .parts import Part
 from .result import Evidence
@@ -70,7 +71,7 @@ def _part(
 
 
 def find_video_vaes(ix: KeyIndex) -> list[Part]:
-    parts = _wan(ix) + _conv_wrapped(ix) + _mochi(ix) + _minimax_h3(ix) + _cosmos(ix)
+    parts = _wan(ix) + _conv_wrapped(ix) + _mochi(ix) + _minimax_h3(ix) + _cosmos(ix) + find_audio_vaes(ix)
     seen: set[str] = set()
     return [p for p in parts if not (p.prefix in seen or seen.add(p.prefix))]
 

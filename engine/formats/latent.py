@@ -79,6 +79,34 @@ def read_latent(path: str | os.PathLike):
     return t.clone()  # detach from the file mapping
 
 
+AUDIO_KEYS = ("audio_latent", "latent_tensor", "latent", "samples")
+
+
+def read_audio_latent(path: str | os.PathLike):
+    """An audio latent as float32: `audio_latent` (Loadout's step inputs for LTX-2), ComfyUI's `latent_tensor`,
+    `latent` or `samples`, else the file's one 3-D or 4-D tensor ([B, T, features] tokens or [B, C, T, bins])."""
+    import torch
+
+    h = read_header(path)
+    p = h.path
+    key = next((k for k in AUDIO_KEYS if k in h.tensors), None)
+    if key is None:
+        candidates = [k for k, t in h.tensors.items() if len(t.shape) in (3, 4)]
+        if len(candidates) != 1:
+            raise FormatError(f"{p}: no audio latent in this file (expected `audio_latent`, `latent_tensor`, `latent`, "
+                              f"`samples` or one 3-D / 4-D tensor; found {len(h.tensors)} tensors)", path=p)  # fmt: skip
+        key = candidates[0]
+    t = h.tensors[key]
+    if len(t.shape) not in (3, 4) or 0 in t.shape or t.dtype not in LATENT_DTYPES:
+        raise FormatError(f"{p}: {key!r} is {t.dtype} {list(t.shape)}, not an audio latent ([B, T, features] or "
+                          "[B, C, T, bins] floats)", path=p)  # fmt: skip
+    with SafetensorsFile(path) as f:
+        x = f.tensor(key).float().clone()
+    if not torch.isfinite(x).all():
+        raise FormatError(f"{p}: the audio latent holds NaN or infinite values (a diverged sampler?)", path=p)
+    return x
+
+
 def write_latent(path: str | os.PathLike, tensor, metadata: Mapping[str, str] | None = None) -> None:
     """Write a ComfyUI-compatible `.latent` atomically: `latent_tensor` plus the VAE-space marker."""
     import torch

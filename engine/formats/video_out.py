@@ -18,29 +18,38 @@ from ..errors import EngineError
 from .atomic import atomic_output, atomic_path
 
 VIDEO_SUFFIXES = (".mp4", ".webp")
+# A clip's sound: float32 samples in [-1, 1] interleaved frame by frame, the channel count, the sample rate
+Audio = tuple[bytes, int, int]
 
 
 def kind_of(out: str) -> str:
-    """'frames' for a folder (ends with a slash), 'mp4', 'webp' or 'png' from the suffix."""
+    """'frames' for a folder (ends with a slash), 'mp4', 'webp', 'png' or 'wav' (a sound) from the suffix."""
     if out.endswith(("/", os.sep)):
         return "frames"
     suffix = Path(out).suffix.lower()
-    if suffix in (".mp4", ".webp", ".png"):
+    if suffix in (".mp4", ".webp", ".png", ".wav"):
         return suffix[1:]
-    raise EngineError(f"{out}: write a .png, .mp4, .webp, or a folder ending with '/' for one PNG per frame")
+    raise EngineError(
+        f"{out}: write a .png, .mp4, .webp, a folder ending with '/' for one PNG per frame, or .wav for an audio latent"
+    )
 
 
-def write_clip(out: str, frames: Sequence[bytes], width: int, height: int, fps: float) -> list[str]:
-    """Write `frames` to `out` as its suffix says; returns the paths written."""
+def write_clip(
+    out: str, frames: Sequence[bytes], width: int, height: int, fps: float, audio: Audio | None = None
+) -> list[str]:
+    """Write `frames` to `out` as its suffix says (`audio`, the clip's sound, into an MP4 only); returns the paths
+    written."""
     kind = kind_of(out)
     if not frames:
         raise EngineError("nothing to write: the decode returned no frames")
+    if audio is not None and kind != "mp4":
+        raise EngineError(f"{out}: a clip with sound goes to a .mp4 (its sound alone to a .wav)")
     if kind == "frames":
         return write_png_frames(out, frames, width, height)
     if kind == "webp":
         write_webp(out, frames, width, height, fps)
     elif kind == "mp4":
-        write_mp4(out, frames, width, height, fps)
+        write_mp4(out, frames, width, height, fps, audio=audio)
     else:
         if len(frames) != 1:
             raise EngineError(f"{out}: a clip of {len(frames)} frames goes to a .mp4, a .webp or a folder/")
@@ -89,10 +98,19 @@ def write_webp(path: str, frames: Sequence[bytes], width: int, height: int, fps:
                        loop=0, lossless=True)  # fmt: skip
 
 
-def write_mp4(path: str, frames: Sequence[bytes], width: int, height: int, fps: float, crf: int = 18) -> None:
+def write_mp4(
+    path: str,
+    frames: Sequence[bytes],
+    width: int,
+    height: int,
+    fps: float,
+    crf: int = 18,
+    audio: Audio | None = None,
+) -> None:
     """H.264 in MP4 (yuv420p, so every player takes it: odd sizes are padded by one pixel, as H.264's
-    4:2:0 chroma needs even ones). FFmpeg writes a temporary file by its path (not through a Python file
-    object: PyAV's Python-IO bridge leaves buffers for the garbage collector), renamed into place."""
+    4:2:0 chroma needs even ones), with `audio` as an AAC track beside it. FFmpeg writes a temporary file by its
+    path (not through a Python file object: PyAV's Python-IO bridge leaves buffers for the garbage collector),
+    renamed into place."""
     from fractions import Fraction
 
     import av
@@ -103,6 +121,9 @@ def write_mp4(path: str, frames: Sequence[bytes], width: int, height: int, fps: 
         stream = box.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
         stream.width, stream.height, stream.pix_fmt = ew, eh, "yuv420p"
         stream.options = {"crf": str(crf)}
+        sound = (
+            _audio_stream(box, audio[1], audio[2]) if audio is not None else None
+        )  # before the header is written
         for rgb in frames:
             a = np.frombuffer(rgb, dtype=np.uint8).reshape(height, width, 3)
             if (ew, eh) != (width, height):
@@ -111,3 +132,24 @@ def write_mp4(path: str, frames: Sequence[bytes], width: int, height: int, fps: 
                 box.mux(packet)
         for packet in stream.encode():
             box.mux(packet)
+        if sound is not None:
+            _mux_audio(box, sound, audio[0], audio[1], audio[2])
+
+
+def _audio_stream(box, channels: int, rate: int):
+    layout = {1: "mono", 2: "stereo"}.get(channels)
+    if layout is None:
+        raise EngineError(f"{channels} audio channels: an MP4's sound here is mono or stereo")
+    return box.add_stream("aac", rate=rate, layout=layout)
+
+
+def _mux_audio(box, stream, samples: bytes, channels: int, rate: int) -> None:
+    """AAC (FFmpeg's encoder, which frames the samples itself) of planar float samples."""
+    import av
+    import numpy as np
+
+    planar = np.frombuffer(samples, dtype="<f4").reshape(-1, channels).T.copy()
+    frame = av.AudioFrame.from_ndarray(planar, format="fltp", layout=stream.layout.name)
+    frame.sample_rate, frame.pts = rate, 0
+    for packet in (*stream.encode(frame), *stream.encode()):
+        box.mux(packet)

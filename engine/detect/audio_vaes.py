@@ -1,0 +1,77 @@
+"""LTX-2's sound decoders, from the headers: its audio VAE (a 2-D LDM-style decoder over mel spectrograms whose
+convolutions are causal, wrapped as `conv.`) and its vocoder (HiFi-GAN for LTX-2.0, BigVGAN v2 with a bandwidth
+extender for LTX-2.3). The release's checkpoint keeps them as `audio_vae.` and `vocoder.`; diffusers' folders
+`audio_vae/` (AutoencoderKLLTX2Audio) and `vocoder/` (LTX2Vocoder, LTX2VocoderWithBWE: `conv_in`, `upsamplers`,
+`resnets`). Facts from diffusers `autoencoder_kl_ltx2_audio.py`, `pipelines/ltx2/vocoder.py` and
+`convert_ltx2_to_diffusers.py`; engine.vae.audio_loading decodes them.
+
+A part's component is "vae" (a file of its own is all audio VAE, or all vocoder); beside a denoiser the checkpoint's
+"vae" is its video VAE, so engine.detect.core claims these bytes as "other" there (DESIGN's component names).
+"""
+
+from __future__ import annotations
+
+from .keys import KeyIndex
+from .parts import Part
+from .result import Evidence
+
+AUDIO_WHAT = ("audio VAE", "vocoder")
+# The released vocoders' upsampler kernels (diffusers convert_ltx2_to_diffusers): LTX-2.0's HiFi-GAN; LTX-2.3's BigVGAN
+RELEASE_KERNELS = {(16, 15, 8, 4, 4): "LTX-2.0's HiFi-GAN vocoder (24 kHz)",
+                   (11, 4, 4, 4, 4, 4): "LTX-2.3's BigVGAN v2 vocoder (16 kHz, then its bandwidth extender: 48 kHz)"}  # fmt: skip
+
+
+def _part(ix: KeyIndex, p: str, arch: str | None, z: int | None, key: str, why: str, what: str) -> Part:
+    return Part(p, "vae", what, channels=z, architecture=arch, evidence=[Evidence(key, ix.shape(key), why)])
+
+
+def find_audio_vaes(ix: KeyIndex) -> list[Part]:
+    out = []
+    for p in ix.prefixes_for("decoder.up.0.block.0.conv1.conv.weight"):
+        key = p + "decoder.conv_in.conv.weight"
+        shape = ix.shape(key)
+        if shape is None or len(shape) != 4:
+            continue
+        z = shape[1]
+        levels = ix.count_blocks(p + "decoder.up.")
+        why = (f"a mel-spectrogram decoder of causal 2-D convolutions from {z} latent channels, {levels} levels "
+               "→ LTX-2's audio VAE")  # fmt: skip
+        out.append(
+            _part(ix, p, "ltx2" if z == 8 else None, z, key, why if z == 8 else why + " layout", "audio VAE")
+        )
+    roots: dict[str, tuple[str, str]] = {}
+    for head, ups in (("conv_pre.weight", "ups.0.weight"), ("conv_in.weight", "upsamplers.0.weight")):
+        for p in ix.prefixes_for(head):
+            if not ix.has(p + ups) or ix.has(
+                _parent(p) + "dec_in_proj.weight"
+            ):  # MiniMax-H3's BigVGAN decoder
+                continue
+            pair = p.endswith(("bwe_generator.", "vocoder.")) and ix.has(_parent(p) + "bwe_generator." + head)
+            roots.setdefault(_parent(p) if pair else p, (head, ups))
+    for root, (head, ups) in roots.items():
+        pair = ix.has(root + "bwe_generator." + head)
+        first = root + ("vocoder." if pair else "")
+        kernels = []
+        while ix.has(f"{first}{ups[: -len('0.weight')]}{len(kernels)}.weight"):
+            kernels.append(ix.dim(f"{first}{ups[: -len('0.weight')]}{len(kernels)}.weight", 2))
+        key = first + head
+        mel = ix.dim(key, 1)
+        known = RELEASE_KERNELS.get(tuple(kernels))
+        kind = "BigVGAN v2" if any(".act.alpha" in k for k in ix.with_prefix(first)) else "HiFi-GAN"
+        why = f"a {kind} vocoder: {mel} mel features into upsamplers of kernels {kernels}"
+        why += " and a bandwidth extender" if pair else ""
+        good = (
+            known is not None and mel == 128 and pair == (kernels[0] == 11)
+        )  # 2.3's is the one with an extender
+        out.append(
+            _part(
+                ix, root, "ltx2" if good else None, None, key, f"{why} → {known}" if good else why, "vocoder"
+            )
+        )
+    return out
+
+
+def _parent(p: str) -> str:
+    """`a.b.` -> `a.`; `b.` -> ``."""
+    head = p[:-1].rpartition(".")[0]
+    return head + "." if head else ""

@@ -1,0 +1,266 @@
+"""LTX-2's sound: the audio VAE's decoder and the vocoders (engine.vae.audio_loading) against diffusers'
+AutoencoderKLLTX2Audio, LTX2Vocoder (LTX-2.0's HiFi-GAN) and LTX2VocoderWithBWE (LTX-2.3's BigVGAN v2 and bandwidth
+extender) on the same weights, in Lightricks' single-file names and diffusers' folders; `loadout decode --out X.wav`;
+detection of the release layouts."""
+
+from __future__ import annotations
+
+import json
+import math
+import wave
+
+import pytest
+import torch
+
+from engine.errors import FormatError
+from engine.formats.safetensors import save_tensors, write_sparse
+from engine.vae.audio_loading import load_audio
+
+diffusers = pytest.importorskip("diffusers")
+from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder, LTX2VocoderWithBWE  # noqa: E402
+
+# base 128 (the release's, so the latent statistics are its 128 values), narrower levels than its (1, 2, 4)
+AUDIO = dict(base_channels=128, ch_mult=(1, 1, 2))
+VOCODERS = {"2.0": lambda: LTX2Vocoder(hidden_channels=64), "2.3": lambda: LTX2VocoderWithBWE(hidden_channels=64, bwe_hidden_channels=32)}  # fmt: skip
+RATES = {"2.0": 24000, "2.3": 48000}
+
+
+def _randomised(m: torch.nn.Module, seed: int) -> torch.nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            p.copy_(0.3 * r if n.endswith(("alpha", "beta")) else r * (0.7 / math.sqrt(p[0].numel())))
+        for n, b in m.named_buffers():
+            if n.endswith("latents_mean"):
+                b.copy_(torch.randn(b.shape, generator=g))
+            elif n.endswith("latents_std"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g))
+            elif n.endswith("mel_basis"):
+                b.copy_(0.05 * torch.rand(b.shape, generator=g))
+            elif n.endswith(("forward_basis", "inverse_basis")):
+                b.copy_(0.05 * torch.randn(b.shape, generator=g))
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    vae = _randomised(diffusers.AutoencoderKLLTX2Audio(**AUDIO), 0)
+    return vae, {v: _randomised(make(), 1) for v, make in VOCODERS.items()}
+
+
+def _lightricks_vocoder(sd: dict) -> dict:
+    """diffusers' vocoder names as the release's (the reverse of convert_ltx2_to_diffusers' vocoder renames, written
+    out per name here)."""
+    names = {"upsamplers": "ups", "resnets": "resblocks", "conv_in": "conv_pre", "conv_out": "conv_post", "act_out": "act_post"}  # fmt: skip
+    out = {}
+    for k, v in sd.items():
+        seg = [names.get(s, s) for s in k.split(".")]
+        if seg[-2:] == ["downsample", "filter"]:
+            seg = [*seg[:-1], "lowpass", "filter"]
+        out[".".join(seg)] = v
+    return out
+
+
+def _single_file(vae, voc, path, drop_filters: bool = False):
+    """The release's checkpoint layout: `audio_vae.` (statistics as `per_channel_statistics.*-of-means`) and
+    `vocoder.`."""
+    sd = {}
+    for k, v in vae.state_dict().items():
+        k = k.replace("latents_mean", "per_channel_statistics.mean-of-means")
+        sd["audio_vae." + k.replace("latents_std", "per_channel_statistics.std-of-means")] = v
+    for k, v in _lightricks_vocoder(voc.state_dict()).items():
+        if not (drop_filters and k.endswith(".filter")):
+            sd["vocoder." + k] = v
+    save_tensors(path, {k: v.contiguous() for k, v in sd.items()})
+    return path
+
+
+def _reference(vae, voc, z: torch.Tensor) -> torch.Tensor:
+    """diffusers' pipeline (pipeline_ltx2): denormalise the packed latent, decode the mel, run the vocoder."""
+    b, c, t, f = z.shape
+    packed = z.transpose(1, 2).flatten(2, 3)
+    packed = packed * vae.latents_std + vae.latents_mean
+    with torch.no_grad():
+        return voc(vae.decode(packed.unflatten(2, (c, f)).transpose(1, 2)).sample)
+
+
+def _z(t: int = 12, seed: int = 3) -> torch.Tensor:
+    return torch.randn(1, 8, t, 16, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("version", ["2.0", "2.3"])
+@pytest.mark.parametrize("naming", ["lightricks", "diffusers"])
+def test_decode_matches_diffusers(models, version, naming, tmp_path):
+    vae, vocs = models
+    voc = vocs[version]
+    if naming == "lightricks":  # LTX-2.3's without its anti-aliasing filters: computed as BigVGAN's
+        path = _single_file(vae, voc, tmp_path / "ltx-2.safetensors", drop_filters=version == "2.3")
+    else:
+        vae.save_pretrained(tmp_path / "audio_vae")
+        voc.save_pretrained(tmp_path / "vocoder")
+        path = tmp_path / "audio_vae" / "diffusion_pytorch_model.safetensors"
+    m = load_audio(str(path))
+    assert m.sample_rate == RATES[version]
+    z = _z()
+    ref = _reference(vae, voc, z)
+    with torch.no_grad():
+        ours = m(m.latent(z))
+        tokens = m(m.latent(z.transpose(1, 2).flatten(2, 3)))  # the denoiser's [B, T, 128] tokens
+    assert ours.shape == ref.shape == (1, 2, (4 * 12 - 3) * RATES[version] // 100)
+    scale = ref.abs().max()
+    assert scale > 1e-3
+    assert (ours - ref).abs().max() <= 1e-5 * scale
+    assert torch.equal(ours, tokens)
+
+
+def test_a_raw_latent_skips_the_statistics(models, tmp_path):
+    vae, vocs = models
+    m = load_audio(str(_single_file(vae, vocs["2.0"], tmp_path / "a.safetensors")))
+    z = _z(6)
+    with torch.no_grad():
+        raw = m(m.latent(z, raw=True))
+        ref = vocs["2.0"](vae.decode(z).sample)
+    assert (raw - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_the_cli_writes_a_wav(models, tmp_path, capsys):
+    from engine.cli import main
+
+    vae, vocs = models
+    path = _single_file(vae, vocs["2.3"], tmp_path / "ltx-2.3.safetensors")
+    z = _z(10)
+    save_tensors(tmp_path / "in.safetensors", {"audio_latent": z.transpose(1, 2).flatten(2, 3).contiguous()})
+    out = tmp_path / "sound.wav"
+    args = [
+        "decode",
+        "--vae",
+        str(path),
+        "--latent",
+        str(tmp_path / "in.safetensors"),
+        "--out",
+        str(out),
+        "--json",
+    ]
+    assert main(args) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert (res["sample_rate"], res["channels"], res["vocoder"], res["normalised"]) == (48000, 2, "bwe", True)
+    with wave.open(str(out)) as w:
+        assert (w.getnchannels(), w.getframerate(), w.getsampwidth()) == (2, 48000, 2)
+        frames = w.readframes(w.getnframes())
+    ref = _reference(vae, vocs["2.3"], z)[0]
+    pcm = torch.frombuffer(bytearray(frames), dtype=torch.int16).reshape(-1, 2).T.float() / 32767
+    assert pcm.shape == ref.shape and (pcm - ref.clamp(-1, 1)).abs().max() <= 1.5 / 32767
+    assert res["audio_seconds"] == pytest.approx(ref.shape[-1] / 48000, abs=1e-3)
+
+
+def test_what_is_missing_is_said(models, tmp_path):
+    vae, vocs = models
+    sd = {"audio_vae." + k: v.contiguous() for k, v in vae.state_dict().items()}
+    save_tensors(tmp_path / "no_vocoder.safetensors", sd)
+    with pytest.raises(FormatError, match="no vocoder.*--vocoder"):
+        load_audio(str(tmp_path / "no_vocoder.safetensors"))
+    vocs["2.0"].save_pretrained(tmp_path / "v")
+    m = load_audio(
+        str(tmp_path / "no_vocoder.safetensors"), str(tmp_path / "v" / "diffusion_pytorch_model.safetensors")
+    )
+    assert m.sample_rate == 24000
+    save_tensors(tmp_path / "image_vae.safetensors", {"decoder.conv_in.weight": torch.zeros(4, 4, 3, 3)})
+    with pytest.raises(FormatError, match="no LTX-2 audio VAE"):
+        load_audio(str(tmp_path / "image_vae.safetensors"))
+    bwe = _lightricks_vocoder(vocs["2.3"].state_dict())
+    sd.update({"vocoder." + k: v.contiguous() for k, v in bwe.items() if "mel_basis" not in k})
+    save_tensors(tmp_path / "no_mels.safetensors", sd)
+    with pytest.raises(FormatError, match="mel basis"):
+        load_audio(str(tmp_path / "no_mels.safetensors"))
+
+
+def _release_rows(version: str) -> dict:
+    """LTX-2's audio VAE and vocoder as the release's checkpoint holds them: shapes of diffusers' classes at the
+    releases' configs (their defaults: diffusers convert_ltx2_to_diffusers), the release's names."""
+    with torch.device("meta"):
+        vae = diffusers.AutoencoderKLLTX2Audio()
+        voc = LTX2Vocoder() if version == "2.0" else LTX2VocoderWithBWE()
+    rows = {}
+    for k, v in vae.state_dict().items():
+        k = k.replace("latents_mean", "per_channel_statistics.mean-of-means")
+        rows["audio_vae." + k.replace("latents_std", "per_channel_statistics.std-of-means")] = tuple(v.shape)
+    rows.update({"vocoder." + k: tuple(v.shape) for k, v in _lightricks_vocoder(voc.state_dict()).items()})
+    return rows
+
+
+@pytest.mark.parametrize("version", ["2.0", "2.3"])
+def test_the_release_layouts_are_detected_and_decode(version, tmp_path):
+    """Header-faithful: alone, the sound decoders are an LTX-2 VAE file; beside the transformer (the release's
+    checkpoint) their bytes are "other", with their evidence. The sparse file builds the release's modules and runs."""
+    from layouts_2026.common import meta_shapes
+    from layouts_2026.video import LTX2_CONNECTORS, LTX2_TRANSFORMER, ltx2_release
+
+    from engine.detect import detect_file
+
+    audio = _release_rows(version)
+    alone = write_sparse(tmp_path / "audio.safetensors", [(k, "BF16", s) for k, s in audio.items()])
+    d = detect_file(str(alone))
+    assert (d.kind, d.architecture) == ("vae", "ltx2")
+    reasons = " ".join(e.reason for e in d.evidence)
+    assert (
+        "LTX-2's audio VAE" in reasons
+        and ("LTX-2.0's HiFi-GAN" if version == "2.0" else "LTX-2.3's BigVGAN") in reasons
+    )
+    m = load_audio(str(alone))
+    cfg = m.audio_vae.decoder.cfg
+    assert (cfg.z, cfg.top, cfg.ups, cfg.norm, cfg.out_ch) == (8, 512, 2, "pixel", 2)
+    assert m.sample_rate == RATES[version]
+    with torch.no_grad():
+        wav = m(m.latent(torch.zeros(1, 8, 2, 16)))
+    assert wav.shape == (1, 2, 5 * RATES[version] // 100)
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+
+    transformer = meta_shapes(diffusers.LTX2VideoTransformer3DModel, **LTX2_TRANSFORMER[version])
+    rows = {**ltx2_release(transformer, meta_shapes(LTX2TextConnectors, **LTX2_CONNECTORS[version])), **audio}
+    ckpt = write_sparse(tmp_path / "ckpt.safetensors", [(k, "BF16", s) for k, s in rows.items()])
+    d = detect_file(str(ckpt))
+    assert (d.kind, d.architecture) == ("checkpoint", "ltx2")
+    assert d.components["other"].tensors >= len(audio)
+    assert any("vocoder" in e.reason for e in d.evidence)
+
+
+def test_a_clip_with_its_sound_in_one_mp4(models, tmp_path, capsys):
+    """The release's checkpoint layout (video VAE under `vae.`, audio VAE, vocoder, Lightricks' metadata): `loadout
+    decode --latent VIDEO --audio-latent AUDIO --out clip.mp4` writes the frames and an AAC track of the sound."""
+    import av
+    from safetensors.torch import save_file
+
+    from engine.cli import main
+    from engine.formats.latent import write_latent
+    from tests.engine.test_vae_ltx import _reference as video_reference
+    from tests.engine.test_vae_ltx23 import LTX23, META, _lightricks
+
+    vae, vocs = models
+    video = video_reference(LTX23, cls=diffusers.AutoencoderKLLTX2Video)
+    _single_file(vae, vocs["2.3"], tmp_path / "audio.safetensors")
+    from safetensors.torch import load_file
+
+    sd = load_file(tmp_path / "audio.safetensors")
+    sd.update(_lightricks({k: v.contiguous() for k, v in video.state_dict().items()}))  # its keys: `vae.*`
+    save_file(sd, tmp_path / "ltx-2.3.safetensors", {"config": json.dumps(META)})
+    write_latent(
+        tmp_path / "v.latent", torch.randn(1, 16, 2, 2, 2, generator=torch.Generator().manual_seed(5))
+    )
+    save_tensors(
+        tmp_path / "a.safetensors", {"audio_latent": _z(8).transpose(1, 2).flatten(2, 3).contiguous()}
+    )
+    out = tmp_path / "clip.mp4"
+    args = ["decode", "--vae", str(tmp_path / "ltx-2.3.safetensors"), "--latent", str(tmp_path / "v.latent"),
+            "--audio-latent", str(tmp_path / "a.safetensors"), "--out", str(out), "--json"]  # fmt: skip
+    assert main(args) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["frames"] == 9 and res["sample_rate"] == 48000 and res["audio_seconds"] == pytest.approx(0.29)
+    with av.open(str(out)) as box:
+        kinds = {s.type: s for s in box.streams}
+        assert kinds["audio"].codec_context.name == "aac" and kinds["audio"].rate == 48000
+        assert kinds["audio"].codec_context.channels == 2
+        got = sum(f.samples for f in box.decode(audio=0))
+    assert abs(got - 0.29 * 48000) <= 2048  # the AAC encoder's priming and last frame
+    assert main([*args[:-3], "--out", str(tmp_path / "clip.webp")]) != 0
+    assert "goes to a .mp4" in capsys.readouterr().err
