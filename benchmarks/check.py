@@ -79,6 +79,7 @@ FULL = (
     Bench(("bench_vae_video.py", "--long"), repeat="--repeat"),
     Bench(("bench_vae_vit.py",), repeat="--repeat"),  # MiniMax-H3's ViT VAE against diffusers' decode
     Bench(("bench_vae_encode.py",), repeat="--repeat"),  # a video encode's estimate against its peak
+    Bench(("bench_audio.py",), repeat="--repeat"),  # LTX-2's sound decode against diffusers' (1 min a round)
     Bench(
         ("bench_vae.py", "--ch", "128", "--big", "0", "--skip-taef2", "--skip-small-tiles"), repeat="--repeat"
     ),

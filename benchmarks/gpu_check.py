@@ -262,6 +262,51 @@ def cosmos_vae(device: str, dim: int) -> None:
          psnr_vs_ours=round(_psnr01(theirs, ours), 2) if math.isfinite(_psnr01(theirs, ours)) else None)  # fmt: skip
 
 
+def audio(device: str, seconds: float) -> None:
+    """LTX-2's sound at the releases' widths (bench_audio's random weights, bf16 in the file): Loadout's audio decoder
+    and vocoder in float32 against diffusers' classes in float32 on the same weights -- seconds, peak, difference."""
+    import tempfile
+
+    import torch
+    from bench_audio import _release_file
+
+    from engine.vae.audio_loading import load_audio
+
+    cuda = device == "cuda"
+    z = torch.randn(1, 8, round(25 * seconds), 16, generator=torch.Generator().manual_seed(1))
+    for version in ("2.0", "2.3"):
+        with tempfile.TemporaryDirectory() as d:
+            path, vae, voc = _release_file(version, Path(d))
+            ours = load_audio(str(path)).to(device)
+            out = {}
+            for who, fn in (
+                ("loadout", lambda x: ours(ours.latent(x))),
+                ("diffusers", lambda x: voc(vae.decode(x).sample)),
+            ):
+                if who == "diffusers":
+                    vae, voc = vae.to(device), voc.to(device)
+                for _ in range(2):  # the first pays for kernel selection
+                    if cuda:
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats()
+                    base = torch.cuda.memory_allocated() if cuda else 0
+                    t0 = time.perf_counter()
+                    with torch.inference_mode():
+                        wav = fn(z.to(device))
+                    if cuda:
+                        torch.cuda.synchronize()
+                    dt = time.perf_counter() - t0
+                out[who] = wav.float().cpu()
+                emit(check=f"audio ltx-{version} {seconds:g} s {who}", device=device, seconds=round(dt, 3),
+                     peak_bytes=torch.cuda.max_memory_allocated() - base if cuda else None,
+                     sample_rate=ours.sample_rate)  # fmt: skip
+            emit(
+                check=f"audio ltx-{version} max_abs_diff",
+                value=float((out["loadout"] - out["diffusers"]).abs().max()),
+            )
+            del ours, vae, voc
+
+
 def _psnr01(a, b) -> float:
     import math
 
@@ -504,7 +549,8 @@ def main() -> None:
         default="sd15,flux,wan,wan_narrow,wan_i2v,z_image,flux2,lumina2,qwen_image,auraflow,hunyuan_video,hunyuan_video15,ltxv,cosmos,krea2,pixart,hidream,qwen_image21,flux3,hunyuan_dit,mochi,stable_cascade_c,minimax_h3,ernie_image,kandinsky5,longcat_image,ovis_image,prx,joyimage,glm_image,ideogram4,bria,bria_fibo,motif_video",
         help="denoisers to step (bench_step's families)",
     )
-    ap.add_argument("--sections", default="tests,video,cosmos,kl,gn,step", help="which checks run")
+    ap.add_argument("--sections", default="tests,video,cosmos,audio,kl,gn,step", help="which checks run")
+    ap.add_argument("--audio-seconds", type=float, default=10.0, help="seconds of LTX-2 sound to decode")
     ap.add_argument(
         "--cosmos-dim", type=int, default=128, help="Cosmos tokenizer's width (128: the release's)"
     )
@@ -522,6 +568,8 @@ def main() -> None:
         video_vae(a.device, a.dim)
     if "cosmos" in sections:
         cosmos_vae(a.device, a.cosmos_dim)
+    if "audio" in sections:
+        audio(a.device, a.audio_seconds)
     if "kl" in sections:
         kl_vae(a.device, a.kl_ch, [int(v) for v in a.kl_sizes.split(",")])
     if "gn" in sections:
