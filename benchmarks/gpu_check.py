@@ -274,37 +274,33 @@ def audio(device: str, seconds: float) -> None:
 
     cuda = device == "cuda"
     z = torch.randn(1, 8, round(25 * seconds), 16, generator=torch.Generator().manual_seed(1))
+
+    def timed(fn) -> tuple[torch.Tensor, float, int | None]:
+        for _ in range(2):  # the first pays for kernel selection
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated() if cuda else 0
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                wav = fn(z.to(device))
+            if cuda:
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+        return wav.float().cpu(), dt, torch.cuda.max_memory_allocated() - base if cuda else None
+
     for version in ("2.0", "2.3"):
         with tempfile.TemporaryDirectory() as d:
             path, vae, voc = _release_file(version, Path(d))
-            ours = load_audio(str(path)).to(device)
-            out = {}
-            for who, fn in (
-                ("loadout", lambda x: ours(ours.latent(x))),
-                ("diffusers", lambda x: voc(vae.decode(x).sample)),
-            ):
-                if who == "diffusers":
-                    vae, voc = vae.to(device), voc.to(device)
-                for _ in range(2):  # the first pays for kernel selection
-                    if cuda:
-                        torch.cuda.synchronize()
-                        torch.cuda.reset_peak_memory_stats()
-                    base = torch.cuda.memory_allocated() if cuda else 0
-                    t0 = time.perf_counter()
-                    with torch.inference_mode():
-                        wav = fn(z.to(device))
-                    if cuda:
-                        torch.cuda.synchronize()
-                    dt = time.perf_counter() - t0
-                out[who] = wav.float().cpu()
-                emit(check=f"audio ltx-{version} {seconds:g} s {who}", device=device, seconds=round(dt, 3),
-                     peak_bytes=torch.cuda.max_memory_allocated() - base if cuda else None,
-                     sample_rate=ours.sample_rate)  # fmt: skip
-            emit(
-                check=f"audio ltx-{version} max_abs_diff",
-                value=float((out["loadout"] - out["diffusers"]).abs().max()),
-            )
-            del ours, vae, voc
+            mine = load_audio(str(path)).to(device)
+            a, dt, peak = timed(lambda x, m=mine: m(m.latent(x)))
+            emit(check=f"audio ltx-{version} {seconds:g} s loadout", device=device, seconds=round(dt, 3),
+                 peak_bytes=peak, sample_rate=mine.sample_rate)  # fmt: skip
+            del mine
+            vae, voc = vae.to(device), voc.to(device)
+            b, dt, peak = timed(lambda x, v=vae, w=voc: w(v.decode(x).sample))
+            emit(check=f"audio ltx-{version} {seconds:g} s diffusers", device=device, seconds=round(dt, 3),
+                 peak_bytes=peak, max_abs_diff=float((a - b).abs().max()))  # fmt: skip
 
 
 def _psnr01(a, b) -> float:

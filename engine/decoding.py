@@ -355,8 +355,9 @@ def _clip(vae, req: Encode, notes: list[str]):
 
 
 def audio_component(parts: Parts, req):
-    """LTX-2's audio decoder and vocoder (engine.vae.audio_loading) as the ledger's `audio_vae` component of the
-    file: the one an earlier decode built when it read the same vocoder, else a new one in its place."""
+    """The file's sound decoder (engine.vae.audio_loading: LTX-2's audio VAE decoder and vocoder, MiniMax-H3's audio
+    VAE decoder) as the ledger's `audio_vae` component of the file: the one an earlier decode built when it read the
+    same vocoder, else a new one in its place."""
     from .formats.dtypes import dominant_float_dtype, dtype_name
     from .model.dtypes import overrides_from_options, place
     from .model.wrapped import ModuleComponent
@@ -398,13 +399,12 @@ def decode_audio(parts: Parts, req, token, report):
     from .formats.latent import read_audio_latent
     from .jobs import Progress
     from .requests import AudioResult
-    from .vae.vocoder import activation_bytes
 
     latent = read_audio_latent(req.latent)  # before loading anything: a bad latent costs nothing
     comp = audio_component(parts, req)
     model = comp.module
     z = model.latent(latent, raw=req.raw)
-    extra = activation_bytes(model, z.shape[0], z.shape[2])
+    extra = model.working_bytes(z)
     parts.residency.load([comp], extra_memory=extra, token=token, report=report)
     device = torch.device(comp.device)
     t0 = time.perf_counter()
@@ -419,7 +419,7 @@ def decode_audio(parts: Parts, req, token, report):
     dt = time.perf_counter() - t0
     report(Progress("audio decode", 1, 1))
     info = {"device": str(device), "latent_shape": list(latent.shape), "audio_seconds": wave.shape[-1] / model.sample_rate,
-            "vocoder": "bwe" if hasattr(model.vocoder, "bwe_generator") else "hifigan" if model.vocoder.cfg.block != "AMP1" else "bigvgan",
+            "vocoder": model.describe(),
             "normalised": req.raw is False and model.latent_stats is not None, "notes": notes,
             "component": comp.name, "estimate_bytes": extra}  # fmt: skip
     return AudioResult(samples, wave.shape[1], model.sample_rate, frozen(info), dt, req.latent)

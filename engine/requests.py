@@ -211,10 +211,10 @@ class Decode:
 
 @dataclass(frozen=True)
 class DecodeAudio:
-    """An audio latent (LTX-2's: the denoiser's [B, T, 128] tokens or the VAE's [B, 8, T, 16]) through the audio VAE's
-    decoder and the vocoder to a waveform (engine.vae.audio_loading)."""
+    """An audio latent through an audio VAE's decoder (and vocoder) to a waveform (engine.vae.audio_loading): LTX-2's
+    (the denoiser's [B, T, 128] tokens or the VAE's [B, 8, T, 16]) or MiniMax-H3's ([B, N, 32] stereo rows)."""
 
-    vae: str  # the release's checkpoint (audio_vae.* and vocoder.*), or diffusers' audio_vae/ weights
+    vae: str  # LTX-2's checkpoint (audio_vae.* and vocoder.*), or diffusers' audio_vae/ weights
     latent: str
     vocoder: str | None = None  # where `vae` holds none (diffusers' vocoder/ is found beside audio_vae/)
     raw: bool = (

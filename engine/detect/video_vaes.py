@@ -38,7 +38,7 @@ Facts (cited, not copied):
   other family's decoder; its audio VAE (AutoencoderKLMiniMaxH3Audio, `autoencoder_kl_minimax_h3_audio.py`):
   `dec_in_proj` from z 32 into a BigVGAN waveform decoder (`decoder.conv_pre`, `decoder.ups`). Diffusers naming
   only (its single-file converter has no VAE entry); the video VAE decodes (engine.vae.minimax_h3), the audio
-  VAE is detected only.
+  VAE too (engine.vae.minimax_h3_audio).
 * Cosmos-Tokenize1 (diffusers AutoencoderKLCosmos, `autoencoder_kl_cosmos.py`; NVIDIA's names in diffusers'
   `convert_cosmos_to_diffusers.py` VAE_KEYS_RENAME_DICT): factorized convolutions (`conv_in.conv_s` 1x3x3 then
   `conv_in.conv_t` 3x1x1; NVIDIA's `conv_in.0.conv3d` / `.1.conv3d`), a middle block with an attention over pixels and

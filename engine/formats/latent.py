@@ -79,11 +79,13 @@ def read_latent(path: str | os.PathLike):
     return t.clone()  # detach from the file mapping
 
 
-AUDIO_KEYS = ("audio_latent", "latent_tensor", "latent", "samples")
+# LTX-2's and MiniMax-H3's names for the audio latent in a `step` inputs file, then the latent files' names
+AUDIO_KEYS = ("audio_latent", "audio_hidden_states", "latent_tensor", "latent", "samples")
 
 
 def read_audio_latent(path: str | os.PathLike):
-    """An audio latent as float32: `audio_latent` (Loadout's step inputs for LTX-2), ComfyUI's `latent_tensor`,
+    """An audio latent as float32: `audio_latent` / `audio_hidden_states` (`step` inputs of LTX-2 / MiniMax-H3),
+    ComfyUI's `latent_tensor`,
     `latent` or `samples`, else the file's one 3-D or 4-D tensor ([B, T, features] tokens or [B, C, T, bins])."""
     import torch
 

@@ -27,6 +27,7 @@ from torch import nn
 
 from .. import ops
 from ..errors import FormatError
+from . import minimax_h3_audio
 from .ltx2_audio import AXES, AudioDecoder, AudioDecoderConfig, Block, denormalise, unpack
 from .vocoder import (
     DILATIONS,
@@ -36,6 +37,7 @@ from .vocoder import (
     VocoderConfig,
     VocoderWithBWE,
     fill_filters,
+    stage_bytes,
 )
 
 _MEAN = ("per_channel_statistics.mean-of-means", "latents_mean")
@@ -86,6 +88,29 @@ class LTX2Audio(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """VAE-space latent [B, z, T, bins] -> waveform [B, channels, samples] in [-1, 1]."""
         return self.vocoder(self.audio_vae.decoder(z))
+
+    def describe(self) -> str:
+        """The vocoder, for the result: hifigan (LTX-2.0), bigvgan, or bwe (LTX-2.3's BigVGAN and extender)."""
+        if isinstance(self.vocoder, VocoderWithBWE):
+            return "bwe"
+        return "bigvgan" if self.vocoder.cfg.block == "AMP1" else "hifigan"
+
+    def working_bytes(self, z: torch.Tensor) -> int:
+        """A decode's float32 working memory: the decoder's finest level (~4 maps of width x mel frames x bins) or the
+        vocoder's widest stage, whichever is larger; the extender's stage from the first stage's waveform's mels."""
+        dec = self.audio_vae.decoder
+        mel = dec.frames_out(z.shape[2])
+        widest = 16 * dec.cfg.levels[0][0][-1].cout * mel * dec.cfg.mel_bins
+        if isinstance(self.vocoder, VocoderWithBWE):
+            low = self.vocoder.vocoder.cfg
+            widest = max(
+                widest,
+                stage_bytes(low, mel),
+                stage_bytes(self.vocoder.cfg, mel * low.hop // self.vocoder.bwe.hop),
+            )
+        else:
+            widest = max(widest, stage_bytes(self.vocoder.cfg, mel))
+        return z.shape[0] * widest
 
 
 def _meta(path: str) -> dict:
@@ -179,7 +204,7 @@ def original_vocoder_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return out
 
 
-def _vocoder_config(
+def generator_config(
     sd: dict, p: str, cfg: dict, pre: str, rate: int, mel_hop: int, final, path: str
 ) -> VocoderConfig:
     """One generator at prefix `p` (Lightricks' names): widths, kernels and block kind from the weights; strides,
@@ -241,7 +266,7 @@ def _vocoder_config(
 def vocoder_module(sd: dict[str, torch.Tensor], cfg: dict, rate: int, mel_hop: int, path: str) -> nn.Module:
     """A lone HiFi-GAN / BigVGAN (`conv_pre.*`), or LTX-2.3's pair (`vocoder.*`, `bwe_generator.*`, `mel_stft.*`)."""
     if "bwe_generator.conv_pre.weight" not in sd:
-        return Vocoder(_vocoder_config(sd, "", cfg, "", rate, mel_hop, "tanh", path))
+        return Vocoder(generator_config(sd, "", cfg, "", rate, mel_hop, "tanh", path))
     for k in ("mel_stft.mel_basis", "mel_stft.stft_fn.forward_basis"):
         if k not in sd:  # the mels the extender was trained on: kept in the checkpoint, not recomputed
             raise FormatError(
@@ -254,10 +279,10 @@ def vocoder_module(sd: dict[str, torch.Tensor], cfg: dict, rate: int, mel_hop: i
     rate_in = int(bwe.get("input_sampling_rate", rate))
     rate_out = int(bwe.get("output_sampling_rate", 48000))
     hop = int(bwe.get("hop_length", 80))
-    low = _vocoder_config(sd, "vocoder.", low_cfg, "", rate, mel_hop, None, path)
+    low = generator_config(sd, "vocoder.", low_cfg, "", rate, mel_hop, None, path)
     low = dataclasses.replace(low, sample_rate=rate_in)
     pre = "bwe_" if "bwe_upsample_factors" in bwe else ""
-    high = _vocoder_config(sd, "bwe_generator.", bwe, pre, rate_in, hop, None, path)
+    high = generator_config(sd, "bwe_generator.", bwe, pre, rate_in, hop, None, path)
     high = dataclasses.replace(high, sample_rate=rate_out)
     win = int(bwe.get("window_length", bwe.get("n_fft", n_fft)))
     return VocoderWithBWE(low, high, BWEConfig(hop, win, rate_in, rate_out), n_fft, mels)
@@ -304,6 +329,10 @@ def load_audio(path: str, vocoder: str | None = None, header=None) -> LTX2Audio:
 
     p = os.fspath(path)
     sd = read_state_dict(p, header)
+    if minimax_h3_audio.is_minimax_h3_audio(sd):  # MiniMax-H3's: its decoder is its own vocoder
+        model = minimax_h3_audio.build(sd, _beside(p), p, strict_load, _made)
+        model.source = p
+        return model
     if not is_ltx2_audio(sd):
         raise FormatError(f"{os.path.basename(p)} holds no LTX-2 audio VAE (audio_vae.decoder.*): give the "
                           "release's checkpoint, or diffusers' audio_vae/ weights", path=p)  # fmt: skip

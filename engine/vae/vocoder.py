@@ -218,7 +218,11 @@ class Vocoder(nn.Module):
         self.conv_post = ops.Conv1d(widths[-1], cfg.out_ch, 7, padding=3, bias=cfg.final_bias)
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        x = self.conv_pre(mel.transpose(2, 3).flatten(1, 2))  # channels outer, mel bins inner
+        return self.generate(mel.transpose(2, 3).flatten(1, 2))  # channels outer, mel bins inner
+
+    def generate(self, x: torch.Tensor) -> torch.Tensor:
+        """features [B, mel_in, T] -> waveform [B, out_ch, T * hop]."""
+        x = self.conv_pre(x)
         n = len(self.cfg.res_kernels)
         amp = self.cfg.block == "AMP1"
         for i, up in enumerate(self.ups):
@@ -308,23 +312,11 @@ def fill_filters(model: nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, tor
     return out
 
 
-def activation_bytes(model: nn.Module, batch: int, frames: int) -> int:
-    """A float32 decode's working memory, from the widest stage: the audio decoder's finest level (its width x the mel
-    frames x bins, ~4 such maps live) and each vocoder stage (width x samples there: ~4 maps, twice the samples inside
-    an anti-aliased activation, and the three resblocks' outputs summed)."""
-    dec = model.audio_vae.decoder
-    mel = dec.frames_out(frames)
-    widest = dec.cfg.levels[0][0][-1].cout * mel * dec.cfg.mel_bins * 4
-    stages = (
-        [model.vocoder]
-        if isinstance(model.vocoder, Vocoder)
-        else [model.vocoder.vocoder, model.vocoder.bwe_generator]
-    )
-    for v in stages:
-        c, n = v.cfg.width, mel
-        for s in v.cfg.strides:
-            c, n = c // 2, n * s
-            widest = max(widest, c * n * (6 if v.cfg.block == "AMP1" else 4))
-        if isinstance(model.vocoder, VocoderWithBWE) and v is model.vocoder.vocoder:
-            mel = n // model.vocoder.bwe.hop  # the extender's mel frames, of the first stage's waveform
-    return 4 * batch * widest
+def stage_bytes(cfg: VocoderConfig, frames: int) -> int:
+    """A generator's widest float32 stage from `frames` input frames: width x samples there, ~4 maps live (6 in an
+    anti-aliased block: its activations run at twice the samples), the parallel resblocks' outputs summed."""
+    widest, c, n = 0, cfg.width, frames
+    for s in cfg.strides:
+        c, n = c // 2, n * s
+        widest = max(widest, c * n * (6 if cfg.block == "AMP1" else 4))
+    return 4 * widest

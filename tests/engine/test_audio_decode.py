@@ -1,7 +1,7 @@
-"""LTX-2's sound: the audio VAE's decoder and the vocoders (engine.vae.audio_loading) against diffusers'
-AutoencoderKLLTX2Audio, LTX2Vocoder (LTX-2.0's HiFi-GAN) and LTX2VocoderWithBWE (LTX-2.3's BigVGAN v2 and bandwidth
-extender) on the same weights, in Lightricks' single-file names and diffusers' folders; `loadout decode --out X.wav`;
-detection of the release layouts."""
+"""Sound: LTX-2's audio VAE decoder and vocoders (engine.vae.audio_loading) against diffusers' AutoencoderKLLTX2Audio,
+LTX2Vocoder (LTX-2.0's HiFi-GAN) and LTX2VocoderWithBWE (LTX-2.3's BigVGAN v2 and bandwidth extender) on the same
+weights, in Lightricks' single-file names and diffusers' folders; MiniMax-H3's audio VAE against
+AutoencoderKLMiniMaxH3Audio; `loadout decode --out X.wav` and a clip's MP4 with its sound; the release layouts."""
 
 from __future__ import annotations
 
@@ -264,3 +264,62 @@ def test_a_clip_with_its_sound_in_one_mp4(models, tmp_path, capsys):
     assert abs(got - 0.29 * 48000) <= 2048  # the AAC encoder's priming and last frame
     assert main([*args[:-3], "--out", str(tmp_path / "clip.webp")]) != 0
     assert "goes to a .mp4" in capsys.readouterr().err
+
+
+# MiniMax-H3's audio VAE (diffusers' AutoencoderKLMiniMaxH3Audio at narrow widths: the release's 7 upsamplers)
+H3 = dict(encoder_dim=8, latent_dim=64, latent_channels=32, num_attention_heads=2, decoder_dim=256)
+
+
+@pytest.fixture(scope="module")
+def h3(tmp_path_factory):
+    g = torch.Generator().manual_seed(7)
+    stats = dict(
+        latents_mean=torch.randn(32, generator=g).tolist(),
+        latents_std=(0.5 + torch.rand(32, generator=g)).tolist(),
+    )
+    m = _randomised(diffusers.AutoencoderKLMiniMaxH3Audio(**H3, **stats), 8)
+    folder = tmp_path_factory.mktemp("h3") / "audio_vae"
+    m.save_pretrained(folder)
+    return m, folder / "diffusion_pytorch_model.safetensors"
+
+
+def test_minimax_h3_s_audio_vae_matches_diffusers(h3, tmp_path):
+    """The pipeline's decode (modular_pipelines/minimax_h3/decoders.py): channel-major stereo rows -> [2, 32, T],
+    un-normalised with the config's statistics, decoded as a batch of two mono waveforms, then stereo."""
+    import shutil
+
+    ref, path = h3
+    m = load_audio(str(path))
+    assert (m.sample_rate, m.describe(), m.notes) == (32000, "bigvgan", [])
+    rows = torch.randn(1, 2 * 5, 32, generator=torch.Generator().manual_seed(9))
+    lat = rows[0].reshape(2, 5, 32).transpose(1, 2)
+    mean, std = (torch.tensor(ref.config[k]).view(1, -1, 1) for k in ("latents_mean", "latents_std"))
+    with torch.no_grad():
+        want = ref.decode(lat * std + mean).sample.permute(1, 0, 2)
+        got = m(m.latent(rows))
+        raw = m(m.latent(lat * std + mean, raw=True))
+    assert got.shape == want.shape == (1, 2, 5 * 800)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    assert (raw - want).abs().max() <= 1e-5 * want.abs().max()
+    shutil.copy(path, tmp_path / "alone.safetensors")  # no config.json beside: no statistics, and it says so
+    assert "no latents_mean" in load_audio(str(tmp_path / "alone.safetensors")).notes[0]
+    with pytest.raises(FormatError, match="2 channels"):
+        m.latent(torch.zeros(1, 5, 32))
+
+
+def test_minimax_h3_s_rows_from_a_step_inputs_file_to_a_wav(h3, tmp_path, capsys):
+    from engine.cli import main
+
+    _, path = h3
+    rows = torch.randn(1, 2 * 4, 32, generator=torch.Generator().manual_seed(2))
+    save_tensors(
+        tmp_path / "in.safetensors", {"audio_hidden_states": rows, "hidden_states": torch.zeros(1, 4, 96)}
+    )
+    out = tmp_path / "h3.wav"
+    assert (
+        main(["decode", "--vae", str(path), "--latent", str(tmp_path / "in.safetensors"), "--out", str(out)])
+        == 0
+    )
+    assert "0.10 s of stereo at 32000 Hz" in capsys.readouterr().out
+    with wave.open(str(out)) as w:
+        assert (w.getnchannels(), w.getframerate(), w.getnframes()) == (2, 32000, 3200)
