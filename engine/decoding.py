@@ -356,7 +356,7 @@ def _clip(vae, req: Encode, notes: list[str]):
 
 def audio_component(parts: Parts, req):
     """The file's sound decoder (engine.vae.audio_loading: LTX-2's audio VAE decoder and vocoder, MiniMax-H3's audio
-    VAE decoder) as the ledger's `audio_vae` component of the file: the one an earlier decode built when it read the
+    VAE decoder, Kandinsky 6's MMAudio decoder and vocoder) as the ledger's `audio_vae` component of the file: the one an earlier decode built when it read the
     same vocoder, else a new one in its place."""
     from .formats.dtypes import dominant_float_dtype, dtype_name
     from .model.dtypes import overrides_from_options, place

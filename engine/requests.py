@@ -212,7 +212,8 @@ class Decode:
 @dataclass(frozen=True)
 class DecodeAudio:
     """An audio latent through an audio VAE's decoder (and vocoder) to a waveform (engine.vae.audio_loading): LTX-2's
-    (the denoiser's [B, T, 128] tokens or the VAE's [B, 8, T, 16]) or MiniMax-H3's ([B, N, 32] stereo rows)."""
+    (the denoiser's [B, T, 128] tokens or the VAE's [B, 8, T, 16]), MiniMax-H3's ([B, N, 32] stereo rows) or Kandinsky
+    6's ([B, T, 40] tokens through MMAudio's mel VAE and vocoder)."""
 
     vae: str  # LTX-2's checkpoint (audio_vae.* and vocoder.*), or diffusers' audio_vae/ weights
     latent: str

@@ -21,8 +21,8 @@ DESCRIPTION = (
     "writes --out clip.mp4 (H.264), clip.webp (animated), or DIR/ (000000.png, 000001.png, ...); "
     "T latent frames give 1 + 4 (T - 1) frames. LTX-Video's VAE (1 + 8 (T - 1) frames, 32x) decodes each chunk "
     "with context frames on both sides, its decoder not being causal. "
-    "An audio latent (LTX-2's, MiniMax-H3's) decodes with --out SOUND.wav through the audio VAE (and LTX-2's "
-    "vocoder) of --vae (LTX-2's checkpoint holds both)."
+    "An audio latent (LTX-2's, MiniMax-H3's, Kandinsky 6's) decodes with --out SOUND.wav through the audio VAE of "
+    "--vae and its vocoder (in LTX-2's checkpoint, or diffusers' vocoder/ beside audio_vae/, or --vocoder)."
 )
 
 

@@ -1,14 +1,17 @@
-"""LTX-2's audio decode from its files: the audio VAE's decoder (engine.vae.ltx2_audio) and the vocoder
-(engine.vae.vocoder) as one module, `LTX2Audio`: latent -> waveform.
+"""Sound decoders from their files, each one module with `latent()` (a latent file's tensor to the decoder's input),
+`forward` (to a waveform [B, channels, samples] in [-1, 1]), `sample_rate`, `describe()` and `working_bytes()`:
+LTX-2's (`LTX2Audio`: the audio VAE's decoder, engine.vae.ltx2_audio, and the vocoder, engine.vae.vocoder, here),
+MiniMax-H3's (engine.vae.minimax_h3_audio) and Kandinsky 6's (MMAudio's, engine.vae.mmaudio). `load_audio` tells
+them by their keys.
 
-Where they are:
+Where LTX-2's are:
   * Lightricks' single file (the release's checkpoint, as ComfyUI loads it): `audio_vae.decoder.*`,
     `audio_vae.per_channel_statistics.{mean,std}-of-means`, `vocoder.*` (LTX-2.3: `vocoder.vocoder.*`,
     `vocoder.bwe_generator.*`, `vocoder.mel_stft.*`), and the metadata `config` JSON with "audio_vae" and "vocoder";
   * diffusers' folders: `audio_vae/` (`decoder.*`, `latents_mean` / `latents_std`) and `vocoder/` (`conv_in`,
     `upsamplers`, `resnets`, `conv_out`; LTX2VocoderWithBWE's `vocoder.*`, `bwe_generator.*`, `mel_stft.*`), each
     with its config.json; the vocoder is found in the sibling folder, or named by the caller.
-The encoder's tensors are left unread: Loadout decodes LTX-2's audio, it does not encode sound yet.
+The encoders' tensors are left unread: Loadout decodes sound, it does not encode it yet.
 
 What the weights do not say is read from the configs, else the release's values: the causal axis ("height"), mel
 bins (64), sample rate (16 kHz) and hop (160) of the audio VAE; the vocoders' strides (by their kernels: vocoder
@@ -27,7 +30,7 @@ from torch import nn
 
 from .. import ops
 from ..errors import FormatError
-from . import minimax_h3_audio
+from . import minimax_h3_audio, mmaudio
 from .ltx2_audio import AXES, AudioDecoder, AudioDecoderConfig, Block, denormalise, unpack
 from .vocoder import (
     DILATIONS,
@@ -331,6 +334,16 @@ def load_audio(path: str, vocoder: str | None = None, header=None) -> LTX2Audio:
     sd = read_state_dict(p, header)
     if minimax_h3_audio.is_minimax_h3_audio(sd):  # MiniMax-H3's: its decoder is its own vocoder
         model = minimax_h3_audio.build(sd, _beside(p), p, strict_load, _made)
+        model.source = p
+        return model
+    if mmaudio.is_mmaudio(sd):  # Kandinsky 6's: MMAudio's mel VAE, its vocoder in a second file
+        vpath = vocoder or _sibling_vocoder(p)
+        if vpath is None:
+            raise FormatError(f"{os.path.basename(p)} is MMAudio's mel VAE (Kandinsky 6's audio VAE) without its vocoder: "
+                              "give it with --vocoder (diffusers' vocoder/ folder)", path=p)  # fmt: skip
+        model = mmaudio.build(
+            sd, _beside(p), read_state_dict(vpath), _beside(vpath), p, vpath, strict_load, _made
+        )
         model.source = p
         return model
     if not is_ltx2_audio(sd):

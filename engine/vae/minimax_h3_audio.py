@@ -23,7 +23,7 @@ from torch import nn
 
 from .. import ops
 from ..errors import FormatError
-from .vocoder import Vocoder, VocoderConfig, stage_bytes
+from .vocoder import Vocoder, VocoderConfig, bigvgan_names, stage_bytes
 
 # The release's upsampler strides by their kernels (diffusers' defaults: the release's config)
 RELEASE_STRIDES = {(9, 9, 4, 4, 4, 4, 4): (5, 5, 2, 2, 2, 2, 2)}
@@ -94,17 +94,7 @@ def _original(k: str) -> str | None:
     """diffusers' decoder names -> engine.vae.vocoder's; None for what the decoder does not read."""
     if k.startswith("dec_in_proj."):
         return k
-    if not k.startswith("decoder."):
-        return None
-    parts = k.split(".")
-    if parts[1] == "ups" and len(parts) > 3 and parts[3] == "0":
-        del parts[3]
-    elif parts[1] == "resblocks" and parts[3] == "activations":
-        m = int(parts[4])
-        parts[3:5] = ["acts1" if m % 2 == 0 else "acts2", str(m // 2)]
-    elif parts[1] == "activation_post":
-        parts[1] = "act_post"
-    return ".".join(parts)
+    return "decoder." + bigvgan_names(k[len("decoder.") :]) if k.startswith("decoder.") else None
 
 
 def build(sd: dict[str, torch.Tensor], cfg: dict, path: str, strict_load, made) -> MiniMaxH3Audio:

@@ -302,6 +302,21 @@ class VocoderWithBWE(nn.Module):
         return torch.clamp(residual + skip, -1, 1)[..., : n * self.bwe.rate_out // self.bwe.rate_in]
 
 
+def bigvgan_names(k: str) -> str:
+    """BigVGAN's own generator names (NVIDIA/BigVGAN, as MiniMax-H3's and MMAudio's diffusers classes keep them) as
+    this module's: `ups.N.0.` (one-element lists) -> `ups.N.`, each AMP block's interleaved `activations.M` ->
+    `acts1.M/2` (even M) / `acts2.M/2` (odd), `activation_post` -> `act_post`."""
+    parts = k.split(".")
+    if parts[0] == "ups" and len(parts) > 3 and parts[2] == "0":
+        del parts[2]
+    elif parts[0] == "resblocks" and len(parts) > 3 and parts[2] == "activations":
+        m = int(parts[3])
+        parts[2:4] = ["acts1" if m % 2 == 0 else "acts2", str(m // 2)]
+    elif parts[0] == "activation_post":
+        parts[0] = "act_post"
+    return ".".join(parts)
+
+
 def fill_filters(model: nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The anti-aliasing filters a file leaves out, computed (BigVGAN's Kaiser sinc at cutoff 0.5 / 2, half width
     0.6 / 2); those the file keeps are used as kept (bf16-rounded in the release, as trained)."""

@@ -30,7 +30,8 @@ def _randomised(m: torch.nn.Module, seed: int) -> torch.nn.Module:
     with torch.no_grad():
         for n, p in m.named_parameters():
             r = torch.randn(p.shape, generator=g)
-            p.copy_(0.3 * r if n.endswith(("alpha", "beta")) else r * (0.7 / math.sqrt(p[0].numel())))
+            small = n.endswith(("alpha", "beta", "gain"))  # log-scale Snake parameters, MMAudio's output gain
+            p.copy_(0.3 * r if small else r * (0.7 / math.sqrt(p[0].numel())))
         for n, b in m.named_buffers():
             if n.endswith("latents_mean"):
                 b.copy_(torch.randn(b.shape, generator=g))
@@ -323,3 +324,47 @@ def test_minimax_h3_s_rows_from_a_step_inputs_file_to_a_wav(h3, tmp_path, capsys
     assert "0.10 s of stereo at 32000 Hz" in capsys.readouterr().out
     with wave.open(str(out)) as w:
         assert (w.getnchannels(), w.getframerate(), w.getnframes()) == (2, 32000, 3200)
+
+
+# Kandinsky 6's MMAudio mel VAE and BigVGAN vocoder (diffusers' classes at narrow widths, the release's levels and rates)
+MMA = dict(mel_bins=32, latent_channels=8, hidden_channels=32, channel_multipliers=(1, 2, 4))
+
+
+def test_kandinsky6_s_mmaudio_matches_diffusers(tmp_path):
+    """The pipeline's decode (pipeline_kandinsky6_ti2va): the transformer's audio tokens [B, T, C] transposed, divided
+    by the VAE's scaling factor, decoded to mels, through the vocoder: 44.1 kHz mono."""
+    vae = _randomised(diffusers.MMAudioVAE(**MMA), 11)
+    with torch.no_grad():
+        vae.vae.data_mean.normal_(generator=torch.Generator().manual_seed(1))
+        vae.vae.data_std.uniform_(0.5, 2.0, generator=torch.Generator().manual_seed(2))
+    voc = _randomised(diffusers.MMAudioVocoder(num_mels=32, upsample_initial_channel=128), 12)
+    vae.save_pretrained(tmp_path / "audio_vae")
+    voc.save_pretrained(tmp_path / "vocoder")
+    m = load_audio(str(tmp_path / "audio_vae" / "diffusion_pytorch_model.safetensors"))
+    assert (m.sample_rate, m.describe()) == (44100, "bigvgan")
+    tokens = torch.randn(1, 7, 8, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = voc(vae.decode(tokens.transpose(1, 2) / vae.config.scaling_factor).sample).sample
+        got = m(m.latent(tokens))
+    assert got.shape == want.shape == (1, 1, 7 * 1024)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    from engine.detect import detect_file
+
+    for part, what in (("audio_vae", "MMAudio's"), ("vocoder", "BigVGAN v2 vocoder")):
+        d = detect_file(str(tmp_path / part / "diffusion_pytorch_model.safetensors"))
+        assert d.kind == "vae" and any(what in e.reason for e in d.evidence)
+    alone = tmp_path / "elsewhere" / "audio_vae" / "a.safetensors"  # no vocoder/ beside its folder
+    alone.parent.mkdir(parents=True)
+    alone.write_bytes((tmp_path / "audio_vae" / "diffusion_pytorch_model.safetensors").read_bytes())
+    with pytest.raises(FormatError, match="without its vocoder"):
+        load_audio(str(alone))
+
+
+def test_kandinsky6_s_release_layout_is_detected():
+    from layouts_2026.common import detect
+
+    with torch.device("meta"):
+        vae, voc = diffusers.MMAudioVAE(), diffusers.MMAudioVocoder()
+    for m, what in ((vae, "Kandinsky 6's audio VAE"), (voc, "Kandinsky 6's")):
+        d = detect({k: tuple(v.shape) for k, v in m.state_dict().items()})
+        assert (d.kind, d.architecture) == ("vae", "kandinsky6") and any(what in e.reason for e in d.evidence)
