@@ -32,6 +32,7 @@ from engine.requests import (
     HashFiles,
     Inspect,
     LoraCoverage,
+    SaveAudio,
     SaveClip,
     Scan,
 )
@@ -39,7 +40,7 @@ from engine.requests import (
 log = logging.getLogger("loadout.bridge")
 # Torch-free reads of headers and folders run in a second thread, so a scan, a coverage report or the
 # first run's search never waits behind a long load or decode (and hashing never blocks a load) ...
-IO_REQUESTS = (Scan, HashFiles, LoraCoverage, FindLibraries, Inspect, SaveClip)
+IO_REQUESTS = (Scan, HashFiles, LoraCoverage, FindLibraries, Inspect, SaveClip, SaveAudio)
 # ... and the Decode panel's estimate (a few header reads) in a third, so it never waits behind a hash.
 PEEK_REQUESTS = (EstimateDecode,)
 PROGRESS_INTERVAL_S = 0.05  # at most ~20 progress signals a second per job: the GUI never floods

@@ -31,7 +31,8 @@ from app.device_status import DeviceStatus
 from app.excepthooks import CrashReporter, ErrorInfo
 from app.first_run import FirstRun
 from app.job_status import JobStatus
-from app.widgets.decode import CLIP_SUFFIXES, IMAGE_SUFFIXES, DecodePanel
+from app.widgets.decode import DecodePanel
+from app.widgets.decode_inputs import CLIP_SUFFIXES, IMAGE_SUFFIXES, holds_a_latent
 from app.widgets.inspector import InspectorPanel
 from app.widgets.library import LibraryPanel
 from app.widgets.loaded import LoadedPanel
@@ -273,7 +274,7 @@ class MainWindow(QMainWindow):
         if not urls:
             self.notify("Only files and folders can be dropped here.", "warning")
             return
-        if all(p.lower().endswith(DECODE_INPUTS) for p in urls):
+        if all(p.lower().endswith(DECODE_INPUTS) or holds_a_latent(p) for p in urls):
             if self.decode.set_input(urls[0]):  # a latent or an image is Decode's input, not a model
                 self.docks["decode"].raise_()
         else:

@@ -64,6 +64,7 @@ _HANDLERS: dict[type, Callable] = {
     rq.EstimateDecode: lambda e, r, t, p: e.estimate_decode(r),
     rq.Step: lambda e, r, t, p: e.step(r, token=t, report=p),
     rq.SaveClip: lambda e, r, t, p: e.save_clip(r),
+    rq.SaveAudio: lambda e, r, t, p: e.save_audio(r),
 }
 
 
@@ -439,6 +440,13 @@ class Engine:
         from .formats.video_out import write_clip
 
         return rq.SavedClip(tuple(write_clip(req.out, req.frames, req.width, req.height, req.fps)))
+
+    def save_audio(self, req: rq.SaveAudio) -> rq.SavedClip:
+        """Write decoded sound as a 16-bit WAV (atomically; engine.formats.audio_out)."""
+        from .formats.audio_out import write_wav
+
+        write_wav(req.out, req.samples, req.channels, req.sample_rate)
+        return rq.SavedClip((req.out,))
 
     def estimate_decode(self, req: rq.EstimateDecode):
         """A decode's or encode's memory before it runs (headers only; engine.preflight)."""

@@ -288,6 +288,17 @@ class SaveClip:
 
 
 @dataclass(frozen=True)
+class SaveAudio:
+    """Write decoded sound (AudioResult.samples) to `out` as a 16-bit WAV, atomically (engine.formats.audio_out),
+    off the GUI thread."""
+
+    out: str
+    samples: bytes
+    channels: int
+    sample_rate: int
+
+
+@dataclass(frozen=True)
 class SavedClip:
     paths: tuple[str, ...]
 

@@ -4,7 +4,8 @@ they finish, the result with zoom, save. A video latent's clip plays in place: a
 Play button (a QSlider and a QTimer at the family's frame rate; PySide6-Essentials has no QtMultimedia),
 saved as MP4, animated WebP or a folder of PNG frames. The panel sends its own requests: the estimate
 (header reads, answered by a background thread of the engine client), the decode or encode itself, and
-the clip's save (an IO request: the GUI thread never writes files)."""
+the clip's save (an IO request: the GUI thread never writes files). A sound's latent (LTX-2's, MiniMax-H3's,
+Kandinsky 6's) decodes through a sound decoder of the library, drawn as its waveform and saved as WAV."""
 
 from __future__ import annotations
 
@@ -32,48 +33,22 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.widgets import decode_inputs as di
 from app.widgets.clip_player import ClipPlayer
 from app.widgets.zoom_view import ZoomView
+from engine.detect.audio_vaes import sound_part
 from engine.events import EventKind
-from engine.formatting import human_bytes, tiles_text
-from engine.requests import Decode, DecodeEstimate, Encode, EstimateDecode, SaveClip
-from engine.vae.clips import VIDEO_FILE_SUFFIXES
-
-LATENT_SUFFIXES = (".latent", ".safetensors")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
-CLIP_SUFFIXES = VIDEO_FILE_SUFFIXES + (
-    ".gif",
-)  # encoded with a video VAE (an animated WebP is an image suffix)
-
-
-def input_kind(path: str) -> str | None:
-    """'image' for pixels to encode (an image, or a clip: a video file, an animated GIF / WebP, a folder of
-    frames, engine.vae.clips), 'latent' for a latent to decode, None for anything else."""
-    p = path.lower()
-    if p.endswith(IMAGE_SUFFIXES + CLIP_SUFFIXES) or os.path.isdir(path):
-        return "image"
-    if p.endswith(LATENT_SUFFIXES):
-        return "latent"
-    return None
-
-
-def suits(path: str, need: str) -> bool:
-    """Whether the VAE file can take this input: a TAESD-family *_encoder file cannot decode, a
-    *_decoder file cannot encode (their headers hold one half; the names say which, as madebyollin's
-    taesd_decoder/taesd_encoder files and ComfyUI's vae_approx folder use them)."""
-    name = os.path.basename(path).lower()
-    return "decoder" not in name if need == "image" else "encoder" not in name
-
-
-def holds_weights(path: str) -> bool:
-    """False for a header-faithful sparse file (the demo's big models): its data region is a hole, so it
-    would decode to nothing. The library's own test (it skips hashing such files) decides."""
-    from engine.catalog.hashing import is_sparse
-
-    try:
-        return not is_sparse(os.stat(path))
-    except OSError:
-        return False
+from engine.formatting import tiles_text
+from engine.requests import (
+    AudioResult,
+    Decode,
+    DecodeAudio,
+    DecodeEstimate,
+    Encode,
+    EstimateDecode,
+    SaveAudio,
+    SaveClip,
+)
 
 
 class DecodePanel(QWidget):
@@ -190,8 +165,13 @@ class DecodePanel(QWidget):
     def set_library(self, entries) -> None:
         cur = self.vae_box.currentData()
         have = {self.vae_box.itemData(i) for i in range(self.vae_box.count())}
-        for e in entries:
-            if e.kind in ("vae", "vae_approx") and not e.error and e.path not in have:
+        for e in entries:  # a vocoder alone decodes no latent: the audio VAE beside it brings it
+            if (
+                e.kind in ("vae", "vae_approx")
+                and not e.error
+                and e.path not in have
+                and sound_part(e.detection) != "vocoder"
+            ):
                 self.vae_box.addItem(f"{e.name} ({e.architecture or e.kind})", e.path)
                 self.vae_box.setItemData(self.vae_box.count() - 1, e, Qt.ItemDataRole.UserRole + 1)
         if cur:
@@ -203,19 +183,23 @@ class DecodePanel(QWidget):
         """Keep the chosen VAE if it can take the input; else choose one that can (one that holds its
         weights first, then a full VAE before a TAESD approximation). Without this the box showed no
         choice at all until the user picked one."""
-        need = input_kind(self.input_edit.text().strip()) or "latent"
+        need = di.input_kind(self.input_edit.text().strip()) or "latent"
         cur = self.vae_box.currentData()
-        if cur and suits(cur, need):
+        if cur and di.suits(cur, need, self._is_sound(cur)):
             return
         paths = [self.vae_box.itemData(i) for i in range(self.vae_box.count())]
-        fit = [p for p in paths if suits(p, need)]
+        fit = [p for p in paths if di.suits(p, need, self._is_sound(p))]
         if fit:
-            best = max(fit, key=lambda p: (holds_weights(p), not self._is_approx(p)))
+            best = max(fit, key=lambda p: (di.holds_weights(p), not self._is_approx(p)))
             self.vae_box.setCurrentIndex(self.vae_box.findData(best))
 
     def _is_approx(self, path: str) -> bool:
         e = self.vae_box.itemData(self.vae_box.findData(path), Qt.ItemDataRole.UserRole + 1)
         return e is not None and e.kind == "vae_approx"
+
+    def _is_sound(self, path: str) -> bool:
+        e = self.vae_box.itemData(self.vae_box.findData(path), Qt.ItemDataRole.UserRole + 1)
+        return e is not None and sound_part(e.detection) == "vae"
 
     def set_vae(self, path: str) -> bool:
         i = self.vae_box.findData(os.path.abspath(path))
@@ -225,7 +209,7 @@ class DecodePanel(QWidget):
 
     def set_input(self, path: str) -> bool:
         """A dropped or chosen file becomes the input if it is a latent or an image."""
-        if input_kind(path) is None:
+        if di.input_kind(path) is None:
             self.message.emit(f"{os.path.basename(path)} is neither a latent (.latent, .safetensors) nor an "
                               "image (.png, .jpg, .webp) or a clip (.mp4, .webm, .gif, a folder of frames): Decode "
                               "cannot use it.", "warning")  # fmt: skip
@@ -251,17 +235,18 @@ class DecodePanel(QWidget):
         if not vae or not src:
             return None
         mode, tile, overlap = self.mode_box.currentData(), self.tile_spin.value(), self.overlap_spin.value()
-        if input_kind(src) == "image":
+        kind = di.input_kind(src)
+        if kind == "image":
             out = os.path.splitext(src)[0] + ".latent"
             return Encode(vae, src, out, mode, tile, overlap)
-        return Decode(vae, src, mode, tile, overlap)
+        return DecodeAudio(vae, src) if kind == "audio" else Decode(vae, src, mode, tile, overlap)
 
     def ask_estimate(self) -> None:
         """Ask the engine for the inputs' estimate (header reads, off the GUI thread)."""
         req = self.request()
         self._estimates += 1
         self._estimate = None
-        if req is None or self.client is None:
+        if req is None or self.client is None or isinstance(req, DecodeAudio):
             self.estimate.setText(self.estimate_text())
             return
         source = req.latent if isinstance(req, Decode) else req.image
@@ -282,27 +267,16 @@ class DecodePanel(QWidget):
     def estimate_text(self) -> str:
         """'will it fit?': the engine's estimate for the inputs against the free memory now."""
         est = self._estimate
-        if self.request() is None:
+        req = self.request()
+        if req is None:
             return "Choose a VAE and a latent (or an image to encode)."
+        if isinstance(req, DecodeAudio):
+            return "A sound's latent: decoded whole (the audio VAE, then its vocoder) in float32, shown as its waveform."
         if est is None:
             return self.estimate.text()  # the answer is on its way: keep what is shown
         if isinstance(est, str):
             return f"<span style='color:#c0392b'>{os.path.basename(self.input_edit.text())}: {est}</span>"
-        free = self.free_bytes
-        verdict = ""
-        if free is not None:
-            mode = self.mode_box.currentData()
-            need = est.tiled_bytes if mode == "tiled" else est.full_bytes
-            if mode == "auto" and est.full_bytes > free:
-                verdict = f" · <b>will tile</b> ({human_bytes(free)} free)"
-            elif need > free:
-                verdict = f" · <b style='color:#c0392b'>will not fit</b> in {human_bytes(free)} free"
-            else:
-                verdict = f" · <b style='color:#27ae60'>fits</b> ({human_bytes(free)} free)"
-        frames = f"×{est.frames} frames" if est.frames else ""
-        one = " (one tile: the image is smaller)" if (est.tile or 0) >= max(est.width, est.height) else ""
-        return (f"{est.width}×{est.height}{frames} {est.direction}: full ≈ {human_bytes(est.full_bytes)}, tiled at "
-                f"{est.tile} px{one} ≈ {human_bytes(est.tiled_bytes)}{verdict}")  # fmt: skip
+        return di.estimate_line(est, self.free_bytes, self.mode_box.currentData())
 
     def set_free_bytes(self, free: int) -> None:
         changed = self.free_bytes is None or abs(free - self.free_bytes) > 64 * 2**20
@@ -315,7 +289,9 @@ class DecodePanel(QWidget):
         req = self.request()
         self.run_button.setText("Encode" if isinstance(req, Encode) else "Decode")
         self.run_button.setEnabled(req is not None and self.job_id is None)
-        tiled = self.mode_box.currentData() == "tiled"
+        sound = isinstance(req, DecodeAudio)  # decoded whole: no mode, no tiles
+        tiled = self.mode_box.currentData() == "tiled" and not sound
+        self.mode_box.setEnabled(not sound)
         self.tile_spin.setEnabled(tiled)
         self.overlap_spin.setEnabled(tiled)
         self.ask_estimate()
@@ -395,6 +371,8 @@ class DecodePanel(QWidget):
     def _on_done(self, result) -> None:
         self.job_id = None
         self.result = result
+        if isinstance(result, AudioResult):
+            return self._on_sound(result)
         img = QImage(
             result.rgb, result.width, result.height, result.width * 3, QImage.Format.Format_RGB888
         ).copy()
@@ -424,6 +402,17 @@ class DecodePanel(QWidget):
             "notes"
         ):  # what the run had to decide for the user (frames left out, an fp32 re-run, ...)
             self.message.emit("; ".join(info["notes"]), "info")
+        self.progress.setRange(0, 1)
+        self.progress.setValue(1)
+        self.save_button.setEnabled(True)
+        self._on_inputs_changed()
+
+    def _on_sound(self, r: AudioResult) -> None:
+        img = di.waveform_image(r.samples, r.channels)
+        self.pixmap_item.setPixmap(QPixmap.fromImage(img))
+        self.scene.setSceneRect(0, 0, img.width(), img.height())
+        self.fit()
+        self.eta.setText(f"done in {r.seconds:.2f} s ({di.sound_text(r)})")
         self.progress.setRange(0, 1)
         self.progress.setValue(1)
         self.save_button.setEnabled(True)
@@ -466,6 +455,12 @@ class DecodePanel(QWidget):
     def _on_save_clicked(self) -> None:
         if self.result is None:
             return
+        if isinstance(self.result, AudioResult):
+            start = os.path.splitext(self.result.source)[0] + ".wav"
+            path, _ = QFileDialog.getSaveFileName(self, "Save the sound", start, "WAV (*.wav)")
+            if path:
+                self.save(path)
+            return
         if self.player.frame_count():
             start = os.path.splitext(self.result.source)[0] + ".mp4"
             path, chosen = QFileDialog.getSaveFileName(self, "Save the clip", start, self.CLIP_FILTERS)
@@ -480,7 +475,16 @@ class DecodePanel(QWidget):
             self.save(path)
 
     def save(self, path: str) -> None:
-        """An image as PNG; a clip as .mp4 / .webp / folder/ through the engine's IO thread (atomically)."""
+        """An image as PNG; a clip as .mp4 / .webp / folder/, a sound as .wav, through the engine's IO thread
+        (atomically)."""
+        r = self.result
+        if isinstance(r, AudioResult):
+            path = path if path.lower().endswith(".wav") else path + ".wav"
+            req = SaveAudio(path, r.samples, r.channels, r.sample_rate)
+            self.client.submit(
+                req, lambda done: self.message.emit(f"Saved {path}", "info"), self.client.report_error
+            )
+            return
         if self.player.frame_count():
             r = self.result
             if not path.lower().endswith((".mp4", ".webp", "/")):

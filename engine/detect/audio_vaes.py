@@ -97,3 +97,21 @@ def _parent(p: str) -> str:
     """`a.b.` -> `a.`; `b.` -> ``."""
     head = p[:-1].rpartition(".")[0]
     return head + "." if head else ""
+
+
+def sound_part(detection) -> str | None:
+    """ "vae" when a detection's evidence holds a sound decoder (the rules above, and MiniMax-H3's audio VAE in
+    video_vaes.py): an audio VAE's 2-D mel decoder (`decoder.conv_in.conv` of 4 dims: LTX-2's video VAE's has 5),
+    MiniMax-H3's `dec_in_proj` or MMAudio's 1-D `vae.decoder.conv_in`; "vocoder" for a vocoder alone (a 1-D
+    `conv_pre` / `conv_in`: what turns an audio VAE's mels into sound, no decoder of latents itself); else None."""
+    vocoder = False
+    for e in detection.evidence:
+        dims = len(e.shape) if e.shape is not None else 0
+        if e.key.endswith("dec_in_proj.weight") or (
+            e.key.endswith("decoder.conv_in.conv.weight") and dims == 4
+        ):
+            return "vae"
+        if e.key.endswith("vae.decoder.conv_in.weight") and dims == 3:
+            return "vae"
+        vocoder |= e.key.endswith(("conv_pre.weight", "conv_in.weight")) and dims == 3
+    return "vocoder" if vocoder else None

@@ -83,6 +83,22 @@ def read_latent(path: str | os.PathLike):
 AUDIO_KEYS = ("audio_latent", "audio_hidden_states", "latent_tensor", "latent", "samples")
 
 
+def audio_latent_key(path: str | os.PathLike) -> str | None:
+    """The audio latent's key when the header says the file holds one (an audio name, or a single 3-D tensor, or
+    LTX-2's [B, 8, T, 16]), else None: an image or video latent, or no latent."""
+    t = read_header(path).tensors
+    key = next((k for k in AUDIO_KEYS[:2] if k in t), None)
+    if key is not None:
+        return key
+    named = [k for k in AUDIO_KEYS[2:] if k in t]
+    shapes = [(k, tuple(t[k].shape)) for k in (named or list(t))]
+    if len(shapes) == 1 or (named and len(named) == 1):
+        k, s = shapes[0]
+        if len(s) == 3 or (len(s) == 4 and s[1] == 8 and s[3] == 16):
+            return k
+    return None
+
+
 def read_audio_latent(path: str | os.PathLike):
     """An audio latent as float32: `audio_latent` / `audio_hidden_states` (`step` inputs of LTX-2 / MiniMax-H3),
     ComfyUI's `latent_tensor`,

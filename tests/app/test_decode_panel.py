@@ -290,3 +290,56 @@ def test_a_dropped_clip_encodes_with_the_video_vae_and_plays_the_round_trip(qtbo
         (tmp_path / "walk.latent").is_file() and "5 frames" in dec.eta.text() and "None" not in dec.eta.text()
     )
     assert any("first 5 of 6 frames" in s for s in said)
+
+
+def test_a_sound_latent_decodes_through_the_audio_vae_and_saves_as_wav(qtbot, window, tmp_path):
+    """LTX-2's diffusers folders in the library (audio_vae/ and vocoder/, beside an image VAE): a dropped audio latent
+    picks the audio VAE (never the vocoder alone, never the image VAE), decodes to its waveform, and saves a WAV."""
+    diffusers = pytest.importorskip("diffusers")
+    import wave
+
+    import torch
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    from engine.formats.safetensors import save_tensors
+    from engine.requests import DecodeAudio
+    from tests.support import synth
+
+    g = torch.Generator().manual_seed(0)
+    vae = diffusers.AutoencoderKLLTX2Audio(base_channels=128, ch_mult=(1, 1, 2)).eval()
+    voc = LTX2Vocoder(hidden_channels=64).eval()
+    with torch.no_grad():
+        for m in (vae, voc):
+            for p in m.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.7 / p[0].numel() ** 0.5)
+    vae.save_pretrained(tmp_path / "ltx2" / "audio_vae")
+    voc.save_pretrained(tmp_path / "ltx2" / "vocoder")
+    audio = str(tmp_path / "ltx2" / "audio_vae" / "diffusion_pytorch_model.safetensors")
+    image = str(synth.write("taesd_decoder", tmp_path / "taesd_decoder.safetensors", dense=True, seed=7))
+    latent = tmp_path / "sound.safetensors"
+    save_tensors(latent, {"audio_latent": torch.randn(1, 20, 128, generator=g)})
+    w, dec = window, window.decode
+    vocoder = str(tmp_path / "ltx2" / "vocoder" / "diffusion_pytorch_model.safetensors")
+    w.library.add_paths([image, audio, vocoder], select_first=False)
+    qtbot.waitUntil(
+        lambda: dec.vae_box.findData(audio) >= 0 and dec.vae_box.findData(image) >= 0, timeout=30_000
+    )
+    assert dec.vae_box.findData(vocoder) < 0  # a vocoder alone decodes no latent
+    assert dec.set_vae(image)
+    drop(w, [str(latent)])
+    assert dec.vae_box.currentData() == audio and isinstance(dec.request(), DecodeAudio)
+    assert dec.estimate.text().startswith("A sound's latent") and not dec.mode_box.isEnabled()
+    dec.run_button.click()
+    res = wait_job(qtbot, w, DecodeAudio)
+    assert (res.channels, res.sample_rate) == (
+        2,
+        24000,
+    ) and "0.77 s of stereo at 24000 Hz, hifigan" in dec.eta.text()
+    assert dec.pixmap_item.pixmap().width() == 1200 and dec.save_button.isEnabled()
+    saved = []
+    dec.message.connect(lambda text, level: saved.append(text))
+    dec.save(str(tmp_path / "sound"))
+    qtbot.waitUntil(lambda: any(s.startswith("Saved") for s in saved), timeout=30_000)
+    with wave.open(str(tmp_path / "sound.wav")) as f:
+        assert (f.getnchannels(), f.getframerate(), f.getnframes()) == (2, 24000, 77 * 240)
+    w.grab().save(str(tmp_path / "shot.png"))
