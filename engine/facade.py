@@ -57,6 +57,7 @@ _HANDLERS: dict[type, Callable] = {
     rq.Bake: lambda e, r, t, p: e.bake(r.base, r.stack, r.out, token=t, report=p),
     rq.Decode: lambda e, r, t, p: e.decode(r, token=t, report=p),
     rq.DecodeAudio: lambda e, r, t, p: e.decode_audio(r, token=t, report=p),
+    rq.EncodeAudio: lambda e, r, t, p: e.encode_audio(r, token=t, report=p),
     rq.Encode: lambda e, r, t, p: e.encode(r, token=t, report=p),
     rq.PlanRequest: lambda e, r, t, p: e.plan(r.model, r.loras, r.decode, r.vram_gb),
     rq.FindLibraries: lambda e, r, t, p: e.find_libraries(),
@@ -70,11 +71,11 @@ _HANDLERS: dict[type, Callable] = {
 
 # Jobs that run models: with --disable-smart-memory everything is unloaded after them, as ComfyUI
 # unloads its models after each prompt under that flag.
-_USES_MODELS = (rq.Decode, rq.DecodeAudio, rq.Encode, rq.Step)
+_USES_MODELS = (rq.Decode, rq.DecodeAudio, rq.EncodeAudio, rq.Encode, rq.Step)
 # Jobs whose working memory is large and gone when they end (activations, baked or merged weights):
 # glibc keeps such freed heap pages, so without a trim an SD1.5 step with a LoRA left RSS 1.4 GB up
 # and a bake 0.24 GB -- memory the graph showed as the app's, and no other program could use.
-_TRANSIENT_HEAVY = (rq.Decode, rq.DecodeAudio, rq.Encode, rq.Step, rq.Bake)
+_TRANSIENT_HEAVY = (rq.Decode, rq.DecodeAudio, rq.EncodeAudio, rq.Encode, rq.Step, rq.Bake)
 _TRIM_SLACK = 32 << 20
 
 
@@ -370,9 +371,17 @@ class Engine:
         self, req: rq.DecodeAudio, *, token: CancelToken | None = None, report: Report = no_report
     ):
         """Decode an audio latent: the audio VAE and vocoder are placed through the ledger and stay loaded."""
-        from .decoding import decode_audio
+        from .sound import decode_audio
 
         return decode_audio(self._parts(), req, token or CancelToken(), report)
+
+    def encode_audio(
+        self, req: rq.EncodeAudio, *, token: CancelToken | None = None, report: Report = no_report
+    ):
+        """Encode a sound with LTX-2's audio VAE to a .latent: the encoder is placed through the ledger and stays loaded."""
+        from .sound import encode_audio
+
+        return encode_audio(self._parts(), req, token or CancelToken(), report)
 
     def encode(self, req: rq.Encode, *, token: CancelToken | None = None, report: Report = no_report):
         from .decoding import encode

@@ -234,6 +234,24 @@ class AudioResult:
 
 
 @dataclass(frozen=True)
+class EncodeAudio:
+    """A sound (any file FFmpeg reads) through LTX-2's audio VAE encoder to a normalised audio latent, written to `out`
+    as a ComfyUI .latent [B, 8, T, 16] (engine.sound)."""
+
+    vae: str
+    audio: str
+    out: str
+    seconds: float | None = None  # at most the sound's first N seconds (None: all of it)
+
+
+@dataclass(frozen=True)
+class EncodedAudio:
+    out: str
+    info: MappingProxyType  # device, latent_shape, audio_seconds, source_rate, channels, notes
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Encode:
     vae: str
     image: str
