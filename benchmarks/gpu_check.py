@@ -244,22 +244,32 @@ def cosmos_vae(device: str, dim: int) -> None:
     ref.load_state_dict(sd, strict=False)
     ref.encoder = None
     ref = ref.to(device=device, dtype=dtype)
-    for _ in range(2):  # the first pays for kernel selection
+    zz = z.to(device=device, dtype=dtype)
+    got, seconds, peak = _timed(lambda: ref.decode(zz).sample.float().clamp(-1, 1), device)
+    theirs = got.cpu().transpose(1, 2).add(1).div(2)
+    emit(check=f"cosmos_predict1 dim{dim} 1280x704x33 diffusers AutoencoderKLCosmos.decode", device=device,
+         dtype=str(dtype).removeprefix("torch."), seconds=round(seconds, 2), peak_bytes=peak,
+         psnr_vs_ours=round(_psnr01(theirs, ours), 2) if math.isfinite(_psnr01(theirs, ours)) else None)  # fmt: skip
+
+
+def _timed(fn, device: str):
+    """(fn()'s result on the CPU, seconds, peak device bytes above the start) of its second run: the first pays for
+    kernel selection."""
+    import torch
+
+    cuda = device == "cuda"
+    for _ in range(2):
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() if cuda else 0
         t0 = time.perf_counter()
         with torch.inference_mode():
-            got = ref.decode(z.to(device=device, dtype=dtype)).sample.float().clamp(-1, 1)
+            out = fn()
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
-    peak = torch.cuda.max_memory_allocated() - base if cuda else None
-    theirs = got.cpu().transpose(1, 2).add(1).div(2)
-    emit(check=f"cosmos_predict1 dim{dim} 1280x704x33 diffusers AutoencoderKLCosmos.decode", device=device,
-         dtype=str(dtype).removeprefix("torch."), seconds=round(seconds, 2), peak_bytes=peak,
-         psnr_vs_ours=round(_psnr01(theirs, ours), 2) if math.isfinite(_psnr01(theirs, ours)) else None)  # fmt: skip
+    return out.float().cpu(), seconds, torch.cuda.max_memory_allocated() - base if cuda else None
 
 
 def audio(device: str, seconds: float) -> None:
@@ -272,33 +282,18 @@ def audio(device: str, seconds: float) -> None:
 
     from engine.vae.audio_loading import load_audio
 
-    cuda = device == "cuda"
-    z = torch.randn(1, 8, round(25 * seconds), 16, generator=torch.Generator().manual_seed(1))
-
-    def timed(fn) -> tuple[torch.Tensor, float, int | None]:
-        for _ in range(2):  # the first pays for kernel selection
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated() if cuda else 0
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                wav = fn(z.to(device))
-            if cuda:
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-        return wav.float().cpu(), dt, torch.cuda.max_memory_allocated() - base if cuda else None
+    z = torch.randn(1, 8, round(25 * seconds), 16, generator=torch.Generator().manual_seed(1)).to(device)
 
     for version in ("2.0", "2.3"):
         with tempfile.TemporaryDirectory() as d:
             path, vae, voc = _release_file(version, Path(d))
             mine = load_audio(str(path)).to(device)
-            a, dt, peak = timed(lambda x, m=mine: m(m.latent(x)))
+            a, dt, peak = _timed(lambda m=mine: m(m.latent(z)), device)
             emit(check=f"audio ltx-{version} {seconds:g} s loadout", device=device, seconds=round(dt, 3),
                  peak_bytes=peak, sample_rate=mine.sample_rate)  # fmt: skip
             del mine
             vae, voc = vae.to(device), voc.to(device)
-            b, dt, peak = timed(lambda x, v=vae, w=voc: w(v.decode(x).sample))
+            b, dt, peak = _timed(lambda v=vae, w=voc: w(v.decode(z).sample), device)
             emit(check=f"audio ltx-{version} {seconds:g} s diffusers", device=device, seconds=round(dt, 3),
                  peak_bytes=peak, max_abs_diff=float((a - b).abs().max()))  # fmt: skip
 

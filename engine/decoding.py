@@ -45,20 +45,13 @@ def _key_prefix(keys) -> str:
     return next((p for p in VAE_PREFIXES if any(k.startswith(p) for k in keys)), "")
 
 
-def runnable_vae(path: str, device_report, *, pair: bool = True, header=None):
-    """The VAE in `path` as a ModuleComponent with the placement rules build_components uses (device,
-    --cpu-vae, --vae-dtype, forced dtypes). `header`: the file's safetensors header, when read already."""
+def vae_placement(module, device_report):
+    """Where a VAE-like module goes and in which dtypes (engine.model.dtypes.place, as build_components places a
+    checkpoint's VAE): the device, --cpu-vae, --vae-dtype, forced dtypes, from its weights' dtype and size."""
     from .formats.dtypes import dominant_float_dtype, dtype_name
     from .model.dtypes import overrides_from_options, place
-    from .model.wrapped import ModuleComponent
-    from .vae import load_vae
 
-    if header is None and path.endswith((".safetensors", ".sft")):
-        from .formats.safetensors import read_header
-
-        header = read_header(path)
-    vae = load_vae(path, pair=pair, header=header)
-    params = list(vae.parameters())
+    params = list(module.parameters())
     file_dtype = dominant_float_dtype(dtype_name(p.dtype) for p in params if p.is_floating_point())
     size = sum(p.numel() * p.element_size() for p in params)
     device, kw = "cpu", {}
@@ -69,7 +62,21 @@ def runnable_vae(path: str, device_report, *, pair: bool = True, header=None):
         kw.setdefault("info", device_report.selected)
         if device_report.vae_device:
             kw.setdefault("force_device", device_report.vae_device)
-    p = place("vae", file_dtype, device, size_bytes=size, **kw)
+    return place("vae", file_dtype, device, size_bytes=size, **kw)
+
+
+def runnable_vae(path: str, device_report, *, pair: bool = True, header=None):
+    """The VAE in `path` as a ModuleComponent with the placement rules build_components uses (device,
+    --cpu-vae, --vae-dtype, forced dtypes). `header`: the file's safetensors header, when read already."""
+    from .model.wrapped import ModuleComponent
+    from .vae import load_vae
+
+    if header is None and path.endswith((".safetensors", ".sft")):
+        from .formats.safetensors import read_header
+
+        header = read_header(path)
+    vae = load_vae(path, pair=pair, header=header)
+    p = vae_placement(vae, device_report)
     return ModuleComponent(
         component_name(vae),
         os.path.abspath(path),

@@ -9,28 +9,15 @@ from __future__ import annotations
 import os
 import time
 
-from .decoding import Parts
+from .decoding import Parts, vae_placement
 from .requests import frozen
 
 
 def _component(parts: Parts, path: str, name: str, model):
     """`model` as the ledger's component `name` of the file, placed as the file's VAE would be, replacing one before."""
-    from .formats.dtypes import dominant_float_dtype, dtype_name
-    from .model.dtypes import overrides_from_options, place
     from .model.wrapped import ModuleComponent
 
-    params = list(model.parameters())
-    file_dtype = dominant_float_dtype(dtype_name(p.dtype) for p in params if p.is_floating_point())
-    size = sum(p.numel() * p.element_size() for p in params)
-    device, kw, report = "cpu", {}, parts.device_report
-    if report is not None:
-        device = report.selected.torch_device
-        kw = dict(overrides_from_options("vae", report.options))
-        kw.setdefault("vram_state", report.vram_state.value)
-        kw.setdefault("info", report.selected)
-        if report.vae_device:
-            kw.setdefault("force_device", report.vae_device)
-    p = place("vae", file_dtype, device, size_bytes=size, **kw)
+    p = vae_placement(model, parts.device_report)
     # float32 on every device (the sound modules set their ops so: their vocoders lose the high band in bf16)
     comp = ModuleComponent(
         name, path, model, device=p.device, storage_dtype=p.storage_dtype, compute_dtype="float32"

@@ -147,6 +147,24 @@ def _count(sd: dict, pattern: str) -> int:
     return len({m.group(1) for k in sd if (m := rx.match(k))})
 
 
+def read_levels(sd: dict, prefix: str, w: str, resample: str, path: str) -> tuple:
+    """Each level `{prefix}N.` of an LDM-style audio decoder or encoder: its resnets (widths, shortcut), how many
+    attentions, and whether it has the resampler whose key ends `resample` (w: `.conv.weight` for wrapped convs)."""
+    levels = []
+    for i in range(_count(sd, re.escape(prefix) + r"(\d+)\.block\.0\.")):
+        p = f"{prefix}{i}."
+        blocks = []
+        for j in range(_count(sd, re.escape(p) + r"block\.(\d+)\.conv1\.")):
+            b = f"{p}block.{j}."
+            cout, cin = _shape(sd, f"{b}conv1{w}")[:2]
+            short = "nin" if f"{b}nin_shortcut{w}" in sd else "conv" if f"{b}conv_shortcut{w}" in sd else None
+            blocks.append(Block(cin, cout, short))
+        if not blocks:
+            raise FormatError(f"{path}: {p}block holds no resnets", path=path)
+        levels.append((tuple(blocks), _count(sd, re.escape(p) + r"attn\.(\d+)\.q\."), p + resample in sd))
+    return tuple(levels)
+
+
 def decoder_config(sd: dict[str, torch.Tensor], cfg: dict, path: str) -> AudioDecoderConfig:
     """The decoder's structure from its `decoder.*` tensors; the axis, bins and rates from `cfg` (Lightricks'
     "audio_vae" metadata entry or diffusers' config.json)."""
@@ -157,21 +175,7 @@ def decoder_config(sd: dict[str, torch.Tensor], cfg: dict, path: str) -> AudioDe
             f"{path}: no LTX-2 audio VAE decoder (decoder.conv_in of 2-D convolutions)", path=path
         )
     top, z = _shape(sd, f"decoder.conv_in{w}")[:2]
-    n = _count(sd, r"decoder\.up\.(\d+)\.block\.0\.")
-    levels = []
-    for i in range(n):
-        p = f"decoder.up.{i}."
-        blocks = []
-        for j in range(_count(sd, re.escape(p) + r"block\.(\d+)\.conv1\.")):
-            b = f"{p}block.{j}."
-            cout, cin = _shape(sd, f"{b}conv1{w}")[:2]
-            short = "nin" if f"{b}nin_shortcut{w}" in sd else "conv" if f"{b}conv_shortcut{w}" in sd else None
-            blocks.append(Block(cin, cout, short))
-        if not blocks:
-            raise FormatError(f"{path}: {p}block holds no resnets", path=path)
-        levels.append(
-            (tuple(blocks), _count(sd, re.escape(p) + r"attn\.(\d+)\.q\."), f"{p}upsample.conv{w}" in sd)
-        )
+    levels = read_levels(sd, "decoder.up.", w, f"upsample.conv{w}", path)
     ddc = cfg.get("model", {}).get("params", {}) if isinstance(cfg.get("model"), dict) else {}
     dd = ddc.get("ddconfig", ddc.get("decoder", {})) if isinstance(ddc, dict) else {}
     axis = cfg.get("causality_axis", dd.get("causality_axis", "height"))
@@ -183,7 +187,7 @@ def decoder_config(sd: dict[str, torch.Tensor], cfg: dict, path: str) -> AudioDe
     return AudioDecoderConfig(
         z=z,
         top=top,
-        levels=tuple(levels),
+        levels=levels,
         mid_attn="decoder.mid.attn_1.q.weight" in sd,
         norm="group" if "decoder.mid.block_1.norm1.weight" in sd else "pixel",
         out_ch=_shape(sd, f"decoder.conv_out{w}")[0],

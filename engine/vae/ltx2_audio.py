@@ -161,6 +161,15 @@ class Level(nn.Module):
             self.upsample = Upsample(cfg, blocks[-1].cout)
 
 
+def run_blocks(level: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """A level's resnets, each followed by its attention where the level has them (the decoder's and the encoder's)."""
+    for i, block in enumerate(level.block):
+        h = block(h)
+        if len(level.attn):
+            h = level.attn[i](h)
+    return h
+
+
 class Mid(nn.Module):
     def __init__(self, cfg: AudioDecoderConfig):
         super().__init__()
@@ -197,10 +206,7 @@ class AudioDecoder(nn.Module):
         frames = self.frames_out(z.shape[2])
         h = self.mid(self.conv_in(z))
         for level in reversed(self.up):
-            for i, block in enumerate(level.block):
-                h = block(h)
-                if len(level.attn):
-                    h = level.attn[i](h)
+            h = run_blocks(level, h)
             if hasattr(level, "upsample"):
                 h = level.upsample(h)
             ops.check_cancelled()

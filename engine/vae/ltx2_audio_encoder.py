@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
-from .ltx2_audio import Attention, Block, Mid, Resnet, _conv, _norm
+from .ltx2_audio import Attention, Block, Mid, Resnet, _conv, _norm, run_blocks
 
 N_FFT = 1024  # the release's STFT (its metadata: preprocessing.stft.filter_length; ComfyUI's default)
 
@@ -87,10 +87,7 @@ class AudioEncoder(nn.Module):
         """log mels [B, channels, frames, bins] -> the posterior's mean [B, z, frames / 4, bins / 4]."""
         h = self.conv_in(mel)
         for level in self.down:
-            for i, block in enumerate(level.block):
-                h = block(h)
-                if len(level.attn):
-                    h = level.attn[i](h)
+            h = run_blocks(level, h)
             if hasattr(level, "downsample"):
                 h = level.downsample(h)
             ops.check_cancelled()
@@ -185,38 +182,22 @@ class LTX2AudioEncoder(nn.Module):
 
 def encoder_config(sd: dict, cfg: dict, path: str) -> AudioEncoderConfig:
     """The encoder's structure from its `encoder.*` tensors (the release's names), the rest from the config."""
-    import re
 
     from ..errors import FormatError
-    from .audio_loading import _count, _shape
+    from .audio_loading import _shape, read_levels
 
     causal = "encoder.conv_in.conv.weight" in sd
     w = ".conv.weight" if causal else ".weight"
     if f"encoder.conv_in{w}" not in sd:
         raise FormatError(f"{path}: the audio VAE's encoder is not in this file (decoder only?)", path=path)
     base, in_ch = _shape(sd, f"encoder.conv_in{w}")[:2]
-    levels = []
-    for i in range(_count(sd, r"encoder\.down\.(\d+)\.block\.0\.")):
-        p = f"encoder.down.{i}."
-        blocks = []
-        for j in range(_count(sd, re.escape(p) + r"block\.(\d+)\.conv1\.")):
-            b = f"{p}block.{j}."
-            cout, cin = _shape(sd, f"{b}conv1{w}")[:2]
-            short = "nin" if f"{b}nin_shortcut{w}" in sd else "conv" if f"{b}conv_shortcut{w}" in sd else None
-            blocks.append(Block(cin, cout, short))
-        levels.append(
-            (
-                tuple(blocks),
-                _count(sd, re.escape(p) + r"attn\.(\d+)\.q\."),
-                f"{p}downsample.conv.weight" in sd,
-            )
-        )
+    levels = read_levels(sd, "encoder.down.", w, "downsample.conv.weight", path)
     ddc = cfg.get("model", {}).get("params", {}) if isinstance(cfg.get("model"), dict) else {}
     dd = ddc.get("ddconfig", ddc.get("encoder", {})) if isinstance(ddc, dict) else {}
     stft = cfg.get("preprocessing", {}).get("stft", {}) if isinstance(cfg.get("preprocessing"), dict) else {}
     top = _shape(sd, f"encoder.conv_out{w}")[1]
     return AudioEncoderConfig(
-        z=_shape(sd, f"encoder.conv_out{w}")[0] // 2, base=base, in_ch=in_ch, levels=tuple(levels),
+        z=_shape(sd, f"encoder.conv_out{w}")[0] // 2, base=base, in_ch=in_ch, levels=levels,
         mid_attn="encoder.mid.attn_1.q.weight" in sd, norm="group" if "encoder.mid.block_1.norm1.weight" in sd else "pixel",
         top=top, causal=causal, axis=cfg.get("causality_axis", dd.get("causality_axis", "height")),
         n_fft=int(cfg.get("n_fft", stft.get("filter_length", N_FFT))),
