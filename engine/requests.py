@@ -235,8 +235,8 @@ class AudioResult:
 
 @dataclass(frozen=True)
 class EncodeAudio:
-    """A sound (any file FFmpeg reads) through LTX-2's audio VAE encoder to a normalised audio latent, written to `out`
-    as a ComfyUI .latent [B, 8, T, 16] (engine.sound)."""
+    """A sound (any file FFmpeg reads) through an audio VAE's encoder to its normalised latent, written to `out`: LTX-2's
+    as a ComfyUI .latent [1, 8, T, 16], MiniMax-H3's rows [1, 2T, 32] as `audio_hidden_states` (engine.sound)."""
 
     vae: str
     audio: str

@@ -78,21 +78,22 @@ def decode_audio(parts: Parts, req, token, report):
 
 
 def encode_audio(parts: Parts, req, token, report):
-    """A sound file (engine.formats.audio_in) through LTX-2's audio encoder to a normalised latent, written as a
-    ComfyUI .latent [B, 8, T, 16] (atomically)."""
+    """A sound file (engine.formats.audio_in) through the file's audio encoder to its normalised latent, written
+    atomically: LTX-2's as a ComfyUI .latent [1, 8, T, 16], MiniMax-H3's rows [1, 2 T, 32] as `audio_hidden_states`."""
     import torch
 
     from . import ops
     from .formats.audio_in import read_audio
     from .formats.latent import write_latent
+    from .formats.safetensors import save_tensors
     from .jobs import Progress
     from .requests import EncodedAudio
-    from .vae.ltx2_audio_encoder import load_encoder
+    from .vae.audio_loading import load_sound_encoder
 
     wave, rate = read_audio(req.audio, req.seconds)  # before loading anything: a bad file costs nothing
     path = os.path.abspath(req.vae)
     comp = parts.loaded.of_file(path).get("audio_vae_encoder")
-    comp = comp or _component(parts, path, "audio_vae_encoder", load_encoder(path))
+    comp = comp or _component(parts, path, "audio_vae_encoder", load_sound_encoder(path))
     model = comp.module
     t0 = time.perf_counter()
     report(Progress("audio encode", 0, 1))
@@ -101,7 +102,10 @@ def encode_audio(parts: Parts, req, token, report):
     with ops.cancel_scope(token), torch.inference_mode():
         latent = model(mel.to(comp.device)).float().cpu()
     token.raise_if_cancelled()
-    write_latent(req.out, latent)
+    if latent.dim() == 4:  # LTX-2's [B, 8, T, 16]: a ComfyUI .latent
+        write_latent(req.out, latent)
+    else:  # MiniMax-H3's rows [1, 2 T, 32]: named as its step inputs take them
+        save_tensors(req.out, {"audio_hidden_states": latent.contiguous()})
     report(Progress("audio encode", 1, 1))
     info = {"device": str(comp.device), "latent_shape": list(latent.shape), "audio_seconds": wave.shape[1] / rate,
             "source_rate": rate, "channels": wave.shape[0], "normalised": model.latent_stats is not None,

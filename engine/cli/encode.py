@@ -17,7 +17,8 @@ DESCRIPTION = (
     "With a video VAE (Wan 2.1 / 2.2, ...) --image may also be a clip: a video file (MP4, MOV, MKV, WebM), "
     "an animated WebP or GIF, or a folder of frames (PNG / JPEG, in name order); its first frames are "
     "encoded, as many as the VAE takes (1 + 4k for Wan), to a 5-D latent. --audio encodes a sound with LTX-2's audio "
-    "VAE into its normalised latent [1, 8, T, 16] (25 latent frames a second), as ComfyUI's LTXV audio encode does."
+    "VAE into its normalised latent [1, 8, T, 16] (25 latent frames a second), as ComfyUI's LTXV audio encode does, "
+    "or with MiniMax-H3's into its reference rows audio_hidden_states [1, 2T, 32] (40 a second)."
 )
 
 
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     what.add_argument(
         "--audio", metavar="SOUND",
-        help="a sound (WAV, FLAC, MP3, OGG, M4A, a video's track) for LTX-2's audio VAE (--vae: its checkpoint)",
+        help="a sound (WAV, FLAC, MP3, OGG, M4A, a video's track) for LTX-2's or MiniMax-H3's audio VAE (--vae)",
     )  # fmt: skip
     parser.add_argument(
         "--seconds", type=float, metavar="S", help="--audio: encode at most its first S seconds"

@@ -396,3 +396,19 @@ def load_audio(path: str, vocoder: str | None = None, header=None) -> LTX2Audio:
         model.notes.append("the file keeps no latent statistics: the latent is decoded as it is")
     model.source = p
     return model
+
+
+def load_sound_encoder(path: str) -> nn.Module:
+    """The file's sound encoder: LTX-2's (engine.vae.ltx2_audio_encoder) or MiniMax-H3's
+    (engine.vae.minimax_h3_audio_encoder); each has `mels(wave, rate)`, `forward` to its latent, `notes`."""
+    from . import minimax_h3_audio_encoder as h3
+    from .loading import _made, read_state_dict, strict_load
+    from .ltx2_audio_encoder import load_encoder
+
+    p = os.fspath(path)
+    sd = read_state_dict(p)
+    if minimax_h3_audio.is_minimax_h3_audio(sd):
+        model = h3.build_encoder(sd, _beside(p), p, strict_load, _made)
+        model.source = p
+        return model
+    return load_encoder(p, sd)

@@ -204,7 +204,7 @@ def encoder_config(sd: dict, cfg: dict, path: str) -> AudioEncoderConfig:
     )  # fmt: skip
 
 
-def load_encoder(path: str) -> LTX2AudioEncoder:
+def load_encoder(path: str, sd: dict | None = None) -> LTX2AudioEncoder:
     """LTX-2's audio encoder from the release's checkpoint or diffusers' audio_vae/ weights, loaded strictly."""
     import os
 
@@ -212,9 +212,9 @@ def load_encoder(path: str) -> LTX2AudioEncoder:
     from .audio_loading import _MEAN, _STD, _beside, _meta, _part, decoder_config, is_ltx2_audio
     from .loading import _made, read_state_dict, strict_load
 
-    sd = read_state_dict(path)
+    sd = read_state_dict(path) if sd is None else sd
     if not is_ltx2_audio(sd):
-        raise FormatError(f"{os.path.basename(path)} holds no LTX-2 audio VAE: Loadout encodes sound with LTX-2's",
+        raise FormatError(f"{os.path.basename(path)} holds no audio VAE encoder Loadout runs (LTX-2's, MiniMax-H3's)",
                           path=path)  # fmt: skip
     audio = _part(sd, "audio_vae.") if any(k.startswith("audio_vae.") for k in sd) else sd
     meta = _meta(path) if path.endswith((".safetensors", ".sft")) else {}

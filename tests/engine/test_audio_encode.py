@@ -115,3 +115,47 @@ def test_what_is_refused(vae_path, tmp_path):
     (tmp_path / "noise.wav").write_bytes(b"RIFF not really")
     with pytest.raises(FormatError, match="not a sound FFmpeg can read"):
         read_audio(str(tmp_path / "noise.wav"))
+
+
+def test_minimax_h3_s_encoder_matches_diffusers_and_its_rows_decode(tmp_path, capsys):
+    """MiniMax-H3's reference soundtrack (modular_pipelines/minimax_h3 encoders.py): stereo at 32 kHz as two mono batch
+    items, the posterior's mean normalised by the config's statistics, channel-major rows; `loadout encode --audio`
+    writes them as `audio_hidden_states`, which `loadout decode` reads back to a WAV."""
+    from engine.cli import main
+    from engine.vae.audio_loading import load_sound_encoder
+
+    g = torch.Generator().manual_seed(4)
+    stats = dict(
+        latents_mean=torch.randn(32, generator=g).tolist(),
+        latents_std=(0.5 + torch.rand(32, generator=g)).tolist(),
+    )
+    ref = diffusers.AutoencoderKLMiniMaxH3Audio(encoder_dim=8, latent_dim=64, latent_channels=32, num_attention_heads=2,
+                                                decoder_dim=256, **stats).eval()  # fmt: skip
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.2 * r if n.endswith("alpha") and p.dim() == 3 else 0.3 * r if n.endswith(("alpha", "beta")) else r * 0.5 / max(1, p[0].numel()) ** 0.5)  # fmt: skip
+    ref.save_pretrained(tmp_path / "audio_vae")
+    path = str(tmp_path / "audio_vae" / "diffusion_pytorch_model.safetensors")
+    m = load_sound_encoder(path)
+    signal = torch.randn(1, 2, 7000, generator=g) * 0.3
+    with torch.no_grad():
+        x = m.mels(signal, 32000)  # padded to whole 800-sample frames
+        mean = ref.encode(x).latent_dist.mode().transpose(1, 2)
+        want = ((mean - torch.tensor(stats["latents_mean"])) / torch.tensor(stats["latents_std"])).reshape(
+            1, -1, 32
+        )
+        got = m(x)
+    assert x.shape == (2, 1, 7200) and got.shape == want.shape == (1, 18, 32)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    sound = _wav(tmp_path / "tone.wav", seconds=0.5, rate=16000, channels=2)
+    rows = tmp_path / "rows.safetensors"
+    assert main(["encode", "--vae", path, "--audio", str(sound), "--out", str(rows), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["latent_shape"] == [
+        1,
+        40,
+        32,
+    ]  # 0.5 s at 40 frames a second, x 2
+    assert main(["decode", "--vae", path, "--latent", str(rows), "--out", str(tmp_path / "back.wav")]) == 0
+    with wave.open(str(tmp_path / "back.wav")) as w:
+        assert (w.getnchannels(), w.getframerate(), w.getnframes()) == (2, 32000, 16000)
