@@ -6,7 +6,8 @@ Random weights (the releases' shapes: diffusers' defaults are the conversion scr
 `--seconds` of sound (25 latent frames a second), batch 1, on the CPU.
 
 Lines: audio_<ltx2|ltx23>_time_vs_diffusers (the ratio of the best decode times; goal <= 1.1: the same arithmetic,
-ours reading bf16 weights), with the largest sample difference from diffusers' waveform.
+ours reading bf16 weights), with the largest sample difference from diffusers' waveform; audio_ltx2_encode_time_vs_
+diffusers, the audio encoder on the same log mels.
 
 Usage: bench_audio.py [--seconds S] [--repeat N]
 """
@@ -84,9 +85,35 @@ def run(version: str, seconds: float, repeat: int, folder: Path) -> None:
             b = voc(vae.decode(z).sample)  # latents_mean 0, std 1: the same latent
             best["diffusers"] = min(best["diffusers"], time.perf_counter() - t0)
     name = "ltx2" if version == "2.0" else "ltx23"
+    if version == "2.0":  # the encoder is the same in both releases: timed once
+        encode(path, vae, seconds, repeat)
     record(f"audio_{name}_time_vs_diffusers", best["ours"], "s", baseline="diffusers_float32",
            baseline_value=best["diffusers"], goal=1.1, slack=0.05, seconds_of_sound=round(a.shape[-1] / ours.sample_rate, 3),
            sample_rate=ours.sample_rate, max_abs_diff=float((a - b).abs().max()))  # fmt: skip
+
+
+def encode(path: Path, vae, seconds: float, repeat: int) -> None:
+    """LTX-2's audio encoder on the log mels of `seconds` of noise: ours (bf16 weights cast per op) against diffusers'
+    encode and the pipeline's normalisation, float32."""
+    import torch
+
+    from engine.vae.ltx2_audio_encoder import load_encoder
+
+    ours = load_encoder(str(path))
+    wave = 0.3 * torch.randn(1, 2, round(16000 * seconds), generator=torch.Generator().manual_seed(2))
+    mel = ours.mels(wave, 16000)
+    best = {"ours": float("inf"), "diffusers": float("inf")}
+    with torch.inference_mode():
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            a = ours(mel)
+            best["ours"] = min(best["ours"], time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            b = vae.encode(mel).latent_dist.mode()  # latents_mean 0, std 1: the same normalisation
+            best["diffusers"] = min(best["diffusers"], time.perf_counter() - t0)
+    record("audio_ltx2_encode_time_vs_diffusers", best["ours"], "s", baseline="diffusers_float32",
+           baseline_value=best["diffusers"], goal=1.1, slack=0.05, latent_frames=a.shape[2],
+           max_abs_diff=float((a - b).abs().max()))  # fmt: skip
 
 
 def main() -> None:

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     if kind_of(args.out) == "wav":
         return _audio(args)
+    _sound_instead(args)
     try:
         shape = latent_info(args.latent).shape  # header only: a bad latent is refused before torch loads
     except FormatError as e:
@@ -186,6 +187,19 @@ def _audio(args: argparse.Namespace) -> int:
         print(f"  note: {n}")
     print(f"  wrote {args.out}")
     return EXIT_OK
+
+
+def _sound_instead(args: argparse.Namespace) -> None:
+    """An audio latent given for a picture or a clip: say how it decodes."""
+    from ..formats.latent import audio_latent_key
+
+    try:
+        key = audio_latent_key(args.latent)
+    except Exception:  # noqa: BLE001 -- not a readable latent: the decode says what is wrong with it
+        return
+    if key is not None:
+        raise EngineError(f"{args.latent} holds an audio latent ({key}): decode it to a .wav, or give it with "
+                          "--audio-latent beside a clip's latent to put the sound in the .mp4")  # fmt: skip
 
 
 def _image_instead(args: argparse.Namespace, e: FormatError) -> None:

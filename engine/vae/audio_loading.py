@@ -351,8 +351,10 @@ def load_audio(path: str, vocoder: str | None = None, header=None) -> LTX2Audio:
         model.source = p
         return model
     if not is_ltx2_audio(sd):
-        raise FormatError(f"{os.path.basename(p)} holds no LTX-2 audio VAE (audio_vae.decoder.*): give the "
-                          "release's checkpoint, or diffusers' audio_vae/ weights", path=p)  # fmt: skip
+        raise FormatError(
+            f"{os.path.basename(p)} holds no audio VAE Loadout decodes: give LTX-2's checkpoint (audio_vae.* and "
+            "vocoder.*) or diffusers' audio_vae/ weights of LTX-2, MiniMax-H3 or Kandinsky 6 (MMAudio)",
+            path=p)  # fmt: skip
     meta = _meta(p) if p.endswith((".safetensors", ".sft")) else {}
     audio = _part(sd, "audio_vae.") if any(k.startswith("audio_vae.") for k in sd) else sd
     dec_cfg = decoder_config(audio, meta.get("audio_vae") or _beside(p), p)

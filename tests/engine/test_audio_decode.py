@@ -153,6 +153,8 @@ def test_the_cli_writes_a_wav(models, tmp_path, capsys):
     pcm = torch.frombuffer(bytearray(frames), dtype=torch.int16).reshape(-1, 2).T.float() / 32767
     assert pcm.shape == ref.shape and (pcm - ref.clamp(-1, 1)).abs().max() <= 1.5 / 32767
     assert res["audio_seconds"] == pytest.approx(ref.shape[-1] / 48000, abs=1e-3)
+    assert main([*args[:-3], "--out", str(tmp_path / "sound.png")]) != 0  # a picture of a sound: said how it decodes
+    assert "holds an audio latent (audio_latent): decode it to a .wav" in capsys.readouterr().err
 
 
 def test_what_is_missing_is_said(models, tmp_path):
@@ -167,7 +169,7 @@ def test_what_is_missing_is_said(models, tmp_path):
     )
     assert m.sample_rate == 24000
     save_tensors(tmp_path / "image_vae.safetensors", {"decoder.conv_in.weight": torch.zeros(4, 4, 3, 3)})
-    with pytest.raises(FormatError, match="no LTX-2 audio VAE"):
+    with pytest.raises(FormatError, match="holds no audio VAE Loadout decodes"):
         load_audio(str(tmp_path / "image_vae.safetensors"))
     bwe = _lightricks_vocoder(vocs["2.3"].state_dict())
     sd.update({"vocoder." + k: v.contiguous() for k, v in bwe.items() if "mel_basis" not in k})
