@@ -153,7 +153,9 @@ def test_the_cli_writes_a_wav(models, tmp_path, capsys):
     pcm = torch.frombuffer(bytearray(frames), dtype=torch.int16).reshape(-1, 2).T.float() / 32767
     assert pcm.shape == ref.shape and (pcm - ref.clamp(-1, 1)).abs().max() <= 1.5 / 32767
     assert res["audio_seconds"] == pytest.approx(ref.shape[-1] / 48000, abs=1e-3)
-    assert main([*args[:-3], "--out", str(tmp_path / "sound.png")]) != 0  # a picture of a sound: said how it decodes
+    assert (
+        main([*args[:-3], "--out", str(tmp_path / "sound.png")]) != 0
+    )  # a picture of a sound: said how it decodes
     assert "holds an audio latent (audio_latent): decode it to a .wav" in capsys.readouterr().err
 
 
