@@ -99,21 +99,27 @@ class LTX2Audio(nn.Module):
         return "bigvgan" if self.vocoder.cfg.block == "AMP1" else "hifigan"
 
     def working_bytes(self, z: torch.Tensor) -> int:
-        """A decode's float32 working memory: the decoder's finest level (~4 maps of width x mel frames x bins) or the
-        vocoder's widest stage, whichever is larger; the extender's stage from the first stage's waveform's mels."""
+        """A decode's float32 working memory, the larger of its two halves (the decoder's maps are gone when the vocoder
+        runs): the decoder's widest map (a level's widest block at that level's (time, mel) size; the finest level's
+        first resnet takes the upsampled width of the level above) times ~5 live maps, and the vocoder's widest stage
+        (vocoder.stage_bytes; the extender's from the first stage's waveform's mels). Against a fresh process's RSS
+        peak at the releases' widths, 10 s of sound, CPU: the decoder alone 312 MiB estimated / 292 measured; the whole
+        decode 526 / 565 (LTX-2.0) and 526 / 359 (LTX-2.3; its vocoder alone measured 518 in another run)."""
         dec = self.audio_vae.decoder
-        mel = dec.frames_out(z.shape[2])
-        widest = 16 * dec.cfg.levels[0][0][-1].cout * mel * dec.cfg.mel_bins
+        mel, bins = dec.frames_out(z.shape[2]), dec.cfg.mel_bins
+        widest = max(max(max(b.cin, b.cout) for b in blocks) * (mel >> i) * (bins >> i)
+                     for i, (blocks, _, _) in enumerate(dec.cfg.levels))  # fmt: skip
+        need = 5 * 4 * widest
         if isinstance(self.vocoder, VocoderWithBWE):
             low = self.vocoder.vocoder.cfg
-            widest = max(
-                widest,
+            need = max(
+                need,
                 stage_bytes(low, mel),
                 stage_bytes(self.vocoder.cfg, mel * low.hop // self.vocoder.bwe.hop),
             )
         else:
-            widest = max(widest, stage_bytes(self.vocoder.cfg, mel))
-        return z.shape[0] * widest
+            need = max(need, stage_bytes(self.vocoder.cfg, mel))
+        return z.shape[0] * need
 
 
 def _meta(path: str) -> dict:

@@ -328,10 +328,14 @@ def fill_filters(model: nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, tor
 
 
 def stage_bytes(cfg: VocoderConfig, frames: int) -> int:
-    """A generator's widest float32 stage from `frames` input frames: width x samples there, ~4 maps live (6 in an
-    anti-aliased block: its activations run at twice the samples), the parallel resblocks' outputs summed."""
+    """A generator's widest float32 stage from `frames` input frames: its width x samples there, times the widest
+    resblock kernel + 7 -- a fit, not a count of maps (the stage's input, the resblocks' running sum and a block's
+    intermediates live together; an anti-aliased activation runs at twice the samples). Against a fresh process's RSS
+    peak at the releases' widths, 10 s of sound, CPU: LTX-2.0's HiFi-GAN 526 MiB estimated / 516 measured, LTX-2.3's
+    BigVGAN and extender 526 / 518 (engine.vae.audio_loading LTX2Audio.working_bytes)."""
     widest, c, n = 0, cfg.width, frames
+    k = max(cfg.res_kernels)
     for s in cfg.strides:
         c, n = c // 2, n * s
-        widest = max(widest, c * n * (6 if cfg.block == "AMP1" else 4))
+        widest = max(widest, c * n * (7 + k))
     return 4 * widest
