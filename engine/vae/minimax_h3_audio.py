@@ -97,6 +97,15 @@ def _original(k: str) -> str | None:
     return "decoder." + bigvgan_names(k[len("decoder.") :]) if k.startswith("decoder.") else None
 
 
+def config_stats(model: nn.Module, cfg: dict, z: int, without: str) -> None:
+    """The config.json's `latents_mean` / `latents_std` (z values each) as `model.latent_stats`, else a note saying so."""
+    mean, std = cfg.get("latents_mean"), cfg.get("latents_std")
+    if mean and std and len(mean) == len(std) == z:
+        model.latent_stats = (torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32))
+    else:
+        model.notes.append(f"no latents_mean / latents_std in a config.json beside the file: {without}")
+
+
 def build(sd: dict[str, torch.Tensor], cfg: dict, path: str, strict_load, made) -> MiniMaxH3Audio:
     """The decoder of diffusers' file (its encoder left unread), weight norms folded, loaded strictly; the latent
     statistics from its config.json."""
@@ -122,11 +131,5 @@ def build(sd: dict[str, torch.Tensor], cfg: dict, path: str, strict_load, made) 
     ops.set_compute_dtype(
         model, torch.float32
     )  # its DAC / BigVGAN stack degrades in bf16 (diffusers keeps it fp32)
-    mean, std = cfg.get("latents_mean"), cfg.get("latents_std")
-    if mean and std and len(mean) == len(std) == z:
-        model.latent_stats = (torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32))
-    else:
-        model.notes.append(
-            "no latents_mean / latents_std in a config.json beside the file: the latent is decoded as it is"
-        )
+    config_stats(model, cfg, z, "the latent is decoded as it is")
     return model

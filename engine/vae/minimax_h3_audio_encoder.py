@@ -161,7 +161,7 @@ def build_encoder(sd: dict, cfg: dict, path: str, strict_load, made) -> MiniMaxH
     """The encoder, `pre_block` and `mean_proj` of diffusers' file (weight norms folded), loaded strictly; the strides,
     heads and statistics from its config.json, else the release's."""
     from ..errors import FormatError
-    from .minimax_h3_audio import _fold
+    from .minimax_h3_audio import _fold, config_stats
 
     part = _fold({k: v for k, v in sd.items() if k.startswith(("encoder.", "pre_block.", "mean_proj."))})
     if "encoder.block.0.weight" not in part:
@@ -176,11 +176,5 @@ def build_encoder(sd: dict, cfg: dict, path: str, strict_load, made) -> MiniMaxH
     strict_load(model, part, path)
     ops.set_compute_dtype(model, torch.float32)
     model.rate = int(cfg.get("sampling_rate", RATE))
-    mean, std = cfg.get("latents_mean"), cfg.get("latents_std")
-    if mean and std and len(mean) == len(std) == z:
-        model.latent_stats = (torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32))
-    else:
-        model.notes.append(
-            "no latents_mean / latents_std in a config.json beside the file: the rows are not normalised"
-        )
+    config_stats(model, cfg, z, "the rows are not normalised")
     return model
