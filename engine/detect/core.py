@@ -6,7 +6,7 @@ import logging
 import math
 import operator
 from collections import Counter, defaultdict
-from itertools import repeat
+from itertools import compress, repeat
 
 from ..errors import UnsupportedModel
 from . import kinds
@@ -57,10 +57,15 @@ def _quant_report(ix: KeyIndex) -> tuple[tuple[Evidence, ...], Failure | None]:
     from ..errors import UnsupportedModel
     from ..quant.scaled import COMPANIONS, check_format, format_of, formats_in_metadata
 
-    # One pass of C-level suffix tests over the keys (a library scan runs this for every file): only a
-    # file with a quantization marker is looked at further.
+    # Only a file with a quantization marker is looked at further (a library scan asks every file). A
+    # model's key buckets exist by now: a lookup per marker says there is none; else (a LoRA) the suffix
+    # tests run over the keys in one C loop, in the keys' order.
     markers = _QUANT_SUFFIXES
-    hits = [k for k in ix.tensors if k.endswith(markers)]
+    if ix.bucketed() and not ix.count_ending(markers):
+        hits: list[str] = []
+    else:
+        keys = ix.tensors
+        hits = list(compress(keys, map(str.endswith, keys, repeat(markers))))
     for k in hits:
         for m, what in BNB_MARKERS:
             if k.endswith(m):

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import compress, repeat
 
 from ..formats.dtypes import DTYPES, nbytes_for
 from ..formats.index import ModelIndex
@@ -52,11 +53,37 @@ class KeyIndex:
         return shape[i] if shape is not None and -len(shape) <= i < len(shape) else None
 
     def with_prefix(self, prefix: str) -> list[str]:
-        return [k for k in self._pool(prefix) if k.startswith(prefix)]
+        pool = self._pool(prefix)
+        # str.startswith mapped over the pool: the test runs in C, not once per key in Python bytecode
+        return list(compress(pool, map(str.startswith, pool, repeat(prefix))))
 
     def has_prefix(self, prefix: str) -> bool:
         """Whether any key starts with `prefix`."""
-        return any(k.startswith(prefix) for k in self._pool(prefix))
+        pool = self._pool(prefix)
+        return any(map(str.startswith, pool, repeat(prefix)))
+
+    @cached_property
+    def text(self) -> str:
+        """Every key followed by a newline, in one string: a substring search asks something of every key
+        in one C loop (how often a word occurs, whether any key ends in `.x`: `".x\n" in text`)."""
+        return "\n".join(self.tensors) + "\n"
+
+    def bucketed(self) -> bool:
+        """Whether the buckets by last segments exist: every model's detection builds them, a LoRA's never."""
+        return "_by_tail" in self.__dict__
+
+    def count_ending(self, suffixes: Iterable[str]) -> int:
+        """At least the number of keys that end with any of `suffixes` (each `.seg` or `.seg.seg…`), from
+        the buckets by last segments: a dictionary lookup per suffix instead of a test per key. A bound,
+        not a count (a key may end with two suffixes, or be a suffix without its leading dot): for the
+        questions `how few could there be`, where each key test would cost more than the answer saves."""
+        n = 0
+        by_tail, by_last = self._by_tail, self._by_last
+        for s in suffixes:
+            tail = s.lstrip(".")
+            parts = tail.split(".")
+            n += len(by_tail.get(".".join(parts[-3:]), ()) if len(parts) >= 3 else by_last.get(tail, ()))
+        return n
 
     @cached_property
     def heads(self) -> dict[str, list[str]]:
@@ -80,11 +107,12 @@ class KeyIndex:
     def count_blocks(self, prefix: str) -> int:
         """How many numbered children `prefix{N}.` exist (N from 0 without gaps), as block counters do."""
         found = set()
-        pat = re.compile(re.escape(prefix) + r"(\d+)\.")
-        for k in self._pool(prefix):
-            m = pat.match(k)
-            if m:
-                found.add(int(m.group(1)))
+        pool, start = self._pool(prefix), len(prefix)
+        for k in compress(pool, map(str.startswith, pool, repeat(prefix))):  # the prefix's keys only
+            end = k.find(".", start)
+            number = k[start:end]
+            if end > start and number.isdecimal():  # what `\d+\.` matches (any Unicode digit: int reads it)
+                found.add(int(number))
         n = 0
         while n in found:
             n += 1
@@ -96,11 +124,18 @@ class KeyIndex:
         if suffix not in memo:
             n = len(suffix)
             parts = suffix.split(".")
-            # Keys are bucketed by their last three segments, so a probe only looks at its bucket.
-            pool = self._by_tail.get(".".join(parts[-3:]), ()) if len(parts) >= 3 else self.tensors
-            memo[suffix] = [
-                k[: len(k) - n] for k in pool if k.endswith(suffix) and (len(k) == n or k[-n - 1] == ".")
-            ]
+            # Keys are bucketed by their last three segments (and by their last one and two), so a probe
+            # only looks at its bucket: a one- or two-segment suffix (`dec_in_proj.weight`) read every
+            # key of every file before.
+            if len(parts) >= 3:
+                pool = self._by_tail.get(".".join(parts[-3:]), ())
+            else:
+                pool = self._by_last.get(suffix, ())
+            hits = [k for k in pool if k.endswith(suffix) and (len(k) == n or k[-n - 1] == ".")]
+            if len(hits) > 1 and len(parts) < 3:  # that bucket joins three-segment ones: the file's order
+                order = list(self.tensors)
+                hits.sort(key=order.index)
+            memo[suffix] = [k[: len(k) - n] for k in hits]
         return memo[suffix]
 
     @cached_property
@@ -112,7 +147,12 @@ class KeyIndex:
         out: dict[str, list[str]] = {}
         for k in self.tensors:
             parts = k.rsplit(".", 3)
-            out.setdefault(".".join(parts[-3:]), []).append(k)
+            tail = k[len(parts[0]) + 1 :] if len(parts) == 4 else k  # the last three segments, or all
+            group = out.get(tail)
+            if group is None:
+                out[tail] = [k]
+            else:
+                group.append(k)
         return out
 
     @cached_property

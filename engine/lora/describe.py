@@ -110,7 +110,10 @@ def infer_base(named: dict[str, Named], facts: dict[str, ModuleFacts]) -> str | 
         if c.slot.startswith("te") or c.slot in ("clip_l", "clip_g"):
             f = facts[n]
             if f.in_features and _dotted(c).endswith(_TE_WIDTH_PARTS):
-                te_widths.setdefault(c.slot, Counter())[f.in_features] += 1
+                widths = te_widths.get(c.slot)
+                if widths is None:  # (setdefault would build a Counter per module)
+                    widths = te_widths[c.slot] = Counter()
+                widths[f.in_features] += 1
 
     flat = " ".join(d for _, d in diff)
     decided, base = _family_2026(diff, facts) if diff else (False, None)
@@ -230,7 +233,10 @@ def describe_lora(index: Any, alphas: dict[str, float] | None = None) -> LoraInf
     metadata unless the caller passes the `alpha` tensors' values it has read (`alphas`: key -> value).
     """
     tensors = index.tensors
-    modules, other = group_modules(tensors)
+    names = getattr(index, "text", None)  # detection's KeyIndex joins the keys once for every rule
+    if not isinstance(names, str):
+        names = "\n".join(tensors)
+    modules, other = group_modules(tensors, names)
     if not modules or len(other) > sum(len(p) for p in modules.values()):
         return None  # a model with a few adapter-looking names is still a model
     shapes = _Shapes(tensors)
@@ -241,7 +247,6 @@ def describe_lora(index: Any, alphas: dict[str, float] | None = None) -> LoraInf
     ranks = Counter(f.rank for f in facts.values() if f.rank)
     rank = ranks.most_common(1)[0][0] if ranks else None
     metadata = dict(getattr(index, "metadata", {}) or {})
-    names = "\n".join(tensors)
     if ".processor.qkv_lora" in names or ".processor.proj_lora" in names:
         metadata.setdefault("software", "xlabs")
     if alphas:

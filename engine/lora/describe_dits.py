@@ -234,9 +234,15 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         "_attn1_to_" in lines and "_attn2_" not in lines and _width(diff, facts, _GLM_Q) == _GLM_WIDTH
     ):
         return True, "glm_image"
-    if _any_line(_MINIMAX_H3, lines, "blocks_", "\nfinal_layer_", "\naudio_proj_") or (
-        "\ntransformer_blocks_" in lines and _width(diff, facts, _MINIMAX_H3_Q) == _MINIMAX_H3_WIDTH
-    ):
+    if _any_line(
+        _MINIMAX_H3,
+        lines,
+        "\nblocks_",
+        "\ntransformer_blocks_",
+        "\ntoken_refiner_",
+        "\nfinal_layer_",
+        "\naudio_proj_",
+    ) or ("\ntransformer_blocks_" in lines and _width(diff, facts, _MINIMAX_H3_Q) == _MINIMAX_H3_WIDTH):
         return True, "minimax_h3"
     if _any_line(_MOCHI, lines, "\nblocks_", "\ntransformer_blocks_"):
         return True, "mochi"
@@ -250,7 +256,7 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "qwen_image21"
     if _any_line(_QWEN, lines, "\ntransformer_blocks_"):
         return True, "qwen_image"
-    if _any_line(_WAN_ANIMATE2, lines, "_block_", "_attn_to_", "_attn_add_", "_norm_added_k"):
+    if _any_line(_WAN_ANIMATE2, lines, "\nblocks_"):  # every name it matches starts so
         return True, "wan22"
     if _any_line(_WAN, lines, "\nblocks_", "\nvace_blocks_"):
         width = _width(diff, facts, _WAN_Q)
@@ -263,15 +269,18 @@ def _family_2026(diff, facts) -> tuple[bool, str | None]:
         return True, "hunyuan_video"
     if "\ndistilled_guidance_layer" in lines:
         return True, "chroma"
-    latent = _width(diff, facts, _IMG_IN) or _width(diff, facts, _IMG_OUT, "out_features")
+
+    def latent() -> int | None:  # asked only of FLUX-like names: a UNet's LoRA skips two searches per module
+        return _width(diff, facts, _IMG_IN) or _width(diff, facts, _IMG_OUT, "out_features")
+
     flux_like = any(
         n in lines for n in ("\ntime_embed_", "\ntransformer_blocks_", "\nsingle_transformer_blocks_")
     )
-    if _any_line(_BRIA_FIBO, lines, "\ncaption_projection_") or (flux_like and latent == 48):
+    if _any_line(_BRIA_FIBO, lines, "\ncaption_projection_") or (flux_like and latent() == 48):
         return True, "bria_fibo"
     if _any_line(_TIME_EMBED, lines, "\ntime_embed_"):  # without the latent's width, Bria 3.2 or FIBO: None
         text = _width(diff, facts, _CONTEXT_EMBEDDER)
-        return True, "longcat_image" if text == 3584 else "bria" if text == 4096 and latent == 64 else None
+        return True, "longcat_image" if text == 3584 else "bria" if text == 4096 and latent() == 64 else None
     if "\nsingle_transformer_blocks_" in lines:
         inner = _width(diff, facts, _FLUX_LIKE_MLP, "in_features")
         if inner and _width(diff, facts, _FLUX_LIKE_MLP, "out_features") == 8 * inner:

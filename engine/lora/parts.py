@@ -171,20 +171,24 @@ _ONE, _TWO, _THREE = _BY_SEGMENTS[2], _nested(2), _nested(3)
 assert not _ONE.keys() & {"weight", "bias"} and set(_TWO) | set(_THREE) <= {"weight", "bias"}
 
 
-def group_modules(keys: Iterable[str]) -> tuple[dict[str, dict[str, str]], list[str]]:
+def group_modules(
+    keys: Iterable[str], text: str | None = None
+) -> tuple[dict[str, dict[str, str]], list[str]]:
     """Group tensor names by adapter module: ({module: {part: key}}, keys that are no adapter part).
 
     Modules holding no weight-carrying part (a stray `alpha`) are returned among the other keys.
 
     split_key's answer for every key, inlined: a library scan groups every key of every LoRA, and the
     call, the joined suffixes and the tuples cost twice the lookups. Keys split_key treats specially
-    (attention processors, Flux norm scales) go through it.
+    (attention processors, Flux norm scales) go through it. `text`: the keys already joined by newlines,
+    where the caller has them (detection's KeyIndex.text).
     """
     modules: dict[str, dict[str, str]] = {}
     other: list[str] = []
     one, two, three = _ONE, _TWO, _THREE
     keys = list(keys)
-    text = "\n".join(keys)  # one search for the special names instead of two tests per key
+    if text is None:
+        text = "\n".join(keys)  # one search for the special names instead of two tests per key
     special = ".processor." in text or "_norm.scale" in text
     for key in keys:
         if special and (".processor." in key or key.endswith(_NORM_SCALES)):
