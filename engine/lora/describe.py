@@ -151,6 +151,13 @@ def infer_base(named: dict[str, Named], facts: dict[str, ModuleFacts]) -> str | 
 
 def target_of(c: Named, base: str | None, facts: ModuleFacts) -> str:
     """The component (DESIGN.md names) a module targets, from its name and the inferred base."""
+    return _target(c, base)
+
+
+# Memoised as classify is: a library's LoRAs of one base share their module names, and a text encoder's
+# name costs a regular-expression search.
+@functools.lru_cache(maxsize=1 << 14)
+def _target(c: Named, base: str | None) -> str:
     if c.slot in ("clip_l", "clip_g", "t5xxl"):
         return c.slot
     if c.slot == "diffusion":

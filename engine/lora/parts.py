@@ -171,6 +171,37 @@ _ONE, _TWO, _THREE = _BY_SEGMENTS[2], _nested(2), _nested(3)
 assert not _ONE.keys() & {"weight", "bias"} and set(_TWO) | set(_THREE) <= {"weight", "bias"}
 
 
+# Each plain key's split, remembered across files: the LoRAs of one trainer and base name the same keys
+# (every kohya SD1.5 LoRA the same 792), so a library scan splits each name once — a lookup instead of
+# three partitions and four dictionary probes a key. Bounded: emptied when full.
+_SPLITS: dict[str, tuple[str, str] | None] = {}
+_SPLITS_MAX = 1 << 15
+_MISS = object()
+
+
+def _split_plain(key: str) -> tuple[str, str] | None:
+    """split_key's answer for a key of no special form, by dictionary lookups of its last segments."""
+    mod, dot, last = key.rpartition(".")
+    if not dot:
+        return None
+    by_mid = _TWO.get(last)
+    if by_mid is None:  # not .weight / .bias: a one-segment suffix or nothing
+        part = _ONE.get(last)
+        return None if part is None else (mod, part)
+    rest, dot, mid = mod.rpartition(".")
+    if not dot:
+        return None
+    by_first = _THREE[last].get(mid) if last in _THREE else None
+    if by_first is not None:
+        head, dot3, first = rest.rpartition(".")
+        if dot3:
+            part = by_first.get(first)
+            if part is not None:
+                return head, part
+    part = by_mid.get(mid)
+    return None if part is None else (rest, part)
+
+
 def group_modules(
     keys: Iterable[str], text: str | None = None
 ) -> tuple[dict[str, dict[str, str]], list[str]]:
@@ -178,54 +209,32 @@ def group_modules(
 
     Modules holding no weight-carrying part (a stray `alpha`) are returned among the other keys.
 
-    split_key's answer for every key, inlined: a library scan groups every key of every LoRA, and the
-    call, the joined suffixes and the tuples cost twice the lookups. Keys split_key treats specially
-    (attention processors, Flux norm scales) go through it. `text`: the keys already joined by newlines,
+    split_key's answer for every key: a library scan groups every key of every LoRA, so a plain key's
+    split is looked up by dictionary lookups of its last segments (_split_plain) and remembered across
+    files. Keys split_key treats specially (attention processors, Flux norm scales) go through it. `text`: the keys already joined by newlines,
     where the caller has them (detection's KeyIndex.text).
     """
     modules: dict[str, dict[str, str]] = {}
     other: list[str] = []
-    one, two, three = _ONE, _TWO, _THREE
     keys = list(keys)
     if text is None:
         text = "\n".join(keys)  # one search for the special names instead of two tests per key
     special = ".processor." in text or "_norm.scale" in text
+    splits, miss = _SPLITS, _MISS
     for key in keys:
         if special and (".processor." in key or key.endswith(_NORM_SCALES)):
             sp = split_key(key)
-            if sp is None:
-                other.append(key)
-                continue
-            mod, part = sp
         else:
-            mod, dot, last = key.rpartition(".")
-            if not dot:
-                other.append(key)
-                continue
-            by_mid = two.get(last)
-            if by_mid is None:  # not .weight / .bias: a one-segment suffix or nothing
-                part = one.get(last)
-                if part is None:
-                    other.append(key)
-                    continue
-            else:
-                rest, dot, mid = mod.rpartition(".")
-                part = None
-                if dot:
-                    by_first = three[last].get(mid) if last in three else None
-                    if by_first is not None:
-                        head, dot3, first = rest.rpartition(".")
-                        if dot3:
-                            part = by_first.get(first)
-                            if part is not None:
-                                mod = head
-                    if part is None:
-                        part = by_mid.get(mid)
-                        if part is not None:
-                            mod = rest
-                if part is None:
-                    other.append(key)
-                    continue
+            sp = splits.get(key, miss)
+            if sp is miss:
+                sp = _split_plain(key)
+                if len(splits) >= _SPLITS_MAX:
+                    splits.clear()
+                splits[key] = sp
+        if sp is None:
+            other.append(key)
+            continue
+        mod, part = sp
         parts = modules.get(mod)
         if parts is None:
             modules[mod] = parts = {}
