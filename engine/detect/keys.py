@@ -8,11 +8,13 @@ with `tensors` (name -> info with dtype, shape, nbytes) and `metadata` adapts: o
 from __future__ import annotations
 
 import math
+import operator
 import re
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 
 from ..formats.dtypes import DTYPES, nbytes_for
 from ..formats.index import ModelIndex
@@ -72,25 +74,58 @@ class KeyIndex:
         """Whether the buckets by last segments exist: every model's detection builds them, a LoRA's never."""
         return "_by_tail" in self.__dict__
 
-    def count_ending(self, suffixes: Iterable[str]) -> int:
+    def count_ending(self, suffixes: tuple[str, ...]) -> int:
         """At least the number of keys that end with any of `suffixes` (each `.seg` or `.seg.seg…`), from
-        the buckets by last segments: a dictionary lookup per suffix instead of a test per key. A bound,
-        not a count (a key may end with two suffixes, or be a suffix without its leading dot): for the
-        questions `how few could there be`, where each key test would cost more than the answer saves."""
-        n = 0
-        by_tail, by_last = self._by_tail, self._by_last
+        the buckets by last three segments: a test per bucket (a few hundred in a checkpoint) instead of
+        one per key. Exact for suffixes of one or two segments (a key ends with `.x.y` exactly when its
+        bucket's name does); a longer one counts its whole bucket. For the question `how few could
+        there be`."""
+        by_tail = self._by_tail
+        short = tuple(s for s in suffixes if s.count(".") <= 2)
+        tails = list(by_tail)
+        hits = set(compress(tails, map(str.endswith, tails, repeat(short)))) if short else set()
         for s in suffixes:
-            tail = s.lstrip(".")
-            parts = tail.split(".")
-            n += len(by_tail.get(".".join(parts[-3:]), ()) if len(parts) >= 3 else by_last.get(tail, ()))
-        return n
+            if s.count(".") > 2:
+                hits.add(".".join(s.split(".")[-3:]))
+        return sum(len(by_tail.get(t, ())) for t in hits)
+
+    def _ending_in(self, suffix: str) -> list[str]:
+        """The keys that are `suffix` (one or two segments) or end with `.suffix`: the buckets by last
+        three segments whose names end so (a test per bucket, not per key), not in the file's order."""
+        by_tail = self._by_tail
+        tails = list(by_tail)
+        found = list(compress(tails, map(str.endswith, tails, repeat("." + suffix))))
+        if suffix in by_tail:
+            found.append(suffix)
+        return [k for t in found for k in by_tail[t]]
 
     @cached_property
     def heads(self) -> dict[str, list[str]]:
         """Keys grouped by their first dotted segment (`model`, `first_stage_model`, `conditioner`, …),
         built in one pass: a question about `first_stage_model.` looks at that group only."""
         out: dict[str, list[str]] = {}
-        for k in self.tensors:
+        keys = list(self.tensors)
+        n = len(keys)
+        # Where the keys stop ascending (one C pass). safetensors' own writer orders a header by dtype,
+        # then by name: a file is a few sorted runs. In a sorted run the keys under `head.` are one slice,
+        # ended where `head/` would sort ('/' follows '.'), so a checkpoint's 2,500 keys are grouped by a
+        # bisection per head and run instead of a split per key.
+        descents = list(compress(range(1, n), map(operator.gt, keys, islice(keys, 1, None))))
+        if len(descents) * 8 <= n:
+            bounds = [0, *descents, n]
+            for lo, hi in zip(bounds, bounds[1:], strict=False):
+                i = lo
+                while i < hi:
+                    head, dot, _ = keys[i].partition(".")
+                    j = bisect_left(keys, head + "/", i, hi) if dot else i + 1
+                    group = out.get(head)
+                    if group is None:
+                        out[head] = keys[i:j]
+                    else:
+                        group.extend(keys[i:j])
+                    i = j
+            return out
+        for k in keys:
             head = k.partition(".")[0]
             group = out.get(head)
             if group is None:
@@ -124,15 +159,15 @@ class KeyIndex:
         if suffix not in memo:
             n = len(suffix)
             parts = suffix.split(".")
-            # Keys are bucketed by their last three segments (and by their last one and two), so a probe
-            # only looks at its bucket: a one- or two-segment suffix (`dec_in_proj.weight`) read every
-            # key of every file before.
+            # Keys are bucketed by their last three segments, so a probe only looks at its bucket, or for
+            # a one- or two-segment suffix (`dec_in_proj.weight`) at the buckets whose names end so — it
+            # read every key of every file before.
             if len(parts) >= 3:
                 pool = self._by_tail.get(".".join(parts[-3:]), ())
             else:
-                pool = self._by_last.get(suffix, ())
+                pool = self._ending_in(suffix)
             hits = [k for k in pool if k.endswith(suffix) and (len(k) == n or k[-n - 1] == ".")]
-            if len(hits) > 1 and len(parts) < 3:  # that bucket joins three-segment ones: the file's order
+            if len(hits) > 1 and len(parts) < 3:  # from several buckets: back to the file's order
                 order = list(self.tensors)
                 hits.sort(key=order.index)
             memo[suffix] = [k[: len(k) - n] for k in hits]

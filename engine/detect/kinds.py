@@ -75,9 +75,10 @@ def lora_evidence(ix: KeyIndex) -> Evidence | None:
     # when few keys could, count the most that can pass the tests below from the key buckets, which a
     # model's detection builds anyway — a checkpoint is told apart in a few lookups instead of a test on
     # half its keys (the most frequent answer of a library scan).
-    if ix.text.count("lora") * 2 < len(keys):
+    named = ix.text.count("lora")
+    if named * 2 < len(keys):
         kohya = sum(len(group) for head, group in ix.heads.items() if head.startswith(_KOHYA))
-        if (kohya + ix.count_ending(_WEAK_OR_STRONG) + ix.text.count("lora")) * 2 < len(keys):
+        if (kohya + ix.count_ending(_WEAK_OR_STRONG) + named) * 2 < len(keys):
             return None
     adapterish = []
     allowed = len(keys) // 2  # more keys than this that are no adapter's: a model, stop looking

@@ -578,3 +578,35 @@ def test_metadata_architecture_is_a_claim_shown_beside_the_weights_verdict():
         "claims" in e.reason
         for e in det(unet(768), {"modelspec.architecture": "stable-diffusion-v1"}).evidence
     )
+
+
+def _heads_one_by_one(keys):
+    out = {}
+    for k in keys:
+        out.setdefault(k.partition(".")[0], []).append(k)
+    return out
+
+
+@pytest.mark.parametrize("order", ["sorted", "writer", "shuffled"])
+def test_key_heads_group_every_key_in_the_files_order(order):
+    """KeyIndex.heads groups a sorted run by bisection: the same groups, in the same order, as grouping key by
+    key — for a sorted file, one in the order safetensors' writer leaves (by dtype, then name: sorted runs) and a
+    shuffled one, with the awkward neighbours of `a.` (`a`, `a-x`, `a/`, `a_`, `.x`, a trailing dot)."""
+    import random
+
+    rng = random.Random(order)
+    for _ in range(300):
+        keys = sorted(
+            {
+                "".join(rng.choice("ab.-/_0") for _ in range(rng.randint(0, 7)))
+                for _ in range(rng.randint(0, 40))
+            }
+        )
+        if order == "writer":  # two dtypes, each sorted by name
+            cut = rng.randint(0, len(keys))
+            keys = sorted(keys[cut:]) + sorted(keys[:cut])
+        elif order == "shuffled":
+            rng.shuffle(keys)
+        ix = index_from_shapes({k: (1,) for k in keys})
+        want = _heads_one_by_one(keys)
+        assert ix.heads == want and list(ix.heads) == list(want)
