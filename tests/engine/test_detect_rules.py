@@ -610,3 +610,29 @@ def test_key_heads_group_every_key_in_the_files_order(order):
         ix = index_from_shapes({k: (1,) for k in keys})
         want = _heads_one_by_one(keys)
         assert ix.heads == want and list(ix.heads) == list(want)
+
+
+def test_suffix_questions_answer_as_a_test_of_every_key():
+    """prefixes_for (in the file's order) and count_ending look only in the buckets by last segments; they answer as
+    testing every key would: prefixes_for exactly, count_ending exactly for suffixes of one or two segments and never
+    below the count for longer ones."""
+    import random
+
+    rng = random.Random(7)
+    segs = ["a", "b", "w", "0", "1", ""]
+    for _ in range(300):
+        keys = list(
+            {".".join(rng.choice(segs) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 30))}
+        )
+        ix = index_from_shapes({k: (1,) for k in keys})
+        for _ in range(6):
+            suffix = ".".join(rng.choice(segs) for _ in range(rng.randint(1, 4)))
+            n = len(suffix)
+            want = [k[: len(k) - n] for k in keys if k.endswith(suffix) and (len(k) == n or k[-n - 1] == ".")]
+            assert ix.prefixes_for(suffix) == want, (keys, suffix)
+            dotted = (f".{suffix}",)
+            count = sum(k.endswith(dotted) for k in keys)
+            if suffix.count(".") <= 1:
+                assert ix.count_ending(dotted) == count, (keys, suffix)
+            else:
+                assert ix.count_ending(dotted) >= count, (keys, suffix)
