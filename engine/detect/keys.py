@@ -168,8 +168,8 @@ class KeyIndex:
                 pool = self._ending_in(suffix)
             hits = [k for k in pool if k.endswith(suffix) and (len(k) == n or k[-n - 1] == ".")]
             if len(hits) > 1 and len(parts) < 3:  # from several buckets: back to the file's order
-                order = list(self.tensors)
-                hits.sort(key=order.index)
+                found, keys = set(hits), self.tensors
+                hits = list(compress(keys, map(found.__contains__, keys)))  # one C pass, however many hits
             memo[suffix] = [k[: len(k) - n] for k in hits]
         return memo[suffix]
 

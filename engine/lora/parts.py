@@ -210,9 +210,9 @@ def group_modules(
     Modules holding no weight-carrying part (a stray `alpha`) are returned among the other keys.
 
     split_key's answer for every key: a library scan groups every key of every LoRA, so a plain key's
-    split is looked up by dictionary lookups of its last segments (_split_plain) and remembered across
-    files. Keys split_key treats specially (attention processors, Flux norm scales) go through it. `text`: the keys already joined by newlines,
-    where the caller has them (detection's KeyIndex.text).
+    split is found by dictionary lookups of its last segments (_split_plain) and remembered across
+    files. Keys split_key treats specially (attention processors, Flux norm scales) go through it.
+    `text`: the keys already joined by newlines, where the caller has them (detection's KeyIndex.text).
     """
     modules: dict[str, dict[str, str]] = {}
     other: list[str] = []
