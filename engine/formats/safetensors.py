@@ -18,20 +18,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
-from typing import Annotated, NamedTuple
+from typing import NamedTuple
 
 import msgspec
+from msgspec.structs import force_setattr
 
 from ..errors import FormatError
 from ..gcpause import gc_paused
 from .atomic import atomic_output
 from .dtypes import DTYPES, nbytes_for, torch_dtype
+from .index import MAX_DIMS, IndexedTensor
 from .magic import HEAD_BYTES, MAX_HEADER_BYTES, what_is
 from .mapping import frombuffer, map_whole
 
 # MAX_HEADER_BYTES (engine.formats.magic, which recognises a safetensors file by it): the largest
-# header this reader accepts.
-MAX_DIMS = 16
+# header this reader accepts; MAX_DIMS (engine.formats.index, whose IndexedTensor the fast path decodes
+# into): the largest rank.
 
 
 class TensorInfo(NamedTuple):
@@ -117,7 +119,7 @@ _BITS = {k: v[0] for k, v in DTYPES.items()}
 def parse_header(raw: bytes, *, path: str = "", file_size: int | None = None) -> SafetensorsHeader:
     """Validate a header's JSON bytes (without the 8-byte length) against the file's size."""
     with gc_paused():
-        fast = _parse_fast(raw, file_size, TensorInfo, index=False)
+        fast = _parse_fast(raw, file_size, index=False)
         if fast is not None:
             tensors, metadata, end = fast
             return SafetensorsHeader(
@@ -130,15 +132,10 @@ def parse_header(raw: bytes, *, path: str = "", file_size: int | None = None) ->
 # took 2 of the 5.6 ms an SDXL header cost, and checking types in Python as much again; `safe_open`
 # itself takes 2.5 ms). A header that fails any check here goes through `_parse_header`, which finds
 # the exact fault and says it, so a bad file's message never depends on which path read it.
-_NonNeg = Annotated[int, msgspec.Meta(ge=0)]
-
-
-class _Entry(msgspec.Struct, gc=False):
-    """A tensor entry. Every field is optional so that `__metadata__` (read separately) decodes too."""
-
-    dtype: str | None = None
-    shape: Annotated[tuple[_NonNeg, ...], msgspec.Meta(max_length=MAX_DIMS)] | None = None
-    data_offsets: tuple[_NonNeg, _NonNeg] | None = None
+# Entries decode straight into IndexedTensor (what an index holds): its annotations are the checks (a
+# non-negative int per dimension, at most MAX_DIMS, `data_offsets` a pair of them), every field optional
+# so that `__metadata__` (read separately) decodes too, and an absent one fails a test below.
+_ENTRIES = msgspec.json.Decoder(dict[str, IndexedTensor])
 
 
 class _Top(msgspec.Struct, gc=False):
@@ -147,15 +144,48 @@ class _Top(msgspec.Struct, gc=False):
     metadata: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw, name="__metadata__")
 
 
-_ENTRIES = msgspec.json.Decoder(dict[str, _Entry])
 _TOP = msgspec.json.Decoder(_Top)
+_BYTES = {k: b // 8 for k, b in _BITS.items() if b % 8 == 0}
 
 
-def _parse_fast(raw: bytes, file_size: int | None, cls: type, *, index: bool):
+def _spans_match(shapes: list, dtypes: list, sizes: list[int]) -> bool:
+    """Every tensor's shape and dtype need exactly its offsets' span (C-level passes, no Python per tensor).
+
+    Bytes first (every dtype but the sub-byte F4 / F6 ones, which take the bits); a shape that is not
+    there (None) raises TypeError for the caller."""
+    try:
+        return list(map(operator.mul, map(math.prod, shapes), map(_BYTES.__getitem__, dtypes))) == sizes
+    except KeyError:  # a sub-byte dtype, or one that is not a dtype at all
+        pass
+    try:
+        need = list(map(operator.mul, map(math.prod, shapes), map(_BITS.__getitem__, dtypes)))
+    except KeyError:
+        return False
+    return need == list(map(operator.mul, sizes, repeat(8)))
+
+
+def _tiled_end(begins: list[int], ends: list[int]) -> int | None:
+    """Where the data ends when the tensors tile it from 0 (the reference's own test), else None.
+
+    A writer lays tensors out in its header's order (safetensors' own does), so each begins where the one
+    before it ends: two list comparisons. Any other order is sorted by (begin, end) and tested so, each
+    tensor beginning where the one before it ends (a zero-byte tensor only at such a boundary). Sizes
+    are already known to be non-negative (_spans_match)."""
+    if not begins:
+        return 0
+    if begins[0] == 0 and begins[1:] == ends[:-1]:
+        return ends[-1]
+    spans = sorted(zip(begins, ends, strict=True))
+    if spans[0][0] != 0 or list(map(_FIRST, spans[1:])) != list(map(_SECOND, spans[:-1])):
+        return None
+    return spans[-1][1]
+
+
+def _parse_fast(raw: bytes, file_size: int | None, *, index: bool):
     """(tensors, metadata, end of the data) when the header is well-formed, else None.
 
-    cls is a NamedTuple of (name, dtype, shape, begin, end), a TensorInfo; with index=True it gets
-    (name, dtype, shape, nbytes, absolute offset), for an engine.formats IndexedTensor.
+    With index=True the tensors are IndexedTensor (name, dtype, shape, nbytes, absolute offset), for an
+    engine.formats index; else TensorInfo (name, dtype, shape, begin, end), for a header.
     """
     try:
         entries = _ENTRIES.decode(raw)
@@ -184,48 +214,45 @@ def _parse_fast(raw: bytes, file_size: int | None, cls: type, *, index: bool):
         for v in metadata.values():
             if type(v) is not str:
                 return None
-    # Every check below runs as a C-level pass over all entries (map, sort, slice comparisons): an
-    # SDXL header's 2,500 tensors cost 0.8 µs each through a Python loop, a third of that this way.
-    data_start = 8 + len(raw)
-    names = list(entries)
+    # Every check below runs as a C-level pass over all entries (map, slice comparisons): an SDXL
+    # header's 2,500 tensors cost 0.8 µs each through a Python loop, a third of that this way.
     infos = list(entries.values())
     dtypes = list(map(_DTYPE_OF, infos))
     shapes = list(map(_SHAPE_OF, infos))
-    offsets = list(map(_OFFSETS_OF, infos))
-    if None in shapes or None in offsets:
+    try:  # an absent shape or data_offsets is None here: TypeError
+        pairs = list(map(_OFFSET_OF, infos))
+        begins = list(map(_FIRST, pairs))
+        ends = list(map(_SECOND, pairs))
+        sizes = list(map(operator.sub, ends, begins))
+        if not _spans_match(shapes, dtypes, sizes):
+            return None  # a shape and dtype that need other than the offsets' span
+    except TypeError:
         return None
-    try:
-        bits = list(map(_BITS.__getitem__, dtypes))  # an unknown (or absent) dtype: KeyError
-    except KeyError:
+    pos = _tiled_end(begins, ends)
+    if pos is None:
         return None
-    begins = list(map(_FIRST, offsets))
-    ends = list(map(_SECOND, offsets))
-    sizes = list(map(operator.sub, ends, begins))
-    if sizes and min(sizes) < 0:
-        return None
-    if list(map(operator.mul, map(math.prod, shapes), bits)) != list(map(operator.mul, sizes, repeat(8))):
-        return None  # a shape and dtype that need other than the offsets' span
-    # The tensors must tile the data region from 0, the reference's own test: sorted by (begin, end),
-    # each begins where the one before it ends (a zero-byte tensor only at such a boundary).
-    pos = 0
-    if offsets:
-        spans = sorted(offsets)
-        first, last = spans[0], spans[-1]
-        if first[0] != 0 or list(map(_FIRST, spans[1:])) != list(map(_SECOND, spans[:-1])):
-            return None
-        pos = last[1]
+    data_start = 8 + len(raw)
     if file_size is not None and pos != file_size - data_start:
         return None
+    names = list(entries)
     if index:
-        rows = zip(names, dtypes, shapes, sizes, map(operator.add, begins, repeat(data_start)), strict=True)
-    else:
-        rows = zip(names, dtypes, shapes, begins, ends, strict=True)
-    # tuple.__new__ through a partial: C all the way (a NamedTuple's _make is a Python function, and
-    # cost 0.6 of an SDXL header's 2.9 ms).
-    return dict(zip(names, map(functools.partial(tuple.__new__, cls), rows), strict=True)), metadata, pos
+        # The decoded entries become the index's tensors: their name, size and absolute offset set by C
+        # passes (building a tuple per tensor instead cost a third of an SDXL header's parse).
+        set_ = force_setattr
+        list(map(set_, infos, repeat("name"), names))
+        list(map(set_, infos, repeat("nbytes"), sizes))
+        list(map(set_, infos, repeat("offset"), map(operator.add, begins, repeat(data_start))))
+        return entries, metadata, pos
+    # tuple.__new__ through a partial: C all the way (a NamedTuple's _make is a Python function).
+    rows = zip(names, dtypes, shapes, begins, ends, strict=True)
+    return (
+        dict(zip(names, map(functools.partial(tuple.__new__, TensorInfo), rows), strict=True)),
+        metadata,
+        pos,
+    )
 
 
-_DTYPE_OF, _SHAPE_OF, _OFFSETS_OF = (operator.attrgetter(a) for a in ("dtype", "shape", "data_offsets"))
+_DTYPE_OF, _SHAPE_OF, _OFFSET_OF = (operator.attrgetter(a) for a in ("dtype", "shape", "offset"))
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
@@ -362,19 +389,20 @@ def read_raw_header(p: str) -> tuple[bytes, int]:
     return raw, size
 
 
-def index_tensors(p: str, cls: type) -> tuple[dict, dict[str, str], int, int]:
-    """(tensors, metadata, file size, data size) of a safetensors file for engine.formats' index, each
-    tensor a `cls` (a NamedTuple) of (name, dtype, shape, nbytes, absolute offset)."""
+def index_tensors(p: str) -> tuple[dict[str, IndexedTensor], dict[str, str], int, int]:
+    """(tensors, metadata, file size, data size) of a safetensors file for engine.formats' index."""
     raw, size = read_raw_header(p)
     with gc_paused():
-        fast = _parse_fast(raw, size, cls, index=True)
+        fast = _parse_fast(raw, size, index=True)
     if fast is not None:
         tensors, metadata, data_size = fast
         return tensors, metadata, size, data_size
     with gc_paused():
         h = _parse_header(raw, p, size)  # the exact reader: it raises what is wrong
     start = h.data_start
-    tensors = {n: cls(n, t.dtype, t.shape, t.end - t.begin, start + t.begin) for n, t in h.tensors.items()}
+    tensors = {
+        n: IndexedTensor(n, t.dtype, t.shape, t.end - t.begin, start + t.begin) for n, t in h.tensors.items()
+    }
     return tensors, dict(h.metadata), h.file_size, h.data_size
 
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import FormatError, UnsupportedModel
-from engine.formats import ModelIndex, open_index
+from engine.formats import IndexedTensor, ModelIndex, open_index
 from engine.formats.dtypes import DTYPES
 from engine.formats.gguf import write_sparse_gguf
 from engine.formats.latent import read_latent, write_latent
@@ -248,6 +248,16 @@ def _header_cases():
         '{"a": {"dtype": "X9", "shape": [2], "data_offsets": [0, 8]}}',
         '{"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}',
         '{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "k": "data_offsets"}}',
+        json.dumps({"b": u, "z": z, "a": t}),  # the header's order is not the data's (the sorted test)
+        json.dumps({"z": {**z, "data_offsets": [0, 0]}, "a": t, "b": u}),  # zero bytes at the start
+        json.dumps({"a": t, "b": u, "f": {"dtype": "F4", "shape": [8], "data_offsets": [12, 16]}}),  # 4 bits
+        json.dumps({"a": t, "b": u, "f": {"dtype": "F4", "shape": [7], "data_offsets": [12, 16]}}),
+        json.dumps({"a": t, "b": {**u, "shape": [2, 2]}}),  # a shape that needs more than its span
+        '{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "name": "b", "nbytes": 1, "offset": 3}}',
+        '{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "nbytes": "x"}}',
+        '{"a": {"shape": [2], "data_offsets": [0, 8]}}',
+        '{"a": {"dtype": "F32", "shape": null, "data_offsets": [0, 8]}}',
+        '{"a": {"dtype": "F32", "shape": [2], "data_offsets": 8}}',
     ]
 
 
@@ -268,10 +278,18 @@ def _fast_agrees(sf, raw: bytes, size: int):
         exact = sf._parse_header(raw, "", size)
     except FormatError:
         exact = None
-    fast = sf._parse_fast(raw, size, sf.TensorInfo, index=False)
+    fast = sf._parse_fast(raw, size, index=False)
     if fast is not None:  # the fast path vouches only for what the exact reader accepts, identically
         assert exact is not None, raw
         assert fast[0] == exact.tensors and fast[1] == exact.metadata and fast[2] == exact.data_size
+    # and so does its index form (the entries decoded straight into IndexedTensor), on the same headers
+    indexed = sf._parse_fast(raw, size, index=True)
+    assert (indexed is None) == (fast is None), raw
+    if indexed is not None:
+        start = exact.data_start
+        want = {n: IndexedTensor(n, t.dtype, t.shape, t.nbytes, start + t.begin) for n, t in exact.tensors.items()}
+        assert indexed[0] == want and list(indexed[0]) == list(want), raw
+        assert indexed[1] == exact.metadata and indexed[2] == exact.data_size
     # and the public reader gives the exact reader's answer either way
     try:
         public = sf.parse_header(raw, file_size=size)
@@ -298,10 +316,10 @@ def test_well_formed_headers_take_the_fast_path():
 
     for text in _header_cases()[:2]:
         raw = text.encode()
-        fast = sf._parse_fast(raw, 8 + len(raw) + 12, sf.TensorInfo, index=False)
+        fast = sf._parse_fast(raw, 8 + len(raw) + 12, index=False)
         assert fast is not None and sorted(fast[0]) == sorted(
             k for k in json.loads(text) if k != "__metadata__"
         )
     raw = _safetensors_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    assert sf._parse_fast(raw[8 : 8 + n], len(raw), sf.TensorInfo, index=False) is not None
+    assert sf._parse_fast(raw[8 : 8 + n], len(raw), index=False) is not None
