@@ -62,8 +62,8 @@ _UPS = (("conv_pre.weight", "ups.{}.weight"), ("conv_pre.weight", "ups.{}.0.weig
 def _vocoders(ix: KeyIndex) -> list[Part]:
     roots: dict[str, tuple[str, str]] = {}
     for head, ups in _UPS:
-        # anchored on the first upsampler: a key of three segments or more is looked up in its tail's bucket, where
-        # `conv_pre.weight` alone would scan every key of every file a scan detects
+        # anchored on the first upsampler: a long suffix is a narrow slice of the suffix index, where
+        # `conv_pre.weight` alone would match many keys of every file a scan detects
         for p in ix.prefixes_for(ups.format(0)):
             if not ix.has(p + head) or ix.has(_parent(p) + "dec_in_proj.weight"):  # not MiniMax-H3's decoder
                 continue

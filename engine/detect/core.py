@@ -58,7 +58,7 @@ def _quant_report(ix: KeyIndex) -> tuple[tuple[Evidence, ...], Failure | None]:
     from ..quant.scaled import COMPANIONS, check_format, format_of, formats_in_metadata
 
     # Only a file with a quantization marker is looked at further (a library scan asks every file). A
-    # model's key buckets exist by now: a lookup per marker says there is none; else (a LoRA) the suffix
+    # model's suffix index exists by now: a bisection per marker says there is none; else (a LoRA) the suffix
     # tests run over the keys in one C loop, in the keys' order.
     markers = _QUANT_SUFFIXES
     if ix.bucketed() and not ix.count_ending(markers):

@@ -71,33 +71,51 @@ class KeyIndex:
         return "\n".join(self.tensors) + "\n"
 
     def bucketed(self) -> bool:
-        """Whether the buckets by last segments exist: every model's detection builds them, a LoRA's never."""
-        return "_by_tail" in self.__dict__
+        """Whether the suffix index exists: every model's detection builds it, a LoRA's never."""
+        return "_reversed" in self.__dict__
 
     def count_ending(self, suffixes: tuple[str, ...]) -> int:
-        """At least the number of keys that end with any of `suffixes` (each `.seg` or `.seg.seg…`), from
-        the buckets by last three segments: a test per bucket (a few hundred in a checkpoint) instead of
-        one per key. Exact for suffixes of one or two segments (a key ends with `.x.y` exactly when its
-        bucket's name does); a longer one counts its whole bucket. For the question `how few could
-        there be`."""
-        by_tail = self._by_tail
-        short = tuple(s for s in suffixes if s.count(".") <= 2)
-        tails = list(by_tail)
-        hits = set(compress(tails, map(str.endswith, tails, repeat(short)))) if short else set()
-        for s in suffixes:
-            if s.count(".") > 2:
-                hits.add(".".join(s.split(".")[-3:]))
-        return sum(len(by_tail.get(t, ())) for t in hits)
+        """How many keys end with one of `suffixes` (a key counted once per suffix it ends with), from
+        the suffix index: two bisections per suffix instead of a test per key."""
+        return sum(hi - lo for lo, hi in map(self._ending_slice, suffixes))
 
     def _ending_in(self, suffix: str) -> list[str]:
-        """The keys that are `suffix` (one or two segments) or end with `.suffix`: the buckets by last
-        three segments whose names end so (a test per bucket, not per key), not in the file's order."""
-        by_tail = self._by_tail
-        tails = list(by_tail)
-        found = list(compress(tails, map(str.endswith, tails, repeat("." + suffix))))
-        if suffix in by_tail:
+        """The keys that are `suffix` or end with `.suffix`, in the file's order: one slice of the suffix
+        index, the hits sorted by position (never a pass over every key)."""
+        lo, hi = self._ending_slice("." + suffix)
+        found = list(map(_REVERSED, self._reversed[lo:hi]))
+        if suffix in self.tensors:
             found.append(suffix)
-        return [k for t in found for k in by_tail[t]]
+        if len(found) > 1:
+            found.sort(key=self._position.__getitem__)
+        return found
+
+    def _ending_slice(self, suffix: str) -> tuple[int, int]:
+        """The slice of `_reversed` holding the keys that end with `suffix` (they start with it reversed)."""
+        r, s = self._reversed, suffix[::-1]
+        lo = bisect_left(r, s)
+        if not s:
+            return lo, len(r)
+        if s[-1] < "\U0010ffff":  # the first text after every one that starts with s
+            return lo, bisect_left(r, s[:-1] + chr(ord(s[-1]) + 1), lo)
+        hi = lo
+        while hi < len(r) and r[hi].startswith(s):
+            hi += 1
+        return lo, hi
+
+    @cached_property
+    def _reversed(self) -> list[str]:
+        """The suffix index: every key reversed, sorted, so the keys ending with a text are one slice
+        found by bisection. Built by C passes (a reversal per key, one sort): an SDXL checkpoint's 2,500
+        keys in 4.5M instructions, where grouping them by their last three segments in a Python loop
+        cost 9M, the largest part of its detection. (Sorting positions by reversed key instead, to
+        skip `_position`, cost more than both.)"""
+        return sorted(map(_REVERSED, self.tensors))
+
+    @cached_property
+    def _position(self) -> dict[str, int]:
+        """Each key's place in the file, to put a lookup's hits back in the file's order."""
+        return dict(zip(self.tensors, range(len(self.tensors)), strict=True))
 
     @cached_property
     def heads(self) -> dict[str, list[str]]:
@@ -154,53 +172,17 @@ class KeyIndex:
         return n
 
     def prefixes_for(self, suffix: str) -> list[str]:
-        """Every prefix P (empty or ending in '.') such that P + suffix is a key (memoised per index)."""
+        """Every prefix P (empty or ending in '.') such that P + suffix is a key (memoised per index), in
+        the file's order. The keys are `suffix` or end with `.suffix`: one slice of the suffix index."""
         memo = self._memo
         if suffix not in memo:
             n = len(suffix)
-            parts = suffix.split(".")
-            # Keys are bucketed by their last three segments, so a probe only looks at its bucket, or for
-            # a one- or two-segment suffix (`dec_in_proj.weight`) at the buckets whose names end so — it
-            # read every key of every file before.
-            if len(parts) >= 3:
-                pool = self._by_tail.get(".".join(parts[-3:]), ())
-            else:
-                pool = self._ending_in(suffix)
-            hits = [k for k in pool if k.endswith(suffix) and (len(k) == n or k[-n - 1] == ".")]
-            if len(hits) > 1 and len(parts) < 3:  # from several buckets: back to the file's order
-                found, keys = set(hits), self.tensors
-                hits = list(compress(keys, map(found.__contains__, keys)))  # one C pass, however many hits
-            memo[suffix] = [k[: len(k) - n] for k in hits]
+            memo[suffix] = [k[: len(k) - n] for k in self._ending_in(suffix)]
         return memo[suffix]
 
     @cached_property
     def _memo(self) -> dict[str, list[str]]:
         return {}
-
-    @cached_property
-    def _by_tail(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for k in self.tensors:
-            parts = k.rsplit(".", 3)
-            tail = k[len(parts[0]) + 1 :] if len(parts) == 4 else k  # the last three segments, or all
-            group = out.get(tail)
-            if group is None:
-                out[tail] = [k]
-            else:
-                group.append(k)
-        return out
-
-    @cached_property
-    def _by_last(self) -> dict[str, list[str]]:
-        """Keys bucketed by their last segment and by their last two (`weight` / `norm1.weight`), built
-        from the three-segment buckets: far fewer of those than keys."""
-        out: dict[str, list[str]] = {}
-        for tail, keys in self._by_tail.items():
-            parts = tail.rsplit(".", 2)
-            out.setdefault(parts[-1], []).extend(keys)
-            if len(parts) > 1:
-                out.setdefault(parts[-2] + "." + parts[-1], []).extend(keys)
-        return out
 
     @cached_property
     def by_pattern(self) -> dict[str, list[str]]:
@@ -215,20 +197,15 @@ class KeyIndex:
     def matches(self, suffix: str) -> list[tuple[str, str]]:
         """(prefix, key) for every key that is prefix + `suffix`, `#` in `suffix` standing for any block
         number, so a shard holding blocks 20-29 answers as well as the whole model. Only the keys that
-        end like `suffix` are looked at (bucketed by their last segments); memoised per index."""
+        end like `suffix` are looked at (the suffix index's slice for its segments after the last `#`);
+        memoised per index."""
         memo = self._matched
         if suffix in memo:
             return memo[suffix]
         want = suffix.split(".")
         n = len(want)
-        if n >= 3 and "#" not in want[-3:]:
-            pool = self._by_tail.get(".".join(want[-3:]), ())
-        elif n >= 2 and "#" not in want[-2:]:
-            pool = self._by_last.get(".".join(want[-2:]), ())
-        elif want[-1] != "#":
-            pool = self._by_last.get(want[-1], ())
-        else:
-            pool = self.tensors
+        literal = want[n - want[::-1].index("#") :] if "#" in want else want
+        pool = self._ending_in(".".join(literal)) if literal else self.tensors
         out = []
         for k in pool:
             segs = k.split(".")
@@ -260,10 +237,12 @@ class KeyIndex:
         segs = tail.split(".")
         # A tail of three whole segments or more (`.1.transformer_blocks.0.attn2.to_k.weight`): only the
         # keys ending in its last three segments can match.
-        pool = self._by_tail.get(".".join(segs[-3:]), ()) if len(segs) >= 4 else self.tensors
+        pool = self._ending_in(".".join(segs[-3:])) if len(segs) >= 4 else self.tensors
         hits = [k for k in pool if k.endswith(tail) and rx.fullmatch(k)]
         return min(hits, key=_natural) if hits else None
 
+
+_REVERSED = operator.itemgetter(slice(None, None, -1))
 
 # A numeric segment of a dotted key (`blocks.12.` or a leading `3.`): a block index or a Sequential slot.
 _NUMERIC_SEGMENT = re.compile(r"(?:(?<=\.)|^)\d+(?=\.|$)")

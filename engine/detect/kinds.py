@@ -72,8 +72,8 @@ def lora_evidence(ix: KeyIndex) -> Evidence | None:
     """Evidence that this is an adapter file, or None. Most keys must be adapter keys."""
     keys = list(ix.tensors)
     # Most keys of an adapter file name one (kohya `lora_unet_…`, PEFT `lora_A`, diffusers `.lora.down`):
-    # when few keys could, count the most that can pass the tests below from the key buckets, which a
-    # model's detection builds anyway — a checkpoint is told apart in a few lookups instead of a test on
+    # when few keys could, count the most that can pass the tests below from the head groups and the
+    # suffix index, which a model's detection builds anyway — a checkpoint is told apart in a few lookups instead of a test on
     # half its keys (the most frequent answer of a library scan).
     named = ix.text.count("lora")
     if named * 2 < len(keys):

@@ -297,7 +297,7 @@ def find_clip_vision(ix: KeyIndex) -> list[Part]:
     transformers 5 holds a CLIPVisionModel / SiglipVisionModel's tensors)."""
     parts = []
     towers = [(p, p + "vision_model.") for p in ix.prefixes_for("vision_model.post_layernorm.weight")]
-    towers += [  # (a three-segment suffix: prefixes_for looks in its bucket, not at every key)
+    towers += [  # (prefixes_for looks at the suffix index's slice for it, not at every key)
         (p, p)
         for p in ix.prefixes_for("embeddings.patch_embedding.weight")
         if not p.endswith("vision_model.")

@@ -613,14 +613,14 @@ def test_key_heads_group_every_key_in_the_files_order(order):
 
 
 def test_suffix_questions_answer_as_a_test_of_every_key():
-    """prefixes_for (in the file's order) and count_ending look only in the buckets by last segments; they answer as
-    testing every key would: prefixes_for exactly, count_ending exactly for suffixes of one or two segments and never
-    below the count for longer ones."""
+    """prefixes_for (in the file's order), count_ending and matches look only at a slice of the suffix index (the
+    keys reversed and sorted); they answer exactly as testing every key would — with segments that sort around
+    the dot, non-ASCII names and the last code point, where a prefix range's upper bound is built differently."""
     import random
 
     rng = random.Random(7)
-    segs = ["a", "b", "w", "0", "1", ""]
-    for _ in range(300):
+    segs = ["a", "b", "w", "0", "1", "", "a-", "/", "é", "\U0010ffff"]
+    for _ in range(400):
         keys = list(
             {".".join(rng.choice(segs) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 30))}
         )
@@ -630,9 +630,18 @@ def test_suffix_questions_answer_as_a_test_of_every_key():
             n = len(suffix)
             want = [k[: len(k) - n] for k in keys if k.endswith(suffix) and (len(k) == n or k[-n - 1] == ".")]
             assert ix.prefixes_for(suffix) == want, (keys, suffix)
-            dotted = (f".{suffix}",)
-            count = sum(k.endswith(dotted) for k in keys)
-            if suffix.count(".") <= 1:
-                assert ix.count_ending(dotted) == count, (keys, suffix)
-            else:
-                assert ix.count_ending(dotted) >= count, (keys, suffix)
+            assert ix.count_ending((f".{suffix}",)) == sum(k.endswith(f".{suffix}") for k in keys), (
+                keys,
+                suffix,
+            )
+            pattern = ".".join(
+                "#" if s in ("0", "1") and rng.random() < 0.5 else s for s in suffix.split(".")
+            )
+            want_m = []
+            for k in keys:
+                got, w = k.split("."), pattern.split(".")
+                if len(got) >= len(w) and all(
+                    a == b or (a == "#" and b.isdigit()) for a, b in zip(w, got[-len(w) :], strict=True)
+                ):
+                    want_m.append((".".join(got[: -len(w)]) + "." if len(got) > len(w) else "", k))
+            assert ix.matches(pattern) == want_m, (keys, pattern)
