@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -223,6 +224,9 @@ def _alpha_from_metadata(metadata: dict[str, str]) -> float | None:
     return None
 
 
+_SHAPE_OF = operator.attrgetter("shape")
+
+
 class _Shapes:
     """Tensor shapes, looked up only for the parts module_facts reads (no copy of the whole header)."""
 
@@ -246,7 +250,10 @@ def describe_lora(index: Any, alphas: dict[str, float] | None = None) -> LoraInf
     modules, other = group_modules(tensors, names)
     if not modules or len(other) > sum(len(p) for p in modules.values()):
         return None  # a model with a few adapter-looking names is still a model
-    shapes = _Shapes(tensors)
+    try:  # every tensor's shape in one C pass: module_facts' lookups are then a dict's
+        shapes = dict(zip(tensors, map(_SHAPE_OF, tensors.values()), strict=True))
+    except AttributeError:  # infos without a shape (a caller's own mapping)
+        shapes = _Shapes(tensors)
     named = {m: classify(m) for m in modules}
     facts = {m: module_facts(p, shapes) for m, p in modules.items()}
     base = infer_base(named, facts)

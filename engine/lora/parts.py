@@ -272,6 +272,10 @@ class ModuleFacts(NamedTuple):
     in_features: int | None  # for convolutions: input channels (kernel excluded) where knowable
 
 
+_NEW_FACTS = tuple.__new__  # a ModuleFacts from its four fields in one C call
+_ALGO = {"lora": ("lora",), "locon": ("locon",)}
+
+
 def _at(shape, i: int) -> int | None:
     return shape[i] if shape is not None and len(shape) > i else None
 
@@ -284,15 +288,21 @@ def module_facts(parts: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]
     """Algorithms, rank and (out, in) features of one module from the shapes of its parts."""
     down_key, up_key = parts.get("down"), parts.get("up")
     if down_key is not None and up_key is not None:  # LoRA / LoCon: nearly every module a scan sees
-        down, up = _dims(shapes[down_key]), _dims(shapes[up_key])
-        conv = len(down) == 4
-        algo = "locon" if "mid" in parts or (conv and down[2:] != (1, 1)) else "lora"
-        return ModuleFacts(
-            (algo, "dora") if "dora_scale" in parts or "magnitude" in parts else (algo,),
+        # (inlined: a library scan runs this once per module of every LoRA, and each Python call it
+        # saves — _dims twice, the NamedTuple's own __new__ — was a sixth of a LoRA's description)
+        down, up = shapes[down_key], shapes[up_key]
+        if type(down) is not tuple:
+            down = _dims(down)
+        if type(up) is not tuple:
+            up = _dims(up)
+        algo = "locon" if "mid" in parts or (len(down) == 4 and down[2:] != (1, 1)) else "lora"
+        facts = (
+            (algo, "dora") if "dora_scale" in parts or "magnitude" in parts else _ALGO[algo],
             down[0] if down else None,
             up[0] if up else None,
             down[1] if len(down) > 1 else None,
         )
+        return _NEW_FACTS(ModuleFacts, facts)
 
     def sh(part: str) -> tuple[int, ...] | None:
         key = parts.get(part)
