@@ -287,7 +287,9 @@ def _fast_agrees(sf, raw: bytes, size: int):
     assert (indexed is None) == (fast is None), raw
     if indexed is not None:
         start = exact.data_start
-        want = {n: IndexedTensor(n, t.dtype, t.shape, t.nbytes, start + t.begin) for n, t in exact.tensors.items()}
+        want = {
+            n: IndexedTensor(n, t.dtype, t.shape, t.nbytes, start + t.begin) for n, t in exact.tensors.items()
+        }
         assert indexed[0] == want and list(indexed[0]) == list(want), raw
         assert indexed[1] == exact.metadata and indexed[2] == exact.data_size
     # and the public reader gives the exact reader's answer either way
