@@ -73,8 +73,8 @@ def lora_evidence(ix: KeyIndex) -> Evidence | None:
     keys = list(ix.tensors)
     # Most keys of an adapter file name one (kohya `lora_unet_…`, PEFT `lora_A`, diffusers `.lora.down`):
     # when few keys could, count the most that can pass the tests below from the head groups and the
-    # suffix index, which a model's detection builds anyway — a checkpoint is told apart in a few lookups instead of a test on
-    # half its keys (the most frequent answer of a library scan).
+    # suffix index, which a model's detection builds anyway — a checkpoint is told apart in a few
+    # lookups instead of a test on half its keys (the most frequent answer of a library scan).
     named = ix.text.count("lora")
     if named * 2 < len(keys):
         kohya = sum(len(group) for head, group in ix.heads.items() if head.startswith(_KOHYA))

@@ -19,7 +19,7 @@ from ..errors import FormatError
 from ..gcpause import gc_paused
 from .atomic import atomic_output
 from .dtypes import nbytes_for, torch_dtype
-from .index import IndexedTensor
+from .index import IndexedTensor, index_of_header
 from .magic import HEAD_BYTES, MAX_HEADER_BYTES, what_is
 from .mapping import frombuffer, map_whole
 from .st_header import (  # noqa: F401 - re-exported: the reader's types and parsers live there
@@ -79,11 +79,8 @@ def index_tensors(p: str) -> tuple[dict[str, IndexedTensor], dict[str, str], int
         return tensors, metadata, size, data_size
     with gc_paused():
         h = _parse_header(raw, p, size)  # the exact reader: it raises what is wrong
-    start = h.data_start
-    tensors = {
-        n: IndexedTensor(n, t.dtype, t.shape, t.end - t.begin, start + t.begin) for n, t in h.tensors.items()
-    }
-    return tensors, dict(h.metadata), h.file_size, h.data_size
+    idx = index_of_header(h, p)  # (one place builds an index from a header)
+    return idx.tensors, idx.metadata, idx.file_size, idx.data_size
 
 
 class SafetensorsFile:

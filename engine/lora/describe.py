@@ -228,7 +228,7 @@ _SHAPE_OF = operator.attrgetter("shape")
 
 
 class _Shapes:
-    """Tensor shapes, looked up only for the parts module_facts reads (no copy of the whole header)."""
+    """Tensor shapes, looked up one by one, for a caller's mapping whose infos may lack a shape (then ())."""
 
     def __init__(self, tensors) -> None:
         self.tensors = tensors

@@ -273,7 +273,6 @@ class ModuleFacts(NamedTuple):
 
 
 _NEW_FACTS = tuple.__new__  # a ModuleFacts from its four fields in one C call
-_ALGO = {"lora": ("lora",), "locon": ("locon",)}
 
 
 def _at(shape, i: int) -> int | None:
@@ -288,8 +287,8 @@ def module_facts(parts: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]
     """Algorithms, rank and (out, in) features of one module from the shapes of its parts."""
     down_key, up_key = parts.get("down"), parts.get("up")
     if down_key is not None and up_key is not None:  # LoRA / LoCon: nearly every module a scan sees
-        # (inlined: a library scan runs this once per module of every LoRA, and each Python call it
-        # saves — _dims twice, the NamedTuple's own __new__ — was a sixth of a LoRA's description)
+        # (inlined: a library scan runs this once per module of every LoRA; the Python calls it saves —
+        # _dims twice, the NamedTuple's own __new__ — cost a kohya SD1.5 LoRA 0.9M of its 11M description)
         down, up = shapes[down_key], shapes[up_key]
         if type(down) is not tuple:
             down = _dims(down)
@@ -297,7 +296,7 @@ def module_facts(parts: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]
             up = _dims(up)
         algo = "locon" if "mid" in parts or (len(down) == 4 and down[2:] != (1, 1)) else "lora"
         facts = (
-            (algo, "dora") if "dora_scale" in parts or "magnitude" in parts else _ALGO[algo],
+            (algo, "dora") if "dora_scale" in parts or "magnitude" in parts else (algo,),
             down[0] if down else None,
             up[0] if up else None,
             down[1] if len(down) > 1 else None,
