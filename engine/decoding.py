@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .errors import Cancelled, FormatError
@@ -215,14 +217,12 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
 
     info = RunInfo()
     t0 = time.perf_counter()
-    parts.events.emit(DecodeStarted(comp.name, vae=comp.path, latent_shape=tuple(latent.shape),
-                                    requested_mode=req.mode, tiling=tiling, downscale=f))  # fmt: skip
-    try:
+    media = "video" if latent.dim() == 5 else "image"
+    started = DecodeStarted(comp.name, vae=comp.path, latent_shape=tuple(latent.shape), requested_mode=req.mode,
+                            tiling=tiling, downscale=f, media=media)  # fmt: skip
+    with marked(parts, started):
         img = vae_decode(vae, latent, device=device, dtype=dtype, budget=budget, token=token, report=report,
                          info=info, tiling=tiling, on_tiling=retiled)  # fmt: skip
-    except Cancelled:
-        parts.events.emit(JobCancelled(comp.name, 0, time.perf_counter() - t0, at="decode"))
-        raise
     frames: tuple[bytes, ...] = ()
     fps = 0.0
     if img.dim() == 5:  # a clip (N, F, 3, H, W): the first of the batch, frame by frame
@@ -235,8 +235,8 @@ def decode(parts: Parts, req: Decode, token, report) -> DecodeResult:
     dt = time.perf_counter() - t0
     out = {**info.to_json(), "vae_component": comp.name, "device": str(device),
            "latent_shape": list(latent.shape)}  # fmt: skip
-    parts.events.emit(DecodeFinished(comp.name, len(rgb) * max(1, len(frames)), dt, tiling=ran[0], dtype=info.dtype,
-                                     device=str(device), fp32_rerun=info.fp32_rerun,
+    parts.events.emit(DecodeFinished(comp.name, len(rgb) * max(1, len(frames)), dt, media=media, tiling=ran[0],
+                                     dtype=info.dtype, device=str(device), fp32_rerun=info.fp32_rerun,
                                      oom_retries=info.oom_retries))  # fmt: skip
     return DecodeResult(w, h, rgb, frozen(out), dt, req.latent, () if frames else _batch(img), frames, fps)
 
@@ -290,9 +290,16 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
     device, dtype = _place(parts, comp, "encode", x.shape[-2] * x.shape[-1], token, report, frames)
     t0 = time.perf_counter()
     tiling, budget = choose_tiling(comp.module, x, "encode", req, device, dtype)
-    lat = vae_encode(comp.module, x, device=device, dtype=dtype, budget=budget, token=token, report=report,
-                     info=info, tiling=tiling)  # fmt: skip
-    token.raise_if_cancelled()
+    media = "video" if x.dim() == 5 else "image"
+    started = DecodeStarted(comp.name, direction="encode", vae=comp.path, requested_mode=req.mode, tiling=tiling,
+                            downscale=comp.module.downscale, media=media)  # fmt: skip
+    with marked(parts, started):
+        lat = vae_encode(comp.module, x, device=device, dtype=dtype, budget=budget, token=token, report=report,
+                         info=info, tiling=tiling)  # fmt: skip
+        token.raise_if_cancelled()
+    parts.events.emit(DecodeFinished(comp.name, lat.numel() * 4, time.perf_counter() - t0, direction="encode",
+                                     media=media, tiling=tiling, dtype=info.dtype, device=str(device),
+                                     fp32_rerun=info.fp32_rerun, oom_retries=info.oom_retries))  # fmt: skip
     write_latent(req.out, lat)
     shown = "image"
     # MiniMax-H3's VAE decodes no frame from fewer than 2 latent frames (the release's chunks of 5, 3 of them
@@ -316,6 +323,19 @@ def encode(parts: Parts, req: Encode, token, report) -> DecodeResult:
     shown_frames = tuple(_rgb(x[0], i)[2] for i in range(x.shape[1])) if clip else ()
     fps = video_fps(comp.module) if shown_frames else 0.0
     return DecodeResult(w, h, rgb, frozen(out), time.perf_counter() - t0, req.out, (), shown_frames, fps)
+
+
+@contextmanager
+def marked(parts: Parts, started: DecodeStarted) -> Iterator[None]:
+    """The graph's marks of a job of this module or engine.sound: `started` now, and JobCancelled (at the job's
+    direction) when the job stops at a cancel check inside; the caller emits DecodeFinished with what it made."""
+    t0 = time.perf_counter()
+    parts.events.emit(started)
+    try:
+        yield
+    except Cancelled:
+        parts.events.emit(JobCancelled(started.component, 0, time.perf_counter() - t0, at=started.direction))
+        raise
 
 
 def encodable_frames(vae, n: int) -> int:

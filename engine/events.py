@@ -189,12 +189,13 @@ class DecodeStarted(Event):
     """A decode or encode starts with this tiling (the one it runs, not a guess)."""
 
     kind: ClassVar[EventKind] = EventKind.DECODE_STARTED
-    direction: str = "decode"
+    direction: str = "decode"  # or "encode": the same marks for a VAE's (or an audio VAE's) encoder
     vae: str = ""
-    latent_shape: tuple[int, ...] = ()
+    latent_shape: tuple[int, ...] = ()  # what the decoder takes; () for an encode (its latent comes out)
     requested_mode: str = "auto"
     tiling: Tiling = Tiling()
-    downscale: int = 8  # output pixels per latent pixel (16 for Wan 2.2)
+    downscale: int = 8  # output pixels per latent pixel (16 for Wan 2.2; 0 for a sound)
+    media: str = "image"  # "image", "video" or "sound" (an audio VAE, decoded or encoded whole)
 
 
 @dataclass(frozen=True)
@@ -209,8 +210,12 @@ class TilingChanged(Event):
 
 @dataclass(frozen=True)
 class DecodeFinished(Event):
+    """The decode or encode DecodeStarted announced ended; `bytes_moved` is what it made (the RGB bytes of every
+    frame, the latent's float32 bytes, a sound's float32 samples)."""
+
     kind: ClassVar[EventKind] = EventKind.DECODE_FINISHED
     direction: str = "decode"
+    media: str = "image"
     tiling: Tiling = Tiling()
     dtype: str = ""
     device: str = ""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import time
 
-from .decoding import Parts, vae_placement
+from .decoding import Parts, marked, vae_placement
+from .events import DecodeFinished, DecodeStarted
 from .requests import frozen
 
 
@@ -62,14 +63,19 @@ def decode_audio(parts: Parts, req, token, report):
     device = torch.device(comp.device)
     t0 = time.perf_counter()
     report(Progress("audio decode", 0, 1))
-    with ops.cancel_scope(token), torch.inference_mode():
+    started = DecodeStarted(comp.name, vae=comp.path, latent_shape=tuple(latent.shape), requested_mode="full",
+                            downscale=0, media="sound")  # fmt: skip
+    with marked(parts, started), ops.cancel_scope(token), torch.inference_mode():
         wave = model(z.to(device))
-    token.raise_if_cancelled()
+        token.raise_if_cancelled()
     notes = list(model.notes)
     if wave.shape[0] > 1:
         notes.append(f"the latent holds {wave.shape[0]} clips: the result is the first")
     samples = wave[0].float().T.contiguous().cpu().numpy().astype("<f4").tobytes()
     dt = time.perf_counter() - t0
+    parts.events.emit(
+        DecodeFinished(comp.name, len(samples), dt, media="sound", dtype="float32", device=str(device))
+    )
     report(Progress("audio decode", 1, 1))
     info = {"device": str(device), "latent_shape": list(latent.shape), "audio_seconds": wave.shape[-1] / model.sample_rate,
             "vocoder": model.describe(), "normalised": req.raw is False and model.latent_stats is not None,
@@ -99,9 +105,13 @@ def encode_audio(parts: Parts, req, token, report):
     report(Progress("audio encode", 0, 1))
     mel = model.mels(torch.from_numpy(wave)[None], rate)
     parts.residency.load([comp], extra_memory=64 * mel.numel() * 4 * 4, token=token, report=report)
-    with ops.cancel_scope(token), torch.inference_mode():
+    started = DecodeStarted(comp.name, direction="encode", vae=comp.path, requested_mode="full", downscale=0,
+                            media="sound")  # fmt: skip
+    with marked(parts, started), ops.cancel_scope(token), torch.inference_mode():
         latent = model(mel.to(comp.device)).float().cpu()
-    token.raise_if_cancelled()
+        token.raise_if_cancelled()
+    parts.events.emit(DecodeFinished(comp.name, latent.numel() * 4, time.perf_counter() - t0, direction="encode",
+                                     media="sound", dtype="float32", device=str(comp.device)))  # fmt: skip
     if latent.dim() == 4:  # LTX-2's [B, 8, T, 16]: a ComfyUI .latent
         write_latent(req.out, latent)
     else:  # MiniMax-H3's rows [1, 2 T, 32]: named as its step inputs take them

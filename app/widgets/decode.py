@@ -313,7 +313,7 @@ class DecodePanel(QWidget):
 
     def on_event(self, event) -> None:
         """The engine's own tiling: outline the tiles it will run (and again if a retry changes them)."""
-        if event.kind == EventKind.DECODE_STARTED:
+        if event.kind == EventKind.DECODE_STARTED and event.direction == "decode" and event.media != "sound":
             self.tiles, self.tiles_done = list(event.tiling.rects), 0
             self.video = event.tiling.tile_frames > 0
             shape = event.latent_shape or (1, 4, 64, 64)

@@ -226,7 +226,12 @@ class VramGraph(QWidget):
         # event.time is wall-clock; place it on the monotonic axis by its age.
         t = now - self.t0 - max(0.0, time.time() - event.time)
         mb = event.bytes_moved / 2**20
-        label = f"{event.kind} {event.component}" + (f" · {mb:,.0f} MiB" if mb >= 1 else "")
+        name = str(event.kind)
+        if getattr(event, "direction", "decode") == "encode":  # a VAE's encoder: the decode marks, named so
+            name = name.replace("Decode", "Encode")
+        media = getattr(event, "media", "image")
+        label = f"{name} {event.component}" + (f" ({media})" if media != "image" else "")
+        label += f" · {mb:,.0f} MiB" if mb >= 1 else ""
         if event.duration_s:
             label += f" · {event.duration_s * 1000:.0f} ms"
         self.events.append((t, event.kind, label))

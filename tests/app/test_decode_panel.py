@@ -178,6 +178,10 @@ def test_the_outline_is_the_engines_tiling_also_after_an_out_of_memory_retry(qtb
     retry = Tiling("tiled", 128, 32, tuple((0, 256, x, x + 128) for x in range(0, 512, 128)), 0)
     dec.on_event(TilingChanged("vae", tiling=retry, reason="out of memory"))
     assert rects() == list(retry.rects) and dec.tiles_done == 0
+    # a sound's decode and an encode announce themselves too (the graph marks them): no outline of theirs
+    dec.on_event(DecodeStarted("audio_vae", latent_shape=(1, 20, 128), downscale=0, media="sound"))
+    dec.on_event(DecodeStarted("vae", direction="encode", tiling=first))
+    assert rects() == list(retry.rects) and dec.scene.sceneRect().width() == 512
     job = type("J", (), {"id": 99})()
     dec.on_progress(job, Progress("VAE decode", 4, 4, "", TileDone(1, 1, 3, 4, retry.rects[3])))
     assert dec.tiles_done == 4
@@ -336,6 +340,10 @@ def test_a_sound_latent_decodes_through_the_audio_vae_and_saves_as_wav(qtbot, wi
         24000,
     ) and "0.77 s of stereo at 24000 Hz, hifigan" in dec.eta.text()
     assert dec.pixmap_item.pixmap().width() == 1200 and dec.save_button.isEnabled()
+    marks = [label for _, kind, label in w.graph.events if kind in ("DecodeStarted", "DecodeFinished")]
+    assert marks[-2].startswith("DecodeStarted audio_vae (sound)") and marks[-1].startswith(
+        "DecodeFinished audio_vae"
+    )
     saved = []
     dec.message.connect(lambda text, level: saved.append(text))
     dec.save(str(tmp_path / "sound"))

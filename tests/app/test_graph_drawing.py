@@ -253,3 +253,16 @@ def test_a_component_relabelled_by_a_second_of_its_name_stays_one_band(qtbot, gr
     g.redraw(force=True)
     want = ["transformer (a.safetensors)", "transformer (b.safetensors)", "transformer (c.safetensors)"]
     assert list(g.areas) == want and [it.name() for it in g.area_items.values()] == want
+
+
+def test_a_marker_says_what_ran_decode_or_encode_image_or_sound(graph):
+    """A VAE's encode carries the decode marks (one colour for the pair), named for what ran; a sound says so."""
+    from engine.events import DecodeFinished, DecodeStarted
+
+    graph.add_event(DecodeStarted("vae", direction="encode"))
+    graph.add_event(DecodeFinished("audio_vae", 3 << 20, 0.25, media="sound"))
+    graph.add_event(DecodeStarted("vae", media="video"))
+    (_, k1, l1), (_, k2, l2), (_, k3, l3) = graph.events
+    assert (k1, l1) == ("DecodeStarted", "EncodeStarted vae")
+    assert (k2, l2) == ("DecodeFinished", "DecodeFinished audio_vae (sound) · 3 MiB · 250 ms")
+    assert (k3, l3) == ("DecodeStarted", "DecodeStarted vae (video)")

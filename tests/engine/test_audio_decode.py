@@ -159,6 +159,58 @@ def test_the_cli_writes_a_wav(models, tmp_path, capsys):
     assert "holds an audio latent (audio_latent): decode it to a .wav" in capsys.readouterr().err
 
 
+def test_a_sound_decode_is_marked_on_the_graph_and_a_cancel_keeps_its_component(models, tmp_path):
+    """DecodeStarted / DecodeFinished (media "sound") around the decode, as an image's; a cancel inside the vocoder
+    says JobCancelled, emits no DecodeFinished and leaves the audio VAE loaded and unchanged in the ledger."""
+    from engine.devices import DeviceOptions
+    from engine.errors import Cancelled
+    from engine.facade import Engine
+    from engine.jobs import CancelToken
+    from engine.requests import DecodeAudio, DetectDevices
+
+    vae, vocs = models
+    path = _single_file(vae, vocs["2.0"], tmp_path / "ltx-2.safetensors")
+    save_tensors(
+        tmp_path / "in.safetensors", {"audio_latent": _z(6).transpose(1, 2).flatten(2, 3).contiguous()}
+    )
+    events = []
+    engine = Engine(on_event=events.append)
+    engine.events = events
+    engine.run(DetectDevices(DeviceOptions()))
+    res = engine.run(DecodeAudio(str(path), str(tmp_path / "in.safetensors")))
+    marks = [ev for ev in engine.events if ev.kind in ("DecodeStarted", "DecodeFinished")]
+    assert [(ev.kind, ev.media, ev.direction, ev.component) for ev in marks] == [
+        ("DecodeStarted", "sound", "decode", "audio_vae"),
+        ("DecodeFinished", "sound", "decode", "audio_vae"),
+    ]
+    assert marks[0].latent_shape == (1, 6, 128) and marks[0].downscale == 0
+    assert marks[1].bytes_moved == len(res.samples) > 0 and marks[1].dtype == "float32"
+    kinds = [ev.kind for ev in engine.events]
+    assert kinds.index("Loaded") < kinds.index("DecodeStarted")
+    before = engine.snapshot()
+    token = CancelToken()
+
+    def report(p):
+        if p.stage == "audio decode" and p.done == 0:
+            token.cancel("test")
+
+    n = len(engine.events)
+    with pytest.raises(Cancelled):
+        engine.decode_audio(
+            DecodeAudio(str(path), str(tmp_path / "in.safetensors")), token=token, report=report
+        )
+    after = [ev.kind for ev in engine.events[n:] if ev.bytes_moved or ev.kind != "Loaded"]  # (already loaded)
+    assert after == ["DecodeStarted", "Cancelled"], after
+    assert engine.events[-1].at == "decode"
+    rows = lambda snap: [(c.path, c.name, c.device_bytes, c.full_bytes) for c in snap.components]  # noqa: E731
+    assert rows(engine.snapshot()) == rows(before) and rows(before)[0][1] == "audio_vae"
+    c = engine.components[(str(path), "audio_vae")]
+    assert c.measured_tiers() == c.tier_bytes()
+    again = engine.run(DecodeAudio(str(path), str(tmp_path / "in.safetensors")))  # still usable, same sound
+    assert again.samples == res.samples
+    engine.close()
+
+
 def test_what_is_missing_is_said(models, tmp_path):
     vae, vocs = models
     sd = {"audio_vae." + k: v.contiguous() for k, v in vae.state_dict().items()}

@@ -101,6 +101,28 @@ def test_the_cli_encodes_a_wav_to_a_latent_the_decoder_reads(vae_path, tmp_path,
     assert torch.equal(mono[:, 0], mono[:, 1])
 
 
+def test_a_sound_encode_is_marked_on_the_graph(vae_path, tmp_path):
+    """DecodeStarted / DecodeFinished named an encode of a sound; what it made is the latent's float32 bytes."""
+    from engine.devices import DeviceOptions
+    from engine.facade import Engine
+    from engine.formats.latent import read_audio_latent
+    from engine.requests import DetectDevices, EncodeAudio
+
+    _, path = vae_path
+    events = []
+    engine = Engine(on_event=events.append)
+    engine.run(DetectDevices(DeviceOptions()))
+    out = tmp_path / "tone.latent"
+    engine.run(EncodeAudio(path, str(_wav(tmp_path / "tone.wav", seconds=0.5)), str(out)))
+    marks = [ev for ev in events if ev.kind in ("DecodeStarted", "DecodeFinished")]
+    assert [(ev.kind, ev.direction, ev.media, ev.component) for ev in marks] == [
+        ("DecodeStarted", "encode", "sound", "audio_vae_encoder"),
+        ("DecodeFinished", "encode", "sound", "audio_vae_encoder"),
+    ]
+    assert marks[1].bytes_moved == read_audio_latent(out).numel() * 4 > 0
+    engine.close()
+
+
 def test_what_is_refused(vae_path, tmp_path):
     from engine.formats.audio_in import read_audio
     from engine.formats.safetensors import save_tensors

@@ -106,6 +106,15 @@ def test_encode_writes_a_latent_and_keeps_the_vae_loaded(engine, files, tmp_path
     res = engine.run(Encode(files["vae"], str(img), str(out), mode="full"))
     assert tuple(res.info["latent_shape"]) == (1, 4, 6, 8) and tuple(read_latent(out).shape) == (1, 4, 6, 8)
     assert engine.snapshot().get("vae").device_bytes > 0
+    # marked on the graph as a decode is, named an encode; what it made is the latent's float32 bytes
+    start, end = (ev for ev in engine.events if ev.kind in ("DecodeStarted", "DecodeFinished"))
+    assert (start.kind, start.direction, start.media, start.tiling.mode) == (
+        "DecodeStarted",
+        "encode",
+        "image",
+        "full",
+    )
+    assert (end.kind, end.direction, end.bytes_moved) == ("DecodeFinished", "encode", 1 * 4 * 6 * 8 * 4)
 
 
 def _rss() -> int:
