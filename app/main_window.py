@@ -32,7 +32,7 @@ from app.excepthooks import CrashReporter, ErrorInfo
 from app.first_run import FirstRun
 from app.job_status import JobStatus
 from app.widgets.decode import DecodePanel
-from app.widgets.decode_inputs import CLIP_SUFFIXES, IMAGE_SUFFIXES, holds_a_latent
+from app.widgets.decode_inputs import CLIP_SUFFIXES, IMAGE_SUFFIXES, SOUND_SUFFIXES, holds_a_latent
 from app.widgets.inspector import InspectorPanel
 from app.widgets.library import LibraryPanel
 from app.widgets.loaded import LoadedPanel
@@ -45,7 +45,7 @@ log = logging.getLogger("loadout.app")
 # Icons live in the repository's top-level resources/ (a PyInstaller build puts them beside the code).
 RESOURCES = Path(getattr(sys, "_MEIPASS", Path(__file__).resolve().parents[1])) / "resources"
 # dropped alone, these go to Decode: latents, images, and clips to encode (a dropped folder is a model folder)
-DECODE_INPUTS = (".latent", *IMAGE_SUFFIXES, *CLIP_SUFFIXES)
+DECODE_INPUTS = (".latent", *IMAGE_SUFFIXES, *CLIP_SUFFIXES, *SOUND_SUFFIXES)
 LAYOUT_VERSION = 1
 
 

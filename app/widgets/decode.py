@@ -5,7 +5,9 @@ Play button (a QSlider and a QTimer at the family's frame rate; PySide6-Essentia
 saved as MP4, animated WebP or a folder of PNG frames. The panel sends its own requests: the estimate
 (header reads, answered by a background thread of the engine client), the decode or encode itself, and
 the clip's save (an IO request: the GUI thread never writes files). A sound's latent (LTX-2's, MiniMax-H3's,
-Kandinsky 6's) decodes through a sound decoder of the library, drawn as its waveform and saved as WAV."""
+Kandinsky 6's) decodes through a sound decoder of the library, drawn as its waveform and saved as WAV; a dropped
+sound encodes through an audio VAE whose file holds its encoder (LTX-2's, MiniMax-H3's) to a latent beside it, which
+then becomes the input: Decode plays back what a model would get."""
 
 from __future__ import annotations
 
@@ -45,9 +47,9 @@ from engine.requests import (
     DecodeAudio,
     DecodeEstimate,
     Encode,
+    EncodeAudio,
+    EncodedAudio,
     EstimateDecode,
-    SaveAudio,
-    SaveClip,
 )
 
 
@@ -211,8 +213,8 @@ class DecodePanel(QWidget):
         """A dropped or chosen file becomes the input if it is a latent or an image."""
         if di.input_kind(path) is None:
             self.message.emit(f"{os.path.basename(path)} is neither a latent (.latent, .safetensors) nor an "
-                              "image (.png, .jpg, .webp) or a clip (.mp4, .webm, .gif, a folder of frames): Decode "
-                              "cannot use it.", "warning")  # fmt: skip
+                              "image (.png, .jpg, .webp), a clip (.mp4, .webm, .gif, a folder of frames) or a sound "
+                              "(.wav, .flac, .mp3, ...): Decode cannot use it.", "warning")  # fmt: skip
             return False
         self.input_edit.setText(os.path.abspath(path))
         self.pick_vae()
@@ -230,23 +232,20 @@ class DecodePanel(QWidget):
 
     # -- estimate -----------------------------------------------------------------------------------------
 
-    def request(self) -> Decode | Encode | None:
+    def request(self) -> Decode | Encode | DecodeAudio | EncodeAudio | None:
         vae, src = self.vae_box.currentData(), self.input_edit.text().strip()
         if not vae or not src:
             return None
-        mode, tile, overlap = self.mode_box.currentData(), self.tile_spin.value(), self.overlap_spin.value()
-        kind = di.input_kind(src)
-        if kind == "image":
-            out = os.path.splitext(src)[0] + ".latent"
-            return Encode(vae, src, out, mode, tile, overlap)
-        return DecodeAudio(vae, src) if kind == "audio" else Decode(vae, src, mode, tile, overlap)
+        return di.request_for(
+            vae, src, self.mode_box.currentData(), self.tile_spin.value(), self.overlap_spin.value()
+        )
 
     def ask_estimate(self) -> None:
         """Ask the engine for the inputs' estimate (header reads, off the GUI thread)."""
         req = self.request()
         self._estimates += 1
         self._estimate = None
-        if req is None or self.client is None or isinstance(req, DecodeAudio):
+        if req is None or self.client is None or isinstance(req, (DecodeAudio, EncodeAudio)):
             self.estimate.setText(self.estimate_text())
             return
         source = req.latent if isinstance(req, Decode) else req.image
@@ -270,8 +269,8 @@ class DecodePanel(QWidget):
         req = self.request()
         if req is None:
             return "Choose a VAE and a latent (or an image to encode)."
-        if isinstance(req, DecodeAudio):
-            return "A sound's latent: decoded whole (the audio VAE, then its vocoder) in float32, shown as its waveform."
+        if isinstance(req, (DecodeAudio, EncodeAudio)):  # run whole: no estimate to ask
+            return di.sound_line(req, di.suits(req.vae, "sound", self._is_sound(req.vae)))
         if est is None:
             return self.estimate.text()  # the answer is on its way: keep what is shown
         if isinstance(est, str):
@@ -287,9 +286,9 @@ class DecodePanel(QWidget):
     @Slot()
     def _on_inputs_changed(self, *_):
         req = self.request()
-        self.run_button.setText("Encode" if isinstance(req, Encode) else "Decode")
+        self.run_button.setText("Encode" if isinstance(req, (Encode, EncodeAudio)) else "Decode")
         self.run_button.setEnabled(req is not None and self.job_id is None)
-        sound = isinstance(req, DecodeAudio)  # decoded whole: no mode, no tiles
+        sound = isinstance(req, (DecodeAudio, EncodeAudio))  # run whole: no mode, no tiles
         tiled = self.mode_box.currentData() == "tiled" and not sound
         self.mode_box.setEnabled(not sound)
         self.tile_spin.setEnabled(tiled)
@@ -371,7 +370,7 @@ class DecodePanel(QWidget):
     def _on_done(self, result) -> None:
         self.job_id = None
         self.result = result
-        if isinstance(result, AudioResult):
+        if isinstance(result, (AudioResult, EncodedAudio)):
             return self._on_sound(result)
         img = QImage(
             result.rgb, result.width, result.height, result.width * 3, QImage.Format.Format_RGB888
@@ -407,15 +406,24 @@ class DecodePanel(QWidget):
         self.save_button.setEnabled(True)
         self._on_inputs_changed()
 
-    def _on_sound(self, r: AudioResult) -> None:
-        img = di.waveform_image(r.samples, r.channels)
+    def _on_sound(self, r: AudioResult | EncodedAudio) -> None:
+        """A decoded sound's waveform (Save writes it as WAV); an encoded one's latent becomes the input."""
+        encoded = isinstance(r, EncodedAudio)
+        img = (
+            QImage() if encoded else di.waveform_image(r.samples, r.channels)
+        )  # (nothing stale beside the text)
         self.pixmap_item.setPixmap(QPixmap.fromImage(img))
         self.scene.setSceneRect(0, 0, img.width(), img.height())
         self.fit()
-        self.eta.setText(f"done in {r.seconds:.2f} s ({di.sound_text(r)})")
+        wrote = f" · wrote {os.path.basename(r.out)}" if encoded else ""
+        self.eta.setText(f"done in {r.seconds:.2f} s ({di.sound_text(r)}){wrote}")
         self.progress.setRange(0, 1)
         self.progress.setValue(1)
-        self.save_button.setEnabled(True)
+        self.save_button.setEnabled(not encoded)  # the latent is written already
+        if r.info.get("notes"):
+            self.message.emit("; ".join(r.info["notes"]), "info")
+        if encoded:
+            self.set_input(r.out)  # Decode now plays back what a model would get
         self._on_inputs_changed()
 
     def _on_failed(self, info) -> None:
@@ -443,9 +451,10 @@ class DecodePanel(QWidget):
 
     @Slot()
     def _on_browse_clicked(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "A latent or an image", os.path.dirname(self.input_edit.text()),
-                                              "Latents, images and clips (*.latent *.safetensors *.png *.jpg *.jpeg *.webp "
-                                              "*.mp4 *.mov *.mkv *.webm *.gif)")  # fmt: skip
+        folder = os.path.dirname(self.input_edit.text())
+        path, _ = QFileDialog.getOpenFileName(
+            self, "A latent, an image, a clip or a sound", folder, di.BROWSE_FILTER
+        )
         if path:
             self.set_input(path)
 
@@ -477,21 +486,10 @@ class DecodePanel(QWidget):
     def save(self, path: str) -> None:
         """An image as PNG; a clip as .mp4 / .webp / folder/, a sound as .wav, through the engine's IO thread
         (atomically)."""
-        r = self.result
-        if isinstance(r, AudioResult):
-            path = path if path.lower().endswith(".wav") else path + ".wav"
-            req = SaveAudio(path, r.samples, r.channels, r.sample_rate)
-            self.client.submit(
-                req, lambda done: self.message.emit(f"Saved {path}", "info"), self.client.report_error
-            )
-            return
-        if self.player.frame_count():
-            r = self.result
-            if not path.lower().endswith((".mp4", ".webp", "/")):
-                path += ".mp4"
-            req = SaveClip(path, r.frames, r.width, r.height, r.fps or 16.0)
-            self.client.submit(req, lambda done: self.message.emit(f"Saved {path} ({len(r.frames)} frames)", "info"),
-                               self.client.report_error)  # fmt: skip
+        saving = di.save_request(self.result, path, bool(self.player.frame_count()))
+        if saving is not None:
+            req, said = saving
+            self.client.submit(req, lambda done: self.message.emit(said, "info"), self.client.report_error)
             return
         self.pixmap_item.pixmap().save(path, "PNG")
         self.message.emit(f"Saved {path}", "info")

@@ -14,37 +14,54 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 CLIP_SUFFIXES = VIDEO_FILE_SUFFIXES + (
     ".gif",
 )  # encoded with a video VAE (an animated WebP is an image suffix)
+# a sound to encode with an audio VAE's encoder (engine.formats.audio_in reads what FFmpeg reads)
+SOUND_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac")
+BROWSE_FILTER = "Latents, images, clips and sounds ({})".format(
+    " ".join("*" + x for x in (*LATENT_SUFFIXES, *IMAGE_SUFFIXES, *CLIP_SUFFIXES, *SOUND_SUFFIXES))
+)
 
 
 def input_kind(path: str) -> str | None:
     """'image' for pixels to encode (an image, or a clip: a video file, an animated GIF / WebP, a folder of
-    frames, engine.vae.clips), 'audio' for a sound's latent (its header says so: engine.formats.latent),
-    'latent' for another latent to decode, None for anything else."""
+    frames, engine.vae.clips), 'sound' for a sound to encode, 'audio' for a sound's latent (its header says so:
+    engine.formats.latent), 'latent' for another latent to decode, None for anything else."""
     p = path.lower()
     if p.endswith(IMAGE_SUFFIXES + CLIP_SUFFIXES) or os.path.isdir(path):
         return "image"
+    if p.endswith(SOUND_SUFFIXES):
+        return "sound"
     if p.endswith(LATENT_SUFFIXES):
         return "audio" if _audio(path) else "latent"
     return None
 
 
-_HEADS: dict[
-    tuple[str, int, int], bool
-] = {}  # (path, size, mtime) -> an audio latent: one header read per file
+_HEADS: dict[tuple[str, int, int, str], bool] = {}  # (path, size, mtime, question) -> the header's answer
 
 
 def _audio(path: str) -> bool:
     from engine.formats.latent import audio_latent_key
 
+    return _asked(path, "audio", lambda: audio_latent_key(path) is not None)
+
+
+def _encodes_sound(path: str) -> bool:
+    from engine.detect.audio_vaes import encodes_sound
+    from engine.formats.safetensors import read_header
+
+    return _asked(path, "encoder", lambda: encodes_sound(read_header(path).tensors))
+
+
+def _asked(path: str, question: str, answer) -> bool:
+    """A question of a file's header, asked once per (path, size, mtime)."""
     try:
         st = os.stat(path)
     except OSError:
         return False
-    key = (path, st.st_size, st.st_mtime_ns)
+    key = (path, st.st_size, st.st_mtime_ns, question)
     if key not in _HEADS:
         try:
-            _HEADS[key] = audio_latent_key(path) is not None
-        except Exception:  # noqa: BLE001 -- an unreadable file is no audio latent; the decode says what is wrong
+            _HEADS[key] = answer()
+        except Exception:  # noqa: BLE001 -- an unreadable file answers no; the run says what is wrong
             _HEADS[key] = False
     return _HEADS[key]
 
@@ -63,13 +80,42 @@ def holds_a_latent(path: str) -> bool:
         return False
 
 
+def request_for(vae: str, src: str, mode: str, tile: int, overlap: int):
+    """The job for the inputs: an image or clip to encode, a sound to encode (each to a .latent beside it), a sound's
+    latent or another latent to decode."""
+    from engine.requests import Decode, DecodeAudio, Encode, EncodeAudio
+
+    kind = input_kind(src)
+    out = os.path.splitext(src)[0] + ".latent"
+    if kind == "image":
+        return Encode(vae, src, out, mode, tile, overlap)
+    if kind == "sound":
+        return EncodeAudio(vae, src, out)
+    return DecodeAudio(vae, src) if kind == "audio" else Decode(vae, src, mode, tile, overlap)
+
+
+def sound_line(req, encodes: bool) -> str:
+    """What a sound's job will do (it runs whole: no estimate), or, for a sound to encode with a VAE that cannot
+    (`encodes` False), what to choose instead."""
+    if not hasattr(req, "out"):
+        return "A sound's latent: decoded whole (the audio VAE, then its vocoder) in float32, shown as its waveform."
+    if not encodes:
+        return ("A sound: this VAE cannot encode it; choose an audio VAE whose file holds its encoder (LTX-2's, "
+                "MiniMax-H3's).")  # fmt: skip
+    return (f"A sound: encoded whole by the audio VAE's encoder in float32 to {os.path.basename(req.out)}, which then "
+            "becomes the input (Decode plays back what a model gets).")  # fmt: skip
+
+
 def suits(path: str, need: str, sound: bool = False) -> bool:
-    """Whether the VAE file can take this input: a sound decoder (`sound`, from its detection) takes audio latents
-    only; a TAESD-family *_encoder file cannot decode, a *_decoder file cannot encode (their headers hold one half;
+    """Whether the VAE file can take this input: a sound decoder (`sound`, from its detection) takes audio latents,
+    and sounds where its file holds an encoder Loadout runs (engine.detect.audio_vaes.encodes_sound); a
+    TAESD-family *_encoder file cannot decode, a *_decoder file cannot encode (their headers hold one half;
     the names say which, as madebyollin's taesd_decoder/taesd_encoder files and ComfyUI's vae_approx folder use
     them)."""
-    if (need == "audio") != sound:
+    if (need in ("audio", "sound")) != sound:
         return False
+    if need == "sound":
+        return _encodes_sound(path)
     name = os.path.basename(path).lower()
     return "decoder" not in name if need == "image" else "encoder" not in name
 
@@ -129,6 +175,30 @@ def estimate_line(est, free: int | None, mode: str) -> str:
 
 
 def sound_text(r) -> str:
-    """'2.00 s of stereo at 48000 Hz, bwe' for an engine.requests.AudioResult."""
+    """'2.00 s of stereo at 48000 Hz, bwe' for an engine.requests.AudioResult; for an EncodedAudio
+    '1.50 s of mono at 22050 Hz to a latent 1×8×38×16'."""
+    if not hasattr(r, "channels"):  # an encode: its info says what was read and made
+        i = r.info
+        chans = {1: "mono", 2: "stereo"}.get(i["channels"], f"{i['channels']} channels")
+        shape = "×".join(map(str, i["latent_shape"]))
+        return f"{i['audio_seconds']:.2f} s of {chans} at {i['source_rate']} Hz to a latent {shape}"
     chans = {1: "mono", 2: "stereo"}.get(r.channels, f"{r.channels} channels")
     return f"{r.info['audio_seconds']:.2f} s of {chans} at {r.sample_rate} Hz, {r.info['vocoder']}"
+
+
+def save_request(r, path: str, clip: bool):
+    """(the IO request that saves result `r` at `path`, its suffix added where missing; what to say once saved):
+    a sound as WAV, a clip as MP4 (or .webp, or a folder/ of PNGs); None for a still image (the panel saves its
+    pixmap)."""
+    from engine.requests import AudioResult, SaveAudio, SaveClip
+
+    if isinstance(r, AudioResult):
+        path = path if path.lower().endswith(".wav") else path + ".wav"
+        return SaveAudio(path, r.samples, r.channels, r.sample_rate), f"Saved {path}"
+    if clip:
+        if not path.lower().endswith((".mp4", ".webp", "/")):
+            path += ".mp4"
+        return SaveClip(
+            path, r.frames, r.width, r.height, r.fps or 16.0
+        ), f"Saved {path} ({len(r.frames)} frames)"
+    return None

@@ -115,3 +115,17 @@ def sound_part(detection) -> str | None:
             return "vae"
         vocoder |= e.key.endswith(("conv_pre.weight", "conv_in.weight")) and dims == 3
     return "vocoder" if vocoder else None
+
+
+def encodes_sound(names) -> bool:
+    """Whether a sound VAE's file also holds an encoder Loadout runs (engine.vae.audio_loading.load_sound_encoder),
+    from its tensor names alone: LTX-2's beside its 2-D mel decoder (`encoder.conv_in`, causal or not, bare or under
+    the release's `audio_vae.`), or MiniMax-H3's (`encoder.block.0` beside `dec_in_proj`). MMAudio's encoder
+    (Kandinsky 6's) is not run, nor an image VAE's."""
+    keys = set(names)
+    if "dec_in_proj.weight" in keys:
+        return any(k.startswith("encoder.block.0.") for k in keys)
+    for p in ("audio_vae.", ""):
+        if p + "decoder.conv_in.conv.weight" in keys:
+            return p + "encoder.conv_in.conv.weight" in keys or p + "encoder.conv_in.weight" in keys
+    return False

@@ -298,7 +298,8 @@ def test_a_dropped_clip_encodes_with_the_video_vae_and_plays_the_round_trip(qtbo
 
 def test_a_sound_latent_decodes_through_the_audio_vae_and_saves_as_wav(qtbot, window, tmp_path):
     """LTX-2's diffusers folders in the library (audio_vae/ and vocoder/, beside an image VAE): a dropped audio latent
-    picks the audio VAE (never the vocoder alone, never the image VAE), decodes to its waveform, and saves a WAV."""
+    picks the audio VAE (never the vocoder alone, never the image VAE), decodes to its waveform, and saves a WAV;
+    that WAV dropped encodes to a latent (the audio VAE's encoder), which decodes back."""
     diffusers = pytest.importorskip("diffusers")
     import wave
 
@@ -306,7 +307,7 @@ def test_a_sound_latent_decodes_through_the_audio_vae_and_saves_as_wav(qtbot, wi
     from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
 
     from engine.formats.safetensors import save_tensors
-    from engine.requests import DecodeAudio
+    from engine.requests import DecodeAudio, EncodeAudio
     from tests.support import synth
 
     g = torch.Generator().manual_seed(0)
@@ -351,3 +352,27 @@ def test_a_sound_latent_decodes_through_the_audio_vae_and_saves_as_wav(qtbot, wi
     with wave.open(str(tmp_path / "sound.wav")) as f:
         assert (f.getnchannels(), f.getframerate(), f.getnframes()) == (2, 24000, 77 * 240)
     w.grab().save(str(tmp_path / "shot.png"))
+
+    # the saved sound, dropped: encoded by the same file's encoder to a latent beside it, which becomes the input
+    drop(w, [str(tmp_path / "sound.wav")])
+    assert dec.vae_box.currentData() == audio and isinstance(dec.request(), EncodeAudio)
+    assert dec.run_button.text() == "Encode" and not dec.mode_box.isEnabled()
+    assert dec.estimate.text().startswith("A sound: encoded whole") and "sound.latent" in dec.estimate.text()
+    assert (
+        dec.set_vae(image) and "this VAE cannot encode it" in dec.estimate.text()
+    )  # an image VAE: said before
+    assert dec.set_vae(audio)
+    dec.run_button.click()
+    enc = wait_job(qtbot, w, EncodeAudio)
+    assert enc.out == str(tmp_path / "sound.latent") and tuple(enc.info["latent_shape"][:2]) == (1, 8)
+    assert (
+        "0.77 s of stereo at 24000 Hz to a latent 1×8×" in dec.eta.text() and not dec.save_button.isEnabled()
+    )
+    assert dec.input_edit.text() == enc.out and isinstance(dec.request(), DecodeAudio)  # Decode plays it back
+    marks = [label for _, kind, label in w.graph.events if kind in ("DecodeStarted", "DecodeFinished")]
+    assert marks[-2].startswith("EncodeStarted audio_vae_encoder (sound)") and marks[-1].startswith(
+        "EncodeFinished"
+    )
+    dec.run_button.click()
+    back = wait_job(qtbot, w, DecodeAudio)
+    assert back.sample_rate == 24000 and dec.pixmap_item.pixmap().width() == 1200

@@ -123,6 +123,30 @@ def test_a_sound_encode_is_marked_on_the_graph(vae_path, tmp_path):
     engine.close()
 
 
+def test_which_files_encode_a_sound_is_read_from_the_names(vae_path):
+    """engine.detect.audio_vaes.encodes_sound (the Decode panel's choice of a VAE for a dropped sound) says yes where
+    load_sound_encoder runs: LTX-2's audio VAE with its encoder, in diffusers' and the release's names, and
+    MiniMax-H3's; no for a decoder alone, for MMAudio's (Kandinsky 6: not run) and for an image VAE."""
+    from engine.detect.audio_vaes import encodes_sound
+    from tests.support import synth
+
+    vae, _ = vae_path
+    names = list(vae.state_dict())
+    assert encodes_sound(names) and encodes_sound(
+        ["audio_vae." + k for k in names] + ["vocoder.conv_pre.weight"]
+    )
+    assert not encodes_sound([k for k in names if not k.startswith("encoder.")])
+    with torch.device("meta"):
+        h3 = diffusers.AutoencoderKLMiniMaxH3Audio(encoder_dim=8, latent_dim=64, latent_channels=32,
+                                                   num_attention_heads=2, decoder_dim=256)  # fmt: skip
+        mma = diffusers.MMAudioVAE(mel_bins=32, latent_channels=8, hidden_channels=32)
+    h3_names = list(h3.state_dict())
+    assert encodes_sound(h3_names) and not encodes_sound(
+        [k for k in h3_names if not k.startswith("encoder.")]
+    )
+    assert not encodes_sound(mma.state_dict()) and not encodes_sound([r[0] for r in synth.layout("sd_vae")])
+
+
 def test_what_is_refused(vae_path, tmp_path):
     from engine.formats.audio_in import read_audio
     from engine.formats.safetensors import save_tensors
