@@ -286,8 +286,11 @@ class VocoderWithBWE(nn.Module):
         self.make_resampler()
 
     def make_resampler(self) -> None:
-        """The Hann sinc of the skip path (computed, not in the file: diffusers' and ComfyUI's is not persistent)."""
-        filt, self.width = hann_sinc(self.ratio)
+        """The Hann sinc of the skip path (computed, not in the file: diffusers' and ComfyUI's is not persistent). On
+        the CPU even while the model is built on the meta device: there its ops' meta kernels import sympy and 800
+        other modules, 2.4 s of a process's first sound decode (measured), for a filter of a few dozen taps."""
+        with torch.device("cpu"):
+            filt, self.width = hann_sinc(self.ratio)
         self.resampler = filt.to(self.mel_stft.mel_basis.device)
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
