@@ -11,6 +11,7 @@ and the mode that fits, by the same rules the residency manager then applies.
 * decode: the VAE's weights plus its activations, by engine.vae's estimate (calibrated against measured
   decodes: engine/vae/estimate.py). When the whole image does not fit, the tiles engine.vae.choice
   picks for what the budget leaves beside the VAE (the one place that decides), at their estimate.
+* sound: a clip of a file that holds LTX-2's sound decoder also decodes its sound (engine.plan_sound).
 Sampling itself is out of scope; the minimum inference memory kept free for it is in each detail.
 """
 
@@ -134,24 +135,16 @@ def make_plan(
     device = info.torch_device
     comps = {n: c for n, c in det.components.items() if n != "other"}
 
-    def placed(name):
-        c = comps[name]
-        fd = _file_dtype(model, c.prefix)
+    def placement(name: str, fd: str, size: int):
         kw = overrides_from_options(name, report.options)
         if role_of(name) == "vae" and report.options.cpu_vae:
             kw["force_device"] = "cpu"
-        p = place(
-            name,
-            fd,
-            device,
-            vram_state=report.vram_state.value,
-            size_bytes=c.bytes,
-            free_device=budget,
-            free_cpu=report.ram_total,
-            info=info,
-            architecture=det.architecture,
-            **kw,
-        )
+        return place(name, fd, device, vram_state=report.vram_state.value, size_bytes=size, free_device=budget,
+                     free_cpu=report.ram_total, info=info, architecture=det.architecture, **kw)  # fmt: skip
+
+    def placed(name):
+        c = comps[name]
+        p = placement(name, _file_dtype(model, c.prefix), c.bytes)
         return p, component_facts(model, c.prefix, name, p.storage_dtype)
 
     steps = []
@@ -236,6 +229,14 @@ def make_plan(
     if decode is not None and "vae" in comps:
         arch = _vae_architecture(det)
         steps.append(_decode_step(placed("vae"), decode, budget, device, model, comps["vae"].prefix, arch))
+    if decode is not None and len(decode) == 3 and det.format == "safetensors":  # a clip: its sound too
+        from .formats.safetensors import read_header
+        from .plan_sound import holds_sound, sound_step
+
+        header = read_header(model)
+        if holds_sound(header.tensors):
+            steps.append(sound_step(model, header, decode[2], lambda fd, size: placement("vae", fd, size),
+                                    lambda on: _vae_cap(on, device, budget)))  # fmt: skip
     fits = all(s.pop("fits", True) for s in steps)
     return {"device": label, "budget_bytes": budget, "steps": steps, "fits": fits}
 

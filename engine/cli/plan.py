@@ -91,6 +91,10 @@ def render_text(model: str, plan: dict) -> str:
             line += f", {d['frames']} frames in chunks of {d['tile_frames']} latent frames"
             line += ", retry snapshots in host RAM" if d.get("retry_snapshot") == "host" else ""
             line += f"; full frames would need {human_bytes(d['full_bytes'])}" if s["mode"] == "tiled" else ""
+        if s["step"] == "sound":
+            line += (
+                f" ({d['seconds']:g} s at {d['sample_rate']} Hz, {d['vocoder']}; on {d['device']}, float32)"
+            )
         if "advice" in d:  # any step's: what to change when it does not fit, or what to measure
             line += f"\n    advice: {d['advice']}"
         lines.append(line)

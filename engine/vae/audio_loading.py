@@ -11,7 +11,7 @@ Where LTX-2's are:
   * diffusers' folders: `audio_vae/` (`decoder.*`, `latents_mean` / `latents_std`) and `vocoder/` (`conv_in`,
     `upsamplers`, `resnets`, `conv_out`; LTX2VocoderWithBWE's `vocoder.*`, `bwe_generator.*`, `mel_stft.*`), each
     with its config.json; the vocoder is found in the sibling folder, or named by the caller.
-The encoders' tensors are left unread: Loadout decodes sound, it does not encode it yet.
+The encoders' tensors are read by engine.vae.ltx2_audio_encoder and minimax_h3_audio_encoder (`load_sound_encoder`).
 
 What the weights do not say is read from the configs, else the release's values: the causal axis ("height"), mel
 bins (64), sample rate (16 kHz) and hop (160) of the audio VAE; the vocoders' strides (by their kernels: vocoder
@@ -335,13 +335,14 @@ def is_ltx2_audio(sd: dict) -> bool:
     return conv is not None and conv.dim() == 4 and any(".up.0.block.0." in k for k in sd)
 
 
-def load_audio(path: str, vocoder: str | None = None, header=None) -> LTX2Audio:
+def load_audio(path: str, vocoder: str | None = None, header=None, state: dict | None = None) -> LTX2Audio:
     """LTX-2's audio decoder and vocoder from `path` (and `vocoder`, a second file, where the first has none);
-    zero-copy views of the files, loaded strictly."""
+    zero-copy views of the files, loaded strictly. `state`: the file's tensors as the caller has them (`loadout
+    plan`'s meta tensors from the header: the module's structure and working memory without a byte of its data)."""
     from .loading import _made, read_state_dict, strict_load
 
     p = os.fspath(path)
-    sd = read_state_dict(p, header)
+    sd = read_state_dict(p, header) if state is None else state
     if minimax_h3_audio.is_minimax_h3_audio(sd):  # MiniMax-H3's: its decoder is its own vocoder
         model = minimax_h3_audio.build(sd, _beside(p), p, strict_load, _made)
         model.source = p

@@ -280,6 +280,24 @@ def test_the_release_layouts_are_detected_and_decode(version, tmp_path):
     assert (d.kind, d.architecture) == ("checkpoint", "ltx2")
     assert d.components["other"].tensors >= len(audio)
     assert any("vocoder" in e.reason for e in d.evidence)
+    # `loadout plan --decode WxHxF` of the checkpoint: the clip's sound (121 frames at 24 fps: 5.04 s, 126 latent
+    # frames as diffusers' LTX2Pipeline counts them) at the module's own estimate, from the header alone
+    from engine.devices import DeviceOptions, HardwareFacts, build_report
+    from engine.plan import make_plan
+
+    report = build_report(HardwareFacts(platform="linux", ram_total=64 << 30), DeviceOptions())
+    plan = make_plan(str(ckpt), decode=(768, 512, 121), report=report, free_bytes=64 << 30)
+    (sound,) = [st for st in plan["steps"] if st["step"] == "sound"]
+    det = sound["detail"]
+    assert (det["seconds"], det["latent_frames"], det["sample_rate"]) == (5.042, 126, RATES[version])
+    assert det["working_bytes"] == m.working_bytes(torch.zeros(1, 8, 126, 16)) > 0
+    params = sum(p.numel() for p in m.parameters())
+    size = {"float32": 4, "bfloat16": 2}[det["storage_dtype"]]  # the placement's, on this CPU
+    assert det["weights_bytes"] == params * size
+    assert sound["peak_bytes"] == det["weights_bytes"] + det["working_bytes"] and plan["fits"]
+    assert not [
+        st for st in make_plan(str(ckpt), decode=(768, 512), report=report)["steps"] if st["step"] == "sound"
+    ]
 
 
 def test_a_clip_with_its_sound_in_one_mp4(models, tmp_path, capsys):
