@@ -27,13 +27,12 @@ def sound_step(path: str, header, frames: int, place, cap_on) -> dict:
     that device may use."""
     import torch
 
-    from .formats.dtypes import dominant_float_dtype, dtype_name, torch_dtype
-    from .vae.audio_loading import load_audio
+    from .formats.dtypes import dominant_float_dtype, dtype_name
+    from .vae.audio_loading import audio_on_meta
 
-    with torch.device("meta"):  # the header's shapes and dtypes: the module's structure, none of its bytes
-        state = {k: torch.empty(i.shape, dtype=torch_dtype(i.dtype)) for k, i in header.tensors.items()
-                 if k.startswith(("audio_vae.", "vocoder."))}  # fmt: skip
-    model = load_audio(path, header=header, state=state)
+    model = audio_on_meta(
+        path, header, ("audio_vae.", "vocoder.")
+    )  # the module's structure, none of its bytes
     params = [p for p in model.parameters() if p.is_floating_point()]
     file_dtype = dominant_float_dtype(dtype_name(p.dtype) for p in params)
     size = sum(p.numel() * p.element_size() for p in params)

@@ -1,6 +1,8 @@
 """'Will it fit?' for one decode or encode before it runs, from headers alone: the input's size (a
 latent's header, an image's header), the VAE's kind and weight bytes (its detection), then
-engine.vae.estimate's formulas. Torch-free, so the window's bridge answers it in a background thread."""
+engine.vae.estimate's formulas. Torch-free, so the window's bridge answers it in a background thread; a sound's
+latent alone builds its decoder on the meta device (engine.vae.audio_loading.decode_bytes: torch is loaded by
+then)."""
 
 from __future__ import annotations
 
@@ -33,12 +35,26 @@ def _vae_facts(path: str) -> tuple[str, int | None, tuple[int, int] | None]:
     return kind, sum(int(c.bytes or 0) for c in det.components.values()) or None, widths
 
 
+def _quiet(ask, path: str):
+    """`ask(path)`, or None where the file cannot answer (the latent's own reader then says why)."""
+    try:
+        return ask(path)
+    except (EngineError, OSError, ValueError):
+        return None
+
+
 def estimate(req: EstimateDecode) -> DecodeEstimate:
     """The estimate for `req`; a missing or unreadable input is a FormatError whose message says why."""
+    from .formats.latent import audio_latent_key
     from .vae import estimate_decode_bytes, estimate_encode_bytes
     from .vae.estimate import IMAGE_SPECS, VIDEO_SPECS, video_frames
     from .vae.frames import encodable_frames
 
+    if req.source.lower().endswith((".safetensors", ".latent")) and _quiet(audio_latent_key, req.source):
+        from .vae.audio_loading import decode_bytes  # torch: the sound decoder is built on the meta device
+
+        need = decode_bytes(req.vae, req.source)
+        return DecodeEstimate("decode", 0, 0, need, need, 0, media="sound")
     try:
         from .vae.clips import clip_info, is_clip
 

@@ -291,6 +291,7 @@ class DecodeEstimate:
     tiled_bytes: int
     tile: int
     frames: int = 0  # a video latent: output frames (0: an image)
+    media: str = "image"  # "image", "video" or "sound" (decoded whole: no size, full and tiled the same)
 
 
 @dataclass(frozen=True)

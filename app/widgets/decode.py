@@ -245,13 +245,15 @@ class DecodePanel(QWidget):
         req = self.request()
         self._estimates += 1
         self._estimate = None
-        if req is None or self.client is None or isinstance(req, (DecodeAudio, EncodeAudio)):
+        if req is None or self.client is None or isinstance(req, EncodeAudio):
             self.estimate.setText(self.estimate_text())
             return
-        source = req.latent if isinstance(req, Decode) else req.image
+        source = req.latent if isinstance(req, (Decode, DecodeAudio)) else req.image
         n = self._estimates
         self.client.submit(EstimateDecode(req.vae, source, self.tile_spin.value()),
                            partial(self._on_estimated, n), partial(self._on_estimate_failed, n))  # fmt: skip
+        if isinstance(req, DecodeAudio):  # what runs is said at once; its memory follows
+            self.estimate.setText(self.estimate_text())
 
     def _on_estimated(self, n: int, est: DecodeEstimate) -> None:
         if n == self._estimates:
@@ -269,12 +271,14 @@ class DecodePanel(QWidget):
         req = self.request()
         if req is None:
             return "Choose a VAE and a latent (or an image to encode)."
-        if isinstance(req, (DecodeAudio, EncodeAudio)):  # run whole: no estimate to ask
+        if isinstance(req, EncodeAudio):  # run whole, said without an estimate
             return di.sound_line(req, di.suits(req.vae, "sound", self._is_sound(req.vae)))
-        if est is None:
-            return self.estimate.text()  # the answer is on its way: keep what is shown
+        if est is None:  # the answer is on its way: keep what is shown (a sound's line says what runs)
+            return di.sound_line(req, True) if isinstance(req, DecodeAudio) else self.estimate.text()
         if isinstance(est, str):
             return f"<span style='color:#c0392b'>{os.path.basename(self.input_edit.text())}: {est}</span>"
+        if isinstance(req, DecodeAudio):
+            return di.sound_line(req, True, est, self.free_bytes)
         return di.estimate_line(est, self.free_bytes, self.mode_box.currentData())
 
     def set_free_bytes(self, free: int) -> None:

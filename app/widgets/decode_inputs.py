@@ -94,11 +94,16 @@ def request_for(vae: str, src: str, mode: str, tile: int, overlap: int):
     return DecodeAudio(vae, src) if kind == "audio" else Decode(vae, src, mode, tile, overlap)
 
 
-def sound_line(req, encodes: bool) -> str:
-    """What a sound's job will do (it runs whole: no estimate), or, for a sound to encode with a VAE that cannot
-    (`encodes` False), what to choose instead."""
+def sound_line(req, encodes: bool, est=None, free: int | None = None) -> str:
+    """What a sound's job will do (it runs whole: no tiles) with a decode's estimate (`est`, a DecodeEstimate) against
+    the free memory, or, for a sound to encode with a VAE that cannot (`encodes` False), what to choose instead."""
     if not hasattr(req, "out"):
-        return "A sound's latent: decoded whole (the audio VAE, then its vocoder) in float32, shown as its waveform."
+        from engine.formatting import human_bytes
+
+        line = "A sound's latent: decoded whole (the audio VAE, then its vocoder) in float32, shown as its waveform"
+        if est is None:
+            return line + "."
+        return f"{line} ≈ {human_bytes(est.full_bytes)}{_verdict(est.full_bytes, free)}"
     if not encodes:
         return ("A sound: this VAE cannot encode it; choose an audio VAE whose file holds its encoder (LTX-2's, "
                 "MiniMax-H3's).")  # fmt: skip
@@ -164,14 +169,22 @@ def estimate_line(est, free: int | None, mode: str) -> str:
         need = est.tiled_bytes if mode == "tiled" else est.full_bytes
         if mode == "auto" and est.full_bytes > free:
             verdict = f" · <b>will tile</b> ({human_bytes(free)} free)"
-        elif need > free:
-            verdict = f" · <b style='color:#c0392b'>will not fit</b> in {human_bytes(free)} free"
         else:
-            verdict = f" · <b style='color:#27ae60'>fits</b> ({human_bytes(free)} free)"
+            verdict = _verdict(need, free)
     frames = f"×{est.frames} frames" if est.frames else ""
     one = " (one tile: the image is smaller)" if (est.tile or 0) >= max(est.width, est.height) else ""
     return (f"{est.width}×{est.height}{frames} {est.direction}: full ≈ {human_bytes(est.full_bytes)}, tiled at "
             f"{est.tile} px{one} ≈ {human_bytes(est.tiled_bytes)}{verdict}")  # fmt: skip
+
+
+def _verdict(need: int, free: int | None) -> str:
+    from engine.formatting import human_bytes
+
+    if free is None:
+        return ""
+    if need > free:
+        return f" · <b style='color:#c0392b'>will not fit</b> in {human_bytes(free)} free"
+    return f" · <b style='color:#27ae60'>fits</b> ({human_bytes(free)} free)"
 
 
 def sound_text(r) -> str:

@@ -335,10 +335,38 @@ def is_ltx2_audio(sd: dict) -> bool:
     return conv is not None and conv.dim() == 4 and any(".up.0.block.0." in k for k in sd)
 
 
+def audio_on_meta(path: str, header=None, prefixes: tuple[str, ...] | None = None) -> nn.Module:
+    """The sound decoder `load_audio` builds from `path`, on the meta device from the header's shapes and dtypes (no
+    tensor of the file is read; a vocoder in a second file is mapped, not read): its structure, parameter sizes and
+    `working_bytes`, for an estimate before a run. `prefixes`: only the tensors under these (a checkpoint's
+    `audio_vae.` and `vocoder.` beside a denoiser's thousands)."""
+    from ..formats.dtypes import torch_dtype
+    from ..formats.safetensors import read_header
+
+    header = header if header is not None else read_header(path)
+    with torch.device("meta"):
+        state = {k: torch.empty(i.shape, dtype=torch_dtype(i.dtype)) for k, i in header.tensors.items()
+                 if prefixes is None or k.startswith(prefixes)}  # fmt: skip
+    return load_audio(path, header=header, state=state)
+
+
+def decode_bytes(vae: str, latent: str) -> int:
+    """A sound decode's memory before it runs (the Decode panel's "will it fit?"), from the headers: the decoder built
+    on the meta device (audio_on_meta), its weights as the file stores them plus its own working_bytes for the
+    latent's length. A sound decodes whole: one figure."""
+    from ..formats.latent import audio_latent_key
+    from ..formats.safetensors import read_header
+
+    shape = read_header(latent).tensors[audio_latent_key(latent)].shape
+    model = audio_on_meta(os.path.abspath(vae))
+    work = model.working_bytes(model.latent(torch.empty(tuple(shape), device="meta")))
+    return sum(p.numel() * p.element_size() for p in model.parameters()) + work
+
+
 def load_audio(path: str, vocoder: str | None = None, header=None, state: dict | None = None) -> LTX2Audio:
     """LTX-2's audio decoder and vocoder from `path` (and `vocoder`, a second file, where the first has none);
-    zero-copy views of the files, loaded strictly. `state`: the file's tensors as the caller has them (`loadout
-    plan`'s meta tensors from the header: the module's structure and working memory without a byte of its data)."""
+    zero-copy views of the files, loaded strictly. `state`: the file's tensors as the caller has them (audio_on_meta's
+    from the header: the module's structure and working memory without a byte of its data)."""
     from .loading import _made, read_state_dict, strict_load
 
     p = os.fspath(path)

@@ -334,6 +334,10 @@ def test_a_sound_latent_decodes_through_the_audio_vae_and_saves_as_wav(qtbot, wi
     drop(w, [str(latent)])
     assert dec.vae_box.currentData() == audio and isinstance(dec.request(), DecodeAudio)
     assert dec.estimate.text().startswith("A sound's latent") and not dec.mode_box.isEnabled()
+    qtbot.waitUntil(
+        lambda: " ≈ " in dec.estimate.text(), timeout=30_000
+    )  # its memory, built from the headers
+    assert "MiB" in dec.estimate.text() and ("fits" in dec.estimate.text() or dec.free_bytes is None)
     dec.run_button.click()
     res = wait_job(qtbot, w, DecodeAudio)
     assert (res.channels, res.sample_rate) == (

@@ -211,6 +211,29 @@ def test_a_sound_decode_is_marked_on_the_graph_and_a_cancel_keeps_its_component(
     engine.close()
 
 
+def _estimate_is_the_module_s(vae: str, latent: torch.Tensor, tmp_path) -> None:
+    """The Decode panel's estimate of a sound (engine.preflight, the module built on the meta device from the headers)
+    is the loaded module's own figure: its weights plus its working_bytes for that latent."""
+    from engine.preflight import estimate
+    from engine.requests import EstimateDecode
+
+    src = tmp_path / "sound_latent.safetensors"
+    save_tensors(src, {"audio_latent": latent.contiguous()})
+    est = estimate(EstimateDecode(vae, str(src)))
+    m = load_audio(vae)
+    weights = sum(p.numel() * p.element_size() for p in m.parameters())
+    assert est.media == "sound" and est.full_bytes == est.tiled_bytes == weights + m.working_bytes(
+        m.latent(latent)
+    )
+
+
+def test_a_sound_decode_s_estimate_is_the_module_s(models, tmp_path):
+    vae, vocs = models
+    for version in ("2.0", "2.3"):
+        path = _single_file(vae, vocs[version], tmp_path / f"ltx-{version}.safetensors")
+        _estimate_is_the_module_s(str(path), _z(40).transpose(1, 2).flatten(2, 3), tmp_path)
+
+
 def test_what_is_missing_is_said(models, tmp_path):
     vae, vocs = models
     sd = {"audio_vae." + k: v.contiguous() for k, v in vae.state_dict().items()}
@@ -376,6 +399,7 @@ def test_minimax_h3_s_audio_vae_matches_diffusers(h3, tmp_path):
     assert got.shape == want.shape == (1, 2, 5 * 800)
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
     assert (raw - want).abs().max() <= 1e-5 * want.abs().max()
+    _estimate_is_the_module_s(str(path), rows, tmp_path)
     shutil.copy(path, tmp_path / "alone.safetensors")  # no config.json beside: no statistics, and it says so
     assert "no latents_mean" in load_audio(str(tmp_path / "alone.safetensors")).notes[0]
     with pytest.raises(FormatError, match="2 channels"):
@@ -427,6 +451,9 @@ def test_kandinsky6_s_mmaudio_matches_diffusers(tmp_path):
     for part, what in (("audio_vae", "MMAudio's"), ("vocoder", "BigVGAN v2 vocoder")):
         d = detect_file(str(tmp_path / part / "diffusion_pytorch_model.safetensors"))
         assert d.kind == "vae" and any(what in e.reason for e in d.evidence)
+    _estimate_is_the_module_s(
+        str(tmp_path / "audio_vae" / "diffusion_pytorch_model.safetensors"), tokens, tmp_path
+    )
     alone = tmp_path / "elsewhere" / "audio_vae" / "a.safetensors"  # no vocoder/ beside its folder
     alone.parent.mkdir(parents=True)
     alone.write_bytes((tmp_path / "audio_vae" / "diffusion_pytorch_model.safetensors").read_bytes())
