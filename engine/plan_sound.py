@@ -30,9 +30,8 @@ def sound_step(path: str, header, frames: int, place, cap_on) -> dict:
     from .formats.dtypes import dominant_float_dtype, dtype_name
     from .vae.audio_loading import audio_on_meta
 
-    model = audio_on_meta(
-        path, header, ("audio_vae.", "vocoder.")
-    )  # the module's structure, none of its bytes
+    # the module's structure from the header, none of its bytes
+    model = audio_on_meta(path, header, ("audio_vae.", "vocoder."))
     params = [p for p in model.parameters() if p.is_floating_point()]
     file_dtype = dominant_float_dtype(dtype_name(p.dtype) for p in params)
     size = sum(p.numel() * p.element_size() for p in params)

@@ -413,9 +413,8 @@ class DecodePanel(QWidget):
     def _on_sound(self, r: AudioResult | EncodedAudio) -> None:
         """A decoded sound's waveform (Save writes it as WAV); an encoded one's latent becomes the input."""
         encoded = isinstance(r, EncodedAudio)
-        img = (
-            QImage() if encoded else di.waveform_image(r.samples, r.channels)
-        )  # (nothing stale beside the text)
+        # an encode shows an empty canvas: nothing stale beside its text
+        img = QImage() if encoded else di.waveform_image(r.samples, r.channels)
         self.pixmap_item.setPixmap(QPixmap.fromImage(img))
         self.scene.setSceneRect(0, 0, img.width(), img.height())
         self.fit()

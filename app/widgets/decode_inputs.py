@@ -211,7 +211,6 @@ def save_request(r, path: str, clip: bool):
     if clip:
         if not path.lower().endswith((".mp4", ".webp", "/")):
             path += ".mp4"
-        return SaveClip(
-            path, r.frames, r.width, r.height, r.fps or 16.0
-        ), f"Saved {path} ({len(r.frames)} frames)"
+        req = SaveClip(path, r.frames, r.width, r.height, r.fps or 16.0)
+        return req, f"Saved {path} ({len(r.frames)} frames)"
     return None
