@@ -45,6 +45,7 @@ class Tier(str, Enum):
 
 
 TIERS = (Tier.DEVICE, Tier.RAM, Tier.DISK)
+DISK = "_disk_tensors"  # Unit.extra key of a unit's disk-tier tensors (other keys cache byte counts)
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "float64": 8}
 
 
@@ -190,8 +191,18 @@ class Component:
             n += t.numel() * t.element_size()
         u.nbytes_now = n
 
+    def _disk_tensors(self, u: Unit) -> dict:
+        """The unit's tensors on the disk tier: zero-copy views of the file's mapping, made once and
+        kept (Unit.extra[DISK]) — an unload rebinds them instead of making ~1,100 views again, which was
+        two thirds of unloading SD1.5 (36 of 55 ms). A kept view is the very memory a new one would
+        be: the file is mapped once and nothing writes into a disk-tier tensor."""
+        views = u.extra.get(DISK)
+        if views is None:
+            views = u.extra[DISK] = {a: self.file.tensor(k) for a, k in u.keys.items()}
+        return views
+
     def _bind_disk(self, u: Unit) -> None:
-        self._set(u, {a: self.file.tensor(k) for a, k in u.keys.items()})
+        self._set(u, self._disk_tensors(u))
         old, u.block = u.block, None
         if old is not None:
             old.release()

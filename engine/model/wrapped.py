@@ -18,9 +18,8 @@ from collections import Counter
 
 from ..formats.dtypes import DTYPES
 from ..formats.safetensors import TensorInfo
-from .component import TIERS, Component, Unit
+from .component import DISK, TIERS, Component, Unit
 
-_DISK = "_disk_tensors"  # Unit.extra key of the loader's own tensors (other keys cache byte counts)
 _CODE = {torch_name: code for code, (_bits, torch_name) in DTYPES.items() if torch_name}
 
 
@@ -68,7 +67,7 @@ class ModuleComponent(Component):
                 infos[attr] = TensorInfo(key_prefix + full, code, tuple(t.shape), begin, begin + n)
                 keys[attr] = key_prefix + full
             u = Unit(mpath, type(m).__name__, m, infos, keys, castable=isinstance(m, Castable))
-            u.extra[_DISK] = {a: t.detach() for a, t in own.items()}
+            u.extra[DISK] = {a: t.detach() for a, t in own.items()}  # the base's _bind_disk rebinds these
             self.units.append(u)
         for u in self.units:
             self._bind_disk(u)
@@ -77,14 +76,6 @@ class ModuleComponent(Component):
     @staticmethod
     def _in_file(info: TensorInfo) -> bool:
         return info.begin >= 0
-
-    def _bind_disk(self, u: Unit) -> None:
-        self._set(u, dict(u.extra[_DISK]))
-        old, u.block = u.block, None
-        if old is not None:
-            old.release()
-        u.tier = "disk"
-        self._flags(u)
 
     def measured_tiers(self) -> dict[str, int]:
         """Bytes per tier read from the tensors: the loader's own tensors count as disk."""
@@ -95,7 +86,7 @@ class ModuleComponent(Component):
                 n = t.numel() * t.element_size()
                 if t.device.type != "cpu":
                     out["device"] += n
-                elif t.data_ptr() == u.extra[_DISK][attr].data_ptr():
+                elif t.data_ptr() == u.extra[DISK][attr].data_ptr():
                     out["disk"] += n
                 else:
                     out["device" if self.device == "cpu" else "ram"] += n
