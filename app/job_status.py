@@ -4,7 +4,6 @@ text comes from one table keyed by the request's type."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
@@ -14,11 +13,12 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
 from app.bridge import IO_REQUESTS, EngineClient, Job
 from engine import requests as rq
+from engine.catalog.layout import display_name
 from engine.jobs import Progress
 
 
 def _name(path: str) -> str:
-    return os.path.basename(path or "")
+    return display_name(path) if path else ""
 
 
 # request type -> what the status bar calls the job; None: background work the user never waits for

@@ -4,7 +4,6 @@ as chips, trigger words), and the evidence that decided the architecture — as 
 from __future__ import annotations
 
 import html
-import os
 
 from PySide6.QtWidgets import QTextBrowser, QVBoxLayout, QWidget
 
@@ -141,7 +140,7 @@ class InspectorPanel(QWidget):
         self.entry = entry
         self.browser.setHtml(render(entry, sha256))
         self.browser.document().setMetaInformation(
-            self.browser.document().MetaInformation.DocumentTitle, os.path.basename(entry.path)
+            self.browser.document().MetaInformation.DocumentTitle, entry.name
         )
 
     def text(self) -> str:

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.widgets.layer_map import TIER_COLORS, LayerMap
+from engine.catalog.layout import display_name
 from engine.catalog.step_families import step_refusal
 from engine.formatting import human_bytes
 from engine.requests import Load, Pin, Step, Unload, UnloadAll
@@ -153,7 +154,7 @@ class LoadedPanel(QWidget):
         px = self.size_box.currentData()
         req = Step(path, size=(px, px), steps=self.steps_spin.value())
         self.step_result = None
-        self.step_label.setText(f"stepping {os.path.basename(path)} at {px}×{px}…")
+        self.step_label.setText(f"stepping {display_name(path)} at {px}×{px}…")
         self.step_job = self.client.submit(req, self._on_stepped, self._on_step_failed,
                                            on_cancelled=self._on_step_cancelled)  # fmt: skip
         self._update_buttons()
@@ -170,7 +171,7 @@ class LoadedPanel(QWidget):
             f" · streamed {human_bytes(r.streamed_bytes_per_step)}/step" if r.streamed_bytes_per_step else ""
         )
         self.step_label.setText(
-            f"<b>{r.s_per_step:.2f} s/step</b> {os.path.basename(r.model)} ({r.mode}, {r.steps} steps, first "
+            f"<b>{r.s_per_step:.2f} s/step</b> {display_name(r.model)} ({r.mode}, {r.steps} steps, first "
             f"{r.first_step_s:.2f} s) · peak "
             f"{human_bytes(r.peak_device_bytes)} · resident {human_bytes(r.resident_bytes)}{streamed} on {r.device}"
         )  # fmt: skip
@@ -269,7 +270,7 @@ class LoadedPanel(QWidget):
         self._filling = True
         self.table.setRowCount(len(comps))
         for r, c in enumerate(comps):
-            vals = (c.name, os.path.basename(c.path), c.device, human_bytes(c.device_bytes),
+            vals = (c.name, display_name(c.path), c.device, human_bytes(c.device_bytes),
                     human_bytes(c.ram_bytes), f"{100 * c.resident:.0f} %")  # fmt: skip
             for col, v in enumerate(vals):
                 it = QTableWidgetItem(v)
@@ -325,7 +326,7 @@ class LoadedPanel(QWidget):
         if c is None:
             self.layer_map.set_layers("", ())
         else:
-            self.layer_map.set_layers(f"{c.name} ({os.path.basename(c.path)})", c.layers,
+            self.layer_map.set_layers(f"{c.name} ({display_name(c.path)})", c.layers,
                                       self.patched.get((c.path, c.name), frozenset()))  # fmt: skip
         self._update_buttons()
 

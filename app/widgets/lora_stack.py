@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.widgets.elided_check_box import ElidedCheckBox
+from engine.catalog.layout import display_name
 from engine.formatting import human_bytes
 from engine.requests import Bake, LoraCoverage, SetLoras, StackItem
 
@@ -69,7 +70,7 @@ class StackRow(QWidget):
     def __init__(self, item: StackItem, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.item = item
-        name = os.path.basename(item.file)
+        name = display_name(item.file)
         self.enabled = ElidedCheckBox(name.removesuffix(".safetensors"))  # the file kind goes without saying
         self.enabled.setChecked(item.enabled)
         self.enabled.setToolTip(item.file)
@@ -263,7 +264,7 @@ class LoraStackPanel(QWidget):
     def add(self, path: str, strength_model: float = 1.0, strength_clip: float = 1.0) -> bool:
         path = os.path.abspath(path)
         if path in [it.file for it in self.stack()]:
-            self.message.emit(f"{os.path.basename(path)} is already in the stack", "info")
+            self.message.emit(f"{display_name(path)} is already in the stack", "info")
             return False
         self._add_item(StackItem(path, strength_model, strength_clip, True))
         if self.base():
@@ -388,7 +389,7 @@ class LoraStackPanel(QWidget):
             return None
         miss = self.unmatched(lora)
         box = QMessageBox(QMessageBox.Icon.Information, "Coverage",
-                          f"{os.path.basename(lora)} on {os.path.basename(self.base())}: "
+                          f"{display_name(lora)} on {display_name(self.base())}: "
                           f"{cov.get('mapped')}/{cov.get('modules')} modules land on base weights.", parent=self)  # fmt: skip
         per = "\n".join(
             f"{k}: {t.get('mapped')}/{t.get('modules')}" for k, t in (cov.get("targets") or {}).items()

@@ -7,6 +7,7 @@ files in the wrong folder, and detection from the header is what we believe.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,48 @@ _YAML_KEY_KINDS = {"configs": None, "diffusers": None, "custom_nodes": None}
 def declared_kind_for_folder(name: str) -> str | None:
     """The kind a folder called `name` declares, or None for a folder that says nothing."""
     return FOLDER_KINDS.get(name.lower())
+
+
+# File names the libraries that write a model's folders give every model's weights, so the name says
+# nothing about which model it is: diffusers' WEIGHTS_NAME / SAFETENSORS_WEIGHTS_NAME
+# (diffusion_pytorch_model.*) and LoRA weights (pytorch_lora_weights.*), transformers' (model.*,
+# pytorch_model.*), PEFT's adapter_model.* and Mistral's consolidated.* — with diffusers' variant
+# infix (".fp16") and either library's shard suffix ("-00001-of-00003").
+_GENERIC = re.compile(
+    r"(?:diffusion_pytorch_model|pytorch_model|model|pytorch_lora_weights|adapter_model|consolidated)"
+    r"(?:\.(?P<variant>fp16|bf16|fp32|fp8|non_ema|ema))?(?:-(?P<part>\d+)-of-(?P<of>\d+))?"
+    r"\.(?:safetensors|sft|bin|pt|pth|ckpt|gguf)",
+    re.IGNORECASE,
+)
+
+
+def display_name(path: str) -> str:
+    """The name a person knows a model file by: its own file name, unless that is one of the names a
+    diffusers or transformers folder gives every model's weights — then the two folders nearest the
+    file, which say which model it is: "ltx2/audio_vae" for ltx2/audio_vae/diffusion_pytorch_model.
+    safetensors, with the variant and shard: "flux/transformer (part 2 of 3)". A kind folder such as
+    loras/ is left off, unless it is the model's own component folder ("sdxl/unet"). The folders above
+    a library's root count as well (a file added alone is its own root). Reads nothing from the disk."""
+    path = os.path.normpath(path)
+    base = os.path.basename(path)
+    m = _GENERIC.fullmatch(base)
+    parts = [p for p in os.path.dirname(path).split(os.sep) if p][-2:]
+    if m is None or not parts:
+        return base
+    names = [p for p in parts if not _says_no_model(p)]
+    if not names:  # only kind folders above it ("models/clip"): the last with the file's name
+        return f"{parts[-1]}/{base}"
+    if len(parts) == 2 and names == parts[:1]:
+        names = parts  # a model's component folder named like a kind folder: "sdxl/unet", "flux/vae"
+    extras = [m["variant"].lower()] if m["variant"] else []
+    if m["part"]:
+        extras.append(f"part {int(m['part'])} of {int(m['of'])}")
+    return "/".join(names) + (f" ({', '.join(extras)})" if extras else "")
+
+
+def _says_no_model(folder: str) -> bool:
+    """A folder whose name says what kind of file lies in it, not which model: loras/, vae/, models/."""
+    return folder.lower() == "models" or declared_kind_for_folder(folder) is not None
 
 
 def declared_kind_for_path(path: str, root: str, root_kind: str | None = None) -> str | None:

@@ -19,7 +19,7 @@ from ..detect.result import Detection, Failure
 from ..jobs import CancelToken, Progress, Report, no_report
 from .cache import LibraryCache
 from .hashing import autov2
-from .layout import Root, read_extra_model_paths
+from .layout import Root, display_name, read_extra_model_paths
 from .notes import read_notes
 from .parallel import Detector, auto_workers, default_detector, detect_many
 from .walk import Problem, discover
@@ -54,7 +54,10 @@ class LibraryEntry:
 
     @property
     def name(self) -> str:
-        return os.path.basename(os.path.normpath(self.path))
+        """What the window calls it (layout.display_name: a diffusers component by its folders)."""
+        if self.is_dir:
+            return os.path.basename(os.path.normpath(self.path))
+        return display_name(self.path)
 
     @property
     def kind(self) -> str:

@@ -330,6 +330,10 @@ def test_a_sound_latent_decodes_through_the_audio_vae_and_saves_as_wav(qtbot, wi
         lambda: dec.vae_box.findData(audio) >= 0 and dec.vae_box.findData(image) >= 0, timeout=30_000
     )
     assert dec.vae_box.findData(vocoder) < 0  # a vocoder alone decodes no latent
+    # diffusers names every component's file alike: the folders name it, in the box and the library
+    assert dec.vae_box.itemText(dec.vae_box.findData(audio)) == "ltx2/audio_vae (ltx2)"
+    names = {e.path: e.name for e in w.library.model.entries}
+    assert (names[audio], names[vocoder]) == ("ltx2/audio_vae", "ltx2/vocoder")
     assert dec.set_vae(image)
     drop(w, [str(latent)])
     assert dec.vae_box.currentData() == audio and isinstance(dec.request(), DecodeAudio)

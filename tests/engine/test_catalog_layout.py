@@ -194,3 +194,34 @@ def test_discover_reports_unreadable_files_and_folders(tmp_path):
     assert [os.path.basename(f.path) for f in found] == ["ok.safetensors"]
     assert sorted(os.path.basename(p.path) for p in problems) == ["bad.safetensors", "locked"]
     assert unlisted == [str(sub)]
+
+
+@pytest.mark.parametrize(
+    "rel, name",
+    [
+        # diffusers' and transformers' weight names say nothing: the folders name the model
+        ("ltx2/audio_vae/diffusion_pytorch_model.safetensors", "ltx2/audio_vae"),
+        ("ltx2/vocoder/diffusion_pytorch_model.safetensors", "ltx2/vocoder"),
+        ("sdxl/unet/diffusion_pytorch_model.fp16.safetensors", "sdxl/unet (fp16)"),  # unet: its last folder
+        (
+            "flux/transformer/diffusion_pytorch_model-00002-of-00003.safetensors",
+            "flux/transformer (part 2 of 3)",
+        ),
+        ("text_encoders/t5_xxl/model-00001-of-00002.safetensors", "t5_xxl (part 1 of 2)"),
+        ("models/clip/pytorch_model.bin", "clip/pytorch_model.bin"),  # kind folders alone name no model
+        ("flux/vae/diffusion_pytorch_model.safetensors", "flux/vae"),
+        ("loras/my_style/pytorch_lora_weights.safetensors", "my_style"),
+        ("loras/adapter/adapter_model.safetensors", "adapter"),
+        ("model.safetensors", "me/lib"),  # right in a library's root: the folders it is in
+        # a file's own name is kept
+        ("checkpoints/sd15.safetensors", "sd15.safetensors"),
+        ("ltx2/audio_vae/my_model.safetensors", "my_model.safetensors"),
+        ("vae/model_v2.safetensors", "model_v2.safetensors"),
+    ],
+)
+def test_a_model_is_named_by_its_folders_when_its_file_name_is_generic(rel, name):
+    from engine.catalog.layout import display_name
+
+    path = os.path.join(os.sep, "home", "me", "lib", *rel.split("/"))
+    assert display_name(path) == name  # nothing is read: the file need not exist
+    assert display_name(os.path.join(os.sep, "model.safetensors")) == "model.safetensors"  # no folder
