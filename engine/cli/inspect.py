@@ -7,9 +7,9 @@ simple). Exit 3 when any file is bad or unsupported; the others are still report
 
 from __future__ import annotations
 
-import os
 import sys
 
+from ..catalog.layout import display_name
 from ..formatting import algo_names
 from ._common import EXIT_BAD_INPUT, EXIT_OK, human_bytes, print_json
 
@@ -60,7 +60,7 @@ def _count(n: int) -> str:
 def format_text(d) -> str:
     """A Detection as text a user reads in a terminal."""
     lines = [
-        f"{os.path.basename(d.path) or d.path}  ({human_bytes(d.file_bytes)}, {d.format or 'unknown format'})"
+        f"{display_name(d.path) or d.path}  ({human_bytes(d.file_bytes)}, {d.format or 'unknown format'})"
     ]
     if d.error:
         lines.append(f"  error         {d.error.type}: {d.error.message}")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 
+from ..catalog.layout import display_name
 from ..devices import add_device_arguments, options_from_args
 from ._common import EXIT_OK, human_bytes, print_json, whole_number
 
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
             strength += f"/{lo['strength_clip']:g}"
         # the warning, when there is one, says the counts too
         fit = lo["warning"] or f"{lo['mapped']}/{lo['modules']} modules placed"
-        print(f"  LoRA {os.path.basename(lo['file'])} at {strength}: {fit}")
+        print(f"  LoRA {display_name(lo['file'])} at {strength}: {fit}")
     if r.ignored_inputs:
         took = ", ".join(r.input_shapes)
         print(f"  ignored input(s) {', '.join(r.ignored_inputs)}: this model takes {took}")

@@ -49,6 +49,18 @@ def test_text_output(cli, tmp_path):
     assert "top tags      smart falcon" in text
 
 
+def test_a_diffusers_file_is_named_by_its_folders(cli, tmp_path):
+    """diffusers names every component's weights alike: the text names the model by its folders (the JSON
+    keeps the path as it is)."""
+    unet = tmp_path / "sdxl" / "unet"
+    unet.mkdir(parents=True)
+    f = synth.write("sdxl_unet", unet / "diffusion_pytorch_model.fp16.safetensors")
+    r = cli("inspect", str(f))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("sdxl/unet (fp16)  (")
+    assert json.loads(cli("inspect", "--json", str(f)).stdout)["path"] == str(f)
+
+
 def test_missing_and_empty_files_exit_3_without_traceback(cli, tmp_path):
     empty = tmp_path / "e.ckpt"
     empty.write_bytes(b"")
